@@ -1,0 +1,18 @@
+"""The StyleVAR inference service: `python -m serve` or `create_app(settings)`."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .settings import ServeSettings
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+__all__ = ["ServeSettings", "create_app"]
+
+
+def create_app(settings: ServeSettings | None = None, **kwargs) -> "FastAPI":
+    """Build the FastAPI app (see `serve.app.create_app`); imported lazily because it loads torch."""
+    from .app import create_app as _create_app
+
+    return _create_app(settings, **kwargs)

@@ -1,0 +1,13 @@
+"""StyleVAR: reference-based image style transfer with a Visual Autoregressive model."""
+from stylevar.config import StyleVARConfig, VQVAEConfig, presets
+
+__version__ = "0.1.0"
+__all__ = ["StyleVARConfig", "VQVAEConfig", "StylePipeline", "presets", "__version__"]
+
+
+def __getattr__(name):  # the pipeline pulls in torch models: import it on first use
+    if name == "StylePipeline":
+        from stylevar.pipeline import StylePipeline
+
+        return StylePipeline
+    raise AttributeError(f"module 'stylevar' has no attribute {name!r}")

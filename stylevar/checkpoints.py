@@ -1,0 +1,248 @@
+"""Checkpoint I/O: the published reference layouts in, the project's safetensors format in and out.
+
+Reference StyleVAR checkpoints store full (3C, C) qkv matrices for both the guide and the target
+projections; only the guide's Q rows and the target's K/V rows are ever used, so they load into
+`q_guide` and `kv_target` and the rest is dropped. Derived buffers are recomputed, never trusted.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from stylevar.config import StyleVARConfig, VQVAEConfig
+from stylevar.tokenizer import MultiScaleVQVAE
+from stylevar.transformer import StyleVAR
+
+StateDict = dict[str, torch.Tensor]
+_DERIVED = re.compile(r"(^|\.)(lvl_1L|attn_bias_for_masking|zero_k_bias\w*|num_batches_tracked)$")
+_ATTN_REF = re.compile(r"^blocks\.(\d+)\.attn\.(mat_qkv_guide\.weight|mat_qkv_target\.weight|q_bias_guide|"
+                       r"v_bias_guide|q_bias_target|v_bias_target)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: wrong layout, wrong shapes, LoRA-only, unreadable."""
+
+
+# ---- reading ---------------------------------------------------------------------------------------
+def read_state(path_or_sd: str | os.PathLike | Mapping[str, Any]) -> tuple[StateDict, dict]:
+    """A state dict (and the checkpoint's `args`, if any) from a file or an in-memory checkpoint.
+
+    Accepts a plain state dict, `{"model": sd}` and `{"trainer": {"var_wo_ddp": sd}}`; `.pth` files are
+    read with `weights_only=True`, `.safetensors` with safetensors.
+    """
+    if isinstance(path_or_sd, Mapping):
+        obj: Any = path_or_sd
+    else:
+        path = Path(path_or_sd)
+        if not path.is_file():
+            raise FileNotFoundError(f"checkpoint not found: {path}")
+        try:
+            obj = load_file(str(path)) if path.suffix == ".safetensors" else torch.load(
+                path, map_location="cpu", weights_only=True)
+        except Exception as e:  # pickle / safetensors errors have many types
+            raise CheckpointError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from e
+    args = {}
+    if isinstance(obj, Mapping) and isinstance(obj.get("args"), Mapping):
+        args = dict(obj["args"])
+    if isinstance(obj, Mapping) and isinstance(obj.get("trainer"), Mapping) and "var_wo_ddp" in obj["trainer"]:
+        obj = obj["trainer"]["var_wo_ddp"]
+    elif isinstance(obj, Mapping) and isinstance(obj.get("model"), Mapping):
+        obj = obj["model"]
+    if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise CheckpointError("checkpoint holds no state dict (expected a dict of tensors, {'model': ...} "
+                              "or {'trainer': {'var_wo_ddp': ...}})")
+    sd = {k.removeprefix("module.").removeprefix("_orig_mod."): v for k, v in obj.items()}
+    return sd, args
+
+
+def bake_lora(sd: StateDict, args: Mapping[str, Any] | None = None, scaling: float | None = None) -> StateDict:
+    """Replace LoRA-wrapped linears (`X.base_weight`, `X.lora_A`, `X.lora_B`) by W = base + (B @ A) * scaling."""
+    lora_names = sorted({k[: -len(".lora_A")] for k in sd if k.endswith(".lora_A")})
+    if not lora_names:
+        return sd
+    if scaling is None:
+        args = args or {}
+        if "lora_rank" not in args or "lora_alpha" not in args:
+            raise CheckpointError("checkpoint has LoRA weights but its `args` lack lora_rank/lora_alpha; "
+                                  "pass scaling=alpha/rank")
+        scaling = float(args["lora_alpha"]) / float(args["lora_rank"])
+    out = dict(sd)
+    missing_base = []
+    for name in lora_names:
+        base_key = f"{name}.base_weight" if f"{name}.base_weight" in sd else f"{name}.weight"
+        if base_key not in sd:
+            missing_base.append(name)
+            continue
+        A, B = out.pop(f"{name}.lora_A"), out.pop(f"{name}.lora_B")
+        base = out.pop(base_key)
+        out[f"{name}.weight"] = (base.float() + (B.float() @ A.float()) * scaling).to(base.dtype)
+    if missing_base:
+        raise CheckpointError(
+            f"LoRA-only checkpoint: {len(missing_base)} LoRA adapters have no base weight "
+            f"(e.g. {missing_base[:3]}); load the base model and merge the adapters into it instead")
+    return out
+
+
+# ---- strict loading with readable errors -------------------------------------------------------------
+def _load_strict(module: torch.nn.Module, sd: StateDict, what: str, prefix_free: StateDict | None = None) -> None:
+    own = module.state_dict() if prefix_free is None else prefix_free
+    missing = [k for k in own if k not in sd]
+    unexpected = [k for k in sd if k not in own]
+    shapes = [f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}"
+              for k in own if k in sd and sd[k].shape != own[k].shape]
+    if missing or unexpected or shapes:
+        lines = [f"checkpoint does not fit {what}:"]
+        for title, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)):
+            if items:
+                shown = ", ".join(items[:12]) + (f", ... ({len(items)} in all)" if len(items) > 12 else "")
+                lines.append(f"  {title}: {shown}")
+        raise CheckpointError("\n".join(lines))
+
+
+def _fill_derived(sd: StateDict, own: StateDict) -> StateDict:
+    """Drop derived buffers from a checkpoint and take the model's own values instead."""
+    out = {k: v for k, v in sd.items() if not _DERIVED.search(k)}
+    for k, v in own.items():
+        if _DERIVED.search(k):
+            out[k] = v
+    return out
+
+
+def load_vqvae(path_or_sd, cfg: VQVAEConfig) -> MultiScaleVQVAE:
+    """The tokenizer from `vae_ch160v4096z32.pth`-style or project safetensors weights."""
+    sd, _ = read_state(path_or_sd)
+    model = MultiScaleVQVAE(cfg)
+    own = model.state_dict()
+    hit = "quantize.ema_vocab_hit_SV"
+    if hit in sd and sd[hit].shape != own[hit].shape:  # training statistics only
+        sd = {**sd, hit: own[hit]}
+    sd = _fill_derived(sd, own)
+    _load_strict(model, sd, f"MultiScaleVQVAE({cfg.ch}ch, V={cfg.vocab_size}, Cvae={cfg.z_channels})")
+    model.load_state_dict(sd)
+    return model.eval()
+
+
+def stylevar_reference_to_own(sd: StateDict, dim: int) -> StateDict:
+    """Reference StyleVAR layout -> this project's (Q rows of the guide, K/V rows of the target)."""
+    out = {}
+    for k, v in sd.items():
+        m = _ATTN_REF.match(k)
+        if not m:
+            out[k] = v
+            continue
+        i, leaf = m.groups()
+        pre = f"blocks.{i}.attn."
+        if leaf == "mat_qkv_guide.weight":
+            out[pre + "q_guide.weight"] = v[:dim]
+        elif leaf == "mat_qkv_target.weight":
+            out[pre + "kv_target.weight"] = v[dim:]
+        elif leaf == "q_bias_guide":
+            out[pre + "q_guide.bias"] = v
+        elif leaf == "v_bias_target":
+            out[pre + "v_bias"] = v
+        # q_bias_target and v_bias_guide feed rows that are never used
+    return out
+
+
+def load_stylevar(path_or_sd, cfg: StyleVARConfig, vqvae: MultiScaleVQVAE, *,
+                  lora_scaling: float | None = None) -> StyleVAR:
+    """StyleVAR from a reference checkpoint (any published layout, LoRA baked) or project weights."""
+    sd, args = read_state(path_or_sd)
+    sd = bake_lora(sd, args, lora_scaling)
+    if any(k.startswith("tokenizer.") for k in sd):
+        sd = {k: v for k, v in sd.items() if not k.startswith("tokenizer.")}
+    if any(_ATTN_REF.match(k) for k in sd):
+        sd = stylevar_reference_to_own(sd, cfg.embed_dim)
+    model = StyleVAR(cfg, vqvae)
+    own = model.transformer_state_dict()
+    sd = _fill_derived(sd, own)
+    _load_strict(model, sd, f"StyleVAR(depth={cfg.depth}, dim={cfg.embed_dim}, V={cfg.vocab_size})", own)
+    model.load_transformer_state_dict(sd)
+    return model.eval()
+
+
+def init_from_var(path_or_sd, cfg: StyleVARConfig, vqvae: MultiScaleVQVAE) -> tuple[StyleVAR, dict]:
+    """A StyleVAR initialised from a class-conditional VAR checkpoint, and what was copied, split, dropped
+    and left fresh. Each block's `mat_qkv`/`q_bias`/`v_bias` go to both the guide (Q) and the target
+    (K, V) projections; `class_emb` has no counterpart; encoders and `feat_emb` start fresh (ResNet-18
+    trunks from torchvision ImageNet weights when those are in the cache)."""
+    sd, _ = read_state(path_or_sd)
+    model = StyleVAR(cfg, vqvae)
+    own = model.transformer_state_dict()
+    new: StateDict = {}
+    summary: dict[str, Any] = {"copied": [], "split": {}, "dropped": [], "fresh": [], "encoders": "random"}
+    C = cfg.embed_dim
+    for k, v in sd.items():
+        m = re.match(r"^blocks\.(\d+)\.attn\.(mat_qkv\.weight|q_bias|v_bias)$", k)
+        if m:
+            pre = f"blocks.{m.group(1)}.attn."
+            if m.group(2) == "mat_qkv.weight":
+                new[pre + "q_guide.weight"], new[pre + "kv_target.weight"] = v[:C], v[C:]
+                summary["split"][k] = [pre + "q_guide.weight", pre + "kv_target.weight"]
+            elif m.group(2) == "q_bias":
+                new[pre + "q_guide.bias"] = v
+                summary["split"][k] = [pre + "q_guide.bias"]
+            else:
+                new[pre + "v_bias"] = v
+                summary["split"][k] = [pre + "v_bias"]
+        elif k in own and not _DERIVED.search(k):
+            if own[k].shape != v.shape:
+                raise CheckpointError(f"VAR checkpoint entry {k} has shape {tuple(v.shape)}, "
+                                      f"StyleVAR expects {tuple(own[k].shape)}: wrong preset?")
+            new[k] = v
+            summary["copied"].append(k)
+        else:
+            summary["dropped"].append(k)
+    if not summary["split"]:
+        raise CheckpointError("not a class-conditional VAR checkpoint: no blocks.*.attn.mat_qkv.weight entries")
+    encoder_state = _imagenet_resnet18() if cfg.image_encoder == "resnet18" else None
+    if encoder_state is not None:
+        for enc in ("style_encoder", "content_encoder"):
+            new.update({f"{enc}.{k}": v for k, v in encoder_state.items()})
+        summary["encoders"] = "imagenet"
+    for k, v in own.items():
+        if k not in new:
+            new[k] = v
+            summary["fresh"].append(k)
+    model.load_transformer_state_dict(new)
+    return model, summary
+
+
+def _imagenet_resnet18() -> StateDict | None:
+    """torchvision's ImageNet ResNet-18 trunk (conv1..layer4) when the weights are in the cache, else None."""
+    try:
+        from stylevar import weights
+        path = weights.resolve("resnet18")
+    except (ImportError, LookupError, FileNotFoundError):
+        return None
+    sd = torch.load(path, map_location="cpu", weights_only=True)
+    names = {"conv1": "0", "bn1": "1", "layer1": "4", "layer2": "5", "layer3": "6", "layer4": "7"}
+    return {names[k.split(".", 1)[0]] + "." + k.split(".", 1)[1]: v for k, v in sd.items()
+            if k.split(".", 1)[0] in names}
+
+
+# ---- the project's own format ------------------------------------------------------------------------
+def save_safetensors(sd: Mapping[str, torch.Tensor], path: str | os.PathLike, dtype: torch.dtype | None = None,
+                     metadata: dict[str, str] | None = None) -> None:
+    """Write a state dict atomically; floating tensors are cast to `dtype` when given."""
+    out = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().contiguous().cpu()
+           for k, v in sd.items()}
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    save_file(out, str(tmp), metadata=metadata)
+    os.replace(tmp, path)
+
+
+def load_safetensors(path: str | os.PathLike) -> StateDict:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file not found: {path}")
+    try:
+        return {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
+    except Exception as e:
+        raise CheckpointError(f"cannot read {path}: {type(e).__name__}: {e}") from e

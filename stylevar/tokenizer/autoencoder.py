@@ -1,0 +1,156 @@
+"""VAR's convolutional encoder and decoder (LDM-style, GroupNorm + SiLU, attention at the lowest scale).
+
+Module names follow the published `vae_ch160v4096z32.pth` layout so its state dict loads unchanged.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _norm(channels: int) -> nn.GroupNorm:
+    # 32 groups as published; narrower test configs fall back to the largest divisor of 32 that fits
+    return nn.GroupNorm(num_groups=math.gcd(32, channels), num_channels=channels, eps=1e-6, affine=True)
+
+
+class ResnetBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int, dropout: float = 0.0):
+        super().__init__()
+        self.norm1 = _norm(c_in)
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, padding=1)
+        self.norm2 = _norm(c_out)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1)
+        self.nin_shortcut = nn.Conv2d(c_in, c_out, 1) if c_in != c_out else nn.Identity()
+
+    def forward(self, x_BCHW: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(F.silu(self.norm1(x_BCHW)))
+        h = self.conv2(self.dropout(F.silu(self.norm2(h))))
+        return self.nin_shortcut(x_BCHW) + h
+
+
+class AttnBlock(nn.Module):
+    """Single-head spatial self-attention with a fused 1x1 qkv conv."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.norm = _norm(channels)
+        self.qkv = nn.Conv2d(channels, 3 * channels, 1)
+        self.proj_out = nn.Conv2d(channels, channels, 1)
+
+    def forward(self, x_BCHW: torch.Tensor) -> torch.Tensor:
+        B, C, H, W = x_BCHW.shape
+        qkv = self.qkv(self.norm(x_BCHW)).view(B, 3, C, H * W)
+        q, k, v = (t.transpose(1, 2).unsqueeze(1) for t in qkv.unbind(1))  # each (B, 1, HW, C)
+        h = F.scaled_dot_product_attention(q, k, v)  # scale C ** -0.5
+        h = h.squeeze(1).transpose(1, 2).reshape(B, C, H, W)
+        return x_BCHW + self.proj_out(h)
+
+
+class Downsample(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, stride=2, padding=0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.pad(x, (0, 1, 0, 1)))
+
+
+class Upsample(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.interpolate(x, scale_factor=2, mode="nearest"))
+
+
+class _Level(nn.Module):
+    """One resolution level: res blocks, optional attention after each, optional resampling."""
+
+    def __init__(self, blocks: list[nn.Module], attns: list[nn.Module], resample: nn.Module | None, name: str):
+        super().__init__()
+        self.block = nn.ModuleList(blocks)
+        self.attn = nn.ModuleList(attns)
+        if resample is not None:
+            self.add_module(name, resample)
+        self._resample_name = name if resample is not None else None
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        for i, block in enumerate(self.block):
+            h = block(h)
+            if len(self.attn):
+                h = self.attn[i](h)
+        if self._resample_name is not None:
+            h = getattr(self, self._resample_name)(h)
+        return h
+
+
+class _Mid(nn.Module):
+    def __init__(self, channels: int, dropout: float, attention: bool):
+        super().__init__()
+        self.block_1 = ResnetBlock(channels, channels, dropout)
+        self.attn_1 = AttnBlock(channels) if attention else nn.Identity()
+        self.block_2 = ResnetBlock(channels, channels, dropout)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.block_2(self.attn_1(self.block_1(h)))
+
+
+class Encoder(nn.Module):
+    def __init__(self, *, ch: int, ch_mult, num_res_blocks: int, z_channels: int, dropout: float = 0.0,
+                 using_sa: bool = True, using_mid_sa: bool = True):
+        super().__init__()
+        n = len(ch_mult)
+        self.conv_in = nn.Conv2d(3, ch, 3, padding=1)
+        levels, c_in = [], ch
+        for i, mult in enumerate(ch_mult):
+            c_out = ch * mult
+            blocks = []
+            for _ in range(num_res_blocks):
+                blocks.append(ResnetBlock(c_in, c_out, dropout))
+                c_in = c_out
+            attns = [AttnBlock(c_in) for _ in range(num_res_blocks)] if (i == n - 1 and using_sa) else []
+            levels.append(_Level(blocks, attns, Downsample(c_in) if i != n - 1 else None, "downsample"))
+        self.down = nn.ModuleList(levels)
+        self.mid = _Mid(c_in, dropout, using_mid_sa)
+        self.norm_out = _norm(c_in)
+        self.conv_out = nn.Conv2d(c_in, z_channels, 3, padding=1)
+
+    def forward(self, img_B3HW: torch.Tensor) -> torch.Tensor:
+        h = self.conv_in(img_B3HW)
+        for level in self.down:
+            h = level(h)
+        h = self.mid(h)
+        return self.conv_out(F.silu(self.norm_out(h)))
+
+
+class Decoder(nn.Module):
+    def __init__(self, *, ch: int, ch_mult, num_res_blocks: int, z_channels: int, dropout: float = 0.0,
+                 using_sa: bool = True, using_mid_sa: bool = True):
+        super().__init__()
+        n = len(ch_mult)
+        c_in = ch * ch_mult[-1]
+        self.conv_in = nn.Conv2d(z_channels, c_in, 3, padding=1)
+        self.mid = _Mid(c_in, dropout, using_mid_sa)
+        levels: list[nn.Module] = []
+        for i in reversed(range(n)):
+            c_out = ch * ch_mult[i]
+            blocks = []
+            for _ in range(num_res_blocks + 1):
+                blocks.append(ResnetBlock(c_in, c_out, dropout))
+                c_in = c_out
+            attns = [AttnBlock(c_in) for _ in range(num_res_blocks + 1)] if (i == n - 1 and using_sa) else []
+            levels.insert(0, _Level(blocks, attns, Upsample(c_in) if i != 0 else None, "upsample"))
+        self.up = nn.ModuleList(levels)  # up[i] works at level i; run from the last to the first
+        self.norm_out = _norm(c_in)
+        self.conv_out = nn.Conv2d(c_in, 3, 3, padding=1)
+
+    def forward(self, z_BCHW: torch.Tensor) -> torch.Tensor:
+        h = self.mid(self.conv_in(z_BCHW))
+        for level in reversed(self.up):
+            h = level(h)
+        return self.conv_out(F.silu(self.norm_out(h)))

@@ -1,0 +1,5 @@
+"""The StyleVAR transformer."""
+from stylevar.transformer.attention import BlendedAttention, KVCache
+from stylevar.transformer.model import Block, Condition, StyleVAR
+
+__all__ = ["StyleVAR", "Block", "BlendedAttention", "KVCache", "Condition"]

@@ -1,0 +1,86 @@
+"""Blended cross-attention: the target's history gives keys and values; style and content tokens ask.
+
+For scale k, out = alpha_k * attn(q_style) + (1 - alpha_k) * attn(q_content), projected once (the
+projection is affine and the weights sum to 1, so blending before it is exact). Only what is used is
+computed: Q for the two guide streams (one attention call over both), K/V for the target.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class KVCache:
+    """Preallocated keys/values of every target token, written once per scale, for one block."""
+
+    def __init__(self, batch: int, heads: int, length: int, head_dim: int, device, dtype):
+        self.k_BHLc = torch.empty(batch, heads, length, head_dim, device=device, dtype=dtype)
+        self.v_BHLc = torch.empty_like(self.k_BHLc)
+        self.end = 0
+
+    def append(self, k_BHlc: torch.Tensor, v_BHlc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        start, self.end = self.end, self.end + k_BHlc.shape[2]
+        self.k_BHLc[:, :, start:self.end] = k_BHlc
+        self.v_BHLc[:, :, start:self.end] = v_BHlc
+        return self.k_BHLc[:, :, : self.end], self.v_BHLc[:, :, : self.end]
+
+
+class BlendedAttention(nn.Module):
+    def __init__(self, dim: int, heads: int, l2_norm: bool = True, dropout: float = 0.0):
+        super().__init__()
+        self.dim, self.heads, self.head_dim = dim, heads, dim // heads
+        self.l2_norm = l2_norm
+        self.q_guide = nn.Linear(dim, dim, bias=True)  # queries of the style and content streams
+        self.kv_target = nn.Linear(dim, 2 * dim, bias=False)  # keys and values of the target stream
+        self.v_bias = nn.Parameter(torch.zeros(dim))  # keys have no bias
+        self.proj = nn.Linear(dim, dim)
+        self.dropout = dropout
+        if l2_norm:
+            self.scale_mul_1H11 = nn.Parameter(torch.full((1, heads, 1, 1), math.log(4.0)))
+            self.scale = 1.0
+        else:
+            self.scale = 0.25 / math.sqrt(self.head_dim)
+
+    def _split(self, x_BLC: torch.Tensor) -> torch.Tensor:
+        B, L, _ = x_BLC.shape
+        return x_BLC.view(B, L, self.heads, self.head_dim).transpose(1, 2)
+
+    def keys_values(self, h_BLC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        bias = torch.cat([torch.zeros_like(self.v_bias), self.v_bias])
+        k, v = F.linear(h_BLC, self.kv_target.weight, bias).chunk(2, dim=-1)
+        k, v = self._split(k), self._split(v)
+        if self.l2_norm:
+            k = F.normalize(k, dim=-1)
+        return k, v
+
+    def queries(self, g_BQC: torch.Tensor) -> torch.Tensor:
+        q = self._split(self.q_guide(g_BQC))
+        if self.l2_norm:
+            q = F.normalize(q, dim=-1) * self.scale_mul_1H11.clamp_max(math.log(100.0)).exp()
+        return q
+
+    def forward(
+        self,
+        h_BLC: torch.Tensor,  # modulated target tokens (the new ones, in generation)
+        style_BlC: torch.Tensor,  # modulated style tokens at the query positions
+        content_BlC: torch.Tensor,  # modulated content tokens at the query positions
+        alpha_Bl1: torch.Tensor,  # blend coefficient per query position
+        mask_2lL: torch.Tensor | None = None,  # bool, True = may attend (teacher forcing)
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        k, v = self.keys_values(h_BLC)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        l = style_BlC.shape[1]
+        q = self.queries(torch.cat([style_BlC, content_BlC], dim=1))  # (B, H, 2l, c)
+        if q.dtype != k.dtype:
+            q = q.to(k.dtype)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask_2lL, dropout_p=self.dropout if self.training else 0.0, scale=self.scale
+        )
+        out = out.transpose(1, 2).reshape(q.shape[0], 2 * l, self.dim)
+        a_style, a_content = out[:, :l], out[:, l:]
+        return self.proj(a_content + alpha_Bl1.to(out.dtype) * (a_style - a_content))

@@ -1,0 +1,96 @@
+"""The naive blend, kept as a baseline for `stylevar bench --naive` and as a second implementation that
+the fast path is tested against.
+
+It does what a direct transcription of the method does: full Q/K/V projections for the target, style
+and content streams, two attention calls per block (style queries, content queries), two output
+projections blended afterwards, and a generation cache grown by concatenation at every scale. With the
+same weights it computes the same numbers as `StyleVAR`, only with more work.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from stylevar.sampling import make_generators, sample
+from stylevar.transformer.model import Block, Condition, StyleVAR
+
+
+def _full_qkv(blk: Block, h_BLC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    a = blk.attn
+    W = torch.cat([a.q_guide.weight, a.kv_target.weight])  # (3C, C): the full projection
+    b = torch.cat([a.q_guide.bias, torch.zeros_like(a.v_bias), a.v_bias])
+    B, L, C = h_BLC.shape
+    q, k, v = F.linear(h_BLC, W, b).view(B, L, 3, a.heads, a.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    if a.l2_norm:
+        q = F.normalize(q, dim=-1) * a.scale_mul_1H11.clamp_max(math.log(100.0)).exp()
+        k = F.normalize(k, dim=-1)
+    return q, k, v
+
+
+def naive_block(blk: Block, x, cond_BD, style_ln, content_ln, alpha_Bl1, mask_lL=None, cache=None):
+    g1, g2, s1, s2, b1, b2 = blk.modulation(cond_BD)  # recomputed at every call, as a transcription does
+    h = F.layer_norm(x, (blk.dim,), eps=blk.eps) * (1 + s1) + b1
+    _, k, v = _full_qkv(blk, h)
+    if cache is not None:
+        if cache:
+            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+        cache[:] = [k, v]
+    outs = []
+    for stream in (style_ln, content_ln):
+        q, _, _ = _full_qkv(blk, stream * (1 + s1) + b1)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_lL, scale=blk.attn.scale)
+        outs.append(blk.attn.proj(o.transpose(1, 2).flatten(2)))
+    x = x + (alpha_Bl1 * outs[0] + (1 - alpha_Bl1) * outs[1]) * g1
+    h = F.layer_norm(x, (blk.dim,), eps=blk.eps) * (1 + s2) + b2
+    return x + blk.ffn(h) * g2
+
+
+@torch.no_grad()
+def naive_teacher_forcing_logits(model: StyleVAR, content, style, target_indices) -> torch.Tensor:
+    cond = model.condition(content, style)
+    x_in = model.tokenizer.quantize.next_scale_inputs(target_indices, model.tokenizer.latent_size)
+    x = torch.cat([cond.sos_B1C.expand(content.shape[0], -1, -1), model.word_embed(x_in)], dim=1) + model.lvl_pos()
+    alpha = model.blend_alphas()[model.lvl_L].view(1, -1, 1)
+    mask = model.mask_2LL[: model.cfg.num_tokens]
+    for blk in model.blocks:
+        x = naive_block(blk, x, cond.cond_BD, cond.style_ln_BLC, cond.content_ln_BLC, alpha, mask)
+    return model.logits(x, model.head_nm.modulation(cond.cond_BD))
+
+
+@torch.no_grad()
+def naive_generate(model: StyleVAR, content, style, *, top_k=900, top_p=0.96, seed=None) -> torch.Tensor:
+    generators = make_generators(seed, content.shape[0], content.device)
+    cond = model.condition(content, style)
+    f_hat, _ = naive_sample_tokens(model, cond, generators, model.blend_alphas(), top_k, top_p)
+    return model.tokenizer.decode_fhat(f_hat).add(1).mul(0.5)
+
+
+@torch.no_grad()
+def naive_sample_tokens(model: StyleVAR, cond: Condition, generators, alpha_K, top_k=900, top_p=0.96):
+    """The autoregressive loop of the naive blend: (f_hat, token maps), like StyleVAR.sample_tokens."""
+    B, device = cond.cond_BD.shape[0], cond.cond_BD.device
+    tok, patch_nums = model.tokenizer, model.cfg.patch_nums
+    n = tok.latent_size
+    lvl_pos = model.lvl_pos()
+    alpha_K = model.blend_alphas()
+    caches: list[list[torch.Tensor]] = [[] for _ in model.blocks]
+    f_hat = torch.zeros(B, model.cfg.z_channels, n, n, device=device)
+    x = cond.sos_B1C.expand(B, -1, -1) + lvl_pos[:, : patch_nums[0] ** 2]
+    indices, start = [], 0
+    for k, pn in enumerate(patch_nums):
+        end = start + pn * pn
+        for blk, cache in zip(model.blocks, caches):
+            x = naive_block(blk, x, cond.cond_BD, cond.style_ln_BLC[:, start:end], cond.content_ln_BLC[:, start:end],
+                            alpha_K[k], None, cache)
+        idx_Bl = sample(model.head(model.head_nm(x, model.head_nm.modulation(cond.cond_BD))).float(), generators,
+                        top_k, top_p)
+        indices.append(idx_Bl)
+        f_hat = f_hat + tok.quantize.upsampled_residual(k, idx_Bl, n)
+        if k + 1 < len(patch_nums):
+            nxt = patch_nums[k + 1]
+            x = model.word_embed(F.interpolate(f_hat, size=(nxt, nxt), mode="area").flatten(2).transpose(1, 2))
+            x = x + lvl_pos[:, end:end + nxt * nxt]
+        start = end
+    return f_hat, indices

@@ -1,0 +1,80 @@
+"""Shared fixtures: the reference golden data (../shared/reference) and small models."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from stylevar.config import StyleVARConfig, VQVAEConfig
+
+
+def _find_reference_dir() -> Path | None:
+    env = os.environ.get("STYLEVAR_REFERENCE_DIR")
+    if env:
+        return Path(env)
+    for parent in Path(__file__).resolve().parents:
+        cand = parent / "shared" / "reference"
+        if (cand / "make_reference_state.py").is_file():
+            return cand
+    return None
+
+
+REFERENCE_DIR = _find_reference_dir()
+
+
+@pytest.fixture(scope="session")
+def reference_dir() -> Path:
+    if REFERENCE_DIR is None:
+        pytest.skip("reference data not found: set STYLEVAR_REFERENCE_DIR to the folder holding "
+                    "make_reference_state.py and golden_small/")
+    return REFERENCE_DIR
+
+
+@pytest.fixture(scope="session")
+def make_reference_state(reference_dir):
+    """The reference's key-table -> state-dict builder, imported from its file (not copied)."""
+    spec = importlib.util.spec_from_file_location("make_reference_state", reference_dir / "make_reference_state.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="session")
+def golden(reference_dir, make_reference_state):
+    """Reference config, state dicts (VQ-VAE, StyleVAR, class-conditional VAR) and golden outputs."""
+    d = reference_dir / "golden_small"
+    cfg = json.loads((d / "config.json").read_text())
+    m = make_reference_state
+    return {
+        "cfg": cfg,
+        "vae_sd": m.make_state(m.read_key_table(d / "vae_keys.tsv"), cfg, cfg["seed"]),
+        "stylevar_sd": m.make_state(m.read_key_table(d / "stylevar_keys.tsv"), cfg, cfg["seed"] + 1000),
+        "var_sd": m.make_state(m.read_key_table(d / "var_keys.tsv"), cfg, cfg["seed"] + 2000),
+        "data": torch.load(d / "golden.pt", weights_only=True),
+        "vq_cfg": VQVAEConfig.from_reference(cfg),
+        "tr_cfg": StyleVARConfig.from_reference(cfg),
+    }
+
+
+def micro_configs() -> tuple[VQVAEConfig, StyleVARConfig]:
+    """The smallest sensible model (32 px, 3 scales) for fast tests of the plumbing."""
+    vq = VQVAEConfig(vocab_size=64, z_channels=8, ch=16, ch_mult=(1, 2, 2), num_res_blocks=1, patch_nums=(1, 2, 4, 8))
+    tr = StyleVARConfig(depth=2, embed_dim=64, num_heads=2, patch_nums=vq.patch_nums, vocab_size=64, z_channels=8,
+                        alpha_nums=(0.3, 0.4, 0.5, 0.6), image_encoder="cnn", encoder_dim=64)
+    return vq, tr
+
+
+@pytest.fixture(scope="session")
+def micro_pipeline():
+    from stylevar.pipeline import StylePipeline
+
+    return StylePipeline.random(micro_configs(), seed=0)
+
+
+@pytest.fixture(scope="session")
+def micro_model_dir(tmp_path_factory, micro_pipeline):
+    return micro_pipeline.save_pretrained(tmp_path_factory.mktemp("micro_model"))
