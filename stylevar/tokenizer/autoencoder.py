@@ -11,17 +11,17 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def _norm(channels: int) -> nn.GroupNorm:
-    # 32 groups as published; narrower test configs fall back to the largest divisor of 32 that fits
-    return nn.GroupNorm(num_groups=math.gcd(32, channels), num_channels=channels, eps=1e-6, affine=True)
+def _norm(channels: int, groups: int = 32) -> nn.GroupNorm:
+    # 32 groups as published; a channel count that 32 does not divide falls back to a divisor of it
+    return nn.GroupNorm(num_groups=math.gcd(groups, channels), num_channels=channels, eps=1e-6, affine=True)
 
 
 class ResnetBlock(nn.Module):
-    def __init__(self, c_in: int, c_out: int, dropout: float = 0.0):
+    def __init__(self, c_in: int, c_out: int, dropout: float = 0.0, groups: int = 32):
         super().__init__()
-        self.norm1 = _norm(c_in)
+        self.norm1 = _norm(c_in, groups)
         self.conv1 = nn.Conv2d(c_in, c_out, 3, padding=1)
-        self.norm2 = _norm(c_out)
+        self.norm2 = _norm(c_out, groups)
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1)
         self.nin_shortcut = nn.Conv2d(c_in, c_out, 1) if c_in != c_out else nn.Identity()
@@ -35,9 +35,9 @@ class ResnetBlock(nn.Module):
 class AttnBlock(nn.Module):
     """Single-head spatial self-attention with a fused 1x1 qkv conv."""
 
-    def __init__(self, channels: int):
+    def __init__(self, channels: int, groups: int = 32):
         super().__init__()
-        self.norm = _norm(channels)
+        self.norm = _norm(channels, groups)
         self.qkv = nn.Conv2d(channels, 3 * channels, 1)
         self.proj_out = nn.Conv2d(channels, channels, 1)
 
@@ -90,11 +90,11 @@ class _Level(nn.Module):
 
 
 class _Mid(nn.Module):
-    def __init__(self, channels: int, dropout: float, attention: bool):
+    def __init__(self, channels: int, dropout: float, attention: bool, groups: int):
         super().__init__()
-        self.block_1 = ResnetBlock(channels, channels, dropout)
-        self.attn_1 = AttnBlock(channels) if attention else nn.Identity()
-        self.block_2 = ResnetBlock(channels, channels, dropout)
+        self.block_1 = ResnetBlock(channels, channels, dropout, groups)
+        self.attn_1 = AttnBlock(channels, groups) if attention else nn.Identity()
+        self.block_2 = ResnetBlock(channels, channels, dropout, groups)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.block_2(self.attn_1(self.block_1(h)))
@@ -102,7 +102,7 @@ class _Mid(nn.Module):
 
 class Encoder(nn.Module):
     def __init__(self, *, ch: int, ch_mult, num_res_blocks: int, z_channels: int, dropout: float = 0.0,
-                 using_sa: bool = True, using_mid_sa: bool = True):
+                 using_sa: bool = True, using_mid_sa: bool = True, norm_groups: int = 32):
         super().__init__()
         n = len(ch_mult)
         self.conv_in = nn.Conv2d(3, ch, 3, padding=1)
@@ -111,13 +111,13 @@ class Encoder(nn.Module):
             c_out = ch * mult
             blocks = []
             for _ in range(num_res_blocks):
-                blocks.append(ResnetBlock(c_in, c_out, dropout))
+                blocks.append(ResnetBlock(c_in, c_out, dropout, norm_groups))
                 c_in = c_out
-            attns = [AttnBlock(c_in) for _ in range(num_res_blocks)] if (i == n - 1 and using_sa) else []
+            attns = [AttnBlock(c_in, norm_groups) for _ in range(num_res_blocks)] if (i == n - 1 and using_sa) else []
             levels.append(_Level(blocks, attns, Downsample(c_in) if i != n - 1 else None, "downsample"))
         self.down = nn.ModuleList(levels)
-        self.mid = _Mid(c_in, dropout, using_mid_sa)
-        self.norm_out = _norm(c_in)
+        self.mid = _Mid(c_in, dropout, using_mid_sa, norm_groups)
+        self.norm_out = _norm(c_in, norm_groups)
         self.conv_out = nn.Conv2d(c_in, z_channels, 3, padding=1)
 
     def forward(self, img_B3HW: torch.Tensor) -> torch.Tensor:
@@ -130,23 +130,23 @@ class Encoder(nn.Module):
 
 class Decoder(nn.Module):
     def __init__(self, *, ch: int, ch_mult, num_res_blocks: int, z_channels: int, dropout: float = 0.0,
-                 using_sa: bool = True, using_mid_sa: bool = True):
+                 using_sa: bool = True, using_mid_sa: bool = True, norm_groups: int = 32):
         super().__init__()
         n = len(ch_mult)
         c_in = ch * ch_mult[-1]
         self.conv_in = nn.Conv2d(z_channels, c_in, 3, padding=1)
-        self.mid = _Mid(c_in, dropout, using_mid_sa)
+        self.mid = _Mid(c_in, dropout, using_mid_sa, norm_groups)
         levels: list[nn.Module] = []
         for i in reversed(range(n)):
             c_out = ch * ch_mult[i]
             blocks = []
             for _ in range(num_res_blocks + 1):
-                blocks.append(ResnetBlock(c_in, c_out, dropout))
+                blocks.append(ResnetBlock(c_in, c_out, dropout, norm_groups))
                 c_in = c_out
-            attns = [AttnBlock(c_in) for _ in range(num_res_blocks + 1)] if (i == n - 1 and using_sa) else []
+            attns = [AttnBlock(c_in, norm_groups) for _ in range(num_res_blocks + 1)] if (i == n - 1 and using_sa) else []
             levels.insert(0, _Level(blocks, attns, Upsample(c_in) if i != 0 else None, "upsample"))
         self.up = nn.ModuleList(levels)  # up[i] works at level i; run from the last to the first
-        self.norm_out = _norm(c_in)
+        self.norm_out = _norm(c_in, norm_groups)
         self.conv_out = nn.Conv2d(c_in, 3, 3, padding=1)
 
     def forward(self, z_BCHW: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from stylevar.config import StyleVARConfig
@@ -121,6 +122,7 @@ class StyleVAR(nn.Module):
         self.register_buffer("mask_2LL", torch.cat([mask_LL, mask_LL]), persistent=False)
         self.register_buffer("alpha_K", torch.tensor(cfg.alpha_nums, dtype=torch.float32), persistent=False)
         self.autocast_dtype: torch.dtype | None = None  # e.g. torch.bfloat16 on CUDA
+        self.activation_checkpointing = False  # recompute block activations in backward (training memory)
         self.reset_parameters()
 
     # ---- housekeeping -------------------------------------------------------------------------
@@ -221,8 +223,12 @@ class StyleVAR(nn.Module):
             x = x + self.lvl_pos()
             alpha_1L1 = self.blend_alphas(alphas, style_strength)[self.lvl_L].view(1, -1, 1)
             for blk in self.blocks:
-                x = blk(x, blk.modulation(cond.cond_BD), cond.style_ln_BLC, cond.content_ln_BLC, alpha_1L1,
+                args = (x, blk.modulation(cond.cond_BD), cond.style_ln_BLC, cond.content_ln_BLC, alpha_1L1,
                         self.mask_2LL)
+                if self.activation_checkpointing and torch.is_grad_enabled():
+                    x = torch.utils.checkpoint.checkpoint(blk, *args, use_reentrant=False)
+                else:
+                    x = blk(*args)
             return self.logits(x, self.head_nm.modulation(cond.cond_BD))
 
     # ---- generation ---------------------------------------------------------------------------
