@@ -1,1 +1,31 @@
+"""Gradio web UI for StyleVAR: mounted at `/ui` by `python -m serve`, or `python -m web --api URL`.
 
+Gradio is imported on first use, so `web.client` stays light.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import gradio as gr
+    from fastapi import FastAPI
+
+    from serve.settings import ServeSettings
+
+    from .ui import UIConfig
+
+__all__ = ["build_ui", "mount_ui"]
+
+
+def mount_ui(app: "FastAPI", settings: "ServeSettings") -> None:
+    """Mount the UI at `/ui` of the service's app (see `web.mount.mount_ui`)."""
+    from .mount import mount_ui as _mount_ui
+
+    _mount_ui(app, settings)
+
+
+def build_ui(config: "UIConfig", **kwargs: Any) -> "gr.Blocks":
+    """The UI's `gr.Blocks` for the service at `config.api_url` (see `web.ui.build_ui`)."""
+    from .ui import build_ui as _build_ui
+
+    return _build_ui(config, **kwargs)

@@ -1,0 +1,60 @@
+"""`python -m serve [--host H] [--port P] [--model DIR] [--device D] [--no-ui]`.
+
+Every option also has an environment variable (`STYLEVAR_HOST`, `STYLEVAR_PORT`, `STYLEVAR_MODEL_DIR`,
+`STYLEVAR_DEVICE`, `STYLEVAR_UI`, ...); options given on the command line win.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from pydantic import ValidationError
+
+from .logs import configure_logging
+from .settings import ServeSettings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m serve", description="StyleVAR inference service (API + UI)")
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8000)")
+    p.add_argument("--model", dest="model_dir", help="model directory (default: the embedded demo model)")
+    p.add_argument("--device", help="'auto', 'cpu', 'cuda:0' or a comma-separated list (one worker each)")
+    p.add_argument("--no-ui", dest="ui", action="store_false", default=None, help="do not mount the web UI at /ui")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    overrides = {k: v for k, v in vars(args).items() if v is not None}
+    try:
+        settings = ServeSettings(**overrides)
+    except ValidationError as e:
+        print(f"invalid settings:\n{e}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_json, settings.log_level)
+    log = logging.getLogger("serve")
+
+    import torch
+    import uvicorn
+
+    from stylevar.pipeline import ModelDirError
+
+    from .app import create_app
+
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    try:
+        app = create_app(settings)
+    except (ModelDirError, ValueError) as e:
+        log.error("cannot start: %s", e)
+        return 2
+    log.info("starting", extra={"host": settings.host, "port": settings.port, "model_dir": str(settings.model_dir)})
+    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
+                timeout_graceful_shutdown=30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""The model side of the service: loading a pipeline per device and running batches of jobs on it."""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from stylevar.pipeline import DEMO_MODEL_DIR, ModelDirError, StylePipeline
+
+from .batching import Job
+
+log = logging.getLogger("serve.engine")
+
+MODEL_FILES = ("config.json", "tokenizer.safetensors", "transformer.safetensors")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+PreviewFn = Callable[[int, torch.Tensor], None]  # (scale index k, previews (n, 3, S, S) in [0, 1] on the CPU)
+
+
+def check_model_dir(path: Path) -> Path:
+    """Fail early, naming the path and how to make the model, when a model directory is incomplete."""
+    missing = [name for name in MODEL_FILES if not (path / name).is_file()]
+    if not missing:
+        return path
+    is_demo = path.resolve() == DEMO_MODEL_DIR.resolve()
+    how = ("The embedded demo model is not built yet: run `scripts/train_demo_model.sh` to make it, "
+           "or point --model / STYLEVAR_MODEL_DIR at another model directory."
+           if is_demo else
+           "A model directory comes from a training run (RUN/final/), `stylevar convert`, or "
+           "`StylePipeline.save_pretrained(DIR)`; pass it with --model DIR or STYLEVAR_MODEL_DIR.")
+    raise ModelDirError(f"no usable model at {path}: missing {', '.join(missing)}. {how}")
+
+
+def resolve_devices(names: Sequence[str]) -> list[torch.device]:
+    """'auto' -> every visible CUDA device, else the CPU; otherwise the listed devices."""
+    if list(names) == ["auto"]:
+        if torch.cuda.is_available():
+            return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+        return [torch.device("cpu")]
+    devices = [torch.device(n) for n in names]
+    for d in devices:
+        if d.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {d} requested but CUDA is not available")
+    return devices
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for a device: None means plain float32."""
+    if name == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return None
+    dtype = DTYPES[name]
+    return None if dtype == torch.float32 else dtype
+
+
+@dataclass(frozen=True)
+class GenerationKey:
+    """Settings that must be equal for requests to share one `generate` call."""
+
+    top_k: int
+    top_p: float
+    style_strength: float
+    alphas: tuple[float, ...] | None
+    resize: str
+
+
+@dataclass
+class StylizeTask:
+    """One request: one content/style pair, one row per seed."""
+
+    content: Image.Image
+    style: Image.Image
+    seeds: list[int]
+    on_preview: PreviewFn | None = None
+
+
+class ModelRunner:
+    """A pipeline on one device. `run` is the batcher's run function for that device."""
+
+    def __init__(self, pipe: StylePipeline, max_output_side: int):
+        self.pipe = pipe
+        self.max_output_side = max_output_side
+
+    @classmethod
+    def load(cls, model_dir: Path, device: torch.device, dtype: str, max_output_side: int) -> "ModelRunner":
+        t0 = time.perf_counter()
+        pipe = StylePipeline.from_pretrained(model_dir, device=device, autocast_dtype=resolve_dtype(dtype, device))
+        pipe.model.autocast_dtype = resolve_dtype(dtype, device)
+        log.info("model loaded", extra={"model_dir": str(model_dir), "device": str(device),
+                                        "seconds": round(time.perf_counter() - t0, 3)})
+        return cls(pipe, max_output_side)
+
+    @property
+    def device(self) -> torch.device:
+        return self.pipe.device
+
+    @property
+    def dtype_name(self) -> str:
+        dt = self.pipe.model.autocast_dtype
+        return "float32" if dt is None else str(dt).removeprefix("torch.")
+
+    def run(self, jobs: Sequence[Job]) -> list[list[Image.Image]]:
+        """All jobs share `jobs[0].key`; returns each job's images, one per seed."""
+        key: GenerationKey = jobs[0].key
+        tasks: list[StylizeTask] = [j.payload for j in jobs]
+        contents = [t.content for t in tasks for _ in t.seeds]
+        styles = [t.style for t in tasks for _ in t.seeds]
+        seeds = [s for t in tasks for s in t.seeds]
+        on_scale = self._preview_router(tasks) if any(t.on_preview for t in tasks) else None
+        with torch.inference_mode():
+            images = self.pipe.stylize_batch(
+                contents, styles, seeds=seeds, resize=key.resize, on_scale=on_scale,
+                max_side=self.max_output_side, top_k=key.top_k, top_p=key.top_p,
+                style_strength=key.style_strength, alphas=key.alphas,
+            )
+        out, start = [], 0
+        for t in tasks:
+            out.append(images[start:start + len(t.seeds)])
+            start += len(t.seeds)
+        return out
+
+    @staticmethod
+    def _preview_router(tasks: list[StylizeTask]) -> Callable[[int, torch.Tensor], None]:
+        def on_scale(k: int, previews_B3HW: torch.Tensor) -> None:
+            cpu = previews_B3HW.detach().float().cpu()
+            start = 0
+            for t in tasks:
+                n = len(t.seeds)
+                if t.on_preview is not None:
+                    t.on_preview(k, cpu[start:start + n])
+                start += n
+        return on_scale
+
+    def warmup(self) -> float:
+        """One small generate call through the same path as requests; returns its seconds."""
+        t0 = time.perf_counter()
+        img = Image.new("RGB", (self.pipe.image_size, self.pipe.image_size), (128, 96, 64))
+        cfg = self.pipe.config.transformer
+        key = GenerationKey(top_k=900, top_p=0.96, style_strength=0.0, alphas=None, resize="stretch")
+        job = Job(key=key, rows=1, payload=StylizeTask(img, img, [0]), deadline=float("inf"))
+        self.run([job])
+        log.info("warm-up done", extra={"device": str(self.device), "scales": len(cfg.patch_nums),
+                                        "seconds": round(time.perf_counter() - t0, 3)})
+        return time.perf_counter() - t0

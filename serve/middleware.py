@@ -1,0 +1,108 @@
+"""The request envelope: request id, access log, HTTP metrics and a JSON 500 for anything unexpected.
+
+A plain ASGI middleware (not `BaseHTTPMiddleware`) so streamed responses and client disconnects pass
+through untouched.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .logs import new_request_id, request_id_var
+from .metrics import ServiceMetrics
+
+log = logging.getLogger("serve.access")
+REQUEST_ID_HEADER = "X-Request-ID"
+
+
+def route_label(scope: Scope) -> str:
+    """The matched route's path template (bounded label values), or 'unmatched'."""
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) and path else "unmatched"
+
+
+class RequestMiddleware:
+    def __init__(self, app: ASGIApp, metrics: ServiceMetrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        offered = None
+        for name, value in scope.get("headers", []):
+            if name == b"x-request-id":
+                offered = value.decode("latin-1")
+        rid = new_request_id(offered)
+        token = request_id_var.set(rid)
+        scope.setdefault("state", {})["request_id"] = rid
+        t0 = time.perf_counter()
+        status = 0
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                MutableHeaders(scope=message)[REQUEST_ID_HEADER] = rid
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            log.exception("unhandled error")
+            if status == 0:  # nothing sent yet: answer in the API's error shape
+                status = 500
+                body = json.dumps({"error": "internal", "detail": "internal server error"}).encode()
+                await send({"type": "http.response.start", "status": 500, "headers": [
+                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                    (REQUEST_ID_HEADER.lower().encode(), rid.encode())]})
+                await send({"type": "http.response.body", "body": body})
+            else:
+                raise
+        finally:
+            seconds = time.perf_counter() - t0
+            route = route_label(scope)
+            method = scope.get("method", "")
+            self.metrics.observe_request(route, method, status or 499, seconds)
+            log.info(
+                "request",
+                extra={"method": method, "path": scope.get("path", ""), "route": route,
+                       "status": status or 499, "duration_ms": round(seconds * 1000, 2)},
+            )
+            request_id_var.reset(token)
+
+
+class ContentLengthLimit:
+    """Refuse, before reading it, a body whose declared Content-Length exceeds the limit (JSON 413).
+
+    Bodies without a Content-Length are counted as they stream in by the routes' own `max_body_size`.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int, paths: tuple[str, ...]):
+        self.app, self.max_bytes, self.paths = app, max_bytes, paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("path") in self.paths:
+            declared = None
+            for name, value in scope.get("headers", []):
+                if name == b"content-length":
+                    try:
+                        declared = int(value)
+                    except ValueError:
+                        declared = None
+            if declared is not None and declared > self.max_bytes:
+                body = json.dumps({"error": "payload_too_large",
+                                   "detail": f"request body of {declared} bytes is over the limit of "
+                                             f"{self.max_bytes} bytes"}).encode()
+                await send({"type": "http.response.start", "status": 413, "headers": [
+                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close")]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)

@@ -1,0 +1,98 @@
+"""Request and response models of the HTTP API (they also make up /openapi.json)."""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.json_schema import SkipJsonSchema
+
+MAX_SEED = 2**32 - 1
+
+
+class StylizeForm(BaseModel):
+    """Generation and output options of `POST /stylize` and `POST /stylize/stream` (form fields)."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    style_strength: float = Field(0.0, ge=-1.0, le=1.0, description="-1 keeps more content, 1 more style")
+    # `None` is the absent field; a form cannot send null, so the schema leaves it out
+    seed: int | SkipJsonSchema[None] = Field(
+        None, ge=0, le=MAX_SEED, description="random when absent; sample i uses seed + i"
+    )
+    top_k: int = Field(900, ge=0, le=1_000_000, description="0 switches top-k off")
+    top_p: float = Field(0.96, ge=0.0, le=1.0, description="0 or 1 switches nucleus sampling off")
+    num_samples: int = Field(1, ge=1, le=4)
+    alphas: str | SkipJsonSchema[None] = Field(
+        None,
+        description="per-scale blend coefficients in [0, 1], one per scale: comma-separated or a JSON list",
+        examples=["0.2,0.3,0.4,0.5,0.6,0.7"],
+    )
+    resize: Literal["crop", "pad", "stretch"] = Field(
+        "stretch", description="how the inputs are fitted into the model's square; crop returns the centre square"
+    )
+    preserve_color: bool = Field(False, description="keep the content's colours, transfer the texture")
+    format: Literal["png", "jpeg", "webp"] = "png"
+
+    @field_validator("alphas")
+    @classmethod
+    def _alphas_parse(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        parse_alphas(value)
+        return value
+
+    def alpha_values(self) -> tuple[float, ...] | None:
+        return None if self.alphas is None else parse_alphas(self.alphas)
+
+
+def parse_alphas(text: str) -> tuple[float, ...]:
+    text = text.strip()
+    try:
+        raw: Any = json.loads(text) if text.startswith("[") else [p for p in text.split(",")]
+        if not isinstance(raw, list) or not raw:
+            raise ValueError
+        values = tuple(float(v) for v in raw)
+    except (ValueError, TypeError):
+        raise ValueError("alphas must be numbers separated by commas, or a JSON list of numbers") from None
+    if not all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in values):
+        raise ValueError("every alpha must lie in [0, 1]")
+    return values
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="short machine-readable code")
+    detail: str = Field(description="what went wrong, for people")
+
+
+class ImageOut(BaseModel):
+    seed: int
+    media_type: str
+    width: int
+    height: int
+    data: str = Field(description="base64 of the encoded image")
+
+
+class StylizeResult(BaseModel):
+    model: str
+    seed: int = Field(description="seed of the first sample")
+    inference_ms: float
+    images: list[ImageOut]
+
+
+class Health(BaseModel):
+    status: str
+
+
+class ModelInfo(BaseModel):
+    name: str
+    demo: bool
+    version: str = Field(description="stylevar package version")
+    devices: list[str]
+    dtype: str
+    image_size: int
+    patch_nums: list[int]
+    default_alphas: list[float]
+    vocab_size: int
+    config: dict[str, Any]

@@ -1,0 +1,73 @@
+"""Service settings: every field can be set from the environment as `STYLEVAR_<FIELD>`.
+
+Lists (`STYLEVAR_API_KEYS`, `STYLEVAR_CORS_ORIGINS`, `STYLEVAR_DEVICE`) are comma-separated.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+
+def demo_model_dir() -> Path:
+    """The embedded demo model inside the installed `stylevar` package (found without importing it)."""
+    spec = importlib.util.find_spec("stylevar")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the stylevar package is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "assets" / "demo"
+
+
+
+def _split_commas(value: object) -> object:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class ServeSettings(BaseSettings):
+    """Configuration of one service process. Defaults suit a single-GPU or CPU deployment."""
+
+    model_config = SettingsConfigDict(env_prefix="STYLEVAR_", extra="ignore", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    model_dir: Path = Field(default_factory=demo_model_dir)
+    # "auto": every visible CUDA device, else the CPU; or a list such as "cuda:0,cuda:1"
+    device: Annotated[list[str], NoDecode] = ["auto"]
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    torch_threads: int = Field(0, ge=0)  # 0: leave torch's default
+
+    # batching
+    max_batch_size: int = Field(8, ge=1, le=256)  # rows (samples) per generate call
+    max_wait_ms: float = Field(10.0, ge=0, le=10_000)
+    queue_size: int = Field(64, ge=1)  # jobs waiting for a worker
+    request_timeout_s: float = Field(60.0, gt=0)
+
+    # input limits
+    max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1024)  # whole request body
+    max_pixels: int = Field(40_000_000, ge=1)  # per input image, checked before decoding
+    max_output_side: int = Field(1024, ge=16)  # long side of a returned image
+
+    # access and observability
+    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list, repr=False)
+    cors_origins: Annotated[list[str], NoDecode] = []
+    warmup: bool = True
+    log_json: bool = True
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    ui: bool = True
+
+    @field_validator("device", "api_keys", "cors_origins", mode="before")
+    @classmethod
+    def _lists_from_commas(cls, value: object) -> object:
+        return _split_commas(value)
+
+    @field_validator("device")
+    @classmethod
+    def _devices_not_empty(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("device must name at least one device, or 'auto'")
+        return value

@@ -1,0 +1,75 @@
+"""Run the real service in a subprocess on a free loopback port (for tests and benchmarks)."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import httpx
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """`python -m serve` (or any command) in a subprocess; stderr goes to a log file for inspection."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], url: str, log_path: Path):
+        self.argv, self.url, self.log_path = list(argv), url, log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(self.argv, env=dict(env), stdout=self._log, stderr=subprocess.STDOUT)
+
+    @classmethod
+    def serve(cls, model_dir: str | os.PathLike, *, settings: Mapping[str, str] | None = None,
+              extra_args: Sequence[str] = ("--no-ui",), log_dir: str | os.PathLike | None = None) -> "ServerProcess":
+        """`python -m serve --model DIR --port FREE` with `STYLEVAR_*` settings from `settings`."""
+        port = free_port()
+        env = {**os.environ, "STYLEVAR_DEVICE": "cpu", "STYLEVAR_TORCH_THREADS": "1", **(settings or {})}
+        argv = [sys.executable, "-m", "serve", "--host", "127.0.0.1", "--port", str(port), "--model",
+                str(model_dir), *extra_args]
+        log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="stylevar-serve-"))
+        return cls(argv, env, f"http://127.0.0.1:{port}", log_dir / f"server-{port}.log")
+
+    def log_text(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 120.0, path: str = "/readyz") -> "ServerProcess":
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_text()[-4000:]}")
+            try:
+                if httpx.get(self.url + path, timeout=2.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"server not ready after {timeout} s:\n{self.log_text()[-4000:]}")
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,218 @@
+"""HTTP client of the StyleVAR service (`serve/`), as the UI uses it.
+
+It talks to `GET /v1/model` and `POST /stylize/stream` (Server-Sent Events: `preview` events coarse to
+fine, then `result`, or `error`). Every failure is raised as `ServiceError`, whose `message` is a
+sentence for people (the UI shows it as is).
+"""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import mimetypes
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+from httpx_sse import SSEError, connect_sse
+from PIL import Image
+
+ResizeMode = Literal["crop", "pad", "stretch"]
+ImageSource = str | os.PathLike | bytes
+
+
+class ServiceError(Exception):
+    """The service refused or failed a request, or could not be reached (`status` None)."""
+
+    def __init__(self, status: int | None, code: str, detail: str, retry_after_s: float | None = None):
+        self.status, self.code, self.detail, self.retry_after_s = status, code, detail, retry_after_s
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        """What went wrong, and what to do about it."""
+        detail = self.detail.rstrip(".")
+        if self.status is None:
+            return f"Cannot reach the StyleVAR service: {detail}."
+        if self.status == 401:
+            return "The service needs an API key (start the UI with --api-key, or set STYLEVAR_API_KEY)."
+        if self.status == 413:
+            return f"Upload too large: {detail}. Use a smaller image."
+        if self.status == 415:
+            return f"Not a supported image: {detail}. Use a JPEG, PNG or WebP file."
+        if self.status == 422:
+            return f"Invalid input: {detail}."
+        if self.status in (429, 503):
+            wait = f" in {self.retry_after_s:g} s" if self.retry_after_s else " in a moment"
+            return f"The service is busy ({detail}). Please try again{wait}."
+        if self.status == 504 or self.code == "deadline_exceeded":
+            return "The service took too long and gave up (deadline exceeded). Try again, or ask for fewer samples."
+        return f"The service failed ({self.status} {self.code}): {detail}."
+
+
+@dataclass(frozen=True)
+class StylizeOptions:
+    """Form fields of `POST /stylize/stream` (see serve.schemas.StylizeForm for their ranges)."""
+
+    style_strength: float = 0.0
+    seed: int | None = None
+    top_k: int = 900
+    top_p: float = 0.96
+    num_samples: int = 1
+    alphas: tuple[float, ...] | None = None  # one per scale; None: the model's own
+    resize: ResizeMode = "stretch"
+    preserve_color: bool = False
+
+    def form(self) -> dict[str, str]:
+        fields = {
+            "style_strength": repr(float(self.style_strength)),
+            "top_k": str(int(self.top_k)),
+            "top_p": repr(float(self.top_p)),
+            "num_samples": str(int(self.num_samples)),
+            "resize": self.resize,
+            "preserve_color": "true" if self.preserve_color else "false",
+            "format": "png",
+        }
+        if self.seed is not None:
+            fields["seed"] = str(int(self.seed))
+        if self.alphas is not None:
+            fields["alphas"] = ",".join(repr(float(a)) for a in self.alphas)
+        return fields
+
+
+@dataclass(frozen=True)
+class Preview:
+    """The picture after scale `scale` (0-based) of `num_scales`: one image per sample."""
+
+    scale: int
+    num_scales: int
+    patch_num: int
+    images: list[Image.Image]
+
+
+@dataclass(frozen=True)
+class ResultImage:
+    seed: int
+    image: Image.Image
+    data: bytes  # the encoded file as the service sent it
+    media_type: str
+
+
+@dataclass(frozen=True)
+class Result:
+    model: str
+    seed: int
+    inference_ms: float
+    images: list[ResultImage]
+
+
+def _decode_image(b64: str) -> tuple[bytes, Image.Image]:
+    data = base64.b64decode(b64)
+    img = Image.open(io.BytesIO(data))
+    img.load()
+    return data, img
+
+
+def _upload(name: str, source: ImageSource) -> tuple[str, bytes, str]:
+    if isinstance(source, (bytes, bytearray)):
+        return f"{name}.bin", bytes(source), "application/octet-stream"
+    path = Path(source)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ServiceError(422, "bad_upload", f"{name}: cannot read {path.name} ({e.strerror})") from e
+    return path.name, data, mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after")
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def error_from_response(response: httpx.Response) -> ServiceError:
+    """The service's `{"error": code, "detail": text}` body (or whatever came back) as a ServiceError."""
+    try:
+        body = json.loads(response.read())
+        code, detail = str(body["error"]), str(body["detail"])
+    except (ValueError, KeyError, TypeError):
+        code = f"http_{response.status_code}"
+        detail = response.reason_phrase or "unexpected response"
+    return ServiceError(response.status_code, code, detail, _retry_after(response))
+
+
+class ServiceClient:
+    """One connection pool to the service at `base_url`; safe to share between threads."""
+
+    def __init__(self, base_url: str, *, api_key: str | None = None, timeout_s: float = 120.0,
+                 transport: httpx.BaseTransport | None = None):
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # read timeout: the longest silence between two stream events
+        timeout = httpx.Timeout(timeout_s, connect=10.0)
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "ServiceClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _unreachable(self, e: httpx.HTTPError) -> ServiceError:
+        kind = "timed out" if isinstance(e, httpx.TimeoutException) else (str(e) or type(e).__name__)
+        return ServiceError(None, "unreachable", f"{self.base_url}: {kind}")
+
+    def model_info(self) -> dict[str, Any]:
+        """`GET /v1/model`: name, demo flag, devices, dtype, image size, patch_nums, default alphas, config."""
+        try:
+            response = self._http.get("/v1/model")
+        except httpx.HTTPError as e:
+            raise self._unreachable(e) from e
+        if response.status_code != 200:
+            raise error_from_response(response)
+        return response.json()
+
+    def stylize_stream(self, content: ImageSource, style: ImageSource,
+                       options: StylizeOptions = StylizeOptions()) -> Iterator[Preview | Result]:
+        """`POST /stylize/stream`: yields a `Preview` per scale, then one `Result`.
+
+        Closing the iterator early closes the connection; the service then drops the job.
+        """
+        files = {"content": _upload("content", content), "style": _upload("style", style)}
+        try:
+            with connect_sse(self._http, "POST", "/stylize/stream", files=files, data=options.form()) as source:
+                if source.response.status_code != 200:
+                    raise error_from_response(source.response)
+                for event in source.iter_sse():
+                    if event.event == "preview":
+                        data = event.json()
+                        images = [_decode_image(b)[1] for b in data["images"]]
+                        yield Preview(data["scale"], data["num_scales"], data["patch_num"], images)
+                    elif event.event == "result":
+                        yield _result(event.json())
+                        return
+                    elif event.event == "error":
+                        data = event.json()
+                        status = 504 if data.get("error") == "deadline_exceeded" else 503
+                        raise ServiceError(status, str(data.get("error")), str(data.get("detail")))
+        except httpx.HTTPError as e:
+            raise self._unreachable(e) from e
+        except SSEError as e:
+            raise ServiceError(502, "bad_stream", f"the service did not answer with an event stream ({e})") from e
+        raise ServiceError(502, "bad_stream", "the event stream ended without a result")
+
+
+def _result(data: dict[str, Any]) -> Result:
+    images = []
+    for item in data["images"]:
+        raw, img = _decode_image(item["data"])
+        images.append(ResultImage(item["seed"], img, raw, item["media_type"]))
+    return Result(data["model"], data["seed"], data["inference_ms"], images)

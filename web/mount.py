@@ -1,0 +1,74 @@
+"""Placing the UI in an ASGI app: at `/ui` of the service (`mount_ui`), or alone (`standalone_app`).
+
+Mounted, the UI calls the API of the same server over HTTP on loopback, exactly as a remote UI does:
+one code path, and the UI's requests go through the service's batching, limits and metrics.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+from typing import TYPE_CHECKING, Any
+
+import gradio as gr
+from fastapi import FastAPI
+
+from .ui import CSS, StyleVARUI, UIConfig, examples_dir
+
+if TYPE_CHECKING:
+    from serve.settings import ServeSettings
+
+log = logging.getLogger("web")
+UI_PATH = "/ui"
+
+
+def loopback_url(host: str, port: int) -> str:
+    """The URL this process reaches a server bound to `host:port` at (wildcard binds -> loopback)."""
+    if port == 0:
+        raise ValueError("the mounted UI needs the service's port: start it with a fixed --port, or with --no-ui")
+    try:
+        addr = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:  # a host name such as localhost
+        return f"http://{host}:{port}"
+    if addr.is_unspecified:
+        addr = ipaddress.ip_address("::1" if addr.version == 6 else "127.0.0.1")
+    return f"http://[{addr}]:{port}" if addr.version == 6 else f"http://{addr}:{port}"
+
+
+def _key_auth(keys: list[str]):
+    """Gradio login for a service with API keys: any user name, an API key as the password."""
+    return lambda _user, password: password in keys
+
+
+def mount(app: FastAPI, ui: StyleVARUI, path: str, *, max_file_size: int | None = None,
+          api_keys: list[str] | None = None, **kwargs: Any) -> FastAPI:
+    """Mount the UI's Blocks on `app` at `path`."""
+    return gr.mount_gradio_app(
+        app, ui.blocks(), path=path, css=CSS, allowed_paths=[str(examples_dir())], max_file_size=max_file_size,
+        auth=_key_auth(api_keys) if api_keys else None,
+        auth_message="This service needs an API key: enter it as the password (any user name)." if api_keys else None,
+        ssr_mode=False, pwa=False, footer_links=["api", "gradio"], **kwargs,
+    )
+
+
+def mount_ui(app: FastAPI, settings: "ServeSettings") -> None:
+    """The service's hook (serve.app.create_app): the UI at `/ui`, calling this server's API on loopback.
+
+    With API keys set, the UI asks for a key at login and then calls the API with the service's first key.
+    """
+    api_url = loopback_url(settings.host, settings.port)
+    keys = list(settings.api_keys)
+    config = UIConfig(api_url=api_url, api_key=keys[0] if keys else None,
+                      timeout_s=max(30.0, settings.request_timeout_s + 30.0))
+    mount(app, StyleVARUI(config), UI_PATH, max_file_size=settings.max_upload_bytes, api_keys=keys)
+    log.info("UI mounted at %s (API at %s)", UI_PATH, api_url)
+
+
+def standalone_app(config: UIConfig, *, path: str = "/") -> FastAPI:
+    """A FastAPI app serving only the UI, which talks to the service at `config.api_url`."""
+    app = FastAPI(title=f"{config.title} UI", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/healthz", include_in_schema=False)
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return mount(app, StyleVARUI(config), path)

@@ -1,0 +1,243 @@
+"""The Gradio Blocks UI: inputs, examples, settings, a live coarse-to-fine preview, results, AdaIN, model panel.
+
+Every generation goes through the service's HTTP API (`POST /stylize/stream`) with `web.client`; the UI
+holds no model of its own. Only the optional AdaIN baseline runs in the UI's process.
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+from PIL import Image
+
+from stylevar.pipeline import DEMO_LABEL
+
+from .baseline import AdaINBaseline, BaselineStatus
+from .client import Preview, Result, ServiceClient, ServiceError, StylizeOptions
+
+MAX_SEED = 2**32 - 1
+MAX_SCALES = 16  # alpha sliders kept ready; those beyond the model's scale count stay hidden
+RESIZE_MODES = ("stretch", "crop", "pad")
+CSS = """
+#preview img { image-rendering: pixelated; width: 100%; height: 100%; object-fit: contain; }
+#model-panel { font-size: 0.95em; }
+"""
+
+
+@dataclass(frozen=True)
+class UIConfig:
+    """Where the service is and how the UI talks to it."""
+
+    api_url: str  # base URL of the service, e.g. http://127.0.0.1:8000
+    api_key: str | None = field(default=None, repr=False)
+    timeout_s: float = 120.0  # longest wait for the next stream event
+    concurrency_limit: int = 16  # UI generations in flight at once (the service batches them)
+    title: str = "StyleVAR"
+
+
+def example_pairs() -> list[list[str]]:
+    """The project's own example images, `content_*.png` paired in order with `style_*.png`."""
+    folder = resources.files("stylevar") / "assets" / "examples"
+    names = sorted(p.name for p in folder.iterdir() if p.name.endswith(".png"))
+    contents = [str(folder / n) for n in names if n.startswith("content_")]
+    styles = [str(folder / n) for n in names if n.startswith("style_")]
+    return [[c, s] for c, s in zip(contents, styles)]
+
+
+def examples_dir() -> Path:
+    return Path(str(resources.files("stylevar") / "assets" / "examples"))
+
+
+def model_markdown(info: dict[str, Any]) -> str:
+    """The model panel's text from `GET /v1/model`."""
+    patch_nums = info.get("patch_nums", [])
+    scales = ", ".join(f"{p}×{p}" for p in patch_nums)
+    lines = []
+    if info.get("demo"):
+        lines.append(f"**Model: {DEMO_LABEL}.** It shows how the system works; "
+                     "expect rough pictures, not the paper's quality.")
+    else:
+        lines.append(f"**Model: `{info.get('name', '?')}`**")
+    lines.append(f"{info.get('image_size', '?')} px · {len(patch_nums)} scales ({scales}) · "
+                 f"{', '.join(info.get('devices', []))} · {info.get('dtype', '?')} · "
+                 f"stylevar {info.get('version', '?')}")
+    return "\n\n".join(lines)
+
+
+def tile(images: list[Image.Image]) -> Image.Image:
+    """Images side by side (one preview per sample)."""
+    if len(images) == 1:
+        return images[0]
+    h = max(im.height for im in images)
+    strip = Image.new("RGB", (sum(im.width for im in images) + 4 * (len(images) - 1), h), (255, 255, 255))
+    x = 0
+    for im in images:
+        strip.paste(im.convert("RGB"), (x, 0))
+        x += im.width + 4
+    return strip
+
+
+class StyleVARUI:
+    """Event handlers around one `ServiceClient`; `blocks()` lays out the page."""
+
+    def __init__(self, config: UIConfig, *, client: ServiceClient | None = None,
+                 baseline: AdaINBaseline | None = None):
+        self.config = config
+        self.client = client or ServiceClient(config.api_url, api_key=config.api_key, timeout_s=config.timeout_s)
+        self.baseline = baseline or AdaINBaseline()
+        self.baseline_status: BaselineStatus = self.baseline.status()
+
+    # ---- handlers ---------------------------------------------------------------------------------
+    def on_load(self) -> list[Any]:
+        """Model panel and the per-scale alpha sliders (labels, model defaults, visibility)."""
+        try:
+            info = self.client.model_info()
+        except ServiceError as e:
+            return [f"**Model: unknown.** {e.message}"] + [gr.update(visible=False)] * MAX_SCALES
+        patch_nums, defaults = info.get("patch_nums", []), info.get("default_alphas", [])
+        sliders = []
+        for k in range(MAX_SCALES):
+            if k < len(patch_nums):
+                value = defaults[k] if k < len(defaults) else 0.5
+                label = f"α, scale {k + 1} ({patch_nums[k]}×{patch_nums[k]})"
+                sliders.append(gr.update(visible=True, value=value, label=label))
+            else:
+                sliders.append(gr.update(visible=False))
+        return [model_markdown(info)] + sliders
+
+    def stylize(self, content: str | None, style: str | None, style_strength: float, seed: float | None,
+                top_k: float, top_p: float, num_samples: float, preserve_color: bool, resize: str,
+                adain: bool, adain_alpha: float, custom_alphas: bool, *alphas: float,
+                ) -> Iterator[tuple[Any, Any, Any, Any]]:
+        """Yields (preview, results gallery, status, AdaIN image) as the picture forms coarse to fine."""
+        if not content or not style:
+            raise gr.Error("Add a content image and a style image first (upload, paste, webcam, or pick an example).",
+                           print_exception=False)
+        if resize not in RESIZE_MODES:
+            raise gr.Error(f"Resize mode must be one of {', '.join(RESIZE_MODES)}.", print_exception=False)
+        try:
+            options = StylizeOptions(
+                style_strength=float(style_strength), seed=None if seed is None else int(seed), top_k=int(top_k),
+                top_p=float(top_p), num_samples=int(num_samples), resize=resize,  # type: ignore[arg-type]
+                preserve_color=bool(preserve_color),
+                alphas=self._alphas(alphas) if custom_alphas else None,
+            )
+        except ServiceError as e:
+            raise gr.Error(e.message, print_exception=False) from None
+        yield None, None, "Sending the images to the service…", None
+        result: Result | None = None
+        try:
+            for event in self.client.stylize_stream(content, style, options):
+                if isinstance(event, Preview):
+                    status = (f"Generating: scale {event.scale + 1} of {event.num_scales} "
+                              f"({event.patch_num}×{event.patch_num} tokens)…")
+                    yield tile(event.images), gr.skip(), status, gr.skip()
+                else:
+                    result = event
+        except ServiceError as e:
+            yield gr.skip(), gr.skip(), f"**Error:** {e.message}", gr.skip()
+            raise gr.Error(e.message, print_exception=False) from None
+        assert result is not None  # stylize_stream ends with a Result or raises
+        gallery = [(r.image, f"seed {r.seed}") for r in result.images]
+        status = (f"Done: {len(result.images)} image(s) from `{result.model}` in {result.inference_ms:.0f} ms "
+                  f"(seed {result.seed}).")
+        yield tile([r.image for r in result.images]), gallery, status, gr.skip()
+        if adain and self.baseline_status.available:
+            yield gr.skip(), gr.skip(), status + " Running AdaIN…", gr.skip()
+            try:
+                adain_img = self.baseline.stylize(content, style, alpha=adain_alpha)
+            except Exception as e:  # noqa: BLE001 - the StyleVAR result stands; say why AdaIN did not
+                yield gr.skip(), gr.skip(), status + f" AdaIN failed: {e}", None
+                return
+            yield gr.skip(), gr.skip(), status, adain_img
+
+    def _alphas(self, alphas: tuple[float, ...]) -> tuple[float, ...]:
+        n = len(self.client.model_info().get("patch_nums", []))
+        if not 0 < n <= len(alphas):
+            raise ServiceError(422, "validation_error", f"the model has {n} scales; the UI has {len(alphas)} alphas")
+        return tuple(float(a) for a in alphas[:n])
+
+    # ---- layout -----------------------------------------------------------------------------------
+    def blocks(self) -> gr.Blocks:
+        adain_ok = self.baseline_status.available
+        with gr.Blocks(title=self.config.title, analytics_enabled=False) as demo:
+            gr.Markdown(f"# {self.config.title}\nRe-draw a **content** picture in the look of a **style** picture. "
+                        "The model draws coarse to fine, one token map per scale; watch it form in the preview.")
+            model_panel = gr.Markdown("Loading model information…", elem_id="model-panel")
+            with gr.Row():
+                with gr.Column(scale=3):
+                    with gr.Row(equal_height=True):
+                        content = gr.Image(label="Content", type="filepath", image_mode=None, height=260,
+                                           sources=["upload", "clipboard", "webcam"], elem_id="content-input")
+                        style = gr.Image(label="Style", type="filepath", image_mode=None, height=260,
+                                         sources=["upload", "clipboard", "webcam"], elem_id="style-input")
+                    with gr.Row(equal_height=True):
+                        strength = gr.Slider(-1.0, 1.0, value=0.0, step=0.05, label="Style strength",
+                                             info="-1 keeps more of the content, 1 takes more of the style", scale=3)
+                        seed = gr.Number(value=0, precision=0, minimum=0, maximum=MAX_SEED, label="Seed", scale=1)
+                        dice = gr.Button("Randomise seed", scale=0, min_width=110, elem_id="randomise-seed")
+                    with gr.Accordion("Advanced", open=False):
+                        with gr.Row():
+                            top_k = gr.Number(value=900, precision=0, minimum=0, label="Top-k",
+                                              info="0 switches it off")
+                            top_p = gr.Slider(0.0, 1.0, value=0.96, step=0.01, label="Top-p",
+                                              info="0 or 1 switches it off")
+                            samples = gr.Slider(1, 4, value=1, step=1, label="Number of samples",
+                                                info="sample i uses seed + i")
+                        with gr.Row():
+                            preserve = gr.Checkbox(value=False, label="Preserve colour",
+                                                   info="keep the content's colours, take the style's texture")
+                            resize = gr.Radio(list(RESIZE_MODES), value="stretch", label="Resize mode",
+                                              info="how the content fits the model's square; "
+                                                   "crop returns the centre square")
+                        custom = gr.Checkbox(value=False, label="Custom per-scale alphas",
+                                             info="weight of the style (1) against the content (0) guidance at "
+                                                  "each scale, coarse to fine; off: the model's own")
+                        with gr.Row():
+                            alpha_sliders = [gr.Slider(0.0, 1.0, value=0.5, step=0.05, label=f"α, scale {k + 1}",
+                                                       visible=False, min_width=120) for k in range(MAX_SCALES)]
+                    with gr.Row():
+                        run = gr.Button("Stylize", variant="primary", elem_id="stylize-button", scale=3)
+                        stop = gr.Button("Stop", variant="stop", scale=1)
+                pairs = example_pairs()
+                if pairs:
+                    with gr.Column(scale=2):
+                        gr.Examples(pairs, inputs=[content, style], label="Examples (content, style)",
+                                    examples_per_page=6, cache_examples=False)
+            status = gr.Markdown("", elem_id="status")
+            with gr.Row(equal_height=True):
+                preview = gr.Image(label="Coarse-to-fine preview", interactive=False, format="png", height=320,
+                                   elem_id="preview", buttons=["fullscreen"])
+                results = gr.Gallery(label="Results", format="png", columns=2, height=320, elem_id="results",
+                                     object_fit="contain",
+                                     buttons=["download", "download_all", "fullscreen"], interactive=False)
+                with gr.Column():
+                    adain_img = gr.Image(label="AdaIN (baseline)", interactive=False, format="png", height=220,
+                                         elem_id="adain-output")
+                    adain_on = gr.Checkbox(value=adain_ok, interactive=adain_ok, label="Run AdaIN beside StyleVAR")
+                    adain_alpha = gr.Slider(0.0, 1.0, value=1.0, step=0.05, label="AdaIN alpha",
+                                            interactive=adain_ok)
+                    gr.Markdown(("" if adain_ok else "**AdaIN disabled:** ") + self.baseline_status.reason,
+                                elem_id="adain-status")
+
+            demo.load(self.on_load, outputs=[model_panel, *alpha_sliders], api_visibility="private")
+            dice.click(lambda: random.randint(0, MAX_SEED), outputs=seed, api_visibility="private")
+            event = run.click(
+                self.stylize,
+                inputs=[content, style, strength, seed, top_k, top_p, samples, preserve, resize, adain_on,
+                        adain_alpha, custom, *alpha_sliders],
+                outputs=[preview, results, status, adain_img],
+                api_name="stylize", concurrency_limit=self.config.concurrency_limit,
+            )
+            stop.click(None, cancels=[event], api_visibility="private")
+        return demo
+
+
+def build_ui(config: UIConfig, **kwargs: Any) -> gr.Blocks:
+    """The UI as a `gr.Blocks` talking to the service at `config.api_url` (see `StyleVARUI`)."""
+    return StyleVARUI(config, **kwargs).blocks()
