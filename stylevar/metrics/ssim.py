@@ -1,0 +1,56 @@
+"""SSIM two ways.
+
+`ssim`: as the StyleVAR paper's evaluation code computes it (the widespread "pytorch-ssim" recipe):
+Gaussian window 11, sigma 1.5, C1 = 0.01^2, C2 = 0.03^2 (data range 1), per-channel convolution with
+zero padding 5 so the SSIM map keeps the image size, mean over channels and all pixels. Near the border
+the window reaches into the zero padding, which lowers local means and variances there.
+
+`ssim_standard`: torchmetrics' SSIM (same window and constants, data range 1): the map is only kept
+where the window lies inside the image (a 5-pixel border is dropped), the usual "valid" SSIM.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+WINDOW = 11
+SIGMA = 1.5
+C1 = 0.01**2
+C2 = 0.03**2
+
+
+def gaussian_window(size: int = WINDOW, sigma: float = SIGMA, dtype=torch.float32, device=None) -> torch.Tensor:
+    """(size, size) normalised Gaussian window."""
+    x = torch.arange(size, dtype=torch.float64, device=device) - (size - 1) / 2
+    g = torch.exp(-(x**2) / (2 * sigma**2))
+    g = g / g.sum()
+    return torch.outer(g, g).to(dtype)
+
+
+def ssim(x_B3HW: torch.Tensor, y_B3HW: torch.Tensor) -> torch.Tensor:
+    """Paper SSIM (zero-padded, same-size map) per image: (B,). Inputs in [0, 1]."""
+    if x_B3HW.shape != y_B3HW.shape or x_B3HW.ndim != 4:
+        raise ValueError(f"ssim needs two (B, C, H, W) tensors of one shape, got {tuple(x_B3HW.shape)} and {tuple(y_B3HW.shape)}")
+    c = x_B3HW.shape[1]
+    w = gaussian_window(dtype=x_B3HW.dtype, device=x_B3HW.device).expand(c, 1, WINDOW, WINDOW)
+
+    def blur(t: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(t, w, padding=WINDOW // 2, groups=c)
+
+    mu_x, mu_y = blur(x_B3HW), blur(y_B3HW)
+    var_x = blur(x_B3HW * x_B3HW) - mu_x**2
+    var_y = blur(y_B3HW * y_B3HW) - mu_y**2
+    cov = blur(x_B3HW * y_B3HW) - mu_x * mu_y
+    ssim_map = ((2 * mu_x * mu_y + C1) * (2 * cov + C2)) / ((mu_x**2 + mu_y**2 + C1) * (var_x + var_y + C2))
+    return ssim_map.mean((1, 2, 3))
+
+
+def ssim_standard(x_B3HW: torch.Tensor, y_B3HW: torch.Tensor) -> torch.Tensor:
+    """Valid-region SSIM from torchmetrics, per image: (B,). Inputs in [0, 1]."""
+    from torchmetrics.functional.image import structural_similarity_index_measure
+
+    out = structural_similarity_index_measure(
+        x_B3HW, y_B3HW, gaussian_kernel=True, sigma=SIGMA, kernel_size=WINDOW, data_range=1.0,
+        k1=0.01, k2=0.03, reduction="none",
+    )
+    return out.reshape(-1)

@@ -1,0 +1,100 @@
+"""Style and content loss on torchvision VGG-19 features (the StyleVAR paper's definitions).
+
+- Input: images in [0, 1], normalised by the ImageNet mean/std.
+- Style loss: at the outputs of `features` indices 0, 5, 10, 19, 28 (conv1_1 ... conv5_1, before ReLU),
+  Gram matrices (B, C, C) divided by C*H*W; MSE between the generated and the style Grams, summed over
+  the five layers.
+- Content loss: MSE between the outputs of `features` index 21 (conv4_2, before ReLU).
+
+torchvision's VGG uses in-place ReLUs, which would overwrite a captured conv output; they are made
+out-of-place here so the captured maps really are the pre-ReLU values.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stylevar import weights
+
+STYLE_LAYERS = (0, 5, 10, 19, 28)  # conv1_1, conv2_1, conv3_1, conv4_1, conv5_1
+CONTENT_LAYER = 21  # conv4_2
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def gram_matrix(feat_BCHW: torch.Tensor) -> torch.Tensor:
+    """(B, C, H, W) -> (B, C, C) Gram matrix divided by C*H*W."""
+    b, c, h, w = feat_BCHW.shape
+    f = feat_BCHW.reshape(b, c, h * w)
+    return torch.bmm(f, f.transpose(1, 2)) / (c * h * w)
+
+
+def load_vgg19_features(path: str | os.PathLike | None = None, upto: int = max(STYLE_LAYERS)) -> nn.Sequential:
+    """torchvision VGG-19 `features[:upto + 1]` from the torchvision file (`weights.resolve("vgg19")`).
+
+    The whole file is checked against torchvision's VGG-19 layout (features and classifier) first.
+    """
+    from torchvision.models import vgg19
+
+    path = weights.resolve("vgg19") if path is None else path
+    sd = weights.load_state_dict(path)
+    with torch.device("meta"):
+        skeleton = vgg19()
+    weights.check_state_dict(sd, skeleton.state_dict(), source=f"{path} (torchvision VGG-19)")
+    features = skeleton.features[: upto + 1].to_empty(device="cpu")
+    prefix = "features."
+    own = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix) and int(k.split(".")[1]) <= upto}
+    features.load_state_dict(own, strict=True)
+    for m in features.modules():
+        if isinstance(m, nn.ReLU):
+            m.inplace = False
+    return features.eval().requires_grad_(False)
+
+
+class VGGLosses(nn.Module):
+    """Style and content loss against VGG-19 features; returns per-image values (B,)."""
+
+    def __init__(self, features: nn.Sequential):
+        super().__init__()
+        self.features = features
+        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike | None = None) -> "VGGLosses":
+        return cls(load_vgg19_features(path))
+
+    def taps(self, img_B3HW: torch.Tensor, layers: tuple[int, ...]) -> dict[int, torch.Tensor]:
+        """Outputs of the given `features` indices for images in [0, 1]."""
+        x = (img_B3HW - self.mean) / self.std
+        out: dict[int, torch.Tensor] = {}
+        last = max(layers)
+        for i, layer in enumerate(self.features):
+            x = layer(x)
+            if i in layers:
+                out[i] = x
+            if i == last:
+                break
+        return out
+
+    def style_loss(self, gen_feats: dict[int, torch.Tensor], style_feats: dict[int, torch.Tensor]) -> torch.Tensor:
+        total = 0.0
+        for i in STYLE_LAYERS:
+            total = total + F.mse_loss(gram_matrix(gen_feats[i]), gram_matrix(style_feats[i]), reduction="none").mean((1, 2))
+        return total
+
+    @staticmethod
+    def content_loss(gen_feats: dict[int, torch.Tensor], content_feats: dict[int, torch.Tensor]) -> torch.Tensor:
+        g, c = gen_feats[CONTENT_LAYER], content_feats[CONTENT_LAYER]
+        return F.mse_loss(g, c, reduction="none").mean((1, 2, 3))
+
+    @torch.no_grad()
+    def forward(self, generated: torch.Tensor, content: torch.Tensor, style: torch.Tensor) -> dict[str, torch.Tensor]:
+        gen = self.taps(generated, STYLE_LAYERS + (CONTENT_LAYER,))
+        return {
+            "style_loss": self.style_loss(gen, self.taps(style, STYLE_LAYERS)),
+            "content_loss": self.content_loss(gen, self.taps(content, (CONTENT_LAYER,))),
+        }
