@@ -31,74 +31,16 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from stylevar.images import ImageError, load_image
+from stylevar.manifest import SPLITS, ManifestEntry, read_manifest, write_manifest  # noqa: F401 (re-exported)
 
 LAYOUTS = ("omnistyle", "imagepulse", "pairs")
-SPLITS = ("train", "val")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")
 PAIR_SEPARATOR = "&&"
 
 
 # ------------------------------------------------------------------------------------ manifest format
-
-
-@dataclass(frozen=True)
-class ManifestEntry:
-    content: str
-    style: str
-    target: str | None
-    split: str
-    id: str
-
-    def to_json(self) -> dict:
-        d = {"content": self.content, "style": self.style}
-        if self.target is not None:
-            d["target"] = self.target
-        d.update(split=self.split, id=self.id)
-        return d
-
-
-def write_manifest(entries: Iterable[ManifestEntry], path: str | os.PathLike) -> Path:
-    """Write JSON lines atomically (a temporary file renamed into place)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        for e in entries:
-            f.write(json.dumps(e.to_json(), ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-    return path
-
-
-def read_manifest(path: str | os.PathLike) -> list[ManifestEntry]:
-    """Parse a manifest; a missing file raises FileNotFoundError, a malformed line ValueError."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"manifest not found: {path}")
-    entries = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON: {e}") from e
-            if not isinstance(d, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object")
-            missing = [k for k in ("content", "style") if not isinstance(d.get(k), str)]
-            if missing:
-                raise ValueError(f"{path}:{lineno}: missing or non-string field(s) {missing}")
-            split = d.get("split", "train")
-            if split not in SPLITS:
-                raise ValueError(f"{path}:{lineno}: split must be one of {SPLITS}, not {split!r}")
-            target = d.get("target")
-            if target is not None and not isinstance(target, str):
-                raise ValueError(f"{path}:{lineno}: target must be a string")
-            entries.append(ManifestEntry(d["content"], d["style"], target, split, str(d.get("id", lineno - 1))))
-    return entries
 
 
 def assign_splits(n: int, val_fraction: float, seed: int) -> list[str]:

@@ -35,6 +35,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from stylevar import weights
 from stylevar.images import load_image, pil_to_tensor, tensor_to_pil
+from stylevar.manifest import manifest_path, read_manifest
 from stylevar.metrics import METRICS, NAMES, PAPER_METRICS, MetricSuite, weights_for
 
 BUILTIN_METHODS = ("adain", "adain-paper", "reinhard")
@@ -123,43 +124,12 @@ class Benchmark:
     total: int  # rows of the requested split before drawing n
 
 
-def manifest_path(source: str | Path) -> Path:
-    p = Path(source)
-    if p.is_dir():
-        m = p / "manifest.jsonl"
-        if not m.is_file():
-            found = sorted(x.name for x in p.glob("*.jsonl"))
-            raise FileNotFoundError(f"{p} has no manifest.jsonl" + (f" (found: {', '.join(found)})" if found else ""))
-        return m
-    if not p.is_file():
-        raise FileNotFoundError(f"benchmark manifest not found: {p}")
-    return p
-
-
 def load_benchmark(name: str, source: str | Path, *, split: str, n: int, seed: int) -> Benchmark:
     """Read a manifest, keep the split, draw `n` rows with `seed` (all when fewer), check the files."""
     path = manifest_path(source)
-    rows: list[Sample] = []
     base = path.parent
-    with open(path, encoding="utf-8") as f:
-        index = 0
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON: {e}") from e
-            if not isinstance(d, dict) or not isinstance(d.get("content"), str) or not isinstance(d.get("style"), str):
-                raise ValueError(f"{path}:{lineno}: expected an object with string fields 'content' and 'style'")
-            target = d.get("target")
-            if target is not None and not isinstance(target, str):
-                raise ValueError(f"{path}:{lineno}: 'target' must be a string path")
-            row_split = d.get("split", "train")
-            if split == "all" or row_split == split:
-                rows.append(Sample(index, str(d.get("id", index)), base / d["content"], base / d["style"],
-                                   base / target if target else None))
-            index += 1
+    rows = [Sample(i, e.id, base / e.content, base / e.style, base / e.target if e.target else None)
+            for i, e in enumerate(read_manifest(path)) if split == "all" or e.split == split]
     if not rows:
         raise ValueError(f"benchmark {name}: {path} has no rows in split {split!r} (try --split all)")
     with_target = sum(s.target is not None for s in rows)
