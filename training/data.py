@@ -40,7 +40,7 @@ from torch.utils.data import Dataset, IterableDataset
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
-from data_tools.index import read_manifest
+from stylevar.manifest import read_manifest
 from stylevar.images import ImageError, fit_square, load_image, pil_to_tensor
 
 ROLES = ("content", "style", "target")
