@@ -1,0 +1,297 @@
+"""training.loop on a toy model: sharded data order, RNG capture, atomic checkpoints, exact resume,
+run-config checks, logging, and DDP equivalence (gloo, 2 processes)."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from training import loop
+from training.loop import (
+    BatchStream,
+    BatchStreamConfig,
+    CheckpointManager,
+    DistEnv,
+    EpochShardSampler,
+    FitParts,
+    LoopConfig,
+    RunConfigMismatchError,
+    RunDir,
+)
+
+CPU1 = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """The machine is shared: one intra-op thread keeps these small runs fast and repeatable."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _env(rank: int, world: int) -> DistEnv:
+    return DistEnv(rank=rank, world_size=world, local_rank=rank, device=torch.device("cpu"))
+
+
+# ------------------------------------------------------------------------------------------ data order
+def test_shards_of_a_global_batch_are_the_same_samples():
+    n, b, world = 37, 3, 2
+    single = list(EpochShardSampler(n, epoch=4, seed=9, world_size=1))
+    shards = [list(EpochShardSampler(n, epoch=4, seed=9, rank=r, world_size=world)) for r in range(world)]
+    assert len(shards[0]) == len(shards[1]) == n // world
+    for i in range(len(shards[0]) // b):
+        got = sorted(shards[0][i * b : (i + 1) * b] + shards[1][i * b : (i + 1) * b])
+        assert got == sorted(single[i * b * world : (i + 1) * b * world])
+    # another epoch is another order; the same epoch is the same order
+    assert list(EpochShardSampler(n, epoch=5, seed=9)) != single
+    assert list(EpochShardSampler(n, epoch=4, seed=9)) == single
+    assert list(EpochShardSampler(n, epoch=4, seed=9, start=5)) == single[5:]
+
+
+def test_batch_stream_resumes_at_the_next_batch_across_epochs():
+    ds = TensorDataset(torch.arange(10).float())
+    cfg = BatchStreamConfig(global_batch=4, seed=3)
+    ref = BatchStream(ds, cfg, CPU1)
+    assert ref.batches_per_epoch == 2
+    seen = [ref.next()[0].tolist() for _ in range(7)]
+    assert sorted(sum(seen[:2], [])) != sorted(sum(seen[2:4], [])) or seen[:2] != seen[2:4]
+    half = BatchStream(ds, cfg, CPU1)
+    for _ in range(3):
+        half.next()
+    state = half.state_dict()
+    assert state == {"epoch": 1, "index": 1, "seed": 3}
+    resumed = BatchStream(ds, cfg, CPU1)
+    resumed.load_state_dict(state)
+    assert [resumed.next()[0].tolist() for _ in range(4)] == seen[3:]
+    with pytest.raises(RunConfigMismatchError):
+        BatchStream(ds, BatchStreamConfig(global_batch=4, seed=4), CPU1).load_state_dict(state)
+
+
+def test_batch_sizes_must_divide():
+    ds = TensorDataset(torch.zeros(8))
+    with pytest.raises(ValueError, match="multiple"):
+        BatchStream(ds, BatchStreamConfig(global_batch=6, grad_accum=4), CPU1)
+    with pytest.raises(ValueError, match="fewer than one"):
+        BatchStream(ds, BatchStreamConfig(global_batch=16), CPU1)
+
+
+def test_derived_generator_is_a_pure_function_of_its_keys():
+    a = torch.rand(4, generator=loop.derived_generator(1, 2, 3))
+    b = torch.rand(4, generator=loop.derived_generator(1, 2, 3))
+    c = torch.rand(4, generator=loop.derived_generator(1, 3, 2))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+# ------------------------------------------------------------------------------------------ RNG state
+def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path):
+    g = torch.Generator().manual_seed(5)
+    loop.seed_everything(123)
+    torch.rand(3, generator=g)
+    state = loop.capture_rng_state({"aug": g})
+    torch.save(state, tmp_path / "rng.pt")
+    expected = (random.random(), np.random.rand(), torch.rand(2), torch.rand(2, generator=g))
+    loop.seed_everything(999)
+    torch.rand(5, generator=g)
+    loop.restore_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True), {"aug": g})
+    got = (random.random(), np.random.rand(), torch.rand(2), torch.rand(2, generator=g))
+    assert got[0] == expected[0] and got[1] == expected[1]
+    assert torch.equal(got[2], expected[2]) and torch.equal(got[3], expected[3])
+    with pytest.raises(KeyError, match="other"):
+        loop.restore_rng_state(state, {"other": torch.Generator()})
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+def test_checkpoints_are_atomic_and_pruned(tmp_path):
+    mgr = CheckpointManager(tmp_path / "ck", CPU1, keep=2)
+    assert mgr.load_latest() is None
+    for step in (1, 2, 3):
+        mgr.save(step, {"step": step, "w": torch.full((2,), float(step))})
+    assert [s for s, _ in mgr.paths()] == [2, 3]
+    (tmp_path / "ck" / ".step-00000004.pt.77.tmp").write_bytes(b"torn write")
+    state = mgr.load_latest()
+    assert state["step"] == 3 and torch.equal(state["w"], torch.full((2,), 3.0))
+    assert not list((tmp_path / "ck").glob("*.tmp")), "stale temp files are removed"
+    os.replace(tmp_path / "ck" / "step-00000003.pt", tmp_path / "ck" / "step-00000009.pt")
+    with pytest.raises(RuntimeError, match="holds step 3"):
+        mgr.load_latest()
+
+
+def test_run_dir_refuses_a_different_config(tmp_path):
+    RunDir.prepare(tmp_path / "run", {"lr": 1e-3, "steps": 10, "save_every": 5}, CPU1, free_keys=["save_every"])
+    RunDir.prepare(tmp_path / "run", {"lr": 1e-3, "steps": 10, "save_every": 2}, CPU1, free_keys=["save_every"])
+    with pytest.raises(RunConfigMismatchError, match=r"lr: 0.001 -> 0.002"):
+        RunDir.prepare(tmp_path / "run", {"lr": 2e-3, "steps": 10}, CPU1, free_keys=["save_every"])
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["save_every"] == 2
+
+
+# ------------------------------------------------------------------------------------------ fit on a toy model
+class ToyObjective(nn.Module):
+    """Regression with dropout (so the torch RNG matters) and a noise term from a named generator."""
+
+    def __init__(self, dropout: float = 0.1, noise: float = 0.01):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Dropout(dropout), nn.Linear(16, 1))
+        self.gen = torch.Generator().manual_seed(11)
+        self.noise = noise
+
+    def forward(self, batch):
+        x, y = batch
+        noise = self.noise * torch.randn(y.shape, generator=self.gen)
+        loss = torch.nn.functional.mse_loss(self.net(x).squeeze(-1), y + noise)
+        return loss, {"abs_err": (self.net(x).squeeze(-1) - y).abs().mean().detach()}
+
+
+def _toy_data(n=48):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 4, generator=g)
+    y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.1
+    return TensorDataset(x, y)
+
+
+def _toy_fit(run_dir, max_steps, total_steps, env=CPU1, global_batch=8, grad_accum=1, progress=False,
+             random_parts=True):
+    loop.seed_everything(0)
+    obj = ToyObjective() if random_parts else ToyObjective(dropout=0.0, noise=0.0)
+    model = loop.wrap_ddp(obj, env)
+    params = [p for p in obj.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=0.05, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.2 if s >= total_steps // 2 else 1.0)
+    run = RunDir.prepare(run_dir, {"total": total_steps}, env)
+    stream = BatchStream(_toy_data(), BatchStreamConfig(global_batch=global_batch, grad_accum=grad_accum, seed=1), env)
+
+    def validate(step):
+        obj.eval()
+        with torch.no_grad():
+            x, y = _toy_data(16).tensors
+            err = (obj.net(x).squeeze(-1) - y).abs()
+        return {"val_loss": float(err.square().mean()), "val_acc": float((err < 1).float().mean())}
+
+    def finalize(path):
+        torch.save(obj.state_dict(), path / "weights.pt")
+
+    parts = FitParts(
+        env=env, run=run, objective=model, params=params, optimizer=opt, scheduler=sched,
+        scaler=loop.make_grad_scaler("fp32", env.device), stream=stream, to_device=lambda b: b,
+        validate=validate, finalize=finalize, generators={"noise": obj.gen},
+    )
+    cfg = LoopConfig(max_steps=max_steps, save_every=3, val_every=4, log_every=2, keep_checkpoints=2,
+                     max_grad_norm=1.0, grad_accum=grad_accum, progress=progress)
+    loop.fit(parts, cfg)
+    return obj
+
+
+def test_fit_resume_is_bitwise_exact_and_logs(tmp_path):
+    full = _toy_fit(tmp_path / "full", 12, 12, progress=True)
+    _toy_fit(tmp_path / "part", 6, 12)
+    # a process killed after step 6's checkpoint may have logged more steps: they are cut on resume
+    with open(tmp_path / "part" / "log.jsonl", "a") as f:
+        f.write(json.dumps({"step": 7, "loss": 0.0, "lr": 0.0}) + "\n" + '{"step": 8, "lo')
+    resumed = _toy_fit(tmp_path / "part", 12, 12)
+    for a, b in zip(full.state_dict().values(), resumed.state_dict().values()):
+        assert torch.equal(a, b)
+    assert torch.equal(full.gen.get_state(), resumed.gen.get_state())
+    final = torch.load(tmp_path / "part" / "final" / "weights.pt", weights_only=True)
+    assert torch.equal(final["net.0.weight"], full.net[0].weight)
+
+    full_log, part_log = loop.read_log(tmp_path / "full"), loop.read_log(tmp_path / "part")
+    train = [r for r in full_log if "loss" in r]
+    assert [r["step"] for r in train] == [2, 4, 6, 8, 10, 12]
+    assert all({"step", "loss", "lr", "grad_norm", "abs_err"} <= set(r) for r in train)
+    assert train[-1]["loss"] < train[0]["loss"]
+    assert train[0]["lr"] == pytest.approx(0.05) and train[-1]["lr"] == pytest.approx(0.01)
+    val = [r for r in full_log if "val_loss" in r]
+    assert [r["step"] for r in val] == [4, 8, 12] and all("val_acc" in r for r in val)
+    strip = lambda log: [{k: v for k, v in r.items() if k not in ("time", "steps_per_s")} for r in log]  # noqa: E731
+    # the resumed run's log equals the uninterrupted one, except the extra validation at step 6 (its end)
+    assert [r for r in strip(part_log) if not ("val_loss" in r and r["step"] == 6)] == strip(full_log)
+    assert [s for s, _ in CheckpointManager(tmp_path / "part" / "checkpoints", CPU1).paths()] == [9, 12]
+    assert (tmp_path / "full" / "tb").is_dir() and any((tmp_path / "full" / "tb").iterdir())
+
+    # running the finished command again does no work and keeps the result
+    again = _toy_fit(tmp_path / "full", 12, 12)
+    assert torch.equal(again.net[0].weight, full.net[0].weight)
+    assert len(loop.read_log(tmp_path / "full")) == len(full_log)
+
+
+def _assert_close_states(a, b, atol=1e-5):
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=atol, rtol=1e-4, msg=k)
+
+
+def _assert_same_curves(dir_a, dir_b):
+    la, lb = loop.read_log(dir_a), loop.read_log(dir_b)
+    assert [r["step"] for r in la] == [r["step"] for r in lb]
+    for ra, rb in zip(la, lb):
+        for k in ("loss", "lr", "val_loss"):
+            if k in ra:
+                assert ra[k] == pytest.approx(rb[k], rel=1e-4, abs=1e-6), (ra["step"], k)
+
+
+def test_grad_accumulation_matches_the_full_batch(tmp_path):
+    a = _toy_fit(tmp_path / "a", 4, 4, global_batch=8, grad_accum=1, random_parts=False)
+    b = _toy_fit(tmp_path / "b", 4, 4, global_batch=8, grad_accum=2, random_parts=False)
+    _assert_close_states(a.state_dict(), b.state_dict())
+    _assert_same_curves(tmp_path / "a", tmp_path / "b")
+    c = _toy_fit(tmp_path / "c", 4, 4, global_batch=4, grad_accum=1, random_parts=False)
+    assert not torch.allclose(a.net[0].weight, c.net[0].weight, atol=1e-5), "a different batch trains differently"
+
+
+# ------------------------------------------------------------------------------------------ DDP (gloo)
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank: int, world: int, port: int, run_dir: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    env = loop.setup_distributed("cpu")
+    try:
+        obj = _toy_fit(run_dir, 6, 6, env=env, global_batch=8, random_parts=False)
+        if env.is_main:
+            torch.save(obj.state_dict(), out)
+    finally:
+        loop.teardown_distributed()
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_match_one(tmp_path):
+    mp.spawn(_ddp_worker, args=(2, _free_port(), str(tmp_path / "ddp"), str(tmp_path / "ddp.pt")), nprocs=2)
+    ddp = torch.load(tmp_path / "ddp.pt", weights_only=True)
+    single = _toy_fit(tmp_path / "single", 6, 6, random_parts=False).state_dict()
+    _assert_close_states(ddp, single)
+    _assert_same_curves(tmp_path / "ddp", tmp_path / "single")
+    assert (tmp_path / "ddp" / "final" / "weights.pt").exists()
+    assert [s for s, _ in CheckpointManager(tmp_path / "ddp" / "checkpoints", CPU1).paths()] == [3, 6]
+
+
+def test_a_non_finite_loss_stops_with_a_clear_error(tmp_path):
+    class Diverging(ToyObjective):
+        def forward(self, batch):
+            loss, metrics = super().forward(batch)
+            return loss * float("nan"), metrics
+
+    env = CPU1
+    obj = Diverging()
+    opt = torch.optim.SGD(obj.parameters(), lr=0.1)
+    parts = FitParts(
+        env=env, run=RunDir.prepare(tmp_path / "nan", {}, env), objective=obj, params=list(obj.parameters()),
+        optimizer=opt, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+        scaler=loop.make_grad_scaler("fp32", env.device),
+        stream=BatchStream(_toy_data(), BatchStreamConfig(global_batch=8), env), to_device=lambda b: b,
+    )
+    with pytest.raises(FloatingPointError, match="loss is nan at step 1"):
+        loop.fit(parts, LoopConfig(max_steps=3, progress=False))

@@ -1,0 +1,1036 @@
+"""Shared parts of every training recipe: distributed setup, seeding, resumable data order,
+atomic checkpoints with exact resume, run-directory bookkeeping and logging.
+
+A recipe (``training.vqvae``, ``training.sft``, ``training.grpo``) is a short script that builds a
+model and an objective and wires these parts together:
+
+    env = setup_distributed()
+    run = RunDir.prepare(out, config_dict, env, free_keys=...)     # RUN/config.json, resume check
+    stream = BatchStream(dataset, BatchStreamConfig(...), env)      # seeded, sharded, resumable
+    ckpts = CheckpointManager(run.checkpoints, keep=3, env=env)
+    state = ckpts.load_latest()                                     # None on a fresh run
+    if state: restore_training_state(state, ...)
+    with RunLogger(run, env, total_steps, start_step) as log: ...
+
+Conventions
+- ``step`` counts completed optimizer steps; a checkpoint taken at step s resumes at step s + 1.
+- The global batch (``--batch-size``) is the number of samples per optimizer step across all ranks
+  and accumulation micro-steps, so the same command gives the same training on 1 or N processes.
+- Randomness that must agree across ranks or survive a resume without stored state (augmentation,
+  alpha jitter) is derived from ``(seed, ...)`` with :func:`derived_generator`, not from global RNGs.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import math
+import os
+import random
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+
+CONFIG_NAME = "config.json"
+LOG_NAME = "log.jsonl"
+
+
+class RunConfigMismatchError(RuntimeError):
+    """The RUN directory belongs to a run with a different configuration."""
+
+
+# --------------------------------------------------------------------------------------------------
+# distributed setup
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+
+def setup_distributed(device: str | None = None, timeout_s: float = 1800.0) -> DistEnv:
+    """Join the torchrun process group when launched by torchrun with more than one process.
+
+    Backend: nccl on CUDA, gloo on CPU. A single process (plain ``python -m ...``) needs no group.
+    ``device`` forces "cpu" or "cuda"; default: CUDA when available.
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', not {device!r}")
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device cuda requested but CUDA is not available")
+        torch.cuda.set_device(local_rank)
+        dev = torch.device("cuda", local_rank)
+    else:
+        dev = torch.device("cpu")
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(
+            backend="nccl" if dev.type == "cuda" else "gloo",
+            timeout=datetime.timedelta(seconds=timeout_s),
+            **({"device_id": dev} if dev.type == "cuda" else {}),
+        )
+    return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=dev)
+
+
+def teardown_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(values: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """Sum a float64 tensor over ranks (a copy; the input is left alone)."""
+    out = values.detach().to(device=env.device, dtype=torch.float64).clone()
+    if env.distributed:
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out.cpu()
+
+
+def broadcast_(tensor: torch.Tensor, env: DistEnv, src: int = 0) -> torch.Tensor:
+    """In-place broadcast from ``src`` (no-op for one process)."""
+    if env.distributed:
+        dist.broadcast(tensor, src)
+    return tensor
+
+
+# --------------------------------------------------------------------------------------------------
+# seeding and RNG state
+# --------------------------------------------------------------------------------------------------
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and every CUDA device)."""
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def derived_generator(*keys: int, device: str | torch.device = "cpu") -> torch.Generator:
+    """A torch.Generator seeded from a tuple of integers, e.g. (seed, step, stream).
+
+    Used for randomness that must be the same on every rank and after a resume without storing state.
+    """
+    state = np.random.SeedSequence([int(k) % 2**64 for k in keys]).generate_state(1, dtype=np.uint64)
+    return torch.Generator(device=device).manual_seed(int(state[0]) & 0x7FFFFFFFFFFFFFFF)
+
+
+def process_seed(seed: int, rank: int) -> int:
+    """A per-process seed for the global RNGs after model construction (distinct for each (seed, rank))."""
+    return derived_generator(seed, rank, 0x5EED).initial_seed() % (2**63)
+
+
+def capture_rng_state(generators: Mapping[str, torch.Generator] | None = None) -> dict[str, Any]:
+    """Every RNG state of this process as a dict that ``torch.load(weights_only=True)`` can read."""
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    py_version, py_internal, py_gauss = random.getstate()
+    state: dict[str, Any] = {
+        "python": {"version": py_version, "internal": list(py_internal), "gauss": py_gauss},
+        "numpy": {
+            "name": np_name,
+            "keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
+            "pos": int(np_pos),
+            "has_gauss": int(np_has_gauss),
+            "gauss": float(np_gauss),
+        },
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "generators": {name: g.get_state() for name, g in (generators or {}).items()},
+    }
+    return state
+
+
+def restore_rng_state(state: Mapping[str, Any], generators: Mapping[str, torch.Generator] | None = None) -> None:
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["internal"]), py["gauss"]))
+    npst = state["numpy"]
+    np.random.set_state(
+        (npst["name"], npst["keys"].numpy().astype(np.uint32), npst["pos"], npst["has_gauss"], npst["gauss"])
+    )
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    saved = state.get("generators", {})
+    for name, g in (generators or {}).items():
+        if name not in saved:
+            raise KeyError(f"checkpoint has no state for generator {name!r}")
+        g.set_state(saved[name])
+
+
+def gather_rng_states(env: DistEnv, generators: Mapping[str, torch.Generator] | None = None) -> list[dict]:
+    """RNG states of all ranks (a list indexed by rank)."""
+    mine = capture_rng_state(generators)
+    if not env.distributed:
+        return [mine]
+    out: list[Any] = [None] * env.world_size
+    dist.all_gather_object(out, mine)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# resumable, sharded data order
+# --------------------------------------------------------------------------------------------------
+class EpochShardSampler(Sampler[int]):
+    """The indices one rank reads in one epoch, from a given position on.
+
+    The epoch's order is a permutation seeded by (seed, epoch) (or 0..n-1 without shuffling). Rank r
+    takes every world_size-th index starting at r, so the first ``B`` indices of each rank together are
+    the first ``B * world_size`` of the permutation: a global batch is the same set of samples for any
+    number of ranks. ``drop_last`` trims the tail so every rank has the same number of samples.
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        *,
+        epoch: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = True,
+        drop_last: bool = True,
+        start: int = 0,
+    ):
+        self.num_samples = num_samples
+        self.epoch, self.seed, self.rank, self.world_size = epoch, seed, rank, world_size
+        self.shuffle, self.drop_last, self.start = shuffle, drop_last, start
+
+    def _indices(self) -> list[int]:
+        if self.shuffle:
+            order = torch.randperm(self.num_samples, generator=derived_generator(self.seed, self.epoch, 0x5A)).tolist()
+        else:
+            order = list(range(self.num_samples))
+        if self.drop_last:
+            order = order[: (self.num_samples // self.world_size) * self.world_size]
+        return order[self.rank :: self.world_size][self.start :]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._indices())
+
+    def __len__(self) -> int:
+        return len(self._indices())
+
+
+@dataclass(frozen=True)
+class BatchStreamConfig:
+    global_batch: int  # samples per optimizer step, all ranks and micro-steps together
+    grad_accum: int = 1
+    seed: int = 0
+    num_workers: int = 0
+    shuffle: bool = True
+    collate_fn: Callable[[list], Any] | None = None
+    pin_memory: bool = False
+
+
+def micro_batch_size(global_batch: int, grad_accum: int, world_size: int) -> int:
+    per = global_batch // (grad_accum * world_size)
+    if per * grad_accum * world_size != global_batch or per == 0:
+        raise ValueError(
+            f"--batch-size {global_batch} must be a positive multiple of grad_accum ({grad_accum}) x "
+            f"world size ({world_size})"
+        )
+    return per
+
+
+class BatchStream:
+    """An endless stream of micro-batches over epochs that knows where it is.
+
+    ``state_dict()`` gives {epoch, index, seed}: ``index`` is the number of global micro-batch rounds
+    already consumed in the epoch. Loading it makes the next batch exactly the one that would have come
+    next. If the dataset has ``set_epoch(epoch)`` it is called before each epoch is read (workers are
+    created per epoch, so they see it).
+    """
+
+    def __init__(self, dataset: Dataset, cfg: BatchStreamConfig, env: DistEnv):
+        self.dataset, self.cfg, self.env = dataset, cfg, env
+        self.micro_batch = micro_batch_size(cfg.global_batch, cfg.grad_accum, env.world_size)
+        n = len(dataset)  # type: ignore[arg-type]
+        self.batches_per_epoch = n // (self.micro_batch * env.world_size)
+        if self.batches_per_epoch == 0:
+            raise ValueError(
+                f"dataset has {n} samples, fewer than one global micro-batch "
+                f"({self.micro_batch} x {env.world_size} ranks)"
+            )
+        self.epoch = 0
+        self.index = 0
+        self._it: Iterator | None = None
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index, "seed": self.cfg.seed}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        if int(state["seed"]) != self.cfg.seed:
+            raise RunConfigMismatchError(f"data seed {state['seed']} in checkpoint, {self.cfg.seed} now")
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+        self._it = None
+
+    def _open(self) -> Iterator:
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(self.epoch)  # type: ignore[attr-defined]
+        sampler = EpochShardSampler(
+            len(self.dataset),  # type: ignore[arg-type]
+            epoch=self.epoch,
+            seed=self.cfg.seed,
+            rank=self.env.rank,
+            world_size=self.env.world_size,
+            shuffle=self.cfg.shuffle,
+            drop_last=True,
+            start=self.index * self.micro_batch,
+        )
+        loader = DataLoader(
+            self.dataset,
+            batch_size=self.micro_batch,
+            sampler=sampler,
+            drop_last=True,
+            num_workers=self.cfg.num_workers,
+            collate_fn=self.cfg.collate_fn,
+            pin_memory=self.cfg.pin_memory,
+            persistent_workers=False,
+        )
+        return iter(loader)
+
+    def next(self) -> Any:
+        if self.index >= self.batches_per_epoch:
+            self.epoch, self.index, self._it = self.epoch + 1, 0, None
+        if self._it is None:
+            self._it = self._open()
+        batch = next(self._it)
+        self.index += 1
+        return batch
+
+    @property
+    def epoch_progress(self) -> float:
+        """Fractional epochs consumed so far."""
+        return self.epoch + self.index / self.batches_per_epoch
+
+
+class IterableBatchStream:
+    """The :class:`BatchStream` interface over an IterableDataset (e.g. webdataset shards).
+
+    Each rank reads its own share (the dataset splits by rank and worker) and starts its next epoch
+    when its share runs out, so uneven shards never stall a step. ``state_dict()`` gathers every
+    rank's (epoch, index); a resume reopens the epoch and skips the batches already consumed (exact
+    when the dataset's order depends only on (seed, epoch), as ``training.data``'s shard reader does).
+    """
+
+    def __init__(self, dataset: IterableDataset, cfg: BatchStreamConfig, env: DistEnv,
+                 num_samples: int | None = None):
+        self.dataset, self.cfg, self.env = dataset, cfg, env
+        self.micro_batch = micro_batch_size(cfg.global_batch, cfg.grad_accum, env.world_size)
+        n = num_samples if num_samples is not None else getattr(dataset, "num_samples", None)
+        self.batches_per_epoch = max(1, n // (self.micro_batch * env.world_size)) if n else None
+        self.epoch = 0
+        self.index = 0
+        self._it: Iterator | None = None
+        self.notes: list[str] = []
+
+    def state_dict(self) -> dict[str, Any]:
+        mine = (self.epoch, self.index)
+        if self.env.distributed:
+            per_rank: list[Any] = [None] * self.env.world_size
+            dist.all_gather_object(per_rank, mine)
+        else:
+            per_rank = [mine]
+        return {"epoch": per_rank[0][0], "index": per_rank[0][1], "seed": self.cfg.seed,
+                "per_rank": [list(p) for p in per_rank]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if int(state["seed"]) != self.cfg.seed:
+            raise RunConfigMismatchError(f"data seed {state['seed']} in checkpoint, {self.cfg.seed} now")
+        per_rank = state.get("per_rank") or [[state["epoch"], state["index"]]]
+        if len(per_rank) == self.env.world_size:
+            self.epoch, self.index = (int(v) for v in per_rank[self.env.rank])
+        else:
+            self.epoch, self.index = min(int(p[0]) for p in per_rank) + 1, 0
+            self.notes.append(f"world size changed: shard streams restart at epoch {self.epoch}")
+        self._it = None
+
+    def _open(self) -> Iterator:
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(self.epoch)  # type: ignore[attr-defined]
+        loader = DataLoader(self.dataset, batch_size=self.micro_batch, drop_last=True,
+                            num_workers=self.cfg.num_workers, collate_fn=self.cfg.collate_fn,
+                            pin_memory=self.cfg.pin_memory)
+        it = iter(loader)
+        for _ in range(self.index):  # fast-forward to the saved position
+            next(it)
+        return it
+
+    def next(self) -> Any:
+        for _ in range(2):
+            if self._it is None:
+                self._it = self._open()
+            try:
+                batch = next(self._it)
+            except StopIteration:
+                if self.index == 0:
+                    break
+                self.epoch, self.index, self._it = self.epoch + 1, 0, None
+                continue
+            self.index += 1
+            return batch
+        raise RuntimeError(f"rank {self.env.rank} got no batch of {self.micro_batch} from its share of the data "
+                           "(too few shards or samples for this many processes and workers)")
+
+    @property
+    def epoch_progress(self) -> float:
+        if not self.batches_per_epoch:
+            return float(self.epoch)
+        return self.epoch + min(self.index / self.batches_per_epoch, 1.0)
+
+
+def make_stream(dataset: Dataset, cfg: BatchStreamConfig, env: DistEnv) -> "BatchStream | IterableBatchStream":
+    """A resumable batch stream for a map-style or an iterable dataset."""
+    if isinstance(dataset, IterableDataset):
+        return IterableBatchStream(dataset, cfg, env)
+    return BatchStream(dataset, cfg, env)
+
+
+def eval_loader(dataset: Dataset, batch_size: int, env: DistEnv, *, num_workers: int = 0, collate_fn=None) -> DataLoader:
+    """Rank's share of a validation set (every sample exactly once across ranks, no padding)."""
+    sampler = EpochShardSampler(
+        len(dataset), epoch=0, seed=0, rank=env.rank, world_size=env.world_size, shuffle=False, drop_last=False  # type: ignore[arg-type]
+    )
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, collate_fn=collate_fn)
+
+
+# --------------------------------------------------------------------------------------------------
+# run directory and config
+# --------------------------------------------------------------------------------------------------
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _jsonable(dataclasses.asdict(value))
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """``RUN/``: config.json, log.jsonl, tb/, checkpoints/, final/."""
+
+    root: Path
+
+    @property
+    def config_path(self) -> Path:
+        return self.root / CONFIG_NAME
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / LOG_NAME
+
+    @property
+    def tb(self) -> Path:
+        return self.root / "tb"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def final(self) -> Path:
+        return self.root / "final"
+
+    @classmethod
+    def prepare(
+        cls,
+        root: str | os.PathLike,
+        config: Mapping[str, Any],
+        env: DistEnv,
+        *,
+        free_keys: Sequence[str] = (),
+    ) -> "RunDir":
+        """Create RUN/ and write its config, or check that an existing run has the same config.
+
+        Keys in ``free_keys`` (output paths, logging and checkpoint cadence, worker counts) may change
+        between invocations; any other difference raises :class:`RunConfigMismatchError` before any
+        work starts. Every rank checks, rank 0 writes.
+        """
+        run = cls(Path(root))
+        new = _jsonable(dict(config))
+        if run.config_path.exists():
+            try:
+                old = json.loads(run.config_path.read_text())
+            except json.JSONDecodeError as e:
+                raise RunConfigMismatchError(f"{run.config_path} is not valid JSON ({e}); use a new --out") from e
+            keys = (set(old) | set(new)) - set(free_keys)
+            diff = sorted(k for k in keys if old.get(k, "<absent>") != new.get(k, "<absent>"))
+            if diff:
+                lines = ", ".join(f"{k}: {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}" for k in diff)
+                raise RunConfigMismatchError(
+                    f"{run.root} holds a run with a different configuration ({lines}). "
+                    "Re-run the same command to resume it, or choose a new --out."
+                )
+        env.barrier()
+        if env.is_main:
+            run.checkpoints.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(run.config_path, json.dumps(new, indent=1, sort_keys=True) + "\n")
+        env.barrier()
+        return run
+
+    def truncate_log(self, last_step: int) -> None:
+        """Drop log lines past ``last_step`` (written after the checkpoint a resume starts from)."""
+        if not self.log_path.exists():
+            return
+        kept = []
+        for line in self.log_path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line from a killed process
+            if int(rec.get("step", 0)) <= last_step:
+                kept.append(line)
+        atomic_write_text(self.log_path, "".join(s + "\n" for s in kept))
+
+
+# --------------------------------------------------------------------------------------------------
+# checkpoints
+# --------------------------------------------------------------------------------------------------
+_CKPT_RE = re.compile(r"^step-(\d{8})\.pt$")
+
+
+class CheckpointManager:
+    """``RUN/checkpoints/step-XXXXXXXX.pt``; written atomically by rank 0, the newest ``keep`` kept."""
+
+    def __init__(self, directory: str | os.PathLike, env: DistEnv, keep: int = 3):
+        if keep < 1:
+            raise ValueError("keep must be >= 1")
+        self.dir, self.env, self.keep = Path(directory), env, keep
+
+    def paths(self) -> list[tuple[int, Path]]:
+        if not self.dir.is_dir():
+            return []
+        found = []
+        for p in self.dir.iterdir():
+            m = _CKPT_RE.match(p.name)
+            if m:
+                found.append((int(m.group(1)), p))
+        return sorted(found)
+
+    def save(self, step: int, state: Mapping[str, Any]) -> Path | None:
+        """Write ``state`` for ``step`` (rank 0 only; all ranks wait)."""
+        path = self.dir / f"step-{step:08d}.pt"
+        if self.env.is_main:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.dir / f".{path.name}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                torch.save(dict(state), f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            _fsync_dir(self.dir)
+            for _, old in self.paths()[: -self.keep]:
+                old.unlink(missing_ok=True)
+        self.env.barrier()
+        return path if self.env.is_main else None
+
+    def load_latest(self) -> dict[str, Any] | None:
+        """The newest checkpoint (read on every rank), or None. Stale temp files are removed."""
+        if self.env.is_main and self.dir.is_dir():
+            for p in self.dir.glob(".step-*.tmp"):
+                p.unlink(missing_ok=True)
+        self.env.barrier()
+        found = self.paths()
+        if not found:
+            return None
+        step, path = found[-1]
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if int(state["step"]) != step:
+            raise RuntimeError(f"{path} holds step {state['step']}, its name says {step}")
+        return state
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside DistributedDataParallel (or the module itself)."""
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+def training_state(
+    *,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    scaler: torch.amp.GradScaler,
+    stream: BatchStream,
+    env: DistEnv,
+    generators: Mapping[str, torch.Generator] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Everything an exact resume needs. Call on every rank (RNG states are gathered)."""
+    return {
+        "step": step,
+        "model": unwrap(model).state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(),
+        "data": stream.state_dict(),
+        "rng": gather_rng_states(env, generators),
+        "world_size": env.world_size,
+        "extra": dict(extra or {}),
+    }
+
+
+def restore_training_state(
+    state: Mapping[str, Any],
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    scaler: torch.amp.GradScaler,
+    stream: BatchStream,
+    env: DistEnv,
+    generators: Mapping[str, torch.Generator] | None = None,
+    seed: int = 0,
+) -> list[str]:
+    """Load a :func:`training_state` dict; returns notes worth logging (e.g. a changed world size)."""
+    notes = []
+    unwrap(model).load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    scaler.load_state_dict(state["scaler"])
+    stream.load_state_dict(state["data"])
+    rngs = state["rng"]
+    if int(state["world_size"]) == env.world_size:
+        restore_rng_state(rngs[env.rank], generators)
+    else:
+        seed_everything(seed + 7919 * int(state["step"]) + env.rank)
+        notes.append(
+            f"world size changed from {state['world_size']} to {env.world_size}: data position kept, "
+            "process RNG streams reseeded"
+        )
+    return notes
+
+
+# --------------------------------------------------------------------------------------------------
+# numerics helpers
+# --------------------------------------------------------------------------------------------------
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}")
+    if precision == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    if precision == "fp16" and device.type != "cuda":
+        raise ValueError("fp16 needs CUDA; use fp32 or bf16 on CPU")
+    return precision
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """Autocast context for a resolved precision ("fp32" -> no autocast)."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def make_grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
+    """A GradScaler, enabled only for fp16."""
+    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+
+def no_sync(model: torch.nn.Module, active: bool) -> contextlib.AbstractContextManager:
+    """DDP's no_sync() for accumulation micro-steps (no-op without DDP)."""
+    if active and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return model.no_sync()
+    return contextlib.nullcontext()
+
+
+def clip_and_step(
+    params: Sequence[torch.nn.Parameter],
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    scheduler: Any,
+    max_grad_norm: float | None,
+) -> float:
+    """Unscale, clip (when max_grad_norm > 0), step the optimizer and scheduler, zero the grads.
+
+    Returns the grad norm before clipping (nan when not computed).
+    """
+    scaler.unscale_(optimizer)
+    if max_grad_norm and max_grad_norm > 0:
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+    else:
+        norm = float("nan")
+    scaler.step(optimizer)
+    scaler.update()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+
+def wrap_ddp(module: torch.nn.Module, env: DistEnv, **kwargs) -> torch.nn.Module:
+    """DistributedDataParallel around ``module`` (already on env.device) when distributed."""
+    if not env.distributed:
+        return module
+    ids = [env.device.index] if env.device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------------
+# logging
+# --------------------------------------------------------------------------------------------------
+class RunLogger:
+    """``RUN/log.jsonl`` (one JSON object per call), TensorBoard in ``RUN/tb``, tqdm; rank 0 only.
+
+    On a resume the log is first cut back to the checkpoint's step so no step appears twice.
+    """
+
+    def __init__(self, run: RunDir, env: DistEnv, *, total_steps: int, start_step: int, progress: bool = True):
+        self.run, self.env = run, env
+        self._file = None
+        self._tb = None
+        self._bar = None
+        if not env.is_main:
+            return
+        run.truncate_log(start_step)
+        self._file = open(run.log_path, "a")
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._tb = SummaryWriter(log_dir=str(run.tb), purge_step=start_step + 1 if start_step > 0 else None)
+        if progress:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total_steps, initial=start_step, dynamic_ncols=True, desc=run.root.name)
+
+    def log(self, step: int, values: Mapping[str, Any], *, prefix: str = "train") -> None:
+        if not self.env.is_main:
+            return
+        record = {"step": int(step), **{k: _plain(v) for k, v in values.items()}, "time": round(time.time(), 3)}
+        assert self._file is not None
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        for k, v in record.items():
+            if k in ("step", "time") or not isinstance(v, (int, float)) or isinstance(v, bool):
+                continue
+            if math.isfinite(v):
+                self._tb.add_scalar(f"{prefix}/{k}", v, step)  # type: ignore[union-attr]
+
+    def info(self, message: str) -> None:
+        """A human-readable line (stderr through tqdm, so it does not break the progress bar)."""
+        if not self.env.is_main:
+            return
+        from tqdm.auto import tqdm
+
+        tqdm.write(f"[{self.run.root.name}] {message}", file=sys.stderr)
+
+    def advance(self, step: int, postfix: Mapping[str, Any] | None = None) -> None:
+        if self._bar is not None:
+            self._bar.n = step
+            if postfix:
+                self._bar.set_postfix({k: f"{v:.4g}" if isinstance(v, float) else v for k, v in postfix.items()})
+            self._bar.refresh()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._tb is not None:
+            self._tb.flush()
+            self._tb.close()
+        if self._file is not None:
+            self._file.close()
+        self._bar = self._tb = self._file = None
+
+    def __enter__(self) -> "RunLogger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return v.item() if v.numel() == 1 else v.tolist()
+    if isinstance(v, (np.floating, np.integer)):
+        return v.item()
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    return v
+
+
+def read_log(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of ``RUN/log.jsonl``."""
+    path = Path(run_dir) / LOG_NAME
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# --------------------------------------------------------------------------------------------------
+# the step loop shared by the recipes
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LoopConfig:
+    max_steps: int
+    save_every: int = 500
+    val_every: int = 0  # 0: validate only at the end (when a validate hook is given)
+    log_every: int = 10
+    keep_checkpoints: int = 3
+    max_grad_norm: float = 2.0
+    grad_accum: int = 1
+    precision: str = "fp32"  # resolved: fp32 | bf16 | fp16
+    progress: bool = True
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.max_steps < 1:
+            raise ValueError("max_steps must be >= 1")
+        if self.save_every < 1:
+            raise ValueError("save_every must be >= 1")
+        if self.log_every < 1:
+            raise ValueError("log_every must be >= 1")
+
+
+@dataclass
+class FitParts:
+    """What :func:`fit` drives. ``objective`` (possibly DDP-wrapped) maps a micro-batch to
+    ``(loss, metrics)``; its ``forward`` is what DDP syncs, so recipes put the model call there."""
+
+    env: DistEnv
+    run: RunDir
+    objective: torch.nn.Module
+    params: Sequence[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: torch.amp.GradScaler
+    stream: "BatchStream | IterableBatchStream"
+    to_device: Callable[[Any], Any]
+    validate: Callable[[int], Mapping[str, Any]] | None = None  # step -> val metrics (all ranks call it)
+    after_step: Callable[[int, Mapping[str, Any]], Mapping[str, Any]] | None = None  # step, metrics -> more
+    finalize: Callable[[Path], None] | None = None  # write RUN/final (rank 0)
+    generators: Mapping[str, torch.Generator] = dataclasses.field(default_factory=dict)
+    extra_state: Callable[[], Mapping[str, Any]] | None = None
+    load_extra_state: Callable[[Mapping[str, Any]], None] | None = None
+    on_start: Callable[["RunLogger", int], None] | None = None  # logger, start step
+    last_value_keys: Sequence[str] = ()  # metrics logged as their value at the logged step, not a window mean
+
+
+def _mean_metrics(acc: list[Mapping[str, float]]) -> dict[str, float]:
+    keys = list(acc[0]) if acc else []
+    return {k: sum(float(m[k]) for m in acc) / len(acc) for k in keys}
+
+
+def fit(parts: FitParts, cfg: LoopConfig) -> int:
+    """Train from the newest checkpoint in RUN (or from scratch) to ``cfg.max_steps``.
+
+    Returns the final step. Every ``save_every`` steps and at the end a checkpoint is written; at the
+    end ``finalize(RUN/final)`` runs on rank 0 (written to a temp folder, then renamed into place).
+    The logged ``loss`` is the mean over ranks and micro-steps of the objective's loss.
+    """
+    env, run = parts.env, parts.run
+    ckpts = CheckpointManager(run.checkpoints, env, keep=cfg.keep_checkpoints)
+    state = ckpts.load_latest()
+    start = 0
+    notes: list[str] = []
+    if state is not None:
+        notes = restore_training_state(
+            state,
+            model=parts.objective,
+            optimizer=parts.optimizer,
+            scheduler=parts.scheduler,
+            scaler=parts.scaler,
+            stream=parts.stream,
+            env=env,
+            generators=parts.generators,
+            seed=cfg.seed,
+        )
+        if parts.load_extra_state is not None:
+            parts.load_extra_state(state.get("extra", {}))
+        start = int(state["step"])
+        notes += list(getattr(parts.stream, "notes", []))
+        del state
+    with RunLogger(run, env, total_steps=cfg.max_steps, start_step=start, progress=cfg.progress) as log:
+        if start:
+            log.info(f"resumed from step {start} (epoch {parts.stream.epoch}, batch {parts.stream.index})")
+        for note in notes:
+            log.info(note)
+        if parts.on_start is not None:
+            parts.on_start(log, start)
+        if start >= cfg.max_steps:
+            log.info(f"already at step {start} >= --max-steps {cfg.max_steps}")
+        parts.objective.train()
+        step = start
+        window: list[Mapping[str, float]] = []
+        t0 = time.perf_counter()
+        while step < cfg.max_steps:
+            micro: list[dict[str, float]] = []
+            for k in range(cfg.grad_accum):
+                batch = parts.to_device(parts.stream.next())
+                with no_sync(parts.objective, active=k < cfg.grad_accum - 1):
+                    with autocast(cfg.precision, env.device):
+                        loss, metrics = parts.objective(batch)
+                    parts.scaler.scale(loss / cfg.grad_accum).backward()
+                loss_value = float(loss.detach())
+                if not math.isfinite(loss_value):
+                    raise FloatingPointError(
+                        f"loss is {loss_value} at step {step + 1} on rank {env.rank}; lower --lr or check the data "
+                        f"(re-running resumes from the last checkpoint in {run.checkpoints})"
+                    )
+                micro.append({"loss": loss_value, **{m: float(v) for m, v in metrics.items()}})
+            lr = parts.optimizer.param_groups[0]["lr"]
+            grad_norm = clip_and_step(parts.params, parts.optimizer, parts.scaler, parts.scheduler, cfg.max_grad_norm)
+            step += 1
+            stats = _mean_metrics(micro)
+            stats["grad_norm"] = grad_norm
+            stats["lr"] = lr
+            if parts.after_step is not None:
+                stats.update(parts.after_step(step, stats))
+            window.append(stats)
+            if step % cfg.log_every == 0 or step == cfg.max_steps:
+                keys = list(dict.fromkeys(k for w in window for k in w if k != "lr"))
+                local = torch.tensor([[float(w.get(k, math.nan)) for k in keys] for w in window], dtype=torch.float64)
+                last = local[-1]
+                local = local.nanmean(0)  # a key missing from every step of the window stays nan
+                for i, k in enumerate(keys):
+                    if k in parts.last_value_keys:
+                        local[i] = last[i]
+                mean = all_reduce_sum(local, env) / env.world_size
+                dt = time.perf_counter() - t0
+                record = {"loss": float(mean[keys.index("loss")]), "lr": lr}
+                record.update({k: float(mean[i]) for i, k in enumerate(keys) if k != "loss" and math.isfinite(mean[i])})
+                record.update({"epoch": round(parts.stream.epoch_progress, 4), "steps_per_s": len(window) / dt})
+                log.log(step, record)
+                log.advance(step, {"loss": record["loss"], "lr": lr})
+                window, t0 = [], time.perf_counter()
+            if parts.validate is not None and cfg.val_every and step % cfg.val_every == 0 and step != cfg.max_steps:
+                log.log(step, dict(parts.validate(step)), prefix="val")
+                parts.objective.train()
+            if step % cfg.save_every == 0 or step == cfg.max_steps:
+                ckpts.save(step, _state(parts, step, env))
+        if parts.validate is not None and step > start:
+            log.log(step, dict(parts.validate(step)), prefix="val")
+        if parts.finalize is not None and (start < cfg.max_steps or not run.final.exists()):
+            if env.is_main:
+                tmp = run.root / ".final.tmp"
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                tmp.mkdir(parents=True)
+                parts.finalize(tmp)
+                if run.final.exists():
+                    shutil.rmtree(run.final)
+                os.replace(tmp, run.final)
+                log.info(f"wrote {run.final}")
+            env.barrier()
+    return step
+
+
+def _state(parts: FitParts, step: int, env: DistEnv) -> dict[str, Any]:
+    return training_state(
+        step=step,
+        model=parts.objective,
+        optimizer=parts.optimizer,
+        scheduler=parts.scheduler,
+        scaler=parts.scaler,
+        stream=parts.stream,
+        env=env,
+        generators=parts.generators,
+        extra=parts.extra_state() if parts.extra_state else None,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# command-line options every recipe shares
+# --------------------------------------------------------------------------------------------------
+# options that may change when a run is resumed (they do not change what is computed)
+FREE_KEYS = ("out", "save_every", "keep_checkpoints", "log_every", "num_workers", "no_progress", "device",
+             "val_every", "val_batch_size", "val_max_batches")
+
+
+def add_loop_args(parser, *, lr: float, batch_size: int, max_grad_norm: float = 2.0) -> None:
+    """--out --max-steps --batch-size --grad-accum --lr --warmup-steps ... (see --help)."""
+    g = parser.add_argument_group("run and loop")
+    g.add_argument("--out", required=True, help="RUN directory; re-running the same command resumes it")
+    g.add_argument("--max-steps", type=int, required=True, help="optimizer steps in all")
+    g.add_argument("--batch-size", type=int, default=batch_size,
+                   help="global batch: samples per optimizer step over all processes and accumulation steps")
+    g.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step")
+    g.add_argument("--lr", type=float, default=lr)
+    g.add_argument("--warmup-steps", type=int, default=0)
+    g.add_argument("--weight-decay", type=float, default=0.05)
+    g.add_argument("--max-grad-norm", type=float, default=max_grad_norm, help="0 disables clipping")
+    g.add_argument("--save-every", type=int, default=500, help="checkpoint every N steps (and at the end)")
+    g.add_argument("--keep-checkpoints", type=int, default=3)
+    g.add_argument("--log-every", type=int, default=10)
+    g.add_argument("--val-every", type=int, default=0, help="validate every N steps (0: only at the end)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes per rank")
+    g.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    g.add_argument("--precision", choices=PRECISIONS, default="auto", help="auto: bf16 autocast on CUDA, fp32 on CPU")
+    g.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+
+
+def loop_config(args, precision: str) -> LoopConfig:
+    return LoopConfig(
+        max_steps=args.max_steps,
+        save_every=args.save_every,
+        val_every=args.val_every,
+        log_every=args.log_every,
+        keep_checkpoints=args.keep_checkpoints,
+        max_grad_norm=args.max_grad_norm,
+        grad_accum=args.grad_accum,
+        precision=precision,
+        progress=not args.no_progress,
+        seed=args.seed,
+    )
+
+
+def move_to(batch: Any, device: torch.device) -> Any:
+    """Tensors in (nested) dicts, lists and tuples moved to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, Mapping):
+        return {k: move_to(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to(v, device) for v in batch)
+    return batch

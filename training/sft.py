@@ -1,0 +1,333 @@
+"""Supervised fine-tuning of StyleVAR on (content, style, target) triplets: ``python -m training.sft``.
+
+    python -m training.sft --data MANIFEST_OR_SHARDS [--data ...] --preset tiny|d16|d20 \
+        --tokenizer DIR_OR_PTH --out RUN --max-steps N --batch-size B [--grad-accum K] \
+        [--init-var VAR.pth | --init MODEL_DIR_OR_PTH]
+    torchrun --nproc_per_node G -m training.sft ...          # the same run on G processes
+
+Objective: teacher-forced cross-entropy over all L target tokens with label smoothing
+(``model.teacher_forcing_logits(content, style, target_indices)``, target tokens from the frozen
+tokenizer). AdamW (0.9, 0.95), no weight decay on embeddings, norms, biases and attention scales; the
+paper's two-level lr (``--lr`` until ``--lr-drop-step`` or ``--lr-drop-fraction`` of the steps, then
+``--lr * --lr-drop-factor``; paper: 5e-4 for epochs 1-6 of 10, then 1e-4) after a linear warmup; grad
+clipping; bf16 autocast on CUDA. ``--alpha-jitter J`` draws the per-scale blend alphas uniformly in
+``alpha +- J`` (clamped to [0.01, 0.99]) for each micro-batch, the same on every rank.
+
+Logged per step: ``loss`` (smoothed CE), ``ce`` (plain CE), ``acc`` (top-1 over all tokens), ``lr``;
+validation: ``val_loss`` (plain CE), ``val_acc`` and ``val_acc_s{k}`` per scale. ``RUN/final/`` is a
+model directory (``StylePipeline.from_pretrained(RUN/final)``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset, IterableDataset
+
+from stylevar.checkpoints import init_from_var, load_safetensors, load_stylevar, load_vqvae
+from stylevar.config import StyleVARConfig, VQVAEConfig
+from stylevar.pipeline import PipelineConfig, StylePipeline
+from stylevar.tokenizer import MultiScaleVQVAE
+from stylevar.transformer import StyleVAR
+from training import loop
+from training.data import AugmentConfig, collate_triplets, open_triplets
+from training.optim import ScheduleConfig, make_adamw, two_level_scheduler
+from training.presets import load_preset, match_transformer, resize_tokenizer
+from training.vqvae import TOKENIZER_FILE, SkipTracker, write_skip_report
+
+
+# ------------------------------------------------------------------------------------------ model inputs
+def read_tokenizer(src: str, preset_cfg: VQVAEConfig, image_size: int | None) -> MultiScaleVQVAE:
+    """The frozen tokenizer from a folder (``config.json`` + ``tokenizer.safetensors``: a training.vqvae
+    RUN/final or a model directory) or a weights file (.pth / .safetensors) with the preset's config."""
+    path = Path(src)
+    if path.is_dir():
+        cfg_path, weights = path / "config.json", path / TOKENIZER_FILE
+        if not cfg_path.is_file() or not weights.is_file():
+            raise FileNotFoundError(f"tokenizer folder {path} lacks config.json or {TOKENIZER_FILE}")
+        cfg = VQVAEConfig.from_dict(json.loads(cfg_path.read_text())["tokenizer"])
+        if image_size is not None and image_size != cfg.image_size:
+            raise ValueError(f"--image-size {image_size} differs from the tokenizer's {cfg.image_size}")
+        return load_vqvae(load_safetensors(weights), cfg)
+    return load_vqvae(path, resize_tokenizer(preset_cfg, image_size))
+
+
+def build_model(args: argparse.Namespace, tr_preset: StyleVARConfig, vqvae: MultiScaleVQVAE,
+                log_lines: list[str]) -> tuple[StyleVAR, dict[str, Any] | None]:
+    """A fresh, VAR-initialised or --init-loaded StyleVAR (seeded: the same on every rank)."""
+    cfg = match_transformer(tr_preset, vqvae.cfg)
+    summary = None
+    loop.seed_everything(args.seed)
+    if args.init_var:
+        model, summary = init_from_var(args.init_var, cfg, vqvae)
+        log_lines.append(
+            f"initialised from class-conditional VAR {args.init_var}: {len(summary['copied'])} tensors copied, "
+            f"{len(summary['split'])} split into guide/target projections, {len(summary['dropped'])} dropped "
+            f"({', '.join(summary['dropped'][:6])}), {len(summary['fresh'])} fresh, encoders {summary['encoders']}"
+        )
+    elif args.init:
+        init = Path(args.init)
+        if init.is_dir():
+            d = PipelineConfig.from_dict(json.loads((init / "config.json").read_text()))
+            cfg = d.transformer
+            model = load_stylevar(load_safetensors(init / "transformer.safetensors"), cfg, vqvae)
+        else:
+            model = load_stylevar(init, cfg, vqvae)
+        log_lines.append(f"initialised from StyleVAR weights {args.init}")
+    else:
+        model = StyleVAR(cfg, vqvae)
+        log_lines.append("transformer initialised from scratch")
+    model.tokenizer.requires_grad_(False)
+    return model, summary
+
+
+# ------------------------------------------------------------------------------------------ objective
+def jittered_alphas(base_K: torch.Tensor, jitter: float, g: torch.Generator) -> torch.Tensor:
+    """alpha_k + U(-jitter, jitter), clamped to [0.01, 0.99]."""
+    u = torch.rand(base_K.shape, generator=g, dtype=torch.float32) * 2 - 1
+    return (base_K.cpu() + jitter * u).clamp(0.01, 0.99)
+
+
+class SFTObjective(nn.Module):
+    """One micro-batch of triplets -> (label-smoothed CE, metrics)."""
+
+    def __init__(self, model: StyleVAR, *, label_smoothing: float, alpha_jitter: float, seed: int):
+        super().__init__()
+        self.model = model
+        self.label_smoothing, self.alpha_jitter, self.seed = label_smoothing, alpha_jitter, seed
+        self.draws = 0  # micro-batches seen: keys the alpha jitter (checkpointed)
+
+    def forward(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        content, style, target = batch["content"], batch["style"], batch["target"]
+        with torch.no_grad(), torch.autocast(content.device.type, enabled=False):
+            target_idx = self.model.tokenizer.encode_indices(target)
+        alphas = None
+        if self.alpha_jitter > 0:
+            g = loop.derived_generator(self.seed, self.draws, 0xA1FA)
+            alphas = jittered_alphas(self.model.alpha_K, self.alpha_jitter, g).to(content.device)
+        self.draws += 1
+        logits_BLV = self.model.teacher_forcing_logits(content, style, target_idx, alphas=alphas)
+        gt_BL = torch.cat(target_idx, dim=1)
+        flat = logits_BLV.reshape(-1, logits_BLV.shape[-1])
+        loss = F.cross_entropy(flat, gt_BL.reshape(-1), label_smoothing=self.label_smoothing)
+        with torch.no_grad():
+            ce = F.cross_entropy(flat, gt_BL.reshape(-1)) if self.label_smoothing else loss.detach()
+            acc = (logits_BLV.argmax(-1) == gt_BL).float().mean()
+        return loss, {"ce": ce.detach(), "acc": acc}
+
+
+@torch.no_grad()
+def validate(model: StyleVAR, dataset: Dataset | None, env: loop.DistEnv, batch_size: int, precision: str,
+             max_batches: int = 0) -> dict[str, float]:
+    """Plain CE and top-1 accuracy over the val split (all ranks; sums reduced), per scale too."""
+    if dataset is None:
+        return {}
+    was_training = model.training
+    model.eval()
+    patch_nums = model.cfg.patch_nums
+    K = len(patch_nums)
+    sums = torch.zeros(2 + K, dtype=torch.float64)  # CE sum, token count, correct per scale
+    counts_K = torch.tensor([pn * pn for pn in patch_nums], dtype=torch.float64)
+    if isinstance(dataset, IterableDataset):
+        loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, collate_fn=collate_triplets)
+    else:
+        loader = loop.eval_loader(dataset, batch_size, env, collate_fn=collate_triplets)
+    images = 0
+    for b, batch in enumerate(loader):
+        if max_batches and b >= max_batches:
+            break
+        content, style, target = (batch[k].to(env.device) for k in ("content", "style", "target"))
+        target_idx = model.tokenizer.encode_indices(target)
+        with loop.autocast(precision, env.device):
+            logits_BLV = model.teacher_forcing_logits(content, style, target_idx)
+        gt_BL = torch.cat(target_idx, dim=1)
+        ce = F.cross_entropy(logits_BLV.float().reshape(-1, logits_BLV.shape[-1]), gt_BL.reshape(-1), reduction="sum")
+        correct_BL = (logits_BLV.argmax(-1) == gt_BL).double()
+        per_scale = torch.stack([c.sum() for c in correct_BL.split([pn * pn for pn in patch_nums], dim=1)])
+        sums += torch.cat([torch.stack([ce.double().cpu(), torch.tensor(float(gt_BL.numel()), dtype=torch.float64)]),
+                           per_scale.cpu()])
+        images += content.shape[0]
+    model.train(was_training)
+    total = loop.all_reduce_sum(sums, env)
+    n_img = float(loop.all_reduce_sum(torch.tensor([float(images)]), env)[0])
+    tokens = max(float(total[1]), 1.0)
+    out = {"val_loss": float(total[0]) / tokens, "val_acc": float(total[2:].sum()) / tokens, "val_images": int(n_img)}
+    for k in range(K):
+        out[f"val_acc_s{k}"] = float(total[2 + k]) / max(n_img * float(counts_K[k]), 1.0)
+    return out
+
+
+def _size(ds: Dataset | None) -> str:
+    if ds is None:
+        return "0"
+    n = len(ds) if not isinstance(ds, IterableDataset) else getattr(ds, "num_samples", None)
+    return str(n) if n is not None else "?"
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m training.sft", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", action="append", required=True,
+                   help="triplet manifest, folder (manifest.jsonl or shards), shard tar or pattern; repeatable")
+    p.add_argument("--preset", default="tiny", help="tiny|d16|d20|d24|d30 or a JSON preset file")
+    p.add_argument("--tokenizer", required=True,
+                   help="tokenizer folder (training.vqvae RUN/final or a model dir) or weights file (.pth/.safetensors)")
+    init = p.add_mutually_exclusive_group()
+    init.add_argument("--init-var", metavar="PTH", help="initialise from a class-conditional VAR checkpoint")
+    init.add_argument("--init", metavar="DIR_OR_PTH", help="initialise from StyleVAR weights (model dir or checkpoint)")
+    p.add_argument("--image-size", type=int, default=None, help="default: the tokenizer's")
+    p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--alpha-jitter", type=float, default=0.0)
+    p.add_argument("--lr-drop-step", type=int, default=None, help="step at which the lr drops (overrides the fraction)")
+    p.add_argument("--lr-drop-fraction", type=float, default=0.6)
+    p.add_argument("--lr-drop-factor", type=float, default=0.2, help="lr after the drop = lr * factor (5e-4 -> 1e-4)")
+    p.add_argument("--no-augment", action="store_true", help="plain centre crops (no rotation, jitter, style crops)")
+    p.add_argument("--val-batch-size", type=int, default=32)
+    p.add_argument("--val-max-batches", type=int, default=0, help="cap on validation batches per rank (0: all)")
+    p.add_argument("--name", default="stylevar-sft", help="model name written to RUN/final/config.json")
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="recompute block activations in the backward pass (less memory, same result)")
+    loop.add_loop_args(p, lr=5e-4, batch_size=32, max_grad_norm=2.0)
+    return p
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """Fail fast, before any work, on missing inputs."""
+    for d in args.data:
+        if not (Path(d).exists() or any(ch in d for ch in "*?[{")):
+            raise SystemExit(f"error: --data {d}: manifest or shards not found")
+    tok = Path(args.tokenizer)
+    if not tok.exists():
+        raise SystemExit(f"error: --tokenizer {tok}: not found")
+    if tok.is_dir() and not ((tok / "config.json").is_file() and (tok / TOKENIZER_FILE).is_file()):
+        raise SystemExit(f"error: --tokenizer {tok}: folder lacks config.json or {TOKENIZER_FILE}")
+    for flag, value in (("--init-var", args.init_var), ("--init", args.init)):
+        if value and not Path(value).exists():
+            raise SystemExit(f"error: {flag} {value}: not found")
+    if not 0 <= args.label_smoothing < 1:
+        raise SystemExit("error: --label-smoothing must be in [0, 1)")
+    if not 0 <= args.alpha_jitter < 1:
+        raise SystemExit("error: --alpha-jitter must be in [0, 1)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    check_inputs(args)
+    try:
+        vq_preset, tr_preset = load_preset(args.preset)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    env = loop.setup_distributed(args.device)
+    try:
+        return train(args, vq_preset, tr_preset, env)
+    finally:
+        loop.teardown_distributed()
+
+
+def train(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARConfig, env: loop.DistEnv) -> int:
+    precision = loop.resolve_precision(args.precision, env.device)
+    try:
+        vqvae = read_tokenizer(args.tokenizer, vq_preset, args.image_size)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"error: --tokenizer {args.tokenizer}: {e}") from None
+    image_size = vqvae.cfg.image_size
+    config = {"recipe": "sft", **vars(args), "tokenizer_config": vqvae.cfg.to_dict(),
+              "transformer_config": match_transformer(tr_preset, vqvae.cfg).to_dict()}
+    try:
+        run = loop.RunDir.prepare(args.out, config, env, free_keys=(*loop.FREE_KEYS, "activation_checkpointing", "name"))
+    except loop.RunConfigMismatchError as e:
+        raise SystemExit(f"error: {e}") from None
+
+    augment = None if args.no_augment else AugmentConfig()
+    train_set = open_triplets(args.data, "train", image_size, augment, seed=args.seed, shuffle=True)
+    try:
+        val_set = open_triplets(args.data, "val", image_size, None, seed=args.seed)
+    except (ValueError, FileNotFoundError):  # no val split
+        val_set = None
+
+    notes: list[str] = []
+    try:
+        model, summary = build_model(args, tr_preset, vqvae, notes)
+    except ValueError as e:  # CheckpointError included: wrong layout or shapes for this preset
+        raise SystemExit(f"error: cannot initialise the model: {e}") from None
+    loop.seed_everything(loop.process_seed(args.seed, env.rank))  # model init above is the same on every rank
+    model.activation_checkpointing = args.activation_checkpointing
+    model.to(env.device).train()
+    objective = SFTObjective(model, label_smoothing=args.label_smoothing, alpha_jitter=args.alpha_jitter,
+                             seed=args.seed)
+    ddp = loop.wrap_ddp(objective, env)
+    optimizer = make_adamw(model, args.lr, args.weight_decay, betas=(0.9, 0.95))
+    sched = ScheduleConfig(max_steps=args.max_steps, warmup_steps=args.warmup_steps, drop_step=args.lr_drop_step,
+                           drop_fraction=args.lr_drop_fraction, drop_factor=args.lr_drop_factor)
+    scheduler = two_level_scheduler(optimizer, sched)
+    stream = loop.make_stream(
+        train_set,
+        loop.BatchStreamConfig(global_batch=args.batch_size, grad_accum=args.grad_accum, seed=args.seed,
+                               num_workers=args.num_workers, collate_fn=collate_triplets,
+                               pin_memory=env.device.type == "cuda"),
+        env,
+    )
+    skips = SkipTracker(env)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+
+    def to_device(batch):
+        batch = skips.take(batch)
+        return loop.move_to({k: batch[k] for k in ("content", "style", "target")}, env.device)
+
+    def on_start(log: loop.RunLogger, start: int) -> None:
+        n_params = sum(p.numel() for p in trainable)
+        log.info(f"{_size(train_set)} training triplets, {_size(val_set)} validation, "
+                 f"{image_size}px, patch_nums {vqvae.cfg.patch_nums}, {n_params / 1e6:.2f}M trainable parameters, "
+                 f"world size {env.world_size}, {precision}, lr drop at step {sched.resolved_drop_step}")
+        if start == 0:
+            for line in notes:
+                log.info(line)
+            if summary is not None:
+                if env.is_main:
+                    loop.atomic_write_text(run.root / "init_summary.json", json.dumps(summary, indent=1))
+                log.log(0, {"event": "init_from_var", "source": str(args.init_var),
+                            "copied": len(summary["copied"]), "split": len(summary["split"]),
+                            "dropped": summary["dropped"], "fresh": len(summary["fresh"]),
+                            "encoders": summary["encoders"]}, prefix="init")
+
+    def after_step(step: int, stats: dict[str, Any]) -> dict[str, float]:
+        if step % args.log_every == 0 or step == args.max_steps:
+            return {"skipped_files": float(len(skips.all_paths()))}
+        return {}
+
+    def do_validate(step: int) -> dict[str, Any]:
+        return validate(model, val_set, env, args.val_batch_size, precision, args.val_max_batches)
+
+    def finalize(folder: Path) -> None:
+        extra = {"recipe": "sft", "steps": args.max_steps, "data": args.data, "batch_size": args.batch_size,
+                 "lr": args.lr, "init_var": args.init_var, "init": args.init}
+        StylePipeline.from_models(model, name=args.name, extra=extra).save_pretrained(folder)
+
+    parts = loop.FitParts(
+        env=env, run=run, objective=ddp, params=trainable, optimizer=optimizer, scheduler=scheduler,
+        scaler=loop.make_grad_scaler(precision, env.device), stream=stream, to_device=to_device,
+        validate=do_validate if val_set is not None else None, after_step=after_step, finalize=finalize,
+        extra_state=lambda: {"draws": objective.draws},
+        load_extra_state=lambda s: setattr(objective, "draws", int(s.get("draws", 0))),
+        on_start=on_start, last_value_keys=("skipped_files",),
+    )
+    loop.fit(parts, loop.loop_config(args, precision))
+    skipped = skips.all_paths()
+    if env.is_main:
+        reasons = dict(getattr(train_set, "skipped", {}))
+        reasons.update(getattr(val_set, "skipped", {}) or {})
+        report = write_skip_report(run, skipped, reasons)
+        if skipped:
+            print(f"skipped {len(skipped)} unusable image file(s); see {report}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

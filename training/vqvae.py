@@ -1,0 +1,400 @@
+"""Train the multi-scale VQ-VAE tokenizer: ``python -m training.vqvae``.
+
+    python -m training.vqvae --data MANIFEST [--data ...] --preset tiny --out RUN --max-steps N \
+        --batch-size B [--lr 2e-4] [--image-size S]
+    torchrun --nproc_per_node G -m training.vqvae ...      # the same run on G processes
+
+Loss = L1 + L2 reconstruction + the quantizer's VQ loss (codebook + commitment), plus LPIPS when its
+weights are available (``--lpips-weight``; skipped with a log line otherwise). Codebook usage is logged
+(``usage``: fraction of the codebook hit in the batch; ``active``: fraction hit within the last
+``--dead-after`` steps). Dead-code restarts: every ``--restart-every`` steps, codebook entries not hit
+for ``--dead-after`` steps are re-initialised from random encoder outputs of the current batch
+(area-resized to the scales, as the quantizer sees them), on rank 0 and broadcast, and their AdamW
+moments are reset.
+
+The training images are every distinct image (content, style and target) of the manifests' train
+split, centre-cropped to the tokenizer's size; validation uses the val split (reconstruction loss and
+PSNR). ``RUN/final/`` holds ``tokenizer.safetensors`` + ``config.json`` (``{"tokenizer": {...}}``),
+loadable with ``stylevar.checkpoints.load_vqvae(RUN/final/tokenizer.safetensors, cfg)`` and usable as
+``training.sft --tokenizer RUN/final``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+from stylevar.checkpoints import save_safetensors
+from stylevar.config import VQVAEConfig
+from stylevar.images import ImageError, fit_square, load_image, pil_to_tensor
+from stylevar.tokenizer import MultiScaleVQVAE
+from training import loop
+from training.data import ROLES, TripletDataset, open_triplets
+from training.optim import ScheduleConfig, make_adamw, two_level_scheduler
+from training.presets import load_preset, resize_tokenizer
+
+TOKENIZER_FILE = "tokenizer.safetensors"
+
+
+# ------------------------------------------------------------------------------------------ data
+class ImageSet(Dataset):
+    """Every distinct image of the given triplet datasets' entries, centre-cropped to S x S in [-1, 1].
+
+    A missing or undecodable file is skipped (a warning names it): the next valid image is returned
+    and the item's ``skipped`` list names the files passed over (as in ``training.data``).
+    """
+
+    def __init__(self, triplets: TripletDataset, image_size: int, max_skips: int = 100):
+        seen: dict[str, None] = {}
+        for entry in triplets.entries:
+            for role in ROLES:
+                if role in entry.paths:
+                    seen.setdefault(entry.paths[role], None)
+        self.paths = list(seen)
+        self.image_size = image_size
+        self.max_skips = max_skips
+        self.skipped: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        n = len(self.paths)
+        passed: list[str] = []
+        for k in range(min(self.max_skips, n)):
+            path = self.paths[(index + k) % n]
+            if path in self.skipped:
+                passed.append(path)
+                continue
+            try:
+                img = load_image(path)
+            except FileNotFoundError:
+                reason = "file not found"
+            except (ImageError, OSError) as e:
+                reason = f"{getattr(e, 'code', type(e).__name__)}: {e}"
+            else:
+                x = pil_to_tensor(fit_square(img, self.image_size, "crop")[0]).mul_(2).sub_(1)
+                return {"image": x, "skipped": passed}
+            self.skipped[path] = reason
+            warnings.warn(f"skipping unusable training image {path}: {reason}", RuntimeWarning, stacklevel=2)
+            passed.append(path)
+        raise RuntimeError(f"{len(passed)} consecutive unusable images from index {index}; check the data")
+
+
+def collate_images(batch: list[dict]) -> dict[str, Any]:
+    return {"image": torch.stack([b["image"] for b in batch]), "skipped": [p for b in batch for p in b["skipped"]]}
+
+
+# ------------------------------------------------------------------------------------------ perceptual loss
+def build_lpips(device: torch.device) -> tuple[nn.Module | None, str]:
+    """The LPIPS network (VGG-16, differentiable, inputs in [-1, 1]) from the local weight cache, or
+    (None, why not). Loading goes through ``stylevar.metrics.perceptual.LPIPSMetric``."""
+    try:
+        from stylevar import weights
+        from stylevar.metrics.perceptual import LPIPSMetric
+
+        path = weights.resolve("vgg16")
+        metric = LPIPSMetric.from_weights("vgg", backbone=path)
+    except ImportError as e:
+        return None, f"LPIPS off: {e}"
+    except (LookupError, FileNotFoundError, ValueError) as e:  # MissingWeightError, WeightMismatchError
+        return None, f"LPIPS off: VGG-16 weights not usable ({type(e).__name__}: {str(e).splitlines()[0]})"
+    return metric.model.requires_grad_(False).eval().to(device), f"LPIPS on (VGG-16 from {path})"
+
+
+# ------------------------------------------------------------------------------------------ objective
+@dataclass(frozen=True)
+class LossWeights:
+    l1: float = 1.0
+    l2: float = 1.0
+    vq: float = 1.0
+    lpips: float = 0.0
+
+
+class VQVAEObjective(nn.Module):
+    """One micro-batch -> (loss, metrics); remembers the batch's codebook hits and last images."""
+
+    def __init__(self, vqvae: MultiScaleVQVAE, weights: LossWeights, lpips_model: nn.Module | None = None):
+        super().__init__()
+        self.vqvae = vqvae
+        self.weights = weights
+        self.lpips = [lpips_model]  # a list: not a submodule (not trained, not checkpointed, not DDP-synced)
+        self.hits_V = torch.zeros(vqvae.cfg.vocab_size, dtype=torch.float64)
+        self.last_images: torch.Tensor | None = None
+
+    def forward(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        img = batch["image"]
+        out = self.vqvae(img)
+        l1 = (out.recon - img).abs().mean()
+        l2 = F.mse_loss(out.recon, img)
+        loss = self.weights.l1 * l1 + self.weights.l2 * l2 + self.weights.vq * out.vq_loss
+        metrics = {"l1": l1.detach(), "l2": l2.detach(), "vq_loss": out.vq_loss.detach(), "usage": out.usage.detach()}
+        if self.lpips[0] is not None and self.weights.lpips > 0:
+            p = self.lpips[0](out.recon.float(), img.float()).mean()
+            loss = loss + self.weights.lpips * p
+            metrics["lpips"] = p.detach()
+        with torch.no_grad():
+            if self.hits_V.device != img.device:
+                self.hits_V = self.hits_V.to(img.device)
+            for idx in out.indices:
+                self.hits_V += torch.bincount(idx.flatten(), minlength=self.hits_V.numel()).to(self.hits_V)
+            self.last_images = img.detach()
+        return loss, metrics
+
+
+class DeadCodeRestarter:
+    """Tracks steps since each code was last hit (over all ranks) and re-seeds the dead ones."""
+
+    def __init__(self, objective: VQVAEObjective, optimizer: torch.optim.Optimizer, env: loop.DistEnv, *,
+                 every: int, dead_after: int, seed: int):
+        self.obj, self.opt, self.env = objective, optimizer, env
+        self.every, self.dead_after, self.seed = every, dead_after, seed
+        self.since_hit_V = torch.zeros(objective.vqvae.cfg.vocab_size, dtype=torch.long)
+        self.restarted_total = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"since_hit_V": self.since_hit_V.clone(), "restarted_total": self.restarted_total}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "since_hit_V" in state:
+            self.since_hit_V = state["since_hit_V"].clone()
+            self.restarted_total = int(state["restarted_total"])
+
+    @torch.no_grad()
+    def __call__(self, step: int, stats: dict[str, Any]) -> dict[str, float]:
+        hits = loop.all_reduce_sum(self.obj.hits_V, self.env)
+        self.obj.hits_V.zero_()
+        self.since_hit_V = torch.where(hits > 0, torch.zeros_like(self.since_hit_V), self.since_hit_V + 1)
+        out = {"active": float((self.since_hit_V < self.dead_after).float().mean()),
+               "restarted_total": float(self.restarted_total)}
+        if self.every <= 0 or step % self.every != 0:
+            return out
+        dead = torch.nonzero(self.since_hit_V >= self.dead_after).flatten()
+        if dead.numel() == 0:
+            return out
+        vqvae = self.obj.vqvae
+        emb = vqvae.quantize.embedding.weight
+        if self.env.is_main:
+            assert self.obj.last_images is not None
+            was_training = vqvae.training
+            vqvae.eval()
+            f_BCnn = vqvae.latent(self.obj.last_images).float()
+            vqvae.train(was_training)
+            pool = torch.cat(
+                [F.interpolate(f_BCnn, size=(pn, pn), mode="area").permute(0, 2, 3, 1).reshape(-1, f_BCnn.shape[1])
+                 for pn in vqvae.cfg.patch_nums]
+            ).cpu()
+            g = loop.derived_generator(self.seed, step, 0xDEAD)
+            pick = torch.randint(0, pool.shape[0], (dead.numel(),), generator=g)
+            noise = 0.01 * pool.std() * torch.randn(dead.numel(), pool.shape[1], generator=g)
+            new = emb.detach().clone()
+            new[dead.to(new.device)] = (pool[pick] + noise).to(new)
+        else:
+            new = torch.empty_like(emb)
+        loop.broadcast_(new, self.env)
+        emb.copy_(new)
+        state = self.opt.state.get(emb, {})
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in state:
+                state[key][dead.to(state[key].device)] = 0
+        self.since_hit_V[dead] = 0
+        self.restarted_total += int(dead.numel())
+        out["restarted_total"] = float(self.restarted_total)
+        return out
+
+
+# ------------------------------------------------------------------------------------------ validation
+@torch.no_grad()
+def validate(vqvae: MultiScaleVQVAE, dataset: Dataset | None, env: loop.DistEnv, batch_size: int,
+             precision: str) -> dict[str, float]:
+    if dataset is None:
+        return {}
+    was_training = vqvae.training
+    vqvae.eval()
+    sums = torch.zeros(4, dtype=torch.float64)  # l1 sum, l2 sum, psnr sum, images
+    for batch in loop.eval_loader(dataset, batch_size, env, collate_fn=collate_images):
+        img = batch["image"].to(env.device)
+        with loop.autocast(precision, env.device):
+            out = vqvae(img)
+        recon = out.recon.float().clamp(-1, 1)
+        mse_B = (recon - img).square().flatten(1).mean(1)
+        sums += torch.tensor([
+            float((recon - img).abs().flatten(1).mean(1).sum()),
+            float(mse_B.sum()),
+            float((10 * torch.log10(4.0 / mse_B.clamp_min(1e-10))).sum()),  # range [-1, 1]: peak^2 = 4
+            img.shape[0],
+        ], dtype=torch.float64)
+    vqvae.train(was_training)
+    total = loop.all_reduce_sum(sums, env)
+    n = max(float(total[3]), 1.0)
+    return {"val_l1": float(total[0]) / n, "val_loss": float(total[1]) / n, "val_psnr": float(total[2]) / n,
+            "val_images": int(total[3])}
+
+
+def write_tokenizer_dir(vqvae: MultiScaleVQVAE, folder: Path, extra: dict[str, Any] | None = None) -> None:
+    """``folder/tokenizer.safetensors`` + ``folder/config.json`` ({"tokenizer": cfg, "extra": ...})."""
+    folder.mkdir(parents=True, exist_ok=True)
+    save_safetensors(vqvae.state_dict(), folder / TOKENIZER_FILE)
+    (folder / "config.json").write_text(
+        json.dumps({"tokenizer": vqvae.cfg.to_dict(), "extra": extra or {}}, indent=1) + "\n"
+    )
+
+
+# ------------------------------------------------------------------------------------------ skipped files
+class SkipTracker:
+    """Collects the ``skipped`` file lists of batches (every rank) for the log and a final report."""
+
+    def __init__(self, env: loop.DistEnv):
+        self.env = env
+        self.paths: set[str] = set()
+
+    def take(self, batch: dict[str, Any]) -> dict[str, Any]:
+        self.paths.update(batch.pop("skipped", []))
+        return batch
+
+    def all_paths(self) -> list[str]:
+        if not self.env.distributed:
+            return sorted(self.paths)
+        gathered: list[Any] = [None] * self.env.world_size
+        torch.distributed.all_gather_object(gathered, sorted(self.paths))
+        return sorted({p for part in gathered for p in part})
+
+
+def write_skip_report(run: loop.RunDir, paths: Sequence[str], reasons: dict[str, str]) -> Path:
+    report = run.root / "skipped.json"
+    loop.atomic_write_text(
+        report, json.dumps({"count": len(paths), "files": {p: reasons.get(p, "unusable") for p in paths}}, indent=1)
+    )
+    return report
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m training.vqvae", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", action="append", required=True,
+                   help="triplet manifest (or folder holding manifest.jsonl); repeatable")
+    p.add_argument("--preset", default="tiny", help="tiny|d16|d20|d24|d30 or a JSON preset file")
+    p.add_argument("--image-size", type=int, default=None, help="train at this size (drops the finest scales)")
+    p.add_argument("--l1-weight", type=float, default=1.0)
+    p.add_argument("--l2-weight", type=float, default=1.0)
+    p.add_argument("--vq-weight", type=float, default=1.0)
+    p.add_argument("--lpips-weight", type=float, default=0.1, help="used when LPIPS weights are present")
+    p.add_argument("--restart-every", type=int, default=50, help="dead-code check every N steps (0: never)")
+    p.add_argument("--dead-after", type=int, default=100, help="a code unused this many steps is dead")
+    p.add_argument("--val-batch-size", type=int, default=32)
+    loop.add_loop_args(p, lr=2e-4, batch_size=32, max_grad_norm=1.0)
+    return p
+
+
+def check_inputs(args: argparse.Namespace) -> VQVAEConfig:
+    """Fail fast (before any work) on missing inputs and impossible settings."""
+    for d in args.data:
+        path = Path(d)
+        if not (path.is_file() or (path / "manifest.jsonl").is_file()):
+            raise SystemExit(f"error: --data {d}: manifest not found")
+    try:
+        vq_cfg, _ = load_preset(args.preset)
+        return resize_tokenizer(vq_cfg, args.image_size)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    vq_cfg = check_inputs(args)
+    env = loop.setup_distributed(args.device)
+    try:
+        return train(args, vq_cfg, env)
+    finally:
+        loop.teardown_distributed()
+
+
+def train(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: loop.DistEnv) -> int:
+    precision = loop.resolve_precision(args.precision, env.device)
+    config = {"recipe": "vqvae", **vars(args), "tokenizer": vq_cfg.to_dict()}
+    try:
+        run = loop.RunDir.prepare(args.out, config, env, free_keys=loop.FREE_KEYS)
+    except loop.RunConfigMismatchError as e:
+        raise SystemExit(f"error: {e}") from None
+
+    train_triplets = open_triplets(args.data, "train", vq_cfg.image_size, None, seed=args.seed)
+    if not isinstance(train_triplets, TripletDataset):
+        raise SystemExit("error: training.vqvae reads manifests (not shards)")
+    train_set = ImageSet(train_triplets, vq_cfg.image_size)
+    try:
+        val_set = ImageSet(open_triplets(args.data, "val", vq_cfg.image_size, None), vq_cfg.image_size)
+    except ValueError:
+        val_set = None  # no val split
+
+    loop.seed_everything(args.seed)
+    vqvae = MultiScaleVQVAE(vq_cfg).to(env.device).train()
+    loop.seed_everything(loop.process_seed(args.seed, env.rank))  # the init above is the same on every rank
+    lpips_model, lpips_note = (None, "LPIPS off (--lpips-weight 0)")
+    if args.lpips_weight > 0:
+        lpips_model, lpips_note = build_lpips(env.device)
+    weights = LossWeights(args.l1_weight, args.l2_weight, args.vq_weight, args.lpips_weight if lpips_model else 0.0)
+    objective = VQVAEObjective(vqvae, weights, lpips_model)
+    # a Phi conv that no scale uses gets no gradient: DDP must then look for unused parameters
+    used_phis = {id(vqvae.quantize.phi(k)) for k in range(len(vq_cfg.patch_nums))}
+    model = loop.wrap_ddp(objective, env, find_unused_parameters=len(used_phis) < vq_cfg.share_quant_resi)
+    optimizer = make_adamw(vqvae, args.lr, args.weight_decay, betas=(0.9, 0.95))
+    sched_cfg = ScheduleConfig(max_steps=args.max_steps, warmup_steps=args.warmup_steps, drop_step=args.max_steps)
+    scheduler = two_level_scheduler(optimizer, sched_cfg)
+    stream = loop.BatchStream(
+        train_set,
+        loop.BatchStreamConfig(global_batch=args.batch_size, grad_accum=args.grad_accum, seed=args.seed,
+                               num_workers=args.num_workers, collate_fn=collate_images),
+        env,
+    )
+    restarter = DeadCodeRestarter(objective, optimizer, env, every=args.restart_every,
+                                  dead_after=args.dead_after, seed=args.seed)
+    skips = SkipTracker(env)
+
+    def to_device(batch):
+        return loop.move_to(skips.take(batch), env.device)
+
+    def on_start(log: loop.RunLogger, start: int) -> None:
+        log.info(f"{len(train_set)} training images, {len(val_set) if val_set else 0} validation images, "
+                 f"{vq_cfg.image_size}px, patch_nums {vq_cfg.patch_nums}, world size {env.world_size}, {precision}")
+        log.info(lpips_note)
+
+    def after_step(step: int, stats: dict[str, Any]) -> dict[str, float]:
+        out = restarter(step, stats)
+        if step % args.log_every == 0 or step == args.max_steps:
+            out["skipped_files"] = float(len(skips.all_paths()))
+        return out
+
+    def do_validate(step: int) -> dict[str, Any]:
+        return validate(vqvae, val_set, env, args.val_batch_size, precision)
+
+    def finalize(folder: Path) -> None:
+        write_tokenizer_dir(vqvae, folder, {"recipe": "vqvae", "steps": args.max_steps, "data": args.data})
+
+    parts = loop.FitParts(
+        env=env, run=run, objective=model, params=list(vqvae.parameters()), optimizer=optimizer,
+        scheduler=scheduler, scaler=loop.make_grad_scaler(precision, env.device), stream=stream,
+        to_device=to_device, validate=do_validate if val_set is not None else None, after_step=after_step,
+        finalize=finalize, extra_state=restarter.state_dict, load_extra_state=restarter.load_state_dict,
+        on_start=on_start, last_value_keys=("restarted_total", "skipped_files", "active"),
+    )
+    loop.fit(parts, loop.loop_config(args, precision))
+    skipped = skips.all_paths()
+    if env.is_main:
+        report = write_skip_report(run, skipped, {**train_set.skipped, **(val_set.skipped if val_set else {})})
+        if skipped:
+            print(f"skipped {len(skipped)} unusable image file(s); see {report}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
