@@ -48,8 +48,8 @@ def _add_stylize(sub) -> None:
     p.add_argument("--model", default=None, help="model directory (default: the embedded demo model)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--style-strength", type=float, default=0.0, help="-1 (content) .. 1 (style)")
-    p.add_argument("--top-k", type=int, default=900)
-    p.add_argument("--top-p", type=float, default=0.96)
+    p.add_argument("--top-k", type=int, default=None, help="default: the model's recommended value, else 900")
+    p.add_argument("--top-p", type=float, default=None, help="default: the model's recommended value, else 0.96")
     p.add_argument("--resize", choices=["crop", "pad", "stretch"], default="stretch")
     p.add_argument("--device", default=None)
     p.set_defaults(func=_stylize)
@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_stylize(sub)
     bench.add_subparser(sub)
     # sub-commands registered by other modules
+    from stylevar import lora; lora.add_subparser(sub)  # merge-lora
+    from stylevar import weights; weights.add_subparser(sub)  # weights status|fetch
+    from stylevar import evaluate; evaluate.add_subparser(sub)  # evaluate
     return parser
 
 

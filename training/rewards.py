@@ -1,0 +1,75 @@
+"""GRPO rewards: R = -lambda * dist(generated, target), one value per rollout (higher is better).
+
+Every reward is the negative of a distance that is 0 for a perfect match, scaled by ``lambda``
+(``--reward-scale``, default 5, the paper's value for DreamSim):
+
+    dreamsim  dist = DreamSim(generated, target)                   (stylevar.metrics, needs weights)
+    lpips     dist = LPIPS(generated, target)                      (stylevar.metrics, needs weights)
+    clip      dist = 1 - cos(CLIP(generated), CLIP(target))        (stylevar.metrics, needs weights)
+    ssim      dist = 1 - SSIM(generated, target)                   (paper SSIM, no weights)
+    l1        dist = mean |generated - target| over pixels, [0, 1] (no weights)
+
+Images are (N, 3, H, W) in [0, 1]. DreamSim, LPIPS, CLIP and SSIM go through ``MetricSuite`` and are
+computed at ``image_size`` (default 256, the evaluation resolution); L1 at the images' own size.
+Missing weights raise ``MissingWeightError`` when the reward is built, before any training starts.
+Group-relative advantages do not depend on the scale or an offset of R; ``lambda`` matters for the
+reward EMA that drives LoRA merging (``--merge-min-gain`` is in reward units).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+REWARDS = ("dreamsim", "lpips", "clip", "ssim", "l1")
+_SUITE_METRIC = {"dreamsim": "dreamsim", "lpips": "lpips", "clip": "clip", "ssim": "ssim"}
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    name: str = "dreamsim"
+    scale: float = 5.0  # lambda
+    image_size: int = 256  # metric resolution (all but l1)
+    lpips_net: str = "vgg"
+    batch_size: int = 32  # images per metric forward
+
+    def __post_init__(self):
+        if self.name not in REWARDS:
+            raise ValueError(f"unknown reward {self.name!r}; choose from {', '.join(REWARDS)}")
+        if not self.scale > 0:
+            raise ValueError(f"reward scale (lambda) must be > 0, got {self.scale}")
+        if self.image_size < 16:
+            raise ValueError(f"reward image size must be >= 16, got {self.image_size}")
+
+
+class Reward:
+    """``reward(generated, content, style, target) -> (N,)`` float32 on the CPU."""
+
+    def __init__(self, cfg: RewardConfig, device: str | torch.device | None = None):
+        self.cfg = cfg
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.suite = None
+        if cfg.name in _SUITE_METRIC:
+            from stylevar.metrics import MetricSuite
+
+            self.suite = MetricSuite((_SUITE_METRIC[cfg.name],), device=self.device, lpips_net=cfg.lpips_net,
+                                     batch_size=cfg.batch_size, image_size=cfg.image_size)
+            self.suite.load()
+
+    def distance(self, generated: torch.Tensor, content: torch.Tensor, style: torch.Tensor,
+                 target: torch.Tensor) -> torch.Tensor:
+        """The distance to the target, (N,): 0 for a perfect match, larger is worse."""
+        if generated.shape != target.shape:
+            raise ValueError(f"generated {tuple(generated.shape)} and target {tuple(target.shape)} differ in shape")
+        name = self.cfg.name
+        if name == "l1":
+            return (generated.float() - target.float()).abs().mean((1, 2, 3)).cpu()
+        assert self.suite is not None
+        value = self.suite(generated, content, style, target)[_SUITE_METRIC[name]]
+        if name in ("ssim", "clip"):  # similarities: 1 is a perfect match
+            return 1.0 - value
+        return value
+
+    def __call__(self, generated: torch.Tensor, content: torch.Tensor, style: torch.Tensor,
+                 target: torch.Tensor) -> torch.Tensor:
+        return -self.cfg.scale * self.distance(generated, content, style, target)
