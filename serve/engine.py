@@ -63,8 +63,8 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype | None:
 class GenerationKey:
     """Settings that must be equal for requests to share one `generate` call."""
 
-    top_k: int
-    top_p: float
+    top_k: int | None  # None: the model's recommended value
+    top_p: float | None
     style_strength: float
     alphas: tuple[float, ...] | None
     resize: str
@@ -142,7 +142,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         img = Image.new("RGB", (self.pipe.image_size, self.pipe.image_size), (128, 96, 64))
         cfg = self.pipe.config.transformer
-        key = GenerationKey(top_k=900, top_p=0.96, style_strength=0.0, alphas=None, resize="stretch")
+        key = GenerationKey(top_k=None, top_p=None, style_strength=0.0, alphas=None, resize="stretch")
         job = Job(key=key, rows=1, payload=StylizeTask(img, img, [0]), deadline=float("inf"))
         self.run([job])
         log.info("warm-up done", extra={"device": str(self.device), "scales": len(cfg.patch_nums),

@@ -21,8 +21,12 @@ class StylizeForm(BaseModel):
     seed: int | SkipJsonSchema[None] = Field(
         None, ge=0, le=MAX_SEED, description="random when absent; sample i uses seed + i"
     )
-    top_k: int = Field(900, ge=0, le=1_000_000, description="0 switches top-k off")
-    top_p: float = Field(0.96, ge=0.0, le=1.0, description="0 or 1 switches nucleus sampling off")
+    top_k: int | SkipJsonSchema[None] = Field(
+        None, ge=0, le=1_000_000, description="0 switches top-k off; absent: the model's recommended value (else 900)"
+    )
+    top_p: float | SkipJsonSchema[None] = Field(
+        None, ge=0.0, le=1.0, description="0 or 1 switches nucleus sampling off; absent: the model's value (else 0.96)"
+    )
     num_samples: int = Field(1, ge=1, le=4)
     alphas: str | SkipJsonSchema[None] = Field(
         None,

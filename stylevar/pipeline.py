@@ -35,6 +35,9 @@ class PipelineConfig:
     transformer: StyleVARConfig
     name: str = "stylevar"
     demo: bool = False
+    # the model's recommended sampling settings (e.g. {"top_k": 64, "top_p": 0.9}); a caller's explicit
+    # value wins, and without either `generate`'s own defaults (top-k 900, top-p 0.96) apply
+    generation: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)  # provenance: training settings, dates, metrics
 
     @property
@@ -43,14 +46,16 @@ class PipelineConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": "stylevar", "format_version": FORMAT_VERSION, "name": self.name, "demo": self.demo,
-                "tokenizer": self.tokenizer.to_dict(), "transformer": self.transformer.to_dict(), "extra": self.extra}
+                "tokenizer": self.tokenizer.to_dict(), "transformer": self.transformer.to_dict(),
+                "generation": self.generation, "extra": self.extra}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PipelineConfig":
         if d.get("format") != "stylevar":
             raise ValueError("config.json is not a StyleVAR model config (missing \"format\": \"stylevar\")")
         return cls(VQVAEConfig.from_dict(d["tokenizer"]), StyleVARConfig.from_dict(d["transformer"]),
-                   name=d.get("name", "stylevar"), demo=bool(d.get("demo", False)), extra=d.get("extra", {}))
+                   name=d.get("name", "stylevar"), demo=bool(d.get("demo", False)),
+                   generation=dict(d.get("generation", {})), extra=d.get("extra", {}))
 
 
 def default_device() -> torch.device:
@@ -148,8 +153,12 @@ class StylePipeline:
             raise ValueError(f"{len(contents)} content images but {len(styles)} style images")
         content, fits = self.preprocess(contents, resize)
         style, _ = self.preprocess(styles, "crop")
-        out = self.model.generate(content, style, seed=seeds, on_scale=on_scale, **gen_kwargs)
+        out = self.model.generate(content, style, seed=seeds, on_scale=on_scale, **self.generation_kwargs(**gen_kwargs))
         return [unfit(tensor_to_pil(img), fit, max_side) for img, fit in zip(out, fits)]
+
+    def generation_kwargs(self, **gen_kwargs) -> dict[str, Any]:
+        """`generate` keyword arguments: the caller's (None = unset) over the model's recommended ones."""
+        return {**self.config.generation, **{k: v for k, v in gen_kwargs.items() if v is not None}}
 
     def __call__(self, content: Image.Image, style: Image.Image, *, seed: int | None = None,
                  resize: ResizeMode = "stretch", **gen_kwargs) -> Image.Image:

@@ -233,3 +233,18 @@ def test_bench_cli(capsys):
     res = json.loads(capsys.readouterr().out)
     assert res["generate"][0]["ms_per_image"] > 0 and res["teacher_forcing"]["tokens_per_s"] > 0
     assert res["naive"]["speedup"] > 0
+
+
+def test_model_recommended_sampling_settings(micro_pipeline, tmp_path):
+    from PIL import Image
+
+    pipe = StylePipeline(micro_pipeline.model, micro_pipeline.config.__class__(
+        micro_pipeline.config.tokenizer, micro_pipeline.config.transformer, generation={"top_k": 1, "top_p": 0.0}))
+    d = pipe.save_pretrained(tmp_path / "m")
+    loaded = StylePipeline.from_pretrained(d, device="cpu")
+    assert loaded.config.generation == {"top_k": 1, "top_p": 0.0}
+    assert loaded.generation_kwargs(top_k=None, style_strength=0.2) == {"top_k": 1, "top_p": 0.0, "style_strength": 0.2}
+    assert loaded.generation_kwargs(top_k=5)["top_k"] == 5
+    c, s = Image.new("RGB", (32, 32), (200, 10, 10)), Image.new("RGB", (32, 32), (10, 10, 200))
+    # greedy by the model's recommendation: every seed gives the same picture
+    assert loaded(c, s, seed=1).tobytes() == loaded(c, s, seed=2).tobytes()

@@ -236,8 +236,9 @@ def test_handler_errors_are_readable(ui, images):
 
 
 def test_on_load_fills_the_model_panel_and_alpha_sliders(ui, patch_nums):
-    panel, *sliders = ui.on_load()
+    panel, top_k, top_p, *sliders = ui.on_load()
     assert DEMO_LABEL in panel and f"{len(patch_nums)} scales" in panel
+    assert (top_k["value"], top_p["value"]) == (900, 0.96)  # the test model recommends no sampling settings
     assert len(sliders) == MAX_SCALES
     visible = [s for s in sliders if s["visible"]]
     assert len(visible) == len(patch_nums)
@@ -247,7 +248,7 @@ def test_on_load_fills_the_model_panel_and_alpha_sliders(ui, patch_nums):
 def test_model_panel_of_an_unreachable_service(tmp_path, monkeypatch):
     ui = StyleVARUI(UIConfig(api_url=f"http://127.0.0.1:{free_port()}", timeout_s=5),
                     baseline=no_adain(tmp_path, monkeypatch))
-    panel, *sliders = ui.on_load()
+    panel, _, _, *sliders = ui.on_load()
     assert "Cannot reach the StyleVAR service" in panel and not any(s["visible"] for s in sliders)
 
 

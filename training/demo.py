@@ -3,7 +3,8 @@
     python -m training.demo --model RUN/final --data MANIFEST --out stylevar/assets/demo \
         [--timings TIMINGS.json] [--n 64] [--seed 0]
 
-Held-out (val split) synthetic triplets; methods: the model, copy-content (the content image itself)
+The recommended sampling settings (top-k, top-p) are chosen first, by SSIM on training triplets, and
+stored in config.json. Held-out (val split) synthetic triplets; methods: the model, copy-content (the content image itself)
 and Reinhard colour transfer; metrics: SSIM (the paper's definition) and L1 to the target, the distance
 of the mean colour to the style's, and any further metric whose weights are in the cache. The model is
 saved in float16 when that changes the evaluation by less than 0.002 SSIM, else in float32, with a
@@ -38,16 +39,37 @@ class Triplet:
     target: object
 
 
-def load_val_triplets(manifest: Path, n: int) -> list[Triplet]:
-    entries = [e for e in read_manifest(manifest) if e.split == "val" and e.target]
+SAMPLING_CANDIDATES = ({"top_k": 900, "top_p": 0.96}, {"top_k": 100, "top_p": 0.9}, {"top_k": 20, "top_p": 0.8},
+                       {"top_k": 5, "top_p": 0.7})
+
+
+def load_triplets(manifest: Path, n: int, split: str = "val") -> list[Triplet]:
+    entries = [e for e in read_manifest(manifest) if e.split == split and e.target]
     if not entries:
-        raise ValueError(f"{manifest} has no val triplets with targets")
+        raise ValueError(f"{manifest} has no {split} triplets with targets")
     root = manifest.parent
     return [Triplet(*(load_image(root / getattr(e, k)) for k in ("content", "style", "target"))) for e in entries[:n]]
 
 
 def _batch(images, size: int) -> torch.Tensor:
     return torch.stack([pil_to_tensor(im.resize((size, size))) for im in images])
+
+
+def choose_sampling(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0) -> tuple[dict, dict[str, float]]:
+    """The candidate top-k/top-p with the best SSIM to the target on `triplets` (training ones, so the
+    held-out evaluation stays unbiased), and every candidate's score."""
+    from stylevar.metrics import compute
+
+    S = pipe.image_size
+    target = _batch([t.target for t in triplets], S)
+    scores = {}
+    for cand in SAMPLING_CANDIDATES:
+        out = pipe.stylize_batch([t.content for t in triplets], [t.style for t in triplets],
+                                 seeds=[seed + i for i in range(len(triplets))], **cand)
+        scores[f"top_k={cand['top_k']}, top_p={cand['top_p']}"] = float(
+            compute("ssim", _batch(out, S), target, target, target).mean())
+    best = max(range(len(SAMPLING_CANDIDATES)), key=lambda i: list(scores.values())[i])
+    return dict(SAMPLING_CANDIDATES[best]), scores
 
 
 def evaluate(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0, batch_size: int = 16) -> dict[str, dict]:
@@ -101,7 +123,7 @@ def table_markdown(table: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def model_card(pipe: StylePipeline, table: dict, n: int, timings: dict, dtype: str) -> str:
+def model_card(pipe: StylePipeline, table: dict, n: int, timings: dict, dtype: str, sampling: dict) -> str:
     tr, vq = pipe.config.transformer, pipe.config.tokenizer
     params = sum(p.numel() for p in pipe.model.parameters())
     stages = "\n".join(f"| {k} | {v.get('seconds', 0) / 60:.1f} min | `{v.get('command', '')}` |"
@@ -134,6 +156,7 @@ published checkpoints with `stylevar convert`.
 | transformer | depth {tr.depth}, width {tr.embed_dim}, {tr.num_heads} heads, {tr.image_encoder} image encoders, alphas {list(tr.alpha_nums)} |
 | parameters | {params / 1e6:.2f} M (tokenizer included) |
 | stored as | safetensors, {dtype} |
+| recommended sampling | top-k {pipe.config.generation.get("top_k")}, top-p {pipe.config.generation.get("top_p")} (config.json `generation`; callers may override) |
 
 ## Evaluation
 {n} held-out synthetic triplets (val split of the training data, never trained on); metrics against the
@@ -143,6 +166,9 @@ the content's Lab mean and standard deviation to the style's. Seconds per image:
 {timings.get('eval_device', 'cpu')}, batch 16.
 
 {table_markdown(table)}
+
+The recommended sampling settings were chosen before this evaluation, by SSIM on {sampling.get("n", 0)} training
+triplets: {"; ".join(f"{k}: {v:.4f}" for k, v in sampling.get("scores", {}).items())}.
 
 ## Training
 Recipe: `scripts/train_demo_model.sh` (seed {timings.get('seed', 0)}); it reproduces this model from scratch.
@@ -168,22 +194,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     pipe = StylePipeline.from_pretrained(args.model, device="cpu")
-    triplets = load_val_triplets(args.data, args.n)
+    calibration = load_triplets(args.data, 32, split="train")
+    pipe.config.generation, scores = choose_sampling(pipe, calibration, args.seed)
+    print(f"sampling: {pipe.config.generation} ({scores})")
+    triplets = load_triplets(args.data, args.n)
     table = evaluate(pipe, triplets, args.seed)
 
     # float16 storage if it keeps the evaluation (same seeds) within 0.002 SSIM
     with tempfile.TemporaryDirectory() as tmp:
         pipe.save_pretrained(tmp, dtype=torch.float16)
-        half = StylePipeline.from_pretrained(tmp, device="cpu")
+        half = StylePipeline.from_pretrained(tmp, device="cpu")  # keeps the chosen sampling settings
         half_ssim = evaluate(half, triplets, args.seed)["model"]["ssim"]
     use_fp16 = math.isfinite(half_ssim) and abs(half_ssim - table["model"]["ssim"]) < 0.002
     timings = json.loads(args.timings.read_text()) if args.timings and args.timings.is_file() else {}
     timings.setdefault("eval_device", "cpu")
     pipe.config.demo = True
     pipe.config.name = "stylevar-demo"
+    sampling = {"n": len(calibration), "scores": scores}
     pipe.config.extra = {"evaluation": table, "n_eval": len(triplets), "fp16_ssim": half_ssim,
-                         "training": timings}
-    card = model_card(pipe, table, len(triplets), timings, "float16" if use_fp16 else "float32")
+                         "sampling_selection": sampling, "training": timings}
+    card = model_card(pipe, table, len(triplets), timings, "float16" if use_fp16 else "float32", sampling)
     pipe.save_pretrained(args.out, dtype=torch.float16 if use_fp16 else None, model_card=card)
     print(table_markdown(table))
     print(f"wrote {args.out} ({'float16' if use_fp16 else 'float32'}; fp16 SSIM {half_ssim:.4f} vs "

@@ -59,8 +59,8 @@ class StylizeOptions:
 
     style_strength: float = 0.0
     seed: int | None = None
-    top_k: int = 900
-    top_p: float = 0.96
+    top_k: int | None = None  # None: the model's recommended value
+    top_p: float | None = None
     num_samples: int = 1
     alphas: tuple[float, ...] | None = None  # one per scale; None: the model's own
     resize: ResizeMode = "stretch"
@@ -69,8 +69,6 @@ class StylizeOptions:
     def form(self) -> dict[str, str]:
         fields = {
             "style_strength": repr(float(self.style_strength)),
-            "top_k": str(int(self.top_k)),
-            "top_p": repr(float(self.top_p)),
             "num_samples": str(int(self.num_samples)),
             "resize": self.resize,
             "preserve_color": "true" if self.preserve_color else "false",
@@ -78,6 +76,10 @@ class StylizeOptions:
         }
         if self.seed is not None:
             fields["seed"] = str(int(self.seed))
+        if self.top_k is not None:
+            fields["top_k"] = str(int(self.top_k))
+        if self.top_p is not None:
+            fields["top_p"] = repr(float(self.top_p))
         if self.alphas is not None:
             fields["alphas"] = ",".join(repr(float(a)) for a in self.alphas)
         return fields

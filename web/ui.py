@@ -22,6 +22,7 @@ from .client import Preview, Result, ServiceClient, ServiceError, StylizeOptions
 
 MAX_SEED = 2**32 - 1
 MAX_SCALES = 16  # alpha sliders kept ready; those beyond the model's scale count stay hidden
+DEFAULT_TOP_K, DEFAULT_TOP_P = 900, 0.96  # generate()'s own, for a model that recommends none
 RESIZE_MODES = ("stretch", "crop", "pad")
 CSS = """
 #preview img { image-rendering: pixelated; width: 100%; height: 100%; object-fit: contain; }
@@ -94,11 +95,14 @@ class StyleVARUI:
 
     # ---- handlers ---------------------------------------------------------------------------------
     def on_load(self) -> list[Any]:
-        """Model panel and the per-scale alpha sliders (labels, model defaults, visibility)."""
+        """Model panel, the model's recommended top-k/top-p and the per-scale alpha sliders."""
         try:
             info = self.client.model_info()
         except ServiceError as e:
-            return [f"**Model: unknown.** {e.message}"] + [gr.update(visible=False)] * MAX_SCALES
+            return [f"**Model: unknown.** {e.message}", gr.update(), gr.update()] + [gr.update(visible=False)] * MAX_SCALES
+        generation = info.get("config", {}).get("generation", {})
+        top_k = gr.update(value=generation.get("top_k", DEFAULT_TOP_K))
+        top_p = gr.update(value=generation.get("top_p", DEFAULT_TOP_P))
         patch_nums, defaults = info.get("patch_nums", []), info.get("default_alphas", [])
         sliders = []
         for k in range(MAX_SCALES):
@@ -108,7 +112,7 @@ class StyleVARUI:
                 sliders.append(gr.update(visible=True, value=value, label=label))
             else:
                 sliders.append(gr.update(visible=False))
-        return [model_markdown(info)] + sliders
+        return [model_markdown(info), top_k, top_p] + sliders
 
     def stylize(self, content: str | None, style: str | None, style_strength: float, seed: float | None,
                 top_k: float, top_p: float, num_samples: float, preserve_color: bool, resize: str,
@@ -183,9 +187,9 @@ class StyleVARUI:
                         dice = gr.Button("Randomise seed", scale=0, min_width=110, elem_id="randomise-seed")
                     with gr.Accordion("Advanced", open=False):
                         with gr.Row():
-                            top_k = gr.Number(value=900, precision=0, minimum=0, label="Top-k",
-                                              info="0 switches it off")
-                            top_p = gr.Slider(0.0, 1.0, value=0.96, step=0.01, label="Top-p",
+                            top_k = gr.Number(value=DEFAULT_TOP_K, precision=0, minimum=0, label="Top-k",
+                                              info="0 switches it off; starts at the model's recommended value")
+                            top_p = gr.Slider(0.0, 1.0, value=DEFAULT_TOP_P, step=0.01, label="Top-p",
                                               info="0 or 1 switches it off")
                             samples = gr.Slider(1, 4, value=1, step=1, label="Number of samples",
                                                 info="sample i uses seed + i")
@@ -225,7 +229,7 @@ class StyleVARUI:
                     gr.Markdown(("" if adain_ok else "**AdaIN disabled:** ") + self.baseline_status.reason,
                                 elem_id="adain-status")
 
-            demo.load(self.on_load, outputs=[model_panel, *alpha_sliders], api_visibility="private")
+            demo.load(self.on_load, outputs=[model_panel, top_k, top_p, *alpha_sliders], api_visibility="private")
             dice.click(lambda: random.randint(0, MAX_SEED), outputs=seed, api_visibility="private")
             event = run.click(
                 self.stylize,
