@@ -4,6 +4,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -78,3 +82,43 @@ def micro_pipeline():
 @pytest.fixture(scope="session")
 def micro_model_dir(tmp_path_factory, micro_pipeline):
     return micro_pipeline.save_pretrained(tmp_path_factory.mktemp("micro_model"))
+
+
+@pytest.fixture
+def one_thread():
+    """The machine is shared: one intra-op thread keeps small training runs fast and repeatable."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def single_thread_env() -> dict[str, str]:
+    """Environment for training subprocesses: one thread each, warnings off."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+
+
+def run_recipe(module: str, args: list, run_dir: Path, *, kill_at_step: int | None = None,
+               timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run `python -m module args` to the end. With `kill_at_step`, first start it, SIGKILL it as soon as
+    that step's checkpoint appears (checking that it really was interrupted), then run the same command
+    again, which must resume; returns the completed (resumed) run."""
+    cmd = [sys.executable, "-m", module, *map(str, args)]
+    repo = Path(__file__).resolve().parents[1]
+    if kill_at_step is not None:
+        proc = subprocess.Popen(cmd, cwd=repo, env=single_thread_env(), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        ckpt = run_dir / "checkpoints" / f"step-{kill_at_step:08d}.pt"
+        deadline = time.time() + timeout
+        while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert ckpt.exists(), "the checkpoint to kill at never appeared"
+        assert proc.returncode == -signal.SIGKILL
+        assert not (run_dir / "final").exists(), "the run finished before the kill: nothing was tested"
+    done = subprocess.run(cmd, cwd=repo, env=single_thread_env(), capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    if kill_at_step is not None:
+        assert f"resumed from step {kill_at_step}" in done.stderr
+    return done

@@ -4,10 +4,7 @@ rewards, input errors."""
 from __future__ import annotations
 
 import math
-import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +13,7 @@ import torch
 from data_tools.synth import SynthConfig, generate
 from stylevar.lora import LoRAConfig, attach_lora, lora_modules, lora_parameters, snapshot_lora
 from stylevar.pipeline import StylePipeline
-from tests.conftest import micro_configs
+from tests.conftest import micro_configs, run_recipe, single_thread_env
 from tests.test_lora import lively
 from training import grpo, loop
 from training.data import collate_triplets, open_triplets
@@ -28,16 +25,10 @@ PY = REPO / ".venv" / "bin" / "python"
 PAPER_TABLE = (0.0337, 0.0128, 0.0072, 0.0048, 0.0035, 0.0027, 0.0018, 0.0013, 0.0009, 0.0007)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+_env = single_thread_env
 
 
 @pytest.fixture(scope="module")
@@ -308,25 +299,10 @@ def test_run_logs_and_writes_a_merged_model_dir(setup, tmp_path, capsys):
 def test_resume_after_kill_9_continues_exactly(setup, tmp_path):
     steps, half = 10, 5
     common = ("--save-every", half, "--merge-patience", 1, "--merge-cooldown", 3, "--merge-min-gain", -10)
-    full = subprocess.run([str(PY), "-m", "training.grpo", *_args(setup, tmp_path / "full", steps, *common)],
-                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
-    assert full.returncode == 0, full.stderr[-3000:]
-
+    run_recipe("training.grpo", _args(setup, tmp_path / "full", steps, *common), tmp_path / "full")
+    run_recipe("training.grpo", _args(setup, tmp_path / "killed", steps, *common), tmp_path / "killed",
+               kill_at_step=half)
     cmd = [str(PY), "-m", "training.grpo", *_args(setup, tmp_path / "killed", steps, *common)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ckpt = tmp_path / "killed" / "checkpoints" / f"step-{half:08d}.pt"
-    deadline = time.time() + 240
-    while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert ckpt.exists(), "the half-way checkpoint never appeared"
-    assert proc.returncode == -signal.SIGKILL
-    assert not (tmp_path / "killed" / "final").exists(), "the run finished before the kill: nothing was tested"
-
-    again = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert f"resumed from step {half}" in again.stderr
     from safetensors.torch import load_file
 
     a = load_file(str(tmp_path / "full" / "final" / "transformer.safetensors"))

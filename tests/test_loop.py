@@ -30,13 +30,7 @@ from training.loop import (
 CPU1 = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The machine is shared: one intra-op thread keeps these small runs fast and repeatable."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _env(rank: int, world: int) -> DistEnv:

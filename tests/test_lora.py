@@ -17,12 +17,7 @@ from stylevar.pipeline import StylePipeline
 from tests.conftest import micro_configs
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def lively(model):

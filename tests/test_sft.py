@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +16,7 @@ from stylevar.checkpoints import load_safetensors
 from stylevar.config import StyleVARConfig, VQVAEConfig
 from stylevar.tokenizer import MultiScaleVQVAE
 from training import loop, sft
+from tests.conftest import run_recipe, single_thread_env
 from training.vqvae import write_tokenizer_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,17 +30,10 @@ TRANS = dict(depth=2, embed_dim=64, num_heads=2, patch_nums=[1, 2, 4], vocab_siz
              alpha_nums=[0.2, 0.5, 0.7], image_encoder="cnn", encoder_dim=32)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The machine is shared: one intra-op thread keeps these small runs fast and repeatable."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+_env = single_thread_env
 
 
 @pytest.fixture(scope="module")
@@ -95,25 +86,9 @@ def test_sft_trains_logs_and_writes_a_model_dir(setup, tmp_path):
 def test_resume_after_kill_9_is_bitwise_exact(setup, tmp_path):
     steps, half = 40, 20
     common = ("--batch-size", 4, "--save-every", half, "--log-every", 5, "--alpha-jitter", 0.1)
-    full = subprocess.run([str(PY), "-m", "training.sft", *_args(setup, tmp_path / "full", steps, *common)],
-                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
-    assert full.returncode == 0, full.stderr[-3000:]
-
-    cmd = [str(PY), "-m", "training.sft", *_args(setup, tmp_path / "killed", steps, *common)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ckpt = tmp_path / "killed" / "checkpoints" / f"step-{half:08d}.pt"
-    deadline = time.time() + 240
-    while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert ckpt.exists(), "the half-way checkpoint never appeared"
-    assert proc.returncode == -signal.SIGKILL
-    assert not (tmp_path / "killed" / "final").exists(), "the run finished before the kill: nothing was tested"
-
-    again = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert f"resumed from step {half}" in again.stderr
+    run_recipe("training.sft", _args(setup, tmp_path / "full", steps, *common), tmp_path / "full")
+    run_recipe("training.sft", _args(setup, tmp_path / "killed", steps, *common), tmp_path / "killed",
+               kill_at_step=half)
     a, b = _weights(tmp_path / "full"), _weights(tmp_path / "killed")
     assert a.keys() == b.keys()
     for k in a:
@@ -124,7 +99,7 @@ def test_resume_after_kill_9_is_bitwise_exact(setup, tmp_path):
     # the same RUN with another setting is refused before any work
     before = (tmp_path / "killed" / "log.jsonl").read_text()
     with pytest.raises(SystemExit, match=r"different configuration \(lr: 0.0005 -> 0.001\)"):
-        sft.main([*cmd[3:], "--lr", "1e-3"])
+        sft.main([*_args(setup, tmp_path / "killed", steps, *common), "--lr", "1e-3"])
     assert (tmp_path / "killed" / "log.jsonl").read_text() == before
 
 

@@ -40,7 +40,7 @@ class Triplet:
 
 
 SAMPLING_CANDIDATES = ({"top_k": 900, "top_p": 0.96}, {"top_k": 100, "top_p": 0.9}, {"top_k": 20, "top_p": 0.8},
-                       {"top_k": 5, "top_p": 0.7})
+                       {"top_k": 5, "top_p": 0.7}, {"top_k": 2, "top_p": 0.5})
 
 
 def load_triplets(manifest: Path, n: int, split: str = "val") -> list[Triplet]:

@@ -65,6 +65,8 @@ def make_adamw(
         g.pop("names")
     if not groups:
         raise ValueError("the model has no trainable parameters")
+    if fused is None:  # the fused kernel when every parameter lives on a GPU (one launch per step)
+        fused = all(p.is_cuda for g in groups for p in g["params"])
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
 
 
