@@ -1,0 +1,45 @@
+"""The shipped demo model: loads offline by default, is labelled, and moves colours toward the style."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from stylevar.pipeline import DEMO_LABEL, DEMO_MODEL_DIR, StylePipeline
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "stylevar" / "assets" / "examples"
+
+
+def test_demo_model_is_shipped_small_and_labelled():
+    files = {p.name for p in DEMO_MODEL_DIR.iterdir()}
+    assert {"config.json", "tokenizer.safetensors", "transformer.safetensors", "README.md"} <= files
+    assert sum(p.stat().st_size for p in DEMO_MODEL_DIR.iterdir()) < 30 * 2**20
+    cfg = json.loads((DEMO_MODEL_DIR / "config.json").read_text())
+    assert cfg["demo"] is True
+    pipe = StylePipeline.from_pretrained(device="cpu")  # the default is the demo model
+    assert pipe.config.demo and pipe.config.label == DEMO_LABEL
+    card = (DEMO_MODEL_DIR / "README.md").read_text()
+    assert "demo" in card and "copy-content" in card and "reinhard" in card
+    ev = cfg["extra"]["evaluation"]
+    assert ev["model"]["ssim"] > ev["copy-content"]["ssim"], "the demo model must beat copy-content on SSIM"
+
+
+def _mean_colour(path: Path) -> np.ndarray:
+    return np.asarray(Image.open(path).convert("RGB"), dtype=np.float64).reshape(-1, 3).mean(0)
+
+
+def test_stylize_cli_on_examples_moves_colour_toward_style(tmp_path):
+    content, style = EXAMPLES / "content_horizon.png", EXAMPLES / "style_dots.png"
+    out = tmp_path / "out.png"
+    env_offline = {"HF_HUB_OFFLINE": "1", "NO_PROXY": "*", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-m", "stylevar.cli", "stylize", str(content), str(style), "-o", str(out),
+                           "--seed", "0"], capture_output=True, text=True, env=env_offline, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert DEMO_LABEL in proc.stderr
+    assert Image.open(out).size == Image.open(content).size
+    s = _mean_colour(style)
+    assert np.linalg.norm(_mean_colour(out) - s) < np.linalg.norm(_mean_colour(content) - s)
