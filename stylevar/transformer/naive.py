@@ -1,9 +1,10 @@
 """The naive blend, kept as a baseline for `stylevar bench --naive` and as a second implementation that
 the fast path is tested against.
 
-It does what a direct transcription of the method does: full Q/K/V projections for the target, style
-and content streams, two attention calls per block (style queries, content queries), two output
-projections blended afterwards, and a generation cache grown by concatenation at every scale. With the
+It does what a direct transcription of the method does: two independent cross-attention calls per block
+(style queries, content queries), each projecting its guide stream and the target with the full Q/K/V
+matrix, two output projections blended afterwards, AdaLN recomputed at every call, and a generation cache
+per call grown by concatenation at every scale. With the
 same weights it computes the same numbers as `StyleVAR`, only with more work.
 """
 from __future__ import annotations
@@ -29,16 +30,18 @@ def _full_qkv(blk: Block, h_BLC: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return q, k, v
 
 
-def naive_block(blk: Block, x, cond_BD, style_ln, content_ln, alpha_Bl1, mask_lL=None, cache=None):
+def naive_block(blk: Block, x, cond_BD, style_ln, content_ln, alpha_Bl1, mask_lL=None, caches=None):
+    """One block as two independent full cross-attention calls (style, then content), each projecting
+    its guide stream and the target with the full Q/K/V matrix and keeping its own concatenated cache."""
     g1, g2, s1, s2, b1, b2 = blk.modulation(cond_BD)  # recomputed at every call, as a transcription does
     h = F.layer_norm(x, (blk.dim,), eps=blk.eps) * (1 + s1) + b1
-    _, k, v = _full_qkv(blk, h)
-    if cache is not None:
-        if cache:
-            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
-        cache[:] = [k, v]
     outs = []
-    for stream in (style_ln, content_ln):
+    for i, stream in enumerate((style_ln, content_ln)):
+        _, k, v = _full_qkv(blk, h)  # the target, projected again for each call
+        if caches is not None:
+            if caches[i]:
+                k, v = torch.cat([caches[i][0], k], dim=2), torch.cat([caches[i][1], v], dim=2)
+            caches[i] = [k, v]
         q, _, _ = _full_qkv(blk, stream * (1 + s1) + b1)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_lL, scale=blk.attn.scale)
         outs.append(blk.attn.proj(o.transpose(1, 2).flatten(2)))
@@ -75,7 +78,7 @@ def naive_sample_tokens(model: StyleVAR, cond: Condition, generators, alpha_K, t
     n = tok.latent_size
     lvl_pos = model.lvl_pos()
     alpha_K = model.blend_alphas()
-    caches: list[list[torch.Tensor]] = [[] for _ in model.blocks]
+    caches: list[list] = [[[], []] for _ in model.blocks]  # per block: one cache per attention call
     f_hat = torch.zeros(B, model.cfg.z_channels, n, n, device=device)
     x = cond.sos_B1C.expand(B, -1, -1) + lvl_pos[:, : patch_nums[0] ** 2]
     indices, start = [], 0
