@@ -117,7 +117,7 @@ def test_step_zero_old_equals_new_and_every_ratio_is_one(setup):
     r = t.rollout(_batch(setup), step=1)
     t.reference_logprobs(r)
     with grpo.fp32_policy(t.model):
-        logits = t.model.teacher_forcing_logits(r.content, r.style, r.tokens)
+        logits = t.model.teacher_forcing_logits(r.content, r.style, r.tokens, cond=r.cond)
     new = grpo.token_logprobs(logits, torch.cat(r.tokens, 1))
     assert new.requires_grad
     assert torch.equal(new.detach(), r.old)

@@ -59,7 +59,7 @@ import torch.distributed as dist
 from stylevar.lora import (LoRAConfig, attach_lora, lora_disabled, lora_parameters, merge_lora, restore_lora,
                            snapshot_lora, unload_lora)
 from stylevar.pipeline import PipelineConfig, StylePipeline
-from stylevar.transformer import StyleVAR
+from stylevar.transformer import Condition, StyleVAR
 from training import loop
 from training.data import collate_triplets, open_triplets
 from training.optim import ScheduleConfig, make_adamw, two_level_scheduler
@@ -135,8 +135,10 @@ def fp32_policy(model: StyleVAR):
 
 
 def sampled_logprobs(model: StyleVAR, content: torch.Tensor, style: torch.Tensor, tokens: list[torch.Tensor],
-                     *, style_strength: float = 0.0, chunk: int = 0) -> torch.Tensor:
-    """log p of the sampled tokens (N, L) by fp32 teacher forcing, without grad (`old` and `ref`)."""
+                     *, style_strength: float = 0.0, chunk: int = 0, cond: Condition | None = None) -> torch.Tensor:
+    """log p of the sampled tokens (N, L) by fp32 teacher forcing, without grad (`old` and `ref`).
+
+    `cond`: the rows' precomputed condition (LoRA leaves the encoders alone, so it is shared by every pass)."""
     N = content.shape[0]
     step = chunk or N
     out = []
@@ -144,7 +146,8 @@ def sampled_logprobs(model: StyleVAR, content: torch.Tensor, style: torch.Tensor
         for s in range(0, N, step):
             idx = [t[s:s + step] for t in tokens]
             logits = model.teacher_forcing_logits(content[s:s + step], style[s:s + step], idx,
-                                                  style_strength=style_strength)
+                                                  style_strength=style_strength,
+                                                  cond=None if cond is None else cond.rows(s, s + step))
             out.append(token_logprobs(logits, torch.cat(idx, 1)))
     return torch.cat(out)
 
@@ -268,6 +271,7 @@ class Rollouts:
     advantages: torch.Tensor  # (N,) on the device
     old: torch.Tensor | None = None  # (N, L)
     ref: torch.Tensor | None = None  # (N, L)
+    cond: Condition | None = None  # the rows' condition, computed once per triplet (fp32)
 
 
 def _all_reduce_max(x: float, env: loop.DistEnv) -> float:
@@ -291,7 +295,7 @@ class GRPOTrainer:
 
     # ---- rollouts ------------------------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, content: torch.Tensor, style: torch.Tensor, seeds: list[int]
+    def generate(self, content: torch.Tensor, style: torch.Tensor, seeds: list[int], cond: Condition | None = None
                  ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Images (N, 3, S, S) in [0, 1] and tokens for N rows with one seed each."""
         cfg, N = self.cfg, content.shape[0]
@@ -299,7 +303,8 @@ class GRPOTrainer:
         step = (cfg.rollout_chunk or N) if cfg.batched_rollouts else 1
         images, tokens = [], []
         for s in range(0, N, step):
-            img, idx = self.model.generate(content[s:s + step], style[s:s + step], seed=seeds[s:s + step], **kw)
+            img, idx = self.model.generate(content[s:s + step], style[s:s + step], seed=seeds[s:s + step],
+                                           cond=None if cond is None else cond.rows(s, s + step), **kw)
             images.append(img.float())
             tokens.append(idx)
         return torch.cat(images), [torch.cat(t) for t in zip(*tokens)]
@@ -313,19 +318,21 @@ class GRPOTrainer:
         seeds = [rollout_seed(self.cfg.seed, step, i)
                  for i in rollout_indices(batch["content"].shape[0], G, env.rank, env.world_size)]
         t0 = time.perf_counter()
-        images, tokens = self.generate(content, style, seeds)
+        with torch.no_grad(), fp32_policy(self.model):  # once per triplet, shared by the G rows and every pass
+            cond = self.model.condition(batch["content"], batch["style"]).repeat_interleave(G)
+        images, tokens = self.generate(content, style, seeds, cond)
         t1 = time.perf_counter()
         target = batch["target"].repeat_interleave(G, 0).add(1).mul(0.5).clamp(0, 1)
         rewards = self.reward(images, content.add(1).mul(0.5).clamp(0, 1), style.add(1).mul(0.5).clamp(0, 1),
                               target).float().cpu()
         self.timing = {"t_rollout": t1 - t0, "t_reward": time.perf_counter() - t1}
         adv = group_advantages(rewards.view(-1, G), self.cfg.adv_eps).view(-1)
-        return Rollouts(content, style, tokens, images, rewards, adv.to(content.device))
+        return Rollouts(content, style, tokens, images, rewards, adv.to(content.device), cond=cond)
 
     # ---- policy terms -------------------------------------------------------------------------
     def reference_logprobs(self, r: Rollouts) -> None:
         """r.old (current policy) and r.ref (LoRA off), no grad, fp32."""
-        kw = dict(style_strength=self.cfg.style_strength, chunk=self.cfg.tf_chunk)
+        kw = dict(style_strength=self.cfg.style_strength, chunk=self.cfg.tf_chunk, cond=r.cond)
         r.old = sampled_logprobs(self.model, r.content, r.style, r.tokens, **kw)
         with lora_disabled(self.model):
             r.ref = sampled_logprobs(self.model, r.content, r.style, r.tokens, **kw)
@@ -342,7 +349,8 @@ class GRPOTrainer:
                 e = min(s + step, N)
                 idx = [t[s:e] for t in r.tokens]
                 logits = self.model.teacher_forcing_logits(r.content[s:e], r.style[s:e], idx,
-                                                           style_strength=cfg.style_strength)
+                                                           style_strength=cfg.style_strength,
+                                                           cond=None if r.cond is None else r.cond.rows(s, e))
                 new = token_logprobs(logits, torch.cat(idx, 1))
                 pg, ratio = clipped_policy_loss(new, r.old[s:e], r.advantages[s:e], cfg.clip_eps)
                 kl = k3_kl(r.ref[s:e], new)

@@ -93,6 +93,14 @@ class Condition:
     style_ln_BLC: torch.Tensor  # LayerNorm'ed style token stream
     content_ln_BLC: torch.Tensor  # LayerNorm'ed content token stream
 
+    def rows(self, start: int, end: int) -> "Condition":
+        return Condition(*(t[start:end] for t in (self.cond_BD, self.sos_B1C, self.style_ln_BLC, self.content_ln_BLC)))
+
+    def repeat_interleave(self, n: int) -> "Condition":
+        """Each row n times (the G rollouts of a group share their pair's condition)."""
+        return Condition(*(t.repeat_interleave(n, 0)
+                           for t in (self.cond_BD, self.sos_B1C, self.style_ln_BLC, self.content_ln_BLC)))
+
 
 class StyleVAR(nn.Module):
     def __init__(self, cfg: StyleVARConfig, tokenizer: MultiScaleVQVAE):
@@ -207,19 +215,23 @@ class StyleVAR(nn.Module):
     # ---- teacher forcing ----------------------------------------------------------------------
     def teacher_forcing_logits(
         self,
-        content: torch.Tensor,
-        style: torch.Tensor,
+        content: torch.Tensor | None,
+        style: torch.Tensor | None,
         target_indices: list[torch.Tensor],
         *,
         alphas: Sequence[float] | torch.Tensor | None = None,
         style_strength: float = 0.0,
+        cond: Condition | None = None,
     ) -> torch.Tensor:
-        """Logits (B, L, V) float32 for every target token given the true coarser scales."""
-        with self._autocast(content.device):
-            cond = self.condition(content, style)
+        """Logits (B, L, V) float32 for every target token given the true coarser scales.
+
+        `cond` (from `condition(content, style)`) may be passed instead of the images when it is reused.
+        """
+        with self._autocast(target_indices[0].device):
+            cond = cond if cond is not None else self.condition(content, style)
             with torch.no_grad():
                 x_in = self.tokenizer.quantize.next_scale_inputs(target_indices, self.tokenizer.latent_size)
-            x = torch.cat([cond.sos_B1C.expand(content.shape[0], -1, -1), self.word_embed(x_in)], dim=1)
+            x = torch.cat([cond.sos_B1C.expand(x_in.shape[0], -1, -1), self.word_embed(x_in)], dim=1)
             x = x + self.lvl_pos()
             alpha_1L1 = self.blend_alphas(alphas, style_strength)[self.lvl_L].view(1, -1, 1)
             for blk in self.blocks:
@@ -245,15 +257,20 @@ class StyleVAR(nn.Module):
         alphas: Sequence[float] | torch.Tensor | None = None,
         on_scale: Callable[[int, torch.Tensor], None] | None = None,
         return_indices: bool = False,
+        cond: Condition | None = None,
     ):
-        """Sample the target coarse to fine. Images (B, 3, H, W) in [0, 1] (and the token maps)."""
-        B, device = content.shape[0], content.device
-        if style.shape[0] != B:
-            raise ValueError(f"content batch {B} and style batch {style.shape[0]} differ")
+        """Sample the target coarse to fine. Images (B, 3, H, W) in [0, 1] (and the token maps).
+
+        `cond` (from `condition(content, style)`) may be passed instead of the images when it is reused.
+        """
+        if cond is None and style.shape[0] != content.shape[0]:
+            raise ValueError(f"content batch {content.shape[0]} and style batch {style.shape[0]} differ")
+        B = cond.cond_BD.shape[0] if cond is not None else content.shape[0]
+        device = cond.cond_BD.device if cond is not None else content.device
         generators = make_generators(seed, B, device)
         alpha_K = self.blend_alphas(alphas, style_strength)
         with self._autocast(device):
-            cond = self.condition(content, style)
+            cond = cond if cond is not None else self.condition(content, style)
             f_hat, indices = self.sample_tokens(cond, generators, alpha_K, top_k, top_p, on_scale)
             images = self.tokenizer.decode_fhat(f_hat).float().add(1).mul(0.5)
         return (images, indices) if return_indices else images
