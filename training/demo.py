@@ -75,7 +75,6 @@ def choose_sampling(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0)
 def evaluate(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0, batch_size: int = 16) -> dict[str, dict]:
     """Mean of each metric per method, and the model's seconds per image."""
     from stylevar.metrics import MetricSuite
-    from stylevar.weights import MissingWeightError
 
     S = pipe.image_size
     outputs: dict[str, list] = {"model": [], "copy-content": [], "reinhard": []}
@@ -89,14 +88,7 @@ def evaluate(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0, batch_
     outputs["reinhard"] = [reinhard_transfer(t.content, t.style) for t in triplets]
 
     content, style, target = (_batch([getattr(t, k) for t in triplets], S) for k in ("content", "style", "target"))
-    names = list(BASE_METRICS)
-    for name in OPTIONAL_METRICS:
-        try:
-            MetricSuite((name,))
-            names.append(name)
-        except MissingWeightError:
-            pass
-    suite = MetricSuite(tuple(names))
+    suite = MetricSuite(BASE_METRICS + OPTIONAL_METRICS, allow_missing=True)  # optional ones only with weights
     style_mean = style.mean(dim=(2, 3))
     table = {}
     for method, images in outputs.items():
