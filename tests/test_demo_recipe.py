@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +18,7 @@ MICRO = {"COUNT": "40", "VQ_STEPS": "3", "SFT_STEPS": "3", "GRPO_STEPS": "2", "S
 
 def _recipe(root: Path, out: Path) -> subprocess.CompletedProcess:
     env = {**single_thread_env(), **MICRO, "PYTHON": sys.executable, "OUT": str(out)}
-    done = subprocess.run(["bash", "scripts/train_demo_model.sh", str(root)], cwd=REPO, env=env,
+    done = subprocess.run(["bash", "scripts/train_demo_model.sh", str(root)], cwd=REPO, env=env, check=False,
                           capture_output=True, text=True, timeout=600)
     # A micro model cannot beat copy-content: the export is still written, the recipe then exits 1 and says so.
     assert done.returncode == 0 or (done.returncode == 1 and "does not beat copy-content" in done.stderr), \

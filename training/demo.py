@@ -25,8 +25,8 @@ import torch
 
 from stylevar.baselines.reinhard import reinhard_transfer
 from stylevar.images import load_image, pil_to_tensor
-from stylevar.pipeline import DEMO_LABEL, StylePipeline
 from stylevar.manifest import read_manifest
+from stylevar.pipeline import DEMO_LABEL, StylePipeline
 
 BASE_METRICS = ("ssim",)
 OPTIONAL_METRICS = ("lpips", "dreamsim", "clip")
