@@ -138,9 +138,8 @@ in the palette and texture of procedural styles (stripes, dots, noise, strokes, 
 ## What it cannot do
 Real photographs and artworks are far outside its training data: it will still move colours toward the
 style, but expect blotchy, low-detail output. It works at {vq.image_size} x {vq.image_size} pixels; larger
-inputs are resized to that and the result is scaled back up (docs/training.md says why this size: the
-recipe at 128 px measured over three times its CPU budget). For real style transfer, convert the
-published checkpoints with `stylevar convert`.
+inputs are resized to that and the result is scaled back up (docs/training.md, "The demo model", says
+why this size). For real style transfer, convert the published checkpoints with `stylevar convert`.
 
 ## Model
 | | |
