@@ -45,6 +45,9 @@ from .middleware import ContentLengthLimit, RequestMiddleware
 from .schemas import MAX_SEED, ErrorBody, Health, ImageOut, ModelInfo, StylizeForm, StylizeResult
 from .settings import ServeSettings
 
+ContentUpload = Annotated[UploadFile, File(description="content image (JPEG, PNG, WebP)")]
+StyleUpload = Annotated[UploadFile, File(description="style image (JPEG, PNG, WebP)")]
+
 log = logging.getLogger("serve.app")
 
 IMAGE_ERROR_STATUS = {"not_an_image": 415, "corrupt_image": 422, "image_too_large": 413, "bad_image": 422}
@@ -394,8 +397,8 @@ def _add_routes(app: FastAPI, state: ServiceState) -> None:
     )
     async def stylize(
         request: Request,
-        content: Annotated[UploadFile, File(description="content image (JPEG, PNG, WebP)")],
-        style: Annotated[UploadFile, File(description="style image (JPEG, PNG, WebP)")],
+        content: ContentUpload,
+        style: StyleUpload,
         form: Annotated[StylizeForm, Form()],
     ) -> Response:
         """Re-draw `content` in the style of `style`."""
@@ -423,8 +426,8 @@ def _add_routes(app: FastAPI, state: ServiceState) -> None:
     )
     async def stylize_stream(
         request: Request,
-        content: Annotated[UploadFile, File(description="content image (JPEG, PNG, WebP)")],
-        style: Annotated[UploadFile, File(description="style image (JPEG, PNG, WebP)")],
+        content: ContentUpload,
+        style: StyleUpload,
         form: Annotated[StylizeForm, Form()],
     ) -> StreamingResponse:
         """Server-Sent Events: a `preview` event per scale, then a `result` event (as the JSON of /stylize)."""

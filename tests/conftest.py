@@ -84,6 +84,20 @@ def micro_model_dir(tmp_path_factory, micro_pipeline):
     return micro_pipeline.save_pretrained(tmp_path_factory.mktemp("micro_model"))
 
 
+def use_weight_cache(mp: pytest.MonkeyPatch, root: Path) -> tuple[Path, Path]:
+    """Point the weight cache at ``root``: STYLEVAR_HOME = root/sv, TORCH_HOME = root/th (not created)."""
+    sv, th = root / "sv", root / "th"
+    mp.setenv("STYLEVAR_HOME", str(sv))
+    mp.setenv("TORCH_HOME", str(th))
+    return sv, th
+
+
+@pytest.fixture
+def weight_homes(tmp_path, monkeypatch) -> tuple[Path, Path]:
+    """An empty weight cache for one test: (STYLEVAR_HOME, TORCH_HOME)."""
+    return use_weight_cache(monkeypatch, tmp_path)
+
+
 @pytest.fixture
 def one_thread():
     """The machine is shared: one intra-op thread keeps small training runs fast and repeatable."""

@@ -110,14 +110,13 @@ def test_paper_variant_uses_torchvision_vgg19(files, tmp_path):
     assert adain.stylize(content, style).shape == content.shape
 
 
-def test_registry_and_bad_files(files, tmp_path, monkeypatch):
-    monkeypatch.setenv("STYLEVAR_HOME", str(tmp_path / "sv"))
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "th"))
+def test_registry_and_bad_files(files, weight_homes):
+    sv, _ = weight_homes
     with pytest.raises(weights.MissingWeightError, match="decoder.pth"):
         AdaIN.from_registry()
-    (tmp_path / "sv").mkdir()
+    sv.mkdir()
     for src in files:
-        (tmp_path / "sv" / src.name).write_bytes(src.read_bytes())
+        (sv / src.name).write_bytes(src.read_bytes())
     assert AdaIN.from_registry().encoder_kind == "vgg_normalised"
     with pytest.raises(weights.MissingWeightError, match="vgg19-dcbb9e9d.pth"):
         AdaIN.from_registry("torchvision")

@@ -9,6 +9,7 @@ import pytest
 from PIL import Image
 
 from stylevar.cli import main
+from tests.conftest import use_weight_cache
 from tests.test_adain import DECODER_CONVS, VGG_NORMALISED_CONVS, write_standin
 from tests.test_metrics import write_torchvision
 
@@ -51,25 +52,17 @@ def data(tmp_path_factory):
     return {"paired": _manifest(root / "paired", 3, True), "unpaired": _manifest(root / "unpaired", 2, False)}
 
 
-@pytest.fixture
-def empty_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("STYLEVAR_HOME", str(tmp_path / "sv"))
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "th"))
-    return tmp_path
-
-
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     """VGG-19, VGG-16 and both AdaIN files as stand-ins; no DreamSim, no CLIP."""
     root = tmp_path_factory.mktemp("weights")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("STYLEVAR_HOME", str(root / "sv"))
-        mp.setenv("TORCH_HOME", str(root / "th"))
-        write_torchvision(root / "th", "vgg19", seed=10)
-        write_torchvision(root / "th", "vgg16", seed=11)
-        (root / "sv").mkdir()
-        write_standin(root / "sv" / "vgg_normalised.pth", VGG_NORMALISED_CONVS, 1, gain=1.5)
-        write_standin(root / "sv" / "decoder.pth", DECODER_CONVS, 2)
+        sv, th = use_weight_cache(mp, root)
+        write_torchvision(th, "vgg19", seed=10)
+        write_torchvision(th, "vgg16", seed=11)
+        sv.mkdir()
+        write_standin(sv / "vgg_normalised.pth", VGG_NORMALISED_CONVS, 1, gain=1.5)
+        write_standin(sv / "decoder.pth", DECODER_CONVS, 2)
         yield root
 
 
@@ -80,7 +73,7 @@ def _args(data, model_dir, out, *extra):
             "--no-warmup", *extra]
 
 
-def test_without_weights_exits_with_the_documented_message(data, micro_model_dir, empty_cache, tmp_path, capsys):
+def test_without_weights_exits_with_the_documented_message(data, micro_model_dir, weight_homes, tmp_path, capsys):
     rc = main(_args(data, micro_model_dir, tmp_path / "out"))
     err = capsys.readouterr().err
     assert rc == 3

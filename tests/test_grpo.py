@@ -377,11 +377,9 @@ def test_ssim_and_l1_rewards():
         RewardConfig("psnr")
 
 
-def test_weighted_rewards_fail_early_without_weights(tmp_path, monkeypatch):
+def test_weighted_rewards_fail_early_without_weights(weight_homes):
     from stylevar.weights import MissingWeightError
 
-    monkeypatch.setenv("STYLEVAR_HOME", str(tmp_path / "sv"))
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "th"))
     for name in ("dreamsim", "lpips", "clip"):
         with pytest.raises(MissingWeightError):
             Reward(RewardConfig(name))

@@ -186,7 +186,7 @@ def test_bad_requests_are_refused(model):
 
 
 def test_merge_lora_command(model, tmp_path, capsys):
-    """`stylevar merge-lora` on a checkpoint in the GRPO layout (training_state + args + pipeline config)."""
+    """`stylevar merge-lora` on a checkpoint in the GRPO layout (TrainingState.state_dict + args + pipeline config)."""
     pipe = StylePipeline.from_models(model, name="base")
     base_dir = pipe.save_pretrained(tmp_path / "base")
     inputs = _inputs(model)

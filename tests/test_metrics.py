@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from stylevar import metrics, weights
 from stylevar.metrics.ssim import gaussian_window, ssim, ssim_standard
 from stylevar.metrics.vgg import CONTENT_LAYER, STYLE_LAYERS, VGGLosses, gram_matrix
+from tests.conftest import use_weight_cache
 
 DINO_BACKBONE_URL = "https://dl.fbaipublicfiles.com/dino/dino_vitbase16_pretrain/dino_vitbase16_pretrain.pth"
 
@@ -150,8 +151,7 @@ def env(tmp_path_factory):
     """STYLEVAR_HOME and TORCH_HOME point at an empty temporary cache for the module."""
     root = tmp_path_factory.mktemp("weights")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("STYLEVAR_HOME", str(root / "stylevar"))
-        mp.setenv("TORCH_HOME", str(root / "torch"))
+        use_weight_cache(mp, root)
         yield root
 
 
@@ -159,15 +159,15 @@ def env(tmp_path_factory):
 def cache(env):
     """Stand-ins of the torchvision files: VGG-19, VGG-16, AlexNet."""
     for i, name in enumerate(("vgg19", "vgg16", "alexnet")):
-        write_torchvision(env / "torch", name, seed=10 + i)
+        write_torchvision(env / "th", name, seed=10 + i)
     return env
 
 
 @pytest.fixture(scope="module")
 def full_cache(cache):
     """Plus the DreamSim tree and the CLIP file."""
-    write_dreamsim_tree(cache / "stylevar" / "dreamsim", seed=20)
-    write_clip(cache / "stylevar", seed=30)
+    write_dreamsim_tree(cache / "sv" / "dreamsim", seed=20)
+    write_clip(cache / "sv", seed=30)
     return cache
 
 
@@ -240,14 +240,13 @@ def test_paper_ssim_matches_an_explicit_window_computation():
     assert ssim_standard(x, y).item() != pytest.approx(expected.item(), abs=1e-3)
 
 
-def test_missing_weights_raise_with_paths_and_fetch_command(tmp_path, monkeypatch):
-    monkeypatch.setenv("STYLEVAR_HOME", str(tmp_path / "sv"))
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "th"))
+def test_missing_weights_raise_with_paths_and_fetch_command(weight_homes):
+    _, th = weight_homes
     with pytest.raises(weights.MissingWeightError) as e:
         metrics.MetricSuite(["lpips"])
     msg = str(e.value)
     assert "vgg16-397923af.pth" in msg
-    assert str(tmp_path / "th" / "hub" / "checkpoints" / "vgg16-397923af.pth") in msg
+    assert str(th / "hub" / "checkpoints" / "vgg16-397923af.pth") in msg
     assert "stylevar weights fetch vgg16" in msg
     suite = metrics.MetricSuite(["ssim", "lpips", "clip"], allow_missing=True)
     assert suite.metrics == ("ssim",) and set(suite.skipped) == {"lpips", "clip"}

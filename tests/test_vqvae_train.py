@@ -91,12 +91,11 @@ def test_dead_codes_restart_from_encoder_outputs():
     assert other.restarted_total == restarter.restarted_total
 
 
-def test_lpips_uses_local_vgg_weights(tmp_path, monkeypatch):
-    monkeypatch.setenv("STYLEVAR_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+def test_lpips_uses_local_vgg_weights(weight_homes):
+    _, th = weight_homes
     model, note = vqvae.build_lpips(torch.device("cpu"))
     assert model is None and "LPIPS off" in note and "vgg16" in note
-    bad = tmp_path / "torch" / "hub" / "checkpoints" / "vgg16-397923af.pth"
+    bad = th / "hub" / "checkpoints" / "vgg16-397923af.pth"
     bad.parent.mkdir(parents=True)
     torch.save({"features.0.weight": torch.zeros(3)}, bad)
     model, note = vqvae.build_lpips(torch.device("cpu"))

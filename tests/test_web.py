@@ -23,6 +23,7 @@ from PIL import Image
 from serve.settings import ServeSettings
 from serve.testing import ServerProcess, free_port
 from stylevar.pipeline import StylePipeline
+from tests.conftest import use_weight_cache
 from web.baseline import AdaINBaseline
 from web.client import Preview, Result, ServiceClient, ServiceError, StylizeOptions
 from web.mount import loopback_url
@@ -88,8 +89,7 @@ def client(server):
 
 
 def no_adain(tmp_path, monkeypatch) -> AdaINBaseline:
-    monkeypatch.setenv("STYLEVAR_HOME", str(tmp_path / "stylevar-home"))
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch-home"))
+    use_weight_cache(monkeypatch, tmp_path)
     return AdaINBaseline()
 
 
@@ -278,7 +278,7 @@ def write_adain_standins(home) -> None:
 def test_adain_beside_stylevar_with_standin_weights(server, images, tmp_path, monkeypatch):
     pytest.importorskip("stylevar.baselines.adain")
     baseline = no_adain(tmp_path, monkeypatch)
-    write_adain_standins(tmp_path / "stylevar-home")
+    write_adain_standins(tmp_path / "sv")
     status = baseline.status()
     assert status.available and "decoder.pth" in status.reason
     ui = StyleVARUI(UIConfig(api_url=server.url, api_key=KEY), baseline=baseline)

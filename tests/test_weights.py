@@ -16,13 +16,6 @@ from stylevar import weights
 from stylevar.cli import main
 
 
-@pytest.fixture
-def homes(tmp_path, monkeypatch):
-    monkeypatch.setenv("STYLEVAR_HOME", str(tmp_path / "sv"))
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "th"))
-    return tmp_path / "sv", tmp_path / "th"
-
-
 class _Quiet(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args) -> None:
         pass
@@ -67,8 +60,8 @@ def test_registry_covers_the_issue_list():
         weights.get("nope")
 
 
-def test_search_paths_and_resolve(homes):
-    sv, th = homes
+def test_search_paths_and_resolve(weight_homes):
+    sv, th = weight_homes
     assert weights.home() == sv
     assert weights.get("vgg19").search_paths() == [th / "hub" / "checkpoints" / "vgg19-dcbb9e9d.pth",
                                                    sv / "vgg19-dcbb9e9d.pth"]
@@ -85,8 +78,8 @@ def test_search_paths_and_resolve(homes):
         weights.resolve("stylevar_grpo")
 
 
-def test_incomplete_tree_names_what_is_missing(homes):
-    sv, _ = homes
+def test_incomplete_tree_names_what_is_missing(weight_homes):
+    sv, _ = weight_homes
     (sv / "dreamsim" / "dino_vitb16_single_lora").mkdir(parents=True)
     (sv / "dreamsim" / "dino_vitb16_pretrain.pth").write_bytes(b"x")
     with pytest.raises(weights.MissingWeightError) as e:
@@ -121,8 +114,8 @@ def test_state_dict_checks_list_every_bad_key(tmp_path):
         weights.load_state_dict(tmp_path / "list.pth")
 
 
-def test_fetch_file_with_checksum_atomically(homes, server):
-    sv, _ = homes
+def test_fetch_file_with_checksum_atomically(weight_homes, server):
+    sv, _ = weight_homes
     root, url = server
     data = b"decoder bytes" * 1000
     (root / "decoder.pth").write_bytes(data)
@@ -139,8 +132,8 @@ def test_fetch_file_with_checksum_atomically(homes, server):
     assert [p.name for p in sv.iterdir()] == ["decoder.pth"]  # no partial file left behind
 
 
-def test_fetch_through_a_mirror_checks_the_torchvision_prefix(homes, server, capsys):
-    sv, th = homes
+def test_fetch_through_a_mirror_checks_the_torchvision_prefix(weight_homes, server, capsys):
+    sv, th = weight_homes
     root, url = server
     (root / "vgg19-dcbb9e9d.pth").write_bytes(b"not the real file")
     (root / "vgg_normalised.pth").write_bytes(b"encoder")
@@ -156,8 +149,8 @@ def test_fetch_through_a_mirror_checks_the_torchvision_prefix(homes, server, cap
     assert main(["weights", "fetch", "nope"]) == 2
 
 
-def test_fetch_the_dreamsim_tree(homes, server):
-    sv, _ = homes
+def test_fetch_the_dreamsim_tree(weight_homes, server):
+    sv, _ = weight_homes
     root, url = server
     _zip(root / "dreamsim_dino_vitb16_checkpoint.zip", {
         "models/dino_vitb16_pretrain.pth": b"head", "models/dino_vitb16_single_lora/adapter_config.json": b"{}",
@@ -178,8 +171,8 @@ def test_fetch_the_dreamsim_tree(homes, server):
     assert again.sha256 == (hashlib.sha256(b"backbone").hexdigest(),) and weights.resolve("dreamsim") == folder
 
 
-def test_fetch_refuses_unsafe_archives_and_absent_urls(homes, server):
-    sv, _ = homes
+def test_fetch_refuses_unsafe_archives_and_absent_urls(weight_homes, server):
+    sv, _ = weight_homes
     root, url = server
     _zip(root / "facebookresearch_dino_main.zip", {"../escape.py": b"x"})
     weight = weights.get("dreamsim")

@@ -559,21 +559,19 @@ def train(args: argparse.Namespace, grpo_cfg: GRPOConfig, merge_cfg: MergeConfig
     ckpts = loop.CheckpointManager(run.checkpoints, env, keep=args.keep_checkpoints)
     base_config = pipe.config
 
+    resumable = loop.TrainingState(model, optimizer, scheduler, scaler, stream, env)
     state = ckpts.load_latest()
     start, notes = 0, []
     if state is not None:
-        notes = loop.restore_training_state(state, model=model, optimizer=optimizer, scheduler=scheduler,
-                                            scaler=scaler, stream=stream, env=env, seed=args.seed)
+        notes = resumable.load_state_dict(state, seed=args.seed)
         trainer.controller.load_state_dict(state["extra"]["merge"])
         start = int(state["step"])
         del state
 
     def save(step: int) -> None:
-        st = loop.training_state(step=step, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
-                                 stream=stream, env=env, extra={
-                                     "merge": trainer.controller.state_dict(),
-                                     "pipeline_config": base_config.to_dict(),
-                                     "lora": lora_cfg.to_dict()})
+        st = resumable.state_dict(step, extra={"merge": trainer.controller.state_dict(),
+                                                "pipeline_config": base_config.to_dict(),
+                                                "lora": lora_cfg.to_dict()})
         st["args"] = {"lora_rank": lora_cfg.rank, "lora_alpha": lora_cfg.alpha}  # what checkpoints.bake_lora reads
         ckpts.save(step, st)
 

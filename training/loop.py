@@ -9,7 +9,8 @@ model and an objective and wires these parts together:
     stream = BatchStream(dataset, BatchStreamConfig(...), env)      # seeded, sharded, resumable
     ckpts = CheckpointManager(run.checkpoints, keep=3, env=env)
     state = ckpts.load_latest()                                     # None on a fresh run
-    if state: restore_training_state(state, ...)
+    resumable = TrainingState(model, optimizer, scheduler, scaler, stream, env)
+    if state: resumable.load_state_dict(state, seed)              # ckpts.save(step, resumable.state_dict(step))
     with RunLogger(run, env, total_steps, start_step) as log: ...
 
 Conventions
@@ -596,61 +597,49 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
 
-def training_state(
-    *,
-    step: int,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    scaler: torch.amp.GradScaler,
-    stream: BatchStream,
-    env: DistEnv,
-    generators: Mapping[str, torch.Generator] | None = None,
-    extra: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Everything an exact resume needs. Call on every rank (RNG states are gathered)."""
-    return {
-        "step": step,
-        "model": unwrap(model).state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "scaler": scaler.state_dict(),
-        "data": stream.state_dict(),
-        "rng": gather_rng_states(env, generators),
-        "world_size": env.world_size,
-        "extra": dict(extra or {}),
-    }
+@dataclass
+class TrainingState:
+    """Everything an exact resume needs, and the checkpoint dict it is saved as and restored from."""
 
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: torch.amp.GradScaler
+    stream: "BatchStream | IterableBatchStream"
+    env: DistEnv
+    generators: Mapping[str, torch.Generator] | None = None
 
-def restore_training_state(
-    state: Mapping[str, Any],
-    *,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    scaler: torch.amp.GradScaler,
-    stream: BatchStream,
-    env: DistEnv,
-    generators: Mapping[str, torch.Generator] | None = None,
-    seed: int = 0,
-) -> list[str]:
-    """Load a :func:`training_state` dict; returns notes worth logging (e.g. a changed world size)."""
-    notes = []
-    unwrap(model).load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    scaler.load_state_dict(state["scaler"])
-    stream.load_state_dict(state["data"])
-    rngs = state["rng"]
-    if int(state["world_size"]) == env.world_size:
-        restore_rng_state(rngs[env.rank], generators)
-    else:
-        seed_everything(seed + 7919 * int(state["step"]) + env.rank)
-        notes.append(
-            f"world size changed from {state['world_size']} to {env.world_size}: data position kept, "
-            "process RNG streams reseeded"
-        )
-    return notes
+    def state_dict(self, step: int, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The checkpoint at ``step``. Call on every rank (RNG states are gathered)."""
+        return {
+            "step": step,
+            "model": unwrap(self.model).state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "data": self.stream.state_dict(),
+            "rng": gather_rng_states(self.env, self.generators),
+            "world_size": self.env.world_size,
+            "extra": dict(extra or {}),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any], seed: int = 0) -> list[str]:
+        """Restore a :meth:`state_dict`; returns notes worth logging (e.g. a changed world size)."""
+        notes = []
+        unwrap(self.model).load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.stream.load_state_dict(state["data"])
+        if int(state["world_size"]) == self.env.world_size:
+            restore_rng_state(state["rng"][self.env.rank], self.generators)
+        else:
+            seed_everything(seed + 7919 * int(state["step"]) + self.env.rank)
+            notes.append(
+                f"world size changed from {state['world_size']} to {self.env.world_size}: data position kept, "
+                "process RNG streams reseeded"
+            )
+        return notes
 
 
 # --------------------------------------------------------------------------------------------------
@@ -870,21 +859,13 @@ def fit(parts: FitParts, cfg: LoopConfig) -> int:
     """
     env, run = parts.env, parts.run
     ckpts = CheckpointManager(run.checkpoints, env, keep=cfg.keep_checkpoints)
+    resumable = TrainingState(parts.objective, parts.optimizer, parts.scheduler, parts.scaler, parts.stream, env,
+                              parts.generators)
     state = ckpts.load_latest()
     start = 0
     notes: list[str] = []
     if state is not None:
-        notes = restore_training_state(
-            state,
-            model=parts.objective,
-            optimizer=parts.optimizer,
-            scheduler=parts.scheduler,
-            scaler=parts.scaler,
-            stream=parts.stream,
-            env=env,
-            generators=parts.generators,
-            seed=cfg.seed,
-        )
+        notes = resumable.load_state_dict(state, seed=cfg.seed)
         if parts.load_extra_state is not None:
             parts.load_extra_state(state.get("extra", {}))
         start = int(state["step"])
@@ -947,7 +928,7 @@ def fit(parts: FitParts, cfg: LoopConfig) -> int:
                 log.log(step, dict(parts.validate(step)), prefix="val")
                 parts.objective.train()
             if step % cfg.save_every == 0 or step == cfg.max_steps:
-                ckpts.save(step, _state(parts, step, env))
+                ckpts.save(step, resumable.state_dict(step, parts.extra_state() if parts.extra_state else None))
         if parts.validate is not None and step > start:
             log.log(step, dict(parts.validate(step)), prefix="val")
         if parts.finalize is not None and (start < cfg.max_steps or not run.final.exists()):
@@ -965,18 +946,6 @@ def fit(parts: FitParts, cfg: LoopConfig) -> int:
     return step
 
 
-def _state(parts: FitParts, step: int, env: DistEnv) -> dict[str, Any]:
-    return training_state(
-        step=step,
-        model=parts.objective,
-        optimizer=parts.optimizer,
-        scheduler=parts.scheduler,
-        scaler=parts.scaler,
-        stream=parts.stream,
-        env=env,
-        generators=parts.generators,
-        extra=parts.extra_state() if parts.extra_state else None,
-    )
 
 
 # --------------------------------------------------------------------------------------------------
