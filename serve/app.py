@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import stylevar
 from stylevar.images import ImageError, fit_square, tensor_to_pil, unfit
+from stylevar.pipeline import check_model_dir
 
 from . import imaging
 from .batching import (
@@ -39,7 +40,7 @@ from .batching import (
     QueueFullError,
     StoppedError,
 )
-from .engine import GenerationKey, ModelRunner, PreviewFn, StylizeTask, check_model_dir, resolve_devices
+from .engine import GenerationKey, ModelRunner, PreviewFn, StylizeTask, resolve_devices
 from .metrics import ServiceMetrics
 from .middleware import ContentLengthLimit, RequestMiddleware
 from .schemas import MAX_SEED, ErrorBody, Health, ImageOut, ModelInfo, StylizeForm, StylizeResult

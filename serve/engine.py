@@ -10,30 +10,15 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from stylevar.pipeline import DEMO_MODEL_DIR, ModelDirError, StylePipeline
+from stylevar.pipeline import StylePipeline
 
 from .batching import Job
 
 log = logging.getLogger("serve.engine")
 
-MODEL_FILES = ("config.json", "tokenizer.safetensors", "transformer.safetensors")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 PreviewFn = Callable[[int, torch.Tensor], None]  # (scale index k, previews (n, 3, S, S) in [0, 1] on the CPU)
-
-
-def check_model_dir(path: Path) -> Path:
-    """Fail early, naming the path and how to make the model, when a model directory is incomplete."""
-    missing = [name for name in MODEL_FILES if not (path / name).is_file()]
-    if not missing:
-        return path
-    is_demo = path.resolve() == DEMO_MODEL_DIR.resolve()
-    how = ("The embedded demo model is not built yet: run `scripts/train_demo_model.sh` to make it, "
-           "or point --model / STYLEVAR_MODEL_DIR at another model directory."
-           if is_demo else
-           "A model directory comes from a training run (RUN/final/), `stylevar convert`, or "
-           "`StylePipeline.save_pretrained(DIR)`; pass it with --model DIR or STYLEVAR_MODEL_DIR.")
-    raise ModelDirError(f"no usable model at {path}: missing {', '.join(missing)}. {how}")
 
 
 def resolve_devices(names: Sequence[str]) -> list[torch.device]:
@@ -91,7 +76,6 @@ class ModelRunner:
     def load(cls, model_dir: Path, device: torch.device, dtype: str, max_output_side: int) -> "ModelRunner":
         t0 = time.perf_counter()
         pipe = StylePipeline.from_pretrained(model_dir, device=device, autocast_dtype=resolve_dtype(dtype, device))
-        pipe.model.autocast_dtype = resolve_dtype(dtype, device)
         log.info("model loaded", extra={"model_dir": str(model_dir), "device": str(device),
                                         "seconds": round(time.perf_counter() - t0, 3)})
         return cls(pipe, max_output_side)

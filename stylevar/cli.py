@@ -41,6 +41,8 @@ def _convert(args) -> int:
 
 
 def _add_stylize(sub) -> None:
+    from stylevar.images import RESIZE_MODES
+
     p = sub.add_parser("stylize", help="re-draw a content image in the style of another")
     p.add_argument("content")
     p.add_argument("style")
@@ -50,7 +52,7 @@ def _add_stylize(sub) -> None:
     p.add_argument("--style-strength", type=float, default=0.0, help="-1 (content) .. 1 (style)")
     p.add_argument("--top-k", type=int, default=None, help="default: the model's recommended value, else 900")
     p.add_argument("--top-p", type=float, default=None, help="default: the model's recommended value, else 0.96")
-    p.add_argument("--resize", choices=["crop", "pad", "stretch"], default="stretch")
+    p.add_argument("--resize", choices=RESIZE_MODES, default="stretch")
     p.add_argument("--device", default=None)
     p.set_defaults(func=_stylize)
 

@@ -223,9 +223,6 @@ def load_lora_state_dict(model: nn.Module, state: Mapping[str, torch.Tensor]) ->
         v.copy_(state[k])
 
 
-restore_lora = load_lora_state_dict
-
-
 # ------------------------------------------------------------------------------------------ merging
 @torch.no_grad()
 def merge_lora(model: nn.Module, *, restart: bool = True, generator: torch.Generator | None = None) -> None:

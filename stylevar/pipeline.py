@@ -9,7 +9,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import torch
 from PIL import Image
@@ -27,6 +27,22 @@ FORMAT_VERSION = 1
 
 class ModelDirError(FileNotFoundError):
     """A model directory that is missing or incomplete."""
+
+
+MODEL_FILES = ("config.json", "tokenizer.safetensors", "transformer.safetensors")
+
+
+def check_model_dir(path: Path) -> Path:
+    """``path`` if it holds a whole model directory; else a ModelDirError naming it and how to make one."""
+    missing = [name for name in MODEL_FILES if not (path / name).is_file()]
+    if not missing:
+        return path
+    how = ("The embedded demo model is not built yet: run `scripts/train_demo_model.sh` to make it, or pass "
+           "another model directory (--model DIR; the service also reads STYLEVAR_MODEL_DIR)."
+           if path.resolve() == DEMO_MODEL_DIR.resolve() else
+           "A model directory comes from a training run (RUN/final/), `stylevar convert`, or "
+           "`StylePipeline.save_pretrained(DIR)`; pass it with --model DIR (the service also reads STYLEVAR_MODEL_DIR).")
+    raise ModelDirError(f"no usable model at {path}: missing {', '.join(missing)}. {how}")
 
 
 @dataclass
@@ -84,24 +100,18 @@ class StylePipeline:
 
     @classmethod
     def from_pretrained(cls, model_dir: str | os.PathLike | None = None, device: str | torch.device | None = None,
-                        autocast_dtype: torch.dtype | None = None) -> "StylePipeline":
-        """Load a model directory (default: the embedded demo model). On CUDA, bf16 autocast by default."""
-        d = Path(model_dir) if model_dir is not None else DEMO_MODEL_DIR
-        files = [d / "config.json", d / "tokenizer.safetensors", d / "transformer.safetensors"]
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            hint = (" The demo model is built by `scripts/train_demo_model.sh`." if d == DEMO_MODEL_DIR
-                    else " A model directory is made by `stylevar convert` or a training run's RUN/final/.")
-            raise ModelDirError(f"model directory {d} lacks {', '.join(missing)}.{hint}")
+                        autocast_dtype: torch.dtype | None | Literal["auto"] = "auto") -> "StylePipeline":
+        """Load a model directory (default: the embedded demo model). ``autocast_dtype``: "auto" = bf16 on
+        CUDA and none on the CPU; None = float32 everywhere."""
+        d = check_model_dir(Path(model_dir) if model_dir is not None else DEMO_MODEL_DIR)
         config = PipelineConfig.from_dict(json.loads((d / "config.json").read_text()))
         tokenizer = load_vqvae(load_safetensors(d / "tokenizer.safetensors"), config.tokenizer)
         model = load_stylevar(load_safetensors(d / "transformer.safetensors"), config.transformer, tokenizer)
         device = torch.device(device) if device is not None else default_device()
         model.to(device)
-        if device.type == "cuda":
-            model.autocast_dtype = autocast_dtype or torch.bfloat16
-        else:
-            model.autocast_dtype = autocast_dtype
+        if autocast_dtype == "auto":
+            autocast_dtype = torch.bfloat16 if device.type == "cuda" else None
+        model.autocast_dtype = autocast_dtype
         return cls(model, config)
 
     def save_pretrained(self, model_dir: str | os.PathLike, dtype: torch.dtype | None = None,
@@ -132,10 +142,15 @@ class StylePipeline:
     # ---- images -------------------------------------------------------------------------------
     def preprocess(self, images: Sequence[Image.Image], resize: ResizeMode = "stretch"
                    ) -> tuple[torch.Tensor, list[Fit]]:
-        """PIL images -> (B, 3, S, S) in [-1, 1] on the model's device, and how each was fitted."""
-        fitted = [fit_square(to_rgb(im), self.image_size, resize) for im in images]
-        x = torch.stack([pil_to_tensor(sq) for sq, _ in fitted]).to(self.device)
-        return x.mul(2).sub(1), [f for _, f in fitted]
+        """PIL images -> (B, 3, S, S) in [-1, 1] on the model's device, and how each was fitted. An image
+        object repeated in ``images`` (one request, several seeds) is resized once."""
+        done: dict[int, tuple[torch.Tensor, Fit]] = {}
+        for im in images:
+            if id(im) not in done:
+                sq, fit = fit_square(to_rgb(im), self.image_size, resize)
+                done[id(im)] = (pil_to_tensor(sq), fit)
+        x = torch.stack([done[id(im)][0] for im in images]).to(self.device)
+        return x.mul(2).sub(1), [done[id(im)][1] for im in images]
 
     def stylize_batch(
         self,

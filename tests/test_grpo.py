@@ -295,6 +295,18 @@ def test_run_logs_and_writes_a_merged_model_dir(setup, tmp_path, capsys):
             assert torch.equal(a[k], base[k]), k  # only the adapted linears change
 
 
+def test_runs_on_webdataset_shards(setup, tmp_path, capsys):
+    from data_tools.shards import ShardConfig, write_shards
+
+    shards = tmp_path / "shards"
+    write_shards(ShardConfig(str(setup["manifest"]), str(shards), shard_size=8, workers=1))
+    args = _args(setup, tmp_path / "run", 2)
+    args[args.index("--data") + 1] = str(shards)
+    assert grpo.main(args) == 0
+    assert "16 training triplets" in capsys.readouterr().err
+    assert [r["step"] for r in loop.read_log(tmp_path / "run")] == [1, 2]
+
+
 @pytest.mark.slow
 def test_resume_after_kill_9_continues_exactly(setup, tmp_path):
     steps, half = 10, 5

@@ -201,7 +201,7 @@ def test_missing_model_fails_at_start_naming_the_path(tmp_path):
 
 
 def test_missing_demo_model_says_how_to_make_it():
-    from serve.engine import check_model_dir
+    from stylevar.pipeline import check_model_dir
 
     if (DEMO_MODEL_DIR / "config.json").is_file():
         check_model_dir(DEMO_MODEL_DIR)  # shipped: it must be complete

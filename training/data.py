@@ -399,3 +399,11 @@ def collate_triplets(batch: list[dict | None]) -> dict:
     elif with_target:
         raise ValueError("a batch mixes paired items (with target) and unpaired items")
     return out
+
+
+def dataset_size(ds: Dataset | None) -> str:
+    """How many items, for log lines: shard datasets know it from shards.json or not at all ("?")."""
+    if ds is None:
+        return "0"
+    n = len(ds) if not isinstance(ds, IterableDataset) else getattr(ds, "num_samples", None)
+    return str(n) if n is not None else "?"

@@ -56,12 +56,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from stylevar.lora import (LoRAConfig, attach_lora, lora_disabled, lora_parameters, merge_lora, restore_lora,
+from stylevar.lora import (LoRAConfig, attach_lora, load_lora_state_dict, lora_disabled, lora_parameters, merge_lora,
                            snapshot_lora, unload_lora)
 from stylevar.pipeline import PipelineConfig, StylePipeline
 from stylevar.transformer import Condition, StyleVAR
 from training import loop
-from training.data import collate_triplets, open_triplets
+from training.data import collate_triplets, dataset_size, open_triplets
 from training.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.rewards import REWARDS, Reward, RewardConfig
 
@@ -392,7 +392,7 @@ class GRPOTrainer:
         """Bake the peak snapshot into the base weights, restart LoRA, clear the optimizer state."""
         c = self.controller
         if c.snapshot is not None:
-            restore_lora(self.model, c.snapshot)
+            load_lora_state_dict(self.model, c.snapshot)
         g = loop.derived_generator(self.cfg.seed, c.merges + 1, 0x10AA)
         merge_lora(self.model, restart=True, generator=g)
         self.optimizer.state.clear()
@@ -581,7 +581,7 @@ def train(args: argparse.Namespace, grpo_cfg: GRPOConfig, merge_cfg: MergeConfig
         for note in notes:
             log.info(note)
         n_lora = sum(p.numel() for p in lora_parameters(model))
-        log.info(f"{len(dataset)} training triplets, {pipe.image_size}px, G={grpo_cfg.group_size}, "
+        log.info(f"{dataset_size(dataset)} training triplets, {pipe.image_size}px, G={grpo_cfg.group_size}, "
                  f"batch {args.batch_size} ({args.batch_size * grpo_cfg.group_size} rollouts/step), reward "
                  f"{reward_cfg.name} x{reward_cfg.scale}, LoRA r={lora_cfg.rank} alpha={lora_cfg.alpha} "
                  f"({n_lora / 1e6:.3f}M trainable), world size {env.world_size}, rollouts {precision}")

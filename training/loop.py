@@ -639,7 +639,7 @@ class TrainingState:
                 f"world size changed from {state['world_size']} to {self.env.world_size}: data position kept, "
                 "process RNG streams reseeded"
             )
-        return notes
+        return notes + list(getattr(self.stream, "notes", ()))  # e.g. shard streams restarting
 
 
 # --------------------------------------------------------------------------------------------------
@@ -869,7 +869,6 @@ def fit(parts: FitParts, cfg: LoopConfig) -> int:
         if parts.load_extra_state is not None:
             parts.load_extra_state(state.get("extra", {}))
         start = int(state["step"])
-        notes += list(getattr(parts.stream, "notes", []))
         del state
     with RunLogger(run, env, total_steps=cfg.max_steps, start_step=start, progress=cfg.progress) as log:
         if start:

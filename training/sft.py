@@ -36,7 +36,7 @@ from stylevar.pipeline import PipelineConfig, StylePipeline
 from stylevar.tokenizer import MultiScaleVQVAE
 from stylevar.transformer import StyleVAR
 from training import loop
-from training.data import AugmentConfig, collate_triplets, open_triplets
+from training.data import AugmentConfig, collate_triplets, dataset_size, open_triplets
 from training.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.presets import load_preset, match_transformer, resize_tokenizer
 from training.vqvae import TOKENIZER_FILE, SkipTracker, write_skip_report
@@ -163,13 +163,6 @@ def validate(model: StyleVAR, dataset: Dataset | None, env: loop.DistEnv, batch_
     return out
 
 
-def _size(ds: Dataset | None) -> str:
-    if ds is None:
-        return "0"
-    n = len(ds) if not isinstance(ds, IterableDataset) else getattr(ds, "num_samples", None)
-    return str(n) if n is not None else "?"
-
-
 # ------------------------------------------------------------------------------------------ CLI
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m training.sft", description=__doc__.split("\n")[0],
@@ -283,7 +276,7 @@ def train(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARC
 
     def on_start(log: loop.RunLogger, start: int) -> None:
         n_params = sum(p.numel() for p in trainable)
-        log.info(f"{_size(train_set)} training triplets, {_size(val_set)} validation, "
+        log.info(f"{dataset_size(train_set)} training triplets, {dataset_size(val_set)} validation, "
                  f"{image_size}px, patch_nums {vqvae.cfg.patch_nums}, {n_params / 1e6:.2f}M trainable parameters, "
                  f"world size {env.world_size}, {precision}, lr drop at step {sched.resolved_drop_step}")
         if start == 0:

@@ -43,7 +43,7 @@ class UIConfig:
 
 def example_pairs() -> list[list[str]]:
     """The project's own example images, `content_*.png` paired in order with `style_*.png`."""
-    folder = resources.files("stylevar") / "assets" / "examples"
+    folder = examples_dir()
     names = sorted(p.name for p in folder.iterdir() if p.name.endswith(".png"))
     contents = [str(folder / n) for n in names if n.startswith("content_")]
     styles = [str(folder / n) for n in names if n.startswith("style_")]

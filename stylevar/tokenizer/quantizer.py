@@ -28,11 +28,12 @@ class PhiPartiallyShared(nn.Module):
         super().__init__()
         self.qresi_ls = nn.ModuleList(Phi(channels, ratio) for _ in range(share))
         lo = 1 / (3 * share) if share == 4 else 1 / (2 * share)
-        self.register_buffer("ticks", torch.linspace(lo, 1 - lo, share, dtype=torch.float64), persistent=False)
+        # plain floats, not a buffer: choosing a conv is host work (no device sync in the sampling loop)
+        self.ticks = torch.linspace(lo, 1 - lo, share, dtype=torch.float64).tolist()
 
     def for_scale(self, k: int, num_scales: int) -> Phi:
         at = k / (num_scales - 1) if num_scales > 1 else 0.0
-        return self.qresi_ls[int(torch.argmin((self.ticks - at).abs()))]
+        return self.qresi_ls[min(range(len(self.ticks)), key=lambda i: abs(self.ticks[i] - at))]  # first on ties
 
 
 class MultiScaleQuantizer(nn.Module):
@@ -59,6 +60,11 @@ class MultiScaleQuantizer(nn.Module):
         d_NV.addmm_(z_NC, emb_VC.T, alpha=-2, beta=1)
         return torch.argmin(d_NV, dim=1)
 
+    @staticmethod
+    def area_tokens(f_BCnn: torch.Tensor, pn: int) -> torch.Tensor:
+        """f area-resized to pn x pn, as tokens (B, pn * pn, C)."""
+        return F.interpolate(f_BCnn, size=(pn, pn), mode="area").flatten(2).transpose(1, 2)
+
     def upsampled_residual(self, k: int, idx_Bl: torch.Tensor, n: int) -> torch.Tensor:
         """Phi(upsample(embedding(tokens of scale k))): what scale k adds to f_hat, (B, C, n, n)."""
         pn = self.patch_nums[k]
@@ -71,7 +77,7 @@ class MultiScaleQuantizer(nn.Module):
     def quantize(self, f_BCnn: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Token maps of f, and f_hat after each scale (the cumulative reconstruction, (B, C, n, n))."""
         B, C, n, _ = f_BCnn.shape
-        f_rest = f_BCnn.clone()
+        f_rest = f_BCnn  # never written in place
         f_hat = torch.zeros_like(f_BCnn)
         indices, f_hats = [], []
         for k, pn in enumerate(self.patch_nums):
@@ -97,25 +103,17 @@ class MultiScaleQuantizer(nn.Module):
     def next_scale_inputs(self, indices: list[torch.Tensor], n: int) -> torch.Tensor:
         """Teacher-forcing inputs: area-resize(f_hat after scales 0..k, pn_{k+1}) for k < K-1, (B, L - pn_0^2, C)."""
         f_hats = self.indices_to_fhats(indices[:-1], n)
-        return torch.cat(
-            [F.interpolate(f, size=(pn, pn), mode="area").flatten(2).transpose(1, 2)
-             for f, pn in zip(f_hats, self.patch_nums[1:])],
-            dim=1,
-        )
+        return torch.cat([self.area_tokens(f, pn) for f, pn in zip(f_hats, self.patch_nums[1:])], dim=1)
 
     def condition_tokens(self, f_hats: list[torch.Tensor]) -> torch.Tensor:
         """Condition tokens of an image: area-resize(f_hat after scales 0..k, pn_k) for every k, (B, L, C)."""
-        return torch.cat(
-            [F.interpolate(f, size=(pn, pn), mode="area").flatten(2).transpose(1, 2)
-             for f, pn in zip(f_hats, self.patch_nums)],
-            dim=1,
-        )
+        return torch.cat([self.area_tokens(f, pn) for f, pn in zip(f_hats, self.patch_nums)], dim=1)
 
     def forward(self, f_BCnn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], torch.Tensor]:
         """Training pass: straight-through f_hat, VQ loss, token maps and codebook usage fraction."""
         B, C, n, _ = f_BCnn.shape
         f_nograd = f_BCnn.detach()
-        f_rest = f_nograd.clone()
+        f_rest = f_nograd
         f_hat = torch.zeros_like(f_nograd)
         vq_loss = f_BCnn.new_zeros(())
         indices = []

@@ -314,7 +314,6 @@ class StyleVAR(nn.Module):
                 on_scale(k, tok.decode_fhat(f_hat).float().add(1).mul(0.5))
             if k + 1 < len(patch_nums):
                 nxt = patch_nums[k + 1]
-                x_in = F.interpolate(f_hat, size=(nxt, nxt), mode="area").flatten(2).transpose(1, 2)
-                x = self.word_embed(x_in) + lvl_pos[:, end:end + nxt * nxt]
+                x = self.word_embed(tok.quantize.area_tokens(f_hat, nxt)) + lvl_pos[:, end:end + nxt * nxt]
             start = end
         return f_hat, indices

@@ -77,7 +77,6 @@ def naive_sample_tokens(model: StyleVAR, cond: Condition, generators, alpha_K, t
     tok, patch_nums = model.tokenizer, model.cfg.patch_nums
     n = tok.latent_size
     lvl_pos = model.lvl_pos()
-    alpha_K = model.blend_alphas()
     caches: list[list] = [[[], []] for _ in model.blocks]  # per block: one cache per attention call
     f_hat = torch.zeros(B, model.cfg.z_channels, n, n, device=device)
     x = cond.sos_B1C.expand(B, -1, -1) + lvl_pos[:, : patch_nums[0] ** 2]
@@ -87,13 +86,12 @@ def naive_sample_tokens(model: StyleVAR, cond: Condition, generators, alpha_K, t
         for blk, cache in zip(model.blocks, caches):
             x = naive_block(blk, x, cond.cond_BD, cond.style_ln_BLC[:, start:end], cond.content_ln_BLC[:, start:end],
                             alpha_K[k], None, cache)
-        idx_Bl = sample(model.head(model.head_nm(x, model.head_nm.modulation(cond.cond_BD))).float(), generators,
-                        top_k, top_p)
+        idx_Bl = sample(model.logits(x, model.head_nm.modulation(cond.cond_BD)), generators, top_k, top_p)
         indices.append(idx_Bl)
         f_hat = f_hat + tok.quantize.upsampled_residual(k, idx_Bl, n)
         if k + 1 < len(patch_nums):
             nxt = patch_nums[k + 1]
-            x = model.word_embed(F.interpolate(f_hat, size=(nxt, nxt), mode="area").flatten(2).transpose(1, 2))
+            x = model.word_embed(tok.quantize.area_tokens(f_hat, nxt))
             x = x + lvl_pos[:, end:end + nxt * nxt]
         start = end
     return f_hat, indices
