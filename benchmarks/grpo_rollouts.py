@@ -23,7 +23,8 @@ import torch
 
 from data_tools.synth import SynthConfig, generate
 from stylevar.lora import LoRAConfig, attach_lora
-from stylevar.pipeline import StylePipeline
+from stylevar.config import presets
+from stylevar.pipeline import PipelineConfig, StylePipeline
 from training import loop
 from training.data import collate_triplets, open_triplets
 from training.grpo import GRPOConfig, GRPOTrainer, MergeConfig
@@ -93,8 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    size = (StylePipeline.from_pretrained(args.model, device="cpu").image_size if args.model
-            else StylePipeline.random(args.preset).image_size)
+    size = (PipelineConfig.from_dir(args.model) if args.model else PipelineConfig(*presets(args.preset))).tokenizer.image_size
     n_steps = args.warmup + args.steps
     with tempfile.TemporaryDirectory() as tmp:
         manifest = generate(SynthConfig(out=str(Path(tmp) / "data"), count=n_steps * args.batch_size, size=size,

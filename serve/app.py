@@ -27,7 +27,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import stylevar
-from stylevar.images import ImageError, fit_square, tensor_to_pil, unfit
+from stylevar.images import ImageError, fit_of, tensor_to_pil, unfit
 from stylevar.pipeline import check_model_dir
 
 from . import imaging
@@ -440,7 +440,7 @@ def _add_routes(app: FastAPI, state: ServiceState) -> None:
 
         job, content_img = await prepare(content, style, form, request.state.request_id, on_preview)
         side = state.runner.pipe.image_size
-        _, fit = await run_in_threadpool(fit_square, content_img, side, form.resize)
+        fit = fit_of(content_img.size, side, form.resize)
         patch_nums = list(state.runner.pipe.config.transformer.patch_nums)
 
         def preview_event(k: int, previews_n3HW: torch.Tensor) -> str:

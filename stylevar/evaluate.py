@@ -220,7 +220,7 @@ class PipelineMethod:
     def __post_init__(self) -> None:
         from stylevar.pipeline import PipelineConfig
 
-        config = PipelineConfig.from_dict(json.loads((self.model_dir / "config.json").read_text()))
+        config = PipelineConfig.from_dir(self.model_dir)
         self.name = config.label
         self.description = f"StyleVAR model directory {self.model_dir}"
 

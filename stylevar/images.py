@@ -116,23 +116,32 @@ class Fit:
     box: tuple[int, int, int, int]  # region of the square that holds picture content (l, t, r, b)
 
 
-def fit_square(img: Image.Image, side: int, mode: ResizeMode = "crop") -> tuple[Image.Image, Fit]:
-    """Fit an RGB image into side x side: centre `crop`, `pad` (letterbox, edge colour) or `stretch`."""
+def fit_of(size: tuple[int, int], side: int, mode: ResizeMode = "crop") -> Fit:
+    """Where an image of `size` (w, h) lands in side x side under `mode` (see :func:`fit_square`)."""
     if mode not in RESIZE_MODES:
         raise ValueError(f"resize mode must be one of {RESIZE_MODES}, not {mode!r}")
-    w, h = img.size
-    if mode == "stretch":
-        return img.resize((side, side), Image.BICUBIC), Fit(mode, (w, h), (0, 0, side, side))
-    if mode == "crop":
-        return ImageOps.fit(img, (side, side), Image.BICUBIC), Fit(mode, (w, h), (0, 0, side, side))
+    w, h = size
+    if mode in ("stretch", "crop"):
+        return Fit(mode, (w, h), (0, 0, side, side))
     scale = side / max(w, h)
     nw, nh = max(1, round(w * scale)), max(1, round(h * scale))
-    inner = img.resize((nw, nh), Image.BICUBIC)
+    left, top = (side - nw) // 2, (side - nh) // 2
+    return Fit(mode, (w, h), (left, top, left + nw, top + nh))
+
+
+def fit_square(img: Image.Image, side: int, mode: ResizeMode = "crop") -> tuple[Image.Image, Fit]:
+    """Fit an RGB image into side x side: centre `crop`, `pad` (letterbox, edge colour) or `stretch`."""
+    fit = fit_of(img.size, side, mode)
+    if mode == "stretch":
+        return img.resize((side, side), Image.BICUBIC), fit
+    if mode == "crop":
+        return ImageOps.fit(img, (side, side), Image.BICUBIC), fit
+    left, top, right, bottom = fit.box
+    inner = img.resize((right - left, bottom - top), Image.BICUBIC)
     mean = tuple(int(c) for c in np.asarray(inner).reshape(-1, 3).mean(0))
     canvas = Image.new("RGB", (side, side), mean)
-    left, top = (side - nw) // 2, (side - nh) // 2
     canvas.paste(inner, (left, top))
-    return canvas, Fit(mode, (w, h), (left, top, left + nw, top + nh))
+    return canvas, fit
 
 
 def unfit(img: Image.Image, fit: Fit, max_side: int | None = None) -> Image.Image:

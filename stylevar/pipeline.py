@@ -73,6 +73,11 @@ class PipelineConfig:
                    name=d.get("name", "stylevar"), demo=bool(d.get("demo", False)),
                    generation=dict(d.get("generation", {})), extra=d.get("extra", {}))
 
+    @classmethod
+    def from_dir(cls, model_dir: str | os.PathLike) -> "PipelineConfig":
+        """The config.json of a model directory."""
+        return cls.from_dict(json.loads((Path(model_dir) / "config.json").read_text()))
+
 
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -104,7 +109,7 @@ class StylePipeline:
         """Load a model directory (default: the embedded demo model). ``autocast_dtype``: "auto" = bf16 on
         CUDA and none on the CPU; None = float32 everywhere."""
         d = check_model_dir(Path(model_dir) if model_dir is not None else DEMO_MODEL_DIR)
-        config = PipelineConfig.from_dict(json.loads((d / "config.json").read_text()))
+        config = PipelineConfig.from_dir(d)
         tokenizer = load_vqvae(load_safetensors(d / "tokenizer.safetensors"), config.tokenizer)
         model = load_stylevar(load_safetensors(d / "transformer.safetensors"), config.transformer, tokenizer)
         device = torch.device(device) if device is not None else default_device()

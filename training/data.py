@@ -109,7 +109,7 @@ class TripletTransform:
         s = self.image_size
         aug = self.augment if self.augment is not None and self.augment.enabled else None
         if aug is None:
-            return {r: _to_unit(fit_square(img, s, "crop")[0]) for r, img in images.items()}
+            return {r: to_unit(fit_square(img, s, "crop")[0]) for r, img in images.items()}
         g = item_generator(self.seed, epoch, index)
         angle = _uniform(g, -aug.content_max_degrees, aug.content_max_degrees)
         brightness = _uniform(g, 1 - aug.content_brightness, 1 + aug.content_brightness)
@@ -131,11 +131,22 @@ class TripletTransform:
         return out
 
 
-def _to_unit(img: Image.Image) -> torch.Tensor:
+def to_unit(img: Image.Image) -> torch.Tensor:
+    """A PIL image as a (3, H, W) tensor in [-1, 1]."""
     return pil_to_tensor(img).mul_(2).sub_(1)
 
 
-def _warn_skip(path: str, reason: str) -> None:
+def try_load(path: str) -> Image.Image | str:
+    """The image at ``path``, or the reason it cannot be used (for the skip report)."""
+    try:
+        return load_image(path)
+    except FileNotFoundError:
+        return "file not found"
+    except (ImageError, OSError) as e:
+        return f"{getattr(e, 'code', type(e).__name__)}: {e}"
+
+
+def warn_skip(path: str, reason: str) -> None:
     warnings.warn(f"skipping unusable training image {path}: {reason}", RuntimeWarning, stacklevel=3)
 
 
@@ -191,12 +202,10 @@ class TripletDataset(Dataset):
         for role, path in entry.paths.items():
             if path in self.skipped:
                 return path, self.skipped[path]
-            try:
-                images[role] = load_image(path)
-            except FileNotFoundError:
-                return path, "file not found"
-            except (ImageError, OSError) as e:
-                return path, f"{getattr(e, 'code', type(e).__name__)}: {e}"
+            loaded = try_load(path)
+            if isinstance(loaded, str):
+                return path, loaded
+            images[role] = loaded
         return images
 
     def __getitem__(self, index: int) -> dict:
@@ -212,7 +221,7 @@ class TripletDataset(Dataset):
                 path, reason = loaded
                 if path not in self.skipped:
                     self.skipped[path] = reason
-                    _warn_skip(path, reason)
+                    warn_skip(path, reason)
                 passed.append(path)
                 continue
             item: dict = self.transform(loaded, index, self.epoch)
@@ -304,7 +313,7 @@ class ShardTripletDataset(IterableDataset):
     def _skip(self, where: str, reason: str) -> None:
         if where not in self.skipped:
             self.skipped[where] = reason
-            _warn_skip(where, reason)
+            warn_skip(where, reason)
         return None
 
 

@@ -643,6 +643,36 @@ class TrainingState:
 
 
 # --------------------------------------------------------------------------------------------------
+# skipped files
+# --------------------------------------------------------------------------------------------------
+class SkipTracker:
+    """Collects the ``skipped`` file lists of batches (every rank) for the log and a final report."""
+
+    def __init__(self, env: DistEnv):
+        self.env = env
+        self.paths: set[str] = set()
+
+    def take(self, batch: dict[str, Any]) -> dict[str, Any]:
+        self.paths.update(batch.pop("skipped", []))
+        return batch
+
+    def all_paths(self) -> list[str]:
+        if not self.env.distributed:
+            return sorted(self.paths)
+        gathered: list[Any] = [None] * self.env.world_size
+        dist.all_gather_object(gathered, sorted(self.paths))
+        return sorted({p for part in gathered for p in part})
+
+
+def write_skip_report(run: RunDir, paths: Sequence[str], reasons: dict[str, str]) -> Path:
+    report = run.root / "skipped.json"
+    atomic_write_text(
+        report, json.dumps({"count": len(paths), "files": {p: reasons.get(p, "unusable") for p in paths}}, indent=1)
+    )
+    return report
+
+
+# --------------------------------------------------------------------------------------------------
 # numerics helpers
 # --------------------------------------------------------------------------------------------------
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")

@@ -39,7 +39,7 @@ from training import loop
 from training.data import AugmentConfig, collate_triplets, dataset_size, open_triplets
 from training.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.presets import load_preset, match_transformer, resize_tokenizer
-from training.vqvae import TOKENIZER_FILE, SkipTracker, write_skip_report
+from training.vqvae import TOKENIZER_FILE
 
 
 # ------------------------------------------------------------------------------------------ model inputs
@@ -74,8 +74,7 @@ def build_model(args: argparse.Namespace, tr_preset: StyleVARConfig, vqvae: Mult
     elif args.init:
         init = Path(args.init)
         if init.is_dir():
-            d = PipelineConfig.from_dict(json.loads((init / "config.json").read_text()))
-            cfg = d.transformer
+            cfg = PipelineConfig.from_dir(init).transformer
             model = load_stylevar(load_safetensors(init / "transformer.safetensors"), cfg, vqvae)
         else:
             model = load_stylevar(init, cfg, vqvae)
@@ -267,7 +266,7 @@ def train(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARC
                                pin_memory=env.device.type == "cuda"),
         env,
     )
-    skips = SkipTracker(env)
+    skips = loop.SkipTracker(env)
     trainable = [p for p in model.parameters() if p.requires_grad]
 
     def to_device(batch):
@@ -316,7 +315,7 @@ def train(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARC
     if env.is_main:
         reasons = dict(getattr(train_set, "skipped", {}))
         reasons.update(getattr(val_set, "skipped", {}) or {})
-        report = write_skip_report(run, skipped, reasons)
+        report = loop.write_skip_report(run, skipped, reasons)
         if skipped:
             print(f"skipped {len(skipped)} unusable image file(s); see {report}", file=sys.stderr)
     return 0

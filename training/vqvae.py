@@ -23,10 +23,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -35,10 +34,10 @@ from torch.utils.data import Dataset
 
 from stylevar.checkpoints import save_safetensors
 from stylevar.config import VQVAEConfig
-from stylevar.images import ImageError, fit_square, load_image, pil_to_tensor
+from stylevar.images import fit_square
 from stylevar.tokenizer import MultiScaleVQVAE
 from training import loop
-from training.data import ROLES, TripletDataset, open_triplets
+from training.data import ROLES, TripletDataset, open_triplets, to_unit, try_load, warn_skip
 from training.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.presets import load_preset, resize_tokenizer
 
@@ -75,17 +74,11 @@ class ImageSet(Dataset):
             if path in self.skipped:
                 passed.append(path)
                 continue
-            try:
-                img = load_image(path)
-            except FileNotFoundError:
-                reason = "file not found"
-            except (ImageError, OSError) as e:
-                reason = f"{getattr(e, 'code', type(e).__name__)}: {e}"
-            else:
-                x = pil_to_tensor(fit_square(img, self.image_size, "crop")[0]).mul_(2).sub_(1)
-                return {"image": x, "skipped": passed}
-            self.skipped[path] = reason
-            warnings.warn(f"skipping unusable training image {path}: {reason}", RuntimeWarning, stacklevel=2)
+            loaded = try_load(path)
+            if not isinstance(loaded, str):
+                return {"image": to_unit(fit_square(loaded, self.image_size, "crop")[0]), "skipped": passed}
+            self.skipped[path] = loaded
+            warn_skip(path, loaded)
             passed.append(path)
         raise RuntimeError(f"{len(passed)} consecutive unusable images from index {index}; check the data")
 
@@ -249,34 +242,6 @@ def write_tokenizer_dir(vqvae: MultiScaleVQVAE, folder: Path, extra: dict[str, A
     )
 
 
-# ------------------------------------------------------------------------------------------ skipped files
-class SkipTracker:
-    """Collects the ``skipped`` file lists of batches (every rank) for the log and a final report."""
-
-    def __init__(self, env: loop.DistEnv):
-        self.env = env
-        self.paths: set[str] = set()
-
-    def take(self, batch: dict[str, Any]) -> dict[str, Any]:
-        self.paths.update(batch.pop("skipped", []))
-        return batch
-
-    def all_paths(self) -> list[str]:
-        if not self.env.distributed:
-            return sorted(self.paths)
-        gathered: list[Any] = [None] * self.env.world_size
-        torch.distributed.all_gather_object(gathered, sorted(self.paths))
-        return sorted({p for part in gathered for p in part})
-
-
-def write_skip_report(run: loop.RunDir, paths: Sequence[str], reasons: dict[str, str]) -> Path:
-    report = run.root / "skipped.json"
-    loop.atomic_write_text(
-        report, json.dumps({"count": len(paths), "files": {p: reasons.get(p, "unusable") for p in paths}}, indent=1)
-    )
-    return report
-
-
 # ------------------------------------------------------------------------------------------ CLI
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m training.vqvae", description=__doc__.split("\n")[0],
@@ -358,7 +323,7 @@ def train(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: loop.DistEnv) -> i
     )
     restarter = DeadCodeRestarter(objective, optimizer, env, every=args.restart_every,
                                   dead_after=args.dead_after, seed=args.seed)
-    skips = SkipTracker(env)
+    skips = loop.SkipTracker(env)
 
     def to_device(batch):
         return loop.move_to(skips.take(batch), env.device)
@@ -390,7 +355,7 @@ def train(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: loop.DistEnv) -> i
     loop.fit(parts, loop.loop_config(args, precision))
     skipped = skips.all_paths()
     if env.is_main:
-        report = write_skip_report(run, skipped, {**train_set.skipped, **(val_set.skipped if val_set else {})})
+        report = loop.write_skip_report(run, skipped, {**train_set.skipped, **(val_set.skipped if val_set else {})})
         if skipped:
             print(f"skipped {len(skipped)} unusable image file(s); see {report}", file=sys.stderr)
     return 0
