@@ -416,3 +416,10 @@ def dataset_size(ds: Dataset | None) -> str:
         return "0"
     n = len(ds) if not isinstance(ds, IterableDataset) else getattr(ds, "num_samples", None)
     return str(n) if n is not None else "?"
+
+
+def check_data_args(data: Sequence[str]) -> None:
+    """Fail fast (SystemExit) on a --data value that is neither an existing path nor a shard pattern."""
+    for d in data:
+        if not (Path(d).exists() or any(ch in d for ch in "*?[{")):
+            raise SystemExit(f"error: --data {d}: manifest or shards not found")

@@ -61,7 +61,7 @@ from stylevar.lora import (LoRAConfig, attach_lora, load_lora_state_dict, lora_d
 from stylevar.pipeline import PipelineConfig, StylePipeline
 from stylevar.transformer import Condition, StyleVAR
 from training import loop
-from training.data import collate_triplets, dataset_size, open_triplets
+from training.data import check_data_args, collate_triplets, dataset_size, open_triplets
 from training.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.rewards import REWARDS, Reward, RewardConfig
 
@@ -499,9 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_inputs(args: argparse.Namespace) -> None:
-    for d in args.data:
-        if not (Path(d).exists() or any(ch in d for ch in "*?[{")):
-            raise SystemExit(f"error: --data {d}: manifest or shards not found")
+    check_data_args(args.data)
     init = Path(args.init)
     if not (init / "config.json").is_file() or not (init / "transformer.safetensors").is_file():
         raise SystemExit(f"error: --init {init}: not a model directory (config.json + *.safetensors)")

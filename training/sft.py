@@ -36,7 +36,7 @@ from stylevar.pipeline import PipelineConfig, StylePipeline
 from stylevar.tokenizer import MultiScaleVQVAE
 from stylevar.transformer import StyleVAR
 from training import loop
-from training.data import AugmentConfig, collate_triplets, dataset_size, open_triplets
+from training.data import AugmentConfig, check_data_args, collate_triplets, dataset_size, open_triplets
 from training.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.presets import load_preset, match_transformer, resize_tokenizer
 from training.vqvae import TOKENIZER_FILE
@@ -192,9 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_inputs(args: argparse.Namespace) -> None:
     """Fail fast, before any work, on missing inputs."""
-    for d in args.data:
-        if not (Path(d).exists() or any(ch in d for ch in "*?[{")):
-            raise SystemExit(f"error: --data {d}: manifest or shards not found")
+    check_data_args(args.data)
     tok = Path(args.tokenizer)
     if not tok.exists():
         raise SystemExit(f"error: --tokenizer {tok}: not found")
