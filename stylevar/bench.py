@@ -84,11 +84,12 @@ def machine_name(device: torch.device) -> str:
 
 
 def run(cfg: BenchConfig) -> BenchResult:
+    from stylevar.devices import resolve_device
     from stylevar.pipeline import StylePipeline
 
+    device = resolve_device(cfg.device)  # a missing device is one clear error, before any model is built
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    device = torch.device(cfg.device)
     pipe = StylePipeline.random(cfg.preset, seed=cfg.seed).to(device)
     model = pipe.model
     use_bf16 = device.type == "cuda" and cfg.bf16
@@ -208,8 +209,8 @@ def write_table(records_path: Path, table_path: Path) -> None:
     table_path.write_text(f"{head}{TABLE_BEGIN}\n{table_rows(records)}\n{TABLE_END}{tail}")
 
 
-def add_subparser(sub) -> None:
-    p = sub.add_parser("bench", help="speed of generation and teacher forcing (random weights)")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of `stylevar bench` (listed in stylevar.cli)."""
     p.add_argument("--preset", default="tiny")
     p.add_argument("--device", default="cpu")
     p.add_argument("--batch-sizes", default="1,8", help="comma-separated batch sizes for generate")

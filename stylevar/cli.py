@@ -1,17 +1,86 @@
-"""The `stylevar` command. Each sub-command lives with the code it runs and registers itself here."""
+"""The `stylevar` command.
+
+Each sub-command's arguments live with the code it runs; the table below names where, and only the
+chosen command's module is imported (so `stylevar --help` and `--version` never import torch). Every
+argument and file check runs before a model loads, and every error a user can cause is one line on
+stderr and a non-zero exit.
+"""
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import math
 import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
+
+MAX_SEED = 2**32 - 1  # as the service
+EXIT_USAGE = 2
 
 
-def _add_convert(sub) -> None:
-    p = sub.add_parser("convert", help="convert published .pth checkpoints into a model directory")
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    # adds the command's arguments and `func` to its parser: a function, or "module:function" imported
+    # only when this command runs
+    arguments: Callable[[argparse.ArgumentParser], None] | str
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with each usage error as one line (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+# ------------------------------------------------------------------------------------------------ value types
+def _number(text: str, kind: type) -> float | int:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def float_in(lo: float, hi: float, note: str = "") -> Callable[[str], float]:
+    """An argparse type: a float in [lo, hi]."""
+
+    def parse(text: str) -> float:
+        value = float(_number(text, float))
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"must be in [{lo:g}, {hi:g}]{note}, got {text}")
+        return value
+
+    return parse
+
+
+def int_in(lo: int, hi: int | None = None, note: str = "") -> Callable[[str], int]:
+    """An argparse type: an integer >= lo (and <= hi when given)."""
+
+    def parse(text: str) -> int:
+        value = int(_number(text, int))
+        if value < lo or (hi is not None and value > hi):
+            bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+            raise argparse.ArgumentTypeError(f"must be an integer {bound}{note}, got {text}")
+        return value
+
+    return parse
+
+
+# ------------------------------------------------------------------------------------------------ convert
+def convert_arguments(p: argparse.ArgumentParser) -> None:
+    from stylevar.config import PRESETS
+
     p.add_argument("--vae", required=True, help="VQ-VAE checkpoint (vae_ch160v4096z32.pth layout)")
     p.add_argument("--model", required=True, help="StyleVAR checkpoint (any published layout)")
-    p.add_argument("--preset", default="d20", help="tiny|d16|d20|d24|d30 (ignored with --config)")
+    p.add_argument("--preset", default="d20", choices=PRESETS, help="model shape (ignored with --config)")
     p.add_argument("--config", help="reference config.json (patch_nums, V, Cvae, ch, depth, ...) instead of a preset")
     p.add_argument("--lora-scaling", type=float, help="alpha/rank for LoRA-wrapped files without args")
     p.add_argument("--name", default=None, help="model name recorded in config.json")
@@ -20,15 +89,26 @@ def _add_convert(sub) -> None:
     p.set_defaults(func=_convert)
 
 
-def _convert(args) -> int:
-    import torch
+def _convert(args: argparse.Namespace) -> int:
+    from stylevar import preflight
+
+    preflight.input_file(args.vae, "--vae checkpoint")
+    preflight.input_file(args.model, "--model checkpoint")
+    ref = None
+    if args.config:
+        try:
+            ref = json.loads(preflight.input_file(args.config, "--config").read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise preflight.InputError(f"--config {args.config} is not a JSON file ({e})") from None
+    preflight.output_folder(args.out, "--out folder")
+
+    import torch  # the checks are done: from here on the work
 
     from stylevar.checkpoints import load_stylevar, load_vqvae
     from stylevar.config import StyleVARConfig, VQVAEConfig, presets
     from stylevar.pipeline import StylePipeline
 
-    if args.config:
-        ref = json.loads(Path(args.config).read_text())
+    if ref is not None:
         vq_cfg, tr_cfg = VQVAEConfig.from_reference(ref), StyleVARConfig.from_reference(ref)
     else:
         vq_cfg, tr_cfg = presets(args.preset)
@@ -40,63 +120,104 @@ def _convert(args) -> int:
     return 0
 
 
-def _add_stylize(sub) -> None:
-    from stylevar.images import RESIZE_MODES
+# ------------------------------------------------------------------------------------------------ stylize
+def stylize_arguments(p: argparse.ArgumentParser) -> None:
+    from stylevar.images import RESIZE_MODES  # PIL, not torch
 
-    p = sub.add_parser("stylize", help="re-draw a content image in the style of another")
-    p.add_argument("content")
-    p.add_argument("style")
-    p.add_argument("-o", "--output", required=True)
+    p.add_argument("content", help="content image (JPEG, PNG or WebP)")
+    p.add_argument("style", help="style image (JPEG, PNG or WebP)")
+    p.add_argument("-o", "--output", required=True, help="output image (.png, .jpg, .jpeg or .webp)")
     p.add_argument("--model", default=None, help="model directory (default: the embedded demo model)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--style-strength", type=float, default=0.0, help="-1 (content) .. 1 (style)")
-    p.add_argument("--top-k", type=int, default=None, help="default: the model's recommended value, else 900")
-    p.add_argument("--top-p", type=float, default=None, help="default: the model's recommended value, else 0.96")
+    p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0)
+    p.add_argument("--style-strength", type=float_in(-1.0, 1.0), default=0.0, help="-1 (content) .. 1 (style)")
+    p.add_argument("--top-k", type=int_in(0, note=" (0 switches top-k off)"), default=None,
+                   help="0 switches top-k off; default: the model's recommended value, else 900")
+    p.add_argument("--top-p", type=float_in(0.0, 1.0, note=" (0 or 1 switches top-p off)"), default=None,
+                   help="0 or 1 switches top-p off; default: the model's recommended value, else 0.96")
     p.add_argument("--resize", choices=RESIZE_MODES, default="stretch")
-    p.add_argument("--device", default=None)
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps ... (default: cuda if available)")
     p.set_defaults(func=_stylize)
 
 
-def _stylize(args) -> int:
-    from stylevar.images import load_image
-    from stylevar.pipeline import StylePipeline
+def _stylize(args: argparse.Namespace) -> int:
+    from stylevar import preflight
+    from stylevar.devices import check_device
+
+    content = preflight.read_image(args.content, "content")
+    style = preflight.read_image(args.style, "style")
+    output = preflight.output_image_path(args.output)
+    check_device(args.device)
+    for img, role in ((content, "content"), (style, "style")):
+        warning = preflight.small_image_warning(img, role)
+        if warning:
+            print(warning, file=sys.stderr)
+
+    from stylevar.pipeline import StylePipeline  # the checks are done: from here on the work
 
     pipe = StylePipeline.from_pretrained(args.model, device=args.device)
     if pipe.config.demo:
         print(f"using the {pipe.config.label}", file=sys.stderr)
-    out = pipe(load_image(args.content), load_image(args.style), seed=args.seed, resize=args.resize,
-               style_strength=args.style_strength, top_k=args.top_k, top_p=args.top_p)
-    out.save(args.output)
-    print(f"wrote {args.output} ({out.size[0]}x{out.size[1]})")
+    out = pipe(content, style, seed=args.seed, resize=args.resize, style_strength=args.style_strength,
+               top_k=args.top_k, top_p=args.top_p)
+    try:
+        out.save(output, format=preflight.OUTPUT_EXTENSIONS[output.suffix.lower()])
+    except OSError as e:
+        raise preflight.InputError(f"cannot write {output}: {e}") from e
+    print(f"wrote {output} ({out.size[0]}x{out.size[1]})")
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from stylevar import __version__, bench
+# ------------------------------------------------------------------------------------------------ the table
+COMMANDS: tuple[Command, ...] = (
+    Command("convert", "convert published .pth checkpoints into a model directory", convert_arguments),
+    Command("stylize", "re-draw a content image in the style of another", stylize_arguments),
+    Command("bench", "speed of generation and teacher forcing (random weights)", "stylevar.bench:add_arguments"),
+    Command("merge-lora", "bake the LoRA adapters of a GRPO checkpoint into a plain model directory",
+            "stylevar.lora:add_arguments"),
+    Command("weights", "list and fetch external weights (VGG, LPIPS, DreamSim, CLIP, ...)",
+            "stylevar.weights:add_arguments"),
+    Command("evaluate", "compare methods on benchmark triplets (the paper's Table 1 metrics)",
+            "stylevar.evaluate:add_arguments"),
+)
 
-    parser = argparse.ArgumentParser(prog="stylevar", description=__doc__)
+
+def _chosen(argv: Sequence[str]) -> str | None:
+    """The sub-command named in ``argv`` (the first word that is not an option), if any."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for ``argv``: every command is listed, and the chosen one has its full arguments
+    (``argv`` None: all of them, which imports every command's module)."""
+    from stylevar import __version__
+
+    chosen = _chosen(argv) if argv is not None else None
+    parser = Parser(prog="stylevar", description="StyleVAR: reference-based image style transfer. "
+                                                 "`stylevar COMMAND --help` describes a command.")
     parser.add_argument("--version", action="version", version=f"stylevar {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    _add_convert(sub)
-    _add_stylize(sub)
-    bench.add_subparser(sub)
-    # sub-commands registered by other modules
-    from stylevar import lora; lora.add_subparser(sub)  # merge-lora
-    from stylevar import weights; weights.add_subparser(sub)  # weights status|fetch
-    from stylevar import evaluate; evaluate.add_subparser(sub)  # evaluate
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for cmd in COMMANDS:
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        if argv is None or cmd.name == chosen:
+            _arguments(cmd)(p)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    from stylevar.checkpoints import CheckpointError
-    from stylevar.images import ImageError
+def _arguments(cmd: Command) -> Callable[[argparse.ArgumentParser], None]:
+    if callable(cmd.arguments):
+        return cmd.arguments
+    module, _, name = cmd.arguments.partition(":")
+    return getattr(importlib.import_module(module), name)
 
-    args = build_parser().parse_args(argv)
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (FileNotFoundError, CheckpointError, ImageError, ValueError) as e:
+    except (FileNotFoundError, ValueError) as e:  # ImageError, CheckpointError, InputError, DeviceError ...
         print(f"stylevar {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

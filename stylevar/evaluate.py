@@ -34,9 +34,11 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 
 from stylevar import weights
+from stylevar.devices import resolve_device
 from stylevar.images import load_image, pil_to_tensor, tensor_to_pil
 from stylevar.manifest import manifest_path, read_manifest
 from stylevar.metrics import METRICS, NAMES, PAPER_METRICS, MetricSuite, weights_for
+from stylevar.preflight import output_folder
 
 BUILTIN_METHODS = ("adain", "adain-paper", "reinhard")
 TIME = "seconds_per_image"
@@ -301,11 +303,13 @@ def run(cfg: EvalConfig) -> RunResult:
     """Evaluate every method on every benchmark and write the outputs to `cfg.out`."""
     from tqdm.auto import tqdm
 
+    # every check before any model or metric loads (and before hours of work end at an unwritable --out)
+    output_folder(cfg.out, "--out folder")
+    device = resolve_device(cfg.device)
     methods = [make_method(spec) for spec in cfg.methods]
     _unique_names(methods)
     benchmarks = [load_benchmark(name, src, split=cfg.split, n=cfg.n, seed=cfg.seed) for name, src in cfg.benchmarks]
     gone = check_weights(cfg, methods)
-    device = torch.device(cfg.device) if cfg.device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     result = RunResult()
     runnable = []
     for m in methods:
@@ -591,10 +595,9 @@ def _cmd(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_subparser(subparsers) -> argparse.ArgumentParser:
-    """Register `stylevar evaluate`."""
-    p = subparsers.add_parser("evaluate", help="compare methods on benchmark triplets (the paper's Table 1 metrics)",
-                              description=__doc__.split("\n\n")[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of `stylevar evaluate` (listed in stylevar.cli)."""
+    p.description = __doc__.split("\n\n")[0]
     p.add_argument("--method", action="append", required=True, metavar="MODEL_DIR|adain|adain-paper|reinhard",
                    help="a method to evaluate (repeat for several)")
     p.add_argument("--benchmark", action="append", required=True, type=_parse_benchmark,
@@ -615,4 +618,3 @@ def add_subparser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-warmup", action="store_true", help="time the first call too (default: one untimed call)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd)
-    return p

@@ -247,9 +247,9 @@ def unload_lora(model: nn.Module, *, merge: bool = True) -> nn.Module:
 
 
 # ------------------------------------------------------------------------------------------ CLI
-def add_subparser(sub) -> None:
-    """`stylevar merge-lora`: a GRPO checkpoint (LoRA on top of its base) -> a plain model directory."""
-    p = sub.add_parser("merge-lora", help="bake the LoRA adapters of a GRPO checkpoint into a plain model directory")
+def add_arguments(p) -> None:
+    """`stylevar merge-lora` (listed in stylevar.cli): a GRPO checkpoint (LoRA on top of its base) -> a plain
+    model directory."""
     p.add_argument("checkpoint", help="a GRPO checkpoint (RUN/checkpoints/step-*.pt) or a RUN directory (its newest one)")
     p.add_argument("--out", required=True, help="output model directory")
     p.add_argument("--config", metavar="MODEL_DIR",

@@ -521,9 +521,8 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def add_subparser(subparsers) -> argparse.ArgumentParser:
-    """Register `stylevar weights status|fetch`."""
-    parser = subparsers.add_parser("weights", help="list and fetch external weights (VGG, LPIPS, DreamSim, CLIP, ...)")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of `stylevar weights status|fetch` (listed in stylevar.cli)."""
     sub = parser.add_subparsers(dest="weights_command", required=True)
     p_status = sub.add_parser("status", help="list every registered weight and whether it is present")
     p_status.set_defaults(func=_cmd_status)
@@ -534,5 +533,4 @@ def add_subparser(subparsers) -> argparse.ArgumentParser:
     p_fetch.add_argument("--force", action="store_true", help="download again even if present")
     p_fetch.add_argument("--quiet", action="store_true", help="no progress bars")
     p_fetch.set_defaults(func=_cmd_fetch)
-    return parser
 

@@ -307,6 +307,29 @@ def test_runs_on_webdataset_shards(setup, tmp_path, capsys):
     assert [r["step"] for r in loop.read_log(tmp_path / "run")] == [1, 2]
 
 
+def test_a_damaged_newest_checkpoint_resumes_from_the_previous_one(setup, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    out, args = tmp_path / "run", _args(setup, tmp_path / "run", 4, "--save-every", 2)
+    assert grpo.main(args) == 0  # checkpoints at steps 2 and 4
+    done = load_file(str(out / "final" / "transformer.safetensors"))
+    newest = out / "checkpoints" / "step-00000004.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])  # a torn write
+    capsys.readouterr()
+    assert grpo.main(args) == 0
+    err = capsys.readouterr().err
+    assert "resumed from step 2" in err and f"checkpoint {newest} is unreadable (" in err
+    assert [r["step"] for r in loop.read_log(out)] == [1, 2, 3, 4]
+    again = load_file(str(out / "final" / "transformer.safetensors"))
+    assert all(torch.equal(done[k], again[k]) for k in done)  # steps 3 and 4 trained again, identically
+
+    for p in (out / "checkpoints").glob("step-*.pt"):
+        p.write_bytes(b"")
+    with pytest.raises(SystemExit, match=r"^error: no readable checkpoint in .*: step-00000004.pt \(empty file\); "
+                                         r"step-00000002.pt \(empty file\)\. "):
+        grpo.main(args)
+
+
 @pytest.mark.slow
 def test_resume_after_kill_9_continues_exactly(setup, tmp_path):
     steps, half = 10, 5

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import socket
 
 import numpy as np
@@ -215,6 +216,66 @@ def test_fit_resume_is_bitwise_exact_and_logs(tmp_path):
     again = _toy_fit(tmp_path / "full", 12, 12)
     assert torch.equal(again.net[0].weight, full.net[0].weight)
     assert len(loop.read_log(tmp_path / "full")) == len(full_log)
+
+
+def _damage(path, how: str) -> bytes:
+    """A torn write: the first half of the file (``truncated``) or nothing at all (``empty``)."""
+    data = path.read_bytes()
+    data = data[: len(data) // 2] if how == "truncated" else b""
+    path.write_bytes(data)
+    return data
+
+
+@pytest.mark.parametrize("how", ["truncated", "empty"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys, how):
+    full = _toy_fit(tmp_path / "full", 12, 12)
+    _toy_fit(tmp_path / "part", 9, 12)  # checkpoints at steps 6 and 9 (keep 2)
+    ckpts = tmp_path / "part" / "checkpoints"
+    damaged = _damage(ckpts / "step-00000009.pt", how)
+    capsys.readouterr()
+    resumed = _toy_fit(tmp_path / "part", 12, 12)
+    err = capsys.readouterr().err
+    assert "resumed from step 6" in err
+    # what torch raises on a torn zip depends on where it was cut ("PytorchStreamReader failed ...", OSError, ...)
+    reason = r"\w+Error: .+" if how == "truncated" else r"empty file"
+    assert re.search(rf"checkpoint {re.escape(str(ckpts / 'step-00000009.pt'))} is unreadable \({reason}\)", err)
+    assert "renamed to step-00000009.pt.corrupt" in err
+    # the run continued exactly as if the damaged file had never been written
+    for a, b in zip(full.state_dict().values(), resumed.state_dict().values()):
+        assert torch.equal(a, b)
+    steps = lambda run: [r["step"] for r in loop.read_log(run)]  # noqa: E731
+    assert steps(tmp_path / "part") == steps(tmp_path / "full")
+    # the bad file is kept aside (not pruned as one of the newest, not tried again)
+    assert (ckpts / "step-00000009.pt.corrupt").read_bytes() == damaged
+    assert [s for s, _ in CheckpointManager(ckpts, CPU1).paths()] == [9, 12]
+
+
+def test_no_readable_checkpoint_is_one_clear_error_naming_the_files(tmp_path):
+    _toy_fit(tmp_path / "run", 6, 12)  # checkpoints at steps 3 and 6
+    ckpts = tmp_path / "run" / "checkpoints"
+    _damage(ckpts / "step-00000006.pt", "empty")
+    _damage(ckpts / "step-00000003.pt", "truncated")
+    with pytest.raises(loop.CheckpointsUnreadableError) as info:
+        _toy_fit(tmp_path / "run", 12, 12)
+    msg = str(info.value)
+    assert "\n" not in msg and str(ckpts) in msg
+    assert "step-00000006.pt (empty file)" in msg
+    assert re.search(r"step-00000003.pt \(\w+Error: .+\)", msg)
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step-00000003.pt", "step-00000006.pt"]  # nothing renamed
+
+
+def test_any_unloadable_file_is_skipped(tmp_path):
+    mgr = CheckpointManager(tmp_path / "ck", CPU1, keep=5)
+    mgr.save(1, {"step": 1, "w": torch.ones(2)})
+    (tmp_path / "ck" / "step-00000002.pt").write_bytes(b"not a pickle at all")
+    torch.save({"no": "step"}, tmp_path / "ck" / "step-00000003.pt")
+    torch.save([1, 2, 3], tmp_path / "ck" / "step-00000004.pt")
+    loaded = mgr.load()
+    assert loaded.state["step"] == 1 and loaded.path == tmp_path / "ck" / "step-00000001.pt"
+    assert [b.path.name for b in loaded.skipped] == ["step-00000004.pt", "step-00000003.pt", "step-00000002.pt"]
+    assert "not a training checkpoint" in loaded.skipped[0].reason
+    assert [s for s, _ in mgr.paths()] == [1]
+    assert mgr.load_latest()["step"] == 1
 
 
 def _assert_close_states(a, b, atol=1e-5):

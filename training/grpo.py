@@ -527,6 +527,8 @@ def main(argv: list[str] | None = None) -> int:
     env = loop.setup_distributed(args.device)
     try:
         return train(args, grpo_cfg, merge_cfg, lora_cfg, reward_cfg, env)
+    except loop.CheckpointsUnreadableError as e:
+        raise SystemExit(f"error: {e}") from None
     finally:
         loop.teardown_distributed()
 
@@ -558,13 +560,10 @@ def train(args: argparse.Namespace, grpo_cfg: GRPOConfig, merge_cfg: MergeConfig
     base_config = pipe.config
 
     resumable = loop.TrainingState(model, optimizer, scheduler, scaler, stream, env)
-    state = ckpts.load_latest()
-    start, notes = 0, []
-    if state is not None:
-        notes = resumable.load_state_dict(state, seed=args.seed)
-        trainer.controller.load_state_dict(state["extra"]["merge"])
-        start = int(state["step"])
-        del state
+    resumed = loop.resume(ckpts, resumable, args.seed)
+    if resumed.path is not None:
+        trainer.controller.load_state_dict(resumed.extra["merge"])
+    start = resumed.step
 
     def save(step: int) -> None:
         st = resumable.state_dict(step, extra={"merge": trainer.controller.state_dict(),
@@ -576,7 +575,7 @@ def train(args: argparse.Namespace, grpo_cfg: GRPOConfig, merge_cfg: MergeConfig
     with loop.RunLogger(run, env, total_steps=args.max_steps, start_step=start, progress=not args.no_progress) as log:
         if start:
             log.info(f"resumed from step {start} (epoch {stream.epoch}, batch {stream.index})")
-        for note in notes:
+        for note in resumed.notes:
             log.info(note)
         n_lora = sum(p.numel() for p in lora_parameters(model))
         log.info(f"{dataset_size(dataset)} training triplets, {pipe.image_size}px, G={grpo_cfg.group_size}, "

@@ -8,10 +8,9 @@ model and an objective and wires these parts together:
     run = RunDir.prepare(out, config_dict, env, free_keys=...)     # RUN/config.json, resume check
     stream = BatchStream(dataset, BatchStreamConfig(...), env)      # seeded, sharded, resumable
     ckpts = CheckpointManager(run.checkpoints, keep=3, env=env)
-    state = ckpts.load_latest()                                     # None on a fresh run
     resumable = TrainingState(model, optimizer, scheduler, scaler, stream, env)
-    if state: resumable.load_state_dict(state, seed)              # ckpts.save(step, resumable.state_dict(step))
-    with RunLogger(run, env, total_steps, start_step) as log: ...
+    resumed = resume(ckpts, resumable, seed)      # newest readable checkpoint; step 0 on a fresh run
+    with RunLogger(run, env, total_steps, resumed.step) as log: ...  # ckpts.save(step, resumable.state_dict(step))
 
 Conventions
 - ``step`` counts completed optimizer steps; a checkpoint taken at step s resumes at step s + 1.
@@ -48,6 +47,10 @@ LOG_NAME = "log.jsonl"
 
 class RunConfigMismatchError(RuntimeError):
     """The RUN directory belongs to a run with a different configuration."""
+
+
+class CheckpointsUnreadableError(RuntimeError):
+    """``RUN/checkpoints`` holds checkpoints, but none of them can be read (the message names each)."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -563,20 +566,100 @@ class CheckpointManager:
         self.env.barrier()
         return path if self.env.is_main else None
 
-    def load_latest(self) -> dict[str, Any] | None:
-        """The newest checkpoint (read on every rank), or None. Stale temp files are removed."""
+    def load(self) -> LoadedCheckpoint:
+        """The newest readable checkpoint (read on every rank); its ``state`` is None on a fresh run.
+
+        Newer files that cannot be read (truncated, empty, not a checkpoint) are skipped, reported in
+        ``skipped`` and renamed to ``*.pt.corrupt``, so they are neither tried again nor counted among the
+        ``keep`` newest. Files present but none readable: :class:`CheckpointsUnreadableError`, naming each
+        file and why (nothing is renamed). Stale temp files are removed.
+        """
         if self.env.is_main and self.dir.is_dir():
             for p in self.dir.glob(".step-*.tmp"):
                 p.unlink(missing_ok=True)
         self.env.barrier()
         found = self.paths()
-        if not found:
-            return None
-        step, path = found[-1]
+        bad: list[BadCheckpoint] = []
+        for step, path in reversed(found):
+            try:
+                state = read_checkpoint(path)
+            except CorruptCheckpointError as e:
+                bad.append(BadCheckpoint(path, str(e)))
+                continue
+            if int(state["step"]) != step:
+                raise RuntimeError(f"{path} holds step {state['step']}, its name says {step}")
+            self._set_aside(bad)
+            return LoadedCheckpoint(state, path, tuple(bad))
+        if bad:
+            raise CheckpointsUnreadableError(
+                f"no readable checkpoint in {self.dir}: {'; '.join(map(str, bad))}. Restore a good copy, or move "
+                "these files away to start the run from step 0")
+        return LoadedCheckpoint(None, None)
+
+    def load_latest(self) -> dict[str, Any] | None:
+        """The state of :meth:`load` (None on a fresh run)."""
+        return self.load().state
+
+    def _set_aside(self, bad: Sequence[BadCheckpoint]) -> None:
+        """Rename unreadable files to ``*.corrupt`` once every rank is past reading them (rank 0)."""
+        if not bad:
+            return
+        self.env.barrier()
+        if self.env.is_main:
+            for b in bad:
+                os.replace(b.path, b.set_aside_as)
+            _fsync_dir(self.dir)
+        self.env.barrier()
+
+
+class CorruptCheckpointError(ValueError):
+    """One checkpoint file cannot be read; the message says why."""
+
+
+@dataclass(frozen=True)
+class BadCheckpoint:
+    """A checkpoint file that could not be read, and why."""
+
+    path: Path
+    reason: str
+
+    @property
+    def set_aside_as(self) -> Path:
+        return self.path.with_name(self.path.name + ".corrupt")
+
+    def __str__(self) -> str:
+        return f"{self.path.name} ({self.reason})"
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    state: dict[str, Any] | None  # None: no checkpoint yet
+    path: Path | None
+    skipped: tuple[BadCheckpoint, ...] = ()  # newer files that could not be read, newest first
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """A checkpoint dict from ``path``; :class:`CorruptCheckpointError` if the file cannot be used.
+
+    ``torch.load`` raises many types on damaged files (a truncated zip: RuntimeError "PytorchStreamReader
+    failed reading zip archive"; an empty or cut pickle: EOFError; garbage: UnpicklingError ...): all of
+    them mean the same thing here.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise CorruptCheckpointError(f"cannot read it: {e.strerror or e}") from e
+    if size == 0:
+        raise CorruptCheckpointError("empty file")
+    try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-        if int(state["step"]) != step:
-            raise RuntimeError(f"{path} holds step {state['step']}, its name says {step}")
-        return state
+    except Exception as e:  # noqa: BLE001 - any failure to load means the file is unusable
+        gist = (str(e).strip().splitlines() or [""])[0].split(". ")[0]  # torch appends paragraphs of advice
+        raise CorruptCheckpointError(f"{type(e).__name__}: {gist}" if gist else type(e).__name__) from e
+    if not isinstance(state, Mapping) or "step" not in state:
+        raise CorruptCheckpointError("not a training checkpoint (no 'step' entry)")
+    return dict(state)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -640,6 +723,29 @@ class TrainingState:
                 "process RNG streams reseeded"
             )
         return notes + list(getattr(self.stream, "notes", ()))  # e.g. shard streams restarting
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """Where a run starts: ``step`` 0 and no ``path`` on a fresh run."""
+
+    step: int = 0
+    path: Path | None = None
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # the recipe's own saved state
+    notes: tuple[str, ...] = ()  # lines worth logging: skipped checkpoints, a changed world size, ...
+
+
+def resume(ckpts: CheckpointManager, resumable: TrainingState, seed: int) -> Resumed:
+    """Restore ``resumable`` from the newest readable checkpoint; the one resume path of every recipe."""
+    loaded = ckpts.load()
+    notes = [f"checkpoint {b.path} is unreadable ({b.reason}); renamed to {b.set_aside_as.name}"
+             for b in loaded.skipped]
+    if loaded.state is None:
+        return Resumed(notes=tuple(notes))
+    if loaded.skipped:
+        notes.append(f"resuming from the newest readable checkpoint, {loaded.path}")
+    notes += resumable.load_state_dict(loaded.state, seed=seed)
+    return Resumed(int(loaded.state["step"]), loaded.path, dict(loaded.state.get("extra", {})), tuple(notes))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -891,19 +997,14 @@ def fit(parts: FitParts, cfg: LoopConfig) -> int:
     ckpts = CheckpointManager(run.checkpoints, env, keep=cfg.keep_checkpoints)
     resumable = TrainingState(parts.objective, parts.optimizer, parts.scheduler, parts.scaler, parts.stream, env,
                               parts.generators)
-    state = ckpts.load_latest()
-    start = 0
-    notes: list[str] = []
-    if state is not None:
-        notes = resumable.load_state_dict(state, seed=cfg.seed)
-        if parts.load_extra_state is not None:
-            parts.load_extra_state(state.get("extra", {}))
-        start = int(state["step"])
-        del state
+    resumed = resume(ckpts, resumable, cfg.seed)
+    if resumed.path is not None and parts.load_extra_state is not None:
+        parts.load_extra_state(resumed.extra)
+    start = resumed.step
     with RunLogger(run, env, total_steps=cfg.max_steps, start_step=start, progress=cfg.progress) as log:
         if start:
             log.info(f"resumed from step {start} (epoch {parts.stream.epoch}, batch {parts.stream.index})")
-        for note in notes:
+        for note in resumed.notes:
             log.info(note)
         if parts.on_start is not None:
             parts.on_start(log, start)

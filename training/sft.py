@@ -217,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     env = loop.setup_distributed(args.device)
     try:
         return train(args, vq_preset, tr_preset, env)
+    except loop.CheckpointsUnreadableError as e:
+        raise SystemExit(f"error: {e}") from None
     finally:
         loop.teardown_distributed()
 

@@ -1,0 +1,70 @@
+"""Device names a user passes (`--device cuda:1`): parsed and checked before any model is built.
+
+Importing this module does not import torch. On a Linux machine with no GPU driver at all, a CUDA
+request is refused from the device nodes alone, without importing torch (the command line answers in
+well under a second); everywhere else torch itself decides.
+"""
+from __future__ import annotations
+
+import glob
+import re
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+_CUDA_NAME = re.compile(r"^cuda(?::(\d+))?$")
+# what a GPU driver leaves on Linux: NVIDIA (bare metal and containers), AMD ROCm (torch's "cuda" is HIP
+# there) and WSL2's paravirtual GPU. None of them present: no CUDA device can be available.
+_GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia[0-9]*", "/proc/driver/nvidia/gpus/*", "/dev/kfd", "/dev/dxg")
+
+
+class DeviceError(ValueError):
+    """A device that is not a device name, or that this machine does not have."""
+
+
+def _no_gpu_driver() -> bool:
+    """True only when it is certain that no CUDA device exists (Linux without any GPU driver node)."""
+    return sys.platform.startswith("linux") and not any(glob.glob(pattern) for pattern in _GPU_NODES)
+
+
+def check_device(name: str | None) -> str | None:
+    """``name`` unchanged if this machine can run on it (None: choose automatically); else DeviceError.
+
+    ``cpu`` is always fine and imports nothing; ``cuda`` / ``cuda:N`` on a machine without any GPU driver
+    is refused without importing torch; anything else is parsed and checked by torch.
+    """
+    if name is None or name == "cpu":
+        return name
+    if _CUDA_NAME.match(name) and _no_gpu_driver():
+        raise DeviceError(f"device {name!r} is not available: this machine has no GPU driver (use --device cpu)")
+    resolve_device(name)
+    return name
+
+
+def resolve_device(name: str | None) -> "torch.device":
+    """The torch.device for ``name`` (None: CUDA if available, else the CPU), checked to exist here."""
+    import torch
+
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError) as e:
+        raise DeviceError(f"{name!r} is not a device name (examples: cpu, cuda, cuda:1, mps)") from e
+    if device.type == "cpu":
+        return device
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise DeviceError(f"device {name!r} is not available: torch finds no CUDA device (use --device cpu)")
+        if device.index is not None and device.index >= count:
+            raise DeviceError(f"device {name!r} is not available: this machine has {count} CUDA device(s) "
+                              f"(cuda:0 .. cuda:{count - 1})")
+        return device
+    backend = getattr(torch.backends, device.type, None) or getattr(torch, device.type, None)
+    available = getattr(backend, "is_available", None)
+    if available is None or not available():
+        raise DeviceError(f"device {name!r} is not available on this machine (use --device cpu)")
+    return device
