@@ -105,6 +105,11 @@ class StyleVARConfig(_Serializable):
     image_encoder: str = "resnet18"  # "resnet18" (official) or "cnn" (tiny)
     encoder_dim: int = 512
     dropout: float = 0.0
+    # Opt-in variant (never part of a published preset): the content's token stream is also added to the
+    # target's input stream, position by position, through a zero-initialised linear map, so the content's
+    # layout reaches the residual path directly and not only through attention weights. Off, the model is
+    # the published architecture exactly (no extra weights).
+    content_injection: bool = False
 
     def __post_init__(self):
         if self.embed_dim == 0:

@@ -6,12 +6,15 @@ Three token streams share the embeddings (word_embed(code) + lvl_embed(level) + 
   style    the style image's cumulative f_hat at each scale's resolution (L tokens), fixed per image;
   content  the same for the content image.
 Every block: target -> keys/values, style and content -> queries (level-causal), blended per scale by
-alpha_k; AdaLN from the style embedding. Read top to bottom: embeddings, block, head, teacher forcing,
+alpha_k; AdaLN from the style embedding. With `cfg.content_injection` (an opt-in variant, off in the
+published presets) the content stream is also added to the target's inputs through a zero-initialised
+linear map (`content_in`). Read top to bottom: embeddings, block, head, teacher forcing,
 generation.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -92,14 +95,22 @@ class Condition:
     sos_B1C: torch.Tensor  # content embedding + pos_start: the first target token (before lvl/pos)
     style_ln_BLC: torch.Tensor  # LayerNorm'ed style token stream
     content_ln_BLC: torch.Tensor  # LayerNorm'ed content token stream
+    inject_BLC: torch.Tensor | None = None  # content_in(content stream), added to the target inputs (variant)
+
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "Condition":
+        fields = (getattr(self, f.name) for f in dataclasses.fields(self))  # not astuple: it deep-copies tensors
+        return Condition(*(None if t is None else fn(t) for t in fields))
 
     def rows(self, start: int, end: int) -> "Condition":
-        return Condition(*(t[start:end] for t in (self.cond_BD, self.sos_B1C, self.style_ln_BLC, self.content_ln_BLC)))
+        return self._map(lambda t: t[start:end])
 
     def repeat_interleave(self, n: int) -> "Condition":
         """Each row n times (the G rollouts of a group share their pair's condition)."""
-        return Condition(*(t.repeat_interleave(n, 0)
-                           for t in (self.cond_BD, self.sos_B1C, self.style_ln_BLC, self.content_ln_BLC)))
+        return self._map(lambda t: t.repeat_interleave(n, 0))
+
+    def target_inputs(self, x_BlC: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        """Target inputs at positions [start, end), plus the content injection when the model has one."""
+        return x_BlC if self.inject_BLC is None else x_BlC + self.inject_BLC[:, start:end]
 
 
 class StyleVAR(nn.Module):
@@ -123,6 +134,7 @@ class StyleVAR(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
         self.head_nm = AdaLNHead(C, cfg.norm_eps)
         self.head = nn.Linear(C, cfg.vocab_size)
+        self.content_in = nn.Linear(C, C) if cfg.content_injection else None
 
         lvl_L = torch.cat([torch.full((pn * pn,), k) for k, pn in enumerate(cfg.patch_nums)])
         self.register_buffer("lvl_L", lvl_L, persistent=False)
@@ -160,6 +172,9 @@ class StyleVAR(nn.Module):
             lin.bias[: 2 * C].fill_(1e-3)
         self.head.weight.mul_(0.1)
         self.head_nm.ada_lin[1].weight.mul_(0.1)
+        if self.content_in is not None:  # zero: training starts from the published computation
+            nn.init.zeros_(self.content_in.weight)
+            nn.init.zeros_(self.content_in.bias)
 
     def train(self, mode: bool = True):
         super().train(mode)
@@ -207,7 +222,8 @@ class StyleVAR(nn.Module):
         content_ln = F.layer_norm(self.word_embed(content_tok) + lvl_pos, (C,), eps=eps)
         cond_BD = self.feat_emb(pooled(self.style_encoder, style))
         sos = self.feat_emb(pooled(self.content_encoder, content)).unsqueeze(1) + self.pos_start
-        return Condition(cond_BD, sos, style_ln, content_ln)
+        inject = self.content_in(content_ln) if self.content_in is not None else None
+        return Condition(cond_BD, sos, style_ln, content_ln, inject)
 
     def logits(self, x_BLC: torch.Tensor, head_mod: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         return self.head(self.head_nm(x_BLC, head_mod)).float()
@@ -232,7 +248,7 @@ class StyleVAR(nn.Module):
             with torch.no_grad():
                 x_in = self.tokenizer.quantize.next_scale_inputs(target_indices, self.tokenizer.latent_size)
             x = torch.cat([cond.sos_B1C.expand(x_in.shape[0], -1, -1), self.word_embed(x_in)], dim=1)
-            x = x + self.lvl_pos()
+            x = cond.target_inputs(x + self.lvl_pos(), 0, self.cfg.num_tokens)
             alpha_1L1 = self.blend_alphas(alphas, style_strength)[self.lvl_L].view(1, -1, 1)
             for blk in self.blocks:
                 args = (x, blk.modulation(cond.cond_BD), cond.style_ln_BLC, cond.content_ln_BLC, alpha_1L1,
@@ -300,7 +316,7 @@ class StyleVAR(nn.Module):
         mods = [blk.modulation(cond.cond_BD) for blk in self.blocks]
         head_mod = self.head_nm.modulation(cond.cond_BD)
         f_hat = torch.zeros(B, self.cfg.z_channels, n, n, device=device)
-        x = cond.sos_B1C.expand(B, -1, -1) + lvl_pos[:, : patch_nums[0] ** 2]
+        x = cond.target_inputs(cond.sos_B1C.expand(B, -1, -1) + lvl_pos[:, : patch_nums[0] ** 2], 0, patch_nums[0] ** 2)
         indices, start = [], 0
         for k, pn in enumerate(patch_nums):
             end = start + pn * pn
@@ -314,6 +330,7 @@ class StyleVAR(nn.Module):
                 on_scale(k, tok.decode_fhat(f_hat).float().add(1).mul(0.5))
             if k + 1 < len(patch_nums):
                 nxt = patch_nums[k + 1]
-                x = self.word_embed(tok.quantize.area_tokens(f_hat, nxt)) + lvl_pos[:, end:end + nxt * nxt]
+                x = cond.target_inputs(self.word_embed(tok.quantize.area_tokens(f_hat, nxt))
+                                       + lvl_pos[:, end:end + nxt * nxt], end, end + nxt * nxt)
             start = end
         return f_hat, indices

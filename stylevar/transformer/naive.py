@@ -55,6 +55,7 @@ def naive_teacher_forcing_logits(model: StyleVAR, content, style, target_indices
     cond = model.condition(content, style)
     x_in = model.tokenizer.quantize.next_scale_inputs(target_indices, model.tokenizer.latent_size)
     x = torch.cat([cond.sos_B1C.expand(content.shape[0], -1, -1), model.word_embed(x_in)], dim=1) + model.lvl_pos()
+    x = cond.target_inputs(x, 0, model.cfg.num_tokens)
     alpha = model.blend_alphas()[model.lvl_L].view(1, -1, 1)
     mask = model.mask_2LL[: model.cfg.num_tokens]
     for blk in model.blocks:
@@ -79,7 +80,7 @@ def naive_sample_tokens(model: StyleVAR, cond: Condition, generators, alpha_K, t
     lvl_pos = model.lvl_pos()
     caches: list[list] = [[[], []] for _ in model.blocks]  # per block: one cache per attention call
     f_hat = torch.zeros(B, model.cfg.z_channels, n, n, device=device)
-    x = cond.sos_B1C.expand(B, -1, -1) + lvl_pos[:, : patch_nums[0] ** 2]
+    x = cond.target_inputs(cond.sos_B1C.expand(B, -1, -1) + lvl_pos[:, : patch_nums[0] ** 2], 0, patch_nums[0] ** 2)
     indices, start = [], 0
     for k, pn in enumerate(patch_nums):
         end = start + pn * pn
@@ -92,6 +93,6 @@ def naive_sample_tokens(model: StyleVAR, cond: Condition, generators, alpha_K, t
         if k + 1 < len(patch_nums):
             nxt = patch_nums[k + 1]
             x = model.word_embed(tok.quantize.area_tokens(f_hat, nxt))
-            x = x + lvl_pos[:, end:end + nxt * nxt]
+            x = cond.target_inputs(x + lvl_pos[:, end:end + nxt * nxt], end, end + nxt * nxt)
         start = end
     return f_hat, indices
