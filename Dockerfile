@@ -39,9 +39,13 @@ RUN groupadd --gid 10001 stylevar \
     && chown -R 10001:10001 /models
 
 USER 10001:10001
+# The image listens on every interface: no API docs or schema, and /metrics only with the API key
+# (when STYLEVAR_API_KEYS is set, which a public deployment should do; see docs/serving.md).
 ENV STYLEVAR_HOST=0.0.0.0 \
     STYLEVAR_PORT=8000 \
-    STYLEVAR_MODEL_DIR=/models
+    STYLEVAR_MODEL_DIR=/models \
+    STYLEVAR_DOCS=false \
+    STYLEVAR_METRICS_ACCESS=key
 VOLUME ["/models"]
 EXPOSE 8000
 

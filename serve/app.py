@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import secrets
@@ -31,6 +32,7 @@ from stylevar.images import ImageError, fit_of, tensor_to_pil, unfit
 from stylevar.pipeline import check_model_dir
 
 from . import imaging
+from .access import FailureLimiter, KeyRing, LoginAttemptLimit, client_of, too_many_attempts
 from .batching import (
     BatchConfig,
     BatchError,
@@ -51,12 +53,14 @@ StyleUpload = Annotated[UploadFile, File(description="style image (JPEG, PNG, We
 
 log = logging.getLogger("serve.app")
 
+UI_LOGIN_PATH = "/ui/login"  # Gradio's login form where web.mount_ui mounts the UI
 IMAGE_ERROR_STATUS = {"not_an_image": 415, "corrupt_image": 422, "image_too_large": 413, "bad_image": 422}
 BATCH_ERROR_STATUS = {"queue_full": 503, "out_of_memory": 503, "shutting_down": 503, "deadline_exceeded": 504,
                       "inference_failed": 500}
 HTTP_ERROR_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
                     405: "method_not_allowed", 406: "not_acceptable", 413: "payload_too_large",
-                    415: "unsupported_media_type", 422: "validation_error", 503: "unavailable"}
+                    415: "unsupported_media_type", 422: "validation_error", 429: "too_many_attempts",
+                    503: "unavailable"}
 POLL_S = 0.25  # how often a waiting request checks for a client disconnect
 UiMounter = Callable[[FastAPI, ServeSettings], None]
 
@@ -90,6 +94,9 @@ def _from_batch_error(e: BatchError) -> ServiceError:
 class ServiceState:
     settings: ServeSettings
     metrics: ServiceMetrics
+    keys: KeyRing
+    auth_failures: FailureLimiter
+    decoder: imaging.UploadDecoder
     runners: list[ModelRunner] = field(default_factory=list)
     batcher: Batcher | None = None
     ready: bool = False
@@ -200,7 +207,16 @@ def create_app(settings: ServeSettings | None = None, *, ui_mounter: UiMounter |
     settings = settings or ServeSettings()
     check_model_dir(settings.model_dir)
     devices = resolve_devices(settings.device)
-    state = ServiceState(settings=settings, metrics=ServiceMetrics())
+    state = ServiceState(
+        settings=settings, metrics=ServiceMetrics(), keys=KeyRing(settings.api_keys),
+        auth_failures=FailureLimiter(settings.auth_max_failures, settings.auth_failure_window_s),
+        decoder=imaging.UploadDecoder(max_pixels=settings.max_pixels,
+                                      max_whole_pixels=settings.max_whole_decode_pixels,
+                                      concurrency=settings.decode_concurrency),
+    )
+    if not state.keys and not _is_loopback(settings.host):
+        log.warning("listening on %s without API keys: anyone who reaches this port can use the service and "
+                    "its UI; set STYLEVAR_API_KEYS", settings.host)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -231,6 +247,9 @@ def create_app(settings: ServeSettings | None = None, *, ui_mounter: UiMounter |
         version=stylevar.__version__,
         description="Reference-based image style transfer with a Visual Autoregressive model.",
         lifespan=lifespan,
+        docs_url="/docs" if settings.docs else None,
+        redoc_url="/redoc" if settings.docs else None,
+        openapi_url="/openapi.json" if settings.docs else None,
     )
     app.state.service = state
     _install_error_handlers(app)
@@ -244,6 +263,7 @@ def create_app(settings: ServeSettings | None = None, *, ui_mounter: UiMounter |
             allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
             expose_headers=["X-Seed", "X-Inference-Ms", "X-Model", "X-Request-ID", "Retry-After"],
         )
+    app.add_middleware(LoginAttemptLimit, limiter=state.auth_failures, paths=(UI_LOGIN_PATH,))
     app.add_middleware(RequestMiddleware, metrics=state.metrics)
     _add_routes(app, state)
     if settings.ui:
@@ -251,6 +271,13 @@ def create_app(settings: ServeSettings | None = None, *, ui_mounter: UiMounter |
     else:
         log.info("UI disabled (--no-ui)")
     return app
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _warm_up(state: ServiceState) -> None:
@@ -289,7 +316,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": text}
     for status, text in {
-        401: "missing or wrong API key", 406: "the requested media type cannot be produced",
+        401: "missing or wrong API key", 429: "too many wrong API keys from this client (see Retry-After)",
+        406: "the requested media type cannot be produced",
         413: "upload too large (bytes or pixels)", 415: "not a JPEG, PNG or WebP image",
         422: "invalid field or corrupt image", 503: "queue full or not ready (see Retry-After)",
         504: "deadline exceeded",
@@ -301,13 +329,21 @@ IMAGE_CONTENT = {m: {"schema": {"type": "string", "format": "binary"}} for m in 
 def _add_routes(app: FastAPI, state: ServiceState) -> None:
     settings = state.settings
     bearer = HTTPBearer(auto_error=False, description="API key, when the service sets STYLEVAR_API_KEYS")
-    keys = [k.encode() for k in settings.api_keys]
 
-    def require_key(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:  # noqa: B008
-        if not keys:
+    def require_key(request: Request,
+                    credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:  # noqa: B008
+        if not state.keys:
             return
-        given = credentials.credentials.encode() if credentials is not None else b""
-        if not any(secrets.compare_digest(given, k) for k in keys):
+        if credentials is None or not credentials.credentials:
+            raise ServiceError(401, "unauthorized", "a valid API key is required (Authorization: Bearer KEY)",
+                               {"WWW-Authenticate": "Bearer"})
+        client = client_of(request.scope)
+        wait = state.auth_failures.retry_after(client)
+        if wait is not None:  # refused before the key is looked at: no answer tells a guess is right
+            body, headers = too_many_attempts(wait)
+            raise ServiceError(429, body["error"], body["detail"], headers)
+        if not state.keys.matches(credentials.credentials):
+            state.auth_failures.failed(client)
             raise ServiceError(401, "unauthorized", "a valid API key is required (Authorization: Bearer KEY)",
                                {"WWW-Authenticate": "Bearer"})
 
@@ -328,11 +364,13 @@ def _add_routes(app: FastAPI, state: ServiceState) -> None:
             return error_response(503, "not_ready", state.status, {"Retry-After": "5"})
         return Health(status="ready")
 
-    @app.get("/metrics", tags=["operations"], response_class=Response,
-             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
-    async def metrics() -> Response:
-        """Prometheus metrics."""
-        return Response(state.metrics.render(), media_type=state.metrics.content_type)
+    if settings.metrics_access != "off":
+        @app.get("/metrics", tags=["operations"], response_class=Response,
+                 dependencies=[Depends(require_key)] if settings.metrics_access == "key" else [],
+                 responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
+        async def metrics() -> Response:
+            """Prometheus metrics."""
+            return Response(state.metrics.render(), media_type=state.metrics.content_type)
 
     @app.get("/v1/model", response_model=ModelInfo, dependencies=[Depends(require_key)],
              responses={401: ERROR_RESPONSES[401], 503: ERROR_RESPONSES[503]})
@@ -350,29 +388,39 @@ def _add_routes(app: FastAPI, state: ServiceState) -> None:
 
     async def prepare(content: UploadFile, style: UploadFile, form: StylizeForm, rid: str,
                       on_preview: PreviewFn | None = None) -> tuple[Job, Image.Image]:
-        """Decode and check the inputs, then queue the job (503 when the queue is full)."""
+        """Check the fields, take a queue slot (503 at once when the queue is full), then decode the
+        images (downscaled, a bounded number at a time) and queue the job."""
         st = loaded()
-        images = []
-        for name, upload in (("content", content), ("style", style)):
-            data = await upload.read()
-            try:
-                images.append(await run_in_threadpool(imaging.decode_upload, data, max_pixels=settings.max_pixels))
-            except ImageError as e:
-                raise ServiceError(IMAGE_ERROR_STATUS.get(e.code, 422), e.code, f"{name}: {e}") from e
         alphas = form.alpha_values()
         n_scales = len(st.runner.pipe.config.transformer.patch_nums)
         if alphas is not None and len(alphas) != n_scales:
             raise ServiceError(422, "validation_error",
                                f"alphas: the model has {n_scales} scales, got {len(alphas)} values")
-        seed = form.seed if form.seed is not None else secrets.randbelow(MAX_SEED + 1)
-        seeds = [seed + i for i in range(form.num_samples)]
-        key = GenerationKey(form.top_k, form.top_p, form.style_strength, alphas, form.resize)
-        task = StylizeTask(images[0], images[1], seeds, on_preview)
         try:
-            job = st.batcher.submit(key, task, rows=len(seeds), timeout_s=settings.request_timeout_s, request_id=rid)
+            admission = st.batcher.admit()
         except BatchError as e:
             state.metrics.rejected.labels(e.code).inc()
             raise _from_batch_error(e) from e
+        with admission:
+            # the content sets the size of the result (at most max_output_side); the model works smaller
+            max_side = max(settings.max_output_side, st.runner.pipe.image_size)
+            images = []
+            for name, upload in (("content", content), ("style", style)):
+                data = await upload.read()
+                try:
+                    images.append(await state.decoder.decode(data, max_side=max_side))
+                except ImageError as e:
+                    raise ServiceError(IMAGE_ERROR_STATUS.get(e.code, 422), e.code, f"{name}: {e}") from e
+            seed = form.seed if form.seed is not None else secrets.randbelow(MAX_SEED + 1)
+            seeds = [seed + i for i in range(form.num_samples)]
+            key = GenerationKey(form.top_k, form.top_p, form.style_strength, alphas, form.resize)
+            task = StylizeTask(images[0], images[1], seeds, on_preview)
+            try:
+                job = admission.submit(key, task, rows=len(seeds), timeout_s=settings.request_timeout_s,
+                                       request_id=rid)
+            except BatchError as e:
+                state.metrics.rejected.labels(e.code).inc()
+                raise _from_batch_error(e) from e
         return job, images[0]
 
     def finish(content_img: Image.Image, form: StylizeForm, images: list[Image.Image]

@@ -7,6 +7,11 @@ away or whose deadline passed, and calls its `run` function on the rest. The run
 dependency: the service passes the model, tests pass whatever they need (one that raises, one that
 sleeps). A run that runs out of memory is split in halves and retried; a job that still does not fit
 fails with `OverloadedError`. Any other exception fails that batch only: the worker goes on.
+
+Admission comes before any expensive work: `admit()` holds a queue slot (or refuses at once with
+`QueueFullError`) while the caller decodes its inputs, then `Admission.submit` turns the slot into a
+job. A job whose future is cancelled (the client went away) leaves the queue at once, so the queue
+depth reported to the observer is exact at all times.
 """
 from __future__ import annotations
 
@@ -86,7 +91,11 @@ RunFn = Callable[[Sequence[Job]], Sequence[Any]]
 
 
 class BatchObserver(Protocol):
-    """What the batcher reports (the service's metrics implement it)."""
+    """What the batcher reports (the service's metrics implement it).
+
+    `queue_depth` is called with the batcher's lock held, so the last value reported is the depth; it
+    must be quick and must not call back into the batcher.
+    """
 
     def queue_depth(self, depth: int) -> None: ...
 
@@ -142,7 +151,8 @@ class Batcher:
         self._on_oom = on_oom
         self._clock = clock
         self._pending: deque[Job] = deque()
-        self._cond = threading.Condition()
+        self._reserved = 0  # admitted requests still decoding their inputs: they count towards the queue size
+        self._cond = threading.Condition(threading.RLock())
         self._stopping = False
         self._threads: list[threading.Thread] = []
         self._batch_seconds = 0.0  # moving average of one run call, for Retry-After
@@ -162,6 +172,7 @@ class Batcher:
             self._stopping = True
             waiting = list(self._pending)
             self._pending.clear()
+            self._observer.queue_depth(0)
             self._cond.notify_all()
         for job in waiting:
             if job.future.set_running_or_notify_cancel():
@@ -175,34 +186,66 @@ class Batcher:
         return len(self._pending)
 
     # -- producer side -----------------------------------------------------------------------------
+    def admit(self) -> "Admission":
+        """Hold a queue slot for a request about to decode its inputs; `QueueFullError` (or
+        `StoppedError`) at once when there is no room. Use it in a `with` block: the slot is given back
+        unless `Admission.submit` queued the job."""
+        with self._cond:
+            self._check_room()
+            self._reserved += 1
+        return Admission(self)
+
     def submit(self, key: Hashable, payload: Any, *, rows: int = 1, timeout_s: float,
                request_id: str | None = None) -> Job:
         """Queue a job; its `future` gets the run function's result for it, or a BatchError."""
+        return self._enqueue(key, payload, rows, timeout_s, request_id, admitted=False)
+
+    def _check_room(self) -> None:
+        """Called with the lock held."""
+        if self._stopping:
+            raise StoppedError("the service is shutting down")
+        taken = len(self._pending) + self._reserved
+        if taken >= self.config.queue_size:
+            raise QueueFullError(f"the queue is full ({self.config.queue_size} jobs waiting)",
+                                 self._retry_after(taken))
+
+    def _release(self) -> None:
+        with self._cond:
+            self._reserved -= 1
+
+    def _enqueue(self, key: Hashable, payload: Any, rows: int, timeout_s: float, request_id: str | None, *,
+                 admitted: bool) -> Job:
         if rows < 1:
+            if admitted:
+                self._release()
             raise ValueError("a job has at least one row")
         now = self._clock()
         job = Job(key=key, rows=rows, payload=payload, deadline=now + timeout_s, enqueued_at=now,
                   request_id=request_id)
         with self._cond:
-            if self._stopping:
-                raise StoppedError("the service is shutting down")
-            if len(self._pending) >= self.config.queue_size:
-                self._purge_cancelled()
-            if len(self._pending) >= self.config.queue_size:
-                raise QueueFullError(
-                    f"the queue is full ({self.config.queue_size} jobs waiting)", self._retry_after(len(self._pending))
-                )
+            if admitted:
+                self._reserved -= 1
+                if self._stopping:
+                    raise StoppedError("the service is shutting down")
+            else:
+                self._check_room()
             self._pending.append(job)
-            depth = len(self._pending)
+            self._observer.queue_depth(len(self._pending))
             self._cond.notify_all()
-        self._observer.queue_depth(depth)
+        job.future.add_done_callback(lambda _: self._forget_if_cancelled(job))
         return job
 
-    def _purge_cancelled(self) -> None:
-        """Free the slots of jobs whose client went away (called with the lock held)."""
-        for job in [j for j in self._pending if j.future.cancelled()]:
-            self._pending.remove(job)
-            self._observer.job_dropped("cancelled")
+    def _forget_if_cancelled(self, job: Job) -> None:
+        """A job cancelled while waiting leaves the queue at once (its slot and the gauge are freed)."""
+        if not job.future.cancelled():
+            return
+        with self._cond:
+            try:
+                self._pending.remove(job)
+            except ValueError:
+                return  # a worker took it already: `_admit` drops it
+            self._observer.queue_depth(len(self._pending))
+        self._observer.job_dropped("cancelled")
 
     def _retry_after(self, depth: int) -> int:
         batches_ahead = depth / self.config.max_batch_size + 1
@@ -228,7 +271,6 @@ class Batcher:
             while True:
                 if self._stopping:
                     return None
-                self._purge_cancelled()
                 if not self._pending:
                     self._cond.wait()
                     continue
@@ -248,10 +290,8 @@ class Batcher:
                     rows += job.rows
                 for job in taken:
                     self._pending.remove(job)
-                depth = len(self._pending)
-                break
-        self._observer.queue_depth(depth)
-        return taken
+                self._observer.queue_depth(len(self._pending))
+                return taken
 
     def _admit(self, jobs: list[Job]) -> list[Job]:
         """Drop jobs whose client went away or whose deadline passed; mark the rest running."""
@@ -322,3 +362,30 @@ class Batcher:
             else:
                 live.append(job)
         return live
+
+
+class Admission:
+    """A queue slot held by a request while it decodes its inputs (see `Batcher.admit`)."""
+
+    def __init__(self, batcher: Batcher):
+        self._batcher = batcher
+        self._held = True
+
+    def submit(self, key: Hashable, payload: Any, *, rows: int = 1, timeout_s: float,
+               request_id: str | None = None) -> Job:
+        """Queue the job in the held slot (the slot is used up either way)."""
+        if not self._held:
+            raise RuntimeError("this admission was already used or released")
+        self._held = False
+        return self._batcher._enqueue(key, payload, rows, timeout_s, request_id, admitted=True)
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._batcher._release()
+
+    def __enter__(self) -> "Admission":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

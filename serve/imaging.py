@@ -1,22 +1,41 @@
 """Images at the service's edge: decoding uploads, colour preservation and encoding responses."""
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 from typing import Literal
 
 from PIL import Image, ImageOps
+from starlette.concurrency import run_in_threadpool
 
-from stylevar.images import load_image
+from stylevar.images import ACCEPTED_FORMATS, load_image
 
-UPLOAD_FORMATS = ("JPEG", "PNG", "WEBP")
+UPLOAD_FORMATS = ACCEPTED_FORMATS
 OutputFormat = Literal["png", "jpeg", "webp"]
 MEDIA_TYPES: dict[str, str] = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
 
 
-def decode_upload(data: bytes, *, max_pixels: int) -> Image.Image:
-    """Uploaded bytes -> 8-bit RGB, EXIF orientation applied; raises `stylevar.images.ImageError`."""
-    return load_image(data, max_pixels=max_pixels, formats=UPLOAD_FORMATS)
+def decode_upload(data: bytes, *, max_pixels: int, max_side: int | None = None,
+                  max_whole_pixels: int | None = None) -> Image.Image:
+    """Uploaded bytes -> 8-bit RGB, EXIF orientation applied, long side at most `max_side` (decoded
+    downscaled, see `stylevar.images.load_image`); raises `stylevar.images.ImageError`."""
+    return load_image(data, max_pixels=max_pixels, formats=UPLOAD_FORMATS, max_side=max_side,
+                      max_whole_pixels=max_whole_pixels)
+
+
+class UploadDecoder:
+    """Decodes uploads in worker threads, at most `concurrency` at once, so that the memory and CPU
+    decoding takes are bounded whatever the number of requests in flight."""
+
+    def __init__(self, *, max_pixels: int, max_whole_pixels: int, concurrency: int):
+        self.max_pixels, self.max_whole_pixels = max_pixels, max_whole_pixels
+        self._slots = asyncio.Semaphore(concurrency)
+
+    async def decode(self, data: bytes, *, max_side: int) -> Image.Image:
+        async with self._slots:
+            return await run_in_threadpool(decode_upload, data, max_pixels=self.max_pixels, max_side=max_side,
+                                           max_whole_pixels=self.max_whole_pixels)
 
 
 def preserve_color(result: Image.Image, content: Image.Image) -> Image.Image:
@@ -46,4 +65,3 @@ def encode_image(img: Image.Image, fmt: OutputFormat) -> bytes:
 
 def to_base64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
-

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
 MAX_SEED = 2**32 - 1
+MAX_ALPHAS_CHARS = 4096  # far more than any model's scale count needs
 
 
 class StylizeForm(BaseModel):
@@ -29,7 +30,7 @@ class StylizeForm(BaseModel):
     )
     num_samples: int = Field(1, ge=1, le=4)
     alphas: str | SkipJsonSchema[None] = Field(
-        None,
+        None, max_length=MAX_ALPHAS_CHARS,
         description="per-scale blend coefficients in [0, 1], one per scale: comma-separated or a JSON list",
         examples=["0.2,0.3,0.4,0.5,0.6,0.7"],
     )
@@ -52,13 +53,14 @@ class StylizeForm(BaseModel):
 
 
 def parse_alphas(text: str) -> tuple[float, ...]:
+    """`0.2,0.3` or `[0.2, 0.3]` -> floats in [0, 1]; anything else (deeply nested JSON included) is a ValueError."""
     text = text.strip()
     try:
         raw: Any = json.loads(text) if text.startswith("[") else [p for p in text.split(",")]
         if not isinstance(raw, list) or not raw:
             raise ValueError
         values = tuple(float(v) for v in raw)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
         raise ValueError("alphas must be numbers separated by commas, or a JSON list of numbers") from None
     if not all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in values):
         raise ValueError("every alpha must lie in [0, 1]")

@@ -12,14 +12,12 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
-
 def demo_model_dir() -> Path:
     """The embedded demo model inside the installed `stylevar` package (found without importing it)."""
     spec = importlib.util.find_spec("stylevar")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("the stylevar package is not installed")
     return Path(next(iter(spec.submodule_search_locations))) / "assets" / "demo"
-
 
 
 def _split_commas(value: object) -> object:
@@ -50,10 +48,19 @@ class ServeSettings(BaseSettings):
     # input limits
     max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1024)  # whole request body
     max_pixels: int = Field(40_000_000, ge=1)  # per input image, checked before decoding
+    # WebP and 16-bit or interlaced PNG cannot be decoded downscaled (JPEG and 8-bit PNG are): their own limit
+    max_whole_decode_pixels: int = Field(4_194_304, ge=1)
+    decode_concurrency: int = Field(2, ge=1, le=64)  # uploads decoded at once (worker threads)
     max_output_side: int = Field(1024, ge=16)  # long side of a returned image
 
     # access and observability
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list, repr=False)
+    # wrong API keys (or UI passwords) from one client within the window before it gets 429; 0: no limit
+    auth_max_failures: int = Field(10, ge=0)
+    auth_failure_window_s: float = Field(300.0, gt=0)
+    docs: bool = True  # /docs, /redoc and /openapi.json
+    # /metrics: "public" (no key), "key" (the API key when keys are set, like the API) or "off"
+    metrics_access: Literal["public", "key", "off"] = "public"
     cors_origins: Annotated[list[str], NoDecode] = []
     warmup: bool = True
     log_json: bool = True

@@ -9,12 +9,16 @@ import io
 import os
 import struct
 import warnings
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: decoding alone (the CLI's checks) stays light
+    import torch
 
 ResizeMode = Literal["crop", "pad", "stretch"]
 RESIZE_MODES = ("crop", "pad", "stretch")
@@ -44,60 +48,288 @@ def load_image(
     *,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     formats: tuple[str, ...] | None = None,
+    max_side: int | None = None,
+    max_whole_pixels: int | None = None,
 ) -> Image.Image:
-    """Decode an image to 8-bit RGB, applying EXIF orientation.
+    """Decode an image to 8-bit RGB, applying EXIF orientation. Every way it can fail is an `ImageError`
+    (a missing file stays `FileNotFoundError`), whose message names the file (not raw bytes).
 
-    The pixel count is checked from the header before any pixel is decoded (decompression bombs);
-    grayscale, palette, alpha (composited on white), CMYK and 16-bit images are converted.
+    The pixel count is checked from the header before any pixel is decoded (decompression bombs), and
+    `formats` (e.g. `ACCEPTED_FORMATS`) limits which decoders ever see the bytes. Grayscale, palette,
+    alpha (composited on white), CMYK and 16-bit images are converted.
+
+    `max_side` decodes downscaled: the result's long side is at most `max_side`, at the size `unfit`
+    gives (`capped_size`). JPEG decodes at a reduced DCT scale and 8-bit PNG one strip of rows at a
+    time, so neither exists at full size in memory; other images (WebP, 16-bit or interlaced PNG) can
+    only be decoded whole (WebP needs about 16 bytes per pixel while it decodes), so `max_whole_pixels`
+    gives them a lower pixel limit of their own.
     """
-    if isinstance(source, Image.Image):
-        img = source
-    else:
-        data = source if isinstance(source, (bytes, bytearray)) else None
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error", Image.DecompressionBombWarning)
-                # `formats` limits which decoders ever see the bytes (untrusted input)
-                img = Image.open(io.BytesIO(data) if data is not None else os.fspath(source), formats=formats)
-        except FileNotFoundError:
-            raise
-        except UnidentifiedImageError as e:
-            accepted = f" (accepted: {', '.join(formats)})" if formats is not None else ""
-            raise NotAnImageError(f"not a recognised image: {_name(source)}{accepted}") from e
-        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-            raise ImageTooLargeError(f"image has too many pixels: {_name(source)}") from e
-        except OSError as e:
-            raise CorruptImageError(f"cannot read image {_name(source)}: {e}") from e
-        if formats is not None and img.format not in formats:
-            raise NotAnImageError(f"image format {img.format} is not accepted (accepted: {', '.join(formats)})")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = source if isinstance(source, Image.Image) else _open(source, formats)
+            out = _decode(img, source, max_pixels=max_pixels, formats=formats, max_side=max_side,
+                          max_whole_pixels=max_whole_pixels)
+            if out is not img and img is not source:
+                img.close()
+            return out
+    except (ImageError, FileNotFoundError):
+        raise
+    except UnidentifiedImageError as e:
+        raise NotAnImageError(_unrecognised(source, formats)) from e
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise ImageTooLargeError(f"{_where(source)}image has too many pixels ({e})") from e
+    except MemoryError as e:
+        raise ImageTooLargeError(f"{_where(source)}image is too large to decode") from e
+    except _DECODE_ERRORS as e:
+        raise CorruptImageError(f"{_where(source)}corrupt or unreadable image ({type(e).__name__}: {e})") from e
+
+
+# what the service and the command line accept from users (the same formats, the same messages)
+ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP")
+FORMAT_NAMES = {"JPEG": "JPEG", "PNG": "PNG", "WEBP": "WebP"}
+
+# what Pillow's parsers and decoders raise on malformed data (besides OSError for truncation): a PNG
+# text chunk over Pillow's limit is a ValueError, deep EXIF/XMP structures a RecursionError
+_DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, IndexError, KeyError, TypeError, ZeroDivisionError,
+                  OverflowError, RecursionError, struct.error, zlib.error)
+# a few formats a user may try, recognised from their first bytes for a clearer refusal
+_SIGNATURES = ((b"GIF87a", "GIF"), (b"GIF89a", "GIF"), (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"),
+               (b"8BPS", "PSD"), (b"%PDF", "PDF"))
+_ISO_BRANDS = {b"heic": "HEIC", b"heix": "HEIC", b"mif1": "HEIF", b"avif": "AVIF"}
+_STRIP_BYTES = 2 << 20  # rows decoded / reduced at a time when decoding downscaled
+_ORIENTATION = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+                5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+                8: Image.Transpose.ROTATE_90}
+
+
+def _where(source: object) -> str:
+    return "" if isinstance(source, (bytes, bytearray, Image.Image)) else f"{os.fspath(source)}: "
+
+
+def _accepted(formats: tuple[str, ...] | None) -> str:
+    return "" if formats is None else f" (accepted: {', '.join(FORMAT_NAMES.get(f, f) for f in formats)})"
+
+
+def _open(source: str | os.PathLike | bytes, formats: tuple[str, ...] | None) -> Image.Image:
+    """The image with its header parsed and no pixel decoded."""
+    if isinstance(source, (bytes, bytearray)):
+        return Image.open(io.BytesIO(source), formats=formats)
+    try:
+        fp = open(os.fspath(source), "rb")  # noqa: SIM115 - the image owns the file from here on
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise CorruptImageError(f"{_where(source)}cannot read the file ({e.strerror or e})") from e
+    try:
+        return Image.open(fp, formats=formats)
+    except BaseException:
+        fp.close()
+        raise
+
+
+def _unrecognised(source: str | os.PathLike | bytes, formats: tuple[str, ...] | None) -> str:
+    head = bytes(source[:16]) if isinstance(source, (bytes, bytearray)) else _head(source)
+    kind = next((name for magic, name in _SIGNATURES if head.startswith(magic)), None)
+    if kind is None and head[4:8] == b"ftyp":
+        kind = _ISO_BRANDS.get(head[8:12])
+    if kind is not None and formats is not None:
+        return f"{_where(source)}{kind} images are not accepted{_accepted(formats)}"
+    return f"{_where(source)}not a recognised image{_accepted(formats)}"
+
+
+def _head(path: str | os.PathLike) -> bytes:
+    try:
+        with open(os.fspath(path), "rb") as f:
+            return f.read(16)
+    except OSError:
+        return b""
+
+
+def _decode(img: Image.Image, source: object, *, max_pixels: int | None, formats: tuple[str, ...] | None,
+            max_side: int | None, max_whole_pixels: int | None) -> Image.Image:
+    if formats is not None and img.format not in formats:
+        raise NotAnImageError(f"{_where(source)}{img.format} images are not accepted{_accepted(formats)}")
     w, h = img.size
     if max_pixels is not None and w * h > max_pixels:
-        raise ImageTooLargeError(f"image is {w}x{h} = {w * h} pixels, more than the limit of {max_pixels}")
+        raise ImageTooLargeError(f"{_where(source)}image is {w}x{h} = {w * h} pixels, "
+                                 f"more than the limit of {max_pixels}")
     if w == 0 or h == 0:
-        raise CorruptImageError("image has zero size")
-    try:
+        raise CorruptImageError(f"{_where(source)}image has zero size")
+    streamable = _png_streamable(img)
+    if max_whole_pixels is not None and w * h > max_whole_pixels and not streamable and img.format != "JPEG":
+        raise ImageTooLargeError(
+            f"{_where(source)}image is {w}x{h} = {w * h} pixels, more than the limit of {max_whole_pixels} for "
+            f"{_kind(img)} images, which are decoded at full size (JPEG and 8-bit PNG images are decoded "
+            "downscaled and may be larger)")
+    if max_side is None or max(w, h) <= max_side:
         img.load()
-        img = ImageOps.exif_transpose(img)
-        return to_rgb(img)
-    except _DECODE_ERRORS as e:
-        raise CorruptImageError(f"cannot decode image {_name(source)}: {e}") from e
+        return to_rgb(ImageOps.exif_transpose(img))
+    orientation = _orientation(img)
+    target = capped_size((w, h), max_side)
+    if streamable:
+        strips, size = _png_strips(img), img.size
+    else:
+        if img.format == "JPEG":
+            img.draft(img.mode, target)  # DCT scaling (1/2 .. 1/8): never smaller than the target
+        img.load()
+        strips, size = _bands(img), img.size
+    small = _reduce_strips(strips, size, target)
+    method = _ORIENTATION.get(orientation)
+    return small.transpose(method) if method is not None else small
 
 
-# what Pillow's decoders raise on malformed data (besides OSError for truncation)
-_DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, IndexError, KeyError, TypeError, ZeroDivisionError,
-                  struct.error)
+def _kind(img: Image.Image) -> str:
+    if img.format == "PNG":
+        return "interlaced PNG" if img.info.get("interlace") else "16-bit or sub-byte PNG"
+    return FORMAT_NAMES.get(img.format or "", img.format or "such")
 
 
-def _name(source) -> str:
-    return "<bytes>" if isinstance(source, (bytes, bytearray)) else str(source)
+def _orientation(img: Image.Image) -> int:
+    """EXIF orientation from metadata parsed with the header (never decodes pixels)."""
+    if "exif" not in img.info:
+        return 1
+    value = img.getexif().get(0x0112, 1)
+    return value if isinstance(value, int) else 1
+
+
+def capped_size(size: tuple[int, int], max_side: int) -> tuple[int, int]:
+    """(w, h) scaled so the long side is at most `max_side`, keeping the aspect ratio (never enlarged)."""
+    w, h = size
+    if max(w, h) <= max_side:
+        return w, h
+    s = max_side / max(w, h)
+    return max(1, round(w * s)), max(1, round(h * s))
+
+
+def _strip_rows(width: int, factor: int) -> int:
+    """Rows per strip: about `_STRIP_BYTES` of RGBA, a multiple of the reduction factor."""
+    rows = max(1, _STRIP_BYTES // (4 * width))
+    return max(factor, rows // factor * factor)
+
+
+def _reduce_strips(strips: Callable[[int], Iterator[Image.Image]], size: tuple[int, int],
+                   target: tuple[int, int]) -> Image.Image:
+    """Strips (top to bottom, full width) -> RGB at `target`: each strip converted and box-reduced as it
+    comes, so only one strip exists at full resolution; then one resize to the exact size."""
+    w, h = size
+    factor = max(1, min(w // target[0], h // target[1]))
+    canvas = Image.new("RGB", (-(-w // factor), -(-h // factor)))
+    y = 0
+    for strip in strips(_strip_rows(w, factor)):
+        rgb = to_rgb(strip)
+        small = rgb.reduce(factor) if factor > 1 else rgb
+        canvas.paste(small, (0, y // factor))
+        y += strip.height
+    if y != h:
+        raise OSError(f"image data ends after {y} of {h} rows")
+    return canvas if canvas.size == target else canvas.resize(target, Image.BICUBIC)
+
+
+def _bands(img: Image.Image) -> Callable[[int], Iterator[Image.Image]]:
+    """A loaded image as strips of rows (16-bit and float images keep one scale for all strips)."""
+    hi = _int_scale(img) if img.mode in _INT_MODES else None
+
+    def strips(rows: int) -> Iterator[Image.Image]:
+        for top in range(0, img.height, rows):
+            band = img.crop((0, top, img.width, min(img.height, top + rows)))
+            yield band if hi is None else _int_to_l(band, hi)
+    return strips
+
+
+# ---- PNG, a strip at a time -----------------------------------------------------------------------
+_PNG_BYTES_PER_PIXEL = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4, "P": 1}
+
+
+def _png_streamable(img: Image.Image) -> bool:
+    """8-bit, non-interlaced PNG: what `_png_strips` decodes (anything else is decoded whole)."""
+    return (img.format == "PNG" and len(img.tile) == 1 and img.tile[0].codec_name == "zip"
+            and img.tile[0].args == img.mode and img.mode in _PNG_BYTES_PER_PIXEL
+            and not img.info.get("interlace"))
+
+
+def _png_strips(img: Image.Image) -> Callable[[int], Iterator[Image.Image]]:
+    """The image data (IDAT) inflated incrementally, `rows` at a time, each strip unfiltered by
+    Pillow's own PNG decoder: the strip is handed over behind the previous strip's last row (stored
+    unfiltered), which the filters of its first row refer to, and that row is cropped off again."""
+    w, h = img.size
+    stride = w * _PNG_BYTES_PER_PIXEL[img.mode]  # unfiltered bytes per row
+    fp = img.fp
+    offset = img.tile[0].offset
+    palette = img.palette
+    transparency = img.info.get("transparency")
+
+    def strip_of(block: bytes, n: int, previous: bytes) -> Image.Image:
+        raw = zlib.compress(b"\x00" + previous + block, 0)  # the previous row, filter type 0 (none)
+        strip = Image.frombytes(img.mode, (w, n + 1), raw, "zip", img.mode)
+        if palette is not None:
+            strip.putpalette(palette.palette, palette.rawmode or palette.mode)
+        if transparency is not None:
+            strip.info["transparency"] = transparency
+        return strip
+
+    def strips(rows: int) -> Iterator[Image.Image]:
+        inflate = zlib.decompressobj()
+        pending = bytearray()
+        previous = bytes(stride)  # the row before the first counts as zeros (PNG spec)
+        done = 0
+        for piece in _idat_pieces(fp, offset):
+            data = piece
+            while data and done < h:
+                pending += inflate.decompress(data, 1 << 20)  # bounded output per call
+                data = inflate.unconsumed_tail
+                n = min(rows, h - done)
+                while done < h and len(pending) >= n * (stride + 1):
+                    strip = strip_of(bytes(pending[:n * (stride + 1)]), n, previous)
+                    del pending[:n * (stride + 1)]
+                    previous = strip.crop((0, n, w, n + 1)).tobytes()
+                    done += n
+                    yield strip.crop((0, 1, w, n + 1))
+                    n = min(rows, h - done)
+            if done >= h or inflate.eof:
+                break
+        if done < h:
+            raise OSError(f"image data ends after {done + len(pending) // (stride + 1)} of {h} rows")
+    return strips
+
+
+def _idat_pieces(fp, offset: int) -> Iterator[bytes]:
+    """The bytes of consecutive IDAT chunks, the first one's data starting at `offset`, in 64 KiB pieces."""
+    fp.seek(offset - 8)
+    while True:
+        head = fp.read(8)
+        if len(head) < 8:
+            return
+        length, kind = struct.unpack(">I4s", head)
+        if kind != b"IDAT":
+            return
+        left = length
+        while left:
+            piece = fp.read(min(left, 1 << 16))
+            if not piece:
+                return
+            left -= len(piece)
+            yield piece
+        fp.read(4)  # CRC
+
+
+_INT_MODES = ("I;16", "I;16B", "I;16L", "I", "F")
+
+
+def _int_scale(img: Image.Image) -> float:
+    """The white level of a 16-bit, 32-bit or float image: 65535 when 16-bit or brighter than 255, else 255."""
+    return 65535.0 if img.mode.startswith("I;16") or img.getextrema()[1] > 255 else 255.0
+
+
+def _int_to_l(img: Image.Image, hi: float) -> Image.Image:
+    arr = np.asarray(img, dtype=np.float64)
+    return Image.fromarray(np.clip(arr / hi * 255.0 + 0.5, 0, 255).astype(np.uint8), "L")
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
     """Any PIL mode to 8-bit RGB; transparency is composited on white."""
-    if img.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
-        arr = np.asarray(img, dtype=np.float64)
-        hi = 65535.0 if img.mode.startswith("I;16") or arr.max() > 255 else 255.0
-        img = Image.fromarray(np.clip(arr / hi * 255.0 + 0.5, 0, 255).astype(np.uint8), "L")
+    if img.mode in _INT_MODES:
+        img = _int_to_l(img, _int_scale(img))
     if img.mode == "P":
         img = img.convert("RGBA")
     if img.mode in ("RGBA", "LA", "PA"):
@@ -149,10 +381,7 @@ def unfit(img: Image.Image, fit: Fit, max_side: int | None = None) -> Image.Imag
 
     `pad` and `stretch` give the original aspect ratio; `crop` gives the centre square it generated.
     """
-    w, h = fit.size
-    if max_side is not None and max(w, h) > max_side:
-        s = max_side / max(w, h)
-        w, h = max(1, round(w * s)), max(1, round(h * s))
+    w, h = fit.size if max_side is None else capped_size(fit.size, max_side)
     if fit.mode == "pad":
         img = img.crop(fit.box)
     elif fit.mode == "crop":
@@ -163,11 +392,15 @@ def unfit(img: Image.Image, fit: Fit, max_side: int | None = None) -> Image.Imag
 
 def pil_to_tensor(img: Image.Image) -> torch.Tensor:
     """RGB PIL -> (3, H, W) float32 in [0, 1]."""
+    import torch
+
     arr = np.asarray(to_rgb(img), dtype=np.uint8).copy()
     return torch.from_numpy(arr).permute(2, 0, 1).float().div_(255.0)
 
 
 def tensor_to_pil(x: torch.Tensor) -> Image.Image:
     """(3, H, W) float in [0, 1] -> RGB PIL."""
+    import torch
+
     arr = x.detach().float().clamp(0, 1).mul(255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
     return Image.fromarray(arr, "RGB")

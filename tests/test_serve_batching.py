@@ -234,3 +234,80 @@ def test_queue_depth_gauge_follows_the_queue(metrics):
 def test_batcher_needs_a_run_function():
     with pytest.raises(ValueError):
         Batcher([], BatchConfig())
+
+
+def test_queue_depth_gauge_is_exact_through_cancellations(metrics):
+    """A cancelled job leaves the queue (and the gauge) at once, not at the next purge; an idle batcher reads 0."""
+    run = Recorder()
+    b = make(run, metrics, queue_size=3, max_wait_s=0.0)
+    jobs = [b.submit("k", i, timeout_s=T) for i in range(3)]
+    assert sample(metrics, "stylevar_queue_depth") == 3
+    assert jobs[1].future.cancel()
+    assert sample(metrics, "stylevar_queue_depth") == 2 and b.depth == 2
+    assert sample(metrics, "stylevar_jobs_dropped_total", {"reason": "cancelled"}) == 1
+    more = b.submit("k", 3, timeout_s=T)  # the cancelled job's slot is free
+    for job in (jobs[0], jobs[2], more):
+        assert job.future.cancel()
+    assert sample(metrics, "stylevar_queue_depth") == 0 and b.depth == 0
+    with b.admit():  # a request decoding its inputs holds a slot but is not waiting for a worker yet
+        assert sample(metrics, "stylevar_queue_depth") == 0
+    b.start()
+    try:
+        assert b.submit("k", 5, timeout_s=T).future.result(5) == 10
+        time.sleep(0.05)
+        assert sample(metrics, "stylevar_queue_depth") == 0
+    finally:
+        b.stop()
+    assert run.batches == [[5]], "cancelled jobs never run"
+    assert sample(metrics, "stylevar_jobs_dropped_total", {"reason": "cancelled"}) == 4
+
+
+def test_queue_depth_gauge_under_concurrent_submits_and_cancels(metrics):
+    run = Recorder(delay=0.001)
+    b = make(run, metrics, queue_size=1000, max_wait_s=0.001)
+    b.start()
+    try:
+        def client(i: int) -> None:
+            for j in range(40):
+                job = b.submit(("k", j % 3), i, timeout_s=T)
+                if j % 2:
+                    job.future.cancel()
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        deadline = time.monotonic() + 10
+        while b.depth and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)
+        assert b.depth == 0
+        assert sample(metrics, "stylevar_queue_depth") == 0
+    finally:
+        b.stop()
+
+
+def test_admission_holds_a_slot_until_submitted_or_released(metrics):
+    b = make(Recorder(), metrics, queue_size=2)
+    first = b.admit()
+    b.submit("k", 1, timeout_s=T)
+    with pytest.raises(QueueFullError):  # one waiting job + one request still decoding
+        b.admit()
+    with pytest.raises(QueueFullError):
+        b.submit("k", 2, timeout_s=T)
+    first.release()
+    first.release()  # idempotent
+    with b.admit() as second:
+        job = second.submit("k", 3, timeout_s=T)
+        with pytest.raises(RuntimeError):
+            second.submit("k", 4, timeout_s=T)
+    assert b.depth == 2 and sample(metrics, "stylevar_queue_depth") == 2
+    with pytest.raises(QueueFullError):
+        b.admit()
+    job.future.cancel()
+    with b.admit():  # an admission given back by leaving the block frees its slot
+        pass
+    b.admit().release()
+    b.stop()
+    with pytest.raises(StoppedError):
+        b.admit()

@@ -113,3 +113,16 @@ def test_compose_file_builds_this_image_and_keeps_models_in_a_volume():
     assert volume in compose["volumes"] and target.split(":")[0] == env["STYLEVAR_MODEL_DIR"]
     devices = svc["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["capabilities"] == ["gpu"]
+
+
+def test_the_image_does_not_expose_docs_or_open_metrics(monkeypatch):
+    """It binds every interface, so its defaults turn the API docs off and put /metrics behind the API key."""
+    from serve.settings import ServeSettings
+
+    env = env_of(instructions(DOCKERFILE))
+    for key, value in env.items():
+        if key.startswith("STYLEVAR_") and key != "STYLEVAR_MODEL_DIR":
+            monkeypatch.setenv(key, value)
+    settings = ServeSettings()
+    assert settings.host == "0.0.0.0"
+    assert settings.docs is False and settings.metrics_access == "key"

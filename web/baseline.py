@@ -24,8 +24,9 @@ class BaselineStatus:
 @dataclass(frozen=True)
 class AdaINConfig:
     device: str = "cpu"
-    max_side: int = 512  # AdaIN runs at the content's size, its long side capped here
+    max_side: int = 512  # AdaIN runs at the content's size, its long side capped here (decoded downscaled)
     max_pixels: int = 40_000_000  # inputs larger than this are refused before decoding
+    max_whole_pixels: int = 4_194_304  # the same for images that can only be decoded at full size (WebP, ...)
 
 
 class AdaINBaseline:
@@ -66,10 +67,13 @@ class AdaINBaseline:
         """Content and style image files -> the AdaIN result, at the content's aspect ratio."""
         import torch
 
-        from stylevar.images import load_image, pil_to_tensor, tensor_to_pil
+        from stylevar.images import ACCEPTED_FORMATS, load_image, pil_to_tensor, tensor_to_pil
 
-        content = _cap(load_image(content_path, max_pixels=self.config.max_pixels), self.config.max_side)
-        style = _cap(load_image(style_path, max_pixels=self.config.max_pixels), self.config.max_side)
+        cfg = self.config
+        content, style = (
+            _cap(load_image(path, max_pixels=cfg.max_pixels, formats=ACCEPTED_FORMATS, max_side=cfg.max_side,
+                            max_whole_pixels=cfg.max_whole_pixels), cfg.max_side)
+            for path in (content_path, style_path))
         model = self._load()
         device = torch.device(self.config.device)
         with torch.inference_mode():  # AdaIN.stylize: (B, 3, H, W) in [0, 1] -> same

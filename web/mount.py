@@ -5,14 +5,18 @@ one code path, and the UI's requests go through the service's batching, limits a
 """
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import logging
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 from fastapi import FastAPI
 
-from .ui import CSS, StyleVARUI, UIConfig, examples_dir
+from .files import enforce_file_checks, file_policy
+from .ui import CSS, StyleVARUI, UIConfig
 
 if TYPE_CHECKING:
     from serve.settings import ServeSettings
@@ -34,20 +38,34 @@ def loopback_url(host: str, port: int) -> str:
     return f"http://[{addr}]:{port}" if addr.version == 6 else f"http://{addr}:{port}"
 
 
-def _key_auth(keys: list[str]):
-    """Gradio login for a service with API keys: any user name, an API key as the password."""
-    return lambda _user, password: password in keys
+def _key_auth(keys: list[str]) -> Callable[[str, str], bool]:
+    """Gradio login for a service with API keys: any user name, an API key as the password, compared in
+    constant time with every key. (The service limits failed logins per client: serve.access.)"""
+    encoded = [k.encode() for k in keys]
+
+    def check(_user: str, password: str) -> bool:
+        given = password.encode("utf-8", "surrogateescape")
+        found = False
+        for key in encoded:  # no early exit: the time does not tell which key matched
+            found |= hmac.compare_digest(given, key)
+        return found
+    return check
 
 
 def mount(app: FastAPI, ui: StyleVARUI, path: str, *, max_file_size: int | None = None,
-          api_keys: list[str] | None = None, **kwargs: Any) -> FastAPI:
-    """Mount the UI's Blocks on `app` at `path`."""
-    return gr.mount_gradio_app(
-        app, ui.blocks(), path=path, css=CSS, allowed_paths=[str(examples_dir())], max_file_size=max_file_size,
-        auth=_key_auth(api_keys) if api_keys else None,
+          api_keys: list[str] | None = None, blocked: Iterable[str | Path] = (), **kwargs: Any) -> FastAPI:
+    """Mount the UI's Blocks on `app` at `path`. It reads no server file but uploads and the examples
+    (`web.files`); `blocked` adds folders it may never read."""
+    blocks = ui.blocks()
+    policy = file_policy(blocked)
+    app = gr.mount_gradio_app(
+        app, blocks, path=path, css=CSS, allowed_paths=policy.allowed, blocked_paths=policy.blocked,
+        max_file_size=max_file_size, auth=_key_auth(api_keys) if api_keys else None,
         auth_message="This service needs an API key: enter it as the password (any user name)." if api_keys else None,
         ssr_mode=False, pwa=False, footer_links=["api", "gradio"], **kwargs,
     )
+    enforce_file_checks(blocks)
+    return app
 
 
 def mount_ui(app: FastAPI, settings: "ServeSettings") -> None:
@@ -59,7 +77,8 @@ def mount_ui(app: FastAPI, settings: "ServeSettings") -> None:
     keys = list(settings.api_keys)
     config = UIConfig(api_url=api_url, api_key=keys[0] if keys else None,
                       timeout_s=max(30.0, settings.request_timeout_s + 30.0))
-    mount(app, StyleVARUI(config), UI_PATH, max_file_size=settings.max_upload_bytes, api_keys=keys)
+    mount(app, StyleVARUI(config), UI_PATH, max_file_size=settings.max_upload_bytes, api_keys=keys,
+          blocked=[settings.model_dir])
     log.info("UI mounted at %s (API at %s)", UI_PATH, api_url)
 
 

@@ -50,6 +50,18 @@ def example_pairs() -> list[list[str]]:
     return [[c, s] for c, s in zip(contents, styles)]
 
 
+FileInput = str | dict[str, Any] | None  # a path, or Gradio's FileData of an upload
+
+
+def uploaded_path(value: FileInput) -> str | None:
+    """The file behind an image input: Gradio's file data has it as `path` (always an upload by then:
+    Gradio refuses file data naming any other server file before the handler runs, see web.files)."""
+    if isinstance(value, dict):
+        path = value.get("path")
+        return path if isinstance(path, str) and path else None
+    return value or None
+
+
 def examples_dir() -> Path:
     return Path(str(resources.files("stylevar") / "assets" / "examples"))
 
@@ -114,11 +126,15 @@ class StyleVARUI:
                 sliders.append(gr.update(visible=False))
         return [model_markdown(info), top_k, top_p] + sliders
 
-    def stylize(self, content: str | None, style: str | None, style_strength: float, seed: float | None,
+    def stylize(self, content: FileInput, style: FileInput, style_strength: float, seed: float | None,
                 top_k: float, top_p: float, num_samples: float, preserve_color: bool, resize: str,
                 adain: bool, adain_alpha: float, custom_alphas: bool, *alphas: float,
                 ) -> Iterator[tuple[Any, Any, Any, Any]]:
-        """Yields (preview, results gallery, status, AdaIN image) as the picture forms coarse to fine."""
+        """Yields (preview, results gallery, status, AdaIN image) as the picture forms coarse to fine.
+
+        `content` and `style` are uploaded files: a path, or Gradio's file data (the event does not
+        preprocess its inputs)."""
+        content, style = uploaded_path(content), uploaded_path(style)
         if not content or not style:
             raise gr.Error("Add a content image and a style image first (upload, paste, webcam, or pick an example).",
                            print_exception=False)
@@ -237,6 +253,10 @@ class StyleVARUI:
                         adain_alpha, custom, *alpha_sliders],
                 outputs=[preview, results, status, adain_img],
                 api_name="stylize", concurrency_limit=self.config.concurrency_limit,
+                # the handler gets the uploads' file data (after Gradio's path checks) and never decodes them:
+                # Gradio's preprocessing would open each image with Pillow here and report a bad one as an
+                # internal error; the service decodes (bounded) and answers with its API's message
+                preprocess=False,
             )
             stop.click(None, cancels=[event], api_visibility="private")
         return demo

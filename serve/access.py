@@ -1,0 +1,138 @@
+"""Who may call the service: API keys compared in constant time, and a per-client limit on failed attempts.
+
+A client is its peer address as the ASGI server reports it (uvicorn replaces it with the
+`X-Forwarded-For` address only for proxies listed in `FORWARDED_ALLOW_IPS`). Only presented credentials
+that are wrong count as failures: a request without any key is refused (401) but is no guess.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import math
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+
+class KeyRing:
+    """The service's API keys. `matches` compares against every key, in constant time for each."""
+
+    def __init__(self, keys: Sequence[str]):
+        self._keys = [k.encode() for k in keys]
+
+    def __bool__(self) -> bool:
+        return bool(self._keys)
+
+    def matches(self, given: str) -> bool:
+        candidate = given.encode("utf-8", "surrogateescape")
+        found = False
+        for key in self._keys:  # no early exit: the time does not tell which key matched
+            found |= hmac.compare_digest(candidate, key)
+        return found
+
+
+class FailureLimiter:
+    """Failed attempts per client in a sliding window of `window_s` seconds. A client with
+    `max_failures` failures in the window is refused until the oldest of them leaves the window;
+    `max_failures` 0 switches the limit off. At most `max_clients` clients are tracked (oldest dropped)."""
+
+    def __init__(self, max_failures: int, window_s: float, *, max_clients: int = 10_000,
+                 clock: Callable[[], float] = time.monotonic):
+        self.max_failures, self.window_s, self.max_clients = max_failures, window_s, max_clients
+        self._clock = clock
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def retry_after(self, client: str) -> int | None:
+        """Whole seconds until `client` may try again, or None when it may try now."""
+        if self.max_failures <= 0:
+            return None
+        with self._lock:
+            times = self._recent(client)
+            if times is None or len(times) < self.max_failures:
+                return None
+            return max(1, math.ceil(times[0] + self.window_s - self._clock()))
+
+    def failed(self, client: str) -> None:
+        if self.max_failures <= 0:
+            return
+        with self._lock:
+            times = self._recent(client)
+            if times is None:
+                times = self._failures[client] = deque()
+                while len(self._failures) > self.max_clients:
+                    self._failures.popitem(last=False)
+            times.append(self._clock())
+            self._failures.move_to_end(client)
+            while len(times) > self.max_failures:
+                times.popleft()
+
+    def succeeded(self, client: str) -> None:
+        with self._lock:
+            self._failures.pop(client, None)
+
+    def _recent(self, client: str) -> deque[float] | None:
+        """The client's failures inside the window (older ones dropped); called with the lock held."""
+        times = self._failures.get(client)
+        if times is None:
+            return None
+        horizon = self._clock() - self.window_s
+        while times and times[0] <= horizon:
+            times.popleft()
+        if not times:
+            del self._failures[client]
+            return None
+        return times
+
+
+def client_of(scope: Scope) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
+def too_many_attempts(retry_after_s: int) -> tuple[dict[str, str], dict[str, str]]:
+    """(JSON body, headers) of the 429 answer."""
+    body = {"error": "too_many_attempts",
+            "detail": f"too many failed authentication attempts from this client: try again in {retry_after_s} s"}
+    return body, {"Retry-After": str(retry_after_s)}
+
+
+class LoginAttemptLimit:
+    """ASGI middleware applying a FailureLimiter to form logins it does not own (the mounted UI's):
+    429 while the client is over the limit, and a 400/401/403 answer from the login counts as a failure."""
+
+    def __init__(self, app: ASGIApp, limiter: FailureLimiter, paths: Sequence[str]):
+        self.app, self.limiter = app, limiter
+        self.paths = {p.rstrip("/") for p in paths}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] != "http" or scope.get("method") != "POST"
+                or str(scope.get("path", "")).rstrip("/") not in self.paths):
+            await self.app(scope, receive, send)
+            return
+        client = client_of(scope)
+        wait = self.limiter.retry_after(client)
+        if wait is not None:
+            body, headers = too_many_attempts(wait)
+            data = json.dumps(body).encode()
+            await send({"type": "http.response.start", "status": 429, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+                *((k.lower().encode(), v.encode()) for k, v in headers.items())]})
+            await send({"type": "http.response.body", "body": data})
+            return
+        status = 0
+
+        async def watch(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        await self.app(scope, receive, watch)
+        if status in (400, 401, 403):
+            self.limiter.failed(client)
+        elif 200 <= status < 300:
+            self.limiter.succeeded(client)
