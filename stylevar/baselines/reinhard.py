@@ -17,7 +17,20 @@ _TO_RGB = ImageCms.buildTransformFromOpenProfiles(_LAB, _SRGB, "LAB", "RGB")
 
 
 def _lab(img: Image.Image) -> np.ndarray:
-    return np.asarray(ImageCms.applyTransform(to_rgb(img), _TO_LAB), dtype=np.float64)
+    """(H, W, 3) float: L in [0, 255], a and b signed. Pillow's LAB bytes hold a and b as two's-complement
+    int8, so they are reinterpreted, not read as 0..255 (which would wrap every negative a or b)."""
+    raw = np.asarray(ImageCms.applyTransform(to_rgb(img), _TO_LAB), dtype=np.uint8)
+    lab = raw.astype(np.float64)
+    lab[..., 1:] = raw[..., 1:].view(np.int8)
+    return lab
+
+
+def _from_lab(lab: np.ndarray) -> Image.Image:
+    """Inverse of `_lab`: clipped to the byte ranges, a and b written back as int8."""
+    raw = np.empty(lab.shape, dtype=np.uint8)
+    raw[..., 0] = np.clip(lab[..., 0] + 0.5, 0, 255).astype(np.uint8)
+    raw[..., 1:] = np.clip(np.round(lab[..., 1:]), -128, 127).astype(np.int8).view(np.uint8)
+    return ImageCms.applyTransform(Image.fromarray(raw, "LAB"), _TO_RGB)
 
 
 def reinhard_transfer(content: Image.Image, style: Image.Image, eps: float = 1e-6) -> Image.Image:
@@ -25,6 +38,4 @@ def reinhard_transfer(content: Image.Image, style: Image.Image, eps: float = 1e-
     c, s = _lab(content), _lab(style)
     c_mean, c_std = c.reshape(-1, 3).mean(0), c.reshape(-1, 3).std(0)
     s_mean, s_std = s.reshape(-1, 3).mean(0), s.reshape(-1, 3).std(0)
-    out = (c - c_mean) * (s_std / (c_std + eps)) + s_mean
-    lab = Image.fromarray(np.clip(out + 0.5, 0, 255).astype(np.uint8), "LAB")
-    return ImageCms.applyTransform(lab, _TO_RGB)
+    return _from_lab((c - c_mean) * (s_std / (c_std + eps)) + s_mean)
