@@ -38,6 +38,15 @@ class ServerProcess:
         log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="stylevar-serve-"))
         return cls(argv, env, f"http://127.0.0.1:{port}", log_dir / f"server-{port}.log")
 
+    @classmethod
+    def web(cls, api_url: str, *, env: Mapping[str, str] | None = None,
+            log_dir: str | os.PathLike | None = None) -> "ServerProcess":
+        """`python -m web --api URL --port FREE` (the standalone UI); ready when `/healthz` answers 200."""
+        port = free_port()
+        argv = [sys.executable, "-m", "web", "--api", api_url, "--port", str(port)]
+        log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="stylevar-web-"))
+        return cls(argv, {**os.environ, **(env or {})}, f"http://127.0.0.1:{port}", log_dir / f"web-{port}.log")
+
     def log_text(self) -> str:
         if not self._log.closed:
             self._log.flush()

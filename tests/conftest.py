@@ -136,3 +136,13 @@ def run_recipe(module: str, args: list, run_dir: Path, *, kill_at_step: int | No
     if kill_at_step is not None:
         assert f"resumed from step {kill_at_step}" in done.stderr
     return done
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A random `tiny` model directory named "tiny-test" (the service tests' model)."""
+    from stylevar.pipeline import StylePipeline
+
+    d = tmp_path_factory.mktemp("tiny-model")
+    StylePipeline.random("tiny", name="tiny-test").save_pretrained(d)
+    return d

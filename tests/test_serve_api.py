@@ -16,7 +16,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serve.testing import ServerProcess
 from stylevar.config import presets
-from stylevar.pipeline import StylePipeline
 
 KEY = "test-key-1"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -29,10 +28,8 @@ ALPHAS = ",".join(f"{0.1 + 0.8 * k / (K - 1):.2f}" for k in range(K))
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny-model")
-    StylePipeline.random("tiny", name="tiny-test").save_pretrained(d)
-    return d
+def model_dir(tiny_model_dir):
+    return tiny_model_dir
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ from PIL import Image
 from serve import imaging
 from serve.app import create_app
 from serve.settings import ServeSettings
-from stylevar.pipeline import StylePipeline
 
 
 def encode(img: Image.Image, fmt: str = "PNG", **kw) -> bytes:
@@ -48,10 +47,8 @@ def files(content: bytes = CONTENT, style: bytes = STYLE) -> dict:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("uploads-model")
-    StylePipeline.random("tiny", name="uploads").save_pretrained(d)
-    return d
+def model_dir(tiny_model_dir):
+    return tiny_model_dir
 
 
 @pytest.fixture(scope="module")

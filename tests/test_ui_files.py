@@ -13,9 +13,6 @@ import json
 import os
 import re
 import struct
-import subprocess
-import sys
-import time
 import uuid
 import zlib
 from collections.abc import Iterator
@@ -25,7 +22,7 @@ import httpx
 import pytest
 from PIL import Image, PngImagePlugin
 
-from serve.testing import ServerProcess, free_port
+from serve.testing import ServerProcess
 from stylevar.pipeline import StylePipeline
 
 # component types whose values are files (FileData) in Gradio's API
@@ -76,27 +73,8 @@ def service(tmp_path_factory) -> Iterator[tuple[ServerProcess, Path]]:
 @pytest.fixture(scope="module")
 def standalone(service, tmp_path_factory) -> Iterator[tuple[str, Path]]:
     root = tmp_path_factory.mktemp("web-gradio")
-    port = free_port()
-    log_path = root / "web.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "web", "--api", service[0].url, "--port", str(port)],
-                                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **gradio_env(root)})
-        url = f"http://127.0.0.1:{port}"
-        try:
-            end = time.monotonic() + 90
-            while True:
-                assert proc.poll() is None, log_path.read_text()
-                try:
-                    if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert time.monotonic() < end, "python -m web did not start"
-                time.sleep(0.2)
-            yield url, root
-        finally:
-            proc.terminate()
-            proc.wait(30)
+    with ServerProcess.web(service[0].url, env=gradio_env(root), log_dir=root) as web:
+        yield web.wait_ready(timeout=90, path="/healthz").url, root
 
 
 @pytest.fixture(params=["serve", "web"])

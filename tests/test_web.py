@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import gradio as gr
 import httpx
@@ -336,30 +335,12 @@ def test_no_ui_leaves_it_out(model_dir):
 
 
 def test_standalone_ui_against_a_remote_service(server, images, tmp_path):
-    port = free_port()
-    log = open(tmp_path / "web.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "web", "--api", server.url, "--port", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "STYLEVAR_API_KEY": KEY})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        end = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (tmp_path / "web.log").read_text()
-            try:
-                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < end, "python -m web did not start"
-            time.sleep(0.2)
+    with ServerProcess.web(server.url, env={"STYLEVAR_API_KEY": KEY}, log_dir=tmp_path) as web:
+        url = web.wait_ready(timeout=60, path="/healthz").url
         assert "StyleVAR" in httpx.get(url + "/", timeout=10).text
         _, gallery, status, _ = Client(url + "/", verbose=False).predict(
             handle_file(str(images / "content.png")), handle_file(str(images / "style.png")), api_name="/stylize")
         assert status.startswith("Done") and Image.open(gallery[0]["image"]).size == CONTENT_SIZE
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        log.close()
 
 
 def test_web_cli_rejects_a_bad_url():
