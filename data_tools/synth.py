@@ -21,9 +21,9 @@ A triplet is drawn from one `numpy.random.Generator`:
      base *= 1 + 0.15 * (T - mean(T)) (the style's pattern shows through, mean brightness kept);
   4. target = round(clip(base, 0, 255)) as 8-bit RGB.
 
-  Measured on 96 random 64 px triplets (seed 777, `benchmarks/fidelity.py --rules`): the Pearson
+  Measured on 96 random 64 px triplets (`python benchmarks/fidelity.py ceiling`): the Pearson
   correlation between the Sobel magnitudes of target and content (`stylevar.metrics.structure`) is
-  0.79; the earlier rule (equal-area posterisation, texture 0.4, darkened outlines) gave 0.48 because
+  0.81; the earlier rule (equal-area posterisation, texture 0.4, darkened outlines) gave 0.51 because
   posterisation merges neighbouring regions and outlines draw two edges where the content has one.
   The target's colours come from the style's palette (its mean colour moves toward the style's) while
   the content's layout is kept.

@@ -24,8 +24,16 @@ def test_demo_model_is_shipped_small_and_labelled():
     assert pipe.config.demo and pipe.config.label == DEMO_LABEL
     card = (DEMO_MODEL_DIR / "README.md").read_text()
     assert "demo" in card and "copy-content" in card and "reinhard" in card
-    ev = cfg["extra"]["evaluation"]
-    assert ev["model"]["ssim"] > ev["copy-content"]["ssim"], "the demo model must beat copy-content on SSIM"
+    ev, photos = cfg["extra"]["evaluation"], cfg["extra"]["evaluation_photos"]
+    # The content's shapes are kept: edge correlation with the content well above the first demo model's
+    # (0.11 on held-out pairs, -0.01 on photographs; shipped: 0.48 and 0.42; issue 14 asks for 0.6, which
+    # the 16 x 16 tokenizer's own reconstruction, 0.58, does not reach yet: docs/training.md).
+    assert ev["model"]["edge_corr"] >= 0.45 and photos["model"]["edge_corr"] >= 0.35
+    # SSIM to the target at least Reinhard's (and copy-content's), colours moved toward the style, and
+    # seeds that change the result
+    assert ev["model"]["ssim"] >= max(ev["reinhard"]["ssim"], ev["copy-content"]["ssim"])
+    assert ev["model"]["colour_dist_to_style"] < ev["copy-content"]["colour_dist_to_style"]
+    assert ev["model"]["seed_spread"] >= 0.01
 
 
 def _mean_colour(path: Path) -> np.ndarray:

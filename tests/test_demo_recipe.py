@@ -20,8 +20,8 @@ def _recipe(root: Path, out: Path) -> subprocess.CompletedProcess:
     env = {**single_thread_env(), **MICRO, "PYTHON": sys.executable, "OUT": str(out)}
     done = subprocess.run(["bash", "scripts/train_demo_model.sh", str(root)], cwd=REPO, env=env, check=False,
                           capture_output=True, text=True, timeout=600)
-    # A micro model cannot beat copy-content: the export is still written, the recipe then exits 1 and says so.
-    assert done.returncode == 0 or (done.returncode == 1 and "does not beat copy-content" in done.stderr), \
+    # A micro model cannot reach Reinhard's SSIM: the export is still written, the recipe then exits 1 and says so.
+    assert done.returncode == 0 or (done.returncode == 1 and "below Reinhard's" in done.stderr), \
         done.stdout[-2000:] + done.stderr[-3000:]
     return done
 

@@ -117,8 +117,8 @@ def test_target_rule_on_a_hand_made_case():
 
 
 def test_target_keeps_the_content_edges():
-    """The rule's point: the target's edge map follows the content's (measured 0.79 at 64 px; the old
-    posterising rule gave 0.48)."""
+    """The rule's point: the target's edge map follows the content's (measured 0.81 at 64 px on 96 pairs;
+    the old posterising rule gave 0.51)."""
     import torch
 
     from stylevar.metrics.structure import edge_correlation

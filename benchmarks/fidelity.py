@@ -1,0 +1,215 @@
+"""Content fidelity experiments: how much of the content's shapes survives each stage, variant by variant.
+
+Two commands:
+
+    python benchmarks/fidelity.py ceiling --tokenizer DIR [--n 96]
+        The ceilings before any transformer: the synthetic target rule's edge correlation with the
+        content, and the tokenizer's (its reconstruction of the content and of the target). A
+        transformer cannot keep more of the content than its tokenizer's reconstruction does.
+
+    python benchmarks/fidelity.py compare --data MANIFEST --tokenizer DIR --out DIR --steps N \
+            [--variant NAME[=JSON]] ... [--jobs 2] [--n 48]
+        Trains one SFT run per variant (python -m training.sft, same data, tokenizer, seed, steps and
+        batch: the same CPU budget; re-running resumes or skips finished runs), then scores every
+        variant and the baselines (copy-content, Reinhard) on held-out pairs from a synthesis seed the
+        training data never uses and on real photographs. Writes OUT/results.json, OUT/table.md (the
+        table, side by side) and OUT/grid_<variant>.png (content, style, target, two seeds, Reinhard).
+        A variant is a name and a JSON object of transformer config overrides on the preset's
+        transformer; the defaults are `published` ({}) and `injection` ({"content_injection": true}).
+        Each variant is scored under every `--sampling TOP_K,TOP_P` given (default 20,0.8 and 1,0:
+        sampled and greedy), one table row each.
+
+Metrics are `training.demo.score`: edge correlation with the content at the model's resolution
+(`stylevar.metrics.structure`), SSIM to the target (paper and standard), L1, the colour distance to the
+style, and the seed spread (how much two seeds' outputs differ).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from data_tools import synth
+from stylevar.metrics.ssim import ssim_standard
+from stylevar.metrics.structure import edge_correlation
+from stylevar.pipeline import StylePipeline
+from training import demo
+from training.sft import read_tokenizer
+
+DEFAULT_VARIANTS = {"published": {}, "injection": {"content_injection": True}}
+
+
+def _unit(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(a.astype(np.float32) / 255.0).permute(2, 0, 1)
+
+
+def load_tokenizer(folder: Path):
+    """A tokenizer folder (training.vqvae RUN/final) or a model directory."""
+    from stylevar.config import VQVAEConfig
+
+    return read_tokenizer(str(folder), VQVAEConfig.preset("tiny"), None).eval()
+
+
+@torch.no_grad()
+def ceiling(tokenizer_dir: Path, n: int, seed: int = demo.HELDOUT_SEED) -> dict[str, float]:
+    tok = load_tokenizer(tokenizer_dir)
+    size = tok.cfg.image_size
+    arrays = [synth.make_triplet_arrays(np.random.default_rng([seed, i]), size) for i in range(n)]
+    content = torch.stack([_unit(c) for c, _, _ in arrays])
+    target = torch.stack([_unit(t) for _, _, t in arrays])
+
+    def recon(x: torch.Tensor) -> torch.Tensor:
+        return tok.decode_indices(tok.encode_indices(x * 2 - 1)).add(1).mul(0.5).clamp(0, 1)
+
+    def autoencode(x: torch.Tensor) -> torch.Tensor:  # no quantisation: the encoder/decoder alone
+        return tok.decode_fhat(tok.latent(x * 2 - 1)).add(1).mul(0.5).clamp(0, 1)
+
+    rc, rt, ac = recon(content), recon(target), autoencode(content)
+    return {
+        "n": n, "image_size": size, "latent": tok.latent_size, "scales": list(tok.cfg.patch_nums),
+        "target_vs_content_edge_corr": float(edge_correlation(target, content).mean()),
+        "recon_content_edge_corr": float(edge_correlation(rc, content).mean()),
+        "autoencoder_content_edge_corr": float(edge_correlation(ac, content).mean()),
+        "recon_target_vs_content_edge_corr": float(edge_correlation(rt, content).mean()),
+        "recon_target_ssim_standard": float(ssim_standard(rt, target).mean()),
+        "recon_content_ssim_standard": float(ssim_standard(rc, content).mean()),
+    }
+
+
+# ------------------------------------------------------------------------------------------ compare
+def parse_variants(items: list[str] | None) -> dict[str, dict]:
+    if not items:
+        return dict(DEFAULT_VARIANTS)
+    out = {}
+    for item in items:
+        name, _, spec = item.partition("=")
+        if not name.isidentifier():
+            raise SystemExit(f"--variant {item!r}: the name must be a plain word")
+        try:
+            out[name] = json.loads(spec) if spec else DEFAULT_VARIANTS.get(name, {})
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"--variant {item!r}: not JSON: {e}") from None
+    return out
+
+
+def variant_preset(tokenizer_dir: Path, overrides: dict, path: Path) -> Path:
+    """A preset file: the tokenizer's config and the tiny transformer with `overrides`."""
+    from stylevar.config import StyleVARConfig
+
+    vq = load_tokenizer(tokenizer_dir).cfg
+    tr = {**StyleVARConfig.preset("tiny").to_dict(), **overrides}
+    k = len(vq.patch_nums)  # one alpha per scale, spread like the preset's
+    lo, hi = tr["alpha_nums"][0], tr["alpha_nums"][-1]
+    tr.update(patch_nums=list(vq.patch_nums), vocab_size=vq.vocab_size, z_channels=vq.z_channels,
+              alpha_nums=[round(lo + (hi - lo) * i / max(k - 1, 1), 6) for i in range(k)])
+    path.write_text(json.dumps({"tokenizer": vq.to_dict(), "transformer": tr}, indent=1))
+    return path
+
+
+def train_variant(args: argparse.Namespace, name: str, overrides: dict) -> dict:
+    run = args.out / name
+    run.mkdir(parents=True, exist_ok=True)
+    final = run / "final" / "transformer.safetensors"
+    if final.is_file():
+        return json.loads((run / "timing.json").read_text()) if (run / "timing.json").is_file() else {}
+    preset = variant_preset(args.tokenizer, overrides, run / "preset.json")
+    cmd = [sys.executable, "-m", "training.sft", "--data", str(args.data), "--preset", str(preset),
+           "--tokenizer", str(args.tokenizer), "--out", str(run), "--max-steps", str(args.steps),
+           "--batch-size", str(args.batch_size), "--lr", "5e-4", "--warmup-steps", "50", "--save-every", "100",
+           "--val-every", str(args.steps), "--val-max-batches", "2", "--seed", str(args.seed), "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    t0 = time.perf_counter()
+    with open(run / "train.log", "a") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
+    timing = {"steps": args.steps, "threads": args.threads, "train_minutes": (time.perf_counter() - t0) / 60}
+    (run / "timing.json").write_text(json.dumps(timing))
+    return timing
+
+
+def compare(args: argparse.Namespace) -> dict:
+    variants = parse_variants(args.variant)
+    samplings = [parse_sampling(x) for x in (args.sampling or ["20,0.8", "1,0"])]
+    args.out.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        timings = dict(zip(variants, pool.map(lambda kv: train_variant(args, *kv), variants.items())))
+    torch.set_num_threads(args.threads * args.jobs)
+    results: dict = {"steps": args.steps, "n": args.n, "rows": {}}
+    suite = demo.make_suite()
+    for name, overrides in variants.items():
+        pipe = StylePipeline.from_pretrained(args.out / name / "final", device="cpu")
+        size = pipe.image_size
+        held, photos = demo.heldout_triplets(args.n, size), demo.photo_triplets(size)
+        for sampling in samplings:
+            pipe.config.generation = dict(sampling)
+            synthetic, real = demo.evaluate(pipe, held, suite=suite), demo.evaluate(pipe, photos)
+            label = f"{name} {json.dumps(overrides)}, top-k {sampling['top_k']}, top-p {sampling['top_p']}"
+            results["rows"][label] = {"variant": name, "overrides": overrides, "sampling": sampling, **timings[name],
+                                      "synthetic": synthetic["model"], "photos": real["model"]}
+            results["baselines"] = {m: {"synthetic": synthetic[m], "photos": real[m]}
+                                    for m in ("copy-content", "reinhard")}
+        pipe.config.generation = dict(samplings[0])
+        demo.sample_grid(pipe, held[:6] + photos, args.out / f"grid_{name}.png")
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    (args.out / "table.md").write_text(table_markdown(results) + "\n")
+    return results
+
+
+def parse_sampling(text: str) -> dict:
+    try:
+        k, p = text.split(",")
+        return {"top_k": int(k), "top_p": float(p)}
+    except ValueError:
+        raise SystemExit(f"--sampling {text!r}: expected TOP_K,TOP_P such as 20,0.8") from None
+
+
+COLUMNS = (("synthetic", "edge_corr"), ("synthetic", "ssim_standard"), ("synthetic", "ssim"), ("synthetic", "l1"),
+           ("synthetic", "colour_dist_to_style"), ("synthetic", "seed_spread"), ("photos", "edge_corr"))
+
+
+def table_markdown(results: dict) -> str:
+    head = "| method | " + " | ".join(f"{where} {m} {demo.ARROWS[m]}".strip() for where, m in COLUMNS)
+    lines = [head + " | train min |", "| --- |" + " --- |" * (len(COLUMNS) + 1)]
+    rows = [(label, v, f"{v.get('train_minutes', float('nan')):.1f}") for label, v in results["rows"].items()]
+    rows += [(name, b, "-") for name, b in results.get("baselines", {}).items()]
+    for label, r, minutes in rows:
+        cells = [f"{r[w][m]:.3f}" if m in r[w] else "-" for w, m in COLUMNS]
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {minutes} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("ceiling", help="target-rule and tokenizer ceilings")
+    c.add_argument("--tokenizer", type=Path, required=True, help="a tokenizer or model directory")
+    c.add_argument("--n", type=int, default=96)
+    r = sub.add_parser("compare", help="train variants on one budget and score them side by side")
+    r.add_argument("--data", type=Path, required=True, help="synthetic triplet manifest")
+    r.add_argument("--tokenizer", type=Path, required=True)
+    r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--steps", type=int, default=400)
+    r.add_argument("--batch-size", type=int, default=16)
+    r.add_argument("--variant", action="append", metavar="NAME[=JSON]")
+    r.add_argument("--jobs", type=int, default=1, help="variants trained at once")
+    r.add_argument("--threads", type=int, default=1, help="threads per training run")
+    r.add_argument("--n", type=int, default=48, help="held-out synthetic pairs")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--sampling", action="append", metavar="TOP_K,TOP_P", help="default: 20,0.8 and 1,0")
+    args = p.parse_args(argv)
+    if args.command == "ceiling":
+        print(json.dumps(ceiling(args.tokenizer, args.n), indent=1))
+        return 0
+    print(table_markdown(compare(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
