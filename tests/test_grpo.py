@@ -372,8 +372,10 @@ def test_torchrun_two_processes_match_one(setup, tmp_path):
 
     a = load_file(str(tmp_path / "one" / "final" / "transformer.safetensors"))
     b = load_file(str(tmp_path / "two" / "final" / "transformer.safetensors"))
+    # lr 1e-2: a missing or wrong reduction moves weights by ~1e-3; summing the same gradients in another
+    # order moves a few Adam-normalised elements by ~3e-6 (seen after the synthetic target rule changed)
     for k in a:
-        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=1e-5, msg=k)
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-5, msg=k)
     for ra, rb in zip(loop.read_log(tmp_path / "one"), loop.read_log(tmp_path / "two")):
         for key in ("reward_mean", "reward_std", "kl", "loss", "clip_frac", "entropy_s2", "merged"):
             assert ra[key] == pytest.approx(rb[key], rel=1e-4, abs=1e-7), (ra["step"], key)
