@@ -26,6 +26,7 @@ style, and the seed spread (how much two seeds' outputs differ).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -34,27 +35,21 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from data_tools import synth
+from stylevar.config import StyleVARConfig, VQVAEConfig
 from stylevar.metrics.ssim import ssim_standard
 from stylevar.metrics.structure import edge_correlation
 from stylevar.pipeline import StylePipeline
 from training import demo
+from training.presets import match_transformer
 from training.sft import read_tokenizer
 
 DEFAULT_VARIANTS = {"published": {}, "injection": {"content_injection": True}}
 
 
-def _unit(a: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(a.astype(np.float32) / 255.0).permute(2, 0, 1)
-
-
 def load_tokenizer(folder: Path):
     """A tokenizer folder (training.vqvae RUN/final) or a model directory."""
-    from stylevar.config import VQVAEConfig
-
     return read_tokenizer(str(folder), VQVAEConfig.preset("tiny"), None).eval()
 
 
@@ -62,9 +57,8 @@ def load_tokenizer(folder: Path):
 def ceiling(tokenizer_dir: Path, n: int, seed: int = demo.HELDOUT_SEED) -> dict[str, float]:
     tok = load_tokenizer(tokenizer_dir)
     size = tok.cfg.image_size
-    arrays = [synth.make_triplet_arrays(np.random.default_rng([seed, i]), size) for i in range(n)]
-    content = torch.stack([_unit(c) for c, _, _ in arrays])
-    target = torch.stack([_unit(t) for _, _, t in arrays])
+    triplets = demo.heldout_triplets(n, size, seed)
+    content, target = (demo.image_batch([getattr(t, k) for t in triplets], size) for k in ("content", "target"))
 
     def recon(x: torch.Tensor) -> torch.Tensor:
         return tok.decode_indices(tok.encode_indices(x * 2 - 1)).add(1).mul(0.5).clamp(0, 1)
@@ -101,16 +95,10 @@ def parse_variants(items: list[str] | None) -> dict[str, dict]:
 
 
 def variant_preset(tokenizer_dir: Path, overrides: dict, path: Path) -> Path:
-    """A preset file: the tokenizer's config and the tiny transformer with `overrides`."""
-    from stylevar.config import StyleVARConfig
-
+    """A preset file: the tokenizer's config and the tiny transformer, fitted to it, with `overrides`."""
     vq = load_tokenizer(tokenizer_dir).cfg
-    tr = {**StyleVARConfig.preset("tiny").to_dict(), **overrides}
-    k = len(vq.patch_nums)  # one alpha per scale, spread like the preset's
-    lo, hi = tr["alpha_nums"][0], tr["alpha_nums"][-1]
-    tr.update(patch_nums=list(vq.patch_nums), vocab_size=vq.vocab_size, z_channels=vq.z_channels,
-              alpha_nums=[round(lo + (hi - lo) * i / max(k - 1, 1), 6) for i in range(k)])
-    path.write_text(json.dumps({"tokenizer": vq.to_dict(), "transformer": tr}, indent=1))
+    tr = dataclasses.replace(match_transformer(StyleVARConfig.preset("tiny"), vq), **overrides)
+    path.write_text(json.dumps({"tokenizer": vq.to_dict(), "transformer": tr.to_dict()}, indent=1))
     return path
 
 
@@ -143,18 +131,20 @@ def compare(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads * args.jobs)
     results: dict = {"steps": args.steps, "n": args.n, "rows": {}}
     suite = demo.make_suite()
+    held = photos = None
     for name, overrides in variants.items():
         pipe = StylePipeline.from_pretrained(args.out / name / "final", device="cpu")
         size = pipe.image_size
-        held, photos = demo.heldout_triplets(args.n, size), demo.photo_triplets(size)
+        if held is None:  # every variant shares the tokenizer, hence the size: pairs and baselines once
+            held, photos = demo.heldout_triplets(args.n, size), demo.photo_triplets(size)
+            results["baselines"] = {m: {"synthetic": s, "photos": p} for (m, s), p in zip(
+                demo.score_baselines(held, size, suite).items(), demo.score_baselines(photos, size).values())}
         for sampling in samplings:
             pipe.config.generation = dict(sampling)
-            synthetic, real = demo.evaluate(pipe, held, suite=suite), demo.evaluate(pipe, photos)
             label = f"{name} {json.dumps(overrides)}, top-k {sampling['top_k']}, top-p {sampling['top_p']}"
             results["rows"][label] = {"variant": name, "overrides": overrides, "sampling": sampling, **timings[name],
-                                      "synthetic": synthetic["model"], "photos": real["model"]}
-            results["baselines"] = {m: {"synthetic": synthetic[m], "photos": real[m]}
-                                    for m in ("copy-content", "reinhard")}
+                                      "synthetic": demo.evaluate_model(pipe, held, suite=suite),
+                                      "photos": demo.evaluate_model(pipe, photos)}
         pipe.config.generation = dict(samplings[0])
         demo.sample_grid(pipe, held[:6] + photos, args.out / f"grid_{name}.png")
     (args.out / "results.json").write_text(json.dumps(results, indent=1))

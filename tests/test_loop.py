@@ -108,17 +108,17 @@ def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path):
 # ------------------------------------------------------------------------------------------ checkpoints
 def test_checkpoints_are_atomic_and_pruned(tmp_path):
     mgr = CheckpointManager(tmp_path / "ck", CPU1, keep=2)
-    assert mgr.load_latest() is None
+    assert mgr.load().state is None
     for step in (1, 2, 3):
         mgr.save(step, {"step": step, "w": torch.full((2,), float(step))})
     assert [s for s, _ in mgr.paths()] == [2, 3]
     (tmp_path / "ck" / ".step-00000004.pt.77.tmp").write_bytes(b"torn write")
-    state = mgr.load_latest()
+    state = mgr.load().state
     assert state["step"] == 3 and torch.equal(state["w"], torch.full((2,), 3.0))
     assert not list((tmp_path / "ck").glob("*.tmp")), "stale temp files are removed"
     os.replace(tmp_path / "ck" / "step-00000003.pt", tmp_path / "ck" / "step-00000009.pt")
     with pytest.raises(RuntimeError, match="holds step 3"):
-        mgr.load_latest()
+        mgr.load().state
 
 
 def test_run_dir_refuses_a_different_config(tmp_path):
@@ -275,7 +275,7 @@ def test_any_unloadable_file_is_skipped(tmp_path):
     assert [b.path.name for b in loaded.skipped] == ["step-00000004.pt", "step-00000003.pt", "step-00000002.pt"]
     assert "not a training checkpoint" in loaded.skipped[0].reason
     assert [s for s, _ in mgr.paths()] == [1]
-    assert mgr.load_latest()["step"] == 1
+    assert mgr.load().state["step"] == 1
 
 
 def _assert_close_states(a, b, atol=1e-5):

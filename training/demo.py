@@ -81,7 +81,8 @@ def photo_triplets(size: int, seed: int = HELDOUT_SEED) -> list[Triplet]:
     return out
 
 
-def _batch(images, size: int) -> torch.Tensor:
+def image_batch(images, size: int) -> torch.Tensor:
+    """PIL images -> (B, 3, size, size) in [0, 1] (bilinear; unchanged when already that size)."""
     return torch.stack([pil_to_tensor(im.convert("RGB").resize((size, size), Image.BILINEAR)) for im in images])
 
 
@@ -89,13 +90,13 @@ def ssim_to_target(images, triplets: list[Triplet], size: int) -> float:
     """Mean SSIM (the paper's definition) of `images` to the triplets' targets, at `size` px."""
     from stylevar.metrics import compute
 
-    target = _batch([t.target for t in triplets], size)
-    return float(compute("ssim", _batch(images, size), target, target, target).mean())
+    target = image_batch([t.target for t in triplets], size)
+    return float(compute("ssim", image_batch(images, size), target, target, target).mean())
 
 
 def seed_spread(a_images, b_images, size: int) -> float:
     """Mean absolute pixel difference ([0, 1] scale) between two seeds' outputs for the same inputs."""
-    return float((_batch(a_images, size) - _batch(b_images, size)).abs().mean())
+    return float((image_batch(a_images, size) - image_batch(b_images, size)).abs().mean())
 
 
 def choose_sampling(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0) -> tuple[dict, dict[str, dict]]:
@@ -131,29 +132,38 @@ def score(images, triplets: list[Triplet], size: int, suite=None) -> dict[str, f
     """Mean metrics of `images` for `triplets`, everything compared at `size` px (the model's resolution):
     edge correlation with the content and the colour distance to the style always; SSIM, L1 and the
     suite's metrics against the target when the triplets have one."""
-    gen = _batch(images, size)
-    content, style = (_batch([getattr(t, k) for t in triplets], size) for k in ("content", "style"))
+    gen = image_batch(images, size)
+    content, style = (image_batch([getattr(t, k) for t in triplets], size) for k in ("content", "style"))
     row = {"edge_corr": float(edge_correlation(gen, content).mean()),
            "colour_dist_to_style": float((gen.mean(dim=(2, 3)) - style.mean(dim=(2, 3))).norm(dim=1).mean())}
     if all(t.target is not None for t in triplets):
-        target = _batch([t.target for t in triplets], size)
+        target = image_batch([t.target for t in triplets], size)
         if suite is not None:
             row.update({k: float(v.mean()) for k, v in suite(gen, content, style, target).items()})
         row["l1"] = float((gen - target).abs().mean())
     return row
 
 
-def evaluate(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0, suite=None) -> dict[str, dict]:
-    """Mean of each metric per method (model, copy-content, Reinhard), and the model's seconds per image
-    and seed spread."""
-    S = pipe.image_size
-    model_images, sec_per_image = generate(pipe, triplets, seed)
-    outputs = {"model": model_images, "copy-content": [t.content for t in triplets],
+def evaluate_model(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0, suite=None) -> dict[str, float]:
+    """The model's row: `score` of its outputs (seed + index each), seconds per image and seed spread."""
+    images, sec_per_image = generate(pipe, triplets, seed)
+    row = score(images, triplets, pipe.image_size, suite)
+    row["sec_per_image"] = sec_per_image
+    row["seed_spread"] = seed_spread(images, generate(pipe, triplets, seed + 1000)[0], pipe.image_size)
+    return row
+
+
+def score_baselines(triplets: list[Triplet], size: int, suite=None) -> dict[str, dict]:
+    """Rows of the weight-free baselines: copy-content and Reinhard colour transfer."""
+    outputs = {"copy-content": [t.content for t in triplets],
                "reinhard": [reinhard_transfer(t.content, t.style) for t in triplets]}
-    table = {method: score(images, triplets, S, suite) for method, images in outputs.items()}
-    table["model"]["sec_per_image"] = sec_per_image
-    table["model"]["seed_spread"] = seed_spread(model_images, generate(pipe, triplets, seed + 1000)[0], S)
-    return table
+    return {method: score(images, triplets, size, suite) for method, images in outputs.items()}
+
+
+def evaluate(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0, suite=None) -> dict[str, dict]:
+    """Mean of each metric per method: the model (with seconds per image and seed spread), copy-content
+    and Reinhard."""
+    return {"model": evaluate_model(pipe, triplets, seed, suite), **score_baselines(triplets, pipe.image_size, suite)}
 
 
 def sample_grid(pipe: StylePipeline, triplets: list[Triplet], path: Path, seed: int = 0, cell: int = 64) -> Path:

@@ -596,10 +596,6 @@ class CheckpointManager:
                 "these files away to start the run from step 0")
         return LoadedCheckpoint(None, None)
 
-    def load_latest(self) -> dict[str, Any] | None:
-        """The state of :meth:`load` (None on a fresh run)."""
-        return self.load().state
-
     def _set_aside(self, bad: Sequence[BadCheckpoint]) -> None:
         """Rename unreadable files to ``*.corrupt`` once every rank is past reading them (rank 0)."""
         if not bad:
