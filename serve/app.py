@@ -10,12 +10,11 @@ import contextlib
 import ipaddress
 import json
 import logging
-import secrets
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import torch
 from fastapi import Depends, FastAPI, File, Form, Request, UploadFile
@@ -30,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import stylevar
 from stylevar.images import ImageError, fit_of, tensor_to_pil, unfit
 from stylevar.pipeline import check_model_dir
+from stylevar.postprocess import OutputOptions, finish, sample_seeds
 
 from . import imaging
 from .access import FailureLimiter, KeyRing, LoginAttemptLimit, client_of, too_many_attempts
@@ -45,7 +45,7 @@ from .batching import (
 from .engine import GenerationKey, ModelRunner, PreviewFn, StylizeTask, resolve_devices
 from .metrics import ServiceMetrics
 from .middleware import ContentLengthLimit, RequestMiddleware
-from .schemas import MAX_SEED, ErrorBody, Health, ImageOut, ModelInfo, StylizeForm, StylizeResult
+from .schemas import ErrorBody, Health, ImageOut, ModelInfo, StylizeForm, StylizeResult
 from .settings import ServeSettings
 
 ContentUpload = Annotated[UploadFile, File(description="content image (JPEG, PNG, WebP)")]
@@ -136,17 +136,28 @@ def _quality(accepts: dict[str, float], media_type: str) -> float:
     return 0.0
 
 
-def wants_json(request: Request, media_type: str, num_samples: int) -> bool:
-    """Content negotiation between the encoded image and JSON with base64 images."""
+ZIP_MEDIA_TYPE = "application/zip"
+Representation = Literal["image", "json", "zip"]
+
+
+def negotiate(request: Request, media_type: str, num_samples: int) -> Representation:
+    """What `/stylize` answers, from the Accept header (docs/serving.md, "Response format").
+
+    JSON only when the client names `application/json` (a wildcard never selects it); otherwise one
+    sample is the image (`media_type`) and several are a zip archive with one image per sample. Of
+    the acceptable ones the highest q wins; a tie goes to JSON (it was named).
+    """
     accepts = _accepts(request)
-    q_json, q_image = _quality(accepts, "application/json"), _quality(accepts, media_type)
-    if num_samples > 1:
-        if q_json <= 0:
-            raise ServiceError(406, "not_acceptable", "several samples come back as JSON: accept application/json")
-        return True
-    if q_json <= 0 and q_image <= 0:
-        raise ServiceError(406, "not_acceptable", f"this route returns {media_type} or application/json")
-    return q_json > q_image or (q_json == q_image and "application/json" in accepts)
+    offers: dict[Representation, float] = {
+        "json": accepts.get("application/json", 0.0),
+        "image": _quality(accepts, media_type) if num_samples == 1 else 0.0,
+        "zip": _quality(accepts, ZIP_MEDIA_TYPE) if num_samples > 1 else 0.0,
+    }
+    best = max(offers, key=lambda name: offers[name])  # dict order breaks ties: json first
+    if offers[best] > 0:
+        return best
+    produced = media_type if num_samples == 1 else f"{ZIP_MEDIA_TYPE} (several samples)"
+    raise ServiceError(406, "not_acceptable", f"this request returns {produced} or application/json")
 
 
 async def wait_for_job(job: Job, request: Request) -> Any:
@@ -323,7 +334,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         504: "deadline exceeded",
     }.items()
 }
-IMAGE_CONTENT = {m: {"schema": {"type": "string", "format": "binary"}} for m in imaging.MEDIA_TYPES.values()}
+IMAGE_CONTENT = {m: {"schema": {"type": "string", "format": "binary"}}
+                 for m in (*imaging.MEDIA_TYPES.values(), ZIP_MEDIA_TYPE)}
 
 
 def _add_routes(app: FastAPI, state: ServiceState) -> None:
@@ -411,8 +423,7 @@ def _add_routes(app: FastAPI, state: ServiceState) -> None:
                     images.append(await state.decoder.decode(data, max_side=max_side))
                 except ImageError as e:
                     raise ServiceError(IMAGE_ERROR_STATUS.get(e.code, 422), e.code, f"{name}: {e}") from e
-            seed = form.seed if form.seed is not None else secrets.randbelow(MAX_SEED + 1)
-            seeds = [seed + i for i in range(form.num_samples)]
+            seeds = sample_seeds(form.seed, form.num_samples)
             key = GenerationKey(form.top_k, form.top_p, form.style_strength, alphas, form.resize)
             task = StylizeTask(images[0], images[1], seeds, on_preview)
             try:
@@ -423,10 +434,9 @@ def _add_routes(app: FastAPI, state: ServiceState) -> None:
                 raise _from_batch_error(e) from e
         return job, images[0]
 
-    def finish(content_img: Image.Image, form: StylizeForm, images: list[Image.Image]
+    def encode(content_img: Image.Image, form: StylizeForm, images: list[Image.Image]
                ) -> tuple[list[bytes], list[Image.Image]]:
-        if form.preserve_color:
-            images = [imaging.preserve_color(im, content_img) for im in images]
+        images = finish(images, content_img, OutputOptions(preserve_color=form.preserve_color))
         return [imaging.encode_image(im, form.format) for im in images], images
 
     def result_json(job: Job, form: StylizeForm, encoded: list[bytes], images: list[Image.Image]) -> dict:
@@ -441,7 +451,8 @@ def _add_routes(app: FastAPI, state: ServiceState) -> None:
         "/stylize", dependencies=[Depends(require_key)], max_body_size=settings.max_upload_bytes,
         response_class=Response,
         responses={200: {"model": StylizeResult, "content": IMAGE_CONTENT,
-                         "description": "the image, or JSON with base64 images (Accept: application/json)"},
+                         "description": "the image (several samples: a zip of images), or JSON with base64 images "
+                                        "when the Accept header names application/json"},
                    **ERROR_RESPONSES},
     )
     async def stylize(
@@ -452,18 +463,22 @@ def _add_routes(app: FastAPI, state: ServiceState) -> None:
     ) -> Response:
         """Re-draw `content` in the style of `style`."""
         media = imaging.MEDIA_TYPES[form.format]
-        as_json = wants_json(request, media, form.num_samples)
+        representation = negotiate(request, media, form.num_samples)
         job, content_img = await prepare(content, style, form, request.state.request_id)
         try:
             images = await wait_for_job(job, request)
         except ClientGone:
             log.info("client went away; job dropped")
             return Response(status_code=499)
-        encoded, images = await run_in_threadpool(finish, content_img, form, images)
+        encoded, images = await run_in_threadpool(encode, content_img, form, images)
         headers = {"X-Seed": str(job.payload.seeds[0]), "X-Inference-Ms": f"{_inference_ms(job):.1f}",
-                   "X-Model": _header_safe(state.runner.pipe.config.name)}
-        if as_json:
+                   "X-Model": _header_safe(state.runner.pipe.config.name), "Vary": "Accept"}
+        if representation == "json":
             return JSONResponse(result_json(job, form, encoded, images), headers=headers)
+        if representation == "zip":
+            headers["Content-Disposition"] = f'attachment; filename="stylevar-seed-{job.payload.seeds[0]}.zip"'
+            archive = imaging.zip_images(encoded, job.payload.seeds, form.format)
+            return Response(archive, media_type=ZIP_MEDIA_TYPE, headers=headers)
         return Response(encoded[0], media_type=media, headers=headers)
 
     @app.post(
@@ -521,7 +536,7 @@ def _add_routes(app: FastAPI, state: ServiceState) -> None:
                     err = _from_batch_error(e)
                     yield _sse("error", {"error": err.code, "detail": err.detail})
                     return
-                encoded, images = await run_in_threadpool(finish, content_img, form, images)
+                encoded, images = await run_in_threadpool(encode, content_img, form, images)
                 yield _sse("result", result_json(job, form, encoded, images))
             finally:
                 if not afut.done():

@@ -1,12 +1,17 @@
-"""Images at the service's edge: decoding uploads, colour preservation and encoding responses."""
+"""Images at the service's edge: decoding uploads, encoding responses (one image, or a zip of several).
+
+Colour preservation and the other post-processing shared with the Python API live in
+`stylevar.postprocess`."""
 from __future__ import annotations
 
 import asyncio
 import base64
 import io
+import zipfile
+from collections.abc import Sequence
 from typing import Literal
 
-from PIL import Image, ImageOps
+from PIL import Image
 from starlette.concurrency import run_in_threadpool
 
 from stylevar.images import ACCEPTED_FORMATS, load_image
@@ -14,6 +19,7 @@ from stylevar.images import ACCEPTED_FORMATS, load_image
 UPLOAD_FORMATS = ACCEPTED_FORMATS
 OutputFormat = Literal["png", "jpeg", "webp"]
 MEDIA_TYPES: dict[str, str] = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
+EXTENSIONS: dict[str, str] = {"png": "png", "jpeg": "jpg", "webp": "webp"}
 
 
 def decode_upload(data: bytes, *, max_pixels: int, max_side: int | None = None,
@@ -38,18 +44,6 @@ class UploadDecoder:
                                            max_whole_pixels=self.max_whole_pixels)
 
 
-def preserve_color(result: Image.Image, content: Image.Image) -> Image.Image:
-    """Keep the content's colours and the result's texture.
-
-    The luminance (Y of YCbCr) comes from the stylized result, the chroma (Cb, Cr) from the content
-    image resampled onto the result's frame.
-    """
-    content = ImageOps.fit(content.convert("RGB"), result.size, Image.BICUBIC)
-    y, _, _ = result.convert("YCbCr").split()
-    _, cb, cr = content.convert("YCbCr").split()
-    return Image.merge("YCbCr", (y, cb, cr)).convert("RGB")
-
-
 def encode_image(img: Image.Image, fmt: OutputFormat) -> bytes:
     buf = io.BytesIO()
     if fmt == "png":
@@ -65,3 +59,13 @@ def encode_image(img: Image.Image, fmt: OutputFormat) -> bytes:
 
 def to_base64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
+
+
+def zip_images(encoded: Sequence[bytes], seeds: Sequence[int], fmt: OutputFormat) -> bytes:
+    """Encoded images in one zip archive, one file per sample, named by its seed (`seed-40.png`), in
+    sample order. Stored, not deflated: the images are compressed already."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as archive:
+        for seed, data in zip(seeds, encoded, strict=True):
+            archive.writestr(f"seed-{seed}.{EXTENSIONS[fmt]}", data)
+    return buf.getvalue()

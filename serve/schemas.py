@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
-MAX_SEED = 2**32 - 1
+from stylevar.postprocess import MAX_SEED
 MAX_ALPHAS_CHARS = 4096  # far more than any model's scale count needs
 
 

@@ -134,7 +134,13 @@ def stylize_arguments(p: argparse.ArgumentParser) -> None:
                    help="0 switches top-k off; default: the model's recommended value, else 900")
     p.add_argument("--top-p", type=float_in(0.0, 1.0, note=" (0 or 1 switches top-p off)"), default=None,
                    help="0 or 1 switches top-p off; default: the model's recommended value, else 0.96")
-    p.add_argument("--resize", choices=RESIZE_MODES, default="stretch")
+    p.add_argument("--resize", choices=RESIZE_MODES, default="stretch",
+                   help="how the content is fitted into the model's square: stretch and pad keep its aspect "
+                        "ratio, crop returns the centre square")
+    p.add_argument("--max-size", type=int_in(1), default=None, metavar="PIXELS",
+                   help="long side of the result, at most the content's (default: 4x the model's resolution, "
+                        "e.g. 256 for the 64 px demo model)")
+    p.add_argument("--preserve-color", action="store_true", help="keep the content's colours (as the service)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps ... (default: cuda if available)")
     p.set_defaults(func=_stylize)
 
@@ -157,14 +163,30 @@ def _stylize(args: argparse.Namespace) -> int:
     pipe = StylePipeline.from_pretrained(args.model, device=args.device)
     if pipe.config.demo:
         print(f"using the {pipe.config.label}", file=sys.stderr)
+    max_side = args.max_size if args.max_size is not None else pipe.config.default_max_side
     out = pipe(content, style, seed=args.seed, resize=args.resize, style_strength=args.style_strength,
-               top_k=args.top_k, top_p=args.top_p)
+               top_k=args.top_k, top_p=args.top_p, max_side=max_side, preserve_color=args.preserve_color)
+    note = upscale_note(out.size, pipe.image_size, max_side)
+    if note:
+        print(note, file=sys.stderr)
     try:
         out.save(output, format=preflight.OUTPUT_EXTENSIONS[output.suffix.lower()])
     except OSError as e:
         raise preflight.InputError(f"cannot write {output}: {e}") from e
     print(f"wrote {output} ({out.size[0]}x{out.size[1]})")
     return 0
+
+
+def upscale_note(result_size: tuple[int, int], model_side: int, max_side: int) -> str | None:
+    """A line saying that the result is larger than what the model drew (None when it is not)."""
+    from stylevar.postprocess import upscale_factor
+
+    factor = upscale_factor(result_size, model_side)
+    if factor <= 1.0:
+        return None
+    w, h = result_size
+    return (f"note: the model draws {model_side}x{model_side} pixels; the result is upscaled {factor:.1f}x to "
+            f"{w}x{h} (bicubic; --max-size {max_side}). --max-size {model_side} keeps the model's resolution.")
 
 
 # ------------------------------------------------------------------------------------------------ the table

@@ -380,13 +380,15 @@ def unfit(img: Image.Image, fit: Fit, max_side: int | None = None) -> Image.Imag
     """Map a square result back to the original size (capped at `max_side`).
 
     `pad` and `stretch` give the original aspect ratio; `crop` gives the centre square it generated.
+    `max_side` caps the long side of the result (for `crop`, the square's side).
     """
-    w, h = fit.size if max_side is None else capped_size(fit.size, max_side)
+    if fit.mode == "crop":
+        # only the centre square was generated: the result is that square, at the short side's size
+        w = h = min(fit.size) if max_side is None else min(*fit.size, max_side)
+    else:
+        w, h = fit.size if max_side is None else capped_size(fit.size, max_side)
     if fit.mode == "pad":
         img = img.crop(fit.box)
-    elif fit.mode == "crop":
-        # only the centre square was generated: the result is that square, at the short side's size
-        w = h = min(w, h)
     return img.resize((w, h), Image.BICUBIC)
 
 

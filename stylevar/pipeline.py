@@ -17,6 +17,7 @@ from PIL import Image
 from stylevar.checkpoints import load_safetensors, load_stylevar, load_vqvae, save_safetensors
 from stylevar.config import StyleVARConfig, VQVAEConfig, presets
 from stylevar.images import Fit, ResizeMode, fit_square, pil_to_tensor, tensor_to_pil, to_rgb, unfit
+from stylevar.postprocess import OutputOptions, default_max_side, finish, sample_seeds
 from stylevar.tokenizer import MultiScaleVQVAE
 from stylevar.transformer import StyleVAR
 
@@ -59,6 +60,11 @@ class PipelineConfig:
     @property
     def label(self) -> str:
         return DEMO_LABEL if self.demo else self.name
+
+    @property
+    def default_max_side(self) -> int:
+        """The command line's default output limit: 4x the model's resolution."""
+        return default_max_side(self.tokenizer.image_size)
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": "stylevar", "format_version": FORMAT_VERSION, "name": self.name, "demo": self.demo,
@@ -181,5 +187,19 @@ class StylePipeline:
         return {**self.config.generation, **{k: v for k, v in gen_kwargs.items() if v is not None}}
 
     def __call__(self, content: Image.Image, style: Image.Image, *, seed: int | None = None,
-                 resize: ResizeMode = "stretch", **gen_kwargs) -> Image.Image:
-        return self.stylize_batch([content], [style], seeds=seed, resize=resize, **gen_kwargs)[0]
+                 num_samples: int | None = None, resize: ResizeMode = "stretch", preserve_color: bool = False,
+                 max_side: int | None = None, **gen_kwargs) -> Image.Image | list[Image.Image]:
+        """Re-draw ``content`` in the style of ``style``, as ``POST /stylize`` does.
+
+        ``num_samples=None`` returns one image; ``num_samples=n`` a list of n (seeds ``seed .. seed+n-1``,
+        one model call). ``resize``: how the content is fitted into the model's square (``stretch`` and
+        ``pad`` return its aspect ratio, ``crop`` its centre square). ``max_side``: long side of the
+        result (None: the content's size). ``preserve_color``: keep the content's colours.
+        ``gen_kwargs``: ``style_strength``, ``top_k``, ``top_p``, ``alphas`` (None: the model's value).
+        """
+        options = OutputOptions(max_side=max_side, preserve_color=preserve_color)
+        seeds = sample_seeds(seed, 1 if num_samples is None else num_samples)
+        images = self.stylize_batch([content] * len(seeds), [style] * len(seeds), seeds=seeds, resize=resize,
+                                    max_side=options.max_side, **gen_kwargs)
+        images = finish(images, content, options)
+        return images[0] if num_samples is None else images

@@ -20,6 +20,7 @@ from serve.schemas import StylizeForm, parse_alphas
 from serve.settings import ServeSettings
 from stylevar.images import CorruptImageError, ImageTooLargeError, NotAnImageError
 from stylevar.pipeline import DEMO_MODEL_DIR, ModelDirError, StylePipeline
+from stylevar.postprocess import preserve_color
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +98,7 @@ def test_preserve_color_takes_luminance_from_the_result_and_chroma_from_the_cont
     rng = np.random.default_rng(0)
     result = Image.fromarray(rng.integers(0, 255, (30, 40, 3), dtype=np.uint8), "RGB")
     content = Image.new("RGB", (80, 60), (60, 140, 200))
-    out = imaging.preserve_color(result, content)
+    out = preserve_color(result, content)
     assert out.size == result.size and out.mode == "RGB"
     y_out = np.asarray(out.convert("YCbCr"), np.float32)
     y_res = np.asarray(result.convert("YCbCr"), np.float32)

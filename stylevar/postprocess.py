@@ -1,0 +1,78 @@
+"""What is done to a request around the model call: the seeds of several samples, the output size
+limit and colour preservation.
+
+One implementation for every entry point: ``StylePipeline.__call__``, the service (``serve.app`` and
+``serve.engine``) and ``stylevar stylize`` all go through these functions, so the Python API returns
+what ``POST /stylize`` returns for the same inputs, seed and options.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from PIL import Image, ImageOps
+
+MAX_SEED = 2**32 - 1  # seeds are 32-bit (the service's form field and the command line's --seed)
+MAX_SIDE_PER_MODEL_SIDE = 4  # the command line's default output limit: 4x the model's resolution
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """How a stylized image is finished.
+
+    ``max_side``: long side of the result (None: the content's size); the result keeps the content's
+    aspect ratio (``crop``: its centre square). ``preserve_color``: the result's luminance with the
+    content's chroma.
+    """
+
+    max_side: int | None = None
+    preserve_color: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_side is not None and self.max_side < 1:
+            raise ValueError(f"max_side must be >= 1, got {self.max_side}")
+
+
+def sample_seeds(seed: int | None, num_samples: int) -> list[int]:
+    """The seeds of ``num_samples`` samples: ``seed, seed + 1, ...``; without a seed the first is drawn
+    from torch's global generator (so ``torch.manual_seed`` makes it repeatable)."""
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    if seed is None:
+        import torch
+
+        seed = int(torch.randint(0, MAX_SEED + 1, (1,)).item())
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed must be in [0, {MAX_SEED}], got {seed}")
+    return [seed + i for i in range(num_samples)]
+
+
+def default_max_side(model_side: int) -> int:
+    """The command line's default output limit for a model working at ``model_side`` pixels."""
+    return MAX_SIDE_PER_MODEL_SIDE * model_side
+
+
+def preserve_color(result: Image.Image, content: Image.Image) -> Image.Image:
+    """Keep the content's colours and the result's texture.
+
+    The luminance (Y of YCbCr) comes from the stylized result, the chroma (Cb, Cr) from the content
+    image resampled onto the result's frame.
+    """
+    content = ImageOps.fit(content.convert("RGB"), result.size, Image.BICUBIC)
+    y, _, _ = result.convert("YCbCr").split()
+    _, cb, cr = content.convert("YCbCr").split()
+    return Image.merge("YCbCr", (y, cb, cr)).convert("RGB")
+
+
+def finish(images: Sequence[Image.Image], content: Image.Image, options: OutputOptions) -> list[Image.Image]:
+    """The model's results for one content image, finished as ``options`` ask (the size limit is
+    applied when the square result is mapped back, in ``StylePipeline.stylize_batch``)."""
+    if options.preserve_color:
+        return [preserve_color(im, content) for im in images]
+    return list(images)
+
+
+def upscale_factor(result_size: tuple[int, int], model_side: int) -> float:
+    """How much larger than the model's own resolution a result is (1.0 or less: not upscaled): the
+    model draws ``model_side`` pixels across the result's long side in every resize mode."""
+    return max(result_size) / model_side
