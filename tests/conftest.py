@@ -1,8 +1,6 @@
-"""Shared fixtures: the reference golden data (../shared/reference) and small models."""
+"""Shared fixtures: the reference golden data (tests/data/reference) and small models."""
 from __future__ import annotations
 
-import importlib.util
-import json
 import os
 import signal
 import subprocess
@@ -14,50 +12,32 @@ import pytest
 import torch
 
 from stylevar.config import StyleVARConfig, VQVAEConfig
-
-
-def _find_reference_dir() -> Path | None:
-    env = os.environ.get("STYLEVAR_REFERENCE_DIR")
-    if env:
-        return Path(env)
-    for parent in Path(__file__).resolve().parents:
-        cand = parent / "shared" / "reference"
-        if (cand / "make_reference_state.py").is_file():
-            return cand
-    return None
-
-
-REFERENCE_DIR = _find_reference_dir()
+from tests import reference
 
 
 @pytest.fixture(scope="session")
 def reference_dir() -> Path:
-    if REFERENCE_DIR is None:
-        pytest.skip("reference data not found: set STYLEVAR_REFERENCE_DIR to the folder holding "
-                    "make_reference_state.py and golden_small/")
-    return REFERENCE_DIR
+    """The conformance data (tests/data/reference, or $STYLEVAR_REFERENCE_DIR): missing data fails, never skips."""
+    try:
+        return reference.reference_dir()
+    except FileNotFoundError as e:
+        pytest.fail(str(e), pytrace=False)
 
 
 @pytest.fixture(scope="session")
-def make_reference_state(reference_dir):
-    """The reference's key-table -> state-dict builder, imported from its file (not copied)."""
-    spec = importlib.util.spec_from_file_location("make_reference_state", reference_dir / "make_reference_state.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-@pytest.fixture(scope="session")
-def golden(reference_dir, make_reference_state):
-    """Reference config, state dicts (VQ-VAE, StyleVAR, class-conditional VAR) and golden outputs."""
+def golden(reference_dir):
+    """Reference config, seeded state dicts (VQ-VAE, StyleVAR, class-conditional VAR) and golden outputs."""
     d = reference_dir / "golden_small"
-    cfg = json.loads((d / "config.json").read_text())
-    m = make_reference_state
+    cfg = reference.read_config(reference_dir)
+
+    def state(table: str, offset: int) -> dict[str, torch.Tensor]:
+        return reference.seeded_state(reference.read_key_table(d / table), cfg["patch_nums"], cfg["seed"] + offset)
+
     return {
         "cfg": cfg,
-        "vae_sd": m.make_state(m.read_key_table(d / "vae_keys.tsv"), cfg, cfg["seed"]),
-        "stylevar_sd": m.make_state(m.read_key_table(d / "stylevar_keys.tsv"), cfg, cfg["seed"] + 1000),
-        "var_sd": m.make_state(m.read_key_table(d / "var_keys.tsv"), cfg, cfg["seed"] + 2000),
+        "vae_sd": state("vae_keys.tsv", 0),
+        "stylevar_sd": state("stylevar_keys.tsv", 1000),
+        "var_sd": state("var_keys.tsv", 2000),
         "data": torch.load(d / "golden.pt", weights_only=True),
         "vq_cfg": VQVAEConfig.from_reference(cfg),
         "tr_cfg": StyleVARConfig.from_reference(cfg),

@@ -2,7 +2,6 @@
 torchrun (gloo) equivalence, bad data, clear input errors, --init-var from a reference-layout VAR."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 from pathlib import Path
@@ -15,14 +14,14 @@ from stylevar import StylePipeline
 from stylevar.checkpoints import load_safetensors
 from stylevar.config import StyleVARConfig, VQVAEConfig
 from stylevar.tokenizer import MultiScaleVQVAE
-from training import loop, sft
+from tests import reference
 from tests.conftest import run_recipe, single_thread_env
+from training import loop, sft
 from training.vqvae import write_tokenizer_dir
 
 REPO = Path(__file__).resolve().parents[1]
 PY = REPO / ".venv" / "bin" / "python"
 TORCHRUN = REPO / ".venv" / "bin" / "torchrun"
-REFERENCE = Path("/work/shared/reference")
 
 TOK = dict(vocab_size=64, z_channels=8, ch=8, ch_mult=[1, 1, 2], num_res_blocks=1, patch_nums=[1, 2, 4],
            using_sa=False, using_mid_sa=False)  # 16 px
@@ -192,19 +191,11 @@ def test_missing_inputs_fail_before_any_work(setup, tmp_path, capsys):
     assert not out.exists()
 
 
-def _reference_module():
-    spec = importlib.util.spec_from_file_location("make_reference_state", REFERENCE / "make_reference_state.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_init_var_from_a_reference_layout_checkpoint(tmp_path):
-    ref = _reference_module()
-    cfg = json.loads((REFERENCE / "golden_small" / "config.json").read_text())
-    table = ref.read_key_table(REFERENCE / "golden_small" / "var_keys.tsv")
+def test_init_var_from_a_reference_layout_checkpoint(tmp_path, reference_dir):
+    cfg = reference.read_config(reference_dir)
+    table = reference.read_key_table(reference_dir / "golden_small" / "var_keys.tsv")
     var_path = tmp_path / "var_small.pth"
-    torch.save(ref.make_state(table, cfg, seed=cfg["seed"] + 2000), var_path)
+    torch.save(reference.seeded_state(table, cfg["patch_nums"], seed=cfg["seed"] + 2000), var_path)
 
     pn = cfg["patch_nums"]
     tok = dict(vocab_size=cfg["V"], z_channels=cfg["Cvae"], ch=8, ch_mult=[1, 2], num_res_blocks=1, patch_nums=pn,
