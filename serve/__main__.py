@@ -1,4 +1,4 @@
-"""`python -m serve [--host H] [--port P] [--model DIR] [--device D] [--no-ui]`.
+"""`python -m serve [--host H] [--port P] [--model DIR|hf:OWNER/NAME[:variant]] [--device D] [--no-ui]`.
 
 Every option also has an environment variable (`STYLEVAR_HOST`, `STYLEVAR_PORT`, `STYLEVAR_MODEL_DIR`,
 `STYLEVAR_DEVICE`, `STYLEVAR_UI`, ...); options given on the command line win.
@@ -19,7 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m serve", description="StyleVAR inference service (API + UI)")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8000)")
-    p.add_argument("--model", dest="model_dir", help="model directory (default: the embedded demo model)")
+    p.add_argument("--model", dest="model_dir",
+                   help="model directory, or a hub id hf:OWNER/NAME[:grpo|sft] (pulled on first use; "
+                        "default: the embedded demo model)")
     p.add_argument("--device", help="'auto', 'cpu', 'cuda:0' or a comma-separated list (one worker each)")
     p.add_argument("--no-ui", dest="ui", action="store_false", default=None, help="do not mount the web UI at /ui")
     return p
@@ -35,6 +37,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure_logging(settings.log_json, settings.log_level)
     log = logging.getLogger("serve")
+
+    from stylevar.hub import HubError, is_hub_id, resolve_model
+
+    if is_hub_id(settings.model_dir):  # pulled on first use; offline and not cached: one error before any work
+        try:
+            settings = settings.model_copy(update={"model_dir": resolve_model(str(settings.model_dir))})
+        except (HubError, ValueError) as e:
+            print(f"cannot start: {e}", file=sys.stderr)
+            return 2
 
     import torch
     import uvicorn

@@ -127,7 +127,9 @@ def stylize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("content", help="content image (JPEG, PNG or WebP)")
     p.add_argument("style", help="style image (JPEG, PNG or WebP)")
     p.add_argument("-o", "--output", required=True, help="output image (.png, .jpg, .jpeg or .webp)")
-    p.add_argument("--model", default=None, help="model directory (default: the embedded demo model)")
+    p.add_argument("--model", default=None,
+                   help="model directory, or a hub id hf:OWNER/NAME[:grpo|sft] (pulled on first use; "
+                        "default: the embedded demo model)")
     p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0)
     p.add_argument("--style-strength", type=float_in(-1.0, 1.0), default=0.0, help="-1 (content) .. 1 (style)")
     p.add_argument("--top-k", type=int_in(0, note=" (0 switches top-k off)"), default=None,
@@ -158,9 +160,13 @@ def _stylize(args: argparse.Namespace) -> int:
         if warning:
             print(warning, file=sys.stderr)
 
+    from stylevar.hub import resolve_model
+
+    model_dir = resolve_model(args.model)  # a hub id: pulled on first use; offline and not cached: one error here
+
     from stylevar.pipeline import StylePipeline  # the checks are done: from here on the work
 
-    pipe = StylePipeline.from_pretrained(args.model, device=args.device)
+    pipe = StylePipeline.from_pretrained(model_dir, device=args.device)
     if pipe.config.demo:
         print(f"using the {pipe.config.label}", file=sys.stderr)
     max_side = args.max_size if args.max_size is not None else pipe.config.default_max_side
@@ -193,6 +199,8 @@ def upscale_note(result_size: tuple[int, int], model_side: int, max_side: int) -
 COMMANDS: tuple[Command, ...] = (
     Command("convert", "convert published .pth checkpoints into a model directory", convert_arguments),
     Command("stylize", "re-draw a content image in the style of another", stylize_arguments),
+    Command("pull", "download a published model from the Hugging Face Hub into a model directory",
+            "stylevar.hub:add_arguments"),
     Command("bench", "speed of generation and teacher forcing (random weights)", "stylevar.bench:add_arguments"),
     Command("merge-lora", "bake the LoRA adapters of a GRPO checkpoint into a plain model directory",
             "stylevar.lora:add_arguments"),

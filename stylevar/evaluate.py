@@ -33,7 +33,7 @@ from typing import Protocol
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from stylevar import weights
+from stylevar import hub, weights
 from stylevar.devices import resolve_device
 from stylevar.images import load_image, pil_to_tensor, tensor_to_pil
 from stylevar.manifest import manifest_path, read_manifest
@@ -247,11 +247,14 @@ def make_method(spec: str) -> Method:
         return AdaINMethod("torchvision")
     if spec == "reinhard":
         return ReinhardMethod()
+    if hub.is_hub_id(spec):  # pulled on first use; offline and not cached: one error, before any other work
+        return PipelineMethod(hub.resolve_model(spec))
     path = Path(spec)
     if path.is_dir() and (path / "config.json").is_file():
         return PipelineMethod(path)
     raise ValueError(f"--method {spec!r} is neither one of {', '.join(BUILTIN_METHODS)} nor a model directory "
-                     "(a folder with config.json, tokenizer.safetensors, transformer.safetensors)")
+                     "(a folder with config.json, tokenizer.safetensors, transformer.safetensors) nor a hub id "
+                     "(hf:OWNER/NAME[:variant])")
 
 
 def _unique_names(methods: list[Method]) -> None:
@@ -598,8 +601,8 @@ def _cmd(args: argparse.Namespace) -> int:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of `stylevar evaluate` (listed in stylevar.cli)."""
     p.description = __doc__.split("\n\n")[0]
-    p.add_argument("--method", action="append", required=True, metavar="MODEL_DIR|adain|adain-paper|reinhard",
-                   help="a method to evaluate (repeat for several)")
+    p.add_argument("--method", action="append", required=True, metavar="MODEL_DIR|hf:OWNER/NAME|adain|adain-paper|reinhard",
+                   help="a method to evaluate (repeat for several); a hub id is pulled on first use")
     p.add_argument("--benchmark", action="append", required=True, type=_parse_benchmark,
                    metavar="NAME=MANIFEST_OR_ROOT", help="a triplet manifest, or a folder holding manifest.jsonl (repeat)")
     p.add_argument("--n", type=int, default=50, help="rows drawn per benchmark (default 50)")

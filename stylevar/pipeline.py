@@ -112,9 +112,12 @@ class StylePipeline:
     @classmethod
     def from_pretrained(cls, model_dir: str | os.PathLike | None = None, device: str | torch.device | None = None,
                         autocast_dtype: torch.dtype | None | Literal["auto"] = "auto") -> "StylePipeline":
-        """Load a model directory (default: the embedded demo model). ``autocast_dtype``: "auto" = bf16 on
-        CUDA and none on the CPU; None = float32 everywhere."""
-        d = check_model_dir(Path(model_dir) if model_dir is not None else DEMO_MODEL_DIR)
+        """Load a model directory (default: the embedded demo model), or a hub id ``hf:OWNER/NAME[:variant]``
+        (pulled on first use, see `stylevar.hub`). ``autocast_dtype``: "auto" = bf16 on CUDA and none on the
+        CPU; None = float32 everywhere."""
+        from stylevar.hub import resolve_model
+
+        d = check_model_dir(resolve_model(model_dir) if model_dir is not None else DEMO_MODEL_DIR)
         config = PipelineConfig.from_dir(d)
         tokenizer = load_vqvae(load_safetensors(d / "tokenizer.safetensors"), config.tokenizer)
         model = load_stylevar(load_safetensors(d / "transformer.safetensors"), config.transformer, tokenizer)

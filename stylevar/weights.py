@@ -5,11 +5,15 @@ Nothing is ever downloaded implicitly: a missing file raises `MissingWeightError
 the paths searched and the command that fetches it); `stylevar weights fetch NAME` downloads on
 request (checksum verified where one is published, written atomically).
 
-Where files are looked for:
-- `home()`: `$STYLEVAR_HOME`, default `~/.cache/stylevar`; every entry can live here.
+Where files are looked for, and how `fetch` gets them:
+- `home()`: `$STYLEVAR_HOME`, default `~/.cache/stylevar`; every entry can live here (a file placed by hand).
+- Files hosted on the Hugging Face Hub (VAR, StyleVAR, CLIP) are looked for first in huggingface_hub's
+  cache (`HF_HUB_CACHE`, else `$HF_HOME/hub`); `fetch` downloads them through huggingface_hub
+  (`stylevar.hub.download`: its cache, `HF_TOKEN`, `HF_HUB_OFFLINE`, `HF_ENDPOINT`).
 - torchvision files (VGG-19, VGG-16, AlexNet, ResNet-18) are looked for first where torchvision itself
-  keeps them, `$TORCH_HOME/hub/checkpoints/` (`TORCH_HOME` defaults to `$XDG_CACHE_HOME/torch`, else
-  `~/.cache/torch`), so an existing torchvision cache is reused; `fetch` writes there.
+  keeps them, `torch.hub.get_dir()/checkpoints/` (`$TORCH_HOME/hub`, `TORCH_HOME` defaulting to
+  `$XDG_CACHE_HOME/torch`, else `~/.cache/torch`); `fetch` downloads them, and every other file from a
+  plain URL, with torch's `torch.hub.download_url_to_file` (temporary file, sha256 prefix check, rename).
 
 Loading helpers (`load_state_dict`, `check_state_dict`) read `.pth` files with `weights_only=True`
 and report every missing, unexpected and wrongly shaped key in one error.
@@ -17,22 +21,24 @@ and report every missing, unexpected and wrongly shaped key in one error.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import shutil
 import sys
 import tempfile
 import urllib.parse
-import urllib.request
 import zipfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+from stylevar import hub
+from stylevar.hub import HubFile
 
-Location = Literal["torch", "stylevar"]
+if TYPE_CHECKING:  # torch is imported where it is used: `weights status` and the hub resolver stay light
+    import torch
+
+Location = Literal["torch", "stylevar", "hf"]
 Unpack = Literal["file", "zip", "zip-folder"]
 
 FETCH_COMMAND = "stylevar weights fetch {name}"
@@ -46,15 +52,13 @@ class MissingWeightError(FileNotFoundError):
         self.weight = weight
         self.searched = searched
         where = "\n".join(f"  - {p}" for p in searched)
-        if weight.downloadable:
-            how = f"fetch it (needs internet) with:\n  {FETCH_COMMAND.format(name=weight.name)}"
-        else:
-            how = f"it has no public download URL: {weight.note or 'place the file yourself'}"
+        how = f"fetch it (needs internet) with:\n  {FETCH_COMMAND.format(name=weight.name)}"
         extra = f" ({detail})" if detail else ""
         super().__init__(
             f"missing weight {weight.name!r}: {weight.filename}{extra}\n"
             f"looked for it at:\n{where}\n{how}\n"
-            f"(or place the file at the first path above; STYLEVAR_HOME / TORCH_HOME move the caches)"
+            f"(or place the file yourself at {weight.manual_path()}; "
+            f"STYLEVAR_HOME / TORCH_HOME / HF_HUB_CACHE move the caches)"
         )
 
 
@@ -92,6 +96,7 @@ class Part:
     sha256_prefix: str | None = None  # torchvision: leading hex digits of the sha256, in the file name
     unpack: Unpack = "file"
     check: tuple[str, ...] = ()
+    hub: HubFile | None = None  # hosted on the Hugging Face Hub: fetched through huggingface_hub
 
     @property
     def mirror_name(self) -> str:
@@ -123,21 +128,37 @@ class Weight:
 
     @property
     def downloadable(self) -> bool:
-        return all(p.url for p in self.parts)
+        return all(p.url or p.hub for p in self.parts)
 
     @property
     def url(self) -> str | None:
         return self.parts[0].url if len(self.parts) == 1 else None
 
     @property
+    def hub_file(self) -> HubFile | None:
+        return self.parts[0].hub if self.location == "hf" else None
+
+    @property
     def sha256(self) -> str | None:
         return self.parts[0].sha256 if len(self.parts) == 1 else None
 
     def search_paths(self) -> list[Path]:
-        """Where the file (or folder) is looked for, in order; `fetch` writes to the first."""
-        paths = [torch_home() / "hub" / "checkpoints" / self.filename] if self.location == "torch" else []
+        """Where the file (or folder) is looked for, in order; `fetch` writes to the first (for a Hub file:
+        its place in huggingface_hub's cache, `snapshots/<commit>` shown as the revision until it is there)."""
+        paths = []
+        if self.location == "torch":
+            paths.append(torch_hub_dir() / "checkpoints" / self.filename)
+        elif self.location == "hf":
+            f = self.parts[0].hub
+            assert f is not None
+            paths.append(hub.cached_path(f) or hub.cache_dir() / ("models--" + f.repo_id.replace("/", "--"))
+                         / "snapshots" / f.revision / f.filename)
         paths.append(home() / self.filename)
         return paths
+
+    def manual_path(self) -> Path:
+        """Where a file placed by hand is found."""
+        return self.search_paths()[-1 if self.location == "hf" else 0]
 
     def complete(self, path: Path) -> bool:
         if not self.tree:
@@ -163,13 +184,11 @@ def home() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "stylevar"
 
 
-def torch_home() -> Path:
-    """torch's cache folder by torch's own rule: `$TORCH_HOME`, else `$XDG_CACHE_HOME/torch`, else `~/.cache/torch`."""
-    env = os.environ.get("TORCH_HOME")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "torch"
+def torch_hub_dir() -> Path:
+    """torch's hub folder, by torch itself (`torch.hub.get_dir()`: `$TORCH_HOME/hub` unless set_dir was called)."""
+    import torch.hub
+
+    return Path(torch.hub.get_dir())
 
 
 def _torchvision(name: str, url: str, description: str, used_by: str) -> Weight:
@@ -181,11 +200,18 @@ def _torchvision(name: str, url: str, description: str, used_by: str) -> Weight:
 _DREAMSIM_ZIP = "https://github.com/ssundaram21/dreamsim/releases/download/v0.2.0-checkpoints/dreamsim_dino_vitb16_checkpoint.zip"
 _DINO_REPO_ZIP = "https://github.com/facebookresearch/dino/zipball/main"
 _DINO_BACKBONE = "https://dl.fbaipublicfiles.com/dino/dino_vitbase16_pretrain/dino_vitbase16_pretrain.pth"
-_VAR_HF = "https://huggingface.co/FoundationVision/var/resolve/main"
+_VAR_REPO = "FoundationVision/var"
 _ADAIN_RELEASE = "https://github.com/naoto0804/pytorch-AdaIN/releases/download/v0.0.0"
-_CLIP_HF = "https://huggingface.co/timm/vit_base_patch32_clip_224.openai/resolve/main/open_clip_model.safetensors"
+_CLIP_REPO = "timm/vit_base_patch32_clip_224.openai"
 
 _NO_SHA = "the source publishes no sha256; `fetch` prints the digest it got"
+
+
+def _on_hub(name: str, repo_id: str, filename: str, description: str, used_by: str, *, placed_as: str = "") -> Weight:
+    """An entry hosted on the Hugging Face Hub (`placed_as`: its path below STYLEVAR_HOME when placed by hand)."""
+    return Weight(name, placed_as or filename, description, used_by,
+                  (Part(filename, None, hub=HubFile(repo_id, filename)),), location="hf",
+                  note=f"on the Hugging Face Hub ({repo_id}); the cache records its sha256 as the blob name")
 
 
 def _registry() -> dict[str, Weight]:
@@ -212,28 +238,26 @@ def _registry() -> dict[str, Weight]:
             ),
             note="a folder: the dreamsim cache_dir, which is also torch.hub's dir while DreamSim loads; " + _NO_SHA,
         ),
-        Weight("clip", "open_clip/ViT-B-32-openai/open_clip_model.safetensors",
-               "open_clip ViT-B-32, OpenAI weights (the file open_clip loads for pretrained='openai')",
-               "CLIP similarity", (Part("open_clip_model.safetensors", _CLIP_HF),), note=_NO_SHA),
+        _on_hub("clip", _CLIP_REPO, "open_clip_model.safetensors",
+                "open_clip ViT-B-32, OpenAI weights (the file open_clip loads for pretrained='openai')",
+                "CLIP similarity", placed_as="open_clip/ViT-B-32-openai/open_clip_model.safetensors"),
         Weight("adain_vgg", "vgg_normalised.pth", "AdaIN encoder: torch7-converted normalised VGG-19",
                "AdaIN baseline (adain)", (Part("vgg_normalised.pth", f"{_ADAIN_RELEASE}/vgg_normalised.pth"),),
                note=_NO_SHA),
         Weight("adain_decoder", "decoder.pth", "AdaIN decoder (trained with vgg_normalised.pth)",
                "AdaIN baseline (adain, adain-paper)", (Part("decoder.pth", f"{_ADAIN_RELEASE}/decoder.pth"),),
                note=_NO_SHA),
-        Weight("var_vae", "vae_ch160v4096z32.pth", "VAR multi-scale VQ-VAE tokenizer", "official presets (d16..d30)",
-               (Part("vae_ch160v4096z32.pth", f"{_VAR_HF}/vae_ch160v4096z32.pth"),), note=_NO_SHA),
+        _on_hub("var_vae", _VAR_REPO, hub.VAE_FILE, "VAR multi-scale VQ-VAE tokenizer", "official presets (d16..d30)"),
     ]
     for depth in (16, 20, 24, 30):
-        entries.append(Weight(
-            f"var_d{depth}", f"var_d{depth}.pth", f"class-conditional VAR d{depth} (ImageNet 256)",
-            "StyleVAR SFT initialisation", (Part(f"var_d{depth}.pth", f"{_VAR_HF}/var_d{depth}.pth"),), note=_NO_SHA))
-    no_url = "the StyleVAR checkpoints have no known public URL: obtain the file from the authors and place it"
+        entries.append(_on_hub(f"var_d{depth}", _VAR_REPO, f"var_d{depth}.pth",
+                               f"class-conditional VAR d{depth} (ImageNet 256)", "StyleVAR SFT initialisation"))
     entries += [
-        Weight("stylevar_sft", "StyleVAR_SFT.pth", "StyleVAR d20 after SFT (reference format)", "stylevar import",
-               (Part("StyleVAR_SFT.pth", None),), note=no_url + " at the first path listed"),
-        Weight("stylevar_grpo", "StyleVAR-GRPO.pth", "StyleVAR d20 after GRPO (reference format)", "stylevar import",
-               (Part("StyleVAR-GRPO.pth", None),), note=no_url + " at the first path listed"),
+        _on_hub("stylevar_sft", hub.DEFAULT_REPO, hub.VARIANTS["sft"], "StyleVAR d20 after SFT (reference format)",
+                "stylevar convert (stylevar pull --variant sft does download and conversion)"),
+        _on_hub("stylevar_grpo", hub.DEFAULT_REPO, hub.VARIANTS["grpo"],
+                "StyleVAR d20 after GRPO, LoRA merged (reference format)",
+                "stylevar convert (stylevar pull does download and conversion)"),
     ]
     return {w.name: w for w in entries}
 
@@ -283,6 +307,8 @@ def load_state_dict(path: str | os.PathLike, *, key: str | None = None) -> dict[
 
     `key` selects a nested dict (e.g. "state_dict"). Memory-maps where the file format allows it.
     """
+    import torch
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"weight file not found: {path}")
@@ -317,6 +343,7 @@ def check_state_dict(
     allow_unexpected: bool = False,
 ) -> None:
     """Raise `WeightMismatchError` listing every missing, unexpected and wrongly shaped key."""
+    import torch
 
     def shape(v) -> tuple[int, ...]:
         return tuple(v.shape) if isinstance(v, torch.Tensor) else tuple(v)
@@ -351,35 +378,20 @@ def _part_url(part: Part, mirror: str | None) -> str:
 
 
 def _download(url: str, dest: Path, part: Part, *, progress: bool) -> str:
-    """Stream `url` to a temporary file next to `dest`, verify, then rename. Returns the sha256."""
+    """`url` to `dest` through torch's `download_url_to_file` (temporary file next to `dest`, sha256 prefix
+    check, rename: a failed or mismatching download leaves nothing behind). Returns the sha256."""
+    import torch.hub
+
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
-    tmp = Path(tmp_name)
-    digest = hashlib.sha256()
+    expected = (part.sha256 or part.sha256_prefix or "").lower() or None
     try:
-        request = urllib.request.Request(url, headers={"User-Agent": "stylevar-weights"})
-        with os.fdopen(fd, "wb") as f, urllib.request.urlopen(request, timeout=60) as response:
-            total = response.headers.get("Content-Length")
-            with _bar(int(total) if total and total.isdigit() else None, dest.name, progress) as bar:
-                while chunk := response.read(1 << 20):
-                    f.write(chunk)
-                    digest.update(chunk)
-                    bar.update(len(chunk))
-        got = digest.hexdigest()
-        if part.sha256 and got != part.sha256.lower():
-            raise ChecksumError(f"{url}: sha256 {got} is not the published {part.sha256}; file discarded")
-        if part.sha256_prefix and not got.startswith(part.sha256_prefix.lower()):
-            raise ChecksumError(f"{url}: sha256 {got} does not start with {part.sha256_prefix}; file discarded")
-        os.replace(tmp, dest)
-        return got
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _bar(total: int | None, desc: str, enabled: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, disable=not enabled, file=sys.stderr)
+        torch.hub.download_url_to_file(url, str(dest), hash_prefix=expected, progress=progress)
+    except RuntimeError as e:
+        if "invalid hash value" not in str(e):
+            raise OSError(f"{url}: {e}") from e
+        what = "is not the published" if part.sha256 else "does not start with"
+        raise ChecksumError(f"{url}: the sha256 {what} {expected} ({e}); file discarded") from None
+    return hub.sha256_of(dest, progress=False)
 
 
 def _safe_extract(zf: zipfile.ZipFile, into: Path) -> None:
@@ -446,7 +458,11 @@ def fetch_weight(weight: Weight, *, mirror: str | None = None, force: bool = Fal
         return FetchResult(weight.name, found, (), skipped=True)
     if not weight.downloadable and not mirror:
         raise MissingWeightError(weight, weight.search_paths())
-    dest = weight.search_paths()[0]
+    if weight.hub_file is not None and not mirror:  # huggingface_hub and its cache (a Hub mirror: HF_ENDPOINT)
+        path = hub.download(weight.hub_file, progress=progress)
+        assert path is not None
+        return FetchResult(weight.name, path, (hub.sha256_of(path, progress=progress),))
+    dest = weight.manual_path()  # from a plain URL or --mirror: torch's folder, else STYLEVAR_HOME
     digests = []
     if weight.tree:
         for part in weight.parts:
@@ -479,14 +495,14 @@ def status_rows() -> list[dict[str, str]]:
             "status": "present" if found else "missing",
             "path": str(found or w.search_paths()[0]),
             "used_by": w.used_by,
-            "source": w.url or ("several downloads" if w.downloadable else "no public URL"),
+            "source": w.hub_file.url if w.hub_file else (w.url or "several downloads"),
         })
     return rows
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
     rows = status_rows()
-    print(f"STYLEVAR_HOME = {home()}\nTORCH_HOME    = {torch_home()}\n")
+    print(f"STYLEVAR_HOME = {home()}\ntorch hub dir = {torch_hub_dir()}\nHF hub cache  = {hub.cache_dir()}\n")
     width = max(len(r["name"]) for r in rows)
     for r in rows:
         print(f"{r['name']:<{width}}  {r['status']:<7}  {r['path']}\n{'':<{width}}  {'':<7}  used by: {r['used_by']}")
@@ -504,10 +520,6 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     failed = 0
     for name in names:
         weight = REGISTRY[name]
-        if not weight.downloadable and not args.mirror:
-            if weight.find() is None:
-                print(f"{name}: skipped, no public URL ({weight.note})", file=sys.stderr)
-            continue
         try:
             result = fetch_weight(weight, mirror=args.mirror, force=args.force, progress=not args.quiet)
         except (OSError, ValueError) as e:  # URLError is an OSError; ChecksumError a ValueError
@@ -521,15 +533,32 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _cmd_path(args: argparse.Namespace) -> int:
+    if args.name not in REGISTRY:
+        print(f"error: unknown weight {args.name}; registered: {', '.join(REGISTRY)}", file=sys.stderr)
+        return 2
+    try:
+        print(resolve(args.name))
+    except MissingWeightError as e:
+        print(e, file=sys.stderr)
+        return 1
+    return 0
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of `stylevar weights status|fetch` (listed in stylevar.cli)."""
+    """The arguments of `stylevar weights status|path|fetch` (listed in stylevar.cli)."""
     sub = parser.add_subparsers(dest="weights_command", required=True)
     p_status = sub.add_parser("status", help="list every registered weight and whether it is present")
     p_status.set_defaults(func=_cmd_status)
+    p_path = sub.add_parser("path", help="print where a present weight is (for scripts: --init-var \"$(...)\")")
+    p_path.add_argument("name", metavar="NAME", help=f"any of: {', '.join(REGISTRY)}")
+    p_path.set_defaults(func=_cmd_path)
     p_fetch = sub.add_parser("fetch", help="download weights (needs internet; checksums verified where published)")
     p_fetch.add_argument("names", nargs="+", metavar="NAME", help=f"'all' or any of: {', '.join(REGISTRY)}")
     p_fetch.add_argument("--mirror", default=os.environ.get("STYLEVAR_WEIGHTS_MIRROR"),
-                         help="base URL serving the files under their own names (env STYLEVAR_WEIGHTS_MIRROR)")
+                         help="base URL serving the files under their own names, written below STYLEVAR_HOME or "
+                              "TORCH_HOME (env STYLEVAR_WEIGHTS_MIRROR); without it Hugging Face files come through "
+                              "huggingface_hub into its cache (a mirror of the Hub: HF_ENDPOINT)")
     p_fetch.add_argument("--force", action="store_true", help="download again even if present")
     p_fetch.add_argument("--quiet", action="store_true", help="no progress bars")
     p_fetch.set_defaults(func=_cmd_fetch)

@@ -65,10 +65,12 @@ def micro_model_dir(tmp_path_factory, micro_pipeline):
 
 
 def use_weight_cache(mp: pytest.MonkeyPatch, root: Path) -> tuple[Path, Path]:
-    """Point the weight cache at ``root``: STYLEVAR_HOME = root/sv, TORCH_HOME = root/th (not created)."""
+    """Point the weight cache at ``root``: STYLEVAR_HOME = root/sv, TORCH_HOME = root/th, and the Hugging Face
+    cache (where Hub-hosted weights are looked for first) at root/hf (none created)."""
     sv, th = root / "sv", root / "th"
     mp.setenv("STYLEVAR_HOME", str(sv))
     mp.setenv("TORCH_HOME", str(th))
+    mp.setenv("HF_HUB_CACHE", str(root / "hf"))
     return sv, th
 
 

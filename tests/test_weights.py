@@ -14,6 +14,7 @@ import torch
 
 from stylevar import weights
 from stylevar.cli import main
+from stylevar.hub import HubFile
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -53,8 +54,11 @@ def test_registry_covers_the_issue_list():
     }
     assert {k: weights.get(k).filename for k in expected} == expected
     assert weights.get("vgg19").parts[0].sha256_prefix == "dcbb9e9d"
-    assert weights.get("var_d20").url == "https://huggingface.co/FoundationVision/var/resolve/main/var_d20.pth"
-    assert not weights.get("stylevar_sft").downloadable and "no known public URL" in weights.get("stylevar_sft").note
+    assert weights.get("var_d20").hub_file == HubFile("FoundationVision/var", "var_d20.pth")
+    assert weights.get("stylevar_sft").hub_file == HubFile("Senfier-LiqiJing/StyleVAR", "StyleVAR_SFT.pth")
+    assert weights.get("stylevar_grpo").hub_file.filename == "StyleVAR-GRPO.pth"
+    assert weights.get("clip").hub_file == HubFile("timm/vit_base_patch32_clip_224.openai", "open_clip_model.safetensors")
+    assert all(w.downloadable for w in weights.REGISTRY.values())  # no entry without a source any more
     assert weights.get("dreamsim").tree and len(weights.get("dreamsim").parts) == 3
     with pytest.raises(KeyError, match="unknown weight 'nope'"):
         weights.get("nope")
@@ -74,8 +78,13 @@ def test_search_paths_and_resolve(weight_homes):
     sv.mkdir()
     (sv / "vgg19-dcbb9e9d.pth").write_bytes(b"x")  # the second search path also counts
     assert weights.resolve("vgg19") == sv / "vgg19-dcbb9e9d.pth"
-    with pytest.raises(weights.MissingWeightError, match="no public download URL"):
+    with pytest.raises(weights.MissingWeightError) as e:  # a Hub file: the HF cache, then STYLEVAR_HOME
         weights.resolve("stylevar_grpo")
+    msg = str(e.value)
+    assert "models--Senfier-LiqiJing--StyleVAR" in msg and "stylevar weights fetch stylevar_grpo" in msg
+    assert f"place the file yourself at {sv / 'StyleVAR-GRPO.pth'}" in msg
+    (sv / "StyleVAR-GRPO.pth").write_bytes(b"x")
+    assert weights.resolve("stylevar_grpo") == sv / "StyleVAR-GRPO.pth"
 
 
 def test_incomplete_tree_names_what_is_missing(weight_homes):
@@ -171,16 +180,17 @@ def test_fetch_the_dreamsim_tree(weight_homes, server):
     assert again.sha256 == (hashlib.sha256(b"backbone").hexdigest(),) and weights.resolve("dreamsim") == folder
 
 
-def test_fetch_refuses_unsafe_archives_and_absent_urls(weight_homes, server):
+def test_fetch_refuses_unsafe_archives_and_absent_files(weight_homes, server, monkeypatch):
     sv, _ = weight_homes
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # never the real Hub from a test
     root, url = server
     _zip(root / "facebookresearch_dino_main.zip", {"../escape.py": b"x"})
     weight = weights.get("dreamsim")
     with pytest.raises(ValueError, match="outside the target folder"):
         weights.fetch_weight(replace(weight, parts=(weight.parts[1],)), mirror=url, progress=False)
     assert not (sv / "escape.py").exists() and not (sv.parent / "escape.py").exists()
-    with pytest.raises(weights.MissingWeightError, match="no public download URL"):
-        weights.fetch("stylevar_sft", progress=False)
+    with pytest.raises(FileNotFoundError, match="Senfier-LiqiJing/StyleVAR .*StyleVAR_SFT.pth"):
+        weights.fetch("stylevar_sft", progress=False)  # through huggingface_hub: offline and not in its cache
     with pytest.raises(OSError):  # nothing served under that name: HTTP 404
         weights.fetch("var_d16", mirror=url, progress=False)
     assert not (sv / "var_d16.pth").exists()

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset, IterableDataset
 
+from stylevar import hub
 from stylevar.checkpoints import init_from_var, load_safetensors, load_stylevar, load_vqvae
 from stylevar.config import StyleVARConfig, VQVAEConfig
 from stylevar.pipeline import PipelineConfig, StylePipeline
@@ -173,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokenizer folder (training.vqvae RUN/final or a model dir) or weights file (.pth/.safetensors)")
     init = p.add_mutually_exclusive_group()
     init.add_argument("--init-var", metavar="PTH", help="initialise from a class-conditional VAR checkpoint")
-    init.add_argument("--init", metavar="DIR_OR_PTH", help="initialise from StyleVAR weights (model dir or checkpoint)")
+    init.add_argument("--init", metavar="DIR_OR_PTH",
+                      help="initialise from StyleVAR weights (model dir, checkpoint, or hub id hf:OWNER/NAME[:variant])")
     p.add_argument("--image-size", type=int, default=None, help="default: the tokenizer's")
     p.add_argument("--label-smoothing", type=float, default=0.1)
     p.add_argument("--alpha-jitter", type=float, default=0.0)
@@ -191,8 +193,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_inputs(args: argparse.Namespace) -> None:
-    """Fail fast, before any work, on missing inputs."""
+    """Fail fast, before any work, on missing inputs. A hub id given to --tokenizer or --init (a published
+    model, hf:OWNER/NAME[:variant]) becomes its model directory here, pulled on first use."""
     check_data_args(args.data)
+    for flag in ("tokenizer", "init"):
+        value = getattr(args, flag)
+        if hub.is_hub_id(value):
+            try:
+                setattr(args, flag, str(hub.resolve_model(value)))
+            except (hub.HubError, ValueError) as e:
+                raise SystemExit(f"error: --{flag} {value}: {e}") from None
     tok = Path(args.tokenizer)
     if not tok.exists():
         raise SystemExit(f"error: --tokenizer {tok}: not found")
