@@ -6,6 +6,7 @@ A model directory holds `config.json`, `tokenizer.safetensors`, `transformer.saf
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,11 +20,66 @@ from stylevar.config import StyleVARConfig, VQVAEConfig, presets
 from stylevar.images import Fit, ResizeMode, fit_square, pil_to_tensor, tensor_to_pil, to_rgb, unfit
 from stylevar.postprocess import OutputOptions, default_max_side, finish, sample_seeds
 from stylevar.tokenizer import MultiScaleVQVAE
-from stylevar.transformer import StyleVAR
+from stylevar.transformer import StyleBlend, StyleVAR
 
 DEMO_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "demo"
 DEMO_LABEL = "demo model (trained on synthetic data)"
 FORMAT_VERSION = 1
+
+
+MAX_STYLES = 4  # style images per request: each adds a query stream to every attention call
+
+
+@dataclass(frozen=True)
+class StyleMix:
+    """Several style images for one content image, blended by weight, each optionally confined to a region.
+
+    ``weights``: one per image, >= 0, not all 0 (None: equal; they are normalised to sum to 1).
+    ``masks``: one grayscale image per style, white = the style applies, black = the content stays
+    (grey: partly); any size (resized to the content's, then fitted into the model's square as the
+    content is). None: every style everywhere. See `stylevar.transformer.model` for the blend.
+    """
+
+    images: tuple[Image.Image, ...]
+    weights: tuple[float, ...] | None = None
+    masks: tuple[Image.Image, ...] | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.images)
+        if not 1 <= n <= MAX_STYLES:
+            raise ValueError(f"give 1 to {MAX_STYLES} style images, got {n}")
+        if self.weights is not None:
+            if len(self.weights) != n:
+                raise ValueError(f"style_weights: {len(self.weights)} weights for {n} style images")
+            if not all(math.isfinite(w) and w >= 0 for w in self.weights) or sum(self.weights) <= 0:
+                raise ValueError("style_weights must be finite numbers >= 0, not all 0")
+        if self.masks is not None and len(self.masks) != n:
+            raise ValueError(f"style_masks: {len(self.masks)} masks for {n} style images")
+
+    @classmethod
+    def of(cls, style: Image.Image | Sequence[Image.Image] | StyleMix, weights: Sequence[float] | None = None,
+           masks: Sequence[Image.Image] | None = None) -> StyleMix:
+        """A mix from one style image or a list (or a mix, when no weights or masks are given)."""
+        if isinstance(style, StyleMix):
+            if weights is not None or masks is not None:
+                raise ValueError("give weights and masks inside the StyleMix, not beside it")
+            return style
+        images = (style,) if isinstance(style, Image.Image) else tuple(style)
+        return cls(images, None if weights is None else tuple(float(w) for w in weights),
+                   None if masks is None else tuple(masks))
+
+    @property
+    def plain(self) -> bool:
+        """One style without a mask: the published model's computation."""
+        return len(self.images) == 1 and self.masks is None
+
+    def active(self) -> StyleMix:
+        """The styles of weight > 0 (a style of weight 0 contributes nothing, so it is not computed)."""
+        if self.weights is None or all(w > 0 for w in self.weights):
+            return self
+        keep = [i for i, w in enumerate(self.weights) if w > 0]
+        return StyleMix(tuple(self.images[i] for i in keep), tuple(self.weights[i] for i in keep),
+                        None if self.masks is None else tuple(self.masks[i] for i in keep))
 
 
 class ModelDirError(FileNotFoundError):
@@ -166,10 +222,40 @@ class StylePipeline:
         x = torch.stack([done[id(im)][0] for im in images]).to(self.device)
         return x.mul(2).sub(1), [done[id(im)][1] for im in images]
 
+    def mask_tensor(self, mask: Image.Image, content: Image.Image, resize: ResizeMode = "stretch") -> torch.Tensor:
+        """A style mask (any mode, any size) -> (S, S) in [0, 1]: resized to the content's size, then
+        fitted into the model's square as the content is."""
+        gray = mask.convert("L")
+        if gray.size != content.size:
+            gray = gray.resize(content.size, Image.BILINEAR)
+        sq, _ = fit_square(gray.convert("RGB"), self.image_size, resize)
+        return pil_to_tensor(sq)[0]
+
+    def style_input(self, contents: Sequence[Image.Image], mixes: Sequence[StyleMix], resize: ResizeMode
+                    ) -> torch.Tensor | StyleBlend:
+        """The model's style input for a batch: one image tensor when every row is one style without a mask
+        (the published computation), else a `StyleBlend`. Every row must have as many styles of weight > 0."""
+        mixes = [m.active() for m in mixes]
+        counts = {len(m.images) for m in mixes}
+        if len(counts) != 1:
+            raise ValueError(f"rows of one batch need as many styles each, got {sorted(counts)}")
+        if all(m.plain for m in mixes):
+            return self.preprocess([m.images[0] for m in mixes], "crop")[0]
+        (S,) = counts
+        styles = [self.preprocess([m.images[s] for m in mixes], "crop")[0] for s in range(S)]
+        weights = torch.tensor([m.weights or (1.0,) * S for m in mixes], dtype=torch.float32, device=self.device)
+        masks = None
+        if any(m.masks is not None for m in mixes):
+            ones = torch.ones(self.image_size, self.image_size)
+            masks = torch.stack([
+                torch.stack([ones if m.masks is None else self.mask_tensor(m.masks[s], c, resize) for s in range(S)])
+                for m, c in zip(mixes, contents)]).to(self.device)
+        return StyleBlend(styles, weights, masks)
+
     def stylize_batch(
         self,
         contents: Sequence[Image.Image],
-        styles: Sequence[Image.Image],
+        styles: Sequence[Image.Image | StyleMix],
         *,
         seeds: Sequence[int] | int | None = None,
         resize: ResizeMode = "stretch",
@@ -177,11 +263,13 @@ class StylePipeline:
         max_side: int | None = None,
         **gen_kwargs,
     ) -> list[Image.Image]:
-        """One `generate` call for a batch; each result has its content's aspect ratio (see `unfit`)."""
+        """One `generate` call for a batch; each result has its content's aspect ratio (see `unfit`).
+
+        A row's style is one image or a `StyleMix` (every row as many styles of weight > 0)."""
         if len(contents) != len(styles):
             raise ValueError(f"{len(contents)} content images but {len(styles)} style images")
         content, fits = self.preprocess(contents, resize)
-        style, _ = self.preprocess(styles, "crop")
+        style = self.style_input(contents, [StyleMix.of(s) for s in styles], resize)
         out = self.model.generate(content, style, seed=seeds, on_scale=on_scale, **self.generation_kwargs(**gen_kwargs))
         return [unfit(tensor_to_pil(img), fit, max_side) for img, fit in zip(out, fits)]
 
@@ -189,20 +277,27 @@ class StylePipeline:
         """`generate` keyword arguments: the caller's (None = unset) over the model's recommended ones."""
         return {**self.config.generation, **{k: v for k, v in gen_kwargs.items() if v is not None}}
 
-    def __call__(self, content: Image.Image, style: Image.Image, *, seed: int | None = None,
-                 num_samples: int | None = None, resize: ResizeMode = "stretch", preserve_color: bool = False,
-                 max_side: int | None = None, **gen_kwargs) -> Image.Image | list[Image.Image]:
+    def __call__(self, content: Image.Image, style: Image.Image | Sequence[Image.Image] | StyleMix, *,
+                 style_weights: Sequence[float] | None = None, style_masks: Sequence[Image.Image] | None = None,
+                 seed: int | None = None, num_samples: int | None = None, resize: ResizeMode = "stretch",
+                 preserve_color: bool = False, max_side: int | None = None, **gen_kwargs
+                 ) -> Image.Image | list[Image.Image]:
         """Re-draw ``content`` in the style of ``style``, as ``POST /stylize`` does.
+
+        ``style``: one image, or a list blended by ``style_weights`` (one per style, default equal), each
+        confined to its ``style_masks`` image when given (grayscale, white = apply; see `StyleMix`).
 
         ``num_samples=None`` returns one image; ``num_samples=n`` a list of n (seeds ``seed .. seed+n-1``,
         one model call). ``resize``: how the content is fitted into the model's square (``stretch`` and
         ``pad`` return its aspect ratio, ``crop`` its centre square). ``max_side``: long side of the
         result (None: the content's size). ``preserve_color``: keep the content's colours.
-        ``gen_kwargs``: ``style_strength``, ``top_k``, ``top_p``, ``alphas`` (None: the model's value).
+        ``gen_kwargs``: ``style_strength``, ``top_k``, ``top_p``, ``alphas`` (None: the model's value) and
+        ``guidance`` (>= 0, default 0: push away from the prediction without the style; see `StyleVAR`).
         """
         options = OutputOptions(max_side=max_side, preserve_color=preserve_color)
         seeds = sample_seeds(seed, 1 if num_samples is None else num_samples)
-        images = self.stylize_batch([content] * len(seeds), [style] * len(seeds), seeds=seeds, resize=resize,
+        mix = StyleMix.of(style, style_weights, style_masks)
+        images = self.stylize_batch([content] * len(seeds), [mix] * len(seeds), seeds=seeds, resize=resize,
                                     max_side=options.max_side, **gen_kwargs)
         images = finish(images, content, options)
         return images[0] if num_samples is None else images

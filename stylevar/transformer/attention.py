@@ -3,6 +3,11 @@
 For scale k, out = alpha_k * attn(q_style) + (1 - alpha_k) * attn(q_content), projected once (the
 projection is affine and the weights sum to 1, so blending before it is exact). Only what is used is
 computed: Q for the two guide streams (one attention call over both), K/V for the target.
+
+Several styles (S streams) generalise the blend per query token t:
+out(t) = attn(q_content)(t) + sum_s beta_s(t) * (attn(q_style_s)(t) - attn(q_content)(t)), where
+beta_s(t) >= 0 and sum_s beta_s(t) <= 1 (the rest is the content's share). One style with
+beta(t) = alpha_k is the published blend, computed by the same operations.
 """
 from __future__ import annotations
 
@@ -65,22 +70,24 @@ class BlendedAttention(nn.Module):
     def forward(
         self,
         h_BLC: torch.Tensor,  # modulated target tokens (the new ones, in generation)
-        style_BlC: torch.Tensor,  # modulated style tokens at the query positions
+        style_BSlC: torch.Tensor,  # modulated style tokens at the query positions, S styles one after another
         content_BlC: torch.Tensor,  # modulated content tokens at the query positions
-        alpha_Bl1: torch.Tensor,  # blend coefficient per query position
-        mask_2lL: torch.Tensor | None = None,  # bool, True = may attend (teacher forcing)
+        alpha_BSl1: torch.Tensor,  # blend coefficient of each style per query position
+        mask_XlL: torch.Tensor | None = None,  # bool, (S + 1) * l rows, True = may attend (teacher forcing)
         cache: KVCache | None = None,
     ) -> torch.Tensor:
         k, v = self.keys_values(h_BLC)
         if cache is not None:
             k, v = cache.append(k, v)
-        l = style_BlC.shape[1]
-        q = self.queries(torch.cat([style_BlC, content_BlC], dim=1))  # (B, H, 2l, c)
+        B, l = content_BlC.shape[:2]
+        S = alpha_BSl1.shape[1]
+        q = self.queries(torch.cat([style_BSlC.reshape(B, S * l, self.dim), content_BlC], dim=1))  # (B,H,(S+1)l,c)
         if q.dtype != k.dtype:
             q = q.to(k.dtype)
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask_2lL, dropout_p=self.dropout if self.training else 0.0, scale=self.scale
+            q, k, v, attn_mask=mask_XlL, dropout_p=self.dropout if self.training else 0.0, scale=self.scale
         )
-        out = out.transpose(1, 2).reshape(q.shape[0], 2 * l, self.dim)
-        a_style, a_content = out[:, :l], out[:, l:]
-        return self.proj(a_content + alpha_Bl1.to(out.dtype) * (a_style - a_content))
+        out = out.transpose(1, 2).reshape(B, (S + 1) * l, self.dim)
+        a_style_BSlC, a_content_BlC = out[:, : S * l].view(B, S, l, self.dim), out[:, S * l:]
+        delta_BSlC = alpha_BSl1.to(out.dtype) * (a_style_BSlC - a_content_BlC.unsqueeze(1))
+        return self.proj(a_content_BlC + (delta_BSlC.squeeze(1) if S == 1 else delta_BSlC.sum(1)))

@@ -10,6 +10,18 @@ alpha_k; AdaLN from the style embedding. With `cfg.content_injection` (an opt-in
 published presets) the content stream is also added to the target's inputs through a zero-initialised
 linear map (`content_in`). Read top to bottom: embeddings, block, head, teacher forcing,
 generation.
+
+Beyond the paper (all off by default, where the computation is the published one):
+  several styles  `StyleBlend`: S style streams ask the target side by side; at token t style s gets
+           beta_s(t) = alpha_k * coverage(t) * share_s(t), the content the rest (attention.py). The
+           shares come from the weights and the masks (area-resized to each scale's grid):
+           share_s = w_s m_s / sum_j w_j m_j, coverage = min(1, sum of m_s over the styles of weight > 0)
+           (regions painted for different styles cover a coarse token between them; overlapping ones do
+           not stack past 1). The AdaLN embedding is the weight-blend of the styles'.
+  guidance g      logits + g * coverage * (logits - logits without the style), where "without the
+           style" is the same model given the content image as its style: every query stream is then
+           the content's (the blend drops out) and AdaLN takes the content's style embedding. Training
+           free; the unstyled rows run in the same batch and follow the guided samples.
 """
 from __future__ import annotations
 
@@ -58,17 +70,17 @@ class Block(nn.Module):
         self,
         x_BLC: torch.Tensor,
         mod: tuple[torch.Tensor, ...],  # self.modulation(cond_BD)
-        style_ln_BlC: torch.Tensor,  # LayerNorm'ed style tokens at the query positions
+        style_ln_BSlC: torch.Tensor,  # LayerNorm'ed tokens of the S styles at the query positions
         content_ln_BlC: torch.Tensor,
-        alpha_Bl1: torch.Tensor,
+        alpha_BSl1: torch.Tensor,
         mask: torch.Tensor | None = None,
         cache: KVCache | None = None,
     ) -> torch.Tensor:
         g1, g2, s1, s2, b1, b2 = mod
         h = F.layer_norm(x_BLC, (self.dim,), eps=self.eps) * (1 + s1) + b1
-        style = style_ln_BlC * (1 + s1) + b1
+        style = style_ln_BSlC * (1 + s1.unsqueeze(1)) + b1.unsqueeze(1)
         content = content_ln_BlC * (1 + s1) + b1
-        x_BLC = x_BLC + self.attn(h, style, content, alpha_Bl1, mask, cache) * g1
+        x_BLC = x_BLC + self.attn(h, style, content, alpha_BSl1, mask, cache) * g1
         h = F.layer_norm(x_BLC, (self.dim,), eps=self.eps) * (1 + s2) + b2
         return x_BLC + self.ffn(h) * g2
 
@@ -88,18 +100,105 @@ class AdaLNHead(nn.Module):
 
 
 @dataclass
-class Condition:
-    """What the two reference images contribute, computed once per (content, style) pair."""
+class StyleBlend:
+    """Several style images per row, blended by weight, each optionally confined to a region.
 
-    cond_BD: torch.Tensor  # style embedding: AdaLN input
+    `styles`: S tensors (B, 3, H, W) in [-1, 1]. `weights_BS`: >= 0 with a positive sum per row, (B, S) or
+    (S,) (None: equal). `masks_BSHW`: in [0, 1], 1 = the style applies (None: everywhere); any H, W
+    (area-resized to each scale's token grid).
+    """
+
+    styles: Sequence[torch.Tensor]
+    weights_BS: torch.Tensor | None = None
+    masks_BSHW: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if not self.styles:
+            raise ValueError("a style blend needs at least one style")
+        B, S = self.styles[0].shape[0], len(self.styles)
+        if any(s.shape != self.styles[0].shape for s in self.styles):
+            raise ValueError(f"the styles of a blend differ in shape: {[tuple(s.shape) for s in self.styles]}")
+        if self.weights_BS is not None:
+            w = torch.as_tensor(self.weights_BS, dtype=torch.float32, device=self.styles[0].device)
+            w = w.expand(B, S) if w.shape == (S,) else w
+            if w.shape != (B, S):
+                raise ValueError(f"style weights: expected {S} per row, got shape {tuple(w.shape)}")
+            if not torch.isfinite(w).all() or (w < 0).any() or (w.sum(1) <= 0).any():
+                raise ValueError("style weights must be finite, >= 0, and not all 0")
+            self.weights_BS = w
+        if self.masks_BSHW is not None:
+            m = self.masks_BSHW
+            if m.ndim != 4 or m.shape[:2] != (B, S):
+                raise ValueError(f"style masks: expected (B={B}, S={S}, H, W), got {tuple(m.shape)}")
+            if not torch.isfinite(m).all() or m.min() < 0 or m.max() > 1:
+                raise ValueError("style masks must lie in [0, 1]")
+
+    def normalised_weights(self) -> torch.Tensor:
+        """(B, S), each row summing to 1 (equal weights when none were given)."""
+        B, S = self.styles[0].shape[0], len(self.styles)
+        w = self.weights_BS if self.weights_BS is not None else torch.ones(B, S, device=self.styles[0].device)
+        return w / w.sum(1, keepdim=True)
+
+    def shares(self, patch_nums: Sequence[int]) -> torch.Tensor:
+        """Each style's part of the blend at every token, (B, S, L): coverage(t) * share_s(t) (module doc)."""
+        w_BS = self.normalised_weights()
+        B, S = w_BS.shape
+        L = sum(pn * pn for pn in patch_nums)
+        if self.masks_BSHW is None:
+            m_BSL = torch.ones(B, S, L, device=w_BS.device)
+        else:
+            m = self.masks_BSHW.float().to(w_BS.device)
+            m_BSL = torch.cat([F.interpolate(m, size=(pn, pn), mode="area").flatten(2) for pn in patch_nums], 2)
+        wm_BSL = w_BS.unsqueeze(2) * m_BSL
+        total_B1L = wm_BSL.sum(1, keepdim=True)
+        share_BSL = torch.where(total_B1L > 0, wm_BSL / total_B1L.clamp_min(1e-12), torch.zeros_like(wm_BSL))
+        coverage_B1L = (m_BSL * (w_BS > 0).unsqueeze(2)).sum(1, keepdim=True).clamp_max(1.0)
+        return coverage_B1L * share_BSL
+
+
+@dataclass
+class Condition:
+    """What the reference images contribute, computed once per (content, style) pair or style blend."""
+
+    cond_BD: torch.Tensor  # style embedding (the weight-blend of several): AdaLN input
     sos_B1C: torch.Tensor  # content embedding + pos_start: the first target token (before lvl/pos)
-    style_ln_BLC: torch.Tensor  # LayerNorm'ed style token stream
+    style_ln_BSLC: torch.Tensor  # LayerNorm'ed token streams of the S styles
     content_ln_BLC: torch.Tensor  # LayerNorm'ed content token stream
     inject_BLC: torch.Tensor | None = None  # content_in(content stream), added to the target inputs (variant)
+    # each style's part of the blend at each token (StyleBlend.shares), times alpha_k; None: one style, everywhere
+    shares_BSL: torch.Tensor | None = None
+    # the content image through the style encoder: AdaLN input of the pass without the style (guidance)
+    unstyled_BD: torch.Tensor | None = None
 
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "Condition":
         fields = (getattr(self, f.name) for f in dataclasses.fields(self))  # not astuple: it deep-copies tensors
         return Condition(*(None if t is None else fn(t) for t in fields))
+
+    @property
+    def num_styles(self) -> int:
+        return self.style_ln_BSLC.shape[1]
+
+    def coverage_BL(self) -> torch.Tensor:
+        """How styled each token is, in [0, 1] (1 everywhere for a single style without a mask)."""
+        if self.shares_BSL is None:
+            return self.content_ln_BLC.new_ones(self.content_ln_BLC.shape[:2])
+        return self.shares_BSL.sum(1)
+
+    def unstyled(self) -> "Condition":
+        """The condition without the style: the content image as the style (every style stream is the
+        content's, AdaLN from the content's style embedding); what `condition(content, content)` gives."""
+        if self.unstyled_BD is None:
+            raise ValueError("this condition was made without unstyled=True: it cannot give the unstyled pass")
+        streams = self.content_ln_BLC.unsqueeze(1).expand_as(self.style_ln_BSLC)
+        return Condition(self.unstyled_BD, self.sos_B1C, streams, self.content_ln_BLC, self.inject_BLC,
+                         self.shares_BSL, self.unstyled_BD)
+
+    def cat(self, other: "Condition") -> "Condition":
+        """Rows of ``self`` then rows of ``other`` (the same fields set)."""
+        pairs = [(getattr(self, f.name), getattr(other, f.name)) for f in dataclasses.fields(self)]
+        if any((a is None) != (b is None) for a, b in pairs):
+            raise ValueError("conditions with different fields cannot be batched together")
+        return Condition(*(None if a is None else torch.cat([a, b]) for a, b in pairs))
 
     def rows(self, start: int, end: int) -> "Condition":
         return self._map(lambda t: t[start:end])
@@ -139,7 +238,7 @@ class StyleVAR(nn.Module):
         lvl_L = torch.cat([torch.full((pn * pn,), k) for k, pn in enumerate(cfg.patch_nums)])
         self.register_buffer("lvl_L", lvl_L, persistent=False)
         mask_LL = lvl_L[:, None] >= lvl_L[None, :]  # a query at level i sees keys of levels <= i
-        self.register_buffer("mask_2LL", torch.cat([mask_LL, mask_LL]), persistent=False)
+        self.register_buffer("mask_2LL", torch.cat([mask_LL, mask_LL]), persistent=False)  # style, content
         self.register_buffer("alpha_K", torch.tensor(cfg.alpha_nums, dtype=torch.float32), persistent=False)
         self.autocast_dtype: torch.dtype | None = None  # e.g. torch.bfloat16 on CUDA
         self.activation_checkpointing = False  # recompute block activations in backward (training memory)
@@ -211,19 +310,49 @@ class StyleVAR(nn.Module):
     def lvl_pos(self) -> torch.Tensor:
         return self.lvl_embed(self.lvl_L).unsqueeze(0) + self.pos_1LC  # (1, L, C)
 
-    def condition(self, content: torch.Tensor, style: torch.Tensor) -> Condition:
+    def condition(self, content: torch.Tensor, style: torch.Tensor | StyleBlend, *,
+                  unstyled: bool = False) -> Condition:
+        """The condition of (content, style); ``style`` one image batch or a `StyleBlend` of several.
+        ``unstyled``: also embed the content with the style encoder (what guidance needs)."""
+        blend = style if isinstance(style, StyleBlend) else None
+        styles = list(blend.styles) if blend is not None else [style]
+        B, S = content.shape[0], len(styles)
+        if any(s.shape[0] != B for s in styles):
+            raise ValueError(f"content batch {B} and style batch {[s.shape[0] for s in styles]} differ")
+        style_all = styles[0] if S == 1 else torch.cat(styles)  # (S * B, 3, H, W), style-major
         with torch.no_grad():
             q = self.tokenizer.quantize
-            style_tok = q.condition_tokens(self.tokenizer.encode(style)[1])
+            style_tok = q.condition_tokens(self.tokenizer.encode(style_all)[1])
             content_tok = q.condition_tokens(self.tokenizer.encode(content)[1])
         lvl_pos = self.lvl_pos()
         C, eps = self.cfg.embed_dim, self.cfg.norm_eps
         style_ln = F.layer_norm(self.word_embed(style_tok) + lvl_pos, (C,), eps=eps)
+        style_ln_BSLC = style_ln.unflatten(0, (S, B)).transpose(0, 1)
         content_ln = F.layer_norm(self.word_embed(content_tok) + lvl_pos, (C,), eps=eps)
-        cond_BD = self.feat_emb(pooled(self.style_encoder, style))
+        cond_BD = self.feat_emb(pooled(self.style_encoder, style_all))
+        shares = None
+        if blend is not None:
+            w_BS1 = blend.normalised_weights().to(cond_BD.dtype).unsqueeze(2)
+            cond_BD = (w_BS1 * cond_BD.unflatten(0, (S, B)).transpose(0, 1)).sum(1)
+            shares = blend.shares(self.cfg.patch_nums)
         sos = self.feat_emb(pooled(self.content_encoder, content)).unsqueeze(1) + self.pos_start
         inject = self.content_in(content_ln) if self.content_in is not None else None
-        return Condition(cond_BD, sos, style_ln, content_ln, inject)
+        unstyled_BD = self.feat_emb(pooled(self.style_encoder, content)) if unstyled else None
+        return Condition(cond_BD, sos, style_ln_BSLC, content_ln, inject, shares, unstyled_BD)
+
+    def stream_alphas(self, cond: Condition, alpha_K: torch.Tensor) -> torch.Tensor:
+        """Blend coefficient of every style stream at every token: (1, 1, L, 1) for one style without a
+        mask (the published per-scale alphas), else (B, S, L, 1) = alpha_k * the blend's shares."""
+        alpha_L = alpha_K[self.lvl_L]
+        if cond.shares_BSL is None:
+            return alpha_L.view(1, 1, -1, 1)
+        return (alpha_L * cond.shares_BSL.to(alpha_L.device)).unsqueeze(-1)
+
+    def stream_mask(self, num_styles: int) -> torch.Tensor:
+        """Teacher forcing's attention mask for S style streams and the content stream: ((S + 1) L, L)."""
+        if num_styles == 1:
+            return self.mask_2LL
+        return self.mask_2LL[: self.cfg.num_tokens].repeat(num_styles + 1, 1)
 
     def logits(self, x_BLC: torch.Tensor, head_mod: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         return self.head(self.head_nm(x_BLC, head_mod)).float()
@@ -232,7 +361,7 @@ class StyleVAR(nn.Module):
     def teacher_forcing_logits(
         self,
         content: torch.Tensor | None,
-        style: torch.Tensor | None,
+        style: torch.Tensor | StyleBlend | None,
         target_indices: list[torch.Tensor],
         *,
         alphas: Sequence[float] | torch.Tensor | None = None,
@@ -249,10 +378,10 @@ class StyleVAR(nn.Module):
                 x_in = self.tokenizer.quantize.next_scale_inputs(target_indices, self.tokenizer.latent_size)
             x = torch.cat([cond.sos_B1C.expand(x_in.shape[0], -1, -1), self.word_embed(x_in)], dim=1)
             x = cond.target_inputs(x + self.lvl_pos(), 0, self.cfg.num_tokens)
-            alpha_1L1 = self.blend_alphas(alphas, style_strength)[self.lvl_L].view(1, -1, 1)
+            alpha_BSL1 = self.stream_alphas(cond, self.blend_alphas(alphas, style_strength))
+            mask = self.stream_mask(cond.num_styles)
             for blk in self.blocks:
-                args = (x, blk.modulation(cond.cond_BD), cond.style_ln_BLC, cond.content_ln_BLC, alpha_1L1,
-                        self.mask_2LL)
+                args = (x, blk.modulation(cond.cond_BD), cond.style_ln_BSLC, cond.content_ln_BLC, alpha_BSL1, mask)
                 if self.activation_checkpointing and torch.is_grad_enabled():
                     x = torch.utils.checkpoint.checkpoint(blk, *args, use_reentrant=False)
                 else:
@@ -264,7 +393,7 @@ class StyleVAR(nn.Module):
     def generate(
         self,
         content: torch.Tensor,
-        style: torch.Tensor,
+        style: torch.Tensor | StyleBlend,
         *,
         top_k: int = 900,
         top_p: float = 0.96,
@@ -274,20 +403,25 @@ class StyleVAR(nn.Module):
         on_scale: Callable[[int, torch.Tensor], None] | None = None,
         return_indices: bool = False,
         cond: Condition | None = None,
+        guidance: float = 0.0,
     ):
         """Sample the target coarse to fine. Images (B, 3, H, W) in [0, 1] (and the token maps).
 
-        `cond` (from `condition(content, style)`) may be passed instead of the images when it is reused.
+        `style`: one image batch, or a `StyleBlend` of several. `guidance` >= 0: push the logits away from
+        the prediction without the style (module doc); 0 is the plain model. `cond` (from
+        `condition(content, style, unstyled=guidance > 0)`) may be passed instead of the images.
         """
-        if cond is None and style.shape[0] != content.shape[0]:
+        if not (math.isfinite(guidance) and guidance >= 0):
+            raise ValueError(f"guidance must be a finite number >= 0, got {guidance}")
+        if cond is None and not isinstance(style, StyleBlend) and style.shape[0] != content.shape[0]:
             raise ValueError(f"content batch {content.shape[0]} and style batch {style.shape[0]} differ")
         B = cond.cond_BD.shape[0] if cond is not None else content.shape[0]
         device = cond.cond_BD.device if cond is not None else content.device
         generators = make_generators(seed, B, device)
         alpha_K = self.blend_alphas(alphas, style_strength)
         with self._autocast(device):
-            cond = cond if cond is not None else self.condition(content, style)
-            f_hat, indices = self.sample_tokens(cond, generators, alpha_K, top_k, top_p, on_scale)
+            cond = cond if cond is not None else self.condition(content, style, unstyled=guidance > 0)
+            f_hat, indices = self.sample_tokens(cond, generators, alpha_K, top_k, top_p, on_scale, guidance)
             images = self.tokenizer.decode_fhat(f_hat).float().add(1).mul(0.5)
         return (images, indices) if return_indices else images
 
@@ -300,37 +434,52 @@ class StyleVAR(nn.Module):
         top_k: int = 900,
         top_p: float = 0.96,
         on_scale: Callable[[int, torch.Tensor], None] | None = None,
+        guidance: float = 0.0,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The autoregressive loop: f_hat (B, Cvae, n, n) and the K sampled token maps.
 
         The KV cache is preallocated and holds each target token once; AdaLN modulations are computed
-        once, not per scale.
+        once, not per scale. With `guidance` > 0 the unstyled condition runs as B more rows of the same
+        batch, fed the tokens sampled from the guided logits.
         """
         B, device = cond.cond_BD.shape[0], cond.cond_BD.device
+        guided = guidance > 0
+        coverage_BL = cond.coverage_BL() if guided else None
+        run = cond.cat(cond.unstyled()) if guided else cond  # rows: B, or 2B (styled, then unstyled)
+        R, S = run.cond_BD.shape[0], run.num_styles
         tok, patch_nums = self.tokenizer, self.cfg.patch_nums
         n = tok.latent_size
         lvl_pos = self.lvl_pos()
         dtype = lvl_pos.dtype if self.autocast_dtype is None else self.autocast_dtype
-        caches = [KVCache(B, self.cfg.num_heads, self.cfg.num_tokens, self.cfg.head_dim, device, dtype)
+        caches = [KVCache(R, self.cfg.num_heads, self.cfg.num_tokens, self.cfg.head_dim, device, dtype)
                   for _ in self.blocks]
-        mods = [blk.modulation(cond.cond_BD) for blk in self.blocks]
-        head_mod = self.head_nm.modulation(cond.cond_BD)
+        mods = [blk.modulation(run.cond_BD) for blk in self.blocks]
+        head_mod = self.head_nm.modulation(run.cond_BD)
+        alpha_RSL1 = None if run.shares_BSL is None else self.stream_alphas(run, alpha_K)
         f_hat = torch.zeros(B, self.cfg.z_channels, n, n, device=device)
-        x = cond.target_inputs(cond.sos_B1C.expand(B, -1, -1) + lvl_pos[:, : patch_nums[0] ** 2], 0, patch_nums[0] ** 2)
+        x = run.target_inputs(run.sos_B1C.expand(R, -1, -1) + lvl_pos[:, : patch_nums[0] ** 2], 0, patch_nums[0] ** 2)
         indices, start = [], 0
         for k, pn in enumerate(patch_nums):
             end = start + pn * pn
-            alpha = alpha_K[k].expand(B, pn * pn, 1)
+            alpha = (alpha_K[k].expand(R, S, pn * pn, 1) if alpha_RSL1 is None
+                     else alpha_RSL1[:, :, start:end])
             for blk, mod, cache in zip(self.blocks, mods, caches):
-                x = blk(x, mod, cond.style_ln_BLC[:, start:end], cond.content_ln_BLC[:, start:end], alpha, None, cache)
-            idx_Bl = sample(self.logits(x, head_mod), generators, top_k, top_p)
+                x = blk(x, mod, run.style_ln_BSLC[:, :, start:end], run.content_ln_BLC[:, start:end], alpha, None,
+                        cache)
+            logits_RlV = self.logits(x, head_mod)
+            if guided:
+                styled_BlV, plain_BlV = logits_RlV.chunk(2)
+                g_Bl1 = guidance * coverage_BL[:, start:end, None].to(styled_BlV.dtype)
+                logits_RlV = styled_BlV + g_Bl1 * (styled_BlV - plain_BlV)
+            idx_Bl = sample(logits_RlV, generators, top_k, top_p)
             indices.append(idx_Bl)
             f_hat = f_hat + tok.quantize.upsampled_residual(k, idx_Bl, n).float()
             if on_scale is not None:
                 on_scale(k, tok.decode_fhat(f_hat).float().add(1).mul(0.5))
             if k + 1 < len(patch_nums):
                 nxt = patch_nums[k + 1]
-                x = cond.target_inputs(self.word_embed(tok.quantize.area_tokens(f_hat, nxt))
-                                       + lvl_pos[:, end:end + nxt * nxt], end, end + nxt * nxt)
+                x_BlC = self.word_embed(tok.quantize.area_tokens(f_hat, nxt))
+                x = run.target_inputs((x_BlC.repeat(2, 1, 1) if guided else x_BlC) + lvl_pos[:, end:end + nxt * nxt],
+                                      end, end + nxt * nxt)
             start = end
         return f_hat, indices
