@@ -73,14 +73,24 @@ def hub_cache(published, golden, tmp_path_factory) -> tuple[Path, dict[str, Path
     return cache, links
 
 
-@pytest.fixture
-def offline_env(tmp_path, monkeypatch, hub_cache) -> dict[str, str]:
-    """The module's Hugging Face cache, an empty weight cache, downloads off; also as a subprocess environment."""
-    env = {"HF_HUB_CACHE": str(hub_cache[0]), "HF_HUB_OFFLINE": "1", "STYLEVAR_HOME": str(tmp_path / "sv"),
+def _offline(monkeypatch, tmp_path: Path, hf_cache: Path) -> dict[str, str]:
+    env = {"HF_HUB_CACHE": str(hf_cache), "HF_HUB_OFFLINE": "1", "STYLEVAR_HOME": str(tmp_path / "sv"),
            "TORCH_HOME": str(tmp_path / "th"), "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     return {**os.environ, **env, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+
+
+@pytest.fixture
+def offline_env(tmp_path, monkeypatch, hub_cache) -> dict[str, str]:
+    """The module's Hugging Face cache, an empty weight cache, downloads off; also as a subprocess environment."""
+    return _offline(monkeypatch, tmp_path, hub_cache[0])
+
+
+@pytest.fixture
+def empty_env(tmp_path, monkeypatch) -> dict[str, str]:
+    """An empty Hugging Face cache (tmp_path/hf, not created) and weight cache, downloads off."""
+    return _offline(monkeypatch, tmp_path, tmp_path / "hf")
 
 
 def _images(folder: Path) -> tuple[Path, Path]:
@@ -164,10 +174,7 @@ def test_serve_answers_with_a_hub_model(offline_env, tmp_path):
     assert (Path(offline_env["STYLEVAR_HOME"]) / "models" / REPO.replace("/", "--") / "sft" / "config.json").is_file()
 
 
-def test_every_entry_point_fails_fast_offline_with_an_empty_cache(offline_env, tmp_path, monkeypatch):
-    empty = tmp_path / "empty-hf-cache"
-    monkeypatch.setenv("HF_HUB_CACHE", str(empty))
-    offline_env = {**offline_env, "HF_HUB_CACHE": str(empty)}
+def test_every_entry_point_fails_fast_offline_with_an_empty_cache(empty_env, tmp_path):
     content, style = _images(tmp_path)
     manifest = tmp_path / "manifest.jsonl"
     manifest.write_text(json.dumps({"content": "content.png", "style": "style.png", "target": "content.png",
@@ -183,9 +190,11 @@ def test_every_entry_point_fails_fast_offline_with_an_empty_cache(offline_env, t
                      f"b={manifest}", "--out", str(tmp_path / "eval"), "--device", "cpu"],
         "sft": [py, "-m", "training.sft", "--data", str(manifest), "--tokenizer", f"hf:{absent}", "--init",
                 f"hf:{absent}", "--out", str(tmp_path / "run"), "--max-steps", "1"],
+        "grpo": [py, "-m", "training.grpo", "--data", str(manifest), "--init", f"hf:{absent}", "--out",
+                 str(tmp_path / "grpo"), "--max-steps", "1"],
     }
     started = time.monotonic()
-    procs = {name: subprocess.Popen(cmd, cwd=REPO_ROOT, env=offline_env, stdout=subprocess.PIPE,
+    procs = {name: subprocess.Popen(cmd, cwd=REPO_ROOT, env=empty_env, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True) for name, cmd in commands.items()}
     for name, proc in procs.items():
         _, err = proc.communicate(timeout=120)
@@ -194,11 +203,10 @@ def test_every_entry_point_fails_fast_offline_with_an_empty_cache(offline_env, t
                       "HF_HUB_OFFLINE"):
             assert words in err, (name, words, err)
         assert "Traceback" not in err, (name, err)
-    assert time.monotonic() - started < 60  # five interpreters at once on a shared machine; each alone takes ~2 s
+    assert time.monotonic() - started < 60  # six interpreters at once on a shared machine; each alone takes ~2 s
     with pytest.raises(hub.HubError, match="stylevar pull nobody/absent --variant sft"):
         StylePipeline.from_pretrained(f"hf:{absent}:sft")
-    assert not (Path(offline_env["STYLEVAR_HOME"]) / "models").exists() or not any(
-        (Path(offline_env["STYLEVAR_HOME"]) / "models").rglob("config.json"))
+    assert not (Path(empty_env["STYLEVAR_HOME"]) / "models").exists()  # nothing was started
 
 
 def test_a_wrong_layout_names_its_keys(offline_env, reference_dir, tmp_path, capsys):
@@ -212,9 +220,8 @@ def test_a_wrong_layout_names_its_keys(offline_env, reference_dir, tmp_path, cap
     assert not out.exists() and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
-def test_weights_fetch_and_status_use_the_hub_cache(offline_env, tmp_path, monkeypatch, capsys):
-    cache = tmp_path / "hf-cache"
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+def test_weights_fetch_and_status_use_the_hub_cache(empty_env, capsys):
+    cache = Path(empty_env["HF_HUB_CACHE"])
     clip = add_to_hub_cache(cache, "timm/vit_base_patch32_clip_224.openai",
                             {"open_clip_model.safetensors": b"stand-in clip"})["open_clip_model.safetensors"]
     assert weights.resolve("clip") == clip  # what the CLIP metric loads
@@ -234,11 +241,10 @@ def test_weights_fetch_and_status_use_the_hub_cache(offline_env, tmp_path, monke
     assert next(ln for ln in rows.splitlines() if ln.startswith("var_d20 ")).split()[1] == "missing"
 
 
-def test_pull_help_and_its_offline_refusal_import_no_torch(offline_env, tmp_path):
+def test_pull_help_and_its_offline_refusal_import_no_torch(empty_env):
     probe = ("import sys\nfrom stylevar.cli import main\ntry:\n    code = main(sys.argv[1:])\n"
              "except SystemExit as e:\n    code = e.code\nprint('exit', code, 'torch' in sys.modules)")
-    env = {**offline_env, "HF_HUB_CACHE": str(tmp_path / "empty")}
     for args, code in ((["pull", "--help"], 0), (["pull", "nobody/absent"], 2)):
-        done = subprocess.run([sys.executable, "-c", probe, *args], cwd=REPO_ROOT, env=env, capture_output=True,
+        done = subprocess.run([sys.executable, "-c", probe, *args], cwd=REPO_ROOT, env=empty_env, capture_output=True,
                               text=True, timeout=60)
         assert done.stdout.strip().endswith(f"exit {code} False"), (args, done.stdout, done.stderr)

@@ -56,6 +56,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from stylevar import hub
 from stylevar.lora import (LoRAConfig, attach_lora, load_lora_state_dict, lora_disabled, lora_parameters, merge_lora,
                            snapshot_lora, unload_lora)
 from stylevar.pipeline import PipelineConfig, StylePipeline
@@ -463,7 +464,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data", action="append", required=True,
                    help="triplet manifest, folder (manifest.jsonl or shards), shard tar or pattern; repeatable")
-    p.add_argument("--init", required=True, metavar="MODEL_DIR", help="model directory to start from (e.g. an SFT RUN/final)")
+    p.add_argument("--init", required=True, metavar="MODEL_DIR",
+                   help="model directory to start from (e.g. an SFT RUN/final), or a hub id hf:OWNER/NAME[:variant]")
     p.add_argument("--name", default="stylevar-grpo", help="model name written to RUN/final/config.json")
     g = p.add_argument_group("rollouts and reward")
     g.add_argument("--reward", choices=REWARDS, default="dreamsim")
@@ -500,6 +502,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_inputs(args: argparse.Namespace) -> None:
     check_data_args(args.data)
+    if hub.is_hub_id(args.init):  # a published model (hf:OWNER/NAME[:variant]): its model directory, pulled on first use
+        try:
+            args.init = str(hub.resolve_model(args.init))
+        except (hub.HubError, ValueError) as e:
+            raise SystemExit(f"error: --init {args.init}: {e}") from None
     init = Path(args.init)
     if not (init / "config.json").is_file() or not (init / "transformer.safetensors").is_file():
         raise SystemExit(f"error: --init {init}: not a model directory (config.json + *.safetensors)")
