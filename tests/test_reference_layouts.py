@@ -1,8 +1,12 @@
 """The in-repo conformance data and its seeded weights; the published d20 layouts through the real loaders."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -86,57 +90,91 @@ def _count(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-@pytest.mark.slow
-def test_d20_layouts_load_and_run(reference_dir, weight_homes):
-    """Stand-in weights in the published vae_ch160v4096z32, StyleVAR d20 and VAR-d20 layouts load through
-    the real loaders with the d20 preset, with the parameter counts the tables imply, and run."""
+def _status_kib(field: str) -> int:
+    row = next(r for r in Path("/proc/self/status").read_text().splitlines() if r.startswith(field + ":"))
+    return int(row.split()[1])
+
+
+@contextlib.contextmanager
+def peak_memory_growth_below(gib: float) -> Iterator[None]:
+    """Fail when this process's peak resident memory rises by `gib` GiB or more inside the block. Linux
+    only (the peak is reset through /proc/self/clear_refs); elsewhere nothing is measured."""
+    gc.collect()
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        start = _status_kib("VmRSS")
+    except (OSError, StopIteration):
+        start = None
+    yield
+    if start is not None:
+        growth = (_status_kib("VmHWM") - start) / 2**20
+        assert growth < gib, f"peak memory rose by {growth:.2f} GiB, the budget is {gib} GiB"
+
+
+D20_MEMORY_GIB = 6.0  # a d20 state dict (2.9 GB) and the transformer it loads into (2.5 GB) live together once
+
+
+@pytest.fixture(scope="module")
+def d20(reference_dir):
+    """The d20 preset, the official key tables and the tokenizer loaded from its seeded stand-in weights."""
     official = reference_dir / "official"
     vq_cfg, tr_cfg = VQVAEConfig.preset("d20"), StyleVARConfig.preset("d20")
-    pn, C = tr_cfg.patch_nums, tr_cfg.embed_dim
-
     vae_table = reference.read_key_table(official / "vae_ch160v4096z32_keys.tsv")
-    sd = reference.seeded_state(vae_table, pn, seed=0)
+    sd = reference.seeded_state(vae_table, tr_cfg.patch_nums, seed=0)
     vq = load_vqvae(sd, vq_cfg)
-    assert torch.equal(vq.quantize.embedding.weight, sd["quantize.embedding.weight"])
-    del sd
-    assert _count(vq) == reference.parameter_count(vae_table)
+    return SimpleNamespace(
+        vq=vq, vq_cfg=vq_cfg, tr_cfg=tr_cfg, vae_table=vae_table, codebook=sd["quantize.embedding.weight"],
+        stylevar_table=reference.read_key_table(official / "stylevar_d20_keys.tsv"),
+        var_table=reference.read_key_table(official / "var_d20_keys.tsv"))
 
-    sv_table = reference.read_key_table(official / "stylevar_d20_keys.tsv")
-    expected = _stylevar_parameters(sv_table, C) + _count(vq)
-    sd = reference.seeded_state(sv_table, pn, seed=1)
-    model = load_stylevar(sd, tr_cfg, vq)
-    last = model.blocks[-1].attn
-    assert torch.equal(last.q_guide.weight, sd["blocks.19.attn.mat_qkv_guide.weight"][:C])
-    assert torch.equal(last.kv_target.weight, sd["blocks.19.attn.mat_qkv_target.weight"][C:])
-    assert torch.equal(last.v_bias, sd["blocks.19.attn.v_bias_target"])
-    assert torch.equal(model.content_encoder[1].running_var, sd["content_encoder.1.running_var"])
-    del sd
-    gc.collect()
-    assert _count(model) == expected and round(expected / 1e6, 1) == 731.6
 
-    gen = torch.Generator().manual_seed(0)
-    content, style = (torch.rand(1, 3, 256, 256, generator=gen) * 2 - 1 for _ in range(2))
-    target = [torch.randint(0, vq_cfg.vocab_size, (1, p * p), generator=gen) for p in pn]
-    with torch.no_grad():
-        logits = model.teacher_forcing_logits(content, style, target)
-    assert logits.shape == (1, 680, 4096) and logits.dtype == torch.float32
-    assert logits.isfinite().all() and logits.std() > 0
-    del model, logits
-    gc.collect()
+@pytest.mark.slow
+def test_published_d20_stylevar_loads_and_runs(d20):
+    """Stand-in weights in the published vae_ch160v4096z32 and StyleVAR d20 layouts load through the real
+    loaders with the d20 preset, with the parameter counts the tables imply, and give finite logits."""
+    assert _count(d20.vq) == reference.parameter_count(d20.vae_table)
+    assert torch.equal(d20.vq.quantize.embedding.weight, d20.codebook)
+    C = d20.tr_cfg.embed_dim
+    expected = _stylevar_parameters(d20.stylevar_table, C) + _count(d20.vq)
+    with peak_memory_growth_below(D20_MEMORY_GIB):
+        sd = reference.seeded_state(d20.stylevar_table, d20.tr_cfg.patch_nums, seed=1)
+        model = load_stylevar(sd, d20.tr_cfg, d20.vq)
+        last = model.blocks[-1].attn
+        assert torch.equal(last.q_guide.weight, sd["blocks.19.attn.mat_qkv_guide.weight"][:C])
+        assert torch.equal(last.kv_target.weight, sd["blocks.19.attn.mat_qkv_target.weight"][C:])
+        assert torch.equal(last.v_bias, sd["blocks.19.attn.v_bias_target"])
+        assert torch.equal(model.content_encoder[1].running_var, sd["content_encoder.1.running_var"])
+        del sd
+        gc.collect()
+        assert _count(model) == expected and round(expected / 1e6, 1) == 731.6
 
-    var_table = reference.read_key_table(official / "var_d20_keys.tsv")
-    sd = reference.seeded_state(var_table, pn, seed=2)
-    model, summary = init_from_var(sd, tr_cfg, vq)
-    assert _count(model) == expected
-    assert summary["encoders"] == "random"  # the weight cache is empty: no ImageNet trunks
-    dropped = [k for k in summary["dropped"] if k.rpartition(".")[2] not in reference.BUFFER_LEAVES]
-    assert dropped == ["class_emb.weight"]
-    var_sizes = {e.name: e.numel for e in var_table}
-    carried = sum(var_sizes[k] for k in [*summary["copied"], *summary["split"]])
-    assert carried == reference.parameter_count(var_table) - var_sizes["class_emb.weight"]
-    assert len(summary["split"]) == 3 * tr_cfg.depth
-    qkv = sd["blocks.19.attn.mat_qkv.weight"]
-    assert torch.equal(model.blocks[-1].attn.q_guide.weight, qkv[:C])
-    assert torch.equal(model.blocks[-1].attn.kv_target.weight, qkv[C:])
-    assert torch.equal(model.head.weight, sd["head.weight"])
-    assert {"feat_emb.weight", "style_encoder.0.weight", "content_encoder.0.weight"} <= set(summary["fresh"])
+        gen = torch.Generator().manual_seed(0)
+        content, style = (torch.rand(1, 3, 256, 256, generator=gen) * 2 - 1 for _ in range(2))
+        target = [torch.randint(0, d20.vq_cfg.vocab_size, (1, p * p), generator=gen) for p in d20.tr_cfg.patch_nums]
+        with torch.no_grad():
+            logits = model.teacher_forcing_logits(content, style, target)
+        assert logits.shape == (1, 680, 4096) and logits.dtype == torch.float32
+        assert logits.isfinite().all() and logits.std() > 0
+
+
+@pytest.mark.slow
+def test_published_var_d20_initialises_stylevar_d20(d20, weight_homes):
+    """Stand-in weights in the published VAR-d20 layout initialise StyleVAR d20 through init_from_var:
+    every VAR parameter but the class embedding is carried over, the rest starts fresh."""
+    C, table = d20.tr_cfg.embed_dim, d20.var_table
+    with peak_memory_growth_below(D20_MEMORY_GIB):
+        sd = reference.seeded_state(table, d20.tr_cfg.patch_nums, seed=2)
+        model, summary = init_from_var(sd, d20.tr_cfg, d20.vq)
+        assert _count(model) == _stylevar_parameters(d20.stylevar_table, C) + _count(d20.vq)
+        assert summary["encoders"] == "random"  # the weight cache is empty: no ImageNet trunks
+        dropped = [k for k in summary["dropped"] if k.rpartition(".")[2] not in reference.BUFFER_LEAVES]
+        assert dropped == ["class_emb.weight"]
+        sizes = {e.name: e.numel for e in table}
+        carried = sum(sizes[k] for k in [*summary["copied"], *summary["split"]])
+        assert carried == reference.parameter_count(table) - sizes["class_emb.weight"]
+        assert len(summary["split"]) == 3 * d20.tr_cfg.depth
+        qkv = sd["blocks.19.attn.mat_qkv.weight"]
+        assert torch.equal(model.blocks[-1].attn.q_guide.weight, qkv[:C])
+        assert torch.equal(model.blocks[-1].attn.kv_target.weight, qkv[C:])
+        assert torch.equal(model.head.weight, sd["head.weight"])
+        assert {"feat_emb.weight", "style_encoder.0.weight", "content_encoder.0.weight"} <= set(summary["fresh"])
