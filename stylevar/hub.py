@@ -161,8 +161,11 @@ def cache_dir() -> Path:
 
 
 def offline() -> bool:
-    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) as huggingface_hub reads it, but read now."""
-    return any(os.environ.get(v, "").strip().lower() in _TRUE for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE), read now as well as when huggingface_hub was imported."""
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_OFFLINE or any(
+        os.environ.get(v, "").strip().lower() in _TRUE for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
 def cached_path(f: HubFile) -> Path | None:
@@ -220,13 +223,11 @@ def download(f: HubFile, *, progress: bool = True, missing_ok: bool = False) -> 
     from huggingface_hub import errors as hf_errors
 
     is_offline = offline()
-    if not progress:
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         return Path(hf_hub_download(f.repo_id, f.filename, revision=f.revision, cache_dir=cache_dir(),
-                                    local_files_only=is_offline))
+                                    local_files_only=is_offline, tqdm_class=None if progress else _silent_bar()))
     except hf_errors.LocalEntryNotFoundError:
-        if missing_ok and is_offline:
+        if missing_ok:  # not cached, and the Hub cannot be asked: treated as absent
             return None
         why = ("not in the Hugging Face cache, and downloads are off (HF_HUB_OFFLINE=1)" if is_offline else
                "not in the Hugging Face cache, and the Hub cannot be reached")
@@ -244,6 +245,17 @@ def download(f: HubFile, *, progress: bool = True, missing_ok: bool = False) -> 
     except OSError as e:  # HfHubHTTPError, connection errors, a full disk
         why, fix = f"download failed: {e}", "check the network (HF_ENDPOINT for a mirror) and try again"
     raise _unavailable(f.filename, f.repo_id, f.revision, [f.filename], why, fix)
+
+
+def _silent_bar():
+    from tqdm.auto import tqdm
+
+    class Silent(tqdm):  # huggingface_hub's progress bar, switched off for this call only
+        def __init__(self, *args, **kwargs):
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+    return Silent
 
 
 def _optional(f: HubFile) -> Path | None:
@@ -321,7 +333,9 @@ def pull(model: HubModel, *, shape: Shape = Shape(), out: str | os.PathLike | No
     """Download `model`'s checkpoints, convert them and write a model directory (default: `model.default_dir`).
 
     A folder that already holds this pull (same repository, variant, revision and shape) is left as it is
-    unless `force`. The folder is written next to its place and renamed into it, so it is whole or absent.
+    unless `force`. The folder is written next to its place and renamed into it, so it is whole or absent;
+    a lock (below STYLEVAR_HOME/.locks) lets one process convert while others (the ranks of a torchrun
+    job) wait for it.
     """
     dest = Path(out) if out is not None else model.default_dir(shape)
     if not force and _source_matches(dest, model, shape):
@@ -330,6 +344,22 @@ def pull(model: HubModel, *, shape: Shape = Shape(), out: str | os.PathLike | No
         raise ValueError(f"{dest} exists and is not a folder written by `stylevar pull`; choose another --out")
     check_cached(model, shape)  # offline: fail before any download or model work
 
+    from filelock import FileLock
+
+    from stylevar.weights import home
+
+    locks = home() / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(str(dest.resolve()).encode()).hexdigest()[:16]
+    with FileLock(str(locks / f"pull-{key}.lock")):
+        if not force and _source_matches(dest, model, shape):  # another process pulled it meanwhile
+            return PullResult(dest, skipped=True)
+        _pull_into(model, shape, dest, progress)
+    return PullResult(dest, skipped=False)
+
+
+def _pull_into(model: HubModel, shape: Shape, dest: Path, progress: bool) -> None:
     paths = {f.filename: download(f, progress=progress) for f in model.files()}
     repo_shape = None
     if shape.preset is None and shape.reference is None:
@@ -339,59 +369,47 @@ def pull(model: HubModel, *, shape: Shape = Shape(), out: str | os.PathLike | No
                 repo_shape = json.loads(found.read_text())
             except ValueError as e:
                 raise ValueError(f"{model.repo_id}/{SHAPE_FILE} is not JSON ({e})") from None
+    vq_cfg, tr_cfg = _configs(shape, repo_shape)
 
     from tqdm.auto import tqdm
 
-    steps = tqdm(total=len(paths) + 3, desc=f"convert {model.id}", unit="step", file=sys.stderr, disable=not progress)
-    files: dict[str, dict[str, Any]] = {}
-    for name, path in paths.items():
-        digest = sha256_of(path, progress=progress)
-        blob = path.resolve().name
-        if re.fullmatch(r"[0-9a-f]{64}", blob) and blob != digest:  # LFS blobs are named by their sha256
-            raise ValueError(f"cached {name} is damaged: sha256 {digest} is not its blob name {blob}; "
-                             f"delete {path.resolve()} and pull again")
-        files[name] = {"sha256": digest, "size": path.stat().st_size}
+    with tqdm(total=len(paths) + 3, desc=f"convert {model.id}", unit="step", file=sys.stderr,
+              disable=not progress) as steps:
+        files: dict[str, dict[str, Any]] = {}
+        for name, path in paths.items():
+            assert path is not None
+            digest = sha256_of(path, progress=progress)
+            blob = path.resolve().name
+            if re.fullmatch(r"[0-9a-f]{64}", blob) and blob != digest:  # LFS blobs are named by their sha256
+                raise ValueError(f"cached {name} is damaged: sha256 {digest} is not its blob name {blob}; "
+                                 f"delete {path.resolve()} and pull again")
+            files[name] = {"sha256": digest, "size": path.stat().st_size}
+            steps.update()
+        commit = paths[model.checkpoint].parent.name  # .../snapshots/<commit>/<file>
+        source = {"repo": model.repo_id, "variant": model.variant, "revision": model.revision, "commit": commit,
+                  "shape": shape.key, "files": files, "hub_id": model.id}
+        if repo_shape is not None:
+            source["shape_file"] = SHAPE_FILE
+
+        from stylevar.checkpoints import load_stylevar, load_vqvae
+        from stylevar.pipeline import StylePipeline
+
+        tokenizer = load_vqvae(paths[VAE_FILE], vq_cfg)
         steps.update()
-    commit = paths[model.checkpoint].parent.name  # .../snapshots/<commit>/<file>
-    source = {"repo": model.repo_id, "variant": model.variant, "revision": model.revision, "commit": commit,
-              "shape": shape.key, "files": files, "hub_id": model.id}
-    if repo_shape is not None:
-        source["shape_file"] = SHAPE_FILE
-
-    vq_cfg, tr_cfg = _configs(shape, repo_shape)
-    from stylevar.checkpoints import load_stylevar, load_vqvae
-    from stylevar.pipeline import StylePipeline
-
-    tokenizer = load_vqvae(paths[VAE_FILE], vq_cfg)
-    steps.update()
-    transformer = load_stylevar(paths[model.checkpoint], tr_cfg, tokenizer)
-    steps.update()
-    pipe = StylePipeline.from_models(transformer, name=Path(model.checkpoint).stem, extra={"source": source})
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
-    try:
-        pipe.save_pretrained(staging, model_card=_model_card(model, source))
-        _install(staging, dest, model, shape)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    steps.update()
-    steps.close()
-    return PullResult(dest, skipped=False)
-
-
-def _install(staging: Path, dest: Path, model: HubModel, shape: Shape) -> None:
-    """Rename the finished folder into place (another process that finished first wins)."""
-    if dest.exists():
-        if _source_matches(dest, model, shape) and not any(staging.iterdir()):
-            return
-        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-        os.replace(dest, old)
-        shutil.rmtree(old, ignore_errors=True)
-    try:
-        os.replace(staging, dest)
-    except OSError:
-        if not _source_matches(dest, model, shape):
-            raise
+        transformer = load_stylevar(paths[model.checkpoint], tr_cfg, tokenizer)
+        steps.update()
+        pipe = StylePipeline.from_models(transformer, name=Path(model.checkpoint).stem, extra={"source": source})
+        staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
+        try:
+            pipe.save_pretrained(staging, model_card=_model_card(model, source))
+            if dest.exists():  # an older pull, or an empty folder: replaced whole
+                old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+                os.replace(dest, old)
+                shutil.rmtree(old, ignore_errors=True)
+            os.replace(staging, dest)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        steps.update()
 
 
 def resolve_model(value: str | os.PathLike | None, *, progress: bool = True) -> Path | None:
