@@ -169,6 +169,7 @@ def _stylize(args: argparse.Namespace) -> int:
     pipe = StylePipeline.from_pretrained(model_dir, device=args.device)
     if pipe.config.demo:
         print(f"using the {pipe.config.label}", file=sys.stderr)
+    print(f"loaded {pipe.summary()}")
     max_side = args.max_size if args.max_size is not None else pipe.config.default_max_side
     out = pipe(content, style, seed=args.seed, resize=args.resize, style_strength=args.style_strength,
                top_k=args.top_k, top_p=args.top_p, max_side=max_side, preserve_color=args.preserve_color)

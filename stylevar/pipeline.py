@@ -205,6 +205,14 @@ class StylePipeline:
     def image_size(self) -> int:
         return self.config.tokenizer.image_size
 
+    def summary(self) -> str:
+        """What is loaded, in one line: ``NAME: 64 px, 6 scales, 1.23 M parameters (transformer, tokenizer)``."""
+        total = sum(p.numel() for p in self.model.parameters())
+        tok = sum(p.numel() for p in self.model.tokenizer.parameters())
+        scales = len(self.config.transformer.patch_nums)
+        return (f"{self.config.label}: {self.image_size} px, {scales} scales, {total / 1e6:.2f} M parameters "
+                f"(transformer {(total - tok) / 1e6:.2f} M, tokenizer {tok / 1e6:.2f} M)")
+
     def to(self, device: str | torch.device) -> "StylePipeline":
         self.model.to(device)
         return self

@@ -295,6 +295,21 @@ def test_run_logs_and_writes_a_merged_model_dir(setup, tmp_path, capsys):
             assert torch.equal(a[k], base[k]), k  # only the adapted linears change
 
 
+def test_time_based_checkpoints(setup, tmp_path, capsys):
+    # an interval far shorter than a step: every step is past it, so every step writes a checkpoint
+    out = tmp_path / "timed"
+    assert grpo.main(_args(setup, out, 3, "--save-every", 100, "--save-every-minutes", 1e-9,
+                           "--keep-checkpoints", 10)) == 0
+    assert [s for s, _ in loop.CheckpointManager(out / "checkpoints", loop.DistEnv(0, 1, 0, torch.device("cpu"))
+                                                 ).paths()] == [1, 2, 3]
+    err = capsys.readouterr().err
+    assert "checkpoint step-00000002.pt; step 2/3 (66%)" in err and "left (ends about" in err
+    # by steps only: the last step
+    out = tmp_path / "steps"
+    assert grpo.main(_args(setup, out, 3, "--save-every", 100, "--save-every-minutes", 0)) == 0
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000003.pt"]
+
+
 def test_runs_on_webdataset_shards(setup, tmp_path, capsys):
     from data_tools.shards import ShardConfig, write_shards
 

@@ -154,7 +154,10 @@ def _toy_data(n=48):
 
 
 def _toy_fit(run_dir, max_steps, total_steps, env=CPU1, global_batch=8, grad_accum=1, progress=False,
-             random_parts=True):
+             random_parts=True, timing: dict | None = None):
+    """``timing``: FitParts/LoopConfig overrides for the checkpoint-schedule tests (clock, to_device,
+    save_every, save_every_minutes, keep_checkpoints)."""
+    timing = dict(timing or {})
     loop.seed_everything(0)
     obj = ToyObjective() if random_parts else ToyObjective(dropout=0.0, noise=0.0)
     model = loop.wrap_ddp(obj, env)
@@ -176,11 +179,12 @@ def _toy_fit(run_dir, max_steps, total_steps, env=CPU1, global_batch=8, grad_acc
 
     parts = FitParts(
         env=env, run=run, objective=model, params=params, optimizer=opt, scheduler=sched,
-        scaler=loop.make_grad_scaler("fp32", env.device), stream=stream, to_device=lambda b: b,
+        scaler=loop.make_grad_scaler("fp32", env.device), stream=stream, to_device=timing.pop("to_device", lambda b: b),
         validate=validate, finalize=finalize, generators={"noise": obj.gen},
+        **({"clock": timing.pop("clock")} if "clock" in timing else {}),
     )
-    cfg = LoopConfig(max_steps=max_steps, save_every=3, val_every=4, log_every=2, keep_checkpoints=2,
-                     max_grad_norm=1.0, grad_accum=grad_accum, progress=progress)
+    cfg = LoopConfig(**{"max_steps": max_steps, "save_every": 3, "val_every": 4, "log_every": 2, "keep_checkpoints": 2,
+                        "max_grad_norm": 1.0, "grad_accum": grad_accum, "progress": progress, **timing})
     loop.fit(parts, cfg)
     return obj
 
@@ -216,6 +220,64 @@ def test_fit_resume_is_bitwise_exact_and_logs(tmp_path):
     again = _toy_fit(tmp_path / "full", 12, 12)
     assert torch.equal(again.net[0].weight, full.net[0].weight)
     assert len(loop.read_log(tmp_path / "full")) == len(full_log)
+
+
+class StepClock:
+    """A clock that moves only when the loop fetches a batch: ``seconds_per_batch`` each time."""
+
+    def __init__(self, seconds_per_batch: float):
+        self.now, self.seconds_per_batch, self.saved_at = 1000.0, seconds_per_batch, {}
+
+    def __call__(self) -> float:
+        return self.now
+
+    def next_batch(self, batch):
+        self.now += self.seconds_per_batch
+        return batch
+
+
+def test_time_based_checkpoints_are_written_within_the_interval(tmp_path, capsys):
+    clock = StepClock(seconds_per_batch=40.0)  # each step "takes" 40 s; checkpoint every 1.5 min = 90 s
+    timing = {"clock": clock, "to_device": clock.next_batch, "save_every": 1000, "save_every_minutes": 1.5,
+              "keep_checkpoints": 100}
+    original = CheckpointManager.save
+
+    def save(self, step, state):  # note the fake time at which each checkpoint is written
+        clock.saved_at[step] = clock.now
+        return original(self, step, state)
+
+    with pytest.MonkeyPatch.context() as mp_:
+        mp_.setattr(CheckpointManager, "save", save)
+        _toy_fit(tmp_path / "timed", 12, 12, timing=timing)
+    # 40 s steps: 120 s >= 90 s after step 3, again after 6 and 9; the last step always
+    assert [s for s, _ in CheckpointManager(tmp_path / "timed" / "checkpoints", CPU1).paths()] == [3, 6, 9, 12]
+    times = [1000.0, *clock.saved_at.values()]
+    assert all(b - a <= 90.0 + 40.0 for a, b in zip(times, times[1:])), "a gap longer than the interval + one step"
+    err = capsys.readouterr().err
+    assert "checkpoint step-00000003.pt; step 3/12 (25%), 0.025 steps/s, about 6 min left" in err
+    assert "trained steps 1-12 in 8 min" in err
+
+    # without the time rule only the step rule and the end write checkpoints
+    clock = StepClock(seconds_per_batch=40.0)
+    _toy_fit(tmp_path / "steps", 12, 12, timing={**timing, "clock": clock, "to_device": clock.next_batch,
+                                                 "save_every": 5, "save_every_minutes": 0.0})
+    assert [s for s, _ in CheckpointManager(tmp_path / "steps" / "checkpoints", CPU1).paths()] == [5, 10, 12]
+
+
+def test_checkpoint_schedule_rules():
+    now = [0.0]
+    schedule = loop.CheckpointSchedule(CPU1, max_steps=10, every_steps=4, every_minutes=1.0, clock=lambda: now[0])
+    now[0] = 59.0
+    assert not schedule.due(1)
+    now[0] = 60.0
+    assert schedule.due(2)
+    schedule.saved()
+    now[0] = 100.0
+    assert schedule.due(4) and not schedule.due(5) and schedule.due(10)
+    with pytest.raises(ValueError, match="save_every_minutes"):
+        loop.CheckpointSchedule(CPU1, max_steps=10, every_steps=4, every_minutes=-1.0)
+    with pytest.raises(ValueError, match="save_every_minutes"):
+        LoopConfig(max_steps=3, save_every_minutes=float("nan"))
 
 
 def _damage(path, how: str) -> bytes:

@@ -182,6 +182,7 @@ def test_cli_max_size_and_upscale_note(tiny_model_dir, inputs, tmp_path, capsys,
     with Image.open(out) as im:
         assert im.size == size
     assert f"wrote {out} ({size[0]}x{size[1]})" in captured.out
+    assert captured.out.startswith("loaded tiny-test: 64 px, 6 scales, ")  # what the command loaded
     if factor is None:
         assert "upscaled" not in captured.err
     else:

@@ -591,6 +591,9 @@ def train(args: argparse.Namespace, grpo_cfg: GRPOConfig, merge_cfg: MergeConfig
                  f"({n_lora / 1e6:.3f}M trainable), world size {env.world_size}, rollouts {precision}")
         step = start
         window: list[dict[str, float]] = []
+        schedule = loop.CheckpointSchedule(env, max_steps=args.max_steps, every_steps=args.save_every,
+                                           every_minutes=args.save_every_minutes)
+        progress = loop.Progress(start, args.max_steps)
         while step < args.max_steps:
             batch = loop.move_to({k: v for k, v in stream.next().items() if k in ("content", "style", "target")},
                                  env.device)
@@ -603,8 +606,15 @@ def train(args: argparse.Namespace, grpo_cfg: GRPOConfig, merge_cfg: MergeConfig
                 log.log(step, _window_record(window))
                 log.advance(step, {"reward": window[-1]["reward_mean"], "kl": window[-1]["kl"]})
                 window = []
-            if step % args.save_every == 0 or step == args.max_steps:
+            if step == start + 1 and step < args.max_steps:  # a first ETA after the first step
+                log.info(progress.line(step))
+            if schedule.due(step):
                 save(step)
+                schedule.saved()
+                if step < args.max_steps:
+                    log.info(f"checkpoint step-{step:08d}.pt; {progress.line(step)}")
+        if step > start:
+            log.info(f"trained steps {start + 1}-{step} in {loop.format_duration(progress.elapsed_s())}")
         if start < args.max_steps or not run.final.exists():
             if env.is_main:
                 _write_final(run, model, base_config, args)

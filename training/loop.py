@@ -929,12 +929,85 @@ def read_log(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------------------------------
+# when to checkpoint, and how long is left
+# --------------------------------------------------------------------------------------------------
+DEFAULT_SAVE_EVERY_MINUTES = 5.0  # the recipes' --save-every-minutes
+
+
+class CheckpointSchedule:
+    """When a recipe writes a checkpoint: every ``every_steps`` steps, once ``every_minutes`` of wall time
+    have passed since the last checkpoint (or since this process started training; 0: never by time),
+    and at ``max_steps``. Call :meth:`due` after each step and :meth:`saved` after writing.
+
+    Rank 0's clock decides the time-based ones and the decision is broadcast, so every rank checkpoints
+    at the same step. ``clock`` (seconds, monotonic) is injectable for tests.
+    """
+
+    def __init__(self, env: DistEnv, *, max_steps: int, every_steps: int, every_minutes: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic):
+        if every_steps < 1:
+            raise ValueError("save_every must be >= 1")
+        if not every_minutes >= 0:
+            raise ValueError(f"save_every_minutes must be >= 0, got {every_minutes}")
+        self.env, self.max_steps, self.every_steps = env, max_steps, every_steps
+        self.every_s, self.clock = every_minutes * 60.0, clock
+        self._last = clock()
+
+    def due(self, step: int) -> bool:
+        if step % self.every_steps == 0 or step >= self.max_steps:
+            return True
+        if self.every_s <= 0:
+            return False
+        late = self.clock() - self._last >= self.every_s
+        if self.env.distributed:
+            flag = broadcast_(torch.tensor([1.0 if late else 0.0], device=self.env.device), self.env)
+            late = bool(flag.item() > 0)
+        return late
+
+    def saved(self) -> None:
+        self._last = self.clock()
+
+
+class Progress:
+    """Steps per second since this process started training, and the time left at that rate."""
+
+    def __init__(self, start_step: int, max_steps: int, clock: Callable[[], float] = time.monotonic):
+        self.start_step, self.max_steps, self.clock = start_step, max_steps, clock
+        self._t0 = clock()
+
+    def elapsed_s(self) -> float:
+        return self.clock() - self._t0
+
+    def line(self, step: int) -> str:
+        """``step 120/600 (20%), 0.71 steps/s, about 11 min left (ends about 14:12)``."""
+        done = step - self.start_step
+        head = f"step {step}/{self.max_steps} ({100 * step // self.max_steps}%)"
+        elapsed = self.elapsed_s()
+        if done <= 0 or elapsed <= 0:
+            return head
+        rate = done / elapsed
+        left_s = (self.max_steps - step) / rate
+        ends = datetime.datetime.now() + datetime.timedelta(seconds=left_s)
+        return f"{head}, {rate:.3g} steps/s, about {format_duration(left_s)} left (ends about {ends:%H:%M})"
+
+
+def format_duration(seconds: float) -> str:
+    """``45 s``, ``12 min``, ``2.5 h``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+# --------------------------------------------------------------------------------------------------
 # the step loop shared by the recipes
 # --------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class LoopConfig:
     max_steps: int
     save_every: int = 500
+    save_every_minutes: float = 0.0  # also checkpoint when this much wall time has passed (0: off)
     val_every: int = 0  # 0: validate only at the end (when a validate hook is given)
     log_every: int = 10
     keep_checkpoints: int = 3
@@ -949,6 +1022,8 @@ class LoopConfig:
             raise ValueError("max_steps must be >= 1")
         if self.save_every < 1:
             raise ValueError("save_every must be >= 1")
+        if not self.save_every_minutes >= 0:
+            raise ValueError("save_every_minutes must be >= 0")
         if self.log_every < 1:
             raise ValueError("log_every must be >= 1")
 
@@ -975,6 +1050,7 @@ class FitParts:
     load_extra_state: Callable[[Mapping[str, Any]], None] | None = None
     on_start: Callable[["RunLogger", int], None] | None = None  # logger, start step
     last_value_keys: Sequence[str] = ()  # metrics logged as their value at the logged step, not a window mean
+    clock: Callable[[], float] = time.monotonic  # seconds; time-based checkpoints and the ETA (tests inject one)
 
 
 def _mean_metrics(acc: list[Mapping[str, float]]) -> dict[str, float]:
@@ -985,8 +1061,9 @@ def _mean_metrics(acc: list[Mapping[str, float]]) -> dict[str, float]:
 def fit(parts: FitParts, cfg: LoopConfig) -> int:
     """Train from the newest checkpoint in RUN (or from scratch) to ``cfg.max_steps``.
 
-    Returns the final step. Every ``save_every`` steps and at the end a checkpoint is written; at the
-    end ``finalize(RUN/final)`` runs on rank 0 (written to a temp folder, then renamed into place).
+    Returns the final step. A checkpoint is written every ``save_every`` steps, once ``save_every_minutes``
+    have passed since the last one, and at the end (see :class:`CheckpointSchedule`); each one prints the
+    time left. At the end ``finalize(RUN/final)`` runs on rank 0 (written to a temp folder, then renamed).
     The logged ``loss`` is the mean over ranks and micro-steps of the objective's loss.
     """
     env, run = parts.env, parts.run
@@ -1010,6 +1087,9 @@ def fit(parts: FitParts, cfg: LoopConfig) -> int:
         step = start
         window: list[Mapping[str, float]] = []
         t0 = time.perf_counter()
+        schedule = CheckpointSchedule(env, max_steps=cfg.max_steps, every_steps=cfg.save_every,
+                                      every_minutes=cfg.save_every_minutes, clock=parts.clock)
+        progress = Progress(start, cfg.max_steps, clock=parts.clock)
         while step < cfg.max_steps:
             micro: list[dict[str, float]] = []
             for k in range(cfg.grad_accum):
@@ -1049,12 +1129,19 @@ def fit(parts: FitParts, cfg: LoopConfig) -> int:
                 record.update({"epoch": round(parts.stream.epoch_progress, 4), "steps_per_s": len(window) / dt})
                 log.log(step, record)
                 log.advance(step, {"loss": record["loss"], "lr": lr})
+                if step - start <= cfg.log_every and step < cfg.max_steps:  # the first window: a first ETA
+                    log.info(progress.line(step))
                 window, t0 = [], time.perf_counter()
             if parts.validate is not None and cfg.val_every and step % cfg.val_every == 0 and step != cfg.max_steps:
                 log.log(step, dict(parts.validate(step)), prefix="val")
                 parts.objective.train()
-            if step % cfg.save_every == 0 or step == cfg.max_steps:
-                ckpts.save(step, resumable.state_dict(step, parts.extra_state() if parts.extra_state else None))
+            if schedule.due(step):
+                path = ckpts.save(step, resumable.state_dict(step, parts.extra_state() if parts.extra_state else None))
+                schedule.saved()
+                if step < cfg.max_steps and path is not None:
+                    log.info(f"checkpoint {path.name}; {progress.line(step)}")
+        if step > start:
+            log.info(f"trained steps {start + 1}-{step} in {format_duration(progress.elapsed_s())}")
         if parts.validate is not None and step > start:
             log.log(step, dict(parts.validate(step)), prefix="val")
         if parts.finalize is not None and (start < cfg.max_steps or not run.final.exists()):
@@ -1078,8 +1165,8 @@ def fit(parts: FitParts, cfg: LoopConfig) -> int:
 # command-line options every recipe shares
 # --------------------------------------------------------------------------------------------------
 # options that may change when a run is resumed (they do not change what is computed)
-FREE_KEYS = ("out", "save_every", "keep_checkpoints", "log_every", "num_workers", "no_progress", "device",
-             "val_every", "val_batch_size", "val_max_batches")
+FREE_KEYS = ("out", "save_every", "save_every_minutes", "keep_checkpoints", "log_every", "num_workers", "no_progress",
+             "device", "val_every", "val_batch_size", "val_max_batches")
 
 
 def add_loop_args(parser, *, lr: float, batch_size: int, max_grad_norm: float = 2.0) -> None:
@@ -1095,6 +1182,8 @@ def add_loop_args(parser, *, lr: float, batch_size: int, max_grad_norm: float = 
     g.add_argument("--weight-decay", type=float, default=0.05)
     g.add_argument("--max-grad-norm", type=float, default=max_grad_norm, help="0 disables clipping")
     g.add_argument("--save-every", type=int, default=500, help="checkpoint every N steps (and at the end)")
+    g.add_argument("--save-every-minutes", type=float, default=DEFAULT_SAVE_EVERY_MINUTES, metavar="M",
+                   help="also checkpoint once M minutes have passed since the last checkpoint (0: only by steps)")
     g.add_argument("--keep-checkpoints", type=int, default=3)
     g.add_argument("--log-every", type=int, default=10)
     g.add_argument("--val-every", type=int, default=0, help="validate every N steps (0: only at the end)")
@@ -1109,6 +1198,7 @@ def loop_config(args, precision: str) -> LoopConfig:
     return LoopConfig(
         max_steps=args.max_steps,
         save_every=args.save_every,
+        save_every_minutes=args.save_every_minutes,
         val_every=args.val_every,
         log_every=args.log_every,
         keep_checkpoints=args.keep_checkpoints,
