@@ -179,9 +179,9 @@ def cached_path(f: HubFile) -> Path | None:
 def _cached_absent(f: HubFile) -> bool:
     """True when the cache knows that the file does not exist in the repository at that revision."""
     from huggingface_hub import try_to_load_from_cache
-    from huggingface_hub.file_download import _CACHED_NO_EXIST
 
-    return try_to_load_from_cache(f.repo_id, f.filename, cache_dir=cache_dir(), revision=f.revision) is _CACHED_NO_EXIST
+    found = try_to_load_from_cache(f.repo_id, f.filename, cache_dir=cache_dir(), revision=f.revision)
+    return found is not None and not isinstance(found, str)  # the documented "cached as absent" marker
 
 
 def pull_command(model: HubModel, shape: Shape | None = None) -> str:
