@@ -21,7 +21,8 @@ def reference_dir() -> Path:
     try:
         return reference.reference_dir()
     except FileNotFoundError as e:
-        pytest.fail(str(e), pytrace=False)
+        message = str(e)
+    pytest.fail(message, pytrace=False)
 
 
 @pytest.fixture(scope="session")
