@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import stylevar
 from stylevar.images import ImageError, fit_of, tensor_to_pil, unfit
 from stylevar.pipeline import check_model_dir
-from stylevar.postprocess import OutputOptions, finish, sample_seeds
+from stylevar.postprocess import OutputOptions, finish, os_random_seed, sample_seeds
 
 from . import imaging
 from .access import FailureLimiter, KeyRing, LoginAttemptLimit, client_of, too_many_attempts
@@ -423,7 +423,7 @@ def _add_routes(app: FastAPI, state: ServiceState) -> None:
                     images.append(await state.decoder.decode(data, max_side=max_side))
                 except ImageError as e:
                     raise ServiceError(IMAGE_ERROR_STATUS.get(e.code, 422), e.code, f"{name}: {e}") from e
-            seeds = sample_seeds(form.seed, form.num_samples)
+            seeds = sample_seeds(form.seed if form.seed is not None else os_random_seed(), form.num_samples)
             key = GenerationKey(form.top_k, form.top_p, form.style_strength, alphas, form.resize)
             task = StylizeTask(images[0], images[1], seeds, on_preview)
             try:

@@ -7,6 +7,7 @@ what ``POST /stylize`` returns for the same inputs, seed and options.
 """
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,6 +46,12 @@ def sample_seeds(seed: int | None, num_samples: int) -> list[int]:
     if not 0 <= seed <= MAX_SEED:
         raise ValueError(f"seed must be in [0, {MAX_SEED}], got {seed}")
     return [seed + i for i in range(num_samples)]
+
+
+def os_random_seed() -> int:
+    """A seed from the operating system's randomness: what the service draws for a request without one (torch's
+    global generator starts from the same seed in every process, so replicas would repeat each other)."""
+    return secrets.randbelow(MAX_SEED + 1)
 
 
 def default_max_side(model_side: int) -> int:

@@ -17,6 +17,7 @@ from serve.app import ServiceError, negotiate
 from serve.testing import ServerProcess
 from stylevar import cli
 from stylevar.pipeline import StylePipeline
+from stylevar.postprocess import os_random_seed, sample_seeds
 
 
 def png(img: Image.Image) -> bytes:
@@ -103,6 +104,21 @@ def test_python_api_output_size_limit(pipe):
     assert [im.size for im in pipe(big, STYLE, seed=0, num_samples=2, max_side=64, resize="crop")] == [(64, 64)] * 2
     with pytest.raises(ValueError, match="max_side"):
         pipe(big, STYLE, seed=0, max_side=0)
+
+
+def test_seeds_without_a_seed():
+    # the library follows torch's global generator (repeatable with torch.manual_seed) ...
+    torch.manual_seed(5)
+    first = sample_seeds(None, 3)
+    torch.manual_seed(5)
+    assert sample_seeds(None, 3) == first and first[1:] == [first[0] + 1, first[0] + 2]
+    # ... while the service draws from the OS: torch's generator starts alike in every replica
+    torch.manual_seed(5)
+    a = os_random_seed()
+    torch.manual_seed(5)
+    assert os_random_seed() != a  # equal with probability 2**-32
+    with pytest.raises(ValueError, match="num_samples"):
+        sample_seeds(0, 0)
 
 
 # ---- the response format rule ----------------------------------------------------------------------------
