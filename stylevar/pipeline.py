@@ -19,6 +19,7 @@ from stylevar.checkpoints import load_safetensors, load_stylevar, load_vqvae, sa
 from stylevar.config import StyleVARConfig, VQVAEConfig, presets
 from stylevar.images import Fit, ResizeMode, fit_square, pil_to_tensor, tensor_to_pil, to_rgb, unfit
 from stylevar.postprocess import OutputOptions, default_max_side, finish, sample_seeds
+from stylevar.refine import Refinement, refine
 from stylevar.tokenizer import MultiScaleVQVAE
 from stylevar.transformer import StyleBlend, StyleVAR
 
@@ -111,6 +112,8 @@ class PipelineConfig:
     # the model's recommended sampling settings (e.g. {"top_k": 64, "top_p": 0.9}); a caller's explicit
     # value wins, and without either `generate`'s own defaults (top-k 900, top-p 0.96) apply
     generation: dict[str, Any] = field(default_factory=dict)
+    # content-guided refinement of the output (stylevar.refine); off unless the model directory asks for it
+    refine: Refinement = field(default_factory=Refinement)
     extra: dict[str, Any] = field(default_factory=dict)  # provenance: training settings, dates, metrics
 
     @property
@@ -125,7 +128,8 @@ class PipelineConfig:
     def to_dict(self) -> dict[str, Any]:
         return {"format": "stylevar", "format_version": FORMAT_VERSION, "name": self.name, "demo": self.demo,
                 "tokenizer": self.tokenizer.to_dict(), "transformer": self.transformer.to_dict(),
-                "generation": self.generation, "extra": self.extra}
+                "generation": self.generation, **({"refine": self.refine.to_dict()} if self.refine.enabled else {}),
+                "extra": self.extra}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PipelineConfig":
@@ -133,7 +137,8 @@ class PipelineConfig:
             raise ValueError("config.json is not a StyleVAR model config (missing \"format\": \"stylevar\")")
         return cls(VQVAEConfig.from_dict(d["tokenizer"]), StyleVARConfig.from_dict(d["transformer"]),
                    name=d.get("name", "stylevar"), demo=bool(d.get("demo", False)),
-                   generation=dict(d.get("generation", {})), extra=d.get("extra", {}))
+                   generation=dict(d.get("generation", {})), refine=Refinement.from_dict(d.get("refine")),
+                   extra=d.get("extra", {}))
 
     @classmethod
     def from_dir(cls, model_dir: str | os.PathLike) -> "PipelineConfig":
@@ -279,6 +284,7 @@ class StylePipeline:
         content, fits = self.preprocess(contents, resize)
         style = self.style_input(contents, [StyleMix.of(s) for s in styles], resize)
         out = self.model.generate(content, style, seed=seeds, on_scale=on_scale, **self.generation_kwargs(**gen_kwargs))
+        out = refine(out, content.add(1).mul(0.5), self.config.refine)  # (B, 3, S, S) in [0, 1]
         return [unfit(tensor_to_pil(img), fit, max_side) for img, fit in zip(out, fits)]
 
     def generation_kwargs(self, **gen_kwargs) -> dict[str, Any]:

@@ -5,7 +5,8 @@
 
 The recommended sampling settings (top-k, top-p) are chosen first, on training triplets: the best SSIM
 to the target among the candidates whose samples still differ from seed to seed (`MIN_SEED_SPREAD`),
-and stored in config.json. Evaluation: held-out synthetic triplets drawn from a synthesis seed the recipe
+and stored in config.json; then, on the same triplets, the content-guided refinement (`stylevar.refine`:
+its radius and eps, or none) with the best SSIM to the target. Evaluation: held-out synthetic triplets drawn from a synthesis seed the recipe
 never trains on (`HELDOUT_SEED`), and real photographs (`stylevar/assets/photos`) with synthetic styles;
 methods: the model, copy-content (the content image itself) and Reinhard colour transfer; metrics: edge
 correlation with the content (`stylevar.metrics.structure`, at the model's resolution), SSIM to the target
@@ -35,12 +36,14 @@ from stylevar.images import load_image, pil_to_tensor
 from stylevar.manifest import read_manifest
 from stylevar.metrics.structure import edge_correlation
 from stylevar.pipeline import DEMO_LABEL, StylePipeline
+from stylevar.refine import Refinement, refine
 
 BASE_METRICS = ("ssim", "ssim_standard")
 OPTIONAL_METRICS = ("lpips", "dreamsim", "clip")
 HELDOUT_SEED = 424242  # synthesis seed of the held-out pairs: the recipe's data uses seed 0
 PHOTOS = Path(__file__).resolve().parents[1] / "stylevar" / "assets" / "photos"
 PHOTO_NAMES = ("astronaut", "coffee", "chelsea", "rocket")
+RAW_ROW = "model, refinement off"  # the evaluation row of the transformer's output without `stylevar.refine`
 MIN_SEED_SPREAD = 0.01  # mean |pixel difference| between two seeds' outputs, [0, 1] scale
 
 
@@ -117,6 +120,36 @@ def choose_sampling(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0)
     return dict(SAMPLING_CANDIDATES[best]), scores
 
 
+# radius at most 4 px at 64 px (a window of 9 x 9, 1/7 of the image side), so the refinement stays local
+REFINE_CANDIDATES = (Refinement(),) + tuple(Refinement(r, eps) for r in (1, 2, 3, 4) for eps in (1e-3, 1e-2))
+
+
+def choose_refinement(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0
+                      ) -> tuple[Refinement, dict[str, dict]]:
+    """The refinement candidate (`REFINE_CANDIDATES`, "off" included) with the best SSIM to the target on
+    `triplets` (training ones, like the sampling settings), and every candidate's SSIM and edge
+    correlation. One model call (the pipeline's own refinement must be off): the candidates filter the
+    same outputs."""
+    from stylevar.metrics import compute
+
+    if pipe.config.refine.enabled:
+        raise ValueError("choose_refinement needs the transformer's own outputs: turn the pipeline's refinement off")
+    size = pipe.image_size
+    raw = image_batch(generate(pipe, triplets, seed)[0], size)
+    content, target = (image_batch([getattr(t, k) for t in triplets], size) for k in ("content", "target"))
+    scores = {}
+    for cand in REFINE_CANDIDATES:
+        out = refine(raw, content, cand)
+        scores[refinement_label(cand)] = {"ssim": float(compute("ssim", out, content, target, target).mean()),
+                                          "edge_corr": float(edge_correlation(out, content).mean())}
+    best = max(range(len(REFINE_CANDIDATES)), key=lambda i: list(scores.values())[i]["ssim"])
+    return REFINE_CANDIDATES[best], scores
+
+
+def refinement_label(cfg: Refinement) -> str:
+    return f"radius {cfg.radius}, eps {cfg.eps:g}" if cfg.enabled else "off"
+
+
 def generate(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0, batch_size: int = 16) -> tuple[list, float]:
     """The model's outputs for `triplets` (seed + index each) and the seconds per image."""
     images: list = []
@@ -167,12 +200,18 @@ def evaluate(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0, suite=
 
 
 def sample_grid(pipe: StylePipeline, triplets: list[Triplet], path: Path, seed: int = 0, cell: int = 64) -> Path:
-    """A picture grid, one row per triplet: content, style, target (if any), the model with two seeds, Reinhard."""
-    a = pipe.stylize_batch([t.content for t in triplets], [t.style for t in triplets], seeds=[seed] * len(triplets))
-    b = pipe.stylize_batch([t.content for t in triplets], [t.style for t in triplets], seeds=[seed + 1] * len(triplets))
-    grid = Image.new("RGB", (6 * cell, len(triplets) * cell), "white")
+    """A picture grid, one row per triplet: content, style, target (if any), the model with two seeds, the
+    model without its refinement (seed 0, when it has one), Reinhard."""
+    contents, styles = [t.content for t in triplets], [t.style for t in triplets]
+    columns = [pipe.stylize_batch(contents, styles, seeds=[seed + k] * len(triplets)) for k in (0, 1)]
+    chosen = pipe.config.refine
+    if chosen.enabled:
+        pipe.config.refine = Refinement()
+        columns.append(pipe.stylize_batch(contents, styles, seeds=[seed] * len(triplets)))
+        pipe.config.refine = chosen
+    grid = Image.new("RGB", ((4 + len(columns)) * cell, len(triplets) * cell), "white")
     for r, t in enumerate(triplets):
-        row = [t.content, t.style, t.target, a[r], b[r], reinhard_transfer(t.content, t.style)]
+        row = [t.content, t.style, t.target, *(col[r] for col in columns), reinhard_transfer(t.content, t.style)]
         for c, im in enumerate(row):
             if im is not None:
                 grid.paste(im.convert("RGB").resize((cell, cell), Image.BILINEAR), (c * cell, r * cell))
@@ -208,6 +247,7 @@ class Report:
     photos: dict[str, dict]  # method -> metrics, real photographs (no target)
     n: int
     sampling: dict  # {"n": calibration triplets, "scores": candidate -> {"ssim", "seed_spread"}}
+    refinement: dict  # {"scores": candidate -> {"ssim", "edge_corr"}}
     timings: dict
     dtype: str
     experiments: str = ""  # markdown from benchmarks/fidelity.py, if given
@@ -222,6 +262,17 @@ def model_card(pipe: StylePipeline, r: Report) -> str:
     injection = ("content injection on (`content_injection`: the content's tokens are also added to the target's "
                  "inputs through a zero-initialised linear map; an opt-in variant, not the published architecture)"
                  if tr.content_injection else "published architecture")
+    ref = pipe.config.refine
+    raw = syn.get(RAW_ROW)
+    refined = (f"with the content-guided refinement; the transformer's own output reaches {raw['edge_corr']:.2f}, "
+               "bounded by its tokenizer: Experiments, below" if ref.enabled and raw else
+               "its ceilings: Experiments, below")
+    refinement_row = (f"guided filter with the content as the guide (`stylevar.refine`), radius {ref.radius} px, "
+                      f"eps {ref.eps:g}: the content's edges put back into the output, colours unchanged"
+                      if ref.enabled else "none")
+    raw_column = ", the model without its refinement (seed 0)" if ref.enabled else ""
+    refine_rows = "\n".join(f"| {k} | {v['ssim']:.4f} | {v['edge_corr']:.4f} |"
+                             for k, v in r.refinement.get("scores", {}).items())
     experiments = f"""
 ## Experiments behind this model
 {r.experiments.strip()}
@@ -234,17 +285,17 @@ trained by this repository's own recipes, on procedural images the project gener
 with no downloads. It is not the published StyleVAR model and it does not know real photographs or
 paintings.
 
-![content, style, target, the model with seeds 0 and 1, Reinhard](samples.png)
+![content, style, target, the model with seeds 0 and 1{raw_column}, Reinhard](samples.png)
 
 *Rows: six held-out synthetic pairs, then four real photographs (no target). Columns: content, style,
-target, the model (seed 0), the model (seed 1), Reinhard colour transfer.*
+target, the model (seed 0), the model (seed 1){raw_column}, Reinhard colour transfer.*
 
 ## What it learned
 The synthetic target rule (see `data_tools/synth.py`): the content's luminance, equalised, is recoloured
 through the style's palette as a continuous ramp (dark to light) and shaded by the style's texture, so
 the target keeps every shape and edge of the content and takes the style's colours and pattern. On
 held-out pairs the model keeps the content's layout to an edge correlation of {syn["model"]["edge_corr"]:.2f}
-(its ceilings: Experiments, below) and reaches an SSIM
+({refined}) and reaches an SSIM
 to the target of {syn["model"]["ssim"]:.3f} (Reinhard {syn["reinhard"]["ssim"]:.3f}, copy-content
 {syn["copy-content"]["ssim"]:.3f}), but it has learned the style's palette only in part: its mean colour is
 {syn["model"]["colour_dist_to_style"]:.3f} from the style's (copy-content {syn["copy-content"]["colour_dist_to_style"]:.3f},
@@ -254,7 +305,8 @@ Reinhard {syn["reinhard"]["colour_dist_to_style"]:.3f}), and outputs are soft.
 Real photographs and artworks are far outside its training data: it keeps their main shapes (edge
 correlation {r.photos["model"]["edge_corr"]:.2f}) but little of their detail. It works at {vq.image_size} x {vq.image_size}
 pixels; larger inputs are resized to that and the result is scaled back up (docs/training.md, "The demo
-model", says why). For real style transfer, convert the published checkpoints with `stylevar convert`.
+model", says why). For real style transfer, use the published model: `stylevar pull`, then
+`--model hf:Senfier-LiqiJing/StyleVAR` (README, "Use the published model").
 
 ## Model
 | | |
@@ -262,6 +314,7 @@ model", says why). For real style transfer, convert the published checkpoints wi
 | tokenizer | multi-scale VQ-VAE, {vq.image_size} px, {vq.image_size // vq.downsample} x {vq.image_size // vq.downsample} latent, scales {list(vq.patch_nums)}, codebook {vq.vocab_size} x {vq.z_channels}, ch {vq.ch} x {list(vq.ch_mult)} |
 | transformer | depth {tr.depth}, width {tr.embed_dim}, {tr.num_heads} heads, {tr.image_encoder} image encoders, alphas {list(tr.alpha_nums)} |
 | variant | {injection} |
+| refinement | {refinement_row} |
 | parameters | {params / 1e6:.2f} M (tokenizer included) |
 | stored as | safetensors, {r.dtype} |
 | recommended sampling | top-k {pipe.config.generation.get("top_k")}, top-p {pipe.config.generation.get("top_p")} (config.json `generation`; callers may override) |
@@ -292,6 +345,14 @@ different seeds give visibly different results):
 | candidate | ssim | seed spread |
 | --- | --- | --- |
 {sampling_rows}
+
+The refinement was chosen the same way, after the sampling settings, on the same training triplets: the
+best SSIM to the target among these candidates (the row "{RAW_ROW}" in the tables above is the
+transformer's output without it):
+
+| candidate | ssim | edge correlation |
+| --- | --- | --- |
+{refine_rows}
 {experiments}
 ## Training
 Recipe: `scripts/train_demo_model.sh` (seed {r.timings.get('seed', 0)}); it reproduces this model from scratch.
@@ -321,9 +382,18 @@ def main(argv: list[str] | None = None) -> int:
     calibration = load_triplets(args.data, 32, split="train")
     pipe.config.generation, scores = choose_sampling(pipe, calibration, args.seed)
     print(f"sampling: {pipe.config.generation} ({scores})")
+    pipe.config.refine = Refinement()  # off until chosen: choose_refinement filters the raw outputs
+    chosen, refine_scores = choose_refinement(pipe, calibration, args.seed)
+    print(f"refinement: {refinement_label(chosen)} ({refine_scores})")
     triplets, photos = heldout_triplets(args.n, pipe.image_size), photo_triplets(pipe.image_size)
-    table = evaluate(pipe, triplets, args.seed, suite=make_suite())
+    suite = make_suite()
+    raw = {"synthetic": evaluate_model(pipe, triplets, args.seed, suite), "photos": evaluate_model(pipe, photos, args.seed)}
+    pipe.config.refine = chosen
+    table = evaluate(pipe, triplets, args.seed, suite=suite)
     photo_table = evaluate(pipe, photos, args.seed)
+    if chosen.enabled:  # the transformer's own output next to the shipped (refined) one
+        table, photo_table = ({"model": t["model"], RAW_ROW: raw[k], **{m: v for m, v in t.items() if m != "model"}}
+                              for t, k in ((table, "synthetic"), (photo_table, "photos")))
 
     # float16 storage if it keeps the evaluation (same seeds) within 0.002 SSIM
     with tempfile.TemporaryDirectory() as tmp:
@@ -336,11 +406,12 @@ def main(argv: list[str] | None = None) -> int:
     pipe.config.demo = True
     pipe.config.name = "stylevar-demo"
     sampling = {"n": len(calibration), "scores": scores}
+    refinement = {"n": len(calibration), "scores": refine_scores}
     pipe.config.extra = {"evaluation": table, "evaluation_photos": photo_table, "n_eval": len(triplets),
                          "heldout_seed": HELDOUT_SEED, "fp16_ssim": half_ssim, "sampling_selection": sampling,
-                         "training": timings}
-    report = Report(table, photo_table, len(triplets), sampling, timings, "float16" if use_fp16 else "float32",
-                    args.experiments.read_text() if args.experiments else "")
+                         "refinement_selection": refinement, "training": timings}
+    report = Report(table, photo_table, len(triplets), sampling, refinement, timings,
+                    "float16" if use_fp16 else "float32", args.experiments.read_text() if args.experiments else "")
     pipe.save_pretrained(args.out, dtype=torch.float16 if use_fp16 else None, model_card=model_card(pipe, report))
     sample_grid(pipe, triplets[:6] + photos, args.out / "samples.png", args.seed)
     print(table_markdown(table))
