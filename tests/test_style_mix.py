@@ -210,3 +210,18 @@ def test_pipeline_batches_masked_and_unmasked_rows(pipe):
 def test_pipeline_refuses_bad_mixes(pipe, kwargs, message):
     with pytest.raises(ValueError, match=message):
         pipe(C_IMG, **kwargs)
+
+
+def test_masked_out_everywhere_is_the_model_without_the_style(model):
+    """Where no style applies, the attention and AdaLN are those of the content as its own style."""
+    idx = model.tokenizer.encode_indices(CONTENT)
+    off = StyleBlend([STYLE_A, STYLE_B], masks_BSHW=torch.zeros(2, 2, 32, 32))
+    with torch.no_grad():
+        masked = model.teacher_forcing_logits(CONTENT, off, idx)
+        unstyled = model.teacher_forcing_logits(CONTENT, CONTENT, idx)
+        styled = model.teacher_forcing_logits(CONTENT, STYLE_A, idx)
+    torch.testing.assert_close(masked, unstyled, atol=1e-4, rtol=0)
+    assert (styled - unstyled).abs().max() > 1e-2  # the style does reach the logits of this model
+    cond = model.condition(CONTENT, StyleBlend([STYLE_A], masks_BSHW=left_half(2)))
+    assert cond.adaln_BLD is not None and cond.adaln_BLD.shape == (2, model.cfg.num_tokens, cond.cond_BD.shape[1])
+    assert model.condition(CONTENT, StyleBlend([STYLE_A], masks_BSHW=torch.ones(2, 1, 8, 8))).adaln_BLD is None

@@ -17,7 +17,9 @@ Beyond the paper (all off by default, where the computation is the published one
            shares come from the weights and the masks (area-resized to each scale's grid):
            share_s = w_s m_s / sum_j w_j m_j, coverage = min(1, sum of m_s over the styles of weight > 0)
            (regions painted for different styles cover a coarse token between them; overlapping ones do
-           not stack past 1). The AdaLN embedding is the weight-blend of the styles'.
+           not stack past 1). The AdaLN embedding is the weight-blend of the styles'; with masks it is
+           blended per token: sum_s beta_s(t)/alpha_k * e_s + (1 - coverage(t)) * e_unstyled, so that where
+           no style applies the model is conditioned as "without the style" (below) throughout.
   guidance g      logits + g * coverage * (logits - logits without the style), where "without the
            style" is the same model given the content image as its style: every query stream is then
            the content's (the blend drops out) and AdaLN takes the content's style embedding. Training
@@ -63,7 +65,10 @@ class Block(nn.Module):
         self.ada_lin = nn.Sequential(nn.SiLU(), nn.Linear(C, 6 * C))
 
     def modulation(self, cond_BD: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """AdaLN (g1, g2, s1, s2, b1, b2), each (B, 1, C); constant over a generation, so computed once."""
+        """AdaLN (g1, g2, s1, s2, b1, b2), each (B, 1, C); constant over a generation, so computed once.
+        A per-token condition (B, L, D) (masked style blends) gives them per token, (B, L, C)."""
+        if cond_BD.ndim == 3:
+            return self.ada_lin(cond_BD).unflatten(-1, (6, self.dim)).unbind(2)
         return self.ada_lin(cond_BD).view(-1, 1, 6, self.dim).unbind(2)
 
     def forward(
@@ -92,6 +97,8 @@ class AdaLNHead(nn.Module):
         self.ada_lin = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
 
     def modulation(self, cond_BD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if cond_BD.ndim == 3:  # per token
+            return self.ada_lin(cond_BD).unflatten(-1, (2, self.dim)).unbind(2)
         return self.ada_lin(cond_BD).view(-1, 1, 2, self.dim).unbind(2)
 
     def forward(self, x_BLC: torch.Tensor, mod: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -169,6 +176,13 @@ class Condition:
     shares_BSL: torch.Tensor | None = None
     # the content image through the style encoder: AdaLN input of the pass without the style (guidance)
     unstyled_BD: torch.Tensor | None = None
+    # AdaLN input per token (masked blends: the styles' embeddings by share, the unstyled one for the rest);
+    # None: cond_BD at every token
+    adaln_BLD: torch.Tensor | None = None
+
+    def adaln(self) -> torch.Tensor:
+        """The AdaLN input: (B, D), or (B, L, D) per token."""
+        return self.cond_BD if self.adaln_BLD is None else self.adaln_BLD
 
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "Condition":
         fields = (getattr(self, f.name) for f in dataclasses.fields(self))  # not astuple: it deep-copies tensors
@@ -190,8 +204,9 @@ class Condition:
         if self.unstyled_BD is None:
             raise ValueError("this condition was made without unstyled=True: it cannot give the unstyled pass")
         streams = self.content_ln_BLC.unsqueeze(1).expand_as(self.style_ln_BSLC)
+        per_token = None if self.adaln_BLD is None else self.unstyled_BD.unsqueeze(1).expand_as(self.adaln_BLD)
         return Condition(self.unstyled_BD, self.sos_B1C, streams, self.content_ln_BLC, self.inject_BLC,
-                         self.shares_BSL, self.unstyled_BD)
+                         self.shares_BSL, self.unstyled_BD, per_token)
 
     def cat(self, other: "Condition") -> "Condition":
         """Rows of ``self`` then rows of ``other`` (the same fields set)."""
@@ -330,15 +345,25 @@ class StyleVAR(nn.Module):
         style_ln_BSLC = style_ln.unflatten(0, (S, B)).transpose(0, 1)
         content_ln = F.layer_norm(self.word_embed(content_tok) + lvl_pos, (C,), eps=eps)
         cond_BD = self.feat_emb(pooled(self.style_encoder, style_all))
-        shares = None
+        shares = adaln_BLD = None
+        per_token = False
         if blend is not None:
-            w_BS1 = blend.normalised_weights().to(cond_BD.dtype).unsqueeze(2)
-            cond_BD = (w_BS1 * cond_BD.unflatten(0, (S, B)).transpose(0, 1)).sum(1)
+            cond_BSD = cond_BD.unflatten(0, (S, B)).transpose(0, 1)
+            cond_BD = (blend.normalised_weights().to(cond_BD.dtype).unsqueeze(2) * cond_BSD).sum(1)
             shares = blend.shares(self.cfg.patch_nums)
+            # the same mix at every token, every token fully styled (no mask, or white ones): one AdaLN input
+            per_token = blend.masks_BSHW is not None and not (
+                bool((shares == shares[:, :, :1]).all()) and bool((shares.sum(1) == 1).all()))
         sos = self.feat_emb(pooled(self.content_encoder, content)).unsqueeze(1) + self.pos_start
         inject = self.content_in(content_ln) if self.content_in is not None else None
         unstyled_BD = self.feat_emb(pooled(self.style_encoder, content)) if unstyled else None
-        return Condition(cond_BD, sos, style_ln_BSLC, content_ln, inject, shares, unstyled_BD)
+        if per_token:
+            if unstyled_BD is None:
+                unstyled_BD = self.feat_emb(pooled(self.style_encoder, content))
+            sh_BSL = shares.to(cond_BSD.dtype)
+            adaln_BLD = (torch.einsum("bsl,bsd->bld", sh_BSL, cond_BSD)
+                         + (1 - sh_BSL.sum(1)).unsqueeze(2) * unstyled_BD.unsqueeze(1))
+        return Condition(cond_BD, sos, style_ln_BSLC, content_ln, inject, shares, unstyled_BD, adaln_BLD)
 
     def stream_alphas(self, cond: Condition, alpha_K: torch.Tensor) -> torch.Tensor:
         """Blend coefficient of every style stream at every token: (1, 1, L, 1) for one style without a
@@ -381,12 +406,12 @@ class StyleVAR(nn.Module):
             alpha_BSL1 = self.stream_alphas(cond, self.blend_alphas(alphas, style_strength))
             mask = self.stream_mask(cond.num_styles)
             for blk in self.blocks:
-                args = (x, blk.modulation(cond.cond_BD), cond.style_ln_BSLC, cond.content_ln_BLC, alpha_BSL1, mask)
+                args = (x, blk.modulation(cond.adaln()), cond.style_ln_BSLC, cond.content_ln_BLC, alpha_BSL1, mask)
                 if self.activation_checkpointing and torch.is_grad_enabled():
                     x = torch.utils.checkpoint.checkpoint(blk, *args, use_reentrant=False)
                 else:
                     x = blk(*args)
-            return self.logits(x, self.head_nm.modulation(cond.cond_BD))
+            return self.logits(x, self.head_nm.modulation(cond.adaln()))
 
     # ---- generation ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -453,8 +478,9 @@ class StyleVAR(nn.Module):
         dtype = lvl_pos.dtype if self.autocast_dtype is None else self.autocast_dtype
         caches = [KVCache(R, self.cfg.num_heads, self.cfg.num_tokens, self.cfg.head_dim, device, dtype)
                   for _ in self.blocks]
-        mods = [blk.modulation(run.cond_BD) for blk in self.blocks]
-        head_mod = self.head_nm.modulation(run.cond_BD)
+        mods = [blk.modulation(run.adaln()) for blk in self.blocks]
+        head_mod = self.head_nm.modulation(run.adaln())
+        per_token = run.adaln_BLD is not None  # modulations (R, L, C): each scale takes its tokens' rows
         alpha_RSL1 = None if run.shares_BSL is None else self.stream_alphas(run, alpha_K)
         f_hat = torch.zeros(B, self.cfg.z_channels, n, n, device=device)
         x = run.target_inputs(run.sos_B1C.expand(R, -1, -1) + lvl_pos[:, : patch_nums[0] ** 2], 0, patch_nums[0] ** 2)
@@ -464,9 +490,11 @@ class StyleVAR(nn.Module):
             alpha = (alpha_K[k].expand(R, S, pn * pn, 1) if alpha_RSL1 is None
                      else alpha_RSL1[:, :, start:end])
             for blk, mod, cache in zip(self.blocks, mods, caches):
+                if per_token:
+                    mod = tuple(m[:, start:end] for m in mod)
                 x = blk(x, mod, run.style_ln_BSLC[:, :, start:end], run.content_ln_BLC[:, start:end], alpha, None,
                         cache)
-            logits_RlV = self.logits(x, head_mod)
+            logits_RlV = self.logits(x, tuple(m[:, start:end] for m in head_mod) if per_token else head_mod)
             if guided:
                 styled_BlV, plain_BlV = logits_RlV.chunk(2)
                 g_Bl1 = guidance * coverage_BL[:, start:end, None].to(styled_BlV.dtype)

@@ -64,8 +64,8 @@ def naive_teacher_forcing_logits(model: StyleVAR, content, style, target_indices
     alpha = _alphas(model, cond, model.blend_alphas())
     mask = model.mask_2LL[: model.cfg.num_tokens]
     for blk in model.blocks:
-        x = naive_block(blk, x, cond.cond_BD, cond.style_ln_BSLC, cond.content_ln_BLC, alpha, mask)
-    return model.logits(x, model.head_nm.modulation(cond.cond_BD))
+        x = naive_block(blk, x, cond.adaln(), cond.style_ln_BSLC, cond.content_ln_BLC, alpha, mask)
+    return model.logits(x, model.head_nm.modulation(cond.adaln()))
 
 
 @torch.no_grad()
@@ -74,6 +74,11 @@ def naive_generate(model: StyleVAR, content, style, *, top_k=900, top_p=0.96, se
     cond = model.condition(content, style)
     f_hat, _ = naive_sample_tokens(model, cond, generators, model.blend_alphas(), top_k, top_p)
     return model.tokenizer.decode_fhat(f_hat).add(1).mul(0.5)
+
+
+def _tokens(adaln: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    """The AdaLN input of positions [start, end): all of a (B, D) one, those rows of a per-token (B, L, D) one."""
+    return adaln if adaln.ndim == 2 else adaln[:, start:end]
 
 
 def _alphas(model: StyleVAR, cond: Condition, alpha_K: torch.Tensor) -> torch.Tensor:
@@ -98,9 +103,10 @@ def naive_sample_tokens(model: StyleVAR, cond: Condition, generators, alpha_K, t
     for k, pn in enumerate(patch_nums):
         end = start + pn * pn
         for blk, cache in zip(model.blocks, caches):
-            x = naive_block(blk, x, cond.cond_BD, cond.style_ln_BSLC[:, :, start:end],
+            x = naive_block(blk, x, _tokens(cond.adaln(), start, end), cond.style_ln_BSLC[:, :, start:end],
                             cond.content_ln_BLC[:, start:end], alpha_BSL1[:, :, start:end], None, cache)
-        idx_Bl = sample(model.logits(x, model.head_nm.modulation(cond.cond_BD)), generators, top_k, top_p)
+        head_mod = model.head_nm.modulation(_tokens(cond.adaln(), start, end))
+        idx_Bl = sample(model.logits(x, head_mod), generators, top_k, top_p)
         indices.append(idx_Bl)
         f_hat = f_hat + tok.quantize.upsampled_residual(k, idx_Bl, n)
         if k + 1 < len(patch_nums):
