@@ -43,7 +43,7 @@ class AttnBlock(nn.Module):
 
     def forward(self, x_BCHW: torch.Tensor) -> torch.Tensor:
         B, C, H, W = x_BCHW.shape
-        qkv = self.qkv(self.norm(x_BCHW)).view(B, 3, C, H * W)
+        qkv = self.qkv(self.norm(x_BCHW)).reshape(B, 3, C, H * W)  # reshape: a channels-last input copies
         q, k, v = (t.transpose(1, 2).unsqueeze(1) for t in qkv.unbind(1))  # each (B, 1, HW, C)
         h = F.scaled_dot_product_attention(q, k, v)  # scale C ** -0.5
         h = h.squeeze(1).transpose(1, 2).reshape(B, C, H, W)

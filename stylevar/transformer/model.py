@@ -335,16 +335,9 @@ class StyleVAR(nn.Module):
         if any(s.shape[0] != B for s in styles):
             raise ValueError(f"content batch {B} and style batch {[s.shape[0] for s in styles]} differ")
         style_all = styles[0] if S == 1 else torch.cat(styles)  # (S * B, 3, H, W), style-major
-        with torch.no_grad():
-            q = self.tokenizer.quantize
-            style_tok = q.condition_tokens(self.tokenizer.encode(style_all)[1])
-            content_tok = q.condition_tokens(self.tokenizer.encode(content)[1])
-        lvl_pos = self.lvl_pos()
-        C, eps = self.cfg.embed_dim, self.cfg.norm_eps
-        style_ln = F.layer_norm(self.word_embed(style_tok) + lvl_pos, (C,), eps=eps)
+        cond_BD, style_ln = self.style_parts(style_all)
         style_ln_BSLC = style_ln.unflatten(0, (S, B)).transpose(0, 1)
-        content_ln = F.layer_norm(self.word_embed(content_tok) + lvl_pos, (C,), eps=eps)
-        cond_BD = self.feat_emb(pooled(self.style_encoder, style_all))
+        sos, content_ln, inject, unstyled_BD = self.content_parts(content, unstyled)
         shares = adaln_BLD = None
         per_token = False
         if blend is not None:
@@ -354,9 +347,6 @@ class StyleVAR(nn.Module):
             # the same mix at every token, every token fully styled (no mask, or white ones): one AdaLN input
             per_token = blend.masks_BSHW is not None and not (
                 bool((shares == shares[:, :, :1]).all()) and bool((shares.sum(1) == 1).all()))
-        sos = self.feat_emb(pooled(self.content_encoder, content)).unsqueeze(1) + self.pos_start
-        inject = self.content_in(content_ln) if self.content_in is not None else None
-        unstyled_BD = self.feat_emb(pooled(self.style_encoder, content)) if unstyled else None
         if per_token:
             if unstyled_BD is None:
                 unstyled_BD = self.feat_emb(pooled(self.style_encoder, content))
@@ -364,6 +354,26 @@ class StyleVAR(nn.Module):
             adaln_BLD = (torch.einsum("bsl,bsd->bld", sh_BSL, cond_BSD)
                          + (1 - sh_BSL.sum(1)).unsqueeze(2) * unstyled_BD.unsqueeze(1))
         return Condition(cond_BD, sos, style_ln_BSLC, content_ln, inject, shares, unstyled_BD, adaln_BLD)
+
+    def _stream_ln(self, img_B3HW: torch.Tensor) -> torch.Tensor:
+        """An image's LayerNorm'ed token stream (B, L, C)."""
+        with torch.no_grad():
+            tok = self.tokenizer.quantize.condition_tokens(self.tokenizer.encode(img_B3HW)[1])
+        return F.layer_norm(self.word_embed(tok) + self.lvl_pos(), (self.cfg.embed_dim,), eps=self.cfg.norm_eps)
+
+    def style_parts(self, style: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What each style image contributes on its own: its embedding (B, C) and token stream (B, L, C)."""
+        return self.feat_emb(pooled(self.style_encoder, style)), self._stream_ln(style)
+
+    def content_parts(self, content: torch.Tensor, unstyled: bool = False
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """What each content image contributes: start token (B, 1, C), token stream (B, L, C), the
+        injection (variant, else None) and, with ``unstyled``, its style-encoder embedding (B, C)."""
+        content_ln = self._stream_ln(content)
+        sos = self.feat_emb(pooled(self.content_encoder, content)).unsqueeze(1) + self.pos_start
+        inject = self.content_in(content_ln) if self.content_in is not None else None
+        unstyled_BD = self.feat_emb(pooled(self.style_encoder, content)) if unstyled else None
+        return sos, content_ln, inject, unstyled_BD
 
     def stream_alphas(self, cond: Condition, alpha_K: torch.Tensor) -> torch.Tensor:
         """Blend coefficient of every style stream at every token: (1, 1, L, 1) for one style without a
