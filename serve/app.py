@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import stylevar
 from stylevar.images import ImageError, fit_of, tensor_to_pil, unfit
-from stylevar.pipeline import check_model_dir
+from stylevar.pipeline import MAX_STYLES, StyleMix, check_model_dir
 from stylevar.postprocess import OutputOptions, finish, os_random_seed, sample_seeds
 
 from . import imaging
@@ -49,7 +49,13 @@ from .schemas import ErrorBody, Health, ImageOut, ModelInfo, StylizeForm, Styliz
 from .settings import ServeSettings
 
 ContentUpload = Annotated[UploadFile, File(description="content image (JPEG, PNG, WebP)")]
-StyleUpload = Annotated[UploadFile, File(description="style image (JPEG, PNG, WebP)")]
+StyleUploads = Annotated[list[UploadFile], File(
+    description=f"style image (JPEG, PNG, WebP); repeat the field for a blend of up to {MAX_STYLES} styles "
+                "(weights: `style_weights`)")]
+MaskUploads = Annotated[list[UploadFile] | None, File(
+    description="optional: one grayscale mask per `style` file, in their order (white = the style applies, black = "
+                "the content stays, grey = partly); any size, resized to the content's; an image of any "
+                "accepted format")]
 
 log = logging.getLogger("serve.app")
 
@@ -398,8 +404,21 @@ def _add_routes(app: FastAPI, state: ServiceState) -> None:
             config=cfg.to_dict(),
         )
 
-    async def prepare(content: UploadFile, style: UploadFile, form: StylizeForm, rid: str,
-                      on_preview: PreviewFn | None = None) -> tuple[Job, Image.Image]:
+    def check_mix(styles: list[UploadFile], masks: list[UploadFile] | None, form: StylizeForm) -> None:
+        """The counts of style files, weights and masks agree (422 otherwise), before anything is read."""
+        n = len(styles)
+        if not 1 <= n <= MAX_STYLES:
+            raise ServiceError(422, "validation_error", f"style: give 1 to {MAX_STYLES} style files, got {n}")
+        weights = form.weight_values()
+        if weights is not None and len(weights) != n:
+            raise ServiceError(422, "validation_error",
+                               f"style_weights: {len(weights)} weights for {n} style file(s); give one per style")
+        if masks is not None and len(masks) != n:
+            raise ServiceError(422, "validation_error",
+                               f"style_mask: {len(masks)} mask(s) for {n} style file(s); give one per style")
+
+    async def prepare(content: UploadFile, styles: list[UploadFile], masks: list[UploadFile] | None,
+                      form: StylizeForm, rid: str, on_preview: PreviewFn | None = None) -> tuple[Job, Image.Image]:
         """Check the fields, take a queue slot (503 at once when the queue is full), then decode the
         images (downscaled, a bounded number at a time) and queue the job."""
         st = loaded()
@@ -408,6 +427,7 @@ def _add_routes(app: FastAPI, state: ServiceState) -> None:
         if alphas is not None and len(alphas) != n_scales:
             raise ServiceError(422, "validation_error",
                                f"alphas: the model has {n_scales} scales, got {len(alphas)} values")
+        check_mix(styles, masks, form)
         try:
             admission = st.batcher.admit()
         except BatchError as e:
@@ -416,16 +436,24 @@ def _add_routes(app: FastAPI, state: ServiceState) -> None:
         with admission:
             # the content sets the size of the result (at most max_output_side); the model works smaller
             max_side = max(settings.max_output_side, st.runner.pipe.image_size)
+            several = len(styles) > 1
+            uploads = [("content", content)]
+            uploads += [(f"style {i + 1}" if several else "style", u) for i, u in enumerate(styles)]
+            uploads += [(f"style_mask {i + 1}" if several else "style_mask", u) for i, u in enumerate(masks or [])]
             images = []
-            for name, upload in (("content", content), ("style", style)):
+            for name, upload in uploads:
                 data = await upload.read()
                 try:
                     images.append(await state.decoder.decode(data, max_side=max_side))
                 except ImageError as e:
                     raise ServiceError(IMAGE_ERROR_STATUS.get(e.code, 422), e.code, f"{name}: {e}") from e
             seeds = sample_seeds(form.seed if form.seed is not None else os_random_seed(), form.num_samples)
-            key = GenerationKey(form.top_k, form.top_p, form.style_strength, alphas, form.resize)
-            task = StylizeTask(images[0], images[1], seeds, on_preview)
+            n = len(styles)
+            mix = StyleMix(tuple(images[1:1 + n]), form.weight_values(),
+                           tuple(images[1 + n:]) if masks else None).active()
+            key = GenerationKey(form.top_k, form.top_p, form.style_strength, alphas, form.resize, form.guidance,
+                                len(mix.images))
+            task = StylizeTask(images[0], mix.images[0] if mix.plain else mix, seeds, on_preview)
             try:
                 job = admission.submit(key, task, rows=len(seeds), timeout_s=settings.request_timeout_s,
                                        request_id=rid)
@@ -458,13 +486,15 @@ def _add_routes(app: FastAPI, state: ServiceState) -> None:
     async def stylize(
         request: Request,
         content: ContentUpload,
-        style: StyleUpload,
+        style: StyleUploads,
         form: Annotated[StylizeForm, Form()],
+        style_mask: MaskUploads = None,
     ) -> Response:
-        """Re-draw `content` in the style of `style`."""
+        """Re-draw `content` in the style of `style` (several `style` files: a blend by `style_weights`, each
+        confined to its `style_mask` when masks are given)."""
         media = imaging.MEDIA_TYPES[form.format]
         representation = negotiate(request, media, form.num_samples)
-        job, content_img = await prepare(content, style, form, request.state.request_id)
+        job, content_img = await prepare(content, style, style_mask, form, request.state.request_id)
         try:
             images = await wait_for_job(job, request)
         except ClientGone:
@@ -491,8 +521,9 @@ def _add_routes(app: FastAPI, state: ServiceState) -> None:
     async def stylize_stream(
         request: Request,
         content: ContentUpload,
-        style: StyleUpload,
+        style: StyleUploads,
         form: Annotated[StylizeForm, Form()],
+        style_mask: MaskUploads = None,
     ) -> StreamingResponse:
         """Server-Sent Events: a `preview` event per scale, then a `result` event (as the JSON of /stylize)."""
         loop = asyncio.get_running_loop()
@@ -501,7 +532,7 @@ def _add_routes(app: FastAPI, state: ServiceState) -> None:
         def on_preview(k: int, previews_n3HW: torch.Tensor) -> None:  # called on the worker thread
             loop.call_soon_threadsafe(previews.put_nowait, (k, previews_n3HW))
 
-        job, content_img = await prepare(content, style, form, request.state.request_id, on_preview)
+        job, content_img = await prepare(content, style, style_mask, form, request.state.request_id, on_preview)
         side = state.runner.pipe.image_size
         fit = fit_of(content_img.size, side, form.resize)
         patch_nums = list(state.runner.pipe.config.transformer.patch_nums)

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from stylevar.pipeline import StylePipeline
+from stylevar.pipeline import StyleMix, StylePipeline
 
 from .batching import Job
 
@@ -53,14 +53,16 @@ class GenerationKey:
     style_strength: float
     alphas: tuple[float, ...] | None
     resize: str
+    guidance: float = 0.0
+    num_styles: int = 1  # styles of weight > 0: rows of one call need as many
 
 
 @dataclass
 class StylizeTask:
-    """One request: one content/style pair, one row per seed."""
+    """One request: one content image and its style (one image, or a blend), one row per seed."""
 
     content: Image.Image
-    style: Image.Image
+    style: Image.Image | StyleMix
     seeds: list[int]
     on_preview: PreviewFn | None = None
 
@@ -101,7 +103,7 @@ class ModelRunner:
             images = self.pipe.stylize_batch(
                 contents, styles, seeds=seeds, resize=key.resize, on_scale=on_scale,
                 max_side=self.max_output_side, top_k=key.top_k, top_p=key.top_p,
-                style_strength=key.style_strength, alphas=key.alphas,
+                style_strength=key.style_strength, alphas=key.alphas, guidance=key.guidance,
             )
         out, start = [], 0
         for t in tasks:

@@ -8,8 +8,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
+from stylevar.pipeline import MAX_STYLES
 from stylevar.postprocess import MAX_SEED
+
 MAX_ALPHAS_CHARS = 4096  # far more than any model's scale count needs
+MAX_WEIGHTS_CHARS = 256  # MAX_STYLES numbers
+MAX_GUIDANCE = 10.0  # far past where pictures stop looking like anything
 
 
 class StylizeForm(BaseModel):
@@ -39,6 +43,17 @@ class StylizeForm(BaseModel):
     )
     preserve_color: bool = Field(False, description="keep the content's colours, transfer the texture")
     format: Literal["png", "jpeg", "webp"] = "png"
+    style_weights: str | SkipJsonSchema[None] = Field(
+        None, max_length=MAX_WEIGHTS_CHARS,
+        description=f"one weight >= 0 per `style` file, in their order (not all 0; normalised to sum to 1): "
+                    f"comma-separated or a JSON list; absent: equal. At most {MAX_STYLES} styles.",
+        examples=["0.7,0.3"],
+    )
+    guidance: float = Field(
+        0.0, ge=0.0, le=MAX_GUIDANCE,
+        description="push the result away from what the model draws without the style (the content as its "
+                    "own style): 0 = off; larger = more style, less content",
+    )
 
     @field_validator("alphas")
     @classmethod
@@ -51,9 +66,20 @@ class StylizeForm(BaseModel):
     def alpha_values(self) -> tuple[float, ...] | None:
         return None if self.alphas is None else parse_alphas(self.alphas)
 
+    @field_validator("style_weights")
+    @classmethod
+    def _weights_parse(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        parse_weights(value)
+        return value
 
-def parse_alphas(text: str) -> tuple[float, ...]:
-    """`0.2,0.3` or `[0.2, 0.3]` -> floats in [0, 1]; anything else (deeply nested JSON included) is a ValueError."""
+    def weight_values(self) -> tuple[float, ...] | None:
+        return None if self.style_weights is None else parse_weights(self.style_weights)
+
+
+def parse_numbers(text: str, what: str) -> tuple[float, ...]:
+    """`0.2,0.3` or `[0.2, 0.3]` -> finite floats; anything else (deeply nested JSON included) is a ValueError."""
     text = text.strip()
     try:
         raw: Any = json.loads(text) if text.startswith("[") else [p for p in text.split(",")]
@@ -61,8 +87,26 @@ def parse_alphas(text: str) -> tuple[float, ...]:
             raise ValueError
         values = tuple(float(v) for v in raw)
     except (ValueError, TypeError, RecursionError):
-        raise ValueError("alphas must be numbers separated by commas, or a JSON list of numbers") from None
-    if not all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in values):
+        raise ValueError(f"{what} must be numbers separated by commas, or a JSON list of numbers") from None
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(f"every one of the {what} must be a finite number")
+    return values
+
+
+def parse_weights(text: str) -> tuple[float, ...]:
+    """Style weights: 1 to MAX_STYLES numbers >= 0, not all 0."""
+    values = parse_numbers(text, "style_weights")
+    if len(values) > MAX_STYLES:
+        raise ValueError(f"at most {MAX_STYLES} style weights, got {len(values)}")
+    if any(v < 0 for v in values) or sum(values) <= 0:
+        raise ValueError("style weights must be >= 0 and not all 0")
+    return values
+
+
+def parse_alphas(text: str) -> tuple[float, ...]:
+    """`0.2,0.3` or `[0.2, 0.3]` -> floats in [0, 1]; anything else (deeply nested JSON included) is a ValueError."""
+    values = parse_numbers(text, "alphas")
+    if not all(0.0 <= v <= 1.0 for v in values):
         raise ValueError("every alpha must lie in [0, 1]")
     return values
 
