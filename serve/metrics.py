@@ -9,7 +9,8 @@ BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256)
 
 
 class ServiceMetrics:
-    """HTTP, queue and batch metrics. Implements `serve.batching.BatchObserver`."""
+    """HTTP, queue, batch and condition-cache metrics. Implements `serve.batching.BatchObserver` and
+    `serve.conditions.CacheObserver`."""
 
     content_type = CONTENT_TYPE_LATEST
 
@@ -39,6 +40,12 @@ class ServiceMetrics:
         self.oom_splits = Counter("stylevar_oom_splits", "Batches split after running out of memory", registry=r)
         self.rejected = Counter("stylevar_jobs_rejected", "Jobs refused at the queue", ("reason",), registry=r)
         self.ready = Gauge("stylevar_ready", "1 when the model is loaded and warmed up", registry=r)
+        self.cache_hits = Counter("stylevar_condition_cache_hits", "Reference images whose condition came from "
+                                  "the cache, by kind (style, content)", ("kind",), registry=r)
+        self.cache_misses = Counter("stylevar_condition_cache_misses", "Reference images encoded (not in the "
+                                    "cache), by kind", ("kind",), registry=r)
+        self.cache_entries = Gauge("stylevar_condition_cache_entries", "Conditions held in the cache", registry=r)
+        self.cache_bytes = Gauge("stylevar_condition_cache_bytes", "Bytes of tensors held in the cache", registry=r)
 
     # -- HTTP --------------------------------------------------------------------------------------
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
@@ -62,3 +69,14 @@ class ServiceMetrics:
 
     def oom_split(self) -> None:
         self.oom_splits.inc()
+
+    # -- CacheObserver -----------------------------------------------------------------------------
+    def cache_lookup(self, kind: str, hits: int, misses: int) -> None:
+        if hits:
+            self.cache_hits.labels(kind).inc(hits)
+        if misses:
+            self.cache_misses.labels(kind).inc(misses)
+
+    def cache_size(self, entries: int, nbytes: int) -> None:
+        self.cache_entries.set(entries)
+        self.cache_bytes.set(nbytes)

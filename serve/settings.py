@@ -38,6 +38,11 @@ class ServeSettings(BaseSettings):
     device: Annotated[list[str], NoDecode] = ["auto"]
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     torch_threads: int = Field(0, ge=0)  # 0: leave torch's default
+    # "int8": dynamic int8 quantisation of the transformer's linear layers (CPU only; tokens differ from
+    # fp32's at some positions, see benchmarks/README.md); "fp32": the model's own weights
+    precision: Literal["fp32", "int8"] = "fp32"
+    compile: bool = False  # torch.compile the transformer blocks; compiled at warm-up, before /readyz is 200
+    condition_cache_mb: float = Field(256.0, ge=0)  # LRU cache of style/content conditions; 0: off
 
     # batching
     max_batch_size: int = Field(8, ge=1, le=256)  # rows (samples) per generate call

@@ -21,7 +21,7 @@ from stylevar.images import Fit, ResizeMode, fit_square, pil_to_tensor, tensor_t
 from stylevar.postprocess import OutputOptions, default_max_side, finish, sample_seeds
 from stylevar.refine import Refinement, refine
 from stylevar.tokenizer import MultiScaleVQVAE
-from stylevar.transformer import StyleBlend, StyleVAR
+from stylevar.transformer import Condition, StyleBlend, StyleVAR
 
 DEMO_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "demo"
 DEMO_LABEL = "demo model (trained on synthetic data)"
@@ -192,6 +192,9 @@ class StylePipeline:
     def save_pretrained(self, model_dir: str | os.PathLike, dtype: torch.dtype | None = None,
                         model_card: str | None = None) -> Path:
         """Write config.json + tokenizer/transformer safetensors (floats cast to `dtype` when given)."""
+        if getattr(self.model, "inference_config", None) is not None:
+            raise ValueError("this model was prepared for inference (stylevar.inference.prepare: fused, maybe "
+                             "quantised layers); save the model as loaded instead")
         d = Path(model_dir)
         d.mkdir(parents=True, exist_ok=True)
         save_safetensors(self.model.tokenizer.state_dict(), d / "tokenizer.safetensors", dtype)
@@ -274,16 +277,20 @@ class StylePipeline:
         resize: ResizeMode = "stretch",
         on_scale: Callable[[int, torch.Tensor], None] | None = None,
         max_side: int | None = None,
+        condition: Callable[[torch.Tensor, torch.Tensor | StyleBlend, bool], Condition] | None = None,
         **gen_kwargs,
     ) -> list[Image.Image]:
         """One `generate` call for a batch; each result has its content's aspect ratio (see `unfit`).
 
-        A row's style is one image or a `StyleMix` (every row as many styles of weight > 0)."""
+        A row's style is one image or a `StyleMix` (every row as many styles of weight > 0). ``condition``
+        (content, style inputs, unstyled -> `Condition`) replaces `StyleVAR.condition`, e.g. the service's cache."""
         if len(contents) != len(styles):
             raise ValueError(f"{len(contents)} content images but {len(styles)} style images")
         content, fits = self.preprocess(contents, resize)
         style = self.style_input(contents, [StyleMix.of(s) for s in styles], resize)
-        out = self.model.generate(content, style, seed=seeds, on_scale=on_scale, **self.generation_kwargs(**gen_kwargs))
+        kwargs = self.generation_kwargs(**gen_kwargs)
+        cond = condition(content, style, kwargs.get("guidance", 0.0) > 0) if condition is not None else None
+        out = self.model.generate(content, style, seed=seeds, on_scale=on_scale, cond=cond, **kwargs)
         out = refine(out, content.add(1).mul(0.5), self.config.refine)  # (B, 3, S, S) in [0, 1]
         return [unfit(tensor_to_pil(img), fit, max_side) for img, fit in zip(out, fits)]
 
