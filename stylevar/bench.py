@@ -6,6 +6,10 @@ measured FLOPs per image and, given the device's peak, the fraction of it reache
 the transformer's sampling loop against the naive blend (stylevar.transformer.naive) at batch 1 with the
 same weights; the condition (tokenizer encoding, image encoders) and the final decode are the same work
 in both and are left out of that comparison.
+
+While it runs, one progress line per stage goes to stderr (stdout, and so `--json`, is only the result),
+and after one probe call an estimate of the whole run's time, so a long run (d16 with --naive on a CPU
+takes minutes) says so before it starts.
 """
 from __future__ import annotations
 
@@ -13,7 +17,9 @@ import argparse
 import datetime as _dt
 import json
 import platform
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -83,15 +89,40 @@ def machine_name(device: torch.device) -> str:
     return f"{platform.processor() or platform.machine()} x{torch.get_num_threads()} threads"
 
 
-def run(cfg: BenchConfig) -> BenchResult:
+def _fmt_seconds(sec: float) -> str:
+    return f"{sec:.1f} s" if sec < 90 else f"{sec / 60:.1f} min"
+
+
+def estimate_seconds(cfg: BenchConfig, probe_s: float) -> float:
+    """Rough time of the whole run from one batch-1 `generate` call (`probe_s`): generate scales with the
+    batch; a teacher-forcing step (forward + backward) counts as three generate passes per row; the naive
+    comparison runs two sampling loops per repeat."""
+    calls = cfg.warmup + cfg.repeats
+    gen = sum(b * (calls + (1 if i == 0 else 0)) for i, b in enumerate(cfg.batch_sizes)) * probe_s
+    tf = 3 * cfg.tf_batch * calls * probe_s
+    naive = 2 * 2 * calls * probe_s if cfg.naive else 0.0
+    return gen + tf + naive
+
+
+def _stderr(line: str) -> None:
+    print(f"bench: {line}", file=sys.stderr, flush=True)
+
+
+def run(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> BenchResult:
+    """The benchmark; ``progress`` (e.g. a stderr printer) gets one line per stage and the estimate."""
     from stylevar.devices import resolve_device
     from stylevar.pipeline import StylePipeline
 
+    say = progress or (lambda line: None)
     device = resolve_device(cfg.device)  # a missing device is one clear error, before any model is built
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    t_build = time.perf_counter()
     pipe = StylePipeline.random(cfg.preset, seed=cfg.seed).to(device)
     model = pipe.model
+    n_params = sum(p.numel() for p in model.parameters())
+    say(f"built preset {cfg.preset} with random weights ({n_params / 1e6:.1f} M parameters, "
+        f"{pipe.image_size} px) on {device} in {_fmt_seconds(time.perf_counter() - t_build)}")
     use_bf16 = device.type == "cuda" and cfg.bf16
     model.autocast_dtype = torch.bfloat16 if use_bf16 else None
     if cfg.compile:
@@ -103,7 +134,17 @@ def run(cfg: BenchConfig) -> BenchResult:
     res = BenchResult(cfg.preset, device.type, machine_name(device), _dt.date.today().isoformat(), cfg.compile,
                       "bf16" if use_bf16 else "fp32")
 
+    say("probe: one generate call at batch 1" + (" (compiles first)" if cfg.compile else ""))
+    probe_img = (torch.rand(1, 3, S, S, generator=torch.Generator().manual_seed(cfg.seed)) * 2 - 1).to(device)
+    t0 = time.perf_counter()
+    model.generate(probe_img, probe_img, seed=0)
+    _sync(device)
+    probe = time.perf_counter() - t0
+    say(f"probe took {_fmt_seconds(probe)}; the whole run will take about "
+        f"{_fmt_seconds(estimate_seconds(cfg, probe))}")
+
     for B in cfg.batch_sizes:
+        say(f"generate at batch {B}: {cfg.warmup} warm-up + {cfg.repeats} timed calls")
         content = (torch.rand(B, 3, S, S, generator=g) * 2 - 1).to(device)
         style = (torch.rand(B, 3, S, S, generator=g) * 2 - 1).to(device)
         if device.type == "cuda":
@@ -118,6 +159,7 @@ def run(cfg: BenchConfig) -> BenchResult:
         if cfg.peak_tflops:
             row["fraction_of_peak"] = row["tflops_per_s"] / cfg.peak_tflops
         res.generate.append(row)
+        say(f"generate at batch {B}: {row['ms_per_image']:.1f} ms/image")
     if res.generate:
         res.generate[0]["gflop_per_image"] = flops_per_image / 1e9
 
@@ -135,9 +177,11 @@ def run(cfg: BenchConfig) -> BenchResult:
         loss.backward()
         model.zero_grad(set_to_none=True)
 
+    say(f"teacher forcing at batch {B}: {cfg.warmup} warm-up + {cfg.repeats} timed steps")
     sec = _timed(step, device, cfg.repeats, cfg.warmup)
     model.eval()
     res.teacher_forcing = {"batch": B, "tokens_per_s": B * model.cfg.num_tokens / sec, "ms_per_step": 1000 * sec}
+    say(f"teacher forcing at batch {B}: {B * model.cfg.num_tokens / sec:.0f} tokens/s")
 
     if cfg.naive:
         # the transformer loop alone: condition (tokenizer + encoders) once, shared by both paths
@@ -149,6 +193,7 @@ def run(cfg: BenchConfig) -> BenchResult:
         with torch.no_grad():
             cond = model.condition(content, style)
         alpha_K = model.blend_alphas()
+        say("sampling loop at batch 1: this path, then the naive blend")
         fast = _timed(lambda: model.sample_tokens(cond, make_generators(0, 1, device), alpha_K), device,
                       cfg.repeats, cfg.warmup)
         naive = _timed(lambda: naive_sample_tokens(model, cond, make_generators(0, 1, device), alpha_K), device,
@@ -233,7 +278,7 @@ def _main(args: argparse.Namespace) -> int:
                       batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")), repeats=args.repeats,
                       warmup=args.warmup, naive=args.naive, compile=args.compile, bf16=not args.fp32,
                       tf_batch=args.tf_batch, threads=args.threads, peak_tflops=args.peak_tflops)
-    res = run(cfg)
+    res = run(cfg, progress=_stderr)
     print(json.dumps(asdict(res), indent=1) if args.json else format_result(res))
     if args.record:
         with open(args.record, "a") as f:
