@@ -124,14 +124,39 @@ def _convert(args: argparse.Namespace) -> int:
 def stylize_arguments(p: argparse.ArgumentParser) -> None:
     from stylevar.images import RESIZE_MODES  # PIL, not torch
 
-    p.add_argument("content", help="content image (JPEG, PNG or WebP)")
-    p.add_argument("style", help="style image (JPEG, PNG or WebP)")
-    p.add_argument("-o", "--output", required=True, help="output image (.png, .jpg, .jpeg or .webp)")
+    p.add_argument("content",
+                   help="content image (JPEG, PNG or WebP); or a folder, or a quoted glob such as 'photos/*.jpg', "
+                        "of content images: each is stylized into the -o folder, unreadable files are skipped "
+                        "and listed")
+    p.add_argument("style", nargs="?", default=None,
+                   help="style image (JPEG, PNG or WebP); more with --style (one of the two is needed)")
+    p.add_argument("-o", "--output", required=True,
+                   help="output image (.png, .jpg, .jpeg or .webp); a folder when CONTENT is a folder or a glob")
+    p.add_argument("--style", dest="more_styles", action="append", default=[], metavar="IMAGE",
+                   help="a style image to blend in; repeat it for several (up to 4 styles in all, with the "
+                        "positional STYLE)")
+    p.add_argument("--style-weights", type=weight_list, default=None, metavar="W,W,...",
+                   help="one weight >= 0 per style, in order (not all 0; normalised to sum to 1), e.g. 0.7,0.3; "
+                        "default: equal")
+    p.add_argument("--mask", action="append", default=None, metavar="IMAGE",
+                   help="grayscale mask of one style (white = the style applies, black = the content stays); "
+                        "repeat it once per style, in order; any size (resized to each content's)")
+    p.add_argument("--guidance", type=float_in(0.0, 10.0), default=0.0,
+                   help="push the result away from what the model draws without the style (the content as its own "
+                        "style): 0 = off (default); larger = more style, less content")
     p.add_argument("--model", default=None,
                    help="model directory, or a hub id hf:OWNER/NAME[:grpo|sft] (pulled on first use; "
                         "default: the embedded demo model)")
-    p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0)
-    p.add_argument("--style-strength", type=float_in(-1.0, 1.0), default=0.0, help="-1 (content) .. 1 (style)")
+    p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0,
+                   help="random seed; sample i uses seed + i (default 0)")
+    p.add_argument("--num-samples", type=int_in(1, 16), default=1, metavar="N",
+                   help="samples per content image (default 1); with several, OUTPUT-seed-S.EXT per sample")
+    p.add_argument("--format", choices=FORMATS, default=None,
+                   help="output format: png, jpeg or webp (default: the output file's extension; png for a folder)")
+    p.add_argument("--batch-size", type=int_in(1, 256), default=8, metavar="N",
+                   help="model rows per call when stylizing several images (default 8)")
+    p.add_argument("--style-strength", type=float_in(-1.0, 1.0), default=0.0,
+                   help="-1 keeps more of the content .. 1 takes more of the style (default 0)")
     p.add_argument("--top-k", type=int_in(0, note=" (0 switches top-k off)"), default=None,
                    help="0 switches top-k off; default: the model's recommended value, else 900")
     p.add_argument("--top-p", type=float_in(0.0, 1.0, note=" (0 or 1 switches top-p off)"), default=None,
@@ -147,40 +172,182 @@ def stylize_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_stylize)
 
 
+FORMATS = ("png", "jpeg", "webp")
+FORMAT_EXTENSIONS = {"png": ".png", "jpeg": ".jpg", "webp": ".webp"}
+
+
+def weight_list(text: str) -> tuple[float, ...]:
+    """An argparse type: comma-separated weights >= 0, not all 0."""
+    values = tuple(float(_number(part.strip(), float)) for part in text.split(","))
+    if any(v < 0 for v in values) or sum(values) <= 0:
+        raise argparse.ArgumentTypeError(f"weights must be >= 0 and not all 0, got {text}")
+    return values
+
+
+@dataclass(frozen=True)
+class StylizeJob:
+    """What `stylevar stylize` was asked to do, checked before any model loads."""
+
+    contents: list[Path]  # one file, or the files of a folder or glob
+    many: bool  # CONTENT named a folder or a glob: OUTPUT is a folder
+    output: Path  # the output image, or the output folder
+    fmt: str  # png, jpeg or webp
+    styles: list  # PIL images (with the weights and masks: a stylevar.pipeline.StyleMix once torch is in)
+    weights: tuple[float, ...] | None
+    masks: list | None
+    seeds: list[int]
+    first: object | None  # the content image (PIL), read during the checks when CONTENT is one file
+
+
+def content_files(spec: str) -> tuple[list[Path], bool]:
+    """CONTENT -> (files, many): an existing file, a folder's files (sorted, hidden ones left out) or a glob's."""
+    import glob
+
+    from stylevar import preflight
+
+    p = Path(spec)
+    if p.is_dir():
+        files = sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith("."))
+        if not files:
+            raise preflight.InputError(f"content folder {p} holds no files")
+        return files, True
+    if not p.exists() and any(c in spec for c in "*?["):
+        files = sorted(Path(f) for f in glob.glob(spec) if Path(f).is_file())
+        if not files:
+            raise preflight.InputError(f"content pattern {spec} matches no files")
+        return files, True
+    return [p], False
+
+
+def check_stylize(args: argparse.Namespace) -> StylizeJob:
+    """Every check of `stylevar stylize`'s arguments and files (InputError, one line), before any model loads."""
+    from stylevar import preflight
+    from stylevar.postprocess import MAX_STYLES
+
+    contents, many = content_files(args.content)
+    first = None if many else preflight.read_image(contents[0], "content")
+    style_paths = ([args.style] if args.style else []) + list(args.more_styles)
+    if not style_paths:
+        raise preflight.InputError("give a style image (STYLE, or --style IMAGE)")
+    if len(style_paths) > MAX_STYLES:
+        raise preflight.InputError(f"at most {MAX_STYLES} styles, got {len(style_paths)}")
+    if args.style_weights is not None and len(args.style_weights) != len(style_paths):
+        raise preflight.InputError(f"--style-weights: {len(args.style_weights)} weights for {len(style_paths)} styles")
+    if args.mask is not None and len(args.mask) != len(style_paths):
+        raise preflight.InputError(f"--mask: {len(args.mask)} masks for {len(style_paths)} styles (one per style)")
+    several = len(style_paths) > 1
+    styles = [preflight.read_image(s, f"style {i + 1}" if several else "style") for i, s in enumerate(style_paths)]
+    masks = None if args.mask is None else [
+        preflight.read_image(m, f"mask {i + 1}" if several else "mask") for i, m in enumerate(args.mask)]
+    if many:
+        output = preflight.output_folder(args.output, "output folder")
+        fmt = args.format or "png"
+    else:
+        output = preflight.output_image_path(args.output)
+        fmt = preflight.OUTPUT_EXTENSIONS[output.suffix.lower()].lower()
+        if args.format is not None and args.format != fmt:
+            raise preflight.InputError(f"--format {args.format} but the output {output} is {output.suffix}")
+    for img, role in ([(first, "content")] if first is not None else []) + [(img, "style") for img in styles]:
+        warning = preflight.small_image_warning(img, role)
+        if warning:
+            print(warning, file=sys.stderr)
+    seeds = list(range(args.seed, args.seed + args.num_samples))
+    if seeds[-1] > MAX_SEED:
+        raise preflight.InputError(f"--seed {args.seed} with --num-samples {args.num_samples} passes {MAX_SEED}")
+    return StylizeJob(contents, many, output, fmt, styles, args.style_weights, masks, seeds, first)
+
+
+def output_paths(job: StylizeJob, content: Path, taken: set[Path]) -> list[Path]:
+    """Where one content's samples go: OUTPUT itself (one file, one sample), else names with the seed."""
+    ext = FORMAT_EXTENSIONS[job.fmt]
+    if not job.many:
+        base, ext = job.output.with_suffix(""), job.output.suffix
+    else:
+        base = job.output / content.stem
+        if any(p.with_suffix("") == base for p in taken):  # a.png and a.jpg: keep both
+            base = job.output / f"{content.stem}_{content.suffix.lstrip('.')}"
+    if len(job.seeds) == 1:
+        paths = [job.output] if not job.many else [base.with_name(base.name + ext)]
+    else:
+        paths = [base.with_name(f"{base.name}-seed-{s}{ext}") for s in job.seeds]
+    taken.update(paths)
+    return paths
+
+
 def _stylize(args: argparse.Namespace) -> int:
     from stylevar import preflight
     from stylevar.devices import check_device
 
-    content = preflight.read_image(args.content, "content")
-    style = preflight.read_image(args.style, "style")
-    output = preflight.output_image_path(args.output)
+    job = check_stylize(args)
     check_device(args.device)
-    for img, role in ((content, "content"), (style, "style")):
-        warning = preflight.small_image_warning(img, role)
-        if warning:
-            print(warning, file=sys.stderr)
 
     from stylevar.hub import resolve_model
 
     model_dir = resolve_model(args.model)  # a hub id: pulled on first use; offline and not cached: one error here
 
-    from stylevar.pipeline import StylePipeline  # the checks are done: from here on the work
+    from PIL import Image
+    from tqdm import tqdm
+
+    from stylevar.pipeline import StyleMix, StylePipeline  # the checks are done: from here on the work
+    from stylevar.postprocess import OutputOptions, finish
 
     pipe = StylePipeline.from_pretrained(model_dir, device=args.device)
     if pipe.config.demo:
         print(f"using the {pipe.config.label}", file=sys.stderr)
     print(f"loaded {pipe.summary()}")
     max_side = args.max_size if args.max_size is not None else pipe.config.default_max_side
-    out = pipe(content, style, seed=args.seed, resize=args.resize, style_strength=args.style_strength,
-               top_k=args.top_k, top_p=args.top_p, max_side=max_side, preserve_color=args.preserve_color)
-    note = upscale_note(out.size, pipe.image_size, max_side)
-    if note:
-        print(note, file=sys.stderr)
-    try:
-        out.save(output, format=preflight.OUTPUT_EXTENSIONS[output.suffix.lower()])
-    except OSError as e:
-        raise preflight.InputError(f"cannot write {output}: {e}") from e
-    print(f"wrote {output} ({out.size[0]}x{out.size[1]})")
+    options = OutputOptions(max_side=max_side, preserve_color=args.preserve_color)
+    mix = StyleMix(tuple(job.styles), job.weights, None if job.masks is None else tuple(job.masks))
+    gen = {"style_strength": args.style_strength, "top_k": args.top_k, "top_p": args.top_p,
+           "guidance": args.guidance}
+    per_call = max(1, args.batch_size // len(job.seeds))  # contents per model call
+    skipped: list[str] = []
+    written: list[Path] = []
+    taken: set[Path] = set()
+    bar = tqdm(total=len(job.contents), unit="image", disable=not job.many, file=sys.stderr)
+    for start in range(0, len(job.contents), per_call):
+        batch: list[tuple[Path, object]] = []
+        for path in job.contents[start:start + per_call]:
+            if job.first is not None:
+                batch.append((path, job.first))
+                continue
+            try:
+                batch.append((path, preflight.read_image(path, "content")))
+            except preflight.InputError as e:
+                skipped.append(str(e))
+                bar.update(1)
+        if not batch:
+            continue
+        images = pipe.stylize_batch([img for _, img in batch for _ in job.seeds], [mix] * len(batch) * len(job.seeds),
+                                    seeds=job.seeds * len(batch), resize=args.resize, max_side=options.max_side, **gen)
+        for i, (path, img) in enumerate(batch):
+            outs = finish(images[i * len(job.seeds):(i + 1) * len(job.seeds)], img, options)
+            for out, target in zip(outs, output_paths(job, path, taken)):
+                try:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    out.save(target, format=job.fmt.upper())
+                except OSError as e:
+                    raise preflight.InputError(f"cannot write {target}: {e}") from e
+                written.append(target)
+            bar.update(1)
+    bar.close()
+    if written:
+        with Image.open(written[0]) as first_out:
+            note = upscale_note(first_out.size, pipe.image_size, max_side)
+        if note:
+            print(note, file=sys.stderr)
+    if skipped:
+        print(f"skipped {len(skipped)} unreadable file(s):", file=sys.stderr)
+        for line in skipped:
+            print(f"  {line}", file=sys.stderr)
+    if not written:
+        raise preflight.InputError("no content image could be read; nothing was written")
+    if job.many:
+        print(f"wrote {len(written)} image(s) to {job.output}")
+    else:
+        for target in written:
+            with Image.open(target) as im:
+                print(f"wrote {target} ({im.size[0]}x{im.size[1]})")
     return 0
 
 

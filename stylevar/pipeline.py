@@ -18,7 +18,7 @@ from PIL import Image
 from stylevar.checkpoints import load_safetensors, load_stylevar, load_vqvae, save_safetensors
 from stylevar.config import StyleVARConfig, VQVAEConfig, presets
 from stylevar.images import Fit, ResizeMode, fit_square, pil_to_tensor, tensor_to_pil, to_rgb, unfit
-from stylevar.postprocess import OutputOptions, default_max_side, finish, sample_seeds
+from stylevar.postprocess import MAX_STYLES, OutputOptions, default_max_side, finish, sample_seeds
 from stylevar.refine import Refinement, refine
 from stylevar.tokenizer import MultiScaleVQVAE
 from stylevar.transformer import Condition, StyleBlend, StyleVAR
@@ -26,9 +26,6 @@ from stylevar.transformer import Condition, StyleBlend, StyleVAR
 DEMO_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "demo"
 DEMO_LABEL = "demo model (trained on synthetic data)"
 FORMAT_VERSION = 1
-
-
-MAX_STYLES = 4  # style images per request: each adds a query stream to every attention call
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from PIL import Image, ImageOps
 
 MAX_SEED = 2**32 - 1  # seeds are 32-bit (the service's form field and the command line's --seed)
 MAX_SIDE_PER_MODEL_SIDE = 4  # the command line's default output limit: 4x the model's resolution
+MAX_STYLES = 4  # style images per request (a blend): each adds a query stream to every attention call
 
 
 @dataclass(frozen=True)

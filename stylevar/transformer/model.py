@@ -456,6 +456,10 @@ class StyleVAR(nn.Module):
         alpha_K = self.blend_alphas(alphas, style_strength)
         with self._autocast(device):
             cond = cond if cond is not None else self.condition(content, style, unstyled=guidance > 0)
+            if guidance > 0 and cond.unstyled_BD is None:  # a condition made elsewhere (a cache): add what guidance needs
+                if content is None:
+                    raise ValueError("guidance needs the content image, or a condition made with unstyled=True")
+                cond = dataclasses.replace(cond, unstyled_BD=self.feat_emb(pooled(self.style_encoder, content)))
             f_hat, indices = self.sample_tokens(cond, generators, alpha_K, top_k, top_p, on_scale, guidance)
             images = self.tokenizer.decode_fhat(f_hat).float().add(1).mul(0.5)
         return (images, indices) if return_indices else images
