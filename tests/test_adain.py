@@ -107,7 +107,21 @@ def test_paper_variant_uses_torchvision_vgg19(files, tmp_path):
     assert len(adain.encoder) == 21 and isinstance(adain.encoder[-1], torch.nn.ReLU)
     content, style = images(seed=6), images(seed=7)
     assert adain.encode(content).shape == (2, 512, 8, 8)
-    assert adain.stylize(content, style).shape == content.shape
+    out = adain.stylize(content, style)
+    assert out.shape == content.shape
+    # exactly the paper's evaluation formula: per-channel statistics with the biased variance (divided by n)
+    f_c, f_s = adain.encode(content), adain.encode(style)
+
+    def stats(f):
+        flat = f.flatten(2)
+        return flat.mean(2)[..., None, None], (flat.var(2, unbiased=False) + 1e-5).sqrt()[..., None, None]
+
+    (mc, sc), (ms, ss) = stats(f_c), stats(f_s)
+    with torch.no_grad():
+        expected = adain.decode((f_c - mc) / sc * ss + ms).clamp(0, 1)
+        unbiased = adain.decode(adaptive_instance_norm(f_c, f_s, unbiased=True)).clamp(0, 1)
+    assert torch.equal(out, expected)
+    assert not torch.equal(out, unbiased)  # the two variances give different pictures
 
 
 def test_registry_and_bad_files(files, weight_homes):

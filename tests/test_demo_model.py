@@ -25,10 +25,15 @@ def test_demo_model_is_shipped_small_and_labelled():
     card = (DEMO_MODEL_DIR / "README.md").read_text()
     assert "demo" in card and "copy-content" in card and "reinhard" in card
     ev, photos = cfg["extra"]["evaluation"], cfg["extra"]["evaluation_photos"]
-    # The content's shapes are kept: edge correlation with the content well above the first demo model's
-    # (0.11 on held-out pairs, -0.01 on photographs; shipped: 0.48 and 0.42; issue 14 asks for 0.6, which
-    # the 16 x 16 tokenizer's own reconstruction, 0.58, does not reach yet: docs/training.md).
-    assert ev["model"]["edge_corr"] >= 0.45 and photos["model"]["edge_corr"] >= 0.35
+    # The content's shapes are kept (issue 14: edge correlation with the content >= 0.6 on held-out pairs and
+    # on photographs; the first demo model had 0.11 and -0.01). The transformer's own output is bounded by
+    # its tokenizer (0.58, benchmarks/fidelity.md); the content-guided refinement in config.json puts the
+    # content's edges back, and the card reports the unrefined row next to it.
+    assert cfg["refine"]["radius"] > 0
+    assert ev["model"]["edge_corr"] >= 0.6 and photos["model"]["edge_corr"] >= 0.6
+    raw = ev["model, refinement off"]
+    assert raw["edge_corr"] < ev["model"]["edge_corr"]
+    assert abs(raw["colour_dist_to_style"] - ev["model"]["colour_dist_to_style"]) < 0.01  # colours unchanged
     # SSIM to the target at least Reinhard's (and copy-content's), colours moved toward the style, and
     # seeds that change the result
     assert ev["model"]["ssim"] >= max(ev["reinhard"]["ssim"], ev["copy-content"]["ssim"])

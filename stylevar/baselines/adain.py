@@ -9,7 +9,8 @@ Two encoders:
   "2.weight", ...), so the public file loads strictly. Only the first 31 modules (to relu4_1) are used.
 - `torchvision`: torchvision's VGG-19 `features[:21]` (to relu4_1, zero padding) fed unnormalised
   [0, 1] input, which is what the StyleVAR paper's evaluation used. It does not match the decoder's
-  training and is kept only to reproduce the paper's Table 1 ("adain-paper").
+  training and is kept only to reproduce the paper's Table 1 ("adain-paper"); like the paper's evaluation
+  code, it normalises with the biased variance (divided by n), where the AdaIN code divides by n - 1.
 
 Images are float tensors (B, 3, H, W) in [0, 1]; H and W should be multiples of 8 for the output to
 have the input's size.
@@ -78,22 +79,25 @@ def decoder_layers() -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def channel_mean_std(feat_BCHW: torch.Tensor, eps: float = EPS) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel mean and std (unbiased variance + eps, then sqrt), each (B, C, 1, 1)."""
+def channel_mean_std(feat_BCHW: torch.Tensor, eps: float = EPS, unbiased: bool = True
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and std (variance + eps, then sqrt), each (B, C, 1, 1). ``unbiased``: the variance
+    divides by n - 1 (the AdaIN authors' code) or by n (the StyleVAR paper's evaluation code)."""
     b, c = feat_BCHW.shape[:2]
     flat = feat_BCHW.reshape(b, c, -1)
     mean = flat.mean(2).view(b, c, 1, 1)
-    std = (flat.var(2) + eps).sqrt().view(b, c, 1, 1)
+    std = (flat.var(2, unbiased=unbiased) + eps).sqrt().view(b, c, 1, 1)
     return mean, std
 
 
-def adaptive_instance_norm(content_BCHW: torch.Tensor, style_BCHW: torch.Tensor, eps: float = EPS) -> torch.Tensor:
+def adaptive_instance_norm(content_BCHW: torch.Tensor, style_BCHW: torch.Tensor, eps: float = EPS,
+                           unbiased: bool = True) -> torch.Tensor:
     """Content features re-normalised to the style features' per-channel mean and std."""
     if content_BCHW.shape[:2] != style_BCHW.shape[:2]:
         raise ValueError(f"content features {tuple(content_BCHW.shape)} and style features "
                          f"{tuple(style_BCHW.shape)} differ in batch or channels")
-    c_mean, c_std = channel_mean_std(content_BCHW, eps)
-    s_mean, s_std = channel_mean_std(style_BCHW, eps)
+    c_mean, c_std = channel_mean_std(content_BCHW, eps, unbiased)
+    s_mean, s_std = channel_mean_std(style_BCHW, eps, unbiased)
     return (content_BCHW - c_mean) / c_std * s_std + s_mean
 
 
@@ -176,6 +180,7 @@ class AdaIN(nn.Module):
         f_c, f_s = self.encode(content), self.encode(style)
         if f_s.shape[0] == 1 and f_c.shape[0] > 1:
             f_s = f_s.expand(f_c.shape[0], -1, -1, -1)
-        t = adaptive_instance_norm(f_c, f_s)
+        # the paper's evaluation ("torchvision") normalises with the biased variance, the AdaIN code unbiased
+        t = adaptive_instance_norm(f_c, f_s, unbiased=self.encoder_kind == "vgg_normalised")
         t = alpha * t + (1 - alpha) * f_c
         return self.decode(t).clamp(0, 1)
