@@ -392,8 +392,7 @@ def run(cfg: EvalConfig) -> RunResult:
         if k in result.skipped_metrics:
             continue
         path = out / f"chart_{k}.png"
-        draw_bar_chart(k, result.rows, [b.name for b in benchmarks], [m.name for m in runnable]).save(path)
-        result.files.append(path)
+        result.files.append(save_bar_chart(path, k, result.rows, [b.name for b in benchmarks], [m.name for m in runnable]))
     return result
 
 
@@ -515,55 +514,30 @@ def draw_grid(grid: dict[str, list[torch.Tensor]], method_names: list[str], pair
     return img
 
 
-_PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75),
-            (227, 119, 194), (127, 127, 127)]
+def save_bar_chart(path: Path, metric: str, rows: list[dict], bench_names: list[str], method_names: list[str]) -> Path:
+    """Grouped bars (matplotlib): one group per benchmark, one bar per method, each value printed on its bar."""
+    import matplotlib
 
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
 
-def draw_bar_chart(metric: str, rows: list[dict], bench_names: list[str], method_names: list[str]) -> Image.Image:
-    """Grouped bars: one group per benchmark, one bar per method, value printed on each bar."""
     values = {(r["benchmark"], r["method"]): r[metric] for r in rows if not isinstance(r[metric], str)}
-    bar_w, gap, left, right, top, bottom, plot_h = 36, 30, 70, 20, 50, 60, 260
-    n_m = max(len(method_names), 1)
-    group_w = n_m * bar_w
-    width = max(left + right + len(bench_names) * (group_w + gap) + gap, 360)
-    legend_h = 18 * n_m
-    img = Image.new("RGB", (width, top + plot_h + bottom + legend_h), "white")
-    draw = ImageDraw.Draw(img)
-    font, small = _font(14), _font(11)
-    better = "higher" if _higher_better(metric) else "lower"
-    draw.text((left, 12), f"{_label(metric)} ({better} is better)", fill="black", font=font)
-    vals = list(values.values()) or [0.0]
-    lo, hi = min(0.0, min(vals)), max(0.0, max(vals))
-    if hi == lo:
-        hi = lo + 1.0
-    hi, lo = hi + 0.1 * (hi - lo) * (hi > 0), lo - 0.1 * (hi - lo) * (lo < 0)
-
-    def y_of(v: float) -> float:
-        return top + plot_h * (hi - v) / (hi - lo)
-
-    for t in range(5):  # axis ticks
-        v = lo + (hi - lo) * t / 4
-        y = y_of(v)
-        draw.line([left - 4, y, width - right, y], fill=(225, 225, 225))
-        draw.text((4, y - 7), f"{v:.3g}", fill="black", font=small)
-    draw.line([left, top, left, top + plot_h], fill="black")
-    draw.line([left, y_of(0.0), width - right, y_of(0.0)], fill="black")
-    for g, bench in enumerate(bench_names):
-        x0 = left + gap + g * (group_w + gap)
-        for k, method in enumerate(method_names):
-            v = values.get((bench, method))
-            if v is None:
-                continue
-            x = x0 + k * bar_w
-            y_v, y_0 = y_of(v), y_of(0.0)
-            draw.rectangle([x + 3, min(y_v, y_0), x + bar_w - 3, max(y_v, y_0)], fill=_PALETTE[k % len(_PALETTE)])
-            draw.text((x + 2, min(y_v, y_0) - 14), f"{v:.3g}", fill="black", font=small)
-        draw.text((x0, top + plot_h + 8), bench if len(bench) <= 20 else bench[:19] + "…", fill="black", font=small)
+    width = 0.8 / max(len(method_names), 1)
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 + 0.5 * len(bench_names) * max(len(method_names), 1)), 3.6),
+                           layout="constrained")
     for k, method in enumerate(method_names):
-        y = top + plot_h + bottom - 20 + 18 * k
-        draw.rectangle([left, y, left + 12, y + 12], fill=_PALETTE[k % len(_PALETTE)])
-        draw.text((left + 18, y - 1), method, fill="black", font=small)
-    return img
+        xs = [g + (k - (len(method_names) - 1) / 2) * width for g, b in enumerate(bench_names) if (b, method) in values]
+        ys = [values[(b, method)] for b in bench_names if (b, method) in values]
+        bars = ax.bar(xs, ys, width * 0.9, label=method)
+        ax.bar_label(bars, fmt="%.3g", fontsize=8)
+    ax.set_xticks(range(len(bench_names)), bench_names)
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.set_title(f"{_label(metric)} ({'higher' if _higher_better(metric) else 'lower'} is better)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 # ------------------------------------------------------------------------------------------------ CLI
