@@ -11,7 +11,7 @@ import io
 import json
 import mimetypes
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -65,6 +65,8 @@ class StylizeOptions:
     alphas: tuple[float, ...] | None = None  # one per scale; None: the model's own
     resize: ResizeMode = "stretch"
     preserve_color: bool = False
+    style_weights: tuple[float, ...] | None = None  # one per style image; None: equal
+    guidance: float = 0.0  # 0: off
 
     def form(self) -> dict[str, str]:
         fields = {
@@ -82,6 +84,10 @@ class StylizeOptions:
             fields["top_p"] = repr(float(self.top_p))
         if self.alphas is not None:
             fields["alphas"] = ",".join(repr(float(a)) for a in self.alphas)
+        if self.style_weights is not None:
+            fields["style_weights"] = ",".join(repr(float(w)) for w in self.style_weights)
+        if self.guidance:
+            fields["guidance"] = repr(float(self.guidance))
         return fields
 
 
@@ -182,13 +188,19 @@ class ServiceClient:
             raise error_from_response(response)
         return response.json()
 
-    def stylize_stream(self, content: ImageSource, style: ImageSource,
-                       options: StylizeOptions = StylizeOptions()) -> Iterator[Preview | Result]:
+    def stylize_stream(self, content: ImageSource, style: ImageSource | Sequence[ImageSource],
+                       options: StylizeOptions = StylizeOptions(), masks: Sequence[ImageSource] | None = None,
+                       ) -> Iterator[Preview | Result]:
         """`POST /stylize/stream`: yields a `Preview` per scale, then one `Result`.
 
+        ``style``: one image, or several (blended by ``options.style_weights``); ``masks``: one per style.
         Closing the iterator early closes the connection; the service then drops the job.
         """
-        files = {"content": _upload("content", content), "style": _upload("style", style)}
+        styles = list(style) if isinstance(style, (list, tuple)) else [style]
+        files = [("content", _upload("content", content))]
+        several = len(styles) > 1
+        files += [("style", _upload(f"style{i + 1}" if several else "style", s)) for i, s in enumerate(styles)]
+        files += [("style_mask", _upload(f"mask{i + 1}", m)) for i, m in enumerate(masks or [])]
         try:
             with connect_sse(self._http, "POST", "/stylize/stream", files=files, data=options.form()) as source:
                 if source.response.status_code != 200:

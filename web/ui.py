@@ -5,6 +5,7 @@ holds no model of its own. Only the optional AdaIN baseline runs in the UI's pro
 """
 from __future__ import annotations
 
+import io
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import gradio as gr
-from PIL import Image
+from PIL import Image, ImageChops, ImageOps
 
 from stylevar.pipeline import DEMO_LABEL
 
@@ -24,6 +25,8 @@ MAX_SEED = 2**32 - 1
 MAX_SCALES = 16  # alpha sliders kept ready; those beyond the model's scale count stay hidden
 DEFAULT_TOP_K, DEFAULT_TOP_P = 900, 0.96  # generate()'s own, for a model that recommends none
 RESIZE_MODES = ("stretch", "crop", "pad")
+MAX_GUIDANCE = 4.0  # the slider's end (the service takes up to 10; past 4 pictures fall apart)
+MAX_MASK_PIXELS = 4096 * 4096  # a painted layer larger than this is refused before it is decoded
 CSS = """
 #preview img { image-rendering: pixelated; width: 100%; height: 100%; object-fit: contain; }
 #model-panel { font-size: 0.95em; }
@@ -60,6 +63,48 @@ def uploaded_path(value: FileInput) -> str | None:
         path = value.get("path")
         return path if isinstance(path, str) and path else None
     return value or None
+
+
+def painted_mask(value: Any) -> bytes | None:
+    """The strokes painted in the mask editor as a PNG mask (white where painted, black elsewhere); None when
+    nothing is painted. ``value`` is the editor's data (background, layers, composite): the strokes are the
+    layers' alpha, whatever their colour."""
+    if not isinstance(value, dict) or not isinstance(value.get("layers"), list):
+        return None
+    alpha: Image.Image | None = None
+    for layer in value["layers"]:
+        path = uploaded_path(layer)
+        if not path:
+            continue
+        try:
+            with Image.open(path) as im:
+                if im.width * im.height > MAX_MASK_PIXELS:
+                    raise gr.Error("The painted mask is too large.", print_exception=False)
+                a = im.convert("RGBA").getchannel("A")
+        except OSError:
+            raise gr.Error("The painted mask could not be read; clear it and paint again.",
+                           print_exception=False) from None
+        alpha = a if alpha is None else ImageChops.lighter(alpha, a.resize(alpha.size))
+    if alpha is None or alpha.getextrema()[1] == 0:
+        return None
+    buf = io.BytesIO()
+    alpha.point(lambda v: 255 if v > 0 else 0).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def inverted(mask_png: bytes) -> bytes:
+    """The complement of a PNG mask: where the first style is not painted, the second applies."""
+    with Image.open(io.BytesIO(mask_png)) as im:
+        out = ImageOps.invert(im.convert("L"))
+    buf = io.BytesIO()
+    out.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def editor_background(content: FileInput) -> dict[str, Any] | None:
+    """The mask editor shows the content to paint on (no strokes yet); empty without a content image."""
+    path = uploaded_path(content)
+    return {"background": path, "layers": [], "composite": path} if path else None
 
 
 def examples_dir() -> Path:
@@ -128,31 +173,39 @@ class StyleVARUI:
 
     def stylize(self, content: FileInput, style: FileInput, style_strength: float, seed: float | None,
                 top_k: float, top_p: float, num_samples: float, preserve_color: bool, resize: str,
-                adain: bool, adain_alpha: float, custom_alphas: bool, *alphas: float,
+                adain: bool, adain_alpha: float, style2: FileInput = None, style1_weight: float = 0.5,
+                mask: Any = None, guidance: float = 0.0, custom_alphas: bool = False, *alphas: float,
                 ) -> Iterator[tuple[Any, Any, Any, Any]]:
         """Yields (preview, results gallery, status, AdaIN image) as the picture forms coarse to fine.
 
-        `content` and `style` are uploaded files: a path, or Gradio's file data (the event does not
-        preprocess its inputs)."""
-        content, style = uploaded_path(content), uploaded_path(style)
+        `content`, `style` and `style2` are uploaded files: a path, or Gradio's file data (the event does not
+        preprocess its inputs). With `style2` the two styles are blended, the first at `style1_weight`;
+        strokes painted in the `mask` editor confine the first style to them (and the second, if any, to the
+        rest). `guidance` > 0 pushes away from the picture without the style."""
+        content, style, style2 = uploaded_path(content), uploaded_path(style), uploaded_path(style2)
         if not content or not style:
             raise gr.Error("Add a content image and a style image first (upload, paste, webcam, or pick an example).",
                            print_exception=False)
         if resize not in RESIZE_MODES:
             raise gr.Error(f"Resize mode must be one of {', '.join(RESIZE_MODES)}.", print_exception=False)
+        w = min(max(float(style1_weight), 0.0), 1.0)
+        painted = painted_mask(mask)
+        styles = [style, style2] if style2 else [style]
+        masks = None if painted is None else ([painted, inverted(painted)] if style2 else [painted])
         try:
             options = StylizeOptions(
                 style_strength=float(style_strength), seed=None if seed is None else int(seed), top_k=int(top_k),
                 top_p=float(top_p), num_samples=int(num_samples), resize=resize,  # type: ignore[arg-type]
                 preserve_color=bool(preserve_color),
                 alphas=self._alphas(alphas) if custom_alphas else None,
+                style_weights=(w, 1.0 - w) if style2 else None, guidance=float(guidance or 0.0),
             )
         except ServiceError as e:
             raise gr.Error(e.message, print_exception=False) from None
         yield None, None, "Sending the images to the service…", None
         result: Result | None = None
         try:
-            for event in self.client.stylize_stream(content, style, options):
+            for event in self.client.stylize_stream(content, styles, options, masks):
                 if isinstance(event, Preview):
                     status = (f"Generating: scale {event.scale + 1} of {event.num_scales} "
                               f"({event.patch_num}×{event.patch_num} tokens)…")
@@ -215,6 +268,21 @@ class StyleVARUI:
                             resize = gr.Radio(list(RESIZE_MODES), value="stretch", label="Resize mode",
                                               info="how the content fits the model's square; "
                                                    "crop returns the centre square")
+                        with gr.Row(equal_height=True):
+                            style2 = gr.Image(label="Second style (optional)", type="filepath", image_mode=None,
+                                              height=200, sources=["upload", "clipboard"], elem_id="style2-input")
+                            with gr.Column():
+                                weight = gr.Slider(0.0, 1.0, value=0.5, step=0.05, label="Weight of the first style",
+                                                   info="with a second style: 1 = the first only, 0 = the second "
+                                                        "only", elem_id="style-weight")
+                                guidance = gr.Slider(0.0, MAX_GUIDANCE, value=0.0, step=0.25, label="Style guidance",
+                                                     info="pushes away from the picture without the style: more "
+                                                          "style, less content; 0 = off", elem_id="guidance")
+                        mask = gr.ImageEditor(label="Mask: paint where the first style applies (the second style, "
+                                                    "or the content, keeps the rest); nothing painted = everywhere",
+                                              type="filepath", sources=(), transforms=(), layers=False, height=280,
+                                              brush=gr.Brush(colors=["#ff2d75"], color_mode="fixed", default_size=10),
+                                              elem_id="mask-editor")
                         custom = gr.Checkbox(value=False, label="Custom per-scale alphas",
                                              info="weight of the style (1) against the content (0) guidance at "
                                                   "each scale, coarse to fine; off: the model's own")
@@ -247,10 +315,13 @@ class StyleVARUI:
 
             demo.load(self.on_load, outputs=[model_panel, top_k, top_p, *alpha_sliders], api_visibility="private")
             dice.click(lambda: random.randint(0, MAX_SEED), outputs=seed, api_visibility="private")
+            # the mask is painted on the content: a new content clears the strokes (no decoding here)
+            content.change(editor_background, inputs=content, outputs=mask, api_visibility="private",
+                           preprocess=False)
             event = run.click(
                 self.stylize,
                 inputs=[content, style, strength, seed, top_k, top_p, samples, preserve, resize, adain_on,
-                        adain_alpha, custom, *alpha_sliders],
+                        adain_alpha, style2, weight, mask, guidance, custom, *alpha_sliders],
                 outputs=[preview, results, status, adain_img],
                 api_name="stylize", concurrency_limit=self.config.concurrency_limit,
                 # the handler gets the uploads' file data (after Gradio's path checks) and never decodes them:
