@@ -42,7 +42,7 @@ from .batching import (
     QueueFullError,
     StoppedError,
 )
-from .engine import GenerationKey, ModelRunner, PreviewFn, StylizeTask, resolve_devices
+from .engine import GenerationKey, ModelRunner, PreviewFn, RunnerOptions, StylizeTask, resolve_devices
 from .metrics import ServiceMetrics
 from .middleware import ContentLengthLimit, RequestMiddleware
 from .schemas import ErrorBody, Health, ImageOut, ModelInfo, StylizeForm, StylizeResult
@@ -239,7 +239,7 @@ def create_app(settings: ServeSettings | None = None, *, ui_mounter: UiMounter |
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.status = "loading model"
         state.runners = await run_in_threadpool(
-            lambda: [ModelRunner.load(settings.model_dir, d, settings.dtype, settings.max_output_side)
+            lambda: [ModelRunner.load(settings.model_dir, d, RunnerOptions.from_settings(settings), state.metrics)
                      for d in devices]
         )
         state.batcher = Batcher(
@@ -299,7 +299,7 @@ def _is_loopback(host: str) -> bool:
 
 def _warm_up(state: ServiceState) -> None:
     try:
-        if state.settings.warmup:
+        if state.settings.warmup or state.settings.compile:  # a compiled model compiles here, not on a request
             state.status = "warming up"
             for runner in state.runners:
                 runner.warmup()

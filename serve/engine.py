@@ -10,9 +10,11 @@ from pathlib import Path
 import torch
 from PIL import Image
 
+from stylevar.inference import InferenceConfig, prepare
 from stylevar.pipeline import StyleMix, StylePipeline
 
 from .batching import Job
+from .conditions import CacheObserver, ConditionCache, cached_condition
 
 log = logging.getLogger("serve.engine")
 
@@ -67,20 +69,50 @@ class StylizeTask:
     on_preview: PreviewFn | None = None
 
 
-class ModelRunner:
-    """A pipeline on one device. `run` is the batcher's run function for that device."""
+@dataclass(frozen=True)
+class RunnerOptions:
+    """How a runner loads and runs its model (from `ServeSettings`)."""
 
-    def __init__(self, pipe: StylePipeline, max_output_side: int):
-        self.pipe = pipe
-        self.max_output_side = max_output_side
+    dtype: str = "auto"
+    max_output_side: int = 1024
+    inference: InferenceConfig = InferenceConfig()
+    condition_cache_bytes: int = 0  # 0: no cache
 
     @classmethod
-    def load(cls, model_dir: Path, device: torch.device, dtype: str, max_output_side: int) -> "ModelRunner":
+    def from_settings(cls, settings) -> "RunnerOptions":
+        return cls(dtype=settings.dtype, max_output_side=settings.max_output_side,
+                   inference=InferenceConfig(precision=settings.precision, compile=settings.compile),
+                   condition_cache_bytes=int(settings.condition_cache_mb * 2**20))
+
+
+class ModelRunner:
+    """A pipeline on one device. `run` is the batcher's run function for that device. Conditions of the
+    reference images come through a `ConditionCache` (serve.conditions) when one is given."""
+
+    def __init__(self, pipe: StylePipeline, max_output_side: int, cache: ConditionCache | None = None):
+        self.pipe = pipe
+        self.max_output_side = max_output_side
+        self.cache = cache
+
+    @classmethod
+    def load(cls, model_dir: Path, device: torch.device, options: RunnerOptions = RunnerOptions(),
+             observer: CacheObserver | None = None) -> "ModelRunner":
         t0 = time.perf_counter()
-        pipe = StylePipeline.from_pretrained(model_dir, device=device, autocast_dtype=resolve_dtype(dtype, device))
+        pipe = StylePipeline.from_pretrained(model_dir, device=device,
+                                             autocast_dtype=resolve_dtype(options.dtype, device))
+        if device.type == "cpu" or options.inference.compile:  # CPU layouts/fusion, int8, compile
+            prepare(pipe.model, options.inference)
         log.info("model loaded", extra={"model_dir": str(model_dir), "device": str(device),
+                                        "precision": options.inference.precision, "compile": options.inference.compile,
                                         "seconds": round(time.perf_counter() - t0, 3)})
-        return cls(pipe, max_output_side)
+        cache = ConditionCache(options.condition_cache_bytes, observer) if options.condition_cache_bytes else None
+        return cls(pipe, options.max_output_side, cache)
+
+    def condition(self, content_B3HW: torch.Tensor, style, unstyled: bool = False):
+        """The batch's condition through the cache (one style image per row), else the model's own."""
+        if self.cache is None or not isinstance(style, torch.Tensor):
+            return self.pipe.model.condition(content_B3HW, style, unstyled=unstyled)
+        return cached_condition(self.pipe.model, self.cache, content_B3HW, style, unstyled)
 
     @property
     def device(self) -> torch.device:
@@ -102,7 +134,7 @@ class ModelRunner:
         with torch.inference_mode():
             images = self.pipe.stylize_batch(
                 contents, styles, seeds=seeds, resize=key.resize, on_scale=on_scale,
-                max_side=self.max_output_side, top_k=key.top_k, top_p=key.top_p,
+                max_side=self.max_output_side, condition=self.condition, top_k=key.top_k, top_p=key.top_p,
                 style_strength=key.style_strength, alphas=key.alphas, guidance=key.guidance,
             )
         out, start = [], 0
