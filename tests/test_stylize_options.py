@@ -14,9 +14,10 @@ from PIL import Image
 from starlette.requests import Request
 
 from serve.app import ServiceError, negotiate
+from serve.engine import ModelRunner, RunnerOptions
+from serve.settings import ServeSettings
 from serve.testing import ServerProcess
 from stylevar import cli
-from stylevar.pipeline import StylePipeline
 from stylevar.postprocess import os_random_seed, sample_seeds
 
 
@@ -59,7 +60,9 @@ def http(server):
 
 @pytest.fixture(scope="module")
 def pipe(tiny_model_dir):
-    return StylePipeline.from_pretrained(tiny_model_dir, device="cpu")
+    """The pipeline as the service loads it on the CPU (prepared by stylevar.inference: equal to the plain
+    model up to float rounding, which can change a sampled token), so that only the options differ."""
+    return ModelRunner.load(tiny_model_dir, torch.device("cpu"), RunnerOptions.from_settings(ServeSettings())).pipe
 
 
 @pytest.fixture
