@@ -19,6 +19,8 @@ COUNT=${COUNT:-4000}
 VQ_STEPS=${VQ_STEPS:-1200}
 SFT_STEPS=${SFT_STEPS:-1200}
 GRPO_STEPS=${GRPO_STEPS:-60}
+EVAL_N=${EVAL_N:-48}                # held-out pairs the export evaluates on
+CALIBRATION_N=${CALIBRATION_N:-32}  # training triplets that choose the sampling settings and refinement
 OUT=${OUT:-stylevar/assets/demo}
 PRESET=${PRESET:-scripts/demo_preset.json}
 mkdir -p "$ROOT"
@@ -57,5 +59,5 @@ stage grpo "$ROOT/grpo/final/transformer.safetensors" \
   "$PY" -m training.grpo --data "$DATA" --init "$ROOT/sft/final" --out "$ROOT/grpo" --reward ssim \
   --group-size 8 --batch-size 2 --max-steps "$GRPO_STEPS" --lr 1e-4 --lora-rank 16 --lora-alpha 32 \
   --save-every 20 --seed "$SEED" --device "$DEVICE" --no-progress
-"$PY" -m training.demo --model "$ROOT/grpo/final" --data "$DATA" --out "$OUT" --timings "$TIMINGS" --n 48 \
-  --experiments benchmarks/fidelity.md
+"$PY" -m training.demo --model "$ROOT/grpo/final" --data "$DATA" --out "$OUT" --timings "$TIMINGS" \
+  --n "$EVAL_N" --calibration "$CALIBRATION_N" --experiments benchmarks/fidelity.md

@@ -373,13 +373,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timings", type=Path, help="JSON with the training stages' times and commands")
     p.add_argument("--experiments", type=Path, help="markdown table from benchmarks/fidelity.py for the card")
     p.add_argument("--n", type=int, default=48, help="held-out synthetic triplets")
+    p.add_argument("--calibration", type=int, default=32,
+                   help="training triplets that choose the sampling settings and the refinement")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     pipe = StylePipeline.from_pretrained(args.model, device="cpu")
-    calibration = load_triplets(args.data, 32, split="train")
+    calibration = load_triplets(args.data, args.calibration, split="train")
     pipe.config.generation, scores = choose_sampling(pipe, calibration, args.seed)
     print(f"sampling: {pipe.config.generation} ({scores})")
     pipe.config.refine = Refinement()  # off until chosen: choose_refinement filters the raw outputs
