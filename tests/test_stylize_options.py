@@ -65,17 +65,9 @@ def pipe(tiny_model_dir):
     return ModelRunner.load(tiny_model_dir, torch.device("cpu"), RunnerOptions.from_settings(ServeSettings())).pipe
 
 
-@pytest.fixture
-def like_the_service():
-    """The test service computes with one torch thread (serve.testing); so does the Python side here."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # ---- the Python API gives what the service gives ---------------------------------------------------------
-def test_python_api_equals_the_service_for_several_samples_with_preserved_colour(http, pipe, like_the_service):
+# (one_thread: the test service computes with one torch thread, serve.testing; so does the Python side)
+def test_python_api_equals_the_service_for_several_samples_with_preserved_colour(http, pipe, one_thread):
     form = {"seed": "40", "num_samples": "3", "preserve_color": "true", "resize": "pad", "style_strength": "0.5",
             "top_k": "50"}
     r = http.post("/stylize", files=FILES, data=form, headers={"Accept": "application/json"})
@@ -92,7 +84,7 @@ def test_python_api_equals_the_service_for_several_samples_with_preserved_colour
     assert not np.array_equal(np.asarray(plain[0]), served[0]), "preserve_color changed the result"
 
 
-def test_python_api_default_is_one_image_equal_to_the_service_image(http, pipe, like_the_service):
+def test_python_api_default_is_one_image_equal_to_the_service_image(http, pipe, one_thread):
     r = http.post("/stylize", files=FILES, data={"seed": "7", "resize": "crop"})  # curl's Accept: */*
     assert r.status_code == 200 and r.headers["content-type"] == "image/png"
     mine = pipe(CONTENT, STYLE, seed=7, resize="crop")
