@@ -288,7 +288,8 @@ class StylePipeline:
         kwargs = self.generation_kwargs(**gen_kwargs)
         cond = condition(content, style, kwargs.get("guidance", 0.0) > 0) if condition is not None else None
         out = self.model.generate(content, style, seed=seeds, on_scale=on_scale, cond=cond, **kwargs)
-        out = refine(out, content.add(1).mul(0.5), self.config.refine)  # (B, 3, S, S) in [0, 1]
+        if self.config.refine.enabled:  # (B, 3, S, S) in [0, 1], guided by the content in [0, 1]
+            out = refine(out, content.add(1).mul(0.5), self.config.refine)
         return [unfit(tensor_to_pil(img), fit, max_side) for img, fit in zip(out, fits)]
 
     def generation_kwargs(self, **gen_kwargs) -> dict[str, Any]:

@@ -142,8 +142,8 @@ def choose_refinement(pipe: StylePipeline, triplets: list[Triplet], seed: int = 
         out = refine(raw, content, cand)
         scores[refinement_label(cand)] = {"ssim": float(compute("ssim", out, content, target, target).mean()),
                                           "edge_corr": float(edge_correlation(out, content).mean())}
-    best = max(range(len(REFINE_CANDIDATES)), key=lambda i: list(scores.values())[i]["ssim"])
-    return REFINE_CANDIDATES[best], scores
+    best = max(REFINE_CANDIDATES, key=lambda cand: scores[refinement_label(cand)]["ssim"])
+    return best, scores
 
 
 def refinement_label(cfg: Refinement) -> str:
