@@ -3,6 +3,7 @@
 Reference StyleVAR checkpoints store full (3C, C) qkv matrices for both the guide and the target
 projections; only the guide's Q rows and the target's K/V rows are ever used, so they load into
 `q_guide` and `kv_target` and the rest is dropped. Derived buffers are recomputed, never trusted.
+Files are read, and checked against the model, by `stylevar.state_dict`.
 """
 from __future__ import annotations
 
@@ -12,40 +13,27 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from stylevar.config import StyleVARConfig, VQVAEConfig
+from stylevar.state_dict import (CheckpointError, StateDict, WeightMismatchError, check_state_dict, is_state_dict,
+                                 read_file, read_state_dict)
 from stylevar.tokenizer import MultiScaleVQVAE
 from stylevar.transformer import StyleVAR
 
-StateDict = dict[str, torch.Tensor]
 _DERIVED = re.compile(r"(^|\.)(lvl_1L|attn_bias_for_masking|zero_k_bias\w*|num_batches_tracked)$")
 _ATTN_REF = re.compile(r"^blocks\.(\d+)\.attn\.(mat_qkv_guide\.weight|mat_qkv_target\.weight|q_bias_guide|"
                        r"v_bias_guide|q_bias_target|v_bias_target)$")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used: wrong layout, wrong shapes, LoRA-only, unreadable."""
 
 
 # ---- reading ---------------------------------------------------------------------------------------
 def read_state(path_or_sd: str | os.PathLike | Mapping[str, Any]) -> tuple[StateDict, dict]:
     """A state dict (and the checkpoint's `args`, if any) from a file or an in-memory checkpoint.
 
-    Accepts a plain state dict, `{"model": sd}` and `{"trainer": {"var_wo_ddp": sd}}`; `.pth` files are
-    read with `weights_only=True`, `.safetensors` with safetensors.
+    Accepts a plain state dict, `{"model": sd}` and `{"trainer": {"var_wo_ddp": sd}}`; files are read by
+    `stylevar.state_dict.read_file` (`weights_only=True`; `.safetensors` with safetensors).
     """
-    if isinstance(path_or_sd, Mapping):
-        obj: Any = path_or_sd
-    else:
-        path = Path(path_or_sd)
-        if not path.is_file():
-            raise FileNotFoundError(f"checkpoint not found: {path}")
-        try:
-            obj = load_file(str(path)) if path.suffix == ".safetensors" else torch.load(
-                path, map_location="cpu", weights_only=True)
-        except Exception as e:  # pickle / safetensors errors have many types
-            raise CheckpointError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from e
+    obj: Any = path_or_sd if isinstance(path_or_sd, Mapping) else read_file(path_or_sd, what="checkpoint")
     args = {}
     if isinstance(obj, Mapping) and isinstance(obj.get("args"), Mapping):
         args = dict(obj["args"])
@@ -53,7 +41,7 @@ def read_state(path_or_sd: str | os.PathLike | Mapping[str, Any]) -> tuple[State
         obj = obj["trainer"]["var_wo_ddp"]
     elif isinstance(obj, Mapping) and isinstance(obj.get("model"), Mapping):
         obj = obj["model"]
-    if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+    if not is_state_dict(obj):
         raise CheckpointError("checkpoint holds no state dict (expected a dict of tensors, {'model': ...} "
                               "or {'trainer': {'var_wo_ddp': ...}})")
     sd = {k.removeprefix("module.").removeprefix("_orig_mod."): v for k, v in obj.items()}
@@ -89,19 +77,25 @@ def bake_lora(sd: StateDict, args: Mapping[str, Any] | None = None, scaling: flo
 
 
 # ---- strict loading with readable errors -------------------------------------------------------------
-def _load_strict(module: torch.nn.Module, sd: StateDict, what: str, prefix_free: StateDict | None = None) -> None:
-    own = module.state_dict() if prefix_free is None else prefix_free
-    missing = [k for k in own if k not in sd]
-    unexpected = [k for k in sd if k not in own]
-    shapes = [f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}"
-              for k in own if k in sd and sd[k].shape != own[k].shape]
-    if missing or unexpected or shapes:
-        lines = [f"checkpoint does not fit {what}:"]
-        for title, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)):
+class CheckpointMismatchError(WeightMismatchError):
+    """A checkpoint that does not fit the model built from the config (worded for checkpoints)."""
+
+    @staticmethod
+    def shape_line(key: str, got: tuple[int, ...], want: tuple[int, ...]) -> str:
+        return f"{key}: checkpoint {got} vs model {want}"
+
+    def describe(self) -> str:
+        lines = [f"checkpoint does not fit {self.source}:"]
+        for title, items in (("missing keys", self.missing), ("unexpected keys", self.unexpected),
+                             ("shape mismatches", self.wrong_shape)):
             if items:
                 shown = ", ".join(items[:12]) + (f", ... ({len(items)} in all)" if len(items) > 12 else "")
                 lines.append(f"  {title}: {shown}")
-        raise CheckpointError("\n".join(lines))
+        return "\n".join(lines)
+
+
+def _check_fits(sd: StateDict, own: StateDict, what: str) -> None:
+    check_state_dict(sd, own, source=what, error=CheckpointMismatchError)
 
 
 def _fill_derived(sd: StateDict, own: StateDict) -> StateDict:
@@ -122,7 +116,7 @@ def load_vqvae(path_or_sd, cfg: VQVAEConfig) -> MultiScaleVQVAE:
     if hit in sd and sd[hit].shape != own[hit].shape:  # training statistics only
         sd = {**sd, hit: own[hit]}
     sd = _fill_derived(sd, own)
-    _load_strict(model, sd, f"MultiScaleVQVAE({cfg.ch}ch, V={cfg.vocab_size}, Cvae={cfg.z_channels})")
+    _check_fits(sd, own, f"MultiScaleVQVAE({cfg.ch}ch, V={cfg.vocab_size}, Cvae={cfg.z_channels})")
     model.load_state_dict(sd)
     return model.eval()
 
@@ -161,7 +155,7 @@ def load_stylevar(path_or_sd, cfg: StyleVARConfig, vqvae: MultiScaleVQVAE, *,
     model = StyleVAR(cfg, vqvae)
     own = model.transformer_state_dict()
     sd = _fill_derived(sd, own)
-    _load_strict(model, sd, f"StyleVAR(depth={cfg.depth}, dim={cfg.embed_dim}, V={cfg.vocab_size})", own)
+    _check_fits(sd, own, f"StyleVAR(depth={cfg.depth}, dim={cfg.embed_dim}, V={cfg.vocab_size})")
     model.load_transformer_state_dict(sd)
     return model.eval()
 
@@ -220,7 +214,7 @@ def _imagenet_resnet18() -> StateDict | None:
         path = weights.resolve("resnet18")
     except (ImportError, LookupError, FileNotFoundError):
         return None
-    sd = torch.load(path, map_location="cpu", weights_only=True)
+    sd = read_state_dict(path)
     names = {"conv1": "0", "bn1": "1", "layer1": "4", "layer2": "5", "layer3": "6", "layer4": "7"}
     return {names[k.split(".", 1)[0]] + "." + k.split(".", 1)[1]: v for k, v in sd.items()
             if k.split(".", 1)[0] in names}
@@ -239,10 +233,6 @@ def save_safetensors(sd: Mapping[str, torch.Tensor], path: str | os.PathLike, dt
 
 
 def load_safetensors(path: str | os.PathLike) -> StateDict:
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"weights file not found: {path}")
-    try:
-        return {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
-    except Exception as e:
-        raise CheckpointError(f"cannot read {path}: {type(e).__name__}: {e}") from e
+    """A project weights file, floating tensors as float32."""
+    sd = read_state_dict(path, what="weights file")
+    return {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}

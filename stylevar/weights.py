@@ -15,8 +15,9 @@ Where files are looked for, and how `fetch` gets them:
   `$XDG_CACHE_HOME/torch`, else `~/.cache/torch`); `fetch` downloads them, and every other file from a
   plain URL, with torch's `torch.hub.download_url_to_file` (temporary file, sha256 prefix check, rename).
 
-Loading helpers (`load_state_dict`, `check_state_dict`) read `.pth` files with `weights_only=True`
-and report every missing, unexpected and wrongly shaped key in one error.
+Reading a weight file and checking it against a model (`weights_only=True`, every missing, unexpected
+and wrongly shaped key in one error) is `stylevar.state_dict`'s: `read_state_dict`, `check_state_dict`,
+`load_into`.
 """
 from __future__ import annotations
 
@@ -30,19 +31,15 @@ import zipfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from stylevar import hub
 from stylevar.hub import HubFile
-
-if TYPE_CHECKING:  # torch is imported where it is used: `weights status` and the hub resolver stay light
-    import torch
 
 Location = Literal["torch", "stylevar", "hf"]
 Unpack = Literal["file", "zip", "zip-folder"]
 
 FETCH_COMMAND = "stylevar weights fetch {name}"
-_LIST_LIMIT = 12
 
 
 class MissingWeightError(FileNotFoundError):
@@ -60,20 +57,6 @@ class MissingWeightError(FileNotFoundError):
             f"(or place the file yourself at {weight.manual_path()}; "
             f"STYLEVAR_HOME / TORCH_HOME / HF_HUB_CACHE move the caches)"
         )
-
-
-class WeightMismatchError(ValueError):
-    """A weight file's keys or shapes are not the expected layout."""
-
-    def __init__(self, source: str, missing: list[str], unexpected: list[str], wrong_shape: list[str]):
-        self.missing, self.unexpected, self.wrong_shape = missing, unexpected, wrong_shape
-        parts = []
-        for label, keys in (("missing keys", missing), ("unexpected keys", unexpected), ("wrong shapes", wrong_shape)):
-            if keys:
-                shown = ", ".join(keys[:_LIST_LIMIT])
-                more = f", ... and {len(keys) - _LIST_LIMIT} more" if len(keys) > _LIST_LIMIT else ""
-                parts.append(f"{label} ({len(keys)}): {shown}{more}")
-        super().__init__(f"{source} does not have the expected layout:\n  " + "\n  ".join(parts))
 
 
 class ChecksumError(ValueError):
@@ -297,73 +280,6 @@ def missing(names: Iterable[str]) -> dict[str, MissingWeightError]:
         except MissingWeightError as e:
             out[name] = e
     return out
-
-
-# ----------------------------------------------------------------------------------------------- loading
-
-
-def load_state_dict(path: str | os.PathLike, *, key: str | None = None) -> dict[str, torch.Tensor]:
-    """Read a state dict from `.safetensors` or `.pth` (pickle read with `weights_only=True`).
-
-    `key` selects a nested dict (e.g. "state_dict"). Memory-maps where the file format allows it.
-    """
-    import torch
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"weight file not found: {path}")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        obj: object = load_file(str(path), device="cpu")
-    else:
-        try:
-            try:
-                obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-            except RuntimeError as e:
-                if "mmap" not in str(e):
-                    raise
-                obj = torch.load(path, map_location="cpu", weights_only=True)  # legacy (non-zip) serialisation
-        except Exception as e:  # noqa: BLE001 - unpickling errors come in many types
-            raise ValueError(f"cannot read weight file {path}: {e}") from e
-    if key is not None:
-        if not isinstance(obj, dict) or key not in obj:
-            raise WeightMismatchError(str(path), [key], [], [])
-        obj = obj[key]
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise ValueError(f"{path} does not hold a state dict (a mapping of names to tensors)")
-    return obj
-
-
-def check_state_dict(
-    state_dict: Mapping[str, torch.Tensor],
-    expected: Mapping[str, torch.Tensor | torch.Size | tuple[int, ...]],
-    *,
-    source: str,
-    allow_unexpected: bool = False,
-) -> None:
-    """Raise `WeightMismatchError` listing every missing, unexpected and wrongly shaped key."""
-    import torch
-
-    def shape(v) -> tuple[int, ...]:
-        return tuple(v.shape) if isinstance(v, torch.Tensor) else tuple(v)
-
-    missing_keys = [k for k in expected if k not in state_dict]
-    unexpected = [] if allow_unexpected else [k for k in state_dict if k not in expected]
-    wrong = [
-        f"{k}: file {shape(state_dict[k])} vs expected {shape(expected[k])}"
-        for k in expected
-        if k in state_dict and shape(state_dict[k]) != shape(expected[k])
-    ]
-    if missing_keys or unexpected or wrong:
-        raise WeightMismatchError(source, missing_keys, unexpected, wrong)
-
-
-def load_into(module: torch.nn.Module, path: str | os.PathLike, *, source: str | None = None) -> None:
-    """Strictly load a state-dict file into `module` after checking keys and shapes."""
-    sd = load_state_dict(path)
-    check_state_dict(sd, module.state_dict(), source=source or str(path))
-    module.load_state_dict(sd, strict=True)
 
 
 # ----------------------------------------------------------------------------------------------- fetching

@@ -8,6 +8,7 @@ import torch
 
 from stylevar import weights
 from stylevar.baselines.adain import AdaIN, adaptive_instance_norm, channel_mean_std, decoder_layers, vgg_normalised_layers
+from stylevar.state_dict import WeightMismatchError
 
 # The public files' layouts (pytorch-AdaIN's torch7 conversions): index of every conv in the nn.Sequential
 # and its (out, in, k, k) weight shape. vgg_normalised.pth runs to relu5_4; decoder.pth from relu4_1 to RGB.
@@ -135,7 +136,7 @@ def test_registry_and_bad_files(files, weight_homes):
     with pytest.raises(weights.MissingWeightError, match="vgg19-dcbb9e9d.pth"):
         AdaIN.from_registry("torchvision")
     # a decoder passed where the encoder belongs: every bad key is counted
-    with pytest.raises(weights.WeightMismatchError) as e:
+    with pytest.raises(WeightMismatchError) as e:
         AdaIN.from_files(decoder=files[1], encoder=files[1])
     msg = str(e.value)
     assert "missing keys (30): 0.weight" in msg and "unexpected keys (14): 1.weight" in msg

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from stylevar import metrics, weights
 from stylevar.metrics.ssim import gaussian_window, ssim, ssim_standard
 from stylevar.metrics.vgg import CONTENT_LAYER, STYLE_LAYERS, VGGLosses, gram_matrix
+from stylevar.state_dict import WeightMismatchError, read_state_dict
 from tests.conftest import use_weight_cache
 
 DINO_BACKBONE_URL = "https://dl.fbaipublicfiles.com/dino/dino_vitbase16_pretrain/dino_vitbase16_pretrain.pth"
@@ -373,7 +374,7 @@ def test_dreamsim_left_torch_hub_as_it_was(slow_results):  # DreamSim was loaded
 def test_layout_errors_list_the_bad_keys(full_cache, tmp_path):
     from stylevar.metrics.perceptual import CLIPMetric
 
-    sd = weights.load_state_dict(weights.resolve("clip"))
+    sd = read_state_dict(weights.resolve("clip"))
     sd = dict(sd)
     del sd["visual.proj"]
     sd["visual.conv1.weight"] = torch.zeros(3, 3)
@@ -382,7 +383,7 @@ def test_layout_errors_list_the_bad_keys(full_cache, tmp_path):
 
     bad = tmp_path / "bad.safetensors"
     save_file(sd, str(bad))
-    with pytest.raises(weights.WeightMismatchError) as e:
+    with pytest.raises(WeightMismatchError) as e:
         CLIPMetric.from_weights(bad)
     msg = str(e.value)
     assert "missing keys (1): visual.proj" in msg

@@ -15,6 +15,7 @@ import torch
 from stylevar import weights
 from stylevar.cli import main
 from stylevar.hub import HubFile
+from stylevar.state_dict import WeightMismatchError, load_into, read_state_dict
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -103,24 +104,24 @@ def test_state_dict_checks_list_every_bad_key(tmp_path):
     sd = {"0.weight": torch.zeros(4, 3, 3, 3), "0.bias": torch.zeros(5), "2.weight": torch.zeros(1)}
     path = tmp_path / "m.pth"
     torch.save(sd, path)
-    with pytest.raises(weights.WeightMismatchError) as e:
-        weights.load_into(model, path)
+    with pytest.raises(WeightMismatchError) as e:
+        load_into(model, path)
     msg = str(e.value)
     assert "missing keys (2): 1.weight, 1.bias" in msg
     assert "unexpected keys (1): 2.weight" in msg
     assert "0.bias: file (5,) vs expected (4,)" in msg
     torch.save(model.state_dict(), path)
-    weights.load_into(model, path)
+    load_into(model, path)
     torch.save(model.state_dict(), path, _use_new_zipfile_serialization=False)  # legacy format: no mmap
-    weights.load_into(model, path)
+    load_into(model, path)
     with pytest.raises(FileNotFoundError):
-        weights.load_state_dict(tmp_path / "absent.pth")
+        read_state_dict(tmp_path / "absent.pth")
     (tmp_path / "junk.pth").write_bytes(b"not a pickle")
     with pytest.raises(ValueError, match="cannot read weight file"):
-        weights.load_state_dict(tmp_path / "junk.pth")
+        read_state_dict(tmp_path / "junk.pth")
     torch.save([1, 2], tmp_path / "list.pth")
     with pytest.raises(ValueError, match="does not hold a state dict"):
-        weights.load_state_dict(tmp_path / "list.pth")
+        read_state_dict(tmp_path / "list.pth")
 
 
 def test_fetch_file_with_checksum_atomically(weight_homes, server):

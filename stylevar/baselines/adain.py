@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from stylevar import weights
+from stylevar.state_dict import load_into
 
 EncoderKind = Literal["vgg_normalised", "torchvision"]
 EPS = 1e-5
@@ -104,7 +105,7 @@ def adaptive_instance_norm(content_BCHW: torch.Tensor, style_BCHW: torch.Tensor,
 def load_vgg_normalised(path: str | os.PathLike) -> nn.Sequential:
     """`vgg_normalised.pth` (full layout checked) cut to relu4_1."""
     full = vgg_normalised_layers()
-    weights.load_into(full, path, source=f"{path} (AdaIN vgg_normalised)")
+    load_into(full, path, source=f"{path} (AdaIN vgg_normalised)")
     return full[:RELU4_1_VGG_NORMALISED]
 
 
@@ -117,7 +118,7 @@ def load_torchvision_vgg19(path: str | os.PathLike | None = None) -> nn.Sequenti
 
 def load_decoder(path: str | os.PathLike) -> nn.Sequential:
     decoder = decoder_layers()
-    weights.load_into(decoder, path, source=f"{path} (AdaIN decoder)")
+    load_into(decoder, path, source=f"{path} (AdaIN decoder)")
     return decoder
 
 

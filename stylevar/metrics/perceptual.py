@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stylevar import weights
+from stylevar.state_dict import WeightMismatchError, read_checked
 
 LpipsNet = Literal["vgg", "alex"]
 LPIPS_WEIGHTS = {"vgg": "vgg16", "alex": "alexnet"}
@@ -54,10 +55,9 @@ class LPIPSMetric(nn.Module):
         if net not in LPIPS_WEIGHTS:
             raise ValueError(f"LPIPS backbone must be one of {tuple(LPIPS_WEIGHTS)}, not {net!r}")
         path = weights.resolve(LPIPS_WEIGHTS[net]) if backbone is None else Path(backbone)
-        sd = weights.load_state_dict(path)
         with torch.device("meta"):
             skeleton = models.vgg16() if net == "vgg" else models.alexnet()
-        weights.check_state_dict(sd, skeleton.state_dict(), source=f"{path} (torchvision {skeleton.__class__.__name__})")
+        sd = read_checked(path, skeleton.state_dict(), source=f"{path} (torchvision {skeleton.__class__.__name__})")
         with warnings.catch_warnings():  # lpips passes the deprecated `pretrained=` to torchvision
             warnings.simplefilter("ignore", UserWarning)
             model = lpips.LPIPS(net=net, pretrained=True, pnet_rand=True, verbose=False)
@@ -108,14 +108,13 @@ def _check_dreamsim_tree(folder: Path) -> None:
         warnings.simplefilter("ignore", FutureWarning)
         head = DINOHead(768, 2048)
     backbone = folder / "checkpoints" / "dino_vitbase16_pretrain.pth"
-    weights.check_state_dict(weights.load_state_dict(backbone), vit.state_dict(), source=f"{backbone} (DINO ViT-B/16)")
+    read_checked(backbone, vit.state_dict(), source=f"{backbone} (DINO ViT-B/16)")
     pretrain = folder / "dino_vitb16_pretrain.pth"
     source = f"{pretrain} (DreamSim DINO head, sd['student'])"
-    student = weights.load_state_dict(pretrain, key="student")
     expected = {f"module.head.{k}": v for k, v in head.state_dict().items() if not k.startswith("last_layer.")}
-    weights.check_state_dict(student, expected, source=source, allow_unexpected=True)
+    student = read_checked(pretrain, expected, source=source, key="student", allow_unexpected=True)
     if "module.head.last_layer.weight" not in student:
-        raise weights.WeightMismatchError(source, ["module.head.last_layer.weight"], [], [])
+        raise WeightMismatchError(source, ["module.head.last_layer.weight"], [], [])
 
 
 class DreamSimMetric(nn.Module):
@@ -175,7 +174,7 @@ class CLIPMetric(nn.Module):
             model = open_clip.create_model("ViT-B-32", pretrained=None, force_quick_gelu=True)
         finally:
             logging.getLogger().removeFilter(quiet)
-        weights.check_state_dict(weights.load_state_dict(path), model.state_dict(), source=f"{path} (open_clip ViT-B-32)")
+        read_checked(path, model.state_dict(), source=f"{path} (open_clip ViT-B-32)")
         open_clip.load_checkpoint(model, str(path))
         return cls(model.eval().requires_grad_(False))
 

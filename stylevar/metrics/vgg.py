@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stylevar import weights
+from stylevar.state_dict import read_checked
 
 STYLE_LAYERS = (0, 5, 10, 19, 28)  # conv1_1, conv2_1, conv3_1, conv4_1, conv5_1
 CONTENT_LAYER = 21  # conv4_2
@@ -40,10 +41,9 @@ def load_vgg19_features(path: str | os.PathLike | None = None, upto: int = max(S
     from torchvision.models import vgg19
 
     path = weights.resolve("vgg19") if path is None else path
-    sd = weights.load_state_dict(path)
     with torch.device("meta"):
         skeleton = vgg19()
-    weights.check_state_dict(sd, skeleton.state_dict(), source=f"{path} (torchvision VGG-19)")
+    sd = read_checked(path, skeleton.state_dict(), source=f"{path} (torchvision VGG-19)")
     features = skeleton.features[: upto + 1].to_empty(device="cpu")
     prefix = "features."
     own = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix) and int(k.split(".")[1]) <= upto}
