@@ -371,7 +371,7 @@ COMMANDS: tuple[Command, ...] = (
             "stylevar.hub:add_arguments"),
     Command("bench", "speed of generation and teacher forcing (random weights)", "stylevar.bench:add_arguments"),
     Command("merge-lora", "bake the LoRA adapters of a GRPO checkpoint into a plain model directory",
-            "stylevar.lora:add_arguments"),
+            "training.merge_lora:add_arguments"),  # a training file: the command lives in training/
     Command("weights", "list and fetch external weights (VGG, LPIPS, DreamSim, CLIP, ...)",
             "stylevar.weights:add_arguments"),
     Command("evaluate", "compare methods on benchmark triplets (the paper's Table 1 metrics)",

@@ -12,14 +12,13 @@ effective matrix as a ``weight`` property as well as applying the low-rank path 
 Typical use (GRPO): ``attach_lora(model, LoRAConfig(rank, alpha))``; the reference policy is the same
 model under ``with lora_disabled(model):`` (no copy); ``merge_lora(model)`` bakes the update into the
 base weights and restarts the adapters at zero; ``unload_lora(model)`` gives back plain ``nn.Linear``s.
+Training checkpoints are not read here: ``training.merge_lora`` (``stylevar merge-lora``) bakes a GRPO run's.
 """
 from __future__ import annotations
 
 import contextlib
 import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterator, Mapping
 
 import torch
@@ -245,69 +244,3 @@ def unload_lora(model: nn.Module, *, merge: bool = True) -> nn.Module:
         setattr(parent, leaf, m.to_linear(merge=merge))
     return model
 
-
-# ------------------------------------------------------------------------------------------ CLI
-def add_arguments(p) -> None:
-    """`stylevar merge-lora` (listed in stylevar.cli): a GRPO checkpoint (LoRA on top of its base) -> a plain
-    model directory."""
-    p.add_argument("checkpoint", help="a GRPO checkpoint (RUN/checkpoints/step-*.pt) or a RUN directory (its newest one)")
-    p.add_argument("--out", required=True, help="output model directory")
-    p.add_argument("--config", metavar="MODEL_DIR",
-                   help="model directory whose config.json (and tokenizer) to use when the checkpoint has none")
-    p.add_argument("--lora-scaling", type=float, help="alpha/rank when the checkpoint's args lack lora_rank/lora_alpha")
-    p.add_argument("--name", default="stylevar-grpo", help="model name recorded in config.json")
-    p.add_argument("--fp16", action="store_true", help="store weights in float16")
-    p.set_defaults(func=_merge_lora_command)
-
-
-def newest_checkpoint(src: str | os.PathLike) -> Path:
-    """`src` itself if it is a file, else the newest `step-*.pt` in `src/checkpoints` (or `src`)."""
-    path = Path(src)
-    if path.is_file():
-        return path
-    if not path.is_dir():
-        raise FileNotFoundError(f"checkpoint or RUN directory not found: {path}")
-    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-    found = sorted(folder.glob("step-*.pt"))
-    if not found:
-        raise FileNotFoundError(f"no step-*.pt checkpoint in {folder}")
-    return found[-1]
-
-
-def _merge_lora_command(args) -> int:
-    import dataclasses
-    import json
-
-    from stylevar.checkpoints import CheckpointError, load_safetensors, load_stylevar, load_vqvae, read_state
-    from stylevar.pipeline import PipelineConfig, StylePipeline
-
-    path = newest_checkpoint(args.checkpoint)
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # pickle errors have many types
-        raise CheckpointError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from e
-    if not isinstance(state, Mapping):
-        raise CheckpointError(f"{path} does not hold a checkpoint dict")
-    extra = state.get("extra") if isinstance(state.get("extra"), Mapping) else {}
-    cfg_dict = extra.get("pipeline_config")
-    model_dir = Path(args.config) if args.config else None
-    if cfg_dict is None:
-        if model_dir is None:
-            raise CheckpointError(f"{path} carries no model config; pass --config MODEL_DIR (the model it was trained from)")
-        cfg_dict = json.loads((model_dir / "config.json").read_text())
-    config = PipelineConfig.from_dict(cfg_dict)
-    sd, _ = read_state(state)
-    if not any(k.endswith(".lora_A") for k in sd):
-        raise CheckpointError(f"{path} has no LoRA weights (*.lora_A); it is not a GRPO checkpoint")
-    tok_sd = {k[len("tokenizer."):]: v for k, v in sd.items() if k.startswith("tokenizer.")}
-    if not tok_sd:
-        if model_dir is None:
-            raise CheckpointError(f"{path} holds no tokenizer weights; pass --config MODEL_DIR to take them from there")
-        tok_sd = load_safetensors(model_dir / "tokenizer.safetensors")
-    vqvae = load_vqvae(tok_sd, config.tokenizer)
-    model = load_stylevar(state, config.transformer, vqvae, lora_scaling=args.lora_scaling)
-    extra_cfg = {**config.extra, "merged_from": str(path), "step": int(state.get("step", -1))}
-    pipe = StylePipeline(model, dataclasses.replace(config, name=args.name, demo=False, extra=extra_cfg))
-    out = pipe.save_pretrained(args.out, dtype=torch.float16 if args.fp16 else None)
-    print(f"merged the LoRA adapters of {path} into {out}")
-    return 0

@@ -97,6 +97,36 @@ def test_clipped_policy_loss_and_k3_by_hand():
     assert float(grpo.k3_kl(torch.tensor([0.0]), torch.tensor([1e-4]))) > 0  # no cancellation to 0 in fp32
 
 
+def test_grpo_loss_by_hand():
+    """The loss of two rollouts of two tokens, term by term; its parts and gradients."""
+    rho = [[1.5, 0.5], [1.1, 0.7]]  # old = 0, so rho = exp(new)
+    ref = [[0.1, -0.2], [0.3, 0.0]]
+    adv, w, eps, beta = [1.0, -2.0], [0.25, 0.75], 0.2, 0.5
+    new = torch.log(torch.tensor(rho, dtype=torch.float64)).requires_grad_()
+    loss, parts = grpo.grpo_loss(new, torch.zeros(2, 2, dtype=torch.float64), torch.tensor(ref, dtype=torch.float64),
+                                 torch.tensor(adv, dtype=torch.float64), torch.tensor(w, dtype=torch.float64),
+                                 clip_eps=eps, kl_beta=beta)
+    expected, grads = 0.0, [[0.0, 0.0], [0.0, 0.0]]
+    for i in range(2):
+        for t in range(2):
+            r, a, d = rho[i][t], adv[i], ref[i][t] - math.log(rho[i][t])
+            clipped = min(max(r, 1 - eps), 1 + eps)
+            policy = -min(r * a, clipped * a)
+            k3 = math.exp(d) - 1 - d
+            expected += w[t] * (policy + beta * k3) / 2  # mean over the 2 rollouts
+            d_policy = -a * r if r * a <= clipped * a else 0.0  # the clipped side has no gradient
+            grads[i][t] = w[t] * (d_policy + beta * (1 - math.exp(d))) / 2
+    assert float(loss.detach()) == pytest.approx(expected, rel=1e-12)
+    assert parts == {"clipped": 3.0, "ratio_dev": pytest.approx(0.5)}  # |rho - 1| > 0.2: 1.5, 0.5, 0.7
+    loss.backward()
+    torch.testing.assert_close(new.grad, torch.tensor(grads, dtype=torch.float64))
+    # a chunk of a larger step is divided by the step's row count
+    half, _ = grpo.grpo_loss(new, torch.zeros(2, 2, dtype=torch.float64), torch.tensor(ref, dtype=torch.float64),
+                             torch.tensor(adv, dtype=torch.float64), torch.tensor(w, dtype=torch.float64),
+                             clip_eps=eps, kl_beta=beta, num_rows=4)
+    assert float(half.detach()) == pytest.approx(expected / 2, rel=1e-12)
+
+
 def test_rollout_seeds_are_derived_and_rank_independent():
     a = [grpo.rollout_seed(0, 3, i) for i in range(8)]
     assert a == [grpo.rollout_seed(0, 3, i) for i in range(8)] and len(set(a)) == 8

@@ -34,8 +34,8 @@ step, reward_mean, reward_std (over all rollouts), reward_group_std (mean within
 kl_group_max, loss, clip_frac (tokens with |rho - 1| > eps, last epoch), ratio_dev, grad_norm, merged,
 emergency, skipped, reward_ema, lr, entropy_s{k} (policy entropy per scale), timings. TensorBoard gets
 the same. Resume (model incl. LoRA and merged base, optimizer, merge state, data position, RNG) through
-training/loop.py; ``RUN/final/`` is a plain model directory with LoRA merged (also: ``stylevar
-merge-lora RUN``).
+training/loop.py's parts, the same ones SFT uses; ``RUN/final/`` is a plain model directory with LoRA
+merged (any checkpoint: ``python -m training.merge_lora RUN``, also ``stylevar merge-lora RUN``).
 """
 from __future__ import annotations
 
@@ -43,8 +43,6 @@ import argparse
 import contextlib
 import dataclasses
 import math
-import os
-import shutil
 import sys
 import time
 import warnings
@@ -55,11 +53,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from stylevar import hub
 from stylevar.lora import (LoRAConfig, attach_lora, load_lora_state_dict, lora_disabled, lora_parameters, merge_lora,
                            snapshot_lora, unload_lora)
-from stylevar.pipeline import PipelineConfig, StylePipeline
+from stylevar.pipeline import StylePipeline
 from stylevar.transformer import Condition, StyleVAR
 from training import loop
 from training.data import check_data_args, collate_triplets, dataset_size, open_triplets
@@ -114,6 +113,26 @@ def clipped_policy_loss(new_NL: torch.Tensor, old_NL: torch.Tensor, adv_N: torch
     ratio = torch.exp(new_NL - old_NL)
     a = adv_N.unsqueeze(1)
     return -torch.minimum(ratio * a, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a), ratio
+
+
+def grpo_loss(new_NL: torch.Tensor, old_NL: torch.Tensor, ref_NL: torch.Tensor, adv_N: torch.Tensor,
+              weights_L: torch.Tensor, *, clip_eps: float, kl_beta: float, num_rows: int | None = None
+              ) -> tuple[torch.Tensor, dict[str, float]]:
+    """The GRPO loss of N rollouts (or a chunk of them) and its logged parts.
+
+    Per token: policy term -min(rho A, clip(rho, 1 - eps, 1 + eps) A), rho = exp(new - old), plus
+    ``kl_beta`` * k3(ref - new); weighted by the PANW ``weights_L``, summed over the L tokens, summed over
+    the rows and divided by ``num_rows`` (all rows of the step when this is a chunk; default N).
+    Parts: ``clipped`` (tokens with |rho - 1| > eps) and ``ratio_dev`` (max |rho - 1|).
+    """
+    pg, ratio = clipped_policy_loss(new_NL, old_NL, adv_N, clip_eps)
+    kl = k3_kl(ref_NL, new_NL)
+    per_row = (weights_L * (pg + kl_beta * kl)).sum(-1)
+    loss = per_row.sum() / (num_rows or new_NL.shape[0])
+    with torch.no_grad():
+        dev = (ratio - 1).abs()
+        parts = {"clipped": float((dev > clip_eps).float().sum()), "ratio_dev": float(dev.max())}
+    return loss, parts
 
 
 def entropy_per_scale(logits_NLV: torch.Tensor, patch_nums: Sequence[int]) -> torch.Tensor:
@@ -353,18 +372,16 @@ class GRPOTrainer:
                                                            style_strength=cfg.style_strength,
                                                            cond=None if r.cond is None else r.cond.rows(s, e))
                 new = token_logprobs(logits, torch.cat(idx, 1))
-                pg, ratio = clipped_policy_loss(new, r.old[s:e], r.advantages[s:e], cfg.clip_eps)
-                kl = k3_kl(r.ref[s:e], new)
-                per_row = (w_L * (pg + cfg.kl_beta * kl)).sum(-1)
-                loss = per_row.sum() / N
+                loss, parts = grpo_loss(new, r.old[s:e], r.ref[s:e], r.advantages[s:e], w_L, clip_eps=cfg.clip_eps,
+                                        kl_beta=cfg.kl_beta, num_rows=N)
                 loss.backward()
                 loss_sum += float(loss.detach())
-                with torch.no_grad():
-                    clipped += float(((ratio - 1).abs() > cfg.clip_eps).float().sum())
-                    ratio_dev = max(ratio_dev, float((ratio - 1).abs().max()))
-                    if want_entropy:
+                clipped += parts["clipped"]
+                ratio_dev = max(ratio_dev, parts["ratio_dev"])
+                if want_entropy:
+                    with torch.no_grad():
                         ent += entropy_per_scale(logits.detach(), self.patch_nums).double().cpu() * (e - s)
-                del logits, new, pg, ratio, kl, per_row, loss
+                del logits, new, loss
         out = {"loss": loss_sum, "clip_frac": clipped / (N * w_L.numel()), "ratio_dev": ratio_dev}
         if want_entropy:
             out.update({f"entropy_s{k}": float(v) / N for k, v in enumerate(ent)})
@@ -381,13 +398,19 @@ class GRPOTrainer:
         return out
 
     def _sync_grads(self) -> None:
+        """The LoRA gradients averaged over ranks in one all-reduce of one flat buffer (per element the same
+        sum as an all-reduce per tensor)."""
         if not self.env.distributed:
             return
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            dist.all_reduce(p.grad)
-            p.grad.div_(self.env.world_size)
+        grads = [p.grad for p in self.params]
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat)
+        flat.div_(self.env.world_size)
+        for g, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+            g.copy_(reduced)
 
     def _merge(self, step: int, emergency: bool) -> None:
         """Bake the peak snapshot into the base weights, restart LoRA, clear the optimizer state."""
@@ -454,7 +477,7 @@ class GRPOTrainer:
 
 # ------------------------------------------------------------------------------------------ CLI
 SUM_KEYS = ("merged", "emergency", "skipped")  # counted over a log window; the rest averaged
-LAST_KEYS = ("reward_ema", "merges_total", "lr")
+LAST_KEYS = ("reward_ema", "merges_total")  # their value at the logged step
 # options that may change when a run is resumed (they do not change what is computed)
 FREE_KEYS = (*loop.FREE_KEYS, "rollout_chunk", "tf_chunk")
 
@@ -558,95 +581,52 @@ def train(args: argparse.Namespace, grpo_cfg: GRPOConfig, merge_cfg: MergeConfig
     optimizer = make_adamw(model, args.lr, args.weight_decay, betas=(0.9, 0.95))
     scheduler = two_level_scheduler(optimizer, ScheduleConfig(max_steps=args.max_steps, warmup_steps=args.warmup_steps,
                                                               drop_factor=1.0))
-    scaler = loop.make_grad_scaler("fp32", env.device)
     stream = loop.make_stream(dataset, loop.BatchStreamConfig(global_batch=args.batch_size, seed=args.seed,
                                                               num_workers=args.num_workers,
                                                               collate_fn=collate_triplets), env)
     trainer = GRPOTrainer(model, reward, grpo_cfg, merge_cfg, optimizer, scheduler, env)
-    ckpts = loop.CheckpointManager(run.checkpoints, env, keep=args.keep_checkpoints)
     base_config = pipe.config
+    state = loop.TrainingState(model, optimizer, scheduler, stream, env)
 
-    resumable = loop.TrainingState(model, optimizer, scheduler, scaler, stream, env)
-    resumed = loop.resume(ckpts, resumable, args.seed)
-    if resumed.path is not None:
-        trainer.controller.load_state_dict(resumed.extra["merge"])
-    start = resumed.step
+    def write_final(folder: Path) -> None:
+        """The model with LoRA merged, as a plain model directory."""
+        unload_lora(model, merge=True)
+        extra = {**base_config.extra, "recipe": "grpo", "init": str(args.init), "steps": args.max_steps,
+                 "reward": args.reward, "group_size": args.group_size, "lora_rank": args.lora_rank,
+                 "lora_alpha": args.lora_alpha}
+        cfg = dataclasses.replace(base_config, name=args.name, demo=False, extra=extra)
+        StylePipeline(model, cfg).save_pretrained(folder)
 
-    def save(step: int) -> None:
-        st = resumable.state_dict(step, extra={"merge": trainer.controller.state_dict(),
-                                                "pipeline_config": base_config.to_dict(),
-                                                "lora": lora_cfg.to_dict()})
-        st["args"] = {"lora_rank": lora_cfg.rank, "lora_alpha": lora_cfg.alpha}  # what checkpoints.bake_lora reads
-        ckpts.save(step, st)
-
-    with loop.RunLogger(run, env, total_steps=args.max_steps, start_step=start, progress=not args.no_progress) as log:
-        if start:
-            log.info(f"resumed from step {start} (epoch {stream.epoch}, batch {stream.index})")
-        for note in resumed.notes:
-            log.info(note)
+    with loop.TrainingRun(run, state, max_steps=args.max_steps, save_every=args.save_every,
+                          save_every_minutes=args.save_every_minutes, keep=args.keep_checkpoints, seed=args.seed,
+                          progress=not args.no_progress) as tr:
+        if tr.resumed.path is not None:
+            trainer.controller.load_state_dict(tr.resumed.extra["merge"])
+        log, start = tr.log, tr.start
         n_lora = sum(p.numel() for p in lora_parameters(model))
         log.info(f"{dataset_size(dataset)} training triplets, {pipe.image_size}px, G={grpo_cfg.group_size}, "
                  f"batch {args.batch_size} ({args.batch_size * grpo_cfg.group_size} rollouts/step), reward "
                  f"{reward_cfg.name} x{reward_cfg.scale}, LoRA r={lora_cfg.rank} alpha={lora_cfg.alpha} "
                  f"({n_lora / 1e6:.3f}M trainable), world size {env.world_size}, rollouts {precision}")
         step = start
-        window: list[dict[str, float]] = []
-        schedule = loop.CheckpointSchedule(env, max_steps=args.max_steps, every_steps=args.save_every,
-                                           every_minutes=args.save_every_minutes)
-        progress = loop.Progress(start, args.max_steps)
+        window = loop.MetricWindow(env, last=LAST_KEYS, summed=SUM_KEYS, over_ranks=False)  # stats agree on all ranks
         while step < args.max_steps:
             batch = loop.move_to({k: v for k, v in stream.next().items() if k in ("content", "style", "target")},
                                  env.device)
             lr = optimizer.param_groups[0]["lr"]
             stats = trainer.step(batch, step + 1)
             step += 1
-            stats["lr"] = lr
-            window.append(stats)
+            window.add(stats)
             if step % args.log_every == 0 or step == args.max_steps:
-                log.log(step, _window_record(window))
-                log.advance(step, {"reward": window[-1]["reward_mean"], "kl": window[-1]["kl"]})
-                window = []
+                log.log(step, {**window.record(), "lr": lr})
+                log.advance(step, {"reward": stats["reward_mean"], "kl": stats["kl"]})
             if step == start + 1 and step < args.max_steps:  # a first ETA after the first step
-                log.info(progress.line(step))
-            if schedule.due(step):
-                save(step)
-                schedule.saved()
-                if step < args.max_steps:
-                    log.info(f"checkpoint step-{step:08d}.pt; {progress.line(step)}")
-        if step > start:
-            log.info(f"trained steps {start + 1}-{step} in {loop.format_duration(progress.elapsed_s())}")
-        if start < args.max_steps or not run.final.exists():
-            if env.is_main:
-                _write_final(run, model, base_config, args)
-                log.info(f"wrote {run.final}")
-            env.barrier()
+                log.info(tr.progress.line(step))
+            if tr.checkpoint_due(step):
+                tr.save(step, extra={"merge": trainer.controller.state_dict(),
+                                     "pipeline_config": base_config.to_dict(), "lora": lora_cfg.to_dict()})
+        tr.finish(step, write_final)
     return 0
-
-
-def _window_record(window: list[Mapping[str, float]]) -> dict[str, float]:
-    keys = list(dict.fromkeys(k for w in window for k in w))
-    out: dict[str, float] = {}
-    for k in keys:
-        vals = [float(w[k]) for w in window if k in w and math.isfinite(float(w[k]))]
-        if not vals:
-            continue
-        out[k] = sum(vals) if k in SUM_KEYS else vals[-1] if k in LAST_KEYS else sum(vals) / len(vals)
-    return out
-
-
-def _write_final(run: loop.RunDir, model: StyleVAR, base: PipelineConfig, args: argparse.Namespace) -> None:
-    """RUN/final: the model with LoRA merged, as a plain model directory (temp folder, then renamed)."""
-    unload_lora(model, merge=True)
-    extra = {**base.extra, "recipe": "grpo", "init": str(args.init), "steps": args.max_steps, "reward": args.reward,
-             "group_size": args.group_size, "lora_rank": args.lora_rank, "lora_alpha": args.lora_alpha}
-    cfg = dataclasses.replace(base, name=args.name, demo=False, extra=extra)
-    tmp = run.root / ".final.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    StylePipeline(model, cfg).save_pretrained(tmp)
-    if run.final.exists():
-        shutil.rmtree(run.final)
-    os.replace(tmp, run.final)
 
 
 if __name__ == "__main__":

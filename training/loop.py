@@ -683,19 +683,20 @@ class TrainingState:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: Any
-    scaler: torch.amp.GradScaler
     stream: "BatchStream | IterableBatchStream"
     env: DistEnv
+    scaler: torch.amp.GradScaler | None = None  # a recipe without loss scaling (GRPO) has none
     generators: Mapping[str, torch.Generator] | None = None
 
     def state_dict(self, step: int, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The checkpoint at ``step``. Call on every rank (RNG states are gathered)."""
+        scaler = {} if self.scaler is None else {"scaler": self.scaler.state_dict()}
         return {
             "step": step,
             "model": unwrap(self.model).state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
+            **scaler,
             "data": self.stream.state_dict(),
             "rng": gather_rng_states(self.env, self.generators),
             "world_size": self.env.world_size,
@@ -708,7 +709,8 @@ class TrainingState:
         unwrap(self.model).load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
+        if self.scaler is not None:
+            self.scaler.load_state_dict(state["scaler"])
         self.stream.load_state_dict(state["data"])
         if int(state["world_size"]) == self.env.world_size:
             restore_rng_state(state["rng"][self.env.rank], self.generators)
@@ -1001,7 +1003,121 @@ def format_duration(seconds: float) -> str:
 
 
 # --------------------------------------------------------------------------------------------------
-# the step loop shared by the recipes
+# the parts every recipe's step loop shares: the run around the steps, and the logged windows
+# --------------------------------------------------------------------------------------------------
+class TrainingRun:
+    """One invocation of a recipe on RUN/, around its own step loop: the resume from the newest readable
+    checkpoint (said in the log), checkpoints on a :class:`CheckpointSchedule` (each with the time left,
+    :class:`Progress`), and at the end a summary line and ``RUN/final`` (written to a temp folder on rank 0,
+    then renamed). ``log`` is the run's :class:`RunLogger`; ``resumed.extra`` the recipe's own saved state.
+
+        with loop.TrainingRun(run, state, max_steps=N, save_every=..., seed=...) as tr:
+            step = tr.start
+            while step < N:
+                ...; step += 1                                    # one optimizer step
+                if tr.checkpoint_due(step):
+                    tr.save(step, extra={...})
+            tr.finish(step, write_final)                          # write_final(folder) on rank 0
+    """
+
+    def __init__(self, run: RunDir, state: TrainingState, *, max_steps: int, save_every: int,
+                 save_every_minutes: float = 0.0, keep: int = 3, seed: int = 0, progress: bool = True,
+                 clock: Callable[[], float] = time.monotonic):
+        self.run, self.state, self.env = run, state, state.env
+        self.max_steps, self.save_every, self.save_every_minutes = max_steps, save_every, save_every_minutes
+        self.seed, self.show_progress, self.clock = seed, progress, clock
+        self.ckpts = CheckpointManager(run.checkpoints, self.env, keep=keep)
+
+    def __enter__(self) -> "TrainingRun":
+        self.resumed = resume(self.ckpts, self.state, self.seed)
+        self.start = self.resumed.step
+        self.log = RunLogger(self.run, self.env, total_steps=self.max_steps, start_step=self.start,
+                             progress=self.show_progress)
+        stream = self.state.stream
+        if self.start:
+            self.log.info(f"resumed from step {self.start} (epoch {stream.epoch}, batch {stream.index})")
+        for note in self.resumed.notes:
+            self.log.info(note)
+        self.schedule = CheckpointSchedule(self.env, max_steps=self.max_steps, every_steps=self.save_every,
+                                           every_minutes=self.save_every_minutes, clock=self.clock)
+        self.progress = Progress(self.start, self.max_steps, clock=self.clock)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.log.close()
+
+    def checkpoint_due(self, step: int) -> bool:
+        """Whether ``step`` ends with a checkpoint (the same answer on every rank)."""
+        return self.schedule.due(step)
+
+    def save(self, step: int, extra: Mapping[str, Any] | None = None) -> None:
+        """The checkpoint of ``step`` (every rank calls it), and the time left."""
+        path = self.ckpts.save(step, self.state.state_dict(step, extra))
+        self.schedule.saved()
+        if step < self.max_steps and path is not None:
+            self.log.info(f"checkpoint {path.name}; {self.progress.line(step)}")
+
+    def finish(self, step: int, write_final: Callable[[Path], None] | None) -> None:
+        """The summary line; then ``write_final(folder)`` on rank 0 makes ``RUN/final`` (unless a finished
+        run was only re-run)."""
+        if step > self.start:
+            self.log.info(f"trained steps {self.start + 1}-{step} in {format_duration(self.progress.elapsed_s())}")
+        if write_final is None or (self.start >= self.max_steps and self.run.final.exists()):
+            return
+        if self.env.is_main:
+            tmp = self.run.root / ".final.tmp"
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+            write_final(tmp)
+            if self.run.final.exists():
+                shutil.rmtree(self.run.final)
+            os.replace(tmp, self.run.final)
+            self.log.info(f"wrote {self.run.final}")
+        self.env.barrier()
+
+
+class MetricWindow:
+    """The per-step metrics of the steps between two log lines, reduced to one log record.
+
+    A key a step lacks is left out of that step; ``last`` keys take their value at the newest step,
+    ``summed`` keys their sum over the window, the others their mean. With ``over_ranks`` the record is
+    then the mean over ranks (one all-reduce: every rank calls :meth:`record`); metrics that already
+    agree on every rank turn it off. Values that are not finite are left out of the record.
+    """
+
+    def __init__(self, env: DistEnv, *, last: Sequence[str] = (), summed: Sequence[str] = (),
+                 over_ranks: bool = True):
+        self.env, self.last, self.summed, self.over_ranks = env, tuple(last), tuple(summed), over_ranks
+        self.rows: list[Mapping[str, float]] = []
+        self.steps_per_s = math.nan  # of the last recorded window
+        self._t0 = time.perf_counter()
+
+    def add(self, stats: Mapping[str, float]) -> None:
+        self.rows.append(stats)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def record(self) -> dict[str, float]:
+        """The window's record; a new window starts."""
+        keys = list(dict.fromkeys(k for row in self.rows for k in row))
+        local = torch.tensor([[float(row.get(k, math.nan)) for k in keys] for row in self.rows], dtype=torch.float64)
+        reduced = local.nanmean(0)  # a key missing from every step of the window stays nan
+        for i, k in enumerate(keys):
+            if k in self.last:
+                reduced[i] = local[-1, i]
+            elif k in self.summed:
+                reduced[i] = local[:, i].nansum()
+        if self.over_ranks:
+            reduced = all_reduce_sum(reduced, self.env) / self.env.world_size
+        self.steps_per_s = len(self.rows) / (time.perf_counter() - self._t0)
+        self.rows, self._t0 = [], time.perf_counter()
+        return {k: float(reduced[i]) for i, k in enumerate(keys) if math.isfinite(reduced[i])}
+
+
+# --------------------------------------------------------------------------------------------------
+# fit: the step loop of the recipes whose step is one objective (training.vqvae, training.sft)
 # --------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class LoopConfig:
@@ -1067,29 +1183,21 @@ def fit(parts: FitParts, cfg: LoopConfig) -> int:
     The logged ``loss`` is the mean over ranks and micro-steps of the objective's loss.
     """
     env, run = parts.env, parts.run
-    ckpts = CheckpointManager(run.checkpoints, env, keep=cfg.keep_checkpoints)
-    resumable = TrainingState(parts.objective, parts.optimizer, parts.scheduler, parts.scaler, parts.stream, env,
-                              parts.generators)
-    resumed = resume(ckpts, resumable, cfg.seed)
-    if resumed.path is not None and parts.load_extra_state is not None:
-        parts.load_extra_state(resumed.extra)
-    start = resumed.step
-    with RunLogger(run, env, total_steps=cfg.max_steps, start_step=start, progress=cfg.progress) as log:
-        if start:
-            log.info(f"resumed from step {start} (epoch {parts.stream.epoch}, batch {parts.stream.index})")
-        for note in resumed.notes:
-            log.info(note)
+    state = TrainingState(parts.objective, parts.optimizer, parts.scheduler, parts.stream, env, scaler=parts.scaler,
+                          generators=parts.generators)
+    with TrainingRun(run, state, max_steps=cfg.max_steps, save_every=cfg.save_every,
+                     save_every_minutes=cfg.save_every_minutes, keep=cfg.keep_checkpoints, seed=cfg.seed,
+                     progress=cfg.progress, clock=parts.clock) as tr:
+        if tr.resumed.path is not None and parts.load_extra_state is not None:
+            parts.load_extra_state(tr.resumed.extra)
+        log, start = tr.log, tr.start
         if parts.on_start is not None:
             parts.on_start(log, start)
         if start >= cfg.max_steps:
             log.info(f"already at step {start} >= --max-steps {cfg.max_steps}")
         parts.objective.train()
         step = start
-        window: list[Mapping[str, float]] = []
-        t0 = time.perf_counter()
-        schedule = CheckpointSchedule(env, max_steps=cfg.max_steps, every_steps=cfg.save_every,
-                                      every_minutes=cfg.save_every_minutes, clock=parts.clock)
-        progress = Progress(start, cfg.max_steps, clock=parts.clock)
+        window = MetricWindow(env, last=parts.last_value_keys)
         while step < cfg.max_steps:
             micro: list[dict[str, float]] = []
             for k in range(cfg.grad_accum):
@@ -1110,52 +1218,25 @@ def fit(parts: FitParts, cfg: LoopConfig) -> int:
             step += 1
             stats = _mean_metrics(micro)
             stats["grad_norm"] = grad_norm
-            stats["lr"] = lr
             if parts.after_step is not None:
-                stats.update(parts.after_step(step, stats))
-            window.append(stats)
+                stats.update(parts.after_step(step, {**stats, "lr": lr}))
+            window.add(stats)
             if step % cfg.log_every == 0 or step == cfg.max_steps:
-                keys = list(dict.fromkeys(k for w in window for k in w if k != "lr"))
-                local = torch.tensor([[float(w.get(k, math.nan)) for k in keys] for w in window], dtype=torch.float64)
-                last = local[-1]
-                local = local.nanmean(0)  # a key missing from every step of the window stays nan
-                for i, k in enumerate(keys):
-                    if k in parts.last_value_keys:
-                        local[i] = last[i]
-                mean = all_reduce_sum(local, env) / env.world_size
-                dt = time.perf_counter() - t0
-                record = {"loss": float(mean[keys.index("loss")]), "lr": lr}
-                record.update({k: float(mean[i]) for i, k in enumerate(keys) if k != "loss" and math.isfinite(mean[i])})
-                record.update({"epoch": round(parts.stream.epoch_progress, 4), "steps_per_s": len(window) / dt})
+                mean = window.record()
+                record = {"loss": mean["loss"], "lr": lr, **mean, "epoch": round(parts.stream.epoch_progress, 4),
+                          "steps_per_s": window.steps_per_s}
                 log.log(step, record)
                 log.advance(step, {"loss": record["loss"], "lr": lr})
                 if step - start <= cfg.log_every and step < cfg.max_steps:  # the first window: a first ETA
-                    log.info(progress.line(step))
-                window, t0 = [], time.perf_counter()
+                    log.info(tr.progress.line(step))
             if parts.validate is not None and cfg.val_every and step % cfg.val_every == 0 and step != cfg.max_steps:
                 log.log(step, dict(parts.validate(step)), prefix="val")
                 parts.objective.train()
-            if schedule.due(step):
-                path = ckpts.save(step, resumable.state_dict(step, parts.extra_state() if parts.extra_state else None))
-                schedule.saved()
-                if step < cfg.max_steps and path is not None:
-                    log.info(f"checkpoint {path.name}; {progress.line(step)}")
-        if step > start:
-            log.info(f"trained steps {start + 1}-{step} in {format_duration(progress.elapsed_s())}")
+            if tr.checkpoint_due(step):
+                tr.save(step, parts.extra_state() if parts.extra_state else None)
         if parts.validate is not None and step > start:
             log.log(step, dict(parts.validate(step)), prefix="val")
-        if parts.finalize is not None and (start < cfg.max_steps or not run.final.exists()):
-            if env.is_main:
-                tmp = run.root / ".final.tmp"
-                if tmp.exists():
-                    shutil.rmtree(tmp)
-                tmp.mkdir(parents=True)
-                parts.finalize(tmp)
-                if run.final.exists():
-                    shutil.rmtree(run.final)
-                os.replace(tmp, run.final)
-                log.info(f"wrote {run.final}")
-            env.barrier()
+        tr.finish(step, parts.finalize)
     return step
 
 

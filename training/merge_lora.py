@@ -1,0 +1,104 @@
+"""Bake the LoRA adapters of a GRPO checkpoint into a plain model directory: ``python -m training.merge_lora``.
+
+    python -m training.merge_lora RUN_OR_CHECKPOINT --out MODEL_DIR [--config MODEL_DIR] [--fp16]
+    stylevar merge-lora RUN_OR_CHECKPOINT --out MODEL_DIR        # the same command
+
+A RUN directory means its newest ``checkpoints/step-*.pt``. A training.grpo checkpoint carries what the
+merge needs: the model config (``extra.pipeline_config``) and the LoRA scaling (``extra.lora``). Any other
+LoRA checkpoint (e.g. one in the published layout, whose ``args`` hold lora_rank/lora_alpha) takes
+``--config MODEL_DIR`` for what it lacks and ``--lora-scaling`` when it has no ``args``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import torch
+
+from stylevar.checkpoints import CheckpointError, load_safetensors, load_stylevar, load_vqvae, read_state
+from stylevar.lora import LoRAConfig
+from stylevar.pipeline import PipelineConfig, StylePipeline
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The command's arguments (also those of ``stylevar merge-lora``, listed in stylevar.cli)."""
+    p.add_argument("checkpoint", help="a GRPO checkpoint (RUN/checkpoints/step-*.pt) or a RUN directory (its newest one)")
+    p.add_argument("--out", required=True, help="output model directory")
+    p.add_argument("--config", metavar="MODEL_DIR",
+                   help="model directory whose config.json (and tokenizer) to use when the checkpoint has none")
+    p.add_argument("--lora-scaling", type=float,
+                   help="alpha/rank when the checkpoint records neither its LoRA config nor lora_rank/lora_alpha args")
+    p.add_argument("--name", default="stylevar-grpo", help="model name recorded in config.json")
+    p.add_argument("--fp16", action="store_true", help="store weights in float16")
+    p.set_defaults(func=merge_command)
+
+
+def newest_checkpoint(src: str | os.PathLike) -> Path:
+    """`src` itself if it is a file, else the newest `step-*.pt` in `src/checkpoints` (or `src`)."""
+    path = Path(src)
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint or RUN directory not found: {path}")
+    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    found = sorted(folder.glob("step-*.pt"))
+    if not found:
+        raise FileNotFoundError(f"no step-*.pt checkpoint in {folder}")
+    return found[-1]
+
+
+def merge_command(args: argparse.Namespace) -> int:
+    path = newest_checkpoint(args.checkpoint)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # pickle errors have many types
+        raise CheckpointError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from e
+    if not isinstance(state, Mapping):
+        raise CheckpointError(f"{path} does not hold a checkpoint dict")
+    extra = state.get("extra") if isinstance(state.get("extra"), Mapping) else {}
+    cfg_dict = extra.get("pipeline_config")
+    model_dir = Path(args.config) if args.config else None
+    if cfg_dict is None:
+        if model_dir is None:
+            raise CheckpointError(f"{path} carries no model config; pass --config MODEL_DIR (the model it was trained from)")
+        cfg_dict = json.loads((model_dir / "config.json").read_text())
+    config = PipelineConfig.from_dict(cfg_dict)
+    sd, _ = read_state(state)
+    if not any(k.endswith(".lora_A") for k in sd):
+        raise CheckpointError(f"{path} has no LoRA weights (*.lora_A); it is not a GRPO checkpoint")
+    tok_sd = {k[len("tokenizer."):]: v for k, v in sd.items() if k.startswith("tokenizer.")}
+    if not tok_sd:
+        if model_dir is None:
+            raise CheckpointError(f"{path} holds no tokenizer weights; pass --config MODEL_DIR to take them from there")
+        tok_sd = load_safetensors(model_dir / "tokenizer.safetensors")
+    vqvae = load_vqvae(tok_sd, config.tokenizer)
+    scaling = args.lora_scaling
+    if scaling is None and isinstance(extra.get("lora"), Mapping):  # what training.grpo records
+        lora = extra["lora"]
+        scaling = LoRAConfig(rank=int(lora["rank"]), alpha=float(lora["alpha"])).scaling
+    model = load_stylevar(state, config.transformer, vqvae, lora_scaling=scaling)
+    extra_cfg = {**config.extra, "merged_from": str(path), "step": int(state.get("step", -1))}
+    pipe = StylePipeline(model, dataclasses.replace(config, name=args.name, demo=False, extra=extra_cfg))
+    out = pipe.save_pretrained(args.out, dtype=torch.float16 if args.fp16 else None)
+    print(f"merged the LoRA adapters of {path} into {out}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m training.merge_lora", description=__doc__.split("\n")[0])
+    add_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        return merge_command(args)
+    except (FileNotFoundError, ValueError) as e:  # CheckpointError is a ValueError
+        print(f"{p.prog}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
