@@ -122,6 +122,7 @@ def _convert(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------------------ stylize
 def stylize_arguments(p: argparse.ArgumentParser) -> None:
+    from stylevar.generation import DEFAULT_GENERATION  # no torch
     from stylevar.images import RESIZE_MODES  # PIL, not torch
 
     p.add_argument("content",
@@ -141,7 +142,7 @@ def stylize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mask", action="append", default=None, metavar="IMAGE",
                    help="grayscale mask of one style (white = the style applies, black = the content stays); "
                         "repeat it once per style, in order; any size (resized to each content's)")
-    p.add_argument("--guidance", type=float_in(0.0, 10.0), default=0.0,
+    p.add_argument("--guidance", type=float_in(0.0, 10.0), default=DEFAULT_GENERATION.guidance,
                    help="push the result away from what the model draws without the style (the content as its own "
                         "style): 0 = off (default); larger = more style, less content")
     p.add_argument("--model", default=None,
@@ -155,12 +156,15 @@ def stylize_arguments(p: argparse.ArgumentParser) -> None:
                    help="output format: png, jpeg or webp (default: the output file's extension; png for a folder)")
     p.add_argument("--batch-size", type=int_in(1, 256), default=8, metavar="N",
                    help="model rows per call when stylizing several images (default 8)")
-    p.add_argument("--style-strength", type=float_in(-1.0, 1.0), default=0.0,
-                   help="-1 keeps more of the content .. 1 takes more of the style (default 0)")
+    p.add_argument("--style-strength", type=float_in(-1.0, 1.0), default=DEFAULT_GENERATION.style_strength,
+                   help="-1 keeps more of the content .. 1 takes more of the style "
+                        f"(default {DEFAULT_GENERATION.style_strength:g})")
     p.add_argument("--top-k", type=int_in(0, note=" (0 switches top-k off)"), default=None,
-                   help="0 switches top-k off; default: the model's recommended value, else 900")
+                   help="0 switches top-k off; default: the model's recommended value, else "
+                        f"{DEFAULT_GENERATION.top_k}")
     p.add_argument("--top-p", type=float_in(0.0, 1.0, note=" (0 or 1 switches top-p off)"), default=None,
-                   help="0 or 1 switches top-p off; default: the model's recommended value, else 0.96")
+                   help="0 or 1 switches top-p off; default: the model's recommended value, else "
+                        f"{DEFAULT_GENERATION.top_p}")
     p.add_argument("--resize", choices=RESIZE_MODES, default="stretch",
                    help="how the content is fitted into the model's square: stretch and pad keep its aspect "
                         "ratio, crop returns the centre square")

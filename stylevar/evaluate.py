@@ -220,9 +220,9 @@ class PipelineMethod:
     pipe: object | None = None
 
     def __post_init__(self) -> None:
-        from stylevar.pipeline import PipelineConfig
+        from stylevar.pipeline import check_model_dir
 
-        config = PipelineConfig.from_dir(self.model_dir)
+        config = check_model_dir(self.model_dir)  # an incomplete folder: one error naming what it lacks
         self.name = config.label
         self.description = f"StyleVAR model directory {self.model_dir}"
 

@@ -294,9 +294,9 @@ def _source_matches(folder: Path, model: HubModel, shape: Shape) -> bool:
     if (source.get("repo"), source.get("variant"), source.get("revision"), source.get("shape")) != (
             model.repo_id, model.variant, model.revision, shape.key):
         return False
-    from stylevar.pipeline import MODEL_FILES  # (torch: only once a pulled folder is there)
+    from stylevar.pipeline import missing_model_files  # (torch: only once a pulled folder is there)
 
-    return all((folder / n).is_file() for n in MODEL_FILES)
+    return not missing_model_files(folder)
 
 
 def _is_pulled(folder: Path) -> bool:

@@ -5,18 +5,21 @@ A model directory holds `config.json`, `tokenizer.safetensors`, `transformer.saf
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from PIL import Image
 
 from stylevar.checkpoints import load_safetensors, load_stylevar, load_vqvae, save_safetensors
 from stylevar.config import StyleVARConfig, VQVAEConfig, presets
+from stylevar.devices import resolve_autocast_dtype, resolve_device
+from stylevar.generation import GenerationConfig
 from stylevar.images import Fit, ResizeMode, fit_square, pil_to_tensor, tensor_to_pil, to_rgb, unfit
 from stylevar.postprocess import MAX_STYLES, OutputOptions, default_max_side, finish, sample_seeds
 from stylevar.refine import Refinement, refine
@@ -87,17 +90,9 @@ class ModelDirError(FileNotFoundError):
 MODEL_FILES = ("config.json", "tokenizer.safetensors", "transformer.safetensors")
 
 
-def check_model_dir(path: Path) -> Path:
-    """``path`` if it holds a whole model directory; else a ModelDirError naming it and how to make one."""
-    missing = [name for name in MODEL_FILES if not (path / name).is_file()]
-    if not missing:
-        return path
-    how = ("The embedded demo model is not built yet: run `scripts/train_demo_model.sh` to make it, or pass "
-           "another model directory (--model DIR; the service also reads STYLEVAR_MODEL_DIR)."
-           if path.resolve() == DEMO_MODEL_DIR.resolve() else
-           "A model directory comes from a training run (RUN/final/), `stylevar convert`, or "
-           "`StylePipeline.save_pretrained(DIR)`; pass it with --model DIR (the service also reads STYLEVAR_MODEL_DIR).")
-    raise ModelDirError(f"no usable model at {path}: missing {', '.join(missing)}. {how}")
+def missing_model_files(path: Path) -> list[str]:
+    """The files of a model directory (`MODEL_FILES`) that `path` lacks."""
+    return [name for name in MODEL_FILES if not (path / name).is_file()]
 
 
 @dataclass
@@ -106,8 +101,8 @@ class PipelineConfig:
     transformer: StyleVARConfig
     name: str = "stylevar"
     demo: bool = False
-    # the model's recommended sampling settings (e.g. {"top_k": 64, "top_p": 0.9}); a caller's explicit
-    # value wins, and without either `generate`'s own defaults (top-k 900, top-p 0.96) apply
+    # the model's recommended generation settings (e.g. {"top_k": 64, "top_p": 0.9}); a caller's explicit
+    # value wins, and without either the defaults of `stylevar.generation.GenerationConfig` apply
     generation: dict[str, Any] = field(default_factory=dict)
     # content-guided refinement of the output (stylevar.refine); off unless the model directory asks for it
     refine: Refinement = field(default_factory=Refinement)
@@ -143,8 +138,20 @@ class PipelineConfig:
         return cls.from_dict(json.loads((Path(model_dir) / "config.json").read_text()))
 
 
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def check_model_dir(path: str | os.PathLike) -> PipelineConfig:
+    """The config of the whole model directory at ``path``. A missing file is a ModelDirError naming the
+    folder, the files it lacks and how to make one; a config.json that is not a StyleVAR one a ValueError."""
+    path = Path(path)
+    missing = missing_model_files(path)
+    if missing:
+        how = ("The embedded demo model is not built yet: run `scripts/train_demo_model.sh` to make it, or pass "
+               "another model directory (--model DIR; the service also reads STYLEVAR_MODEL_DIR)."
+               if path.resolve() == DEMO_MODEL_DIR.resolve() else
+               "A model directory comes from a training run (RUN/final/), `stylevar convert`, or "
+               "`StylePipeline.save_pretrained(DIR)`; pass it with --model DIR (the service also reads "
+               "STYLEVAR_MODEL_DIR).")
+        raise ModelDirError(f"no usable model at {path}: missing {', '.join(missing)}. {how}")
+    return PipelineConfig.from_dir(path)
 
 
 class StylePipeline:
@@ -169,21 +176,20 @@ class StylePipeline:
 
     @classmethod
     def from_pretrained(cls, model_dir: str | os.PathLike | None = None, device: str | torch.device | None = None,
-                        autocast_dtype: torch.dtype | None | Literal["auto"] = "auto") -> "StylePipeline":
+                        autocast_dtype: torch.dtype | str | None = "auto") -> "StylePipeline":
         """Load a model directory (default: the embedded demo model), or a hub id ``hf:OWNER/NAME[:variant]``
         (pulled on first use, see `stylevar.hub`). ``autocast_dtype``: "auto" = bf16 on CUDA and none on the
-        CPU; None = float32 everywhere."""
+        CPU; None = float32 everywhere; or a dtype or its name ("bf16", "float16", ...; see
+        `stylevar.devices.resolve_autocast_dtype`)."""
         from stylevar.hub import resolve_model
 
-        d = check_model_dir(resolve_model(model_dir) if model_dir is not None else DEMO_MODEL_DIR)
-        config = PipelineConfig.from_dir(d)
+        d = resolve_model(model_dir) if model_dir is not None else DEMO_MODEL_DIR
+        config = check_model_dir(d)
         tokenizer = load_vqvae(load_safetensors(d / "tokenizer.safetensors"), config.tokenizer)
         model = load_stylevar(load_safetensors(d / "transformer.safetensors"), config.transformer, tokenizer)
-        device = torch.device(device) if device is not None else default_device()
+        device = torch.device(device) if device is not None else resolve_device(None)
         model.to(device)
-        if autocast_dtype == "auto":
-            autocast_dtype = torch.bfloat16 if device.type == "cuda" else None
-        model.autocast_dtype = autocast_dtype
+        model.autocast_dtype = resolve_autocast_dtype(autocast_dtype, device)
         return cls(model, config)
 
     def save_pretrained(self, model_dir: str | os.PathLike, dtype: torch.dtype | None = None,
@@ -285,9 +291,9 @@ class StylePipeline:
             raise ValueError(f"{len(contents)} content images but {len(styles)} style images")
         content, fits = self.preprocess(contents, resize)
         style = self.style_input(contents, [StyleMix.of(s) for s in styles], resize)
-        kwargs = self.generation_kwargs(**gen_kwargs)
-        cond = condition(content, style, kwargs.get("guidance", 0.0) > 0) if condition is not None else None
-        out = self.model.generate(content, style, seed=seeds, on_scale=on_scale, cond=cond, **kwargs)
+        gen = dataclasses.replace(self.generation_config(**gen_kwargs), seed=seeds)
+        cond = condition(content, style, gen.guidance > 0) if condition is not None else None
+        out = self.model.generate(content, style, on_scale=on_scale, cond=cond, **gen.kwargs())
         if self.config.refine.enabled:  # (B, 3, S, S) in [0, 1], guided by the content in [0, 1]
             out = refine(out, content.add(1).mul(0.5), self.config.refine)
         return [unfit(tensor_to_pil(img), fit, max_side) for img, fit in zip(out, fits)]
@@ -295,6 +301,11 @@ class StylePipeline:
     def generation_kwargs(self, **gen_kwargs) -> dict[str, Any]:
         """`generate` keyword arguments: the caller's (None = unset) over the model's recommended ones."""
         return {**self.config.generation, **{k: v for k, v in gen_kwargs.items() if v is not None}}
+
+    def generation_config(self, **gen_kwargs) -> GenerationConfig:
+        """The settings a call runs with: the caller's (None = unset) over the model's recommended ones over
+        `GenerationConfig`'s defaults."""
+        return GenerationConfig.from_kwargs(self.generation_kwargs(**gen_kwargs))
 
     def __call__(self, content: Image.Image, style: Image.Image | Sequence[Image.Image] | StyleMix, *,
                  style_weights: Sequence[float] | None = None, style_masks: Sequence[Image.Image] | None = None,

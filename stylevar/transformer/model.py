@@ -40,6 +40,7 @@ from torch import nn
 
 from stylevar.config import StyleVARConfig
 from stylevar.encoders import build_image_encoder, pooled
+from stylevar.generation import DEFAULT_GENERATION
 from stylevar.sampling import make_generators, sample
 from stylevar.tokenizer import MultiScaleVQVAE
 from stylevar.transformer.attention import BlendedAttention, KVCache
@@ -430,17 +431,20 @@ class StyleVAR(nn.Module):
         content: torch.Tensor,
         style: torch.Tensor | StyleBlend,
         *,
-        top_k: int = 900,
-        top_p: float = 0.96,
-        seed: int | Sequence[int] | None = None,
-        style_strength: float = 0.0,
-        alphas: Sequence[float] | torch.Tensor | None = None,
+        top_k: int = DEFAULT_GENERATION.top_k,
+        top_p: float = DEFAULT_GENERATION.top_p,
+        seed: int | Sequence[int] | None = DEFAULT_GENERATION.seed,
+        style_strength: float = DEFAULT_GENERATION.style_strength,
+        alphas: Sequence[float] | torch.Tensor | None = DEFAULT_GENERATION.alphas,
         on_scale: Callable[[int, torch.Tensor], None] | None = None,
         return_indices: bool = False,
         cond: Condition | None = None,
-        guidance: float = 0.0,
+        guidance: float = DEFAULT_GENERATION.guidance,
     ):
         """Sample the target coarse to fine. Images (B, 3, H, W) in [0, 1] (and the token maps).
+
+        The sampling and blend settings and their defaults are `stylevar.generation.GenerationConfig`'s
+        (`**config.kwargs()` passes one).
 
         `style`: one image batch, or a `StyleBlend` of several. `guidance` >= 0: push the logits away from
         the prediction without the style (module doc); 0 is the plain model. `cond` (from
@@ -470,10 +474,10 @@ class StyleVAR(nn.Module):
         cond: Condition,
         generators: list[torch.Generator],
         alpha_K: torch.Tensor,
-        top_k: int = 900,
-        top_p: float = 0.96,
+        top_k: int = DEFAULT_GENERATION.top_k,
+        top_p: float = DEFAULT_GENERATION.top_p,
         on_scale: Callable[[int, torch.Tensor], None] | None = None,
-        guidance: float = 0.0,
+        guidance: float = DEFAULT_GENERATION.guidance,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The autoregressive loop: f_hat (B, Cvae, n, n) and the K sampled token maps.
 

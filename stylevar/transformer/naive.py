@@ -14,6 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from stylevar.generation import DEFAULT_GENERATION
 from stylevar.sampling import make_generators, sample
 from stylevar.transformer.model import Block, Condition, StyleVAR
 
@@ -69,7 +70,8 @@ def naive_teacher_forcing_logits(model: StyleVAR, content, style, target_indices
 
 
 @torch.no_grad()
-def naive_generate(model: StyleVAR, content, style, *, top_k=900, top_p=0.96, seed=None) -> torch.Tensor:
+def naive_generate(model: StyleVAR, content, style, *, top_k=DEFAULT_GENERATION.top_k, top_p=DEFAULT_GENERATION.top_p,
+                   seed=None) -> torch.Tensor:
     generators = make_generators(seed, content.shape[0], content.device)
     cond = model.condition(content, style)
     f_hat, _ = naive_sample_tokens(model, cond, generators, model.blend_alphas(), top_k, top_p)
@@ -89,7 +91,8 @@ def _alphas(model: StyleVAR, cond: Condition, alpha_K: torch.Tensor) -> torch.Te
 
 
 @torch.no_grad()
-def naive_sample_tokens(model: StyleVAR, cond: Condition, generators, alpha_K, top_k=900, top_p=0.96):
+def naive_sample_tokens(model: StyleVAR, cond: Condition, generators, alpha_K, top_k=DEFAULT_GENERATION.top_k,
+                        top_p=DEFAULT_GENERATION.top_p):
     """The autoregressive loop of the naive blend: (f_hat, token maps), like StyleVAR.sample_tokens."""
     B, device = cond.cond_BD.shape[0], cond.cond_BD.device
     tok, patch_nums = model.tokenizer, model.cfg.patch_nums
