@@ -483,10 +483,7 @@ FREE_KEYS = (*loop.FREE_KEYS, "rollout_chunk", "tf_chunk")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m training.grpo", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--data", action="append", required=True,
-                   help="triplet manifest, folder (manifest.jsonl or shards), shard tar or pattern; repeatable")
+    p = loop.recipe_parser("training.grpo", __doc__)
     p.add_argument("--init", required=True, metavar="MODEL_DIR",
                    help="model directory to start from (e.g. an SFT RUN/final), or a hub id hf:OWNER/NAME[:variant]")
     p.add_argument("--name", default="stylevar-grpo", help="model name written to RUN/final/config.json")

@@ -21,6 +21,7 @@ Conventions
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import datetime
@@ -1248,6 +1249,18 @@ def fit(parts: FitParts, cfg: LoopConfig) -> int:
 # options that may change when a run is resumed (they do not change what is computed)
 FREE_KEYS = ("out", "save_every", "save_every_minutes", "keep_checkpoints", "log_every", "num_workers", "no_progress",
              "device", "val_every", "val_batch_size", "val_max_batches")
+
+
+DATA_HELP = "triplet manifest, folder (manifest.jsonl or shards), shard tar or pattern; repeatable"
+
+
+def recipe_parser(module: str, doc: str, *, data_help: str = DATA_HELP) -> argparse.ArgumentParser:
+    """The parser of ``python -m MODULE`` (its description: the first line of ``doc``), with the repeatable
+    --data; the recipe adds its own options, then :func:`add_loop_args`."""
+    p = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", action="append", required=True, help=data_help)
+    return p
 
 
 def add_loop_args(parser, *, lr: float, batch_size: int, max_grad_norm: float = 2.0) -> None:

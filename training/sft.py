@@ -165,10 +165,7 @@ def validate(model: StyleVAR, dataset: Dataset | None, env: loop.DistEnv, batch_
 
 # ------------------------------------------------------------------------------------------ CLI
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m training.sft", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--data", action="append", required=True,
-                   help="triplet manifest, folder (manifest.jsonl or shards), shard tar or pattern; repeatable")
+    p = loop.recipe_parser("training.sft", __doc__)
     p.add_argument("--preset", default="tiny", help="tiny|d16|d20|d24|d30 or a JSON preset file")
     p.add_argument("--tokenizer", required=True,
                    help="tokenizer folder (training.vqvae RUN/final or a model dir) or weights file (.pth/.safetensors)")

@@ -244,10 +244,8 @@ def write_tokenizer_dir(vqvae: MultiScaleVQVAE, folder: Path, extra: dict[str, A
 
 # ------------------------------------------------------------------------------------------ CLI
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m training.vqvae", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--data", action="append", required=True,
-                   help="triplet manifest (or folder holding manifest.jsonl); repeatable")
+    p = loop.recipe_parser("training.vqvae", __doc__,
+                           data_help="triplet manifest (or folder holding manifest.jsonl); repeatable")
     p.add_argument("--preset", default="tiny", help="tiny|d16|d20|d24|d30 or a JSON preset file")
     p.add_argument("--image-size", type=int, default=None, help="train at this size (drops the finest scales)")
     p.add_argument("--l1-weight", type=float, default=1.0)
