@@ -63,7 +63,8 @@ def test_generation_defaults_are_defined_once():
     assert (DEFAULT_GENERATION.top_k, DEFAULT_GENERATION.top_p) == (900, 0.96)
     for fn in (StyleVAR.generate, naive_generate):
         params = inspect.signature(fn).parameters
-        assert (params["top_k"].default, params["top_p"].default) == (DEFAULT_GENERATION.top_k, DEFAULT_GENERATION.top_p)
+        assert params["top_k"].default == DEFAULT_GENERATION.top_k
+        assert params["top_p"].default == DEFAULT_GENERATION.top_p
     params = inspect.signature(StyleVAR.generate).parameters
     for name, value in DEFAULT_GENERATION.kwargs().items():
         assert params[name].default == value, name
