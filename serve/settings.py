@@ -4,7 +4,6 @@ Lists (`STYLEVAR_API_KEYS`, `STYLEVAR_CORS_ORIGINS`, `STYLEVAR_DEVICE`) are comm
 """
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -13,11 +12,10 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 def demo_model_dir() -> Path:
-    """The embedded demo model inside the installed `stylevar` package (found without importing it)."""
-    spec = importlib.util.find_spec("stylevar")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the stylevar package is not installed")
-    return Path(next(iter(spec.submodule_search_locations))) / "assets" / "demo"
+    """The embedded demo model, `stylevar.pipeline.DEMO_MODEL_DIR` (imported when first asked for: it loads torch)."""
+    from stylevar.pipeline import DEMO_MODEL_DIR
+
+    return DEMO_MODEL_DIR
 
 
 def _split_commas(value: object) -> object:

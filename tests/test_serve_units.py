@@ -189,6 +189,24 @@ def test_two_apps_live_in_one_process(model_dir):
     assert 'stylevar_http_requests_total{method="GET",route="/healthz",status="200"} 1.0' in m1
 
 
+def test_routes_read_the_app_state_through_dependencies_a_test_can_override(model_dir):
+    from dataclasses import replace
+
+    from fastapi.testclient import TestClient
+
+    from serve.app import create_app
+    from serve.state import get_state, require_key
+
+    app = create_app(ServeSettings(model_dir=model_dir, device=["cpu"], ui=False, api_keys=["k-1"]))
+    http = TestClient(app)  # no lifespan: the model is not loaded
+    assert http.get("/readyz").status_code == 503 and http.get("/v1/model").status_code == 401
+    app.dependency_overrides[get_state] = lambda: replace(app.state.service, ready=True)
+    app.dependency_overrides[require_key] = lambda: None
+    assert http.get("/readyz").json() == {"status": "ready"}
+    r = http.get("/v1/model")
+    assert r.status_code == 503 and r.json()["error"] == "not_ready"
+
+
 def test_missing_model_fails_at_start_naming_the_path(tmp_path):
     from serve.app import create_app
 

@@ -13,8 +13,9 @@ import torch
 from PIL import Image
 from starlette.requests import Request
 
-from serve.app import ServiceError, negotiate
 from serve.engine import ModelRunner, RunnerOptions
+from serve.errors import ServiceError
+from serve.negotiation import negotiate
 from serve.settings import ServeSettings
 from serve.testing import ServerProcess
 from stylevar import cli

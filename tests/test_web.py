@@ -343,6 +343,14 @@ def test_standalone_ui_against_a_remote_service(server, images, tmp_path):
         assert status.startswith("Done") and Image.open(gallery[0]["image"]).size == CONTENT_SIZE
 
 
+def test_the_ui_does_not_import_the_service():
+    code = ("import sys, web, web.__main__, web.mount; "
+            "print(sorted(m for m in sys.modules if m == 'serve' or m.startswith('serve.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
 def test_web_cli_rejects_a_bad_url():
     out = subprocess.run([sys.executable, "-m", "web", "--api", "gpu-box:8000"], capture_output=True, text=True,
                          timeout=60)

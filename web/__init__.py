@@ -1,27 +1,28 @@
 """Gradio web UI for StyleVAR: mounted at `/ui` by `python -m serve`, or `python -m web --api URL`.
 
-Gradio is imported on first use, so `web.client` stays light.
+Gradio is imported on first use, so `web.client` (and `import web`) stays light. The UI does not import the
+service: mounted, it gets what it needs to know as a `MountConfig`.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .config import MountConfig
+
 if TYPE_CHECKING:
     import gradio as gr
     from fastapi import FastAPI
 
-    from serve.settings import ServeSettings
-
     from .ui import UIConfig
 
-__all__ = ["build_ui", "mount_ui"]
+__all__ = ["MountConfig", "build_ui", "mount_ui"]
 
 
-def mount_ui(app: "FastAPI", settings: "ServeSettings") -> None:
-    """Mount the UI at `/ui` of the service's app (see `web.mount.mount_ui`)."""
+def mount_ui(app: "FastAPI", config: MountConfig) -> None:
+    """Mount the UI at `config.path` of the service's app (see `web.mount.mount_ui`)."""
     from .mount import mount_ui as _mount_ui
 
-    _mount_ui(app, settings)
+    _mount_ui(app, config)
 
 
 def build_ui(config: "UIConfig", **kwargs: Any) -> "gr.Blocks":

@@ -10,19 +10,16 @@ import ipaddress
 import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gradio as gr
 from fastapi import FastAPI
 
+from .config import MountConfig
 from .files import enforce_file_checks, file_policy
 from .ui import CSS, StyleVARUI, UIConfig
 
-if TYPE_CHECKING:
-    from serve.settings import ServeSettings
-
 log = logging.getLogger("web")
-UI_PATH = "/ui"
 
 
 def loopback_url(host: str, port: int) -> str:
@@ -68,18 +65,17 @@ def mount(app: FastAPI, ui: StyleVARUI, path: str, *, max_file_size: int | None 
     return app
 
 
-def mount_ui(app: FastAPI, settings: "ServeSettings") -> None:
-    """The service's hook (serve.app.create_app): the UI at `/ui`, calling this server's API on loopback.
+def mount_ui(app: FastAPI, config: MountConfig) -> None:
+    """The service's hook (serve.app.create_app): the UI at `config.path`, calling this server's API on loopback.
 
     With API keys set, the UI asks for a key at login and then calls the API with the service's first key.
     """
-    api_url = loopback_url(settings.host, settings.port)
-    keys = list(settings.api_keys)
-    config = UIConfig(api_url=api_url, api_key=keys[0] if keys else None,
-                      timeout_s=max(30.0, settings.request_timeout_s + 30.0))
-    mount(app, StyleVARUI(config), UI_PATH, max_file_size=settings.max_upload_bytes, api_keys=keys,
-          blocked=[settings.model_dir])
-    log.info("UI mounted at %s (API at %s)", UI_PATH, api_url)
+    api_url = loopback_url(config.host, config.port)
+    keys = list(config.api_keys)
+    ui_config = UIConfig(api_url=api_url, api_key=keys[0] if keys else None, timeout_s=config.timeout_s)
+    mount(app, StyleVARUI(ui_config), config.path, max_file_size=config.max_upload_bytes, api_keys=keys,
+          blocked=config.blocked)
+    log.info("UI mounted at %s (API at %s)", config.path, api_url)
 
 
 def standalone_app(config: UIConfig, *, path: str = "/") -> FastAPI:

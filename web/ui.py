@@ -17,11 +17,11 @@ import gradio as gr
 from PIL import Image, ImageChops, ImageOps
 
 from stylevar.pipeline import DEMO_LABEL
+from stylevar.postprocess import MAX_SEED
 
 from .baseline import AdaINBaseline, BaselineStatus
 from .client import Preview, Result, ServiceClient, ServiceError, StylizeOptions
 
-MAX_SEED = 2**32 - 1
 MAX_SCALES = 16  # alpha sliders kept ready; those beyond the model's scale count stay hidden
 DEFAULT_TOP_K, DEFAULT_TOP_P = 900, 0.96  # generate()'s own, for a model that recommends none
 RESIZE_MODES = ("stretch", "crop", "pad")

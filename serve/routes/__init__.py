@@ -1,0 +1,6 @@
+"""The service's routes, one `APIRouter` per concern; `serve.app.create_app` includes them.
+
+- `operations`: /healthz, /readyz and (unless switched off) /metrics
+- `model`: /v1/model
+- `stylize`: /stylize and /stylize/stream
+"""

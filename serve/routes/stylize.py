@@ -1,0 +1,232 @@
+"""`POST /stylize` (one answer: image, zip or JSON) and `POST /stylize/stream` (Server-Sent Events).
+
+Both check the form, take a queue slot, decode the uploads and queue one job (`submit`), then wait for
+it with `serve.jobs.follow_job`. `create_app` includes `router` with the service's body size limit.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated
+
+import torch
+from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from PIL import Image
+from starlette.concurrency import run_in_threadpool
+
+from stylevar.images import ImageError, fit_of, tensor_to_pil, unfit
+from stylevar.pipeline import MAX_STYLES, StyleMix
+from stylevar.postprocess import OutputOptions, finish, os_random_seed, sample_seeds
+
+from .. import imaging
+from ..batching import BatchError, Job
+from ..engine import GenerationKey, PreviewFn, StylizeTask
+from ..errors import ERROR_RESPONSES, IMAGE_ERROR_STATUS, ClientGone, ServiceError, from_batch_error
+from ..jobs import follow_job, job_result, wait_for_job
+from ..negotiation import ZIP_MEDIA_TYPE, negotiate
+from ..schemas import ImageOut, StylizeForm, StylizeResult
+from ..state import ServiceState, get_state, require_key, require_loaded
+
+log = logging.getLogger("serve.stylize")
+
+ContentUpload = Annotated[UploadFile, File(description="content image (JPEG, PNG, WebP)")]
+StyleUploads = Annotated[list[UploadFile], File(
+    description=f"style image (JPEG, PNG, WebP); repeat the field for a blend of up to {MAX_STYLES} styles "
+                "(weights: `style_weights`)")]
+MaskUploads = Annotated[list[UploadFile] | None, File(
+    description="optional: one grayscale mask per `style` file, in their order (white = the style applies, black = "
+                "the content stays, grey = partly); any size, resized to the content's; an image of any "
+                "accepted format")]
+IMAGE_CONTENT = {m: {"schema": {"type": "string", "format": "binary"}}
+                 for m in (*imaging.MEDIA_TYPES.values(), ZIP_MEDIA_TYPE)}
+PATHS = ("/stylize", "/stylize/stream")  # the routes that take uploads (the service's upload limit)
+
+router = APIRouter(dependencies=[Depends(require_key)])
+
+
+@dataclass(frozen=True)
+class StylizeUpload:
+    """The form of a stylize request: its files (not read yet) and fields."""
+
+    content: UploadFile
+    styles: list[UploadFile]
+    masks: list[UploadFile] | None
+    form: StylizeForm
+
+
+def stylize_upload(content: ContentUpload, style: StyleUploads, form: Annotated[StylizeForm, Form()],
+                   style_mask: MaskUploads = None) -> StylizeUpload:
+    """The form fields both stylize routes take."""
+    return StylizeUpload(content, style, style_mask, form)
+
+
+def check_mix(upload: StylizeUpload) -> None:
+    """The counts of style files, weights and masks agree (422 otherwise), before anything is read."""
+    styles, masks, form = upload.styles, upload.masks, upload.form
+    n = len(styles)
+    if not 1 <= n <= MAX_STYLES:
+        raise ServiceError(422, "validation_error", f"style: give 1 to {MAX_STYLES} style files, got {n}")
+    weights = form.weight_values()
+    if weights is not None and len(weights) != n:
+        raise ServiceError(422, "validation_error",
+                           f"style_weights: {len(weights)} weights for {n} style file(s); give one per style")
+    if masks is not None and len(masks) != n:
+        raise ServiceError(422, "validation_error",
+                           f"style_mask: {len(masks)} mask(s) for {n} style file(s); give one per style")
+
+
+async def submit(state: ServiceState, upload: StylizeUpload, rid: str,
+                 on_preview: PreviewFn | None = None) -> tuple[Job, Image.Image]:
+    """Check the fields, take a queue slot (503 at once when the queue is full), then decode the
+    images (downscaled, a bounded number at a time) and queue the job."""
+    st = require_loaded(state)
+    settings, form, styles, masks = st.settings, upload.form, upload.styles, upload.masks
+    alphas = form.alpha_values()
+    n_scales = len(st.runner.pipe.config.transformer.patch_nums)
+    if alphas is not None and len(alphas) != n_scales:
+        raise ServiceError(422, "validation_error",
+                           f"alphas: the model has {n_scales} scales, got {len(alphas)} values")
+    check_mix(upload)
+    try:
+        admission = st.batcher.admit()
+    except BatchError as e:
+        st.metrics.rejected.labels(e.code).inc()
+        raise from_batch_error(e) from e
+    with admission:
+        # the content sets the size of the result (at most max_output_side); the model works smaller
+        max_side = max(settings.max_output_side, st.runner.pipe.image_size)
+        several = len(styles) > 1
+        uploads = [("content", upload.content)]
+        uploads += [(f"style {i + 1}" if several else "style", u) for i, u in enumerate(styles)]
+        uploads += [(f"style_mask {i + 1}" if several else "style_mask", u) for i, u in enumerate(masks or [])]
+        images = []
+        for name, file in uploads:
+            data = await file.read()
+            try:
+                images.append(await st.decoder.decode(data, max_side=max_side))
+            except ImageError as e:
+                raise ServiceError(IMAGE_ERROR_STATUS.get(e.code, 422), e.code, f"{name}: {e}") from e
+        seeds = sample_seeds(form.seed if form.seed is not None else os_random_seed(), form.num_samples)
+        n = len(styles)
+        mix = StyleMix(tuple(images[1:1 + n]), form.weight_values(),
+                       tuple(images[1 + n:]) if masks else None).active()
+        key = GenerationKey(form.top_k, form.top_p, form.style_strength, alphas, form.resize, form.guidance,
+                            len(mix.images))
+        task = StylizeTask(images[0], mix.images[0] if mix.plain else mix, seeds, on_preview)
+        try:
+            job = admission.submit(key, task, rows=len(seeds), timeout_s=settings.request_timeout_s,
+                                   request_id=rid)
+        except BatchError as e:
+            st.metrics.rejected.labels(e.code).inc()
+            raise from_batch_error(e) from e
+    return job, images[0]
+
+
+def encode(content_img: Image.Image, form: StylizeForm, images: list[Image.Image]
+           ) -> tuple[list[bytes], list[Image.Image]]:
+    images = finish(images, content_img, OutputOptions(preserve_color=form.preserve_color))
+    return [imaging.encode_image(im, form.format) for im in images], images
+
+
+def result_json(state: ServiceState, job: Job, form: StylizeForm, encoded: list[bytes],
+                images: list[Image.Image]) -> dict:
+    media = imaging.MEDIA_TYPES[form.format]
+    return StylizeResult(
+        model=state.runner.pipe.config.name, seed=job.payload.seeds[0], inference_ms=inference_ms(job),
+        images=[ImageOut(seed=s, media_type=media, width=im.width, height=im.height, data=imaging.to_base64(b))
+                for s, b, im in zip(job.payload.seeds, encoded, images)],
+    ).model_dump()
+
+
+@router.post(
+    "/stylize", response_class=Response,
+    responses={200: {"model": StylizeResult, "content": IMAGE_CONTENT,
+                     "description": "the image (several samples: a zip of images), or JSON with base64 images "
+                                    "when the Accept header names application/json"},
+               **ERROR_RESPONSES},
+)
+async def stylize(request: Request, upload: Annotated[StylizeUpload, Depends(stylize_upload)],
+                  state: Annotated[ServiceState, Depends(get_state)]) -> Response:
+    """Re-draw `content` in the style of `style` (several `style` files: a blend by `style_weights`, each
+    confined to its `style_mask` when masks are given)."""
+    form = upload.form
+    media = imaging.MEDIA_TYPES[form.format]
+    representation = negotiate(request, media, form.num_samples)
+    job, content_img = await submit(state, upload, request.state.request_id)
+    try:
+        images = await wait_for_job(job, request)
+    except ClientGone:
+        log.info("client went away; job dropped")
+        return Response(status_code=499)
+    encoded, images = await run_in_threadpool(encode, content_img, form, images)
+    headers = {"X-Seed": str(job.payload.seeds[0]), "X-Inference-Ms": f"{inference_ms(job):.1f}",
+               "X-Model": header_safe(state.runner.pipe.config.name), "Vary": "Accept"}
+    if representation == "json":
+        return JSONResponse(result_json(state, job, form, encoded, images), headers=headers)
+    if representation == "zip":
+        headers["Content-Disposition"] = f'attachment; filename="stylevar-seed-{job.payload.seeds[0]}.zip"'
+        archive = imaging.zip_images(encoded, job.payload.seeds, form.format)
+        return Response(archive, media_type=ZIP_MEDIA_TYPE, headers=headers)
+    return Response(encoded[0], media_type=media, headers=headers)
+
+
+@router.post(
+    "/stylize/stream", response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+                     "description": "`preview` events (one per scale, coarse to fine), then `result`"},
+               **ERROR_RESPONSES},
+)
+async def stylize_stream(request: Request, upload: Annotated[StylizeUpload, Depends(stylize_upload)],
+                         state: Annotated[ServiceState, Depends(get_state)]) -> StreamingResponse:
+    """Server-Sent Events: a `preview` event per scale, then a `result` event (as the JSON of /stylize)."""
+    loop = asyncio.get_running_loop()
+    previews: asyncio.Queue[tuple[int, torch.Tensor]] = asyncio.Queue()
+
+    def on_preview(k: int, previews_n3HW: torch.Tensor) -> None:  # called on the worker thread
+        loop.call_soon_threadsafe(previews.put_nowait, (k, previews_n3HW))
+
+    form = upload.form
+    job, content_img = await submit(state, upload, request.state.request_id, on_preview)
+    side = state.runner.pipe.image_size
+    fit = fit_of(content_img.size, side, form.resize)
+    patch_nums = list(state.runner.pipe.config.transformer.patch_nums)
+
+    def preview_event(k: int, previews_n3HW: torch.Tensor) -> str:
+        shots = [unfit(tensor_to_pil(p), fit, max_side=side) for p in previews_n3HW]
+        data = {"scale": k, "num_scales": len(patch_nums), "patch_num": patch_nums[k],
+                "images": [imaging.to_base64(imaging.encode_image(s, "png")) for s in shots]}
+        return sse("preview", data)
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            async for preview in follow_job(job, previews=previews):
+                yield await run_in_threadpool(preview_event, *preview)
+            images = job_result(job)
+        except ServiceError as err:  # past the deadline, or the batch failed
+            yield sse("error", {"error": err.code, "detail": err.detail})
+            return
+        encoded, images = await run_in_threadpool(encode, content_img, form, images)
+        yield sse("result", result_json(state, job, form, encoded, images))
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                      "X-Seed": str(job.payload.seeds[0]),
+                                      "X-Model": header_safe(state.runner.pipe.config.name)})
+
+
+def sse(event: str, data: dict) -> str:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def inference_ms(job: Job) -> float:
+    if job.started_at is None or job.finished_at is None:
+        return 0.0
+    return (job.finished_at - job.started_at) * 1000.0
+
+
+def header_safe(text: str) -> str:
+    return "".join(c if 32 <= ord(c) < 127 else "?" for c in text)

@@ -1,0 +1,73 @@
+"""The state of one service app (`app.state.service`) and the route dependencies that read it.
+
+The dependencies are module-level functions of the request, so a test can replace them with
+`app.dependency_overrides[get_state] = ...` (or `require_key`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from . import imaging
+from .access import FailureLimiter, KeyRing, client_of, too_many_attempts
+from .batching import Batcher
+from .engine import ModelRunner
+from .errors import ServiceError
+from .metrics import ServiceMetrics
+from .settings import ServeSettings
+
+
+@dataclass
+class ServiceState:
+    settings: ServeSettings
+    metrics: ServiceMetrics
+    keys: KeyRing
+    auth_failures: FailureLimiter
+    decoder: imaging.UploadDecoder
+    devices: list[torch.device] = field(default_factory=list)  # one runner each, loaded at startup
+    runners: list[ModelRunner] = field(default_factory=list)
+    batcher: Batcher | None = None
+    ready: bool = False
+    status: str = "starting"
+
+    @property
+    def runner(self) -> ModelRunner:
+        return self.runners[0]
+
+
+def get_state(request: Request) -> ServiceState:
+    """The state of the app serving `request`."""
+    return request.app.state.service
+
+
+def require_loaded(state: ServiceState) -> ServiceState:
+    """`state` once the model is loaded; 503 (Retry-After: 5) before."""
+    if state.batcher is None or not state.runners:
+        raise ServiceError(503, "not_ready", f"the model is not loaded ({state.status})", {"Retry-After": "5"})
+    return state
+
+
+bearer = HTTPBearer(auto_error=False, description="API key, when the service sets STYLEVAR_API_KEYS")
+UNAUTHORIZED = "a valid API key is required (Authorization: Bearer KEY)"
+
+
+def require_key(request: Request,
+                credentials: HTTPAuthorizationCredentials | None = Depends(bearer),  # noqa: B008
+                state: ServiceState = Depends(get_state)) -> None:  # noqa: B008
+    """A route dependency: with API keys set, the request must carry one (401), unless its client has
+    failed too often lately (429, before the key is looked at: no answer tells a guess is right)."""
+    if not state.keys:
+        return
+    if credentials is None or not credentials.credentials:
+        raise ServiceError(401, "unauthorized", UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})
+    client = client_of(request.scope)
+    wait = state.auth_failures.retry_after(client)
+    if wait is not None:
+        body, headers = too_many_attempts(wait)
+        raise ServiceError(429, body["error"], body["detail"], headers)
+    if not state.keys.matches(credentials.credentials):
+        state.auth_failures.failed(client)
+        raise ServiceError(401, "unauthorized", UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})

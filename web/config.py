@@ -1,0 +1,24 @@
+"""What the UI needs to know of the service it is mounted in. The service builds a `MountConfig` from its
+own settings and calls `web.mount_ui(app, config)`: the UI does not import the service."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+UI_PATH = "/ui"
+
+
+@dataclass(frozen=True)
+class MountConfig:
+    host: str  # the service's bind address and port: the UI calls its API there, on loopback
+    port: int
+    api_keys: tuple[str, ...] = field(default=(), repr=False)  # set: the UI asks for one at login
+    request_timeout_s: float = 60.0  # the service's deadline: the UI waits 30 s longer for an event (30 s at least)
+    max_upload_bytes: int | None = None  # the largest file the UI takes
+    blocked: tuple[Path, ...] = ()  # folders the UI may never read (the model directory)
+    path: str = UI_PATH  # where the UI is mounted
+
+    @property
+    def timeout_s(self) -> float:
+        """The UI's longest wait for the service's next stream event."""
+        return max(30.0, self.request_timeout_s + 30.0)
