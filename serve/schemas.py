@@ -5,7 +5,7 @@ import json
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from stylevar.pipeline import MAX_STYLES
@@ -55,24 +55,17 @@ class StylizeForm(BaseModel):
                     "own style): 0 = off; larger = more style, less content",
     )
 
-    @field_validator("alphas")
+    @field_validator("alphas", "style_weights")
     @classmethod
-    def _alphas_parse(cls, value: str | None) -> str | None:
+    def _numbers_parse(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """A blank list is none; any other must parse (`alpha_values`, `weight_values`)."""
         if value is None or not value.strip():
             return None
-        parse_alphas(value)
+        (parse_alphas if info.field_name == "alphas" else parse_weights)(value)
         return value
 
     def alpha_values(self) -> tuple[float, ...] | None:
         return None if self.alphas is None else parse_alphas(self.alphas)
-
-    @field_validator("style_weights")
-    @classmethod
-    def _weights_parse(cls, value: str | None) -> str | None:
-        if value is None or not value.strip():
-            return None
-        parse_weights(value)
-        return value
 
     def weight_values(self) -> tuple[float, ...] | None:
         return None if self.style_weights is None else parse_weights(self.style_weights)
