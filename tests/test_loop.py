@@ -7,6 +7,7 @@ import os
 import random
 import re
 import socket
+import time
 
 import numpy as np
 import pytest
@@ -22,7 +23,6 @@ from training.loop import (
     CheckpointManager,
     DistEnv,
     EpochShardSampler,
-    FitParts,
     LoopConfig,
     RunConfigMismatchError,
     RunDir,
@@ -129,7 +129,7 @@ def test_run_dir_refuses_a_different_config(tmp_path):
     assert json.loads((tmp_path / "run" / "config.json").read_text())["save_every"] == 2
 
 
-# ------------------------------------------------------------------------------------------ fit on a toy model
+# ------------------------------------------------------------------------------------------ a toy recipe's loop
 class ToyObjective(nn.Module):
     """Regression with dropout (so the torch RNG matters) and a noise term from a named generator."""
 
@@ -155,8 +155,9 @@ def _toy_data(n=48):
 
 def _toy_fit(run_dir, max_steps, total_steps, env=CPU1, global_batch=8, grad_accum=1, progress=False,
              random_parts=True, timing: dict | None = None):
-    """``timing``: FitParts/LoopConfig overrides for the checkpoint-schedule tests (clock, to_device,
-    save_every, save_every_minutes, keep_checkpoints)."""
+    """A toy recipe: the loop training.sft and training.vqvae write, over the same parts. ``timing``: the
+    clock, to_device and LoopConfig overrides for the checkpoint-schedule tests (save_every,
+    save_every_minutes, keep_checkpoints)."""
     timing = dict(timing or {})
     loop.seed_everything(0)
     obj = ToyObjective() if random_parts else ToyObjective(dropout=0.0, noise=0.0)
@@ -166,26 +167,41 @@ def _toy_fit(run_dir, max_steps, total_steps, env=CPU1, global_batch=8, grad_acc
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.2 if s >= total_steps // 2 else 1.0)
     run = RunDir.prepare(run_dir, {"total": total_steps}, env)
     stream = BatchStream(_toy_data(), BatchStreamConfig(global_batch=global_batch, grad_accum=grad_accum, seed=1), env)
+    to_device = timing.pop("to_device", lambda b: b)
+    clock = timing.pop("clock", time.monotonic)
 
-    def validate(step):
+    def validate():
         obj.eval()
         with torch.no_grad():
             x, y = _toy_data(16).tensors
             err = (obj.net(x).squeeze(-1) - y).abs()
         return {"val_loss": float(err.square().mean()), "val_acc": float((err < 1).float().mean())}
 
-    def finalize(path):
+    def write_final(path):
         torch.save(obj.state_dict(), path / "weights.pt")
 
-    parts = FitParts(
-        env=env, run=run, objective=model, params=params, optimizer=opt, scheduler=sched,
-        scaler=loop.make_grad_scaler("fp32", env.device), stream=stream, to_device=timing.pop("to_device", lambda b: b),
-        validate=validate, finalize=finalize, generators={"noise": obj.gen},
-        **({"clock": timing.pop("clock")} if "clock" in timing else {}),
-    )
     cfg = LoopConfig(**{"max_steps": max_steps, "save_every": 3, "val_every": 4, "log_every": 2, "keep_checkpoints": 2,
                         "max_grad_norm": 1.0, "grad_accum": grad_accum, "progress": progress, **timing})
-    loop.fit(parts, cfg)
+    state = loop.TrainingState(model, opt, sched, stream, env, scaler=loop.make_grad_scaler("fp32", env.device),
+                               generators={"noise": obj.gen})
+    with loop.TrainingRun.for_loop(run, state, cfg, clock=clock) as tr:
+        model.train()
+        step = tr.start
+        window = loop.MetricWindow(env)
+        while step < cfg.max_steps:
+            stats, lr = loop.objective_step(tr, params, cfg, step + 1, to_device)
+            step += 1
+            window.add(stats)
+            if cfg.log_due(step):
+                loop.log_objective_window(tr, cfg, step, window, lr)
+            if cfg.val_due(step):
+                tr.log.log(step, validate(), prefix="val")
+                model.train()
+            if tr.checkpoint_due(step):
+                tr.save(step)
+        if step > tr.start:
+            tr.log.log(step, validate(), prefix="val")
+        tr.finish(step, write_final)
     return obj
 
 
@@ -404,11 +420,10 @@ def test_a_non_finite_loss_stops_with_a_clear_error(tmp_path):
     env = CPU1
     obj = Diverging()
     opt = torch.optim.SGD(obj.parameters(), lr=0.1)
-    parts = FitParts(
-        env=env, run=RunDir.prepare(tmp_path / "nan", {}, env), objective=obj, params=list(obj.parameters()),
-        optimizer=opt, scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
-        scaler=loop.make_grad_scaler("fp32", env.device),
-        stream=BatchStream(_toy_data(), BatchStreamConfig(global_batch=8), env), to_device=lambda b: b,
-    )
+    state = loop.TrainingState(obj, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+                               BatchStream(_toy_data(), BatchStreamConfig(global_batch=8), env), env,
+                               scaler=loop.make_grad_scaler("fp32", env.device))
+    cfg = LoopConfig(max_steps=3, progress=False)
     with pytest.raises(FloatingPointError, match="loss is nan at step 1"):
-        loop.fit(parts, LoopConfig(max_steps=3, progress=False))
+        with loop.TrainingRun.for_loop(RunDir.prepare(tmp_path / "nan", {}, env), state, cfg) as tr:
+            loop.objective_step(tr, list(obj.parameters()), cfg, tr.start + 1)

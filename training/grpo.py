@@ -591,12 +591,11 @@ def train(args: argparse.Namespace, grpo_cfg: GRPOConfig, merge_cfg: MergeConfig
         extra = {**base_config.extra, "recipe": "grpo", "init": str(args.init), "steps": args.max_steps,
                  "reward": args.reward, "group_size": args.group_size, "lora_rank": args.lora_rank,
                  "lora_alpha": args.lora_alpha}
-        cfg = dataclasses.replace(base_config, name=args.name, demo=False, extra=extra)
-        StylePipeline(model, cfg).save_pretrained(folder)
+        model_cfg = dataclasses.replace(base_config, name=args.name, demo=False, extra=extra)
+        StylePipeline(model, model_cfg).save_pretrained(folder)
 
-    with loop.TrainingRun(run, state, max_steps=args.max_steps, save_every=args.save_every,
-                          save_every_minutes=args.save_every_minutes, keep=args.keep_checkpoints, seed=args.seed,
-                          progress=not args.no_progress) as tr:
+    cfg = loop.loop_config(args, precision)
+    with loop.TrainingRun.for_loop(run, state, cfg) as tr:
         if tr.resumed.path is not None:
             trainer.controller.load_state_dict(tr.resumed.extra["merge"])
         log, start = tr.log, tr.start
@@ -607,17 +606,17 @@ def train(args: argparse.Namespace, grpo_cfg: GRPOConfig, merge_cfg: MergeConfig
                  f"({n_lora / 1e6:.3f}M trainable), world size {env.world_size}, rollouts {precision}")
         step = start
         window = loop.MetricWindow(env, last=LAST_KEYS, summed=SUM_KEYS, over_ranks=False)  # stats agree on all ranks
-        while step < args.max_steps:
+        while step < cfg.max_steps:
             batch = loop.move_to({k: v for k, v in stream.next().items() if k in ("content", "style", "target")},
                                  env.device)
             lr = optimizer.param_groups[0]["lr"]
             stats = trainer.step(batch, step + 1)
             step += 1
             window.add(stats)
-            if step % args.log_every == 0 or step == args.max_steps:
+            if cfg.log_due(step):
                 log.log(step, {**window.record(), "lr": lr})
                 log.advance(step, {"reward": stats["reward_mean"], "kl": stats["kl"]})
-            if step == start + 1 and step < args.max_steps:  # a first ETA after the first step
+            if step == start + 1 and step < cfg.max_steps:  # a first ETA after the first step
                 log.info(tr.progress.line(step))
             if tr.checkpoint_due(step):
                 tr.save(step, extra={"merge": trainer.controller.state_dict(),

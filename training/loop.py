@@ -1,16 +1,25 @@
 """Shared parts of every training recipe: distributed setup, seeding, resumable data order,
 atomic checkpoints with exact resume, run-directory bookkeeping and logging.
 
-A recipe (``training.vqvae``, ``training.sft``, ``training.grpo``) is a short script that builds a
-model and an objective and wires these parts together:
+A recipe (``training.vqvae``, ``training.sft``, ``training.grpo``) is a short script with its own step
+loop over these parts (no trainer class, no callbacks):
 
     env = setup_distributed()
     run = RunDir.prepare(out, config_dict, env, free_keys=...)     # RUN/config.json, resume check
-    stream = BatchStream(dataset, BatchStreamConfig(...), env)      # seeded, sharded, resumable
-    ckpts = CheckpointManager(run.checkpoints, keep=3, env=env)
-    resumable = TrainingState(model, optimizer, scheduler, scaler, stream, env)
-    resumed = resume(ckpts, resumable, seed)      # newest readable checkpoint; step 0 on a fresh run
-    with RunLogger(run, env, total_steps, resumed.step) as log: ...  # ckpts.save(step, resumable.state_dict(step))
+    stream = make_stream(dataset, BatchStreamConfig(...), env)      # seeded, sharded, resumable
+    cfg = loop_config(args, precision)
+    state = TrainingState(model, optimizer, scheduler, stream, env, scaler=...)  # what a checkpoint holds
+    with TrainingRun.for_loop(run, state, cfg) as tr:   # resumes from the newest readable checkpoint
+        window, step = MetricWindow(env), tr.start
+        while step < cfg.max_steps:
+            stats, lr = objective_step(tr, params, cfg, step + 1)  # or the recipe's own step (GRPO)
+            step += 1
+            window.add(stats)
+            if cfg.log_due(step):
+                log_objective_window(tr, cfg, step, window, lr)  # or tr.log.log(step, window.record())
+            if tr.checkpoint_due(step):
+                tr.save(step, extra={...})                    # the recipe's own state: tr.resumed.extra
+        tr.finish(step, write_final)                          # summary line, RUN/final (rank 0, atomic)
 
 Conventions
 - ``step`` counts completed optimizer steps; a checkpoint taken at step s resumes at step s + 1.
@@ -1029,6 +1038,14 @@ class TrainingRun:
         self.seed, self.show_progress, self.clock = seed, progress, clock
         self.ckpts = CheckpointManager(run.checkpoints, self.env, keep=keep)
 
+    @classmethod
+    def for_loop(cls, run: RunDir, state: TrainingState, cfg: "LoopConfig",
+                 clock: Callable[[], float] = time.monotonic) -> "TrainingRun":
+        """The run of a loop configured by ``cfg`` (:func:`loop_config`)."""
+        return cls(run, state, max_steps=cfg.max_steps, save_every=cfg.save_every,
+                   save_every_minutes=cfg.save_every_minutes, keep=cfg.keep_checkpoints, seed=cfg.seed,
+                   progress=cfg.progress, clock=clock)
+
     def __enter__(self) -> "TrainingRun":
         self.resumed = resume(self.ckpts, self.state, self.seed)
         self.start = self.resumed.step
@@ -1039,6 +1056,8 @@ class TrainingRun:
             self.log.info(f"resumed from step {self.start} (epoch {stream.epoch}, batch {stream.index})")
         for note in self.resumed.notes:
             self.log.info(note)
+        if self.start >= self.max_steps:
+            self.log.info(f"already at step {self.start} >= --max-steps {self.max_steps}")
         self.schedule = CheckpointSchedule(self.env, max_steps=self.max_steps, every_steps=self.save_every,
                                            every_minutes=self.save_every_minutes, clock=self.clock)
         self.progress = Progress(self.start, self.max_steps, clock=self.clock)
@@ -1118,14 +1137,14 @@ class MetricWindow:
 
 
 # --------------------------------------------------------------------------------------------------
-# fit: the step loop of the recipes whose step is one objective (training.vqvae, training.sft)
+# the loop settings, and the step of the recipes whose step is one objective (training.vqvae, training.sft)
 # --------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class LoopConfig:
     max_steps: int
     save_every: int = 500
     save_every_minutes: float = 0.0  # also checkpoint when this much wall time has passed (0: off)
-    val_every: int = 0  # 0: validate only at the end (when a validate hook is given)
+    val_every: int = 0  # 0: validate only at the end
     log_every: int = 10
     keep_checkpoints: int = 3
     max_grad_norm: float = 2.0
@@ -1144,30 +1163,14 @@ class LoopConfig:
         if self.log_every < 1:
             raise ValueError("log_every must be >= 1")
 
+    def log_due(self, step: int) -> bool:
+        """Whether ``step`` ends a log window (every ``log_every`` steps, and the last step)."""
+        return step % self.log_every == 0 or step == self.max_steps
 
-@dataclass
-class FitParts:
-    """What :func:`fit` drives. ``objective`` (possibly DDP-wrapped) maps a micro-batch to
-    ``(loss, metrics)``; its ``forward`` is what DDP syncs, so recipes put the model call there."""
-
-    env: DistEnv
-    run: RunDir
-    objective: torch.nn.Module
-    params: Sequence[torch.nn.Parameter]
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    scaler: torch.amp.GradScaler
-    stream: "BatchStream | IterableBatchStream"
-    to_device: Callable[[Any], Any]
-    validate: Callable[[int], Mapping[str, Any]] | None = None  # step -> val metrics (all ranks call it)
-    after_step: Callable[[int, Mapping[str, Any]], Mapping[str, Any]] | None = None  # step, metrics -> more
-    finalize: Callable[[Path], None] | None = None  # write RUN/final (rank 0)
-    generators: Mapping[str, torch.Generator] = dataclasses.field(default_factory=dict)
-    extra_state: Callable[[], Mapping[str, Any]] | None = None
-    load_extra_state: Callable[[Mapping[str, Any]], None] | None = None
-    on_start: Callable[["RunLogger", int], None] | None = None  # logger, start step
-    last_value_keys: Sequence[str] = ()  # metrics logged as their value at the logged step, not a window mean
-    clock: Callable[[], float] = time.monotonic  # seconds; time-based checkpoints and the ETA (tests inject one)
+    def val_due(self, step: int) -> bool:
+        """Whether to validate after ``step`` inside the loop (every ``val_every`` steps; the end is the
+        recipe's own validation after the loop)."""
+        return bool(self.val_every) and step % self.val_every == 0 and step != self.max_steps
 
 
 def _mean_metrics(acc: list[Mapping[str, float]]) -> dict[str, float]:
@@ -1175,70 +1178,50 @@ def _mean_metrics(acc: list[Mapping[str, float]]) -> dict[str, float]:
     return {k: sum(float(m[k]) for m in acc) / len(acc) for k in keys}
 
 
-def fit(parts: FitParts, cfg: LoopConfig) -> int:
-    """Train from the newest checkpoint in RUN (or from scratch) to ``cfg.max_steps``.
+def objective_step(tr: TrainingRun, params: Sequence[torch.nn.Parameter], cfg: LoopConfig, step: int,
+                   to_device: Callable[[Any], Any] = lambda batch: batch) -> tuple[dict[str, float], float]:
+    """Optimizer step ``step`` when the objective (``tr.state.model``, possibly DDP-wrapped) maps a micro-batch
+    to ``(loss, metrics)``: ``cfg.grad_accum`` micro-batches from the run's stream (DDP syncs the last one
+    only), autocast, loss scaling, clipping, the optimizer and scheduler steps.
 
-    Returns the final step. A checkpoint is written every ``save_every`` steps, once ``save_every_minutes``
-    have passed since the last one, and at the end (see :class:`CheckpointSchedule`); each one prints the
-    time left. At the end ``finalize(RUN/final)`` runs on rank 0 (written to a temp folder, then renamed).
-    The logged ``loss`` is the mean over ranks and micro-steps of the objective's loss.
+    Returns the step's metrics (``loss`` and the objective's, means over the micro-batches, and
+    ``grad_norm``) and the lr it trained with. A loss that is not finite stops the run.
     """
-    env, run = parts.env, parts.run
-    state = TrainingState(parts.objective, parts.optimizer, parts.scheduler, parts.stream, env, scaler=parts.scaler,
-                          generators=parts.generators)
-    with TrainingRun(run, state, max_steps=cfg.max_steps, save_every=cfg.save_every,
-                     save_every_minutes=cfg.save_every_minutes, keep=cfg.keep_checkpoints, seed=cfg.seed,
-                     progress=cfg.progress, clock=parts.clock) as tr:
-        if tr.resumed.path is not None and parts.load_extra_state is not None:
-            parts.load_extra_state(tr.resumed.extra)
-        log, start = tr.log, tr.start
-        if parts.on_start is not None:
-            parts.on_start(log, start)
-        if start >= cfg.max_steps:
-            log.info(f"already at step {start} >= --max-steps {cfg.max_steps}")
-        parts.objective.train()
-        step = start
-        window = MetricWindow(env, last=parts.last_value_keys)
-        while step < cfg.max_steps:
-            micro: list[dict[str, float]] = []
-            for k in range(cfg.grad_accum):
-                batch = parts.to_device(parts.stream.next())
-                with no_sync(parts.objective, active=k < cfg.grad_accum - 1):
-                    with autocast(cfg.precision, env.device):
-                        loss, metrics = parts.objective(batch)
-                    parts.scaler.scale(loss / cfg.grad_accum).backward()
-                loss_value = float(loss.detach())
-                if not math.isfinite(loss_value):
-                    raise FloatingPointError(
-                        f"loss is {loss_value} at step {step + 1} on rank {env.rank}; lower --lr or check the data "
-                        f"(re-running resumes from the last checkpoint in {run.checkpoints})"
-                    )
-                micro.append({"loss": loss_value, **{m: float(v) for m, v in metrics.items()}})
-            lr = parts.optimizer.param_groups[0]["lr"]
-            grad_norm = clip_and_step(parts.params, parts.optimizer, parts.scaler, parts.scheduler, cfg.max_grad_norm)
-            step += 1
-            stats = _mean_metrics(micro)
-            stats["grad_norm"] = grad_norm
-            if parts.after_step is not None:
-                stats.update(parts.after_step(step, {**stats, "lr": lr}))
-            window.add(stats)
-            if step % cfg.log_every == 0 or step == cfg.max_steps:
-                mean = window.record()
-                record = {"loss": mean["loss"], "lr": lr, **mean, "epoch": round(parts.stream.epoch_progress, 4),
-                          "steps_per_s": window.steps_per_s}
-                log.log(step, record)
-                log.advance(step, {"loss": record["loss"], "lr": lr})
-                if step - start <= cfg.log_every and step < cfg.max_steps:  # the first window: a first ETA
-                    log.info(tr.progress.line(step))
-            if parts.validate is not None and cfg.val_every and step % cfg.val_every == 0 and step != cfg.max_steps:
-                log.log(step, dict(parts.validate(step)), prefix="val")
-                parts.objective.train()
-            if tr.checkpoint_due(step):
-                tr.save(step, parts.extra_state() if parts.extra_state else None)
-        if parts.validate is not None and step > start:
-            log.log(step, dict(parts.validate(step)), prefix="val")
-        tr.finish(step, parts.finalize)
-    return step
+    state, env = tr.state, tr.env
+    micro: list[dict[str, float]] = []
+    for k in range(cfg.grad_accum):
+        batch = to_device(state.stream.next())
+        with no_sync(state.model, active=k < cfg.grad_accum - 1):
+            with autocast(cfg.precision, env.device):
+                loss, metrics = state.model(batch)
+            state.scaler.scale(loss / cfg.grad_accum).backward()
+        loss_value = float(loss.detach())
+        if not math.isfinite(loss_value):
+            raise FloatingPointError(
+                f"loss is {loss_value} at step {step} on rank {env.rank}; lower --lr or check the data "
+                f"(re-running resumes from the last checkpoint in {tr.run.checkpoints})"
+            )
+        micro.append({"loss": loss_value, **{m: float(v) for m, v in metrics.items()}})
+    lr = state.optimizer.param_groups[0]["lr"]
+    grad_norm = clip_and_step(params, state.optimizer, state.scaler, state.scheduler, cfg.max_grad_norm)
+    stats = _mean_metrics(micro)
+    stats["grad_norm"] = grad_norm
+    return stats, lr
+
+
+def log_objective_window(tr: TrainingRun, cfg: LoopConfig, step: int, window: MetricWindow, lr: float,
+                         **at_step: float) -> None:
+    """The log record of the window ending at ``step`` (``loss`` first, the mean over ranks and micro-steps;
+    the lr of ``step``; ``at_step``: values that are the same on every rank, e.g. a count of skipped files;
+    the epochs read; steps per second), the progress bar, and after the first window of this process a
+    first estimate of the time left."""
+    mean = window.record()
+    record = {"loss": mean["loss"], "lr": lr, **mean, **at_step, "epoch": round(tr.state.stream.epoch_progress, 4),
+              "steps_per_s": window.steps_per_s}
+    tr.log.log(step, record)
+    tr.log.advance(step, {"loss": record["loss"], "lr": lr})
+    if step - tr.start <= cfg.log_every and step < cfg.max_steps:
+        tr.log.info(tr.progress.line(step))
 
 
 

@@ -280,12 +280,23 @@ def train(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARC
         batch = skips.take(batch)
         return loop.move_to({k: batch[k] for k in ("content", "style", "target")}, env.device)
 
-    def on_start(log: loop.RunLogger, start: int) -> None:
+    def write_final(folder: Path) -> None:
+        extra = {"recipe": "sft", "steps": args.max_steps, "data": args.data, "batch_size": args.batch_size,
+                 "lr": args.lr, "init_var": args.init_var, "init": args.init}
+        StylePipeline.from_models(model, name=args.name, extra=extra).save_pretrained(folder)
+
+    cfg = loop.loop_config(args, precision)
+    scaler = loop.make_grad_scaler(precision, env.device)
+    state = loop.TrainingState(ddp, optimizer, scheduler, stream, env, scaler=scaler)
+    with loop.TrainingRun.for_loop(run, state, cfg) as tr:
+        log = tr.log
+        if tr.resumed.path is not None:
+            objective.draws = int(tr.resumed.extra.get("draws", 0))  # keys the alpha jitter
         n_params = sum(p.numel() for p in trainable)
         log.info(f"{dataset_size(train_set)} training triplets, {dataset_size(val_set)} validation, "
                  f"{image_size}px, patch_nums {vqvae.cfg.patch_nums}, {n_params / 1e6:.2f}M trainable parameters, "
                  f"world size {env.world_size}, {precision}, lr drop at step {sched.resolved_drop_step}")
-        if start == 0:
+        if tr.start == 0:
             for line in notes:
                 log.info(line)
             if summary is not None:
@@ -295,29 +306,25 @@ def train(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARC
                             "copied": len(summary["copied"]), "split": len(summary["split"]),
                             "dropped": summary["dropped"], "fresh": len(summary["fresh"]),
                             "encoders": summary["encoders"]}, prefix="init")
-
-    def after_step(step: int, stats: dict[str, Any]) -> dict[str, float]:
-        if step % args.log_every == 0 or step == args.max_steps:
-            return {"skipped_files": float(len(skips.all_paths()))}
-        return {}
-
-    def do_validate(step: int) -> dict[str, Any]:
-        return validate(model, val_set, env, args.val_batch_size, precision, args.val_max_batches)
-
-    def finalize(folder: Path) -> None:
-        extra = {"recipe": "sft", "steps": args.max_steps, "data": args.data, "batch_size": args.batch_size,
-                 "lr": args.lr, "init_var": args.init_var, "init": args.init}
-        StylePipeline.from_models(model, name=args.name, extra=extra).save_pretrained(folder)
-
-    parts = loop.FitParts(
-        env=env, run=run, objective=ddp, params=trainable, optimizer=optimizer, scheduler=scheduler,
-        scaler=loop.make_grad_scaler(precision, env.device), stream=stream, to_device=to_device,
-        validate=do_validate if val_set is not None else None, after_step=after_step, finalize=finalize,
-        extra_state=lambda: {"draws": objective.draws},
-        load_extra_state=lambda s: setattr(objective, "draws", int(s.get("draws", 0))),
-        on_start=on_start, last_value_keys=("skipped_files",),
-    )
-    loop.fit(parts, loop.loop_config(args, precision))
+        ddp.train()
+        step = tr.start
+        window = loop.MetricWindow(env)
+        while step < cfg.max_steps:
+            stats, lr = loop.objective_step(tr, trainable, cfg, step + 1, to_device)
+            step += 1
+            window.add(stats)
+            if cfg.log_due(step):
+                loop.log_objective_window(tr, cfg, step, window, lr, skipped_files=float(len(skips.all_paths())))
+            if val_set is not None and cfg.val_due(step):
+                log.log(step, validate(model, val_set, env, args.val_batch_size, precision, args.val_max_batches),
+                        prefix="val")
+                ddp.train()
+            if tr.checkpoint_due(step):
+                tr.save(step, extra={"draws": objective.draws})
+        if val_set is not None and step > tr.start:
+            log.log(step, validate(model, val_set, env, args.val_batch_size, precision, args.val_max_batches),
+                    prefix="val")
+        tr.finish(step, write_final)
     skipped = skips.all_paths()
     if env.is_main:
         reasons = dict(getattr(train_set, "skipped", {}))

@@ -324,35 +324,42 @@ def train(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: loop.DistEnv) -> i
     restarter = DeadCodeRestarter(objective, optimizer, env, every=args.restart_every,
                                   dead_after=args.dead_after, seed=args.seed)
     skips = loop.SkipTracker(env)
+    params = list(vqvae.parameters())
 
     def to_device(batch):
         return loop.move_to(skips.take(batch), env.device)
 
-    def on_start(log: loop.RunLogger, start: int) -> None:
+    def write_final(folder: Path) -> None:
+        write_tokenizer_dir(vqvae, folder, {"recipe": "vqvae", "steps": args.max_steps, "data": args.data})
+
+    cfg = loop.loop_config(args, precision)
+    scaler = loop.make_grad_scaler(precision, env.device)
+    state = loop.TrainingState(model, optimizer, scheduler, stream, env, scaler=scaler)
+    with loop.TrainingRun.for_loop(run, state, cfg) as tr:
+        log = tr.log
+        if tr.resumed.path is not None:
+            restarter.load_state_dict(tr.resumed.extra)
         log.info(f"{len(train_set)} training images, {len(val_set) if val_set else 0} validation images, "
                  f"{vq_cfg.image_size}px, patch_nums {vq_cfg.patch_nums}, world size {env.world_size}, {precision}")
         log.info(lpips_note)
-
-    def after_step(step: int, stats: dict[str, Any]) -> dict[str, float]:
-        out = restarter(step, stats)
-        if step % args.log_every == 0 or step == args.max_steps:
-            out["skipped_files"] = float(len(skips.all_paths()))
-        return out
-
-    def do_validate(step: int) -> dict[str, Any]:
-        return validate(vqvae, val_set, env, args.val_batch_size, precision)
-
-    def finalize(folder: Path) -> None:
-        write_tokenizer_dir(vqvae, folder, {"recipe": "vqvae", "steps": args.max_steps, "data": args.data})
-
-    parts = loop.FitParts(
-        env=env, run=run, objective=model, params=list(vqvae.parameters()), optimizer=optimizer,
-        scheduler=scheduler, scaler=loop.make_grad_scaler(precision, env.device), stream=stream,
-        to_device=to_device, validate=do_validate if val_set is not None else None, after_step=after_step,
-        finalize=finalize, extra_state=restarter.state_dict, load_extra_state=restarter.load_state_dict,
-        on_start=on_start, last_value_keys=("restarted_total", "skipped_files", "active"),
-    )
-    loop.fit(parts, loop.loop_config(args, precision))
+        model.train()
+        step = tr.start
+        window = loop.MetricWindow(env, last=("restarted_total", "active"))
+        while step < cfg.max_steps:
+            stats, lr = loop.objective_step(tr, params, cfg, step + 1, to_device)
+            step += 1
+            stats.update(restarter(step, stats))
+            window.add(stats)
+            if cfg.log_due(step):
+                loop.log_objective_window(tr, cfg, step, window, lr, skipped_files=float(len(skips.all_paths())))
+            if val_set is not None and cfg.val_due(step):
+                log.log(step, validate(vqvae, val_set, env, args.val_batch_size, precision), prefix="val")
+                model.train()
+            if tr.checkpoint_due(step):
+                tr.save(step, extra=restarter.state_dict())
+        if val_set is not None and step > tr.start:
+            log.log(step, validate(vqvae, val_set, env, args.val_batch_size, precision), prefix="val")
+        tr.finish(step, write_final)
     skipped = skips.all_paths()
     if env.is_main:
         report = loop.write_skip_report(run, skipped, {**train_set.skipped, **(val_set.skipped if val_set else {})})
