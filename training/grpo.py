@@ -58,7 +58,9 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from stylevar import hub
 from stylevar.lora import (LoRAConfig, attach_lora, load_lora_state_dict, lora_disabled, lora_parameters, merge_lora,
                            snapshot_lora, unload_lora)
-from stylevar.pipeline import StylePipeline
+from stylevar.devices import resolve_autocast_dtype
+from stylevar.generation import DEFAULT_GENERATION
+from stylevar.pipeline import ModelDirError, StylePipeline, check_model_dir
 from stylevar.transformer import Condition, StyleVAR
 from training import loop
 from training.data import check_data_args, collate_triplets, dataset_size, open_triplets
@@ -252,8 +254,8 @@ class MergeController:
 @dataclass(frozen=True)
 class GRPOConfig:
     group_size: int = 16  # G
-    top_k: int = 900
-    top_p: float = 0.96
+    top_k: int = DEFAULT_GENERATION.top_k
+    top_p: float = DEFAULT_GENERATION.top_p
     style_strength: float = 0.0
     clip_eps: float = 0.2
     kl_beta: float = 0.1
@@ -493,8 +495,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--reward-image-size", type=int, default=256, help="metric resolution (not for l1)")
     g.add_argument("--lpips-net", choices=("vgg", "alex"), default="vgg")
     g.add_argument("--group-size", type=int, default=16, help="G rollouts per triplet")
-    g.add_argument("--top-k", type=int, default=900)
-    g.add_argument("--top-p", type=float, default=0.96)
+    g.add_argument("--top-k", type=int, default=DEFAULT_GENERATION.top_k)
+    g.add_argument("--top-p", type=float, default=DEFAULT_GENERATION.top_p)
     g.add_argument("--style-strength", type=float, default=0.0)
     g.add_argument("--rollout-chunk", type=int, default=0, help="rows per generate call (0: all B*G at once)")
     g.add_argument("--tf-chunk", type=int, default=0, help="rows per teacher-forcing pass (0: all)")
@@ -527,9 +529,12 @@ def check_inputs(args: argparse.Namespace) -> None:
             args.init = str(hub.resolve_model(args.init))
         except (hub.HubError, ValueError) as e:
             raise SystemExit(f"error: --init {args.init}: {e}") from None
-    init = Path(args.init)
-    if not (init / "config.json").is_file() or not (init / "transformer.safetensors").is_file():
-        raise SystemExit(f"error: --init {init}: not a model directory (config.json + *.safetensors)")
+    try:
+        check_model_dir(args.init)
+    except ModelDirError:
+        raise SystemExit(f"error: --init {args.init}: not a model directory (config.json + *.safetensors)") from None
+    except ValueError as e:
+        raise SystemExit(f"error: --init {args.init}: {e}") from None
     if args.grad_accum != 1:
         raise SystemExit("error: --grad-accum is not used by GRPO; bound memory with --rollout-chunk and --tf-chunk")
 
@@ -569,7 +574,7 @@ def train(args: argparse.Namespace, grpo_cfg: GRPOConfig, merge_cfg: MergeConfig
     run = loop.RunDir.prepare(args.out, config, env, free_keys=FREE_KEYS)
     pipe = StylePipeline.from_pretrained(args.init, device=env.device)
     model = pipe.model
-    model.autocast_dtype = torch.bfloat16 if precision == "bf16" else None  # rollouts only
+    model.autocast_dtype = resolve_autocast_dtype(precision, env.device)  # rollouts only (bf16 or None)
     dataset = open_triplets(args.data, "train", pipe.image_size, None, seed=args.seed, shuffle=True)
     reward = Reward(reward_cfg, env.device)  # missing metric weights fail here, before any work
 

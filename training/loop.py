@@ -51,6 +51,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
+from stylevar.devices import parse_dtype
+
 CONFIG_NAME = "config.json"
 LOG_NAME = "log.jsonl"
 
@@ -806,8 +808,7 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
     """Autocast context for a resolved precision ("fp32" -> no autocast)."""
     if precision == "fp32":
         return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
+    return torch.autocast(device_type=device.type, dtype=parse_dtype(precision))
 
 
 def make_grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 from pathlib import Path
@@ -22,7 +21,8 @@ import torch
 
 from stylevar.checkpoints import CheckpointError, load_safetensors, load_stylevar, load_vqvae, read_state
 from stylevar.lora import LoRAConfig
-from stylevar.pipeline import PipelineConfig, StylePipeline
+from stylevar.pipeline import PipelineConfig, StylePipeline, check_model_dir
+from stylevar.state_dict import read_file
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -54,10 +54,7 @@ def newest_checkpoint(src: str | os.PathLike) -> Path:
 
 def merge_command(args: argparse.Namespace) -> int:
     path = newest_checkpoint(args.checkpoint)
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # pickle errors have many types
-        raise CheckpointError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from e
+    state = read_file(path, what="checkpoint")
     if not isinstance(state, Mapping):
         raise CheckpointError(f"{path} does not hold a checkpoint dict")
     extra = state.get("extra") if isinstance(state.get("extra"), Mapping) else {}
@@ -66,8 +63,9 @@ def merge_command(args: argparse.Namespace) -> int:
     if cfg_dict is None:
         if model_dir is None:
             raise CheckpointError(f"{path} carries no model config; pass --config MODEL_DIR (the model it was trained from)")
-        cfg_dict = json.loads((model_dir / "config.json").read_text())
-    config = PipelineConfig.from_dict(cfg_dict)
+        config = check_model_dir(model_dir)
+    else:
+        config = PipelineConfig.from_dict(cfg_dict)
     sd, _ = read_state(state)
     if not any(k.endswith(".lora_A") for k in sd):
         raise CheckpointError(f"{path} has no LoRA weights (*.lora_A); it is not a GRPO checkpoint")

@@ -33,7 +33,7 @@ from torch.utils.data import Dataset, IterableDataset
 from stylevar import hub
 from stylevar.checkpoints import init_from_var, load_safetensors, load_stylevar, load_vqvae
 from stylevar.config import StyleVARConfig, VQVAEConfig
-from stylevar.pipeline import PipelineConfig, StylePipeline
+from stylevar.pipeline import StylePipeline, check_model_dir
 from stylevar.tokenizer import MultiScaleVQVAE
 from stylevar.transformer import StyleVAR
 from training import loop
@@ -75,7 +75,7 @@ def build_model(args: argparse.Namespace, tr_preset: StyleVARConfig, vqvae: Mult
     elif args.init:
         init = Path(args.init)
         if init.is_dir():
-            cfg = PipelineConfig.from_dir(init).transformer
+            cfg = check_model_dir(init).transformer
             model = load_stylevar(load_safetensors(init / "transformer.safetensors"), cfg, vqvae)
         else:
             model = load_stylevar(init, cfg, vqvae)
