@@ -1,6 +1,7 @@
 """The model side of the service: loading a pipeline per device and running batches of jobs on it."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -10,6 +11,8 @@ from pathlib import Path
 import torch
 from PIL import Image
 
+from stylevar.devices import resolve_autocast_dtype
+from stylevar.generation import DEFAULT_GENERATION, GenerationConfig
 from stylevar.inference import InferenceConfig, prepare
 from stylevar.pipeline import StyleMix, StylePipeline
 
@@ -17,8 +20,6 @@ from .batching import Job
 from .conditions import CacheObserver, ConditionCache, cached_condition
 
 log = logging.getLogger("serve.engine")
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 PreviewFn = Callable[[int, torch.Tensor], None]  # (scale index k, previews (n, 3, S, S) in [0, 1] on the CPU)
 
@@ -36,27 +37,20 @@ def resolve_devices(names: Sequence[str]) -> list[torch.device]:
     return devices
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype for a device: None means plain float32."""
-    if name == "auto":
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return None
-    dtype = DTYPES[name]
-    return None if dtype == torch.float32 else dtype
-
-
 @dataclass(frozen=True)
 class GenerationKey:
-    """Settings that must be equal for requests to share one `generate` call."""
+    """Settings that must be equal for requests to share one `generate` call: the generation settings
+    (resolved: the request's over the model's recommended ones over the defaults, see
+    `StylePipeline.generation_config`; without a seed, each row has its own) and how inputs are fitted."""
 
-    top_k: int | None  # None: the model's recommended value
-    top_p: float | None
-    style_strength: float
-    alphas: tuple[float, ...] | None
-    resize: str
-    guidance: float = 0.0
+    generation: GenerationConfig = DEFAULT_GENERATION
+    resize: str = "stretch"
     num_styles: int = 1  # styles of weight > 0: rows of one call need as many
+
+    def __post_init__(self) -> None:  # hashable: no seed, alphas a tuple
+        alphas = self.generation.alphas
+        object.__setattr__(self, "generation", dataclasses.replace(
+            self.generation, seed=None, alphas=None if alphas is None else tuple(float(a) for a in alphas)))
 
 
 @dataclass
@@ -99,7 +93,7 @@ class ModelRunner:
              observer: CacheObserver | None = None) -> "ModelRunner":
         t0 = time.perf_counter()
         pipe = StylePipeline.from_pretrained(model_dir, device=device,
-                                             autocast_dtype=resolve_dtype(options.dtype, device))
+                                             autocast_dtype=resolve_autocast_dtype(options.dtype, device))
         if device.type == "cpu" or options.inference.compile:  # CPU layouts/fusion, int8, compile
             prepare(pipe.model, options.inference)
         log.info("model loaded", extra={"model_dir": str(model_dir), "device": str(device),
@@ -134,8 +128,7 @@ class ModelRunner:
         with torch.inference_mode():
             images = self.pipe.stylize_batch(
                 contents, styles, seeds=seeds, resize=key.resize, on_scale=on_scale,
-                max_side=self.max_output_side, condition=self.condition, top_k=key.top_k, top_p=key.top_p,
-                style_strength=key.style_strength, alphas=key.alphas, guidance=key.guidance,
+                max_side=self.max_output_side, condition=self.condition, **key.generation.kwargs(),
             )
         out, start = [], 0
         for t in tasks:
@@ -160,7 +153,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         img = Image.new("RGB", (self.pipe.image_size, self.pipe.image_size), (128, 96, 64))
         cfg = self.pipe.config.transformer
-        key = GenerationKey(top_k=None, top_p=None, style_strength=0.0, alphas=None, resize="stretch")
+        key = GenerationKey(self.pipe.generation_config())
         job = Job(key=key, rows=1, payload=StylizeTask(img, img, [0]), deadline=float("inf"))
         self.run([job])
         log.info("warm-up done", extra={"device": str(self.device), "scales": len(cfg.patch_nums),

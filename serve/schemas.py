@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
+from stylevar.generation import DEFAULT_GENERATION
 from stylevar.pipeline import MAX_STYLES
 from stylevar.postprocess import MAX_SEED
 
@@ -27,10 +28,13 @@ class StylizeForm(BaseModel):
         None, ge=0, le=MAX_SEED, description="random when absent; sample i uses seed + i"
     )
     top_k: int | SkipJsonSchema[None] = Field(
-        None, ge=0, le=1_000_000, description="0 switches top-k off; absent: the model's recommended value (else 900)"
+        None, ge=0, le=1_000_000,
+        description=f"0 switches top-k off; absent: the model's recommended value (else {DEFAULT_GENERATION.top_k})",
     )
     top_p: float | SkipJsonSchema[None] = Field(
-        None, ge=0.0, le=1.0, description="0 or 1 switches nucleus sampling off; absent: the model's value (else 0.96)"
+        None, ge=0.0, le=1.0,
+        description=f"0 or 1 switches nucleus sampling off; absent: the model's value "
+                    f"(else {DEFAULT_GENERATION.top_p})",
     )
     num_samples: int = Field(1, ge=1, le=4)
     alphas: str | SkipJsonSchema[None] = Field(

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-MAX_SEED = 2**32 - 1  # as the service
 EXIT_USAGE = 2
 
 
@@ -124,6 +123,7 @@ def _convert(args: argparse.Namespace) -> int:
 def stylize_arguments(p: argparse.ArgumentParser) -> None:
     from stylevar.generation import DEFAULT_GENERATION  # no torch
     from stylevar.images import RESIZE_MODES  # PIL, not torch
+    from stylevar.postprocess import MAX_SEED  # PIL, not torch
 
     p.add_argument("content",
                    help="content image (JPEG, PNG or WebP); or a folder, or a quoted glob such as 'photos/*.jpg', "
@@ -226,7 +226,7 @@ def content_files(spec: str) -> tuple[list[Path], bool]:
 def check_stylize(args: argparse.Namespace) -> StylizeJob:
     """Every check of `stylevar stylize`'s arguments and files (InputError, one line), before any model loads."""
     from stylevar import preflight
-    from stylevar.postprocess import MAX_STYLES
+    from stylevar.postprocess import MAX_SEED, MAX_STYLES
 
     contents, many = content_files(args.content)
     first = None if many else preflight.read_image(contents[0], "content")

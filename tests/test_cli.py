@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from stylevar import cli, devices, images, preflight
+from stylevar import cli, devices, images, postprocess, preflight
 
 REPO = Path(__file__).resolve().parents[1]
 # runs `stylevar ARGS` in a fresh interpreter and reports whether torch was imported on the way
@@ -149,8 +149,8 @@ def test_the_command_line_and_the_service_refuse_the_same_files_with_the_same_wo
 def test_boundary_values_are_accepted():
     args = cli.build_parser(["stylize"]).parse_args(
         ["stylize", "c.png", "s.png", "-o", "o.png", "--top-k", "0", "--top-p", "1", "--style-strength", "-1",
-         "--seed", str(cli.MAX_SEED)])
-    assert (args.top_k, args.top_p, args.style_strength, args.seed) == (0, 1.0, -1.0, cli.MAX_SEED)
+         "--seed", str(postprocess.MAX_SEED)])
+    assert (args.top_k, args.top_p, args.style_strength, args.seed) == (0, 1.0, -1.0, postprocess.MAX_SEED)
     assert cli.build_parser(["stylize"]).parse_args(["stylize", "c", "s", "-o", "o.png"]).top_k is None
 
 

@@ -13,7 +13,7 @@ from serve.metrics import ServiceMetrics
 from stylevar.pipeline import StylePipeline
 from tests.conftest import micro_configs
 
-KEY = GenerationKey(top_k=None, top_p=None, style_strength=0.0, alphas=None, resize="stretch")
+KEY = GenerationKey()
 
 
 def _image(seed: int, size=(40, 28)) -> Image.Image:

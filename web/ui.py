@@ -16,6 +16,7 @@ from typing import Any
 import gradio as gr
 from PIL import Image, ImageChops, ImageOps
 
+from stylevar.generation import DEFAULT_GENERATION
 from stylevar.pipeline import DEMO_LABEL
 from stylevar.postprocess import MAX_SEED
 
@@ -23,7 +24,6 @@ from .baseline import AdaINBaseline, BaselineStatus
 from .client import Preview, Result, ServiceClient, ServiceError, StylizeOptions
 
 MAX_SCALES = 16  # alpha sliders kept ready; those beyond the model's scale count stay hidden
-DEFAULT_TOP_K, DEFAULT_TOP_P = 900, 0.96  # generate()'s own, for a model that recommends none
 RESIZE_MODES = ("stretch", "crop", "pad")
 MAX_GUIDANCE = 4.0  # the slider's end (the service takes up to 10; past 4 pictures fall apart)
 MAX_MASK_PIXELS = 4096 * 4096  # a painted layer larger than this is refused before it is decoded
@@ -158,8 +158,8 @@ class StyleVARUI:
         except ServiceError as e:
             return [f"**Model: unknown.** {e.message}", gr.update(), gr.update()] + [gr.update(visible=False)] * MAX_SCALES
         generation = info.get("config", {}).get("generation", {})
-        top_k = gr.update(value=generation.get("top_k", DEFAULT_TOP_K))
-        top_p = gr.update(value=generation.get("top_p", DEFAULT_TOP_P))
+        top_k = gr.update(value=generation.get("top_k", DEFAULT_GENERATION.top_k))
+        top_p = gr.update(value=generation.get("top_p", DEFAULT_GENERATION.top_p))
         patch_nums, defaults = info.get("patch_nums", []), info.get("default_alphas", [])
         sliders = []
         for k in range(MAX_SCALES):
@@ -256,9 +256,9 @@ class StyleVARUI:
                         dice = gr.Button("Randomise seed", scale=0, min_width=110, elem_id="randomise-seed")
                     with gr.Accordion("Advanced", open=False):
                         with gr.Row():
-                            top_k = gr.Number(value=DEFAULT_TOP_K, precision=0, minimum=0, label="Top-k",
+                            top_k = gr.Number(value=DEFAULT_GENERATION.top_k, precision=0, minimum=0, label="Top-k",
                                               info="0 switches it off; starts at the model's recommended value")
-                            top_p = gr.Slider(0.0, 1.0, value=DEFAULT_TOP_P, step=0.01, label="Top-p",
+                            top_p = gr.Slider(0.0, 1.0, value=DEFAULT_GENERATION.top_p, step=0.01, label="Top-p",
                                               info="0 or 1 switches it off")
                             samples = gr.Slider(1, 4, value=1, step=1, label="Number of samples",
                                                 info="sample i uses seed + i")

@@ -114,8 +114,9 @@ async def submit(state: ServiceState, upload: StylizeUpload, rid: str,
         n = len(styles)
         mix = StyleMix(tuple(images[1:1 + n]), form.weight_values(),
                        tuple(images[1 + n:]) if masks else None).active()
-        key = GenerationKey(form.top_k, form.top_p, form.style_strength, alphas, form.resize, form.guidance,
-                            len(mix.images))
+        generation = st.runner.pipe.generation_config(top_k=form.top_k, top_p=form.top_p, alphas=alphas,
+                                                      style_strength=form.style_strength, guidance=form.guidance)
+        key = GenerationKey(generation, form.resize, len(mix.images))
         task = StylizeTask(images[0], mix.images[0] if mix.plain else mix, seeds, on_preview)
         try:
             job = admission.submit(key, task, rows=len(seeds), timeout_s=settings.request_timeout_s,
