@@ -21,14 +21,15 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
+import os
 import random
 import re
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 from PIL import Image, ImageDraw, ImageFont
@@ -45,6 +46,7 @@ TIME = "seconds_per_image"
 SPLITS = ("val", "train", "all")
 MISSING = "missing"
 EXIT_MISSING_WEIGHTS = 3
+T = TypeVar("T")
 
 
 class MissingWeightsError(RuntimeError):
@@ -126,8 +128,9 @@ class Benchmark:
     total: int  # rows of the requested split before drawing n
 
 
-def load_benchmark(name: str, source: str | Path, *, split: str, n: int, seed: int) -> Benchmark:
-    """Read a manifest, keep the split, draw `n` rows with `seed` (all when fewer), check the files."""
+def load_benchmark(name: str, source: str | Path, *, split: str, n: int, seed: int | None) -> Benchmark:
+    """Read a manifest, keep the split, draw `n` rows with `seed` (None: the first `n`; all when fewer),
+    check the files."""
     path = manifest_path(source)
     base = path.parent
     rows = [Sample(i, e.id, base / e.content, base / e.style, base / e.target if e.target else None)
@@ -138,7 +141,10 @@ def load_benchmark(name: str, source: str | Path, *, split: str, n: int, seed: i
     if 0 < with_target < len(rows):
         raise ValueError(f"benchmark {name}: {with_target} of {len(rows)} rows have a target; a benchmark must be "
                          "all paired or all unpaired (split it into two manifests)")
-    picked = sorted(random.Random(seed).sample(range(len(rows)), n)) if len(rows) > n else list(range(len(rows)))
+    if len(rows) <= n:
+        picked = list(range(len(rows)))
+    else:
+        picked = list(range(n)) if seed is None else sorted(random.Random(seed).sample(range(len(rows)), n))
     samples = tuple(rows[i] for i in picked)
     absent = [str(p) for s in samples for p in (s.content, s.style, s.target) if p is not None and not p.is_file()]
     if absent:
@@ -275,6 +281,7 @@ class RunResult:
     files: list[Path] = field(default_factory=list)
     skipped_metrics: dict[str, str] = field(default_factory=dict)  # metric -> missing weight
     skipped_methods: dict[str, str] = field(default_factory=dict)  # method -> missing weight(s)
+    rank: int = 0  # this process's under torchrun: only process 0 writes files
 
 
 def device_name(device: torch.device) -> str:
@@ -302,13 +309,121 @@ def check_weights(cfg: EvalConfig, methods: list[Method]) -> dict[str, weights.M
     return gone
 
 
+def timed(fn: Callable[[], T], device: torch.device) -> tuple[T, float]:
+    """``fn()`` without autograd, and its seconds (CUDA synchronised before and after)."""
+    _sync(device)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = fn()
+    _sync(device)
+    return out, time.perf_counter() - t0
+
+
+@dataclass
+class Scored:
+    """One method over some samples, batch by batch: each sample's scores and seconds, in the order scored."""
+
+    positions: list[int] = field(default_factory=list)  # the samples' places in their list
+    scores: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # metric -> per batch, (b,)
+    seconds: list[float] = field(default_factory=list)  # per sample: its batch's seconds / the batch size
+    outputs: dict[int, torch.Tensor] = field(default_factory=dict)  # position -> output (CPU), those < keep
+
+    def metric(self, name: str) -> torch.Tensor:
+        """Every sample's value of one metric, (n,)."""
+        return torch.cat(self.scores[name])
+
+    def records(self) -> list[dict[str, float]]:
+        """One {metric: value} per sample."""
+        values = {k: self.metric(k).tolist() for k in self.scores}
+        return [{k: v[j] for k, v in values.items()} for j in range(len(self.positions))]
+
+
+def batch_slices(n: int, batch_size: int) -> list[slice]:
+    """Positions 0 .. n-1 in batches of ``batch_size`` (the last one shorter)."""
+    return [slice(i, min(i + batch_size, n)) for i in range(0, n, batch_size)]
+
+
+def score_batches(batches: Iterable[slice], generate: Callable[[slice], torch.Tensor],
+                  score: Callable[[torch.Tensor, slice], dict[str, torch.Tensor]], device: torch.device,
+                  keep: int = 0, on_batch: Callable[[], None] | None = None) -> Scored:
+    """For each batch of sample positions: ``generate(sl)`` timed (`timed`), its images (B, 3, H, W) clamped
+    to [0, 1] and scored by ``score(images, sl)`` ({metric: (B,)}); the outputs at positions < ``keep`` kept."""
+    result = Scored()
+    for sl in batches:
+        gen, dt = timed(lambda: generate(sl), device)
+        gen = gen.float().clamp(0, 1)
+        for k, v in score(gen, sl).items():
+            result.scores.setdefault(k, []).append(v.detach().float().cpu())
+        positions = list(range(sl.start, sl.start + gen.shape[0]))
+        result.positions += positions
+        result.seconds += [dt / gen.shape[0]] * gen.shape[0]
+        result.outputs.update({p: gen[j].cpu() for j, p in enumerate(positions) if p < keep})
+        if on_batch is not None:
+            on_batch()
+    return result
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This process's part of a sharded run (`torchrun`: WORLD_SIZE > 1): every ``world``-th batch from
+    ``rank`` on, so each sample is computed in the same batch as in a single process."""
+
+    rank: int = 0
+    world: int = 1
+    owned: bool = False  # the process group was started here (`close` ends it)
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def batches(self, n: int, batch_size: int) -> list[slice]:
+        return batch_slices(n, batch_size)[self.rank::self.world]
+
+    def gather(self, items: list) -> list:
+        """Every process's ``items``, concatenated in rank order (this process's alone when not sharded)."""
+        if self.world == 1:
+            return items
+        import torch.distributed as dist
+
+        parts: list = [None] * self.world
+        dist.all_gather_object(parts, items)
+        return [x for part in parts for x in part]
+
+    def close(self) -> None:
+        if self.owned:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+def start_shard(device: torch.device) -> tuple[Shard, torch.device]:
+    """Under torchrun (WORLD_SIZE > 1): join the process group (env://; nccl on CUDA, gloo on the CPU) and
+    take the local GPU when the device names none; else a single process."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Shard(), device
+    import torch.distributed as dist
+
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://")
+    return Shard(dist.get_rank(), dist.get_world_size(), owned), device
+
+
 def run(cfg: EvalConfig) -> RunResult:
-    """Evaluate every method on every benchmark and write the outputs to `cfg.out`."""
+    """Evaluate every method on every benchmark and write the outputs to `cfg.out`.
+
+    Under torchrun the batches are shared out among the processes (`Shard`) and process 0 merges the
+    per-sample records and writes the files; every process returns the merged result."""
     from tqdm.auto import tqdm
 
     # every check before any model or metric loads (and before hours of work end at an unwritable --out)
     output_folder(cfg.out, "--out folder")
-    device = resolve_device(cfg.device)
+    shard, device = start_shard(resolve_device(cfg.device))
     methods = [make_method(spec) for spec in cfg.methods]
     _unique_names(methods)
     benchmarks = [load_benchmark(name, src, split=cfg.split, n=cfg.n, seed=cfg.seed) for name, src in cfg.benchmarks]
@@ -326,8 +441,8 @@ def run(cfg: EvalConfig) -> RunResult:
     result.skipped_metrics = {k: v.weight.name for k, v in suite.skipped.items()}
     for m in runnable:
         m.load(device)
-    total = sum(math.ceil(len(b.samples) / cfg.batch_size) for b in benchmarks) * len(runnable)
-    bar = tqdm(total=total, desc="evaluate", unit="batch", disable=not cfg.progress, file=sys.stderr)
+    total = sum(len(shard.batches(len(b.samples), cfg.batch_size)) for b in benchmarks) * len(runnable)
+    bar = tqdm(total=total, desc="evaluate", unit="batch", disable=not (cfg.progress and shard.main), file=sys.stderr)
     grids: dict[str, dict[str, list[torch.Tensor]]] = {}
     for bench in benchmarks:
         size = cfg.image_size
@@ -339,61 +454,62 @@ def run(cfg: EvalConfig) -> RunResult:
         if target is not None:
             grid["target"] = list(target[:rows])
         seeds_all = [cfg.seed + s.index for s in bench.samples]
+
+        def score(gen: torch.Tensor, sl: slice) -> dict[str, torch.Tensor]:
+            return suite(gen, content[sl].to(device), style[sl].to(device),
+                         target[sl].to(device) if target is not None else None)
+
         for method in runnable:
             bar.set_description(f"{bench.name} / {method.name}")
             if cfg.warmup:
                 with torch.no_grad():
                     method(content[:1].to(device), style[:1].to(device), seeds_all[:1])  # untimed
-            values: dict[str, list[float]] = {k: [] for k in suite.metrics}
-            seconds = 0.0
-            outputs = []
-            for i in range(0, len(bench.samples), cfg.batch_size):
-                sl = slice(i, i + cfg.batch_size)
-                c, s = content[sl].to(device), style[sl].to(device)
-                _sync(device)
-                t0 = time.perf_counter()
-                with torch.no_grad():
-                    gen = method(c, s, seeds_all[sl])
-                _sync(device)
-                dt = time.perf_counter() - t0
-                seconds += dt
-                gen = gen.float().clamp(0, 1)
-                scores = suite(gen, c, s, target[sl].to(device) if target is not None else None)
-                if len(outputs) < rows:
-                    outputs += list(gen[: rows - len(outputs)].cpu())
-                for j, sample in enumerate(bench.samples[sl]):
-                    rec = {"benchmark": bench.name, "method": method.name, "id": sample.id, "index": sample.index,
-                           "content": str(sample.content), "style": str(sample.style),
-                           "target": str(sample.target) if sample.target else None, "seed": seeds_all[i + j]}
-                    for k in suite.metrics:
-                        rec[k] = float(scores[k][j])
-                        values[k].append(rec[k])
-                    for k in result.skipped_metrics:
-                        rec[k] = MISSING
-                    rec[TIME] = dt / gen.shape[0]
-                    result.samples.append(rec)
-                bar.update(1)
-            grid[method.name] = outputs
+            scored = score_batches(
+                shard.batches(len(bench.samples), cfg.batch_size),
+                lambda sl: method(content[sl].to(device), style[sl].to(device), seeds_all[sl]),  # noqa: B023
+                score, device, keep=rows, on_batch=lambda: bar.update(1))
+            records = shard.gather(list(zip(scored.positions, scored.records(), scored.seconds)))
+            outputs = dict(shard.gather(list(scored.outputs.items())))
+            grid[method.name] = [outputs[p] for p in range(rows)]
+            for pos, scores, seconds in sorted(records, key=lambda r: r[0]):
+                sample = bench.samples[pos]
+                rec = {"benchmark": bench.name, "method": method.name, "id": sample.id, "index": sample.index,
+                       "content": str(sample.content), "style": str(sample.style),
+                       "target": str(sample.target) if sample.target else None, "seed": seeds_all[pos],
+                       **{k: scores[k] for k in suite.metrics}, **dict.fromkeys(result.skipped_metrics, MISSING),
+                       TIME: seconds}
+                result.samples.append(rec)
+            mine = result.samples[-len(bench.samples):]
             row = {"benchmark": bench.name, "method": method.name, "paired": bench.paired, "n": len(bench.samples)}
             for k in cfg.metrics:
-                row[k] = sum(values[k]) / len(values[k]) if k in values else MISSING
-            row[TIME] = seconds / len(bench.samples)
+                row[k] = sum(r[k] for r in mine) / len(mine) if k in suite.metrics else MISSING
+            row[TIME] = sum(r[TIME] for r in mine) / len(mine)
             result.rows.append(row)
         grids[bench.name] = grid
     bar.close()
+    result.rank = shard.rank
+    if shard.main:
+        result.files += write_outputs(cfg, benchmarks, methods, runnable, result, grids, device_name(device))
+    shard.close()
+    return result
+
+
+def write_outputs(cfg: EvalConfig, benchmarks: list[Benchmark], methods: list[Method], runnable: list[Method],
+                  result: RunResult, grids: dict[str, dict[str, list[torch.Tensor]]], device: str) -> list[Path]:
+    """The tables, the sample grids and the charts in `cfg.out`."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    result.files += write_tables(cfg, benchmarks, methods, result, out, device_name(device))
+    files = write_tables(cfg, benchmarks, methods, result, out, device)
     for bench in benchmarks:
         path = out / f"samples_{_slug(bench.name)}.png"
         draw_grid(grids[bench.name], [m.name for m in runnable], bench.paired).save(path)
-        result.files.append(path)
+        files.append(path)
     for k in (*cfg.metrics, TIME):
         if k in result.skipped_metrics:
             continue
-        path = out / f"chart_{k}.png"
-        result.files.append(save_bar_chart(path, k, result.rows, [b.name for b in benchmarks], [m.name for m in runnable]))
-    return result
+        files.append(save_bar_chart(out / f"chart_{k}.png", k, result.rows, [b.name for b in benchmarks],
+                                    [m.name for m in runnable]))
+    return files
 
 
 # ------------------------------------------------------------------------------------------------ outputs
@@ -563,6 +679,8 @@ def _cmd(args: argparse.Namespace) -> int:
     except MissingWeightsError as e:
         print(f"stylevar evaluate: {e}", file=sys.stderr)
         return EXIT_MISSING_WEIGHTS
+    if result.rank != 0:  # under torchrun process 0 reports
+        return 0
     for k, w in result.skipped_metrics.items():
         print(f"note: {k} marked {MISSING} (weight {w} not present)", file=sys.stderr)
     for name, absent in result.skipped_methods.items():
@@ -579,7 +697,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a method to evaluate (repeat for several); a hub id is pulled on first use")
     p.add_argument("--benchmark", action="append", required=True, type=_parse_benchmark,
                    metavar="NAME=MANIFEST_OR_ROOT", help="a triplet manifest, or a folder holding manifest.jsonl (repeat)")
-    p.add_argument("--n", type=int, default=50, help="rows drawn per benchmark (default 50)")
+    p.add_argument("--n", "--rows", type=int, default=50,
+                   help="rows drawn per benchmark (default 50; under torchrun write --rows: it reads --n as its own)")
     p.add_argument("--seed", type=int, default=42, help="row drawing and generation seeds (default 42)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--metrics", nargs="+", default=list(PAPER_METRICS), metavar="METRIC",
@@ -595,3 +714,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-warmup", action="store_true", help="time the first call too (default: one untimed call)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m stylevar.evaluate ARGS` is `stylevar evaluate ARGS`; sharded over N processes:
+    ``torchrun --nproc-per-node N -m stylevar.evaluate ARGS``."""
+    from stylevar.cli import main as cli_main
+
+    return cli_main(["evaluate", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -32,8 +32,9 @@ from PIL import Image
 
 from data_tools import synth
 from stylevar.baselines.reinhard import reinhard_transfer
+from stylevar.evaluate import Scored, batch_slices, load_benchmark, score_batches
+from stylevar.generation import DEFAULT_GENERATION
 from stylevar.images import load_image, pil_to_tensor
-from stylevar.manifest import read_manifest
 from stylevar.metrics.structure import edge_correlation
 from stylevar.pipeline import DEMO_LABEL, StylePipeline
 from stylevar.refine import Refinement, refine
@@ -54,16 +55,17 @@ class Triplet:
     target: Image.Image | None  # None: a real photograph, no known target
 
 
-SAMPLING_CANDIDATES = ({"top_k": 900, "top_p": 0.96}, {"top_k": 100, "top_p": 0.9}, {"top_k": 20, "top_p": 0.8},
-                       {"top_k": 5, "top_p": 0.7}, {"top_k": 2, "top_p": 0.5})
+SAMPLING_CANDIDATES = ({"top_k": DEFAULT_GENERATION.top_k, "top_p": DEFAULT_GENERATION.top_p},
+                       {"top_k": 100, "top_p": 0.9}, {"top_k": 20, "top_p": 0.8}, {"top_k": 5, "top_p": 0.7},
+                       {"top_k": 2, "top_p": 0.5})
 
 
 def load_triplets(manifest: Path, n: int, split: str = "val") -> list[Triplet]:
-    entries = [e for e in read_manifest(manifest) if e.split == split and e.target]
-    if not entries:
+    """The first `n` triplets of `split` (`stylevar.evaluate.load_benchmark`), at their own size."""
+    bench = load_benchmark(manifest.stem, manifest, split=split, n=n, seed=None)
+    if not bench.paired:
         raise ValueError(f"{manifest} has no {split} triplets with targets")
-    root = manifest.parent
-    return [Triplet(*(load_image(root / getattr(e, k)) for k in ("content", "style", "target"))) for e in entries[:n]]
+    return [Triplet(*(load_image(p) for p in (s.content, s.style, s.target))) for s in bench.samples]
 
 
 def heldout_triplets(n: int, size: int, seed: int = HELDOUT_SEED) -> list[Triplet]:
@@ -89,17 +91,17 @@ def image_batch(images, size: int) -> torch.Tensor:
     return torch.stack([pil_to_tensor(im.convert("RGB").resize((size, size), Image.BILINEAR)) for im in images])
 
 
-def ssim_to_target(images, triplets: list[Triplet], size: int) -> float:
-    """Mean SSIM (the paper's definition) of `images` to the triplets' targets, at `size` px."""
+def ssim_to_target(images: torch.Tensor, triplets: list[Triplet]) -> float:
+    """Mean SSIM (the paper's definition) of `images` (B, 3, S, S) to the triplets' targets, at S px."""
     from stylevar.metrics import compute
 
-    target = image_batch([t.target for t in triplets], size)
-    return float(compute("ssim", image_batch(images, size), target, target, target).mean())
+    target = image_batch([t.target for t in triplets], images.shape[-1])
+    return float(compute("ssim", images, target, target, target).mean())
 
 
-def seed_spread(a_images, b_images, size: int) -> float:
+def seed_spread(a: torch.Tensor, b: torch.Tensor) -> float:
     """Mean absolute pixel difference ([0, 1] scale) between two seeds' outputs for the same inputs."""
-    return float((image_batch(a_images, size) - image_batch(b_images, size)).abs().mean())
+    return float((a - b).abs().mean())
 
 
 def choose_sampling(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0) -> tuple[dict, dict[str, dict]]:
@@ -107,13 +109,11 @@ def choose_sampling(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0)
     held-out evaluation stays unbiased) among those whose seed spread is at least `MIN_SEED_SPREAD`
     (so that seeds stay meaningful; the most random candidate if none is), and every candidate's scores."""
     scores = {}
-    contents, styles = [t.content for t in triplets], [t.style for t in triplets]
-    for cand in SAMPLING_CANDIDATES:
-        out = pipe.stylize_batch(contents, styles, seeds=[seed + i for i in range(len(triplets))], **cand)
-        other = pipe.stylize_batch(contents, styles, seeds=[seed + 1000 + i for i in range(len(triplets))], **cand)
-        scores[f"top_k={cand['top_k']}, top_p={cand['top_p']}"] = {
-            "ssim": ssim_to_target(out, triplets, pipe.image_size),
-            "seed_spread": seed_spread(out, other, pipe.image_size)}
+    for cand in SAMPLING_CANDIDATES:  # every triplet in one batch
+        out, other = (outputs(generate(pipe, triplets, s, batch_size=len(triplets), **cand))
+                      for s in (seed, seed + 1000))
+        scores[f"top_k={cand['top_k']}, top_p={cand['top_p']}"] = {"ssim": ssim_to_target(out, triplets),
+                                                                   "seed_spread": seed_spread(out, other)}
     rows = list(scores.values())
     ok = [i for i, r in enumerate(rows) if r["seed_spread"] >= MIN_SEED_SPREAD] or [0]
     best = max(ok, key=lambda i: rows[i]["ssim"])
@@ -135,7 +135,7 @@ def choose_refinement(pipe: StylePipeline, triplets: list[Triplet], seed: int = 
     if pipe.config.refine.enabled:
         raise ValueError("choose_refinement needs the transformer's own outputs: turn the pipeline's refinement off")
     size = pipe.image_size
-    raw = image_batch(generate(pipe, triplets, seed)[0], size)
+    raw = outputs(generate(pipe, triplets, seed))
     content, target = (image_batch([getattr(t, k) for t in triplets], size) for k in ("content", "target"))
     scores = {}
     for cand in REFINE_CANDIDATES:
@@ -150,47 +150,63 @@ def refinement_label(cfg: Refinement) -> str:
     return f"radius {cfg.radius}, eps {cfg.eps:g}" if cfg.enabled else "off"
 
 
-def generate(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0, batch_size: int = 16) -> tuple[list, float]:
-    """The model's outputs for `triplets` (seed + index each) and the seconds per image."""
-    images: list = []
-    t0 = time.perf_counter()
-    for i in range(0, len(triplets), batch_size):
-        chunk = triplets[i:i + batch_size]
-        images += pipe.stylize_batch([t.content for t in chunk], [t.style for t in chunk],
-                                     seeds=[seed + i + j for j in range(len(chunk))])
-    return images, (time.perf_counter() - t0) / len(triplets)
+def generate(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0, batch_size: int = 16, suite=None,
+             **gen_kwargs) -> Scored:
+    """The model on `triplets` (seed + index each) through `stylevar.evaluate`'s runner: batch by batch,
+    timed, scored by `scorer` (the suite's metrics among them), every output kept at the model's resolution."""
+    size = pipe.image_size
+
+    def run(sl: slice) -> torch.Tensor:
+        chunk = triplets[sl]
+        return image_batch(pipe.stylize_batch([t.content for t in chunk], [t.style for t in chunk],
+                                              seeds=[seed + i for i in range(sl.start, sl.stop)], **gen_kwargs), size)
+
+    return score_batches(batch_slices(len(triplets), batch_size), run, scorer(triplets, size, suite), pipe.device,
+                         keep=len(triplets))
 
 
-def score(images, triplets: list[Triplet], size: int, suite=None) -> dict[str, float]:
-    """Mean metrics of `images` for `triplets`, everything compared at `size` px (the model's resolution):
-    edge correlation with the content and the colour distance to the style always; SSIM, L1 and the
-    suite's metrics against the target when the triplets have one."""
-    gen = image_batch(images, size)
+def outputs(scored: Scored) -> torch.Tensor:
+    """The kept outputs of a run, (n, 3, S, S) in [0, 1]."""
+    return torch.stack([scored.outputs[p] for p in scored.positions])
+
+
+def means(scored: Scored) -> dict[str, float]:
+    return {k: float(scored.metric(k).mean()) for k in scored.scores}
+
+
+def scorer(triplets: list[Triplet], size: int, suite=None):
+    """Per-sample metrics of outputs for `triplets` (a runner's `score`), everything compared at `size` px
+    (the model's resolution): edge correlation with the content and the colour distance to the style always;
+    the suite's metrics and L1 against the target when the triplets have one."""
     content, style = (image_batch([getattr(t, k) for t in triplets], size) for k in ("content", "style"))
-    row = {"edge_corr": float(edge_correlation(gen, content).mean()),
-           "colour_dist_to_style": float((gen.mean(dim=(2, 3)) - style.mean(dim=(2, 3))).norm(dim=1).mean())}
-    if all(t.target is not None for t in triplets):
-        target = image_batch([t.target for t in triplets], size)
-        if suite is not None:
-            row.update({k: float(v.mean()) for k, v in suite(gen, content, style, target).items()})
-        row["l1"] = float((gen - target).abs().mean())
-    return row
+    target = image_batch([t.target for t in triplets], size) if all(t.target is not None for t in triplets) else None
+
+    def score(gen: torch.Tensor, sl: slice) -> dict[str, torch.Tensor]:
+        row = {"edge_corr": edge_correlation(gen, content[sl]),
+               "colour_dist_to_style": (gen.mean(dim=(2, 3)) - style[sl].mean(dim=(2, 3))).norm(dim=1)}
+        if target is not None:
+            if suite is not None:
+                row.update(suite(gen, content[sl], style[sl], target[sl]))
+            row["l1"] = (gen - target[sl]).abs().mean(dim=(1, 2, 3))
+        return row
+
+    return score
 
 
 def evaluate_model(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0, suite=None) -> dict[str, float]:
-    """The model's row: `score` of its outputs (seed + index each), seconds per image and seed spread."""
-    images, sec_per_image = generate(pipe, triplets, seed)
-    row = score(images, triplets, pipe.image_size, suite)
-    row["sec_per_image"] = sec_per_image
-    row["seed_spread"] = seed_spread(images, generate(pipe, triplets, seed + 1000)[0], pipe.image_size)
-    return row
+    """The model's row: mean metrics of its outputs (seed + index each), seconds per image and seed spread."""
+    scored = generate(pipe, triplets, seed, suite=suite)
+    return {**means(scored), "sec_per_image": sum(scored.seconds) / len(triplets),
+            "seed_spread": seed_spread(outputs(scored), outputs(generate(pipe, triplets, seed + 1000)))}
 
 
 def score_baselines(triplets: list[Triplet], size: int, suite=None) -> dict[str, dict]:
-    """Rows of the weight-free baselines: copy-content and Reinhard colour transfer."""
-    outputs = {"copy-content": [t.content for t in triplets],
-               "reinhard": [reinhard_transfer(t.content, t.style) for t in triplets]}
-    return {method: score(images, triplets, size, suite) for method, images in outputs.items()}
+    """Rows of the weight-free baselines: copy-content and Reinhard colour transfer (mean metrics)."""
+    score = scorer(triplets, size, suite)
+    images = {"copy-content": [t.content for t in triplets],
+              "reinhard": [reinhard_transfer(t.content, t.style) for t in triplets]}
+    return {method: {k: float(v.mean()) for k, v in score(image_batch(ims, size), slice(0, len(triplets))).items()}
+            for method, ims in images.items()}
 
 
 def evaluate(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0, suite=None) -> dict[str, dict]:
@@ -401,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         pipe.save_pretrained(tmp, dtype=torch.float16)
         half = StylePipeline.from_pretrained(tmp, device="cpu")  # keeps the chosen sampling settings
-        half_ssim = ssim_to_target(generate(half, triplets, args.seed)[0], triplets, half.image_size)
+        half_ssim = ssim_to_target(outputs(generate(half, triplets, args.seed)), triplets)
     use_fp16 = math.isfinite(half_ssim) and abs(half_ssim - table["model"]["ssim"]) < 0.002
     timings = json.loads(args.timings.read_text()) if args.timings and args.timings.is_file() else {}
     timings.setdefault("eval_device", "cpu")
