@@ -541,6 +541,7 @@ class RunDir:
 # checkpoints
 # --------------------------------------------------------------------------------------------------
 _CKPT_RE = re.compile(r"^step-(\d{8})\.pt$")
+SHARDED_SUFFIX = ".dcp"  # the folder of a checkpoint's shards (training.sharding), next to its .pt
 
 
 class CheckpointManager:
@@ -561,9 +562,14 @@ class CheckpointManager:
                 found.append((int(m.group(1)), p))
         return sorted(found)
 
-    def save(self, step: int, state: Mapping[str, Any]) -> Path | None:
-        """Write ``state`` for ``step`` (rank 0 only; all ranks wait)."""
+    def save(self, step: int, state: Mapping[str, Any],
+             write_sharded: Callable[[Path], None] | None = None) -> Path | None:
+        """Write ``state`` for ``step`` (rank 0 only; all ranks wait). ``write_sharded(folder)`` (every rank
+        calls it, first) writes a sharded part to ``step-XXXXXXXX.dcp/``; the ``.pt`` then names it."""
         path = self.dir / f"step-{step:08d}.pt"
+        if write_sharded is not None:
+            write_sharded(path.with_suffix(SHARDED_SUFFIX))
+            state = {**state, "sharded": path.with_suffix(SHARDED_SUFFIX).name}
         if self.env.is_main:
             self.dir.mkdir(parents=True, exist_ok=True)
             tmp = self.dir / f".{path.name}.{os.getpid()}.tmp"
@@ -575,6 +581,7 @@ class CheckpointManager:
             _fsync_dir(self.dir)
             for _, old in self.paths()[: -self.keep]:
                 old.unlink(missing_ok=True)
+                shutil.rmtree(old.with_suffix(SHARDED_SUFFIX), ignore_errors=True)
         self.env.barrier()
         return path if self.env.is_main else None
 
@@ -588,7 +595,10 @@ class CheckpointManager:
         """
         if self.env.is_main and self.dir.is_dir():
             for p in self.dir.glob(".step-*.tmp"):
-                p.unlink(missing_ok=True)
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            for p in self.dir.glob(f"step-*{SHARDED_SUFFIX}"):  # shards whose .pt was never written
+                if not p.with_suffix(".pt").exists():
+                    shutil.rmtree(p, ignore_errors=True)
         self.env.barrier()
         found = self.paths()
         bad: list[BadCheckpoint] = []
@@ -600,6 +610,12 @@ class CheckpointManager:
                 continue
             if int(state["step"]) != step:
                 raise RuntimeError(f"{path} holds step {state['step']}, its name says {step}")
+            if "sharded" in state:
+                shards = path.parent / str(state["sharded"])
+                if not (shards / ".metadata").is_file():
+                    bad.append(BadCheckpoint(path, f"its sharded part {shards.name} is missing or incomplete"))
+                    continue
+                state["sharded"] = str(shards)
             self._set_aside(bad)
             return LoadedCheckpoint(state, path, tuple(bad))
         if bad:
@@ -699,14 +715,18 @@ class TrainingState:
     env: DistEnv
     scaler: torch.amp.GradScaler | None = None  # a recipe without loss scaling (GRPO) has none
     generators: Mapping[str, torch.Generator] | None = None
+    # model and optimizer in a sharded part (training.sharding, DCP) instead of the .pt: --strategy fsdp
+    sharded: bool = False
 
     def state_dict(self, step: int, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The checkpoint at ``step``. Call on every rank (RNG states are gathered)."""
+        """The checkpoint at ``step`` (without model and optimizer when ``sharded``: :meth:`write_sharded`
+        writes those). Call on every rank (RNG states are gathered)."""
         scaler = {} if self.scaler is None else {"scaler": self.scaler.state_dict()}
+        weights = {} if self.sharded else {"model": unwrap(self.model).state_dict(),
+                                           "optimizer": self.optimizer.state_dict()}
         return {
             "step": step,
-            "model": unwrap(self.model).state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            **weights,
             "scheduler": self.scheduler.state_dict(),
             **scaler,
             "data": self.stream.state_dict(),
@@ -718,8 +738,16 @@ class TrainingState:
     def load_state_dict(self, state: Mapping[str, Any], seed: int = 0) -> list[str]:
         """Restore a :meth:`state_dict`; returns notes worth logging (e.g. a changed world size)."""
         notes = []
-        unwrap(self.model).load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.sharded != ("sharded" in state):
+            raise RunConfigMismatchError("the checkpoint's model and optimizer are " +
+                                         ("sharded (--strategy fsdp)" if "sharded" in state else "whole (--strategy ddp)"))
+        if self.sharded:
+            from training import sharding
+
+            sharding.load_sharded(state["sharded"], self.model, self.optimizer)
+        else:
+            unwrap(self.model).load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None:
             self.scaler.load_state_dict(state["scaler"])
@@ -733,6 +761,12 @@ class TrainingState:
                 "process RNG streams reseeded"
             )
         return notes + list(getattr(self.stream, "notes", ()))  # e.g. shard streams restarting
+
+    def write_sharded(self, folder: Path) -> None:
+        """The model's and optimizer's shards into ``folder`` (every rank)."""
+        from training import sharding
+
+        sharding.save_sharded(folder, self.model, self.optimizer, self.env)
 
 
 @dataclass(frozen=True)
@@ -836,7 +870,8 @@ def clip_and_step(
     """
     scaler.unscale_(optimizer)
     if max_grad_norm and max_grad_norm > 0:
-        norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # a DTensor when sharded
     else:
         norm = float("nan")
     scaler.step(optimizer)
@@ -1073,7 +1108,9 @@ class TrainingRun:
 
     def save(self, step: int, extra: Mapping[str, Any] | None = None) -> None:
         """The checkpoint of ``step`` (every rank calls it), and the time left."""
-        path = self.ckpts.save(step, self.state.state_dict(step, extra))
+        state = self.state
+        sharded = {"write_sharded": state.write_sharded} if state.sharded else {}
+        path = self.ckpts.save(step, state.state_dict(step, extra), **sharded)
         self.schedule.saved()
         if step < self.max_steps and path is not None:
             self.log.info(f"checkpoint {path.name}; {self.progress.line(step)}")

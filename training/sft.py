@@ -4,6 +4,8 @@
         --tokenizer DIR_OR_PTH --out RUN --max-steps N --batch-size B [--grad-accum K] \
         [--init-var VAR.pth | --init MODEL_DIR_OR_PTH]
     torchrun --nproc_per_node G -m training.sft ...          # the same run on G processes
+    torchrun --nnodes N --nproc-per-node G --rdzv-backend c10d --rdzv-endpoint HOST:PORT -m training.sft ...
+    torchrun ... -m training.sft --strategy fsdp ...          # weights, grads, AdamW state sharded (FSDP2)
 
 Objective: teacher-forced cross-entropy over all L target tokens with label smoothing
 (``model.teacher_forcing_logits(content, style, target_indices)``, target tokens from the frozen
@@ -36,7 +38,7 @@ from stylevar.config import StyleVARConfig, VQVAEConfig
 from stylevar.pipeline import StylePipeline, check_model_dir
 from stylevar.tokenizer import MultiScaleVQVAE
 from stylevar.transformer import StyleVAR
-from training import loop
+from training import loop, sharding
 from training.data import AugmentConfig, check_data_args, collate_triplets, dataset_size, open_triplets
 from training.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.presets import load_preset, match_transformer, resize_tokenizer
@@ -185,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="stylevar-sft", help="model name written to RUN/final/config.json")
     p.add_argument("--activation-checkpointing", action="store_true",
                    help="recompute block activations in the backward pass (less memory, same result)")
+    p.add_argument("--strategy", choices=sharding.STRATEGIES, default="ddp",
+                   help="ddp: every process holds the whole model, gradients and optimizer state; fsdp: all three "
+                        "sharded over the processes (FSDP2, sharded checkpoints; see training.sharding)")
     loop.add_loop_args(p, lr=5e-4, batch_size=32, max_grad_norm=2.0)
     return p
 
@@ -212,6 +217,8 @@ def check_inputs(args: argparse.Namespace) -> None:
         raise SystemExit("error: --label-smoothing must be in [0, 1)")
     if not 0 <= args.alpha_jitter < 1:
         raise SystemExit("error: --alpha-jitter must be in [0, 1)")
+    if args.strategy == "fsdp" and args.precision == "fp16":
+        raise SystemExit("error: --strategy fsdp trains in bf16 or fp32; fp16 loss scaling is not supported with it")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -261,7 +268,8 @@ def train(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARC
     model.to(env.device).train()
     objective = SFTObjective(model, label_smoothing=args.label_smoothing, alpha_jitter=args.alpha_jitter,
                              seed=args.seed)
-    ddp = loop.wrap_ddp(objective, env)
+    fsdp = args.strategy == "fsdp"
+    ddp = sharding.shard_model(objective, model, env, precision) if fsdp else loop.wrap_ddp(objective, env)
     optimizer = make_adamw(model, args.lr, args.weight_decay, betas=(0.9, 0.95))
     sched = ScheduleConfig(max_steps=args.max_steps, warmup_steps=args.warmup_steps, drop_step=args.lr_drop_step,
                            drop_fraction=args.lr_drop_fraction, drop_factor=args.lr_drop_factor)
@@ -283,11 +291,19 @@ def train(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARC
     def write_final(folder: Path) -> None:
         extra = {"recipe": "sft", "steps": args.max_steps, "data": args.data, "batch_size": args.batch_size,
                  "lr": args.lr, "init_var": args.init_var, "init": args.init}
-        StylePipeline.from_models(model, name=args.name, extra=extra).save_pretrained(folder)
+        final = model
+        if sharding.is_sharded(ddp):
+            final = StyleVAR(model.cfg, MultiScaleVQVAE(vqvae.cfg))
+            final.load_state_dict(whole)
+        StylePipeline.from_models(final, name=args.name, extra=extra).save_pretrained(folder)
 
     cfg = loop.loop_config(args, precision)
     scaler = loop.make_grad_scaler(precision, env.device)
-    state = loop.TrainingState(ddp, optimizer, scheduler, stream, env, scaler=scaler)
+    state = loop.TrainingState(ddp, optimizer, scheduler, stream, env, scaler=scaler, sharded=fsdp)
+
+    def validation() -> dict[str, float]:
+        with sharding.gathered(ddp):
+            return validate(model, val_set, env, args.val_batch_size, precision, args.val_max_batches)
     with loop.TrainingRun.for_loop(run, state, cfg) as tr:
         log = tr.log
         if tr.resumed.path is not None:
@@ -316,14 +332,14 @@ def train(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARC
             if cfg.log_due(step):
                 loop.log_objective_window(tr, cfg, step, window, lr, skipped_files=float(len(skips.all_paths())))
             if val_set is not None and cfg.val_due(step):
-                log.log(step, validate(model, val_set, env, args.val_batch_size, precision, args.val_max_batches),
-                        prefix="val")
+                log.log(step, validation(), prefix="val")
                 ddp.train()
             if tr.checkpoint_due(step):
                 tr.save(step, extra={"draws": objective.draws})
         if val_set is not None and step > tr.start:
-            log.log(step, validate(model, val_set, env, args.val_batch_size, precision, args.val_max_batches),
-                    prefix="val")
+            log.log(step, validation(), prefix="val")
+        if sharding.is_sharded(ddp):  # the whole model on rank 0 (every rank takes part), for RUN/final
+            whole = sharding.strip_prefix(sharding.full_state_dict(ddp), "model.")
         tr.finish(step, write_final)
     skipped = skips.all_paths()
     if env.is_main:
