@@ -1,21 +1,19 @@
-"""Checkpoint I/O: the published reference layouts in, the project's safetensors format in and out.
+"""Checkpoint I/O: the published reference layouts in, checked against the model built from a config.
 
 Reference StyleVAR checkpoints store full (3C, C) qkv matrices for both the guide and the target
 projections; only the guide's Q rows and the target's K/V rows are ever used, so they load into
 `q_guide` and `kv_target` and the rest is dropped. Derived buffers are recomputed, never trusted.
-Files are read, and checked against the model, by `stylevar.state_dict`.
+Files are read, and checked against the model, by `stylevar.state_dict`; the project's own format
+(safetensors files, a config.json section per model) is `stylevar.pretrained`'s.
 """
 from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 from typing import Any, Mapping
 
-import torch
-from safetensors.torch import save_file
-
 from stylevar.config import StyleVARConfig, VQVAEConfig
+from stylevar.pretrained import load_safetensors, save_safetensors  # noqa: F401 (importable from here too)
 from stylevar.state_dict import (CheckpointError, StateDict, WeightMismatchError, check_state_dict, is_state_dict,
                                  read_file, read_state_dict)
 from stylevar.tokenizer import MultiScaleVQVAE
@@ -94,16 +92,14 @@ class CheckpointMismatchError(WeightMismatchError):
         return "\n".join(lines)
 
 
-def _check_fits(sd: StateDict, own: StateDict, what: str) -> None:
-    check_state_dict(sd, own, source=what, error=CheckpointMismatchError)
-
-
-def _fill_derived(sd: StateDict, own: StateDict) -> StateDict:
-    """Drop derived buffers from a checkpoint and take the model's own values instead."""
+def _fitted(sd: StateDict, own: StateDict, what: str) -> StateDict:
+    """The checkpoint with its derived buffers dropped and the model's own values taken instead, checked
+    against the model's state dict ``own`` (every mismatch in one CheckpointMismatchError)."""
     out = {k: v for k, v in sd.items() if not _DERIVED.search(k)}
     for k, v in own.items():
         if _DERIVED.search(k):
             out[k] = v
+    check_state_dict(out, own, source=what, error=CheckpointMismatchError)
     return out
 
 
@@ -115,9 +111,7 @@ def load_vqvae(path_or_sd, cfg: VQVAEConfig) -> MultiScaleVQVAE:
     hit = "quantize.ema_vocab_hit_SV"
     if hit in sd and sd[hit].shape != own[hit].shape:  # training statistics only
         sd = {**sd, hit: own[hit]}
-    sd = _fill_derived(sd, own)
-    _check_fits(sd, own, f"MultiScaleVQVAE({cfg.ch}ch, V={cfg.vocab_size}, Cvae={cfg.z_channels})")
-    model.load_state_dict(sd)
+    model.load_state_dict(_fitted(sd, own, f"MultiScaleVQVAE({cfg.ch}ch, V={cfg.vocab_size}, Cvae={cfg.z_channels})"))
     return model.eval()
 
 
@@ -154,9 +148,8 @@ def load_stylevar(path_or_sd, cfg: StyleVARConfig, vqvae: MultiScaleVQVAE, *,
         sd = stylevar_reference_to_own(sd, cfg.embed_dim)
     model = StyleVAR(cfg, vqvae)
     own = model.transformer_state_dict()
-    sd = _fill_derived(sd, own)
-    _check_fits(sd, own, f"StyleVAR(depth={cfg.depth}, dim={cfg.embed_dim}, V={cfg.vocab_size})")
-    model.load_transformer_state_dict(sd)
+    model.load_transformer_state_dict(_fitted(sd, own, f"StyleVAR(depth={cfg.depth}, dim={cfg.embed_dim}, "
+                                                       f"V={cfg.vocab_size})"))
     return model.eval()
 
 
@@ -218,21 +211,3 @@ def _imagenet_resnet18() -> StateDict | None:
     names = {"conv1": "0", "bn1": "1", "layer1": "4", "layer2": "5", "layer3": "6", "layer4": "7"}
     return {names[k.split(".", 1)[0]] + "." + k.split(".", 1)[1]: v for k, v in sd.items()
             if k.split(".", 1)[0] in names}
-
-
-# ---- the project's own format ------------------------------------------------------------------------
-def save_safetensors(sd: Mapping[str, torch.Tensor], path: str | os.PathLike, dtype: torch.dtype | None = None,
-                     metadata: dict[str, str] | None = None) -> None:
-    """Write a state dict atomically; floating tensors are cast to `dtype` when given."""
-    out = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().contiguous().cpu()
-           for k, v in sd.items()}
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    save_file(out, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
-
-
-def load_safetensors(path: str | os.PathLike) -> StateDict:
-    """A project weights file, floating tensors as float32."""
-    sd = read_state_dict(path, what="weights file")
-    return {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}

@@ -1,12 +1,13 @@
 """StylePipeline: a model directory in, PIL images in and out.
 
 A model directory holds `config.json`, `tokenizer.safetensors`, `transformer.safetensors` and a
-`README.md` model card. The embedded demo model lives in `stylevar/assets/demo/`.
+`README.md` model card. Each model reads and writes its own weights file and config.json section
+(`MultiScaleVQVAE` / `StyleVAR`.save_pretrained, from_pretrained); the pipeline composes them and owns
+the rest of config.json (`PipelineConfig`). The embedded demo model lives in `stylevar/assets/demo/`.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -16,12 +17,12 @@ from typing import Any, Callable, Sequence
 import torch
 from PIL import Image
 
-from stylevar.checkpoints import load_safetensors, load_stylevar, load_vqvae, save_safetensors
 from stylevar.config import StyleVARConfig, VQVAEConfig, presets
 from stylevar.devices import resolve_autocast_dtype, resolve_device
 from stylevar.generation import GenerationConfig
 from stylevar.images import Fit, ResizeMode, fit_square, pil_to_tensor, tensor_to_pil, to_rgb, unfit
 from stylevar.postprocess import MAX_STYLES, OutputOptions, default_max_side, finish, sample_seeds
+from stylevar.pretrained import CONFIG_FILE, read_config, write_config
 from stylevar.refine import Refinement, refine
 from stylevar.tokenizer import MultiScaleVQVAE
 from stylevar.transformer import Condition, StyleBlend, StyleVAR
@@ -87,7 +88,7 @@ class ModelDirError(FileNotFoundError):
     """A model directory that is missing or incomplete."""
 
 
-MODEL_FILES = ("config.json", "tokenizer.safetensors", "transformer.safetensors")
+MODEL_FILES = (CONFIG_FILE, MultiScaleVQVAE.weights_file, StyleVAR.weights_file)
 
 
 def missing_model_files(path: Path) -> list[str]:
@@ -135,7 +136,7 @@ class PipelineConfig:
     @classmethod
     def from_dir(cls, model_dir: str | os.PathLike) -> "PipelineConfig":
         """The config.json of a model directory."""
-        return cls.from_dict(json.loads((Path(model_dir) / "config.json").read_text()))
+        return cls.from_dict(read_config(model_dir))
 
 
 def check_model_dir(path: str | os.PathLike) -> PipelineConfig:
@@ -185,8 +186,7 @@ class StylePipeline:
 
         d = resolve_model(model_dir) if model_dir is not None else DEMO_MODEL_DIR
         config = check_model_dir(d)
-        tokenizer = load_vqvae(load_safetensors(d / "tokenizer.safetensors"), config.tokenizer)
-        model = load_stylevar(load_safetensors(d / "transformer.safetensors"), config.transformer, tokenizer)
+        model = StyleVAR.from_pretrained(d)
         device = torch.device(device) if device is not None else resolve_device(None)
         model.to(device)
         model.autocast_dtype = resolve_autocast_dtype(autocast_dtype, device)
@@ -194,15 +194,11 @@ class StylePipeline:
 
     def save_pretrained(self, model_dir: str | os.PathLike, dtype: torch.dtype | None = None,
                         model_card: str | None = None) -> Path:
-        """Write config.json + tokenizer/transformer safetensors (floats cast to `dtype` when given)."""
-        if getattr(self.model, "inference_config", None) is not None:
-            raise ValueError("this model was prepared for inference (stylevar.inference.prepare: fused, maybe "
-                             "quantised layers); save the model as loaded instead")
-        d = Path(model_dir)
-        d.mkdir(parents=True, exist_ok=True)
-        save_safetensors(self.model.tokenizer.state_dict(), d / "tokenizer.safetensors", dtype)
-        save_safetensors(self.model.transformer_state_dict(), d / "transformer.safetensors", dtype)
-        (d / "config.json").write_text(json.dumps(self.config.to_dict(), indent=1) + "\n")
+        """Write the transformer's and the tokenizer's files (floats cast to `dtype` when given), then all of
+        config.json from `config`. A model prepared for inference is refused before anything is written."""
+        d = self.model.save_pretrained(model_dir, dtype)
+        self.model.tokenizer.save_pretrained(d, dtype)
+        write_config(d, self.config.to_dict())
         if model_card is not None:
             (d / "README.md").write_text(model_card)
         return d

@@ -58,7 +58,7 @@ def test_trained_injection_changes_the_output_and_every_path_agrees():
     with torch.no_grad():
         assert not torch.allclose(tf, inj.teacher_forcing_logits(c2, s, idx))
     # the cached generation loop, teacher forcing and the naive transcription compute the same thing
-    images, sampled = inj.generate(c, s, top_k=1, seed=0, return_indices=True)
+    images, sampled = inj.generate_with_indices(c, s, top_k=1, seed=0)
     with torch.no_grad():
         assert torch.equal(inj.teacher_forcing_logits(c, s, sampled).argmax(-1), torch.cat(sampled, dim=1))
     torch.testing.assert_close(naive_teacher_forcing_logits(inj, c, s, idx), tf, atol=1e-4, rtol=0)

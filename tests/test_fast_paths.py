@@ -43,10 +43,10 @@ def test_compiled_model_matches_plain():
     c, s, idx = _inputs(model)
     with torch.no_grad():
         ref_logits = model.teacher_forcing_logits(c, s, idx)
-        ref_images, ref_idx = model.generate(c, s, seed=4, top_k=1, return_indices=True)
+        ref_images, ref_idx = model.generate_with_indices(c, s, seed=4, top_k=1)
     compile_model(model)
     with torch.no_grad():
         torch.testing.assert_close(model.teacher_forcing_logits(c, s, idx), ref_logits, atol=1e-4, rtol=0)
-        images, out_idx = model.generate(c, s, seed=4, top_k=1, return_indices=True)
+        images, out_idx = model.generate_with_indices(c, s, seed=4, top_k=1)
     assert all(torch.equal(a, b) for a, b in zip(out_idx, ref_idx))
     torch.testing.assert_close(images, ref_images, atol=1e-4, rtol=0)

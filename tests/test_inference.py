@@ -48,8 +48,8 @@ def test_prepared_fp32_generates_what_the_plain_model_generates():
     assert prepared(fast) == InferenceConfig() and prepared(plain) is None
     c, s = _inputs()
     with torch.no_grad():
-        ref, ref_idx = plain.generate(c, s, seed=4, top_k=1, return_indices=True)
-        got, idx = fast.generate(c, s, seed=4, top_k=1, return_indices=True)
+        ref, ref_idx = plain.generate_with_indices(c, s, seed=4, top_k=1)
+        got, idx = fast.generate_with_indices(c, s, seed=4, top_k=1)
     assert all(torch.equal(a, b) for a, b in zip(idx, ref_idx))
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=0)
 
@@ -64,8 +64,8 @@ def test_int8_runs_and_quantises_the_transformer_linears():
     assert isinstance(blk.attn.kv_target, torch.nn.Linear)  # read as a weight by the attention: kept fp32
     c, s = _inputs()
     with torch.no_grad():
-        images, idx = q.generate(c, s, seed=0, return_indices=True)
-        plain_idx = plain.generate(c, s, seed=0, return_indices=True)[1]
+        images, idx = q.generate_with_indices(c, s, seed=0)
+        plain_idx = plain.generate_with_indices(c, s, seed=0)[1]
     assert images.shape == (2, 3, 32, 32) and torch.isfinite(images).all()
     assert 0 <= images.min() and images.max() <= 1
     assert [t.shape for t in idx] == [t.shape for t in plain_idx]

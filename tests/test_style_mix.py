@@ -42,7 +42,7 @@ SAMPLING = {"top_k": 20, "top_p": 0.95}
 
 
 def tokens(model, style, seed=7, **kw) -> list[torch.Tensor]:
-    _, idx = model.generate(CONTENT, style, seed=seed, return_indices=True, **SAMPLING, **kw)
+    _, idx = model.generate_with_indices(CONTENT, style, seed=seed, **SAMPLING, **kw)
     return idx
 
 

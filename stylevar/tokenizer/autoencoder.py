@@ -69,15 +69,23 @@ class Upsample(nn.Module):
 
 
 class _Level(nn.Module):
-    """One resolution level: res blocks, optional attention after each, optional resampling."""
+    """One resolution level: ``n`` res blocks (``c_in`` -> ``c_out``), with ``attention`` one after each,
+    then `Downsample` or `Upsample` (``resample``, None: none) under its own name."""
 
-    def __init__(self, blocks: list[nn.Module], attns: list[nn.Module], resample: nn.Module | None, name: str):
+    def __init__(self, c_in: int, c_out: int, n: int, attention: bool, resample: type[nn.Module] | None,
+                 dropout: float, groups: int):
         super().__init__()
+        blocks = []
+        for _ in range(n):
+            blocks.append(ResnetBlock(c_in, c_out, dropout, groups))
+            c_in = c_out
+        self.channels = c_in  # what the level gives
         self.block = nn.ModuleList(blocks)
-        self.attn = nn.ModuleList(attns)
+        self.attn = nn.ModuleList([AttnBlock(c_in, groups) for _ in range(n)] if attention else [])
+        name = None if resample is None else resample.__name__.lower()
         if resample is not None:
-            self.add_module(name, resample)
-        self._resample_name = name if resample is not None else None
+            self.add_module(name, resample(c_in))
+        self._resample_name = name
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         for i, block in enumerate(self.block):
@@ -108,13 +116,9 @@ class Encoder(nn.Module):
         self.conv_in = nn.Conv2d(3, ch, 3, padding=1)
         levels, c_in = [], ch
         for i, mult in enumerate(ch_mult):
-            c_out = ch * mult
-            blocks = []
-            for _ in range(num_res_blocks):
-                blocks.append(ResnetBlock(c_in, c_out, dropout, norm_groups))
-                c_in = c_out
-            attns = [AttnBlock(c_in, norm_groups) for _ in range(num_res_blocks)] if (i == n - 1 and using_sa) else []
-            levels.append(_Level(blocks, attns, Downsample(c_in) if i != n - 1 else None, "downsample"))
+            levels.append(_Level(c_in, ch * mult, num_res_blocks, i == n - 1 and using_sa,
+                                 Downsample if i != n - 1 else None, dropout, norm_groups))
+            c_in = levels[-1].channels
         self.down = nn.ModuleList(levels)
         self.mid = _Mid(c_in, dropout, using_mid_sa, norm_groups)
         self.norm_out = _norm(c_in, norm_groups)
@@ -136,15 +140,11 @@ class Decoder(nn.Module):
         c_in = ch * ch_mult[-1]
         self.conv_in = nn.Conv2d(z_channels, c_in, 3, padding=1)
         self.mid = _Mid(c_in, dropout, using_mid_sa, norm_groups)
-        levels: list[nn.Module] = []
+        levels: list[_Level] = []
         for i in reversed(range(n)):
-            c_out = ch * ch_mult[i]
-            blocks = []
-            for _ in range(num_res_blocks + 1):
-                blocks.append(ResnetBlock(c_in, c_out, dropout, norm_groups))
-                c_in = c_out
-            attns = [AttnBlock(c_in, norm_groups) for _ in range(num_res_blocks + 1)] if (i == n - 1 and using_sa) else []
-            levels.insert(0, _Level(blocks, attns, Upsample(c_in) if i != 0 else None, "upsample"))
+            levels.insert(0, _Level(c_in, ch * ch_mult[i], num_res_blocks + 1, i == n - 1 and using_sa,
+                                    Upsample if i != 0 else None, dropout, norm_groups))
+            c_in = levels[0].channels
         self.up = nn.ModuleList(levels)  # up[i] works at level i; run from the last to the first
         self.norm_out = _norm(c_in, norm_groups)
         self.conv_out = nn.Conv2d(c_in, 3, 3, padding=1)

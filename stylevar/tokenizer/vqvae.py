@@ -1,12 +1,14 @@
 """MultiScaleVQVAE: VAR's tokenizer (encoder -> quant_conv -> multi-scale quantizer -> post_quant_conv -> decoder)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from stylevar.config import VQVAEConfig
+from stylevar.pretrained import PretrainedModel
 from stylevar.tokenizer.autoencoder import Decoder, Encoder
 from stylevar.tokenizer.quantizer import MultiScaleQuantizer
 
@@ -19,7 +21,14 @@ class VQVAEOutput:
     indices: list[torch.Tensor]  # K x (B, pn*pn)
 
 
-class MultiScaleVQVAE(nn.Module):
+class MultiScaleVQVAE(PretrainedModel, nn.Module):
+    """The tokenizer. `save_pretrained(folder)` writes `tokenizer.safetensors` and config.json's
+    ``"tokenizer"`` section; `from_pretrained(folder)` reads them back from a tokenizer folder or a whole
+    model directory (`stylevar.pretrained`)."""
+
+    config_section = "tokenizer"
+    weights_file = "tokenizer.safetensors"
+
     def __init__(self, cfg: VQVAEConfig):
         super().__init__()
         self.cfg = cfg
@@ -32,6 +41,14 @@ class MultiScaleVQVAE(nn.Module):
                                             cfg.share_quant_resi, cfg.beta)
         self.quant_conv = nn.Conv2d(cfg.z_channels, cfg.z_channels, 3, padding=1)
         self.post_quant_conv = nn.Conv2d(cfg.z_channels, cfg.z_channels, 3, padding=1)
+
+    @classmethod
+    def from_pretrained(cls, folder: str | os.PathLike) -> "MultiScaleVQVAE":
+        """The tokenizer saved in ``folder`` (eval mode, on the CPU)."""
+        from stylevar.checkpoints import load_vqvae  # it imports this module
+
+        section, sd = cls.read_pretrained(folder)
+        return load_vqvae(sd, VQVAEConfig.from_dict(section))
 
     @property
     def latent_size(self) -> int:

@@ -30,8 +30,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
+import warnings
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +42,8 @@ from torch import nn
 
 from stylevar.config import StyleVARConfig
 from stylevar.encoders import build_image_encoder, pooled
-from stylevar.generation import DEFAULT_GENERATION
+from stylevar.generation import DEFAULT_GENERATION, GenerationConfig
+from stylevar.pretrained import PretrainedModel
 from stylevar.sampling import make_generators, sample
 from stylevar.tokenizer import MultiScaleVQVAE
 from stylevar.transformer.attention import BlendedAttention, KVCache
@@ -56,6 +59,48 @@ class FFN(nn.Module):
         return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
 
 
+class Modulation(NamedTuple):
+    """A block's AdaLN modulations, each (B, 1, C), or (B, L, C) per token: x + attn(LN(x) * (1 + scale1) +
+    shift1) * gate1, then the same for the FFN with the 2s. Unpacks as (g1, g2, s1, s2, b1, b2)."""
+
+    gate1: torch.Tensor
+    gate2: torch.Tensor
+    scale1: torch.Tensor
+    scale2: torch.Tensor
+    shift1: torch.Tensor
+    shift2: torch.Tensor
+
+
+class HeadModulation(NamedTuple):
+    """The head's AdaLN modulations, each (B, 1, C), or (B, L, C) per token."""
+
+    scale: torch.Tensor
+    shift: torch.Tensor
+
+
+ModulationT = TypeVar("ModulationT", Modulation, HeadModulation)
+
+
+def token_rows(mod: ModulationT, start: int, end: int) -> ModulationT:
+    """Per-token modulations (B, L, C) at positions [start, end)."""
+    return type(mod)(*(m[:, start:end] for m in mod))
+
+
+def _ada_lin(lin: nn.Module, cond_BD: torch.Tensor, n: int, dim: int) -> tuple[torch.Tensor, ...]:
+    """The n modulations of an AdaLN input: (B, D) -> n x (B, 1, C), per token (B, L, D) -> n x (B, L, C)."""
+    if cond_BD.ndim == 3:
+        return lin(cond_BD).unflatten(-1, (n, dim)).unbind(2)
+    return lin(cond_BD).view(-1, 1, n, dim).unbind(2)
+
+
+class Guide(NamedTuple):
+    """What a block's queries come from, at the query positions."""
+
+    style_ln_BSlC: torch.Tensor  # LayerNorm'ed tokens of the S styles
+    content_ln_BlC: torch.Tensor  # LayerNorm'ed content tokens
+    alpha_BSl1: torch.Tensor  # blend coefficient of each style stream at each position
+
+
 class Block(nn.Module):
     def __init__(self, cfg: StyleVARConfig):
         super().__init__()
@@ -65,28 +110,19 @@ class Block(nn.Module):
         self.ffn = FFN(C, round(C * cfg.mlp_ratio))
         self.ada_lin = nn.Sequential(nn.SiLU(), nn.Linear(C, 6 * C))
 
-    def modulation(self, cond_BD: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """AdaLN (g1, g2, s1, s2, b1, b2), each (B, 1, C); constant over a generation, so computed once.
-        A per-token condition (B, L, D) (masked style blends) gives them per token, (B, L, C)."""
-        if cond_BD.ndim == 3:
-            return self.ada_lin(cond_BD).unflatten(-1, (6, self.dim)).unbind(2)
-        return self.ada_lin(cond_BD).view(-1, 1, 6, self.dim).unbind(2)
+    def modulation(self, cond_BD: torch.Tensor) -> Modulation:
+        """AdaLN modulations, each (B, 1, C); constant over a generation, so computed once. A per-token
+        condition (B, L, D) (masked style blends) gives them per token, (B, L, C)."""
+        return Modulation(*_ada_lin(self.ada_lin, cond_BD, 6, self.dim))
 
-    def forward(
-        self,
-        x_BLC: torch.Tensor,
-        mod: tuple[torch.Tensor, ...],  # self.modulation(cond_BD)
-        style_ln_BSlC: torch.Tensor,  # LayerNorm'ed tokens of the S styles at the query positions
-        content_ln_BlC: torch.Tensor,
-        alpha_BSl1: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        cache: KVCache | None = None,
-    ) -> torch.Tensor:
+    def forward(self, x_BLC: torch.Tensor, mod: Modulation, guide: Guide, mask: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:
+        """``mod``: `modulation(cond)` at these positions; ``mask``: teacher forcing's; ``cache``: generation's."""
         g1, g2, s1, s2, b1, b2 = mod
         h = F.layer_norm(x_BLC, (self.dim,), eps=self.eps) * (1 + s1) + b1
-        style = style_ln_BSlC * (1 + s1.unsqueeze(1)) + b1.unsqueeze(1)
-        content = content_ln_BlC * (1 + s1) + b1
-        x_BLC = x_BLC + self.attn(h, style, content, alpha_BSl1, mask, cache) * g1
+        style = guide.style_ln_BSlC * (1 + s1.unsqueeze(1)) + b1.unsqueeze(1)
+        content = guide.content_ln_BlC * (1 + s1) + b1
+        x_BLC = x_BLC + self.attn(h, style, content, guide.alpha_BSl1, mask, cache) * g1
         h = F.layer_norm(x_BLC, (self.dim,), eps=self.eps) * (1 + s2) + b2
         return x_BLC + self.ffn(h) * g2
 
@@ -97,12 +133,10 @@ class AdaLNHead(nn.Module):
         self.dim, self.eps = dim, eps
         self.ada_lin = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
 
-    def modulation(self, cond_BD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if cond_BD.ndim == 3:  # per token
-            return self.ada_lin(cond_BD).unflatten(-1, (2, self.dim)).unbind(2)
-        return self.ada_lin(cond_BD).view(-1, 1, 2, self.dim).unbind(2)
+    def modulation(self, cond_BD: torch.Tensor) -> HeadModulation:
+        return HeadModulation(*_ada_lin(self.ada_lin, cond_BD, 2, self.dim))
 
-    def forward(self, x_BLC: torch.Tensor, mod: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def forward(self, x_BLC: torch.Tensor, mod: HeadModulation) -> torch.Tensor:
         scale, shift = mod
         return F.layer_norm(x_BLC, (self.dim,), eps=self.eps) * (1 + scale) + shift
 
@@ -162,6 +196,13 @@ class StyleBlend:
         share_BSL = torch.where(total_B1L > 0, wm_BSL / total_B1L.clamp_min(1e-12), torch.zeros_like(wm_BSL))
         coverage_B1L = (m_BSL * (w_BS > 0).unsqueeze(2)).sum(1, keepdim=True).clamp_max(1.0)
         return coverage_B1L * share_BSL
+
+
+class Generated(NamedTuple):
+    """What `StyleVAR.generate_with_indices` returns."""
+
+    images: torch.Tensor  # (B, 3, H, W) in [0, 1]
+    indices: list[torch.Tensor]  # the K sampled token maps, each (B, pn * pn)
 
 
 @dataclass
@@ -228,7 +269,15 @@ class Condition:
         return x_BlC if self.inject_BLC is None else x_BlC + self.inject_BLC[:, start:end]
 
 
-class StyleVAR(nn.Module):
+class StyleVAR(PretrainedModel, nn.Module):
+    """The transformer, holding its frozen tokenizer (`tokenizer`). `save_pretrained(folder)` writes
+    `transformer.safetensors` (the state dict without the tokenizer's) and config.json's ``"transformer"``
+    section; `from_pretrained(folder)` reads them back, with the folder's tokenizer or a given one
+    (`stylevar.pretrained`)."""
+
+    config_section = "transformer"
+    weights_file = "transformer.safetensors"
+
     def __init__(self, cfg: StyleVARConfig, tokenizer: MultiScaleVQVAE):
         super().__init__()
         if tuple(tokenizer.cfg.patch_nums) != tuple(cfg.patch_nums) or tokenizer.cfg.vocab_size != cfg.vocab_size \
@@ -303,6 +352,22 @@ class StyleVAR(nn.Module):
         full = {f"tokenizer.{k}": v for k, v in self.tokenizer.state_dict().items()}
         full.update(sd)
         return self.load_state_dict(full, strict=strict)
+
+    def pretrained_state_dict(self) -> dict[str, torch.Tensor]:
+        if getattr(self, "inference_config", None) is not None:
+            raise ValueError("this model was prepared for inference (stylevar.inference.prepare: fused, maybe "
+                             "quantised layers); save the model as loaded instead")
+        return self.transformer_state_dict()
+
+    @classmethod
+    def from_pretrained(cls, folder: str | os.PathLike, tokenizer: MultiScaleVQVAE | None = None) -> "StyleVAR":
+        """The transformer saved in ``folder`` (eval mode, on the CPU), holding ``tokenizer`` (default: the
+        one saved in the same folder)."""
+        from stylevar.checkpoints import load_stylevar  # it imports this module
+
+        tokenizer = tokenizer if tokenizer is not None else MultiScaleVQVAE.from_pretrained(folder)
+        section, sd = cls.read_pretrained(folder)
+        return load_stylevar(sd, StyleVARConfig.from_dict(section), tokenizer)
 
     def _autocast(self, device: torch.device):
         if self.autocast_dtype is None:
@@ -390,7 +455,7 @@ class StyleVAR(nn.Module):
             return self.mask_2LL
         return self.mask_2LL[: self.cfg.num_tokens].repeat(num_styles + 1, 1)
 
-    def logits(self, x_BLC: torch.Tensor, head_mod: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def logits(self, x_BLC: torch.Tensor, head_mod: HeadModulation) -> torch.Tensor:
         return self.head(self.head_nm(x_BLC, head_mod)).float()
 
     # ---- teacher forcing ----------------------------------------------------------------------
@@ -415,9 +480,10 @@ class StyleVAR(nn.Module):
             x = torch.cat([cond.sos_B1C.expand(x_in.shape[0], -1, -1), self.word_embed(x_in)], dim=1)
             x = cond.target_inputs(x + self.lvl_pos(), 0, self.cfg.num_tokens)
             alpha_BSL1 = self.stream_alphas(cond, self.blend_alphas(alphas, style_strength))
+            guide = Guide(cond.style_ln_BSLC, cond.content_ln_BLC, alpha_BSL1)
             mask = self.stream_mask(cond.num_styles)
             for blk in self.blocks:
-                args = (x, blk.modulation(cond.adaln()), cond.style_ln_BSLC, cond.content_ln_BLC, alpha_BSL1, mask)
+                args = (x, blk.modulation(cond.adaln()), guide, mask)
                 if self.activation_checkpointing and torch.is_grad_enabled():
                     x = torch.utils.checkpoint.checkpoint(blk, *args, use_reentrant=False)
                 else:
@@ -440,8 +506,9 @@ class StyleVAR(nn.Module):
         return_indices: bool = False,
         cond: Condition | None = None,
         guidance: float = DEFAULT_GENERATION.guidance,
-    ):
-        """Sample the target coarse to fine. Images (B, 3, H, W) in [0, 1] (and the token maps).
+    ) -> torch.Tensor:
+        """Sample the target coarse to fine: images (B, 3, H, W) in [0, 1]. `generate_with_indices` also
+        gives the sampled token maps.
 
         The sampling and blend settings and their defaults are `stylevar.generation.GenerationConfig`'s
         (`**config.kwargs()` passes one).
@@ -449,24 +516,47 @@ class StyleVAR(nn.Module):
         `style`: one image batch, or a `StyleBlend` of several. `guidance` >= 0: push the logits away from
         the prediction without the style (module doc); 0 is the plain model. `cond` (from
         `condition(content, style, unstyled=guidance > 0)`) may be passed instead of the images.
+        `on_scale(k, images)` is called after each scale with the preview so far.
+        `return_indices=True` is deprecated: it returns ``(images, indices)``, `generate_with_indices`'s.
         """
+        settings = GenerationConfig(top_k, top_p, seed, style_strength, alphas, guidance)
+        out = self._generate(content, style, settings, on_scale, cond)
+        if return_indices:
+            warnings.warn("StyleVAR.generate(return_indices=True) is deprecated; use generate_with_indices",
+                          DeprecationWarning, stacklevel=3)  # past torch.no_grad's wrapper
+            return out
+        return out.images
+
+    @torch.no_grad()
+    def generate_with_indices(self, content: torch.Tensor, style: torch.Tensor | StyleBlend, *,
+                              on_scale: Callable[[int, torch.Tensor], None] | None = None,
+                              cond: Condition | None = None, **settings) -> Generated:
+        """`generate`, returning the images and the K sampled token maps, each (B, pn * pn).
+        ``settings``: `GenerationConfig`'s (top_k, top_p, seed, style_strength, alphas, guidance)."""
+        return self._generate(content, style, GenerationConfig(**settings), on_scale, cond)
+
+    def _generate(self, content: torch.Tensor | None, style: torch.Tensor | StyleBlend | None,
+                  settings: GenerationConfig, on_scale: Callable[[int, torch.Tensor], None] | None,
+                  cond: Condition | None) -> Generated:
+        guidance = settings.guidance
         if not (math.isfinite(guidance) and guidance >= 0):
             raise ValueError(f"guidance must be a finite number >= 0, got {guidance}")
         if cond is None and not isinstance(style, StyleBlend) and style.shape[0] != content.shape[0]:
             raise ValueError(f"content batch {content.shape[0]} and style batch {style.shape[0]} differ")
         B = cond.cond_BD.shape[0] if cond is not None else content.shape[0]
         device = cond.cond_BD.device if cond is not None else content.device
-        generators = make_generators(seed, B, device)
-        alpha_K = self.blend_alphas(alphas, style_strength)
+        generators = make_generators(settings.seed, B, device)
+        alpha_K = self.blend_alphas(settings.alphas, settings.style_strength)
         with self._autocast(device):
             cond = cond if cond is not None else self.condition(content, style, unstyled=guidance > 0)
             if guidance > 0 and cond.unstyled_BD is None:  # a condition made elsewhere (a cache): add what guidance needs
                 if content is None:
                     raise ValueError("guidance needs the content image, or a condition made with unstyled=True")
                 cond = dataclasses.replace(cond, unstyled_BD=self.feat_emb(pooled(self.style_encoder, content)))
-            f_hat, indices = self.sample_tokens(cond, generators, alpha_K, top_k, top_p, on_scale, guidance)
+            f_hat, indices = self.sample_tokens(cond, generators, alpha_K, settings.top_k, settings.top_p, on_scale,
+                                                guidance)
             images = self.tokenizer.decode_fhat(f_hat).float().add(1).mul(0.5)
-        return (images, indices) if return_indices else images
+        return Generated(images, indices)
 
     @torch.no_grad()
     def sample_tokens(
@@ -507,12 +597,10 @@ class StyleVAR(nn.Module):
             end = start + pn * pn
             alpha = (alpha_K[k].expand(R, S, pn * pn, 1) if alpha_RSL1 is None
                      else alpha_RSL1[:, :, start:end])
+            guide = Guide(run.style_ln_BSLC[:, :, start:end], run.content_ln_BLC[:, start:end], alpha)
             for blk, mod, cache in zip(self.blocks, mods, caches):
-                if per_token:
-                    mod = tuple(m[:, start:end] for m in mod)
-                x = blk(x, mod, run.style_ln_BSLC[:, :, start:end], run.content_ln_BLC[:, start:end], alpha, None,
-                        cache)
-            logits_RlV = self.logits(x, tuple(m[:, start:end] for m in head_mod) if per_token else head_mod)
+                x = blk(x, token_rows(mod, start, end) if per_token else mod, guide, None, cache)
+            logits_RlV = self.logits(x, token_rows(head_mod, start, end) if per_token else head_mod)
             if guided:
                 styled_BlV, plain_BlV = logits_RlV.chunk(2)
                 g_Bl1 = guidance * coverage_BL[:, start:end, None].to(styled_BlV.dtype)
