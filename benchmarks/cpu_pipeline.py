@@ -141,8 +141,8 @@ def token_agreement(fp32_model, other_model, cfg: StageBenchConfig) -> float:
     size = fp32_model.tokenizer.cfg.image_size
     for s in range(cfg.agreement_seeds):
         content, style = images(1, size, 1000 + s)
-        _, a = fp32_model.generate(content, style, seed=s, return_indices=True)
-        _, b = other_model.generate(content, style, seed=s, return_indices=True)
+        _, a = fp32_model.generate_with_indices(content, style, seed=s)
+        _, b = other_model.generate_with_indices(content, style, seed=s)
         a, b = torch.cat(a, 1), torch.cat(b, 1)
         equal += int((a == b).sum())
         total += a.numel()

@@ -17,7 +17,6 @@ from stylevar.tokenizer import MultiScaleVQVAE
 from tests import reference
 from tests.conftest import run_recipe, single_thread_env
 from training import loop, sft
-from training.vqvae import write_tokenizer_dir
 
 REPO = Path(__file__).resolve().parents[1]
 PY = REPO / ".venv" / "bin" / "python"
@@ -42,7 +41,7 @@ def setup(tmp_path_factory):
     preset = root / "preset.json"
     preset.write_text(json.dumps({"tokenizer": TOK, "transformer": TRANS}))
     torch.manual_seed(0)
-    write_tokenizer_dir(MultiScaleVQVAE(VQVAEConfig.from_dict(TOK)), root / "tok")
+    MultiScaleVQVAE(VQVAEConfig.from_dict(TOK)).save_pretrained(root / "tok", extra={})
     return {"root": root, "manifest": manifest, "preset": preset, "tok": root / "tok"}
 
 
@@ -205,7 +204,7 @@ def test_init_var_from_a_reference_layout_checkpoint(tmp_path, reference_dir):
     preset = tmp_path / "preset.json"
     preset.write_text(json.dumps({"tokenizer": tok, "transformer": trans}))
     torch.manual_seed(0)
-    write_tokenizer_dir(MultiScaleVQVAE(VQVAEConfig.from_dict(tok)), tmp_path / "tok")
+    MultiScaleVQVAE(VQVAEConfig.from_dict(tok)).save_pretrained(tmp_path / "tok", extra={})
     manifest = generate(SynthConfig(out=str(tmp_path / "data"), count=8, size=16, seed=1, val_fraction=0.25))
     out = tmp_path / "run"
     sft.main(["--data", str(manifest), "--preset", str(preset), "--tokenizer", str(tmp_path / "tok"),

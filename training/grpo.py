@@ -169,7 +169,7 @@ def sampled_logprobs(model: StyleVAR, content: torch.Tensor, style: torch.Tensor
             idx = [t[s:s + step] for t in tokens]
             logits = model.teacher_forcing_logits(content[s:s + step], style[s:s + step], idx,
                                                   style_strength=style_strength,
-                                                  cond=None if cond is None else cond.rows(s, s + step))
+                                                               cond=None if cond is None else cond.rows(s, s + step))
             out.append(token_logprobs(logits, torch.cat(idx, 1)))
     return torch.cat(out)
 
@@ -321,11 +321,11 @@ class GRPOTrainer:
                  ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Images (N, 3, S, S) in [0, 1] and tokens for N rows with one seed each."""
         cfg, N = self.cfg, content.shape[0]
-        kw = dict(top_k=cfg.top_k, top_p=cfg.top_p, style_strength=cfg.style_strength, return_indices=True)
+        kw = dict(top_k=cfg.top_k, top_p=cfg.top_p, style_strength=cfg.style_strength)
         step = (cfg.rollout_chunk or N) if cfg.batched_rollouts else 1
         images, tokens = [], []
         for s in range(0, N, step):
-            img, idx = self.model.generate(content[s:s + step], style[s:s + step], seed=seeds[s:s + step],
+            img, idx = self.model.generate_with_indices(content[s:s + step], style[s:s + step], seed=seeds[s:s + step],
                                            cond=None if cond is None else cond.rows(s, s + step), **kw)
             images.append(img.float())
             tokens.append(idx)

@@ -33,7 +33,7 @@ from torch import nn
 from torch.utils.data import Dataset, IterableDataset
 
 from stylevar import hub
-from stylevar.checkpoints import init_from_var, load_safetensors, load_stylevar, load_vqvae
+from stylevar.checkpoints import init_from_var, load_stylevar, load_vqvae
 from stylevar.config import StyleVARConfig, VQVAEConfig
 from stylevar.pipeline import StylePipeline, check_model_dir
 from stylevar.tokenizer import MultiScaleVQVAE
@@ -42,7 +42,6 @@ from training import loop, sharding
 from training.data import AugmentConfig, check_data_args, collate_triplets, dataset_size, open_triplets
 from training.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.presets import load_preset, match_transformer, resize_tokenizer
-from training.vqvae import TOKENIZER_FILE
 
 
 # ------------------------------------------------------------------------------------------ model inputs
@@ -51,13 +50,10 @@ def read_tokenizer(src: str, preset_cfg: VQVAEConfig, image_size: int | None) ->
     RUN/final or a model directory) or a weights file (.pth / .safetensors) with the preset's config."""
     path = Path(src)
     if path.is_dir():
-        cfg_path, weights = path / "config.json", path / TOKENIZER_FILE
-        if not cfg_path.is_file() or not weights.is_file():
-            raise FileNotFoundError(f"tokenizer folder {path} lacks config.json or {TOKENIZER_FILE}")
-        cfg = VQVAEConfig.from_dict(json.loads(cfg_path.read_text())["tokenizer"])
-        if image_size is not None and image_size != cfg.image_size:
-            raise ValueError(f"--image-size {image_size} differs from the tokenizer's {cfg.image_size}")
-        return load_vqvae(load_safetensors(weights), cfg)
+        vqvae = MultiScaleVQVAE.from_pretrained(path)
+        if image_size is not None and image_size != vqvae.cfg.image_size:
+            raise ValueError(f"--image-size {image_size} differs from the tokenizer's {vqvae.cfg.image_size}")
+        return vqvae
     return load_vqvae(path, resize_tokenizer(preset_cfg, image_size))
 
 
@@ -77,8 +73,8 @@ def build_model(args: argparse.Namespace, tr_preset: StyleVARConfig, vqvae: Mult
     elif args.init:
         init = Path(args.init)
         if init.is_dir():
-            cfg = check_model_dir(init).transformer
-            model = load_stylevar(load_safetensors(init / "transformer.safetensors"), cfg, vqvae)
+            check_model_dir(init)
+            model = StyleVAR.from_pretrained(init, vqvae)
         else:
             model = load_stylevar(init, cfg, vqvae)
         log_lines.append(f"initialised from StyleVAR weights {args.init}")
@@ -208,8 +204,8 @@ def check_inputs(args: argparse.Namespace) -> None:
     tok = Path(args.tokenizer)
     if not tok.exists():
         raise SystemExit(f"error: --tokenizer {tok}: not found")
-    if tok.is_dir() and not ((tok / "config.json").is_file() and (tok / TOKENIZER_FILE).is_file()):
-        raise SystemExit(f"error: --tokenizer {tok}: folder lacks config.json or {TOKENIZER_FILE}")
+    if tok.is_dir() and not ((tok / "config.json").is_file() and (tok / MultiScaleVQVAE.weights_file).is_file()):
+        raise SystemExit(f"error: --tokenizer {tok}: folder lacks config.json or {MultiScaleVQVAE.weights_file}")
     for flag, value in (("--init-var", args.init_var), ("--init", args.init)):
         if value and not Path(value).exists():
             raise SystemExit(f"error: {flag} {value}: not found")

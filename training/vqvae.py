@@ -15,13 +15,12 @@ moments are reset.
 The training images are every distinct image (content, style and target) of the manifests' train
 split, centre-cropped to the tokenizer's size; validation uses the val split (reconstruction loss and
 PSNR). ``RUN/final/`` holds ``tokenizer.safetensors`` + ``config.json`` (``{"tokenizer": {...}}``),
-loadable with ``stylevar.checkpoints.load_vqvae(RUN/final/tokenizer.safetensors, cfg)`` and usable as
+loadable with ``MultiScaleVQVAE.from_pretrained(RUN/final)`` and usable as
 ``training.sft --tokenizer RUN/final``.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from stylevar.checkpoints import save_safetensors
 from stylevar.config import VQVAEConfig
 from stylevar.images import fit_square
 from stylevar.tokenizer import MultiScaleVQVAE
@@ -41,7 +39,6 @@ from training.data import ROLES, TripletDataset, open_triplets, to_unit, try_loa
 from training.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.presets import load_preset, resize_tokenizer
 
-TOKENIZER_FILE = "tokenizer.safetensors"
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -233,15 +230,6 @@ def validate(vqvae: MultiScaleVQVAE, dataset: Dataset | None, env: loop.DistEnv,
             "val_images": int(total[3])}
 
 
-def write_tokenizer_dir(vqvae: MultiScaleVQVAE, folder: Path, extra: dict[str, Any] | None = None) -> None:
-    """``folder/tokenizer.safetensors`` + ``folder/config.json`` ({"tokenizer": cfg, "extra": ...})."""
-    folder.mkdir(parents=True, exist_ok=True)
-    save_safetensors(vqvae.state_dict(), folder / TOKENIZER_FILE)
-    (folder / "config.json").write_text(
-        json.dumps({"tokenizer": vqvae.cfg.to_dict(), "extra": extra or {}}, indent=1) + "\n"
-    )
-
-
 # ------------------------------------------------------------------------------------------ CLI
 def build_parser() -> argparse.ArgumentParser:
     p = loop.recipe_parser("training.vqvae", __doc__,
@@ -330,7 +318,7 @@ def train(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: loop.DistEnv) -> i
         return loop.move_to(skips.take(batch), env.device)
 
     def write_final(folder: Path) -> None:
-        write_tokenizer_dir(vqvae, folder, {"recipe": "vqvae", "steps": args.max_steps, "data": args.data})
+        vqvae.save_pretrained(folder, extra={"recipe": "vqvae", "steps": args.max_steps, "data": args.data})
 
     cfg = loop.loop_config(args, precision)
     scaler = loop.make_grad_scaler(precision, env.device)
