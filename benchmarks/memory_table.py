@@ -1,5 +1,5 @@
 """Parameters and estimated peak training memory per GPU of each preset under ``training.sft``'s two
-strategies, computed from the models (not measured): ``python benchmarks/memory_table.py``.
+strategies, computed from the models (not measured): ``python -m benchmarks.memory_table``.
 
 Each preset is built on the ``meta`` device (no memory, exact shapes), so the parameter counts are exact:
 P trainable (everything but the tokenizer), P_t the frozen tokenizer, P_root the trainable parameters
@@ -26,15 +26,11 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-from pathlib import Path
-
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from stylevar.config import presets  # noqa: E402
-from stylevar.tokenizer import MultiScaleVQVAE  # noqa: E402
-from stylevar.transformer import StyleVAR  # noqa: E402
+from stylevar.config import presets
+from stylevar.tokenizer import MultiScaleVQVAE
+from stylevar.transformer import StyleVAR
 
 GiB = 2**30
 ACT_BYTES_PER_TOKEN_WIDTH = 34 * 1.5  # per block, bf16, fused attention, three streams

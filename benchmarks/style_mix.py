@@ -1,6 +1,6 @@
 """Several styles, masks and guidance on a model (issue 17): the measurements behind docs/ui.md.
 
-    python benchmarks/style_mix.py [--model DIR] [--n 8] [--seeds 3] [--out benchmarks/style_mix]
+    python -m benchmarks.style_mix [--model DIR] [--n 8] [--seeds 3] [--out benchmarks/style_mix]
                                    [--figures docs]
 
 Inputs: `--n` held-out synthetic pairs (a synthesis seed no training data uses) and the four bundled
@@ -17,8 +17,8 @@ Three measurements:
             the unmasked result). Then A and B on complementary halves: distance to A in A's half and in B's.
   weights   A and B blended with weights (w, 1 - w), w = 0 .. 1: the position of the output's mean colour
             along the line from B's mean colour (0) to A's (1), and its distance to each.
-  guidance  guidance g = 0, 0.25, 0.5, 1, 2 with style A: colour distance to A (lower = more style) and edge
-            correlation with the content (lower = less content fidelity).
+  guidance  guidance g = 0, 0.25, 0.5, 1, 2 with style A: colour distance to A (lower = more style), edge
+            correlation with the content and SSIM to the content (lower = less content fidelity).
 
 Writes OUT.json (every number) and OUT.md (the tables); with --figures, figures of one example each
 (style_mix_blend.png, style_mix_mask.png, style_mix_guidance.png) made by the model.
@@ -36,13 +36,13 @@ import torch
 from PIL import Image, ImageDraw
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from stylevar.images import pil_to_tensor  # noqa: E402
-from stylevar.metrics.structure import edge_correlation  # noqa: E402
-from stylevar.pipeline import StyleMix, StylePipeline  # noqa: E402
-from stylevar.refine import Refinement  # noqa: E402
-from training.demo import Triplet, heldout_triplets, photo_triplets  # noqa: E402
+from stylevar.images import pil_to_tensor
+from stylevar.metrics.ssim import ssim_standard
+from stylevar.metrics.structure import edge_correlation
+from stylevar.pipeline import StyleMix, StylePipeline
+from stylevar.refine import Refinement
+from training.demo import Triplet, heldout_triplets, photo_triplets
 
 WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 GUIDANCE = (0.0, 0.25, 0.5, 1.0, 2.0)
@@ -144,16 +144,18 @@ def measure_weights(r: Runner) -> list[dict]:
     return table
 
 
-def guidance_scores(r: Runner, g: float) -> tuple[float, float]:
-    """(colour distance to style A, edge correlation with the content) of the outputs at guidance g."""
-    S, dist, edge = r.size, [], []
+def guidance_scores(r: Runner, g: float) -> dict[str, float]:
+    """At guidance g: colour distance to style A (lower = more style), and two measures of content fidelity,
+    edge correlation with the content and SSIM to the content (`ssim_standard`), means over the outputs."""
+    S, scores = r.size, {"colour_dist_to_style": [], "edge_corr": [], "ssim_to_content": []}
     outs = r.outputs(lambda c: c.style_a, guidance=g)
     for i, c in enumerate(r.cases):
         a, content = mean_colour(square(c.style_a, S)), square(c.content, S)
         for out in outs[i]:
-            dist.append(float((mean_colour(out) - a).norm()))
-            edge.append(float(edge_correlation(out[None], content[None])[0]))
-    return sum(dist) / len(dist), sum(edge) / len(edge)
+            scores["colour_dist_to_style"].append(float((mean_colour(out) - a).norm()))
+            scores["edge_corr"].append(float(edge_correlation(out[None], content[None])[0]))
+            scores["ssim_to_content"].append(float(ssim_standard(out[None], content[None]).mean()))
+    return {k: sum(v) / len(v) for k, v in scores.items()}
 
 
 def measure_guidance(r: Runner) -> list[dict]:
@@ -162,12 +164,11 @@ def measure_guidance(r: Runner) -> list[dict]:
     table = []
     refine = r.pipe.config.refine
     for g in GUIDANCE:
-        dist, edge = guidance_scores(r, g)
-        row = {"guidance": g, "colour_dist_to_style": dist, "edge_corr": edge}
+        row = {"guidance": g, **guidance_scores(r, g)}
         if refine.enabled:
             r.pipe.config.refine = Refinement()
             try:
-                row["colour_dist_to_style_raw"], row["edge_corr_raw"] = guidance_scores(r, g)
+                row.update({k + "_raw": v for k, v in guidance_scores(r, g).items()})
             finally:
                 r.pipe.config.refine = refine
         table.append(row)
@@ -194,25 +195,29 @@ def markdown(res: dict) -> str:
               for row in res["weights"]]
     pos = [row["position_b_to_a"] for row in res["weights"]]
     lines += ["", f"Monotonic from B toward A: {'yes' if monotonic(pos, True) else 'no'}.", "",
-              "**Guidance** (style A; lower colour distance = more style, lower edge correlation = less content; "
-              "\"refinement off\": the transformer's output before the model's content-guided refinement)", ""]
+              "**Guidance** (style A; lower colour distance = more style; lower edge correlation and lower SSIM "
+              "to the content = less content; \"refinement off\": the transformer's output before the model's "
+              "content-guided refinement)", ""]
     raw = "edge_corr_raw" in res["guidance"][0]
-    head = "| guidance | colour distance to style | edge correlation with content |"
-    lines += [head + (" colour distance, refinement off | edge correlation, refinement off |" if raw else ""),
-              "| ---: | ---: | ---: |" + (" ---: | ---: |" if raw else "")]
+    suffixes = ("", "_raw") if raw else ("",)
+    cols = ("colour_dist_to_style", "edge_corr", "ssim_to_content")
+    names = ("colour distance to style", "edge correlation with content", "SSIM to content")
+    head = [f"{name}{', refinement off' if suffix else ''}" for suffix in suffixes for name in names]
+    lines += ["| guidance | " + " | ".join(head) + " |", "| ---: |" + " ---: |" * len(head)]
     for row in res["guidance"]:
-        line = f"| {row['guidance']:g} | {row['colour_dist_to_style']:.3f} | {row['edge_corr']:.3f} |"
-        if raw:
-            line += f" {row['colour_dist_to_style_raw']:.3f} | {row['edge_corr_raw']:.3f} |"
-        lines.append(line)
+        lines.append(f"| {row['guidance']:g} | " + " | ".join(f"{row[c + suffix]:.3f}" for suffix in suffixes
+                                                             for c in cols) + " |")
     lines.append("")
     gs = [row["guidance"] for row in res["guidance"]]
-    for suffix, what in (("", "as returned"), ("_raw", "refinement off")) if raw else (("", "as returned"),):
+    for suffix in suffixes:
         dist = [row["colour_dist_to_style" + suffix] for row in res["guidance"]]
-        edge = [row["edge_corr" + suffix] for row in res["guidance"]]
-        n = max(k for k in range(1, len(gs) + 1) if monotonic(dist[:k], False) and monotonic(edge[:k], False))
-        lines.append(f"{what.capitalize()}: style rises and content fidelity falls, both monotonically, over "
-                     + (f"guidance {', '.join(f'{g:g}' for g in gs[:n])} ({n} values)." if n > 1 else "no range from 0."))
+        for fidelity, what in (("edge_corr", "edge correlation"), ("ssim_to_content", "SSIM to the content")):
+            values = [row[fidelity + suffix] for row in res["guidance"]]
+            n = max(k for k in range(1, len(gs) + 1) if monotonic(dist[:k], False) and monotonic(values[:k], False))
+            lines.append(f"{'Refinement off' if suffix else 'As returned'}, content by {what}: style rises and "
+                         "content fidelity falls, both monotonically, over "
+                         + (f"guidance {', '.join(f'{g:g}' for g in gs[:n])} ({n} values)." if n > 1
+                            else "no range from 0."))
     lines.append("")
     return "\n".join(lines)
 
