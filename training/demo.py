@@ -22,7 +22,6 @@ import json
 import math
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
