@@ -169,7 +169,7 @@ def sampled_logprobs(model: StyleVAR, content: torch.Tensor, style: torch.Tensor
             idx = [t[s:s + step] for t in tokens]
             logits = model.teacher_forcing_logits(content[s:s + step], style[s:s + step], idx,
                                                   style_strength=style_strength,
-                                                               cond=None if cond is None else cond.rows(s, s + step))
+                                                  cond=None if cond is None else cond.rows(s, s + step))
             out.append(token_logprobs(logits, torch.cat(idx, 1)))
     return torch.cat(out)
 
@@ -326,7 +326,7 @@ class GRPOTrainer:
         images, tokens = [], []
         for s in range(0, N, step):
             img, idx = self.model.generate_with_indices(content[s:s + step], style[s:s + step], seed=seeds[s:s + step],
-                                           cond=None if cond is None else cond.rows(s, s + step), **kw)
+                                                        cond=None if cond is None else cond.rows(s, s + step), **kw)
             images.append(img.float())
             tokens.append(idx)
         return torch.cat(images), [torch.cat(t) for t in zip(*tokens)]

@@ -544,6 +544,15 @@ _CKPT_RE = re.compile(r"^step-(\d{8})\.pt$")
 SHARDED_SUFFIX = ".dcp"  # the folder of a checkpoint's shards (training.sharding), next to its .pt
 
 
+def checkpoint_paths(folder: str | os.PathLike) -> list[tuple[int, Path]]:
+    """The ``step-XXXXXXXX.pt`` files in ``folder`` as (step, path), oldest first (none: an empty list)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _CKPT_RE.match(p.name))]
+    return sorted(found)
+
+
 class CheckpointManager:
     """``RUN/checkpoints/step-XXXXXXXX.pt``; written atomically by rank 0, the newest ``keep`` kept."""
 
@@ -553,14 +562,7 @@ class CheckpointManager:
         self.dir, self.env, self.keep = Path(directory), env, keep
 
     def paths(self) -> list[tuple[int, Path]]:
-        if not self.dir.is_dir():
-            return []
-        found = []
-        for p in self.dir.iterdir():
-            m = _CKPT_RE.match(p.name)
-            if m:
-                found.append((int(m.group(1)), p))
-        return sorted(found)
+        return checkpoint_paths(self.dir)
 
     def save(self, step: int, state: Mapping[str, Any],
              write_sharded: Callable[[Path], None] | None = None) -> Path | None:

@@ -23,6 +23,7 @@ from stylevar.checkpoints import CheckpointError, load_safetensors, load_styleva
 from stylevar.lora import LoRAConfig
 from stylevar.pipeline import PipelineConfig, StylePipeline, check_model_dir
 from stylevar.state_dict import read_file
+from training.loop import checkpoint_paths
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,10 +47,10 @@ def newest_checkpoint(src: str | os.PathLike) -> Path:
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint or RUN directory not found: {path}")
     folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-    found = sorted(folder.glob("step-*.pt"))
+    found = checkpoint_paths(folder)
     if not found:
         raise FileNotFoundError(f"no step-*.pt checkpoint in {folder}")
-    return found[-1]
+    return found[-1][1]
 
 
 def merge_command(args: argparse.Namespace) -> int:

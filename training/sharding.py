@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from training.loop import SHARDED_SUFFIX
+from training.loop import SHARDED_SUFFIX, checkpoint_paths, read_checkpoint
 
 STRATEGIES = ("ddp", "fsdp")
 
@@ -134,8 +134,7 @@ def newest_sharded(run: Path) -> Path:
     """The ``.pt`` of the newest sharded checkpoint of RUN (or the ``.pt`` given)."""
     if run.is_file():
         return run
-    found = sorted((run / "checkpoints").glob("step-*.pt"))
-    found = [p for p in found if p.with_suffix(SHARDED_SUFFIX).is_dir()]
+    found = [p for _, p in checkpoint_paths(run / "checkpoints") if p.with_suffix(SHARDED_SUFFIX).is_dir()]
     if not found:
         raise FileNotFoundError(f"no sharded checkpoint (step-*.pt with its {SHARDED_SUFFIX} folder) in {run}/checkpoints")
     return found[-1]
@@ -159,7 +158,7 @@ def export_model_dir(checkpoint: str | os.PathLike, out: str | os.PathLike) -> P
     holder = nn.Module()
     holder.model = model  # the checkpoint's names are the objective's: "model.<name>"
     load_sharded(pt.with_suffix(SHARDED_SUFFIX), holder)
-    step = int(torch.load(pt, map_location="cpu", weights_only=True)["step"])
+    step = int(read_checkpoint(pt)["step"])
     extra = {"recipe": "sft", "steps": step, "data": config.get("data"), "batch_size": config.get("batch_size"),
              "lr": config.get("lr"), "exported_from": str(pt)}
     return StylePipeline.from_models(model.eval(), name=config.get("name", "stylevar-sft"),
