@@ -226,7 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: {e}") from None
     env = loop.setup_distributed(args.device)
     try:
-        return train(args, vq_preset, tr_preset, env)
+        code = train(args, vq_preset, tr_preset, env)
+        env.barrier()  # every rank has finished before any leaves the group (gloo aborts a rank otherwise)
+        return code
     except loop.CheckpointsUnreadableError as e:
         raise SystemExit(f"error: {e}") from None
     finally:
