@@ -32,10 +32,11 @@ batch 4. Under another load the script scales them from the plain model's time m
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import copy
 import json
 import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 
@@ -58,8 +59,8 @@ class StageBenchConfig:
     repeats: int = 7
     warmup: int = 2
     threads: int = 2
-    precision: str = "fp32"
-    plain: bool = False
+    precisions: tuple[str, ...] = ("fp32",)  # prepared models timed beside the plain one
+    reference: bool = False  # time the public reference too, at identical weights (its checkout on PYTHONPATH)
     agreement_seeds: int = 8
     seed: int = 0
 
@@ -76,14 +77,22 @@ def reference_shaped() -> tuple[VQVAEConfig, StyleVARConfig]:
     return vq, StyleVARConfig.from_reference(REFERENCE_CONFIG)
 
 
-def build(cfg: StageBenchConfig, precision: str | None = None):
-    """The reference-shaped model with random weights (seed `cfg.seed`): plain, or prepared."""
+def build(cfg: StageBenchConfig, state: tuple[dict, dict] | None = None):
+    """The plain reference-shaped model: random weights (seed `cfg.seed`), or the reference's state dicts
+    ``(vqvae_sd, stylevar_sd)`` loaded through this project's checkpoint loaders (identical weights)."""
+    from stylevar.checkpoints import load_stylevar, load_vqvae
+
+    if state is None:
+        return StylePipeline.random(reference_shaped(), seed=cfg.seed).model.eval()
+    vq_cfg, tr_cfg = reference_shaped()
+    return load_stylevar(state[1], tr_cfg, load_vqvae(state[0], vq_cfg)).eval()
+
+
+def prepared_copy(plain, precision: str):
+    """A copy of the plain model, prepared for inference (`stylevar.inference.prepare`) at ``precision``."""
     from stylevar.inference import InferenceConfig, prepare
 
-    model = StylePipeline.random(reference_shaped(), seed=cfg.seed).model.eval()
-    if cfg.plain:
-        return model
-    return prepare(model, InferenceConfig(precision=precision or cfg.precision))
+    return prepare(copy.deepcopy(plain), InferenceConfig(precision=precision))
 
 
 def images(batch: int, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,41 +105,52 @@ def images(batch: int, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor
 STAGES = ("encode", "encoders", "condition", "loop", "decode", "total")
 
 
-@torch.inference_mode()
-def time_stages(models: dict, batch: int, cfg: StageBenchConfig) -> dict[str, dict[str, float]]:
-    """Median ms per image of every stage for each model (same weights), stage by stage with the models'
-    calls taking turns, so a shared machine's changing load weighs on each alike."""
+def stage_fns(model, content: torch.Tensor, style: torch.Tensor) -> dict:
+    """One call of each stage of this project's model (module doc), on these inputs."""
     from stylevar.encoders import pooled
     from stylevar.sampling import make_generators
 
+    batch, tok, alpha_K = content.shape[0], model.tokenizer, model.blend_alphas()
+    cond = model.condition(content, style)
+    f_hat, _ = model.sample_tokens(cond, make_generators(0, batch, content.device), alpha_K)
+    return {
+        "encode": lambda: (tok.encode(content), tok.encode(style)),
+        "encoders": lambda: (pooled(model.style_encoder, style), pooled(model.content_encoder, content)),
+        "condition": lambda: model.condition(content, style),
+        "loop": lambda: model.sample_tokens(cond, make_generators(0, batch, content.device), alpha_K),
+        "decode": lambda: tok.decode_fhat(f_hat),
+        "total": lambda: model.generate(content, style, seed=0),
+    }
+
+
+@torch.inference_mode()
+def time_stages(models: dict, batch: int, cfg: StageBenchConfig, reference=None) -> dict[str, dict[str, float]]:
+    """Median ms per image of every stage for each model (same weights), stage by stage with the models'
+    calls taking turns, so a shared machine's changing load weighs on each alike. ``reference``: the public
+    reference's models (`benchmarks.reference_pipeline`), timed in the same turns on the stages it has; its
+    loop is its total less its other stages."""
     size = next(iter(models.values())).tokenizer.cfg.image_size
     content, style = images(batch, size, cfg.seed + batch)
+    fns = {name: stage_fns(m, content, style) for name, m in models.items()}
+    if reference is not None:
+        from benchmarks.reference_pipeline import reference_stage_fns
 
-    def stage_fns(model):
-        tok, alpha_K = model.tokenizer, model.blend_alphas()
-        cond = model.condition(content, style)
-        f_hat, _ = model.sample_tokens(cond, make_generators(0, batch, content.device), alpha_K)
-        return {
-            "encode": lambda: (tok.encode(content), tok.encode(style)),
-            "encoders": lambda: (pooled(model.style_encoder, style), pooled(model.content_encoder, content)),
-            "condition": lambda: model.condition(content, style),
-            "loop": lambda: model.sample_tokens(cond, make_generators(0, batch, content.device), alpha_K),
-            "decode": lambda: tok.decode_fhat(f_hat),
-            "total": lambda: model.generate(content, style, seed=0),
-        }
-
-    fns = {name: stage_fns(m) for name, m in models.items()}
-    out: dict[str, dict[str, float]] = {name: {} for name in models}
+        fns = {"reference": reference_stage_fns(reference, content, style), **fns}
+    out: dict[str, dict[str, float]] = {name: {} for name in fns}
     for stage in STAGES:
-        times: dict[str, list[float]] = {name: [] for name in models}
+        taking_part = [name for name in fns if stage in fns[name]]
+        times: dict[str, list[float]] = {name: [] for name in taking_part}
         for r in range(cfg.warmup + cfg.repeats):
-            for name in models:
+            for name in taking_part:
                 t0 = time.perf_counter()
                 fns[name][stage]()
                 if r >= cfg.warmup:
                     times[name].append(time.perf_counter() - t0)
-        for name in models:
+        for name in taking_part:
             out[name][stage] = 1000 * statistics.median(times[name]) / batch
+    if reference is not None:
+        ref = out["reference"]
+        ref["loop"] = ref["total"] - ref["encode"] - ref["encoders"] - ref["decode"]
     return out
 
 
@@ -149,55 +169,85 @@ def token_agreement(fp32_model, other_model, cfg: StageBenchConfig) -> float:
     return equal / total
 
 
+@torch.inference_mode()
+def greedy_difference(reference, model) -> float:
+    """Largest pixel difference (in [0, 1]) between the reference's and this model's greedy (top-k 1)
+    images at identical weights: the two compute the same thing, so this is float rounding."""
+    from benchmarks.reference_pipeline import reference_generate
+
+    content, style = images(1, model.tokenizer.cfg.image_size, 7)
+    ours = model.generate(content, style, top_k=1, seed=0)
+    theirs = reference_generate(reference, content, style, seed=0, top_k=1, top_p=0.0)
+    return float((ours - theirs).abs().max())
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch-sizes", default="1,4")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--precision", choices=("fp32", "int8"), default="fp32")
-    p.add_argument("--plain", action="store_true", help="the model as built, no stylevar.inference.prepare")
+    p.add_argument("--precisions", default="fp32",
+                   help="comma-separated prepared models to time beside the plain one: fp32, bf16, int8")
+    p.add_argument("--reference", action="store_true",
+                   help="also time the public reference (a checkout of it on PYTHONPATH), at identical weights")
     p.add_argument("--agreement-seeds", type=int, default=8)
-    p.add_argument("--with-fp32", action="store_true", help="with --precision int8: also time prepared fp32")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
+    from stylevar.inference import PRECISIONS
+
+    precisions = tuple(x for x in a.precisions.split(",") if x)
+    if any(x not in PRECISIONS for x in precisions):
+        p.error(f"--precisions: each one of {', '.join(PRECISIONS)}")
     cfg = StageBenchConfig(batch_sizes=tuple(int(b) for b in a.batch_sizes.split(",")), repeats=a.repeats,
-                           warmup=a.warmup, threads=a.threads, precision=a.precision, plain=a.plain,
+                           warmup=a.warmup, threads=a.threads, precisions=precisions, reference=a.reference,
                            agreement_seeds=a.agreement_seeds)
     torch.set_num_threads(cfg.threads)
-    models = {"plain": build(dataclasses.replace(cfg, plain=True))}
-    if not cfg.plain:
-        models[cfg.precision] = build(cfg)
-    if cfg.precision != "fp32" and not cfg.plain and a.with_fp32:
-        models["fp32"] = build(cfg, "fp32")
-    out = {"config": "reference-shaped d8, 160 px, 8 scales, V 4096", "threads": cfg.threads,
+    reference = None
+    if cfg.reference:
+        from benchmarks.reference_pipeline import ReferenceMissing, build_reference, missing_message
+
+        try:
+            reference = build_reference(cfg.seed)
+        except ReferenceMissing as e:
+            print(f"cpu_pipeline: {missing_message(e)}", file=sys.stderr)
+            return 2
+    plain = build(cfg, None if reference is None else (reference.vae.state_dict(), reference.model.state_dict()))
+    models = {"plain": plain, **{x: prepared_copy(plain, x) for x in cfg.precisions}}
+    out = {"config": "reference-shaped d8, 160 px, 8 scales (255 tokens), V 4096", "threads": cfg.threads,
            "repeats": cfg.repeats, "load": os.getloadavg()[0], "stages_ms_per_image": {}}
+    if reference is not None:
+        out["reference_greedy_max_pixel_difference"] = greedy_difference(reference, plain)
     for B in cfg.batch_sizes:
-        out["stages_ms_per_image"][B] = time_stages(models, B, cfg)
-    if cfg.precision != "fp32" and not cfg.plain:
-        out["token_agreement_with_fp32"] = token_agreement(models["plain"], models[cfg.precision], cfg)
+        out["stages_ms_per_image"][B] = time_stages(models, B, cfg, reference)
+    out["token_agreement_with_fp32"] = {x: token_agreement(plain, models[x], cfg)
+                                        for x in cfg.precisions if x != "fp32"}
     out["load_after"] = os.getloadavg()[0]
     if a.json:
         print(json.dumps(out))
         return 0
     print(f"{out['config']}; {cfg.threads} threads; median of {cfg.repeats}; load {out['load']:.2f} -> "
           f"{out['load_after']:.2f}")
+    if reference is not None:
+        print(f"  identical weights: greedy images of the reference and this project differ by at most "
+              f"{out['reference_greedy_max_pixel_difference']:.2e}")
     for B, per_model in out["stages_ms_per_image"].items():
         for name, st in per_model.items():
-            cells = "  ".join(f"{k} {v:7.1f}" for k, v in st.items())
-            print(f"  batch {B} {name:>5}: ms/image  {cells}")
-        if len(per_model) > 1:
-            plain = per_model["plain"]["total"]
-            print("    total vs plain: " + ", ".join(f"{n} {plain / st['total']:.2f}x faster"
-                                                   for n, st in per_model.items() if n != "plain"))
-            if B in REFERENCE_OVER_PLAIN:  # the reference's time here, scaled from the plain model's
-                ref = REFERENCE_OVER_PLAIN[B] * plain
-                print(f"    vs the reference (~{ref:.0f} ms/image here = {REFERENCE_OVER_PLAIN[B]:.2f} x plain): "
-                      + ", ".join(f"{n} {ref / st['total']:.2f}x faster" for n, st in per_model.items()))
-    if "token_agreement_with_fp32" in out:
-        print(f"  token agreement with fp32 (same seeds, {cfg.agreement_seeds} images): "
-              f"{100 * out['token_agreement_with_fp32']:.2f}%")
+            cells = "  ".join(f"{k} {st[k]:7.1f}" if k in st else f"{k} {'-':>7}" for k in STAGES)
+            print(f"  batch {B} {name:>9}: ms/image  {cells}")
+        if "reference" in per_model:
+            ref, basis = per_model["reference"]["total"], "measured in the same turns"
+        elif B in REFERENCE_OVER_PLAIN:  # the issue's side-by-side ratio applied to the plain model's time
+            ref = REFERENCE_OVER_PLAIN[B] * per_model["plain"]["total"]
+            basis = f"the issue's {REFERENCE_OVER_PLAIN[B]:.2f} x plain"
+        else:
+            continue
+        print(f"    vs the reference ({ref:.0f} ms/image, {basis}): "
+              + ", ".join(f"{n} {ref / st['total']:.2f}x faster" for n, st in per_model.items() if n != "reference"))
+    for x, agreement in out["token_agreement_with_fp32"].items():
+        print(f"  {x}: token agreement with fp32 (same seeds, {cfg.agreement_seeds} images): {100 * agreement:.2f}%")
     return 0
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

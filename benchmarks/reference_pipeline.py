@@ -31,7 +31,8 @@ scaled_dot_product_attention path, as it would on any CPU). What this adapter su
     only checked on download). The reference's `init_weights` then re-initialises those encoders anyway.
   - VQ-VAE weights: `build_vae_stylevar` disables `reset_parameters` of conv/linear/norm layers for speed
     (process-wide, expecting a checkpoint), which leaves the VQ-VAE's convolutions uninitialised memory;
-    they get PyTorch's default initialisation (seeded), so that no NaN or denormal garbage skews the times.
+    they get PyTorch's default initialisation (seeded), so that no NaN or denormal garbage skews the times,
+    and the initialisers are put back after the build for whatever the process builds next.
   - The reference's construction messages go to stderr, keeping stdout for the table or the JSON.
 """
 from __future__ import annotations
@@ -131,19 +132,25 @@ def build_reference(seed: int = 0) -> ReferenceBundle:
             attn_l2_norm=cfg["attn_l2_norm"], flash_if_available=True, fused_if_available=True,
             init_adaln=0.5, init_adaln_gamma=1e-5, init_head=0.02, init_std=-1, style_enc_dim=512,
             alpha_nums=StyleVARConfig.from_reference(cfg).alpha_nums)
+    for cls, reset in _DEFAULT_RESET.items():  # the builder replaced them process-wide: put them back
+        cls.reset_parameters = reset
     torch.manual_seed(seed)
     _default_init(vae)
     return ReferenceBundle(vae.float().eval(), model.float().eval())
 
 
 def reference_generate(bundle: ReferenceBundle, content_B3HW: torch.Tensor, style_B3HW: torch.Tensor,
-                       seed: int) -> torch.Tensor:
+                       seed: int, top_k: int = TOP_K, top_p: float = TOP_P) -> torch.Tensor:
     """The reference's whole inference call, as eval/infer_grpo.py makes it: images in [-1, 1] in, [0, 1] out."""
     return bundle.model.autoregressive_infer(B=content_B3HW.shape[0], style_img=style_B3HW,
-                                             content_img=content_B3HW, top_k=TOP_K, top_p=TOP_P, g_seed=seed)
+                                             content_img=content_B3HW, top_k=top_k, top_p=top_p, g_seed=seed)
 
 
-def _stage_fns(bundle: ReferenceBundle, content: torch.Tensor, style: torch.Tensor) -> dict[str, Callable]:
+def missing_message(e: ReferenceMissing) -> str:
+    return f"cannot import the reference StyleVAR ({e}); put a checkout of {REFERENCE_URL} on PYTHONPATH"
+
+
+def reference_stage_fns(bundle: ReferenceBundle, content: torch.Tensor, style: torch.Tensor) -> dict[str, Callable]:
     vae, m = bundle.vae, bundle.model
     f_hat = torch.randn(content.shape[0], m.Cvae, m.patch_nums[-1], m.patch_nums[-1],
                         generator=torch.Generator().manual_seed(0))
@@ -161,7 +168,7 @@ def time_reference(bundle: ReferenceBundle, batch: int, repeats: int, warmup: in
                    seed: int = 0) -> dict[str, float]:
     """Median ms per image of the whole call (and, with `stages`, of the reference's stage functions)."""
     content, style = images(batch, IMAGE_SIZE, seed + batch)
-    fns = _stage_fns(bundle, content, style)
+    fns = reference_stage_fns(bundle, content, style)
     if not stages:
         fns = {"total": fns["total"]}
     out: dict[str, float] = {}
@@ -192,8 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         bundle = build_reference(a.seed)
     except ReferenceMissing as e:
-        print(f"reference_pipeline: cannot import the reference StyleVAR ({e}); put a checkout of "
-              f"{REFERENCE_URL} on PYTHONPATH", file=sys.stderr)
+        print(f"reference_pipeline: {missing_message(e)}", file=sys.stderr)
         return 2
     out = {"implementation": f"reference ({REFERENCE_URL})", "config": "reference-shaped d8, 160 px, 8 scales, V 4096",
            "threads": a.threads, "repeats": a.repeats, "warmup": a.warmup, "loadavg_before": os.getloadavg(),

@@ -36,9 +36,10 @@ class ServeSettings(BaseSettings):
     device: Annotated[list[str], NoDecode] = ["auto"]
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     torch_threads: int = Field(0, ge=0)  # 0: leave torch's default
-    # "int8": dynamic int8 quantisation of the transformer's linear layers (CPU only; tokens differ from
-    # fp32's at some positions, see benchmarks/README.md); "fp32": the model's own weights
-    precision: Literal["fp32", "int8"] = "fp32"
+    # the transformer's linear layers (stylevar.inference): "fp32" the model's own weights; "bf16" bfloat16
+    # weights and sampling loop (fastest where the CPU has bf16 units); "int8" dynamic int8 quantisation
+    # (CPU only). bf16 and int8 tokens differ from fp32's at some positions (benchmarks/README.md)
+    precision: Literal["fp32", "bf16", "int8"] = "fp32"
     compile: bool = False  # torch.compile the transformer blocks; compiled at warm-up, before /readyz is 200
     condition_cache_mb: float = Field(256.0, ge=0)  # LRU cache of style/content conditions; 0: off
 

@@ -7,10 +7,24 @@ training, and a plain model (never prepared) is the exact path the conformance t
   before it (one conv instead of conv + normalisation; equal up to float rounding).
 - `channels_last`: the convolutional parts (tokenizer, image encoders) hold their weights in NHWC, the
   layout oneDNN's CPU convolutions work in, so no layout conversion runs around every conv.
-- `precision="int8"`: dynamic int8 quantisation (weights int8 per tensor, activations quantised per
-  call) of the transformer's linear layers that dominate the sampling loop: the guide queries, the
-  attention output projection, both FFN layers and the head. Tokens then differ from fp32's at some
-  positions; benchmarks/cpu_pipeline.py measures how many and how much faster it is.
+- `pack_linears` (CPU): the transformer's linear layers (every block's guide queries, target keys/values,
+  output projection and FFN, and the head) hold their weights in oneDNN's blocked layout, packed once
+  (`PackedLinear`), instead of a plain matrix that the matrix product re-packs at every call. The sampling
+  loop multiplies few rows (1 to 100 tokens per scale) by these matrices, so that per-call packing was
+  about half of its time; packed, the fp32 loop runs close to this CPU's fp32 matrix-product ceiling.
+  Results equal the plain layers' up to float rounding (tests/test_inference.py). Not with `compile`
+  (inductor packs its own).
+- `precision="bf16"` (opt-in): the packed linears hold bfloat16 weights and take bfloat16 inputs, and the
+  sampling loop runs under bf16 autocast (LayerNorm and the residual stream stay float32); the
+  convolutional stacks (the tokenizer's encoder and decoder, both ResNet-18s) run in bfloat16 too
+  (`InDtype`), while the quantizer's codebook search, quant_conv/post_quant_conv and everything between
+  stay float32. Half the weight traffic of fp32 and the CPU's bf16 units (AVX512-BF16, AMX); on a CPU
+  without them bf16 is emulated and slower than fp32, so `prepare` warns. Off the CPU (no packing) the
+  blocks and head are cast to bf16 instead.
+- `precision="int8"` (opt-in, CPU): dynamic int8 quantisation (weights int8 per tensor, activations
+  quantised per call) of the same linear layers, instead of packing.
+Tokens of bf16 and int8 differ from fp32's at some positions; benchmarks/cpu_pipeline.py measures how
+many and how much faster each is.
 - `compile`: `torch.compile` of every block (stylevar.transformer.fast); it pays off in a long-running
   service (compiled once, at warm-up), not for one-off calls.
 - `threads`: torch's intra-op thread count (None: leave it).
@@ -21,20 +35,22 @@ layout): `prepared(model)` tells, and `StylePipeline.save_pretrained` refuses.
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import nn
 
-PRECISIONS = ("fp32", "int8")
+PRECISIONS = ("fp32", "bf16", "int8")
 
 
 @dataclass(frozen=True)
 class InferenceConfig:
-    precision: Literal["fp32", "int8"] = "fp32"
+    precision: Literal["fp32", "bf16", "int8"] = "fp32"
     fuse_batchnorm: bool = True
     channels_last: bool = True
+    pack_linears: bool = True
     compile: bool = False
     threads: int | None = None
 
@@ -43,6 +59,11 @@ class InferenceConfig:
             raise ValueError(f"precision must be one of {PRECISIONS}, not {self.precision!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, not {self.threads}")
+
+
+def native_cpu_bf16() -> bool:
+    """Whether this CPU computes bfloat16 matrix products natively (AVX512-BF16 or AMX)."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def prepared(model: nn.Module) -> InferenceConfig | None:
@@ -80,17 +101,51 @@ def fuse_conv_bn(module: nn.Module) -> int:
     return folded
 
 
-def _quantize_linears(module: nn.Module, names: tuple[str, ...]) -> None:
+class PackedLinear(nn.Module):
+    """A linear layer whose weight is packed once in oneDNN's blocked layout (CPU only), in ``dtype``:
+    inputs are cast to it, and so is the output. The packed weight is an opaque tensor, kept out of the
+    state dict (a prepared model is not saved)."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.in_features, self.out_features, self.dtype = linear.in_features, linear.out_features, dtype
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().to(dtype))
+        self.bias = None if linear.bias is None else linear.bias.detach().to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed_weight, self.bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, dtype={self.dtype}, packed"
+
+
+class InDtype(nn.Module):
+    """``module`` with its weights in ``dtype``, run on inputs cast to ``dtype``; returns float32."""
+
+    def __init__(self, module: nn.Module, dtype: torch.dtype):
+        super().__init__()
+        self.module, self.dtype = module.to(dtype), dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module(x.to(self.dtype)).float()
+
+
+# the linear layers of each block that run at every scale of the sampling loop (and the model's head)
+LOOP_LINEARS = ("attn.q_guide", "attn.kv_target", "attn.proj", "ffn.fc1", "ffn.fc2")
+
+
+def _replace_linears(model, make) -> None:
+    """Every loop linear of every block, and the head, replaced by ``make(linear)``."""
+    for owner, name in [(blk, n) for blk in model.blocks for n in LOOP_LINEARS] + [(model, "head")]:
+        parent, _, attr = name.rpartition(".")
+        holder = owner.get_submodule(parent) if parent else owner
+        setattr(holder, attr, make(getattr(holder, attr)))
+
+
+def _int8(linear: nn.Linear) -> nn.Module:
     from torch.ao.quantization import quantize_dynamic
 
-    for name in names:
-        parent, _, attr = name.rpartition(".")
-        owner = module.get_submodule(parent) if parent else module
-        lin = getattr(owner, attr)
-        setattr(owner, attr, quantize_dynamic(nn.Sequential(lin), {nn.Linear}, dtype=torch.qint8)[0])
-
-
-INT8_LINEARS = ("attn.q_guide", "attn.proj", "ffn.fc1", "ffn.fc2")  # per block; kv_target is read as a weight
+    return quantize_dynamic(nn.Sequential(linear), {nn.Linear}, dtype=torch.qint8)[0]
 
 
 @torch.no_grad()
@@ -111,9 +166,23 @@ def prepare(model, cfg: InferenceConfig = InferenceConfig()):
     if cfg.precision == "int8":
         if not on_cpu:
             raise ValueError("precision 'int8' (dynamic quantisation) runs on the CPU only")
-        for blk in model.blocks:
-            _quantize_linears(blk, INT8_LINEARS)
-        _quantize_linears(model, ("head",))
+        _replace_linears(model, _int8)
+    else:
+        dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
+        if dtype == torch.bfloat16:
+            if on_cpu and not native_cpu_bf16():
+                warnings.warn("precision 'bf16': this CPU has no native bfloat16 arithmetic (AVX512-BF16 or "
+                              "AMX); bf16 is emulated here and slower than 'fp32'", RuntimeWarning, stacklevel=2)
+            model.loop_autocast_dtype = dtype
+            tok = model.tokenizer
+            tok.encoder, tok.decoder = InDtype(tok.encoder, dtype), InDtype(tok.decoder, dtype)
+            model.style_encoder = InDtype(model.style_encoder, dtype)
+            model.content_encoder = InDtype(model.content_encoder, dtype)
+        if on_cpu and cfg.pack_linears and not cfg.compile:
+            _replace_linears(model, lambda lin: PackedLinear(lin, dtype))
+        elif dtype == torch.bfloat16:
+            model.blocks.to(dtype)
+            model.head.to(dtype)
     if cfg.compile:
         from stylevar.transformer.fast import compile_model
 

@@ -6,8 +6,9 @@ update: ``W = base_weight + scaling * lora_B @ lora_A`` with ``lora_A`` (r, in),
 These are the names the published GRPO checkpoints use (``<name>.base_weight``, ``<name>.lora_A``,
 ``<name>.lora_B``), which :func:`stylevar.checkpoints.bake_lora` bakes.
 
-The attention reads ``kv_target.weight`` directly (it adds its own K/V bias), so the adapter exposes the
-effective matrix as a ``weight`` property as well as applying the low-rank path in ``forward``.
+The naive baseline (`stylevar.transformer.naive`) reads the projections' ``weight`` directly, so the
+adapter exposes the effective matrix as a ``weight`` property as well as applying the low-rank path in
+``forward``.
 
 Typical use (GRPO): ``attach_lora(model, LoRAConfig(rank, alpha))``; the reference policy is the same
 model under ``with lora_disabled(model):`` (no copy); ``merge_lora(model)`` bakes the update into the

@@ -1,5 +1,6 @@
 """stylevar.inference: the prepared fp32 model computes what the plain one does (up to float rounding),
-BatchNorm folding is exact in eval, int8 runs, and a prepared model is never saved as a model directory."""
+BatchNorm folding is exact in eval, packed linears equal plain ones, bf16 and int8 run and stay close to
+fp32, and a prepared model is never saved as a model directory."""
 from __future__ import annotations
 
 import copy
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from stylevar.encoders import resnet18_trunk
-from stylevar.inference import InferenceConfig, fuse_conv_bn, prepare, prepared
+from stylevar.inference import InferenceConfig, PackedLinear, fuse_conv_bn, prepare, prepared
 from stylevar.pipeline import StylePipeline
 from tests.conftest import micro_configs
 
@@ -54,14 +55,49 @@ def test_prepared_fp32_generates_what_the_plain_model_generates():
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=0)
 
 
+def test_packed_linear_equals_the_linear_it_packs():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(48, 80)
+    x = torch.randn(3, 7, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(PackedLinear(lin)(x), lin(x), atol=1e-5, rtol=1e-5)
+        got = PackedLinear(lin, torch.bfloat16)(x)
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), lin(x), atol=0.05, rtol=0.02)
+    assert "packed_weight" not in dict(PackedLinear(lin).named_buffers())
+
+
+def test_prepared_fp32_packs_every_loop_linear():
+    fast = prepare(_resnet_micro().model, InferenceConfig())
+    blk = fast.blocks[0]
+    packed = (blk.attn.q_guide, blk.attn.kv_target, blk.attn.proj, blk.ffn.fc1, blk.ffn.fc2, fast.head)
+    assert all(isinstance(m, PackedLinear) and m.dtype == torch.float32 for m in packed)
+    unpacked = prepare(_resnet_micro().model, InferenceConfig(pack_linears=False))
+    assert type(unpacked.blocks[0].ffn.fc1) is torch.nn.Linear
+
+
+def test_bf16_runs_the_loop_in_bf16_and_keeps_the_tokens_close():
+    plain = _resnet_micro().model
+    fast = prepare(copy.deepcopy(plain), InferenceConfig(precision="bf16"))
+    assert fast.loop_autocast_dtype == torch.bfloat16 and fast.blocks[0].ffn.fc1.dtype == torch.bfloat16
+    assert fast.tokenizer.quantize.embedding.weight.dtype == torch.float32  # the codebook search stays fp32
+    c, s = _inputs()
+    with torch.no_grad():
+        images, idx = fast.generate_with_indices(c, s, seed=0)
+        plain_images, plain_idx = plain.generate_with_indices(c, s, seed=0)
+    assert images.dtype == torch.float32 and images.shape == plain_images.shape
+    agreement = torch.cat([(a == b).flatten() for a, b in zip(idx, plain_idx)]).float().mean()
+    assert agreement > 0.9, agreement
+
+
 def test_int8_runs_and_quantises_the_transformer_linears():
     plain = _resnet_micro().model
     q = prepare(copy.deepcopy(plain), InferenceConfig(precision="int8"))
     from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
     blk = q.blocks[0]
-    assert all(isinstance(m, DynamicLinear) for m in (blk.ffn.fc1, blk.ffn.fc2, blk.attn.q_guide, blk.attn.proj, q.head))
-    assert isinstance(blk.attn.kv_target, torch.nn.Linear)  # read as a weight by the attention: kept fp32
+    assert all(isinstance(m, DynamicLinear) for m in (blk.ffn.fc1, blk.ffn.fc2, blk.attn.q_guide, blk.attn.kv_target,
+                                                      blk.attn.proj, q.head))
     c, s = _inputs()
     with torch.no_grad():
         images, idx = q.generate_with_indices(c, s, seed=0)

@@ -97,7 +97,7 @@ def test_disabled_is_the_base_and_merged_is_the_enabled_model(model):
 
 
 def test_each_target_is_used(model):
-    """Perturbing the adapter of any single target changes the logits (kv_target is read as `.weight`)."""
+    """Perturbing the adapter of any single target changes the logits."""
     inputs = _inputs(model)
     attach_lora(model, LoRAConfig(rank=2, alpha=2), seed=0)
     base = _logits(model, inputs)

@@ -2,7 +2,9 @@
 
 For scale k, out = alpha_k * attn(q_style) + (1 - alpha_k) * attn(q_content), projected once (the
 projection is affine and the weights sum to 1, so blending before it is exact). Only what is used is
-computed: Q for the two guide streams (one attention call over both), K/V for the target.
+computed: Q for the two guide streams (one attention call over both), K/V for the target. The guide
+queries do not depend on what is sampled, so generation computes them for every scale before its loop
+(`Block.queries`) and passes each scale's rows in.
 
 Several styles (S streams) generalise the blend per query token t:
 out(t) = attn(q_content)(t) + sum_s beta_s(t) * (attn(q_style_s)(t) - attn(q_content)(t)), where
@@ -54,15 +56,15 @@ class BlendedAttention(nn.Module):
         return x_BLC.view(B, L, self.heads, self.head_dim).transpose(1, 2)
 
     def keys_values(self, h_BLC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        bias = torch.cat([torch.zeros_like(self.v_bias), self.v_bias])
-        k, v = F.linear(h_BLC, self.kv_target.weight, bias).chunk(2, dim=-1)
-        k, v = self._split(k), self._split(v)
+        k, v = self.kv_target(h_BLC).chunk(2, dim=-1)
+        k, v = self._split(k), self._split(v + self.v_bias)
         if self.l2_norm:
             k = F.normalize(k, dim=-1)
         return k, v
 
-    def queries(self, g_BQC: torch.Tensor) -> torch.Tensor:
-        q = self._split(self.q_guide(g_BQC))
+    def queries(self, g_BXC: torch.Tensor) -> torch.Tensor:
+        """Queries (B, H, X, c) of modulated guide tokens (B, X, C): the style streams', then the content's."""
+        q = self._split(self.q_guide(g_BXC))
         if self.l2_norm:
             q = F.normalize(q, dim=-1) * self.scale_mul_1H11.clamp_max(math.log(100.0)).exp()
         return q
@@ -70,8 +72,7 @@ class BlendedAttention(nn.Module):
     def forward(
         self,
         h_BLC: torch.Tensor,  # modulated target tokens (the new ones, in generation)
-        style_BSlC: torch.Tensor,  # modulated style tokens at the query positions, S styles one after another
-        content_BlC: torch.Tensor,  # modulated content tokens at the query positions
+        q_BHXc: torch.Tensor,  # `queries` of the S style streams then the content stream: X = (S + 1) * l
         alpha_BSl1: torch.Tensor,  # blend coefficient of each style per query position
         mask_XlL: torch.Tensor | None = None,  # bool, (S + 1) * l rows, True = may attend (teacher forcing)
         cache: KVCache | None = None,
@@ -79,13 +80,12 @@ class BlendedAttention(nn.Module):
         k, v = self.keys_values(h_BLC)
         if cache is not None:
             k, v = cache.append(k, v)
-        B, l = content_BlC.shape[:2]
-        S = alpha_BSl1.shape[1]
-        q = self.queries(torch.cat([style_BSlC.reshape(B, S * l, self.dim), content_BlC], dim=1))  # (B,H,(S+1)l,c)
-        if q.dtype != k.dtype:
-            q = q.to(k.dtype)
+        B, S = q_BHXc.shape[0], alpha_BSl1.shape[1]
+        l = q_BHXc.shape[2] // (S + 1)
+        if q_BHXc.dtype != k.dtype:
+            q_BHXc = q_BHXc.to(k.dtype)
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask_XlL, dropout_p=self.dropout if self.training else 0.0, scale=self.scale
+            q_BHXc, k, v, attn_mask=mask_XlL, dropout_p=self.dropout if self.training else 0.0, scale=self.scale
         )
         out = out.transpose(1, 2).reshape(B, (S + 1) * l, self.dim)
         a_style_BSlC, a_content_BlC = out[:, : S * l].view(B, S, l, self.dim), out[:, S * l:]

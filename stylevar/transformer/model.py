@@ -115,14 +115,23 @@ class Block(nn.Module):
         condition (B, L, D) (masked style blends) gives them per token, (B, L, C)."""
         return Modulation(*_ada_lin(self.ada_lin, cond_BD, 6, self.dim))
 
+    def queries(self, guide: Guide, mod: Modulation) -> torch.Tensor:
+        """The guide streams' queries (B, H, (S + 1) * l, c): LN(stream) * (1 + s1) + b1 through the guide
+        projection, the S styles' rows then the content's. They depend on the condition only."""
+        s1, b1 = mod.scale1, mod.shift1
+        style_BSlC = guide.style_ln_BSlC * (1 + s1.unsqueeze(1)) + b1.unsqueeze(1)
+        content_BlC = guide.content_ln_BlC * (1 + s1) + b1
+        B, S, l, C = style_BSlC.shape
+        return self.attn.queries(torch.cat([style_BSlC.reshape(B, S * l, C), content_BlC], dim=1))
+
     def forward(self, x_BLC: torch.Tensor, mod: Modulation, guide: Guide, mask: torch.Tensor | None = None,
-                cache: KVCache | None = None) -> torch.Tensor:
-        """``mod``: `modulation(cond)` at these positions; ``mask``: teacher forcing's; ``cache``: generation's."""
+                cache: KVCache | None = None, q_BHXc: torch.Tensor | None = None) -> torch.Tensor:
+        """``mod``: `modulation(cond)` at these positions; ``mask``: teacher forcing's; ``cache``: generation's;
+        ``q_BHXc``: `queries(guide, mod)` when computed beforehand (generation), else computed here."""
         g1, g2, s1, s2, b1, b2 = mod
         h = F.layer_norm(x_BLC, (self.dim,), eps=self.eps) * (1 + s1) + b1
-        style = guide.style_ln_BSlC * (1 + s1.unsqueeze(1)) + b1.unsqueeze(1)
-        content = guide.content_ln_BlC * (1 + s1) + b1
-        x_BLC = x_BLC + self.attn(h, style, content, guide.alpha_BSl1, mask, cache) * g1
+        q_BHXc = self.queries(guide, mod) if q_BHXc is None else q_BHXc
+        x_BLC = x_BLC + self.attn(h, q_BHXc, guide.alpha_BSl1, mask, cache) * g1
         h = F.layer_norm(x_BLC, (self.dim,), eps=self.eps) * (1 + s2) + b2
         return x_BLC + self.ffn(h) * g2
 
@@ -306,6 +315,9 @@ class StyleVAR(PretrainedModel, nn.Module):
         self.register_buffer("mask_2LL", torch.cat([mask_LL, mask_LL]), persistent=False)  # style, content
         self.register_buffer("alpha_K", torch.tensor(cfg.alpha_nums, dtype=torch.float32), persistent=False)
         self.autocast_dtype: torch.dtype | None = None  # e.g. torch.bfloat16 on CUDA
+        # autocast of the sampling loop alone (stylevar.inference's bf16 precision: the blocks and head hold
+        # bf16 weights, the tokenizer and image encoders stay float32)
+        self.loop_autocast_dtype: torch.dtype | None = None
         self.activation_checkpointing = False  # recompute block activations in backward (training memory)
         self.reset_parameters()
 
@@ -369,10 +381,11 @@ class StyleVAR(PretrainedModel, nn.Module):
         section, sd = cls.read_pretrained(folder)
         return load_stylevar(sd, StyleVARConfig.from_dict(section), tokenizer)
 
-    def _autocast(self, device: torch.device):
-        if self.autocast_dtype is None:
+    def _autocast(self, device: torch.device, dtype: torch.dtype | None = None):
+        dtype = dtype or self.autocast_dtype
+        if dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device.type, dtype=self.autocast_dtype)
+        return torch.autocast(device.type, dtype=dtype)
 
     def blend_alphas(self, alphas: Sequence[float] | torch.Tensor | None = None,
                      style_strength: float = 0.0) -> torch.Tensor:
@@ -571,10 +584,16 @@ class StyleVAR(PretrainedModel, nn.Module):
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The autoregressive loop: f_hat (B, Cvae, n, n) and the K sampled token maps.
 
-        The KV cache is preallocated and holds each target token once; AdaLN modulations are computed
-        once, not per scale. With `guidance` > 0 the unstyled condition runs as B more rows of the same
+        The KV cache is preallocated and holds each target token once; AdaLN modulations and the guide
+        queries of every scale are computed once, before the loop. With `guidance` > 0 the unstyled condition runs as B more rows of the same
         batch, fed the tokens sampled from the guided logits.
         """
+        with self._autocast(cond.cond_BD.device, self.loop_autocast_dtype):
+            return self._sample_tokens(cond, generators, alpha_K, top_k, top_p, on_scale, guidance)
+
+    def _sample_tokens(self, cond: Condition, generators: list[torch.Generator], alpha_K: torch.Tensor, top_k: int,
+                       top_p: float, on_scale: Callable[[int, torch.Tensor], None] | None, guidance: float
+                       ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         B, device = cond.cond_BD.shape[0], cond.cond_BD.device
         guided = guidance > 0
         coverage_BL = cond.coverage_BL() if guided else None
@@ -583,13 +602,16 @@ class StyleVAR(PretrainedModel, nn.Module):
         tok, patch_nums = self.tokenizer, self.cfg.patch_nums
         n = tok.latent_size
         lvl_pos = self.lvl_pos()
-        dtype = lvl_pos.dtype if self.autocast_dtype is None else self.autocast_dtype
+        dtype = self.loop_autocast_dtype or self.autocast_dtype or lvl_pos.dtype
         caches = [KVCache(R, self.cfg.num_heads, self.cfg.num_tokens, self.cfg.head_dim, device, dtype)
                   for _ in self.blocks]
         mods = [blk.modulation(run.adaln()) for blk in self.blocks]
         head_mod = self.head_nm.modulation(run.adaln())
         per_token = run.adaln_BLD is not None  # modulations (R, L, C): each scale takes its tokens' rows
         alpha_RSL1 = None if run.shares_BSL is None else self.stream_alphas(run, alpha_K)
+        # the guide queries of every scale, per block: (R, H, S + 1, L, c); each scale takes its columns
+        full_guide = Guide(run.style_ln_BSLC, run.content_ln_BLC, None)
+        queries = [blk.queries(full_guide, mod).unflatten(2, (S + 1, -1)) for blk, mod in zip(self.blocks, mods)]
         f_hat = torch.zeros(B, self.cfg.z_channels, n, n, device=device)
         x = run.target_inputs(run.sos_B1C.expand(R, -1, -1) + lvl_pos[:, : patch_nums[0] ** 2], 0, patch_nums[0] ** 2)
         indices, start = [], 0
@@ -598,8 +620,9 @@ class StyleVAR(PretrainedModel, nn.Module):
             alpha = (alpha_K[k].expand(R, S, pn * pn, 1) if alpha_RSL1 is None
                      else alpha_RSL1[:, :, start:end])
             guide = Guide(run.style_ln_BSLC[:, :, start:end], run.content_ln_BLC[:, start:end], alpha)
-            for blk, mod, cache in zip(self.blocks, mods, caches):
-                x = blk(x, token_rows(mod, start, end) if per_token else mod, guide, None, cache)
+            for blk, mod, cache, q_RHSLc in zip(self.blocks, mods, caches, queries):
+                x = blk(x, token_rows(mod, start, end) if per_token else mod, guide, None, cache,
+                        q_RHSLc[:, :, :, start:end].flatten(2, 3))
             logits_RlV = self.logits(x, token_rows(head_mod, start, end) if per_token else head_mod)
             if guided:
                 styled_BlV, plain_BlV = logits_RlV.chunk(2)

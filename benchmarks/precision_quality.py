@@ -1,0 +1,79 @@
+"""What the inference precisions do to the demo model's pictures: fp32 against bf16 and int8.
+
+    python -m benchmarks.precision_quality [--n 32] [--seed 0] [--threads 2] [--json]
+
+The demo model (stylevar/assets/demo) is prepared once per precision (`stylevar.inference.prepare`) and
+run on the same held-out synthetic pairs (`training.demo.heldout_triplets`, a synthesis seed no training
+data uses) and the bundled photographs, with the model's recommended sampling settings and the same seeds.
+Per precision it prints the demo's evaluation metrics (`training.demo.evaluate_model`: edge correlation
+with the content, SSIM and L1 to the target, colour distance to the style, seed spread, seconds per image),
+the share of sampled tokens equal to the plain fp32 model's, and the mean absolute pixel difference from
+the plain fp32 model's pictures; copy-content and Reinhard are the baselines.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+
+import torch
+
+from stylevar.inference import PRECISIONS, InferenceConfig, prepare
+from stylevar.pipeline import DEMO_MODEL_DIR, StylePipeline
+from training import demo
+
+
+@torch.inference_mode()
+def agreement(plain: StylePipeline, other: StylePipeline, triplets: list[demo.Triplet], seed: int
+              ) -> tuple[float, float]:
+    """Share of sampled tokens equal to the plain model's, and the mean absolute difference of the pictures
+    (in [0, 1]), same inputs and seeds (the model's recommended sampling settings)."""
+    content, _ = plain.preprocess([t.content for t in triplets])
+    style, _ = plain.preprocess([t.style for t in triplets])
+    settings = plain.generation_config(seed=[seed + i for i in range(len(triplets))]).kwargs()
+    a = plain.model.generate_with_indices(content, style, **settings)
+    b = other.model.generate_with_indices(content, style, **settings)
+    equal = torch.cat([(x == y).flatten() for x, y in zip(a.indices, b.indices)]).float().mean()
+    return float(equal), float((a.images - b.images).abs().mean())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=32, help="held-out synthetic pairs")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    plain = StylePipeline.from_pretrained(DEMO_MODEL_DIR, device="cpu")
+    sets = {"held-out synthetic": demo.heldout_triplets(a.n, plain.image_size),
+            "photographs": demo.photo_triplets(plain.image_size)}
+    out: dict = {"model": plain.config.label() if hasattr(plain.config, "label") else str(DEMO_MODEL_DIR),
+                 "n": {k: len(v) for k, v in sets.items()}, "load": os.getloadavg()[0], "rows": {}}
+    for precision in PRECISIONS:
+        pipe = StylePipeline(prepare(copy.deepcopy(plain.model), InferenceConfig(precision=precision)), plain.config)
+        for name, triplets in sets.items():
+            row = demo.evaluate_model(pipe, triplets, a.seed)
+            row["token_agreement"], row["pixel_diff"] = agreement(plain, pipe, triplets, a.seed)
+            out["rows"].setdefault(name, {})[precision] = row
+    for name, triplets in sets.items():
+        out["rows"][name].update(demo.score_baselines(triplets, plain.image_size))
+    if a.json:
+        print(json.dumps(out))
+        return 0
+    for name, rows in out["rows"].items():
+        keys = [k for k in next(iter(rows.values())) if k not in ("token_agreement", "pixel_diff")]
+        print(f"\n{name} ({out['n'][name]} pairs)")
+        print("| method | " + " | ".join(keys) + " | tokens = fp32 | pixel diff |")
+        print("| --- " * (len(keys) + 3) + "|")
+        for method, row in rows.items():
+            cells = [f"{row[k]:.4f}" if k in row else "-" for k in keys]
+            extra = [f"{100 * row['token_agreement']:.1f}%", f"{row['pixel_diff']:.4f}"] if "token_agreement" in row \
+                else ["-", "-"]
+            print(f"| {method} | " + " | ".join(cells + extra) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
