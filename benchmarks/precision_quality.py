@@ -5,8 +5,9 @@
 The demo model (stylevar/assets/demo) is prepared once per precision (`stylevar.inference.prepare`) and
 run on the same held-out synthetic pairs (`training.demo.heldout_triplets`, a synthesis seed no training
 data uses) and the bundled photographs, with the model's recommended sampling settings and the same seeds.
-Per precision it prints the demo's evaluation metrics (`training.demo.evaluate_model`: edge correlation
-with the content, SSIM and L1 to the target, colour distance to the style, seed spread, seconds per image),
+Per precision it prints the demo's evaluation metrics (`training.demo.evaluate_model` with the demo's
+metric suite: edge correlation with the content, SSIM and L1 to the target where there is one, colour
+distance to the style, seed spread, seconds per image; LPIPS, DreamSim, CLIP only where cached),
 the share of sampled tokens equal to the plain fp32 model's, and the mean absolute pixel difference from
 the plain fp32 model's pictures; copy-content and Reinhard are the baselines.
 """
@@ -49,21 +50,22 @@ def main(argv: list[str] | None = None) -> int:
     plain = StylePipeline.from_pretrained(DEMO_MODEL_DIR, device="cpu")
     sets = {"held-out synthetic": demo.heldout_triplets(a.n, plain.image_size),
             "photographs": demo.photo_triplets(plain.image_size)}
-    out: dict = {"model": plain.config.label() if hasattr(plain.config, "label") else str(DEMO_MODEL_DIR),
+    out: dict = {"model": plain.config.label,
                  "n": {k: len(v) for k, v in sets.items()}, "load": os.getloadavg()[0], "rows": {}}
+    suite = demo.make_suite()  # SSIM (and LPIPS, DreamSim, CLIP where their weights are cached)
     for precision in PRECISIONS:
         pipe = StylePipeline(prepare(copy.deepcopy(plain.model), InferenceConfig(precision=precision)), plain.config)
         for name, triplets in sets.items():
-            row = demo.evaluate_model(pipe, triplets, a.seed)
+            row = demo.evaluate_model(pipe, triplets, a.seed, suite)
             row["token_agreement"], row["pixel_diff"] = agreement(plain, pipe, triplets, a.seed)
             out["rows"].setdefault(name, {})[precision] = row
     for name, triplets in sets.items():
-        out["rows"][name].update(demo.score_baselines(triplets, plain.image_size))
+        out["rows"][name].update(demo.score_baselines(triplets, plain.image_size, suite))
     if a.json:
         print(json.dumps(out))
         return 0
     for name, rows in out["rows"].items():
-        keys = [k for k in next(iter(rows.values())) if k not in ("token_agreement", "pixel_diff")]
+        keys = [k for k in rows["fp32"] if k not in ("token_agreement", "pixel_diff")]
         print(f"\n{name} ({out['n'][name]} pairs)")
         print("| method | " + " | ".join(keys) + " | tokens = fp32 | pixel diff |")
         print("| --- " * (len(keys) + 3) + "|")
