@@ -181,12 +181,17 @@ def greedy_difference(reference, model) -> float:
     return float((ours - theirs).abs().max())
 
 
+def timing_arguments(p: argparse.ArgumentParser, repeats: int, warmup: int) -> None:
+    """The options every CPU timing script here shares: batch sizes, repeats, warm-up calls, threads."""
+    p.add_argument("--batch-sizes", default="1,4")
+    p.add_argument("--repeats", type=int, default=repeats)
+    p.add_argument("--warmup", type=int, default=warmup)
+    p.add_argument("--threads", type=int, default=2)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch-sizes", default="1,4")
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=2)
+    timing_arguments(p, repeats=7, warmup=2)
     p.add_argument("--precisions", default="fp32",
                    help="comma-separated prepared models to time beside the plain one: fp32, bf16, int8")
     p.add_argument("--reference", action="store_true",

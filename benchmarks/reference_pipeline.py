@@ -54,7 +54,7 @@ import torch
 import torchvision
 from torch import nn
 
-from benchmarks.cpu_pipeline import REFERENCE_CONFIG, images
+from benchmarks.cpu_pipeline import REFERENCE_CONFIG, images, timing_arguments
 from stylevar.config import StyleVARConfig
 
 REFERENCE_URL = "https://github.com/Senfier-LiqiJing/StyleVAR"
@@ -187,10 +187,7 @@ def time_reference(bundle: ReferenceBundle, batch: int, repeats: int, warmup: in
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch-sizes", default="1,4")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--threads", type=int, default=2)
+    timing_arguments(p, repeats=5, warmup=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stages", action="store_true", help="also time encode, encoders and decode alone")
     p.add_argument("--json", action="store_true")

@@ -14,7 +14,7 @@ training, and a plain model (never prepared) is the exact path the conformance t
   packed once, the loop's products took 94 ms instead of 151 on the 2-core development CPU
   (benchmarks/README.md).
   Results equal the plain layers' up to float rounding (tests/test_inference.py). Not with `compile`
-  (inductor packs its own).
+  (inductor packs its own), nor where torch has no oneDNN (`packing_available`).
 - `precision="bf16"` (opt-in): the packed linears hold bfloat16 weights and take bfloat16 inputs, and the
   sampling loop runs under bf16 autocast (LayerNorm and the residual stream stay float32); the
   convolutional stacks (the tokenizer's encoder and decoder, both ResNet-18s) run in bfloat16 too
@@ -65,6 +65,11 @@ class InferenceConfig:
 def native_cpu_bf16() -> bool:
     """Whether this CPU computes bfloat16 matrix products natively (AVX512-BF16 or AMX)."""
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def packing_available() -> bool:
+    """Whether this torch build has oneDNN's packed linear operators (x86 builds do; others may not)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 def prepared(model: nn.Module) -> InferenceConfig | None:
@@ -179,7 +184,7 @@ def prepare(model, cfg: InferenceConfig = InferenceConfig()):
             tok.encoder, tok.decoder = InDtype(tok.encoder, dtype), InDtype(tok.decoder, dtype)
             model.style_encoder = InDtype(model.style_encoder, dtype)
             model.content_encoder = InDtype(model.content_encoder, dtype)
-        if on_cpu and cfg.pack_linears and not cfg.compile:
+        if on_cpu and cfg.pack_linears and not cfg.compile and packing_available():
             _replace_linears(model, lambda lin: PackedLinear(lin, dtype))
         elif dtype == torch.bfloat16:
             model.blocks.to(dtype)
