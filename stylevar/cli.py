@@ -173,7 +173,14 @@ def stylize_arguments(p: argparse.ArgumentParser) -> None:
                         "e.g. 256 for the 64 px demo model)")
     p.add_argument("--preserve-color", action="store_true", help="keep the content's colours (as the service)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps ... (default: cuda if available)")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="on the CPU, as the service's STYLEVAR_PRECISION: fp32 (the model's weights), bf16 (fastest "
+                        "on CPUs with bf16 units), int8 (dynamic int8 linear layers, CPU only); bf16 and int8 "
+                        "sample other tokens at some positions (benchmarks/README.md)")
     p.set_defaults(func=_stylize)
+
+
+PRECISIONS = ("fp32", "bf16", "int8")  # stylevar.inference.PRECISIONS, without importing torch for --help
 
 
 FORMATS = ("png", "jpeg", "webp")
@@ -284,6 +291,11 @@ def _stylize(args: argparse.Namespace) -> int:
 
     job = check_stylize(args)
     check_device(args.device)
+    if args.precision == "int8":
+        from stylevar.devices import resolve_device
+
+        if resolve_device(args.device).type != "cpu":
+            raise preflight.InputError("--precision int8 runs on the CPU only (add --device cpu)")
 
     from stylevar.hub import resolve_model
 
@@ -292,10 +304,13 @@ def _stylize(args: argparse.Namespace) -> int:
     from PIL import Image
     from tqdm import tqdm
 
+    from stylevar.inference import InferenceConfig, prepare
     from stylevar.pipeline import StyleMix, StylePipeline  # the checks are done: from here on the work
     from stylevar.postprocess import OutputOptions, finish
 
     pipe = StylePipeline.from_pretrained(model_dir, device=args.device)
+    if pipe.device.type == "cpu":  # as the service runs it: CPU layouts, packed linears, the precision
+        prepare(pipe.model, InferenceConfig(precision=args.precision))
     if pipe.config.demo:
         print(f"using the {pipe.config.label}", file=sys.stderr)
     print(f"loaded {pipe.summary()}")

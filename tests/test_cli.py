@@ -187,3 +187,21 @@ def test_output_checks(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(preflight.InputError, match="cannot be made"):
         preflight.output_folder(tmp_path / "file" / "sub")
+
+
+def test_precision_is_the_service_setting_and_each_one_runs(micro_model_dir, files, tmp_path):
+    import typing
+
+    from serve.settings import ServeSettings
+    from stylevar.inference import PRECISIONS
+
+    assert cli.PRECISIONS == PRECISIONS == typing.get_args(ServeSettings.model_fields["precision"].annotation)
+    for precision in PRECISIONS:
+        out = tmp_path / f"{precision}.png"
+        assert cli.main(["stylize", str(files / "c.png"), str(files / "s.png"), "-o", str(out), "--model",
+                         str(micro_model_dir), "--device", "cpu", "--precision", precision]) == 0
+        with Image.open(out) as im:
+            assert im.size == Image.open(files / "c.png").size
+    with pytest.raises(SystemExit) as bad:
+        cli.build_parser(["stylize"]).parse_args(["stylize", "c", "s", "-o", "o.png", "--precision", "int4"])
+    assert bad.value.code == 2
