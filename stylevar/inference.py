@@ -121,6 +121,19 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed_weight, self.bias, "none", [], "")
 
+    @staticmethod
+    def check_move(fn) -> None:
+        """`.to()`, `.half()` ... : the packed weight cannot follow, so a move off the CPU or to another dtype
+        is refused with a clear error (StyleVAR asks before anything moves) instead of failing later."""
+        probe = fn(torch.zeros(1))
+        if probe.device.type != "cpu" or probe.dtype != torch.float32:
+            raise ValueError(f"this model was prepared for CPU inference (packed linear layers) and cannot move to "
+                             f"{probe.device.type}/{probe.dtype}: load it there and prepare it again")
+
+    def _apply(self, fn, recurse: bool = True):
+        self.check_move(fn)
+        return self
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, dtype={self.dtype}, packed"
 

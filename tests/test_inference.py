@@ -67,6 +67,24 @@ def test_packed_linear_equals_the_linear_it_packs():
     assert "packed_weight" not in dict(PackedLinear(lin).named_buffers())
 
 
+def test_a_packed_model_refuses_to_move_off_the_cpu_with_a_clear_error():
+    fast = prepare(_resnet_micro().model, InferenceConfig())
+    fast.to("cpu").float()  # staying where it is, as it is: fine
+    before = {k: (v.device, v.dtype) for k, v in fast.state_dict().items()}
+    for move in (lambda m: m.to("meta"), lambda m: m.half()):
+        with pytest.raises(ValueError, match="prepared for CPU inference"):
+            move(fast)
+        assert {k: (v.device, v.dtype) for k, v in fast.state_dict().items()} == before  # nothing moved
+
+
+def test_bf16_warns_on_a_cpu_without_bf16_units(monkeypatch):
+    import stylevar.inference as inference
+
+    monkeypatch.setattr(inference, "native_cpu_bf16", lambda: False)
+    with pytest.warns(RuntimeWarning, match="no native bfloat16"):
+        prepare(_resnet_micro().model, InferenceConfig(precision="bf16"))
+
+
 def test_prepared_fp32_packs_every_loop_linear():
     fast = prepare(_resnet_micro().model, InferenceConfig())
     blk = fast.blocks[0]

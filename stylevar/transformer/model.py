@@ -352,6 +352,13 @@ class StyleVAR(PretrainedModel, nn.Module):
             nn.init.zeros_(self.content_in.weight)
             nn.init.zeros_(self.content_in.bias)
 
+    def _apply(self, fn, recurse: bool = True):
+        # a part that cannot follow a move (stylevar.inference's packed layers) refuses it before anything moves
+        for m in self.modules():
+            if m is not self and hasattr(m, "check_move"):
+                m.check_move(fn)
+        return super()._apply(fn, recurse)
+
     def train(self, mode: bool = True):
         super().train(mode)
         self.tokenizer.eval()  # frozen: BatchNorm-free, but keep it deterministic regardless
