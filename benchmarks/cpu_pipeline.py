@@ -2,32 +2,34 @@
 
 The configuration, written in the reference's config.json fields (`REFERENCE_CONFIG`): VAR's tokenizer
 layout (ch_mult (1, 1, 2, 2, 4), downsampling 16) at base width ch 32 as in the reference's golden_small
-config, V = 4096, Cvae 32, 8 scales (1, 2, 3, 4, 5, 6, 8, 10) = 195 tokens at 160 px, and a depth-8
+config, V = 4096, Cvae 32, 8 scales (1, 2, 3, 4, 5, 6, 8, 10) = 255 tokens at 160 px, and a depth-8
 StyleVAR (width 512, 8 heads) with ResNet-18 image encoders; random weights. (The issue does not state the
 tokenizer width; ch 32 is the one its stage times fit: 3.4 GFLOP per encode, 6.2 per decode, against 84 and
 154 at the published ch 160.)
 
-    python -m benchmarks.cpu_pipeline [--batch-sizes 1,4] [--repeats 7] [--threads 2] \
-        [--precision fp32|int8 [--with-fp32]] [--plain] [--json]
+    python -m benchmarks.cpu_pipeline [--batch-sizes 1,4] [--repeats 7] [--warmup 2] [--threads 2] \
+        [--precisions fp32,bf16,int8] [--reference] [--agreement-seeds 8] [--json]
 
-Per batch size it prints, for the plain model (exactly as built: the "before") and the prepared one
-(`stylevar.inference.prepare`, fp32 or `--precision int8`; `--with-fp32` adds prepared fp32 beside int8),
-the median ms per image of each stage and of the whole `generate` call:
+Per batch size it prints, for the plain model (as built: the path the conformance tests check) and a
+prepared copy per `--precisions` entry (`stylevar.inference.prepare`), the median ms per image of each stage
+and of the whole `generate` call:
   encode    two VQ-VAE encodes (content and style: encoder, quant_conv, multi-scale quantisation)
   encoders  the two ResNet-18 image encoders (pooled)
   condition everything `StyleVAR.condition` does (the two rows above plus the token embeddings)
   loop      `StyleVAR.sample_tokens` (the coarse-to-fine transformer loop, top-k 900 / top-p 0.96)
   decode    the final VQ-VAE decode
   total     `StyleVAR.generate` end to end (what a caller waits for)
-Each stage is timed with the models' calls taking turns in one process (same weights, same inputs), so a
-shared machine's changing load weighs on each alike; stages are separate medians, so `condition + loop +
-decode` is close to, not equal to, `total`. With int8 it also prints the token agreement with the plain
-fp32 model (same inputs and seeds, `--agreement-seeds` images). `--plain` times the plain model alone.
+Each stage is timed with the models' calls taking turns in one process (same inputs), so a shared
+machine's changing load weighs on each alike; stages are separate medians, so `condition + loop + decode`
+is close to, not equal to, `total`. For bf16 and int8 it also prints the token agreement with the plain
+fp32 model (same inputs and seeds, `--agreement-seeds` images).
 
-The reference is not vendored. Its figures are the issue's side-by-side measurement on an idle machine:
-1001 ms per image at batch 1 against this project's 715 ms (1.40x) and 1.49x this project's time at
-batch 4. Under another load the script scales them from the plain model's time measured in the same run
-(reference ~= 1.40 x plain at batch 1, 1.49 x plain at batch 4) and prints each model's ratio to that.
+`--reference` also times the public reference implementation (`benchmarks.reference_pipeline`; a checkout
+of it on PYTHONPATH, nothing vendored) in the same turns, at identical weights: this project's models are
+then loaded from the reference's own random state dicts through this project's checkpoint loaders, and the
+greedy images of the two are compared (they agree to float rounding). Its loop is its total less its other
+stages. Without `--reference` the ratio printed is to the issue's side-by-side measurement on an idle
+machine (the reference at 1.40x this project's plain time at batch 1, 1.49x at batch 4, as then).
 """
 from __future__ import annotations
 
