@@ -94,8 +94,11 @@ class ModelRunner:
         t0 = time.perf_counter()
         pipe = StylePipeline.from_pretrained(model_dir, device=device,
                                              autocast_dtype=resolve_autocast_dtype(options.dtype, device))
-        if device.type == "cpu" or options.inference.compile:  # CPU layouts/fusion, int8, compile
-            prepare(pipe.model, options.inference)
+        inference = options.inference
+        # CPU layouts, packing and precision; elsewhere a precision or compile asked for (int8 off the CPU:
+        # prepare's clear error at start-up rather than a setting silently ignored)
+        if device.type == "cpu" or inference.compile or inference.precision != "fp32":
+            prepare(pipe.model, inference)
         log.info("model loaded", extra={"model_dir": str(model_dir), "device": str(device),
                                         "precision": options.inference.precision, "compile": options.inference.compile,
                                         "seconds": round(time.perf_counter() - t0, 3)})

@@ -148,6 +148,12 @@ class InDtype(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.module(x.to(self.dtype)).float()
 
+    def check_move(self, fn) -> None:
+        """A move may change the device, not the dtype the wrapped module runs in (StyleVAR asks first)."""
+        if fn(torch.zeros(1, dtype=self.dtype)).dtype != self.dtype:
+            raise ValueError(f"this model was prepared to run its convolutions in {self.dtype} and cannot change "
+                             f"dtype: load it again and prepare it with the precision wanted")
+
 
 # the linear layers of each block that run at every scale of the sampling loop (and the model's head)
 LOOP_LINEARS = ("attn.q_guide", "attn.kv_target", "attn.proj", "ffn.fc1", "ffn.fc2")
@@ -176,6 +182,8 @@ def prepare(model, cfg: InferenceConfig = InferenceConfig()):
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     on_cpu = model.pos_1LC.device.type == "cpu"
+    if cfg.precision == "int8" and not on_cpu:  # before anything changes
+        raise ValueError("precision 'int8' (dynamic quantisation) runs on the CPU only")
     if cfg.fuse_batchnorm:
         for enc in (model.style_encoder, model.content_encoder):
             fuse_conv_bn(enc)
@@ -183,8 +191,6 @@ def prepare(model, cfg: InferenceConfig = InferenceConfig()):
         for part in (model.tokenizer, model.style_encoder, model.content_encoder):
             part.to(memory_format=torch.channels_last)
     if cfg.precision == "int8":
-        if not on_cpu:
-            raise ValueError("precision 'int8' (dynamic quantisation) runs on the CPU only")
         _replace_linears(model, _int8)
     else:
         dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32

@@ -75,6 +75,17 @@ def test_a_packed_model_refuses_to_move_off_the_cpu_with_a_clear_error():
         with pytest.raises(ValueError, match="prepared for CPU inference"):
             move(fast)
         assert {k: (v.device, v.dtype) for k, v in fast.state_dict().items()} == before  # nothing moved
+    bf16 = prepare(_resnet_micro().model, InferenceConfig(precision="bf16"))
+    before = {k: v.dtype for k, v in bf16.state_dict().items()}
+    with pytest.raises(ValueError, match="cannot change dtype"):
+        bf16.float()
+    assert {k: v.dtype for k, v in bf16.state_dict().items()} == before
+
+
+def test_int8_off_the_cpu_is_refused_with_a_clear_error():
+    model = _resnet_micro().model.to("meta")
+    with pytest.raises(ValueError, match="int8.*CPU only"):
+        prepare(model, InferenceConfig(precision="int8"))
 
 
 def test_bf16_warns_on_a_cpu_without_bf16_units(monkeypatch):
