@@ -40,6 +40,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -138,21 +139,29 @@ def time_stages(models: dict, batch: int, cfg: StageBenchConfig, reference=None)
         from benchmarks.reference_pipeline import reference_stage_fns
 
         fns = {"reference": reference_stage_fns(reference, content, style), **fns}
+    out = time_turns(fns, batch, cfg.repeats, cfg.warmup)
+    if reference is not None:
+        ref = out["reference"]
+        ref["loop"] = ref["total"] - ref["encode"] - ref["encoders"] - ref["decode"]
+    return out
+
+
+def time_turns(fns: dict[str, dict[str, Callable[[], object]]], batch: int, repeats: int, warmup: int
+               ) -> dict[str, dict[str, float]]:
+    """Median ms per image of each implementation's calls of each stage (`STAGES` order; an implementation
+    without a stage skips it), the implementations taking turns call by call, after ``warmup`` untimed rounds."""
     out: dict[str, dict[str, float]] = {name: {} for name in fns}
     for stage in STAGES:
         taking_part = [name for name in fns if stage in fns[name]]
         times: dict[str, list[float]] = {name: [] for name in taking_part}
-        for r in range(cfg.warmup + cfg.repeats):
+        for r in range(warmup + repeats):
             for name in taking_part:
                 t0 = time.perf_counter()
                 fns[name][stage]()
-                if r >= cfg.warmup:
+                if r >= warmup:
                     times[name].append(time.perf_counter() - t0)
         for name in taking_part:
             out[name][stage] = 1000 * statistics.median(times[name]) / batch
-    if reference is not None:
-        ref = out["reference"]
-        ref["loop"] = ref["total"] - ref["encode"] - ref["encoders"] - ref["decode"]
     return out
 
 

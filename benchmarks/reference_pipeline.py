@@ -42,10 +42,8 @@ import contextlib
 import importlib.util
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,7 +52,7 @@ import torch
 import torchvision
 from torch import nn
 
-from benchmarks.cpu_pipeline import REFERENCE_CONFIG, images, timing_arguments
+from benchmarks.cpu_pipeline import REFERENCE_CONFIG, images, time_turns, timing_arguments
 from stylevar.config import StyleVARConfig
 
 REFERENCE_URL = "https://github.com/Senfier-LiqiJing/StyleVAR"
@@ -173,15 +171,7 @@ def time_reference(bundle: ReferenceBundle, batch: int, repeats: int, warmup: in
     fns = reference_stage_fns(bundle, content, style)
     if not stages:
         fns = {"total": fns["total"]}
-    out: dict[str, float] = {}
-    for name, fn in fns.items():
-        times = []
-        for r in range(warmup + repeats):
-            t0 = time.perf_counter()
-            fn()
-            if r >= warmup:
-                times.append(time.perf_counter() - t0)
-        out[name] = 1000 * statistics.median(times) / batch
+    out = time_turns({"reference": fns}, batch, repeats, warmup)["reference"]
     if stages:
         out["loop (rest)"] = out["total"] - out["encode"] - out["encoders"] - out["decode"]
     return out

@@ -46,9 +46,9 @@ def ui_config(settings: ServeSettings) -> MountConfig:
     """What the mounted UI needs to know of this service."""
     from web import MountConfig
 
-    return MountConfig(host=settings.host, port=settings.port, api_keys=tuple(settings.api_keys),
+    return MountConfig(host=settings.host, port=settings.port, path=UI_PATH, api_keys=tuple(settings.api_keys),
                        request_timeout_s=settings.request_timeout_s, max_upload_bytes=settings.max_upload_bytes,
-                       blocked=(settings.model_dir,), path=UI_PATH)
+                       blocked=(settings.model_dir,))
 
 
 def default_ui_mounter(app: FastAPI, settings: ServeSettings) -> None:

@@ -13,7 +13,6 @@ import re
 from typing import Any, Mapping
 
 from stylevar.config import StyleVARConfig, VQVAEConfig
-from stylevar.pretrained import load_safetensors, save_safetensors  # noqa: F401 (importable from here too)
 from stylevar.state_dict import (CheckpointError, StateDict, WeightMismatchError, check_state_dict, is_state_dict,
                                  read_file, read_state_dict)
 from stylevar.tokenizer import MultiScaleVQVAE

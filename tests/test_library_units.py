@@ -8,10 +8,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from stylevar.checkpoints import CheckpointError, load_safetensors, read_state
+from stylevar.checkpoints import CheckpointError, read_state
 from stylevar.devices import parse_dtype, resolve_autocast_dtype
 from stylevar.generation import DEFAULT_GENERATION, GenerationConfig
 from stylevar.pipeline import MODEL_FILES, ModelDirError, PipelineConfig, StylePipeline, check_model_dir
+from stylevar.pretrained import load_safetensors
 from stylevar.state_dict import WeightMismatchError, check_state_dict, read_checked, read_state_dict
 from stylevar.transformer import StyleVAR
 from stylevar.transformer.naive import naive_generate

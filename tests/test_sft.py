@@ -11,8 +11,8 @@ import torch
 
 from data_tools.synth import SynthConfig, generate
 from stylevar import StylePipeline
-from stylevar.checkpoints import load_safetensors
 from stylevar.config import StyleVARConfig, VQVAEConfig
+from stylevar.pretrained import load_safetensors
 from stylevar.tokenizer import MultiScaleVQVAE
 from tests import reference
 from tests.conftest import run_recipe, single_thread_env

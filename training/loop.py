@@ -553,6 +553,22 @@ def checkpoint_paths(folder: str | os.PathLike) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def newest_checkpoint(src: str | os.PathLike, *, sharded: bool = False) -> Path:
+    """``src`` itself if it is a file, else the newest ``step-*.pt`` of a RUN (``src/checkpoints``) or of the
+    folder ``src``; with ``sharded`` only those with their sharded part (``step-*.dcp/``, --strategy fsdp)."""
+    path = Path(src)
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint or RUN directory not found: {path}")
+    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    found = [p for _, p in checkpoint_paths(folder) if not sharded or p.with_suffix(SHARDED_SUFFIX).is_dir()]
+    if not found:
+        what = f"sharded checkpoint (step-*.pt with its {SHARDED_SUFFIX} folder)" if sharded else "step-*.pt checkpoint"
+        raise FileNotFoundError(f"no {what} in {folder}")
+    return found[-1]
+
+
 class CheckpointManager:
     """``RUN/checkpoints/step-XXXXXXXX.pt``; written atomically by rank 0, the newest ``keep`` kept."""
 

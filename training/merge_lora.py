@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import torch
 
-from stylevar.checkpoints import CheckpointError, load_safetensors, load_stylevar, load_vqvae, read_state
+from stylevar.checkpoints import CheckpointError, load_stylevar, load_vqvae, read_state
 from stylevar.lora import LoRAConfig
 from stylevar.pipeline import PipelineConfig, StylePipeline, check_model_dir
+from stylevar.pretrained import load_safetensors
 from stylevar.state_dict import read_file
-from training.loop import checkpoint_paths
+from stylevar.tokenizer import MultiScaleVQVAE
+from training.loop import newest_checkpoint
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,20 +38,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default="stylevar-grpo", help="model name recorded in config.json")
     p.add_argument("--fp16", action="store_true", help="store weights in float16")
     p.set_defaults(func=merge_command)
-
-
-def newest_checkpoint(src: str | os.PathLike) -> Path:
-    """`src` itself if it is a file, else the newest `step-*.pt` in `src/checkpoints` (or `src`)."""
-    path = Path(src)
-    if path.is_file():
-        return path
-    if not path.is_dir():
-        raise FileNotFoundError(f"checkpoint or RUN directory not found: {path}")
-    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-    found = checkpoint_paths(folder)
-    if not found:
-        raise FileNotFoundError(f"no step-*.pt checkpoint in {folder}")
-    return found[-1][1]
 
 
 def merge_command(args: argparse.Namespace) -> int:
@@ -74,7 +61,7 @@ def merge_command(args: argparse.Namespace) -> int:
     if not tok_sd:
         if model_dir is None:
             raise CheckpointError(f"{path} holds no tokenizer weights; pass --config MODEL_DIR to take them from there")
-        tok_sd = load_safetensors(model_dir / "tokenizer.safetensors")
+        tok_sd = load_safetensors(model_dir / MultiScaleVQVAE.weights_file)
     vqvae = load_vqvae(tok_sd, config.tokenizer)
     scaling = args.lora_scaling
     if scaling is None and isinstance(extra.get("lora"), Mapping):  # what training.grpo records

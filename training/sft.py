@@ -36,6 +36,7 @@ from stylevar import hub
 from stylevar.checkpoints import init_from_var, load_stylevar, load_vqvae
 from stylevar.config import StyleVARConfig, VQVAEConfig
 from stylevar.pipeline import StylePipeline, check_model_dir
+from stylevar.pretrained import CONFIG_FILE
 from stylevar.tokenizer import MultiScaleVQVAE
 from stylevar.transformer import StyleVAR
 from training import loop, sharding
@@ -204,8 +205,8 @@ def check_inputs(args: argparse.Namespace) -> None:
     tok = Path(args.tokenizer)
     if not tok.exists():
         raise SystemExit(f"error: --tokenizer {tok}: not found")
-    if tok.is_dir() and not ((tok / "config.json").is_file() and (tok / MultiScaleVQVAE.weights_file).is_file()):
-        raise SystemExit(f"error: --tokenizer {tok}: folder lacks config.json or {MultiScaleVQVAE.weights_file}")
+    if tok.is_dir() and not ((tok / CONFIG_FILE).is_file() and (tok / MultiScaleVQVAE.weights_file).is_file()):
+        raise SystemExit(f"error: --tokenizer {tok}: folder lacks {CONFIG_FILE} or {MultiScaleVQVAE.weights_file}")
     for flag, value in (("--init-var", args.init_var), ("--init", args.init)):
         if value and not Path(value).exists():
             raise SystemExit(f"error: {flag} {value}: not found")

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from training.loop import SHARDED_SUFFIX, checkpoint_paths, read_checkpoint
+from training.loop import CONFIG_NAME, SHARDED_SUFFIX, newest_checkpoint, read_checkpoint
 
 STRATEGIES = ("ddp", "fsdp")
 
@@ -130,16 +130,6 @@ def strip_prefix(state: Mapping[str, torch.Tensor], prefix: str) -> dict[str, to
 
 
 # ------------------------------------------------------------------------------------------ export
-def newest_sharded(run: Path) -> Path:
-    """The ``.pt`` of the newest sharded checkpoint of RUN (or the ``.pt`` given)."""
-    if run.is_file():
-        return run
-    found = [p for _, p in checkpoint_paths(run / "checkpoints") if p.with_suffix(SHARDED_SUFFIX).is_dir()]
-    if not found:
-        raise FileNotFoundError(f"no sharded checkpoint (step-*.pt with its {SHARDED_SUFFIX} folder) in {run}/checkpoints")
-    return found[-1]
-
-
 def export_model_dir(checkpoint: str | os.PathLike, out: str | os.PathLike) -> Path:
     """A model directory from a training.sft checkpoint written with ``--strategy fsdp``, in this process
     (no process group): the model is built from RUN/config.json and its shards loaded whole."""
@@ -148,9 +138,9 @@ def export_model_dir(checkpoint: str | os.PathLike, out: str | os.PathLike) -> P
     from stylevar.tokenizer import MultiScaleVQVAE
     from stylevar.transformer import StyleVAR
 
-    pt = newest_sharded(Path(checkpoint))
+    pt = newest_checkpoint(checkpoint, sharded=True)
     run_root = pt.parent.parent
-    config = json.loads((run_root / "config.json").read_text())
+    config = json.loads((run_root / CONFIG_NAME).read_text())
     if config.get("recipe") != "sft":
         raise ValueError(f"{run_root} is not a training.sft run")
     model = StyleVAR(StyleVARConfig.from_dict(config["transformer_config"]),

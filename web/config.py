@@ -5,18 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-UI_PATH = "/ui"
-
 
 @dataclass(frozen=True)
 class MountConfig:
     host: str  # the service's bind address and port: the UI calls its API there, on loopback
     port: int
+    path: str  # where the service mounts the UI (its login form is PATH/login)
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # set: the UI asks for one at login
     request_timeout_s: float = 60.0  # the service's deadline: the UI waits 30 s longer for an event (30 s at least)
     max_upload_bytes: int | None = None  # the largest file the UI takes
     blocked: tuple[Path, ...] = ()  # folders the UI may never read (the model directory)
-    path: str = UI_PATH  # where the UI is mounted
 
     @property
     def timeout_s(self) -> float:

@@ -94,11 +94,13 @@ def _ada_lin(lin: nn.Module, cond_BD: torch.Tensor, n: int, dim: int) -> tuple[t
 
 
 class Guide(NamedTuple):
-    """What a block's queries come from, at the query positions."""
+    """What a block's queries come from, at the query positions: the guide streams, or their queries when
+    computed beforehand (generation computes every scale's before its loop: they depend on the condition only)."""
 
-    style_ln_BSlC: torch.Tensor  # LayerNorm'ed tokens of the S styles
-    content_ln_BlC: torch.Tensor  # LayerNorm'ed content tokens
     alpha_BSl1: torch.Tensor  # blend coefficient of each style stream at each position
+    style_ln_BSlC: torch.Tensor | None = None  # LayerNorm'ed tokens of the S styles
+    content_ln_BlC: torch.Tensor | None = None  # LayerNorm'ed content tokens
+    q_BHXc: torch.Tensor | None = None  # `Block.queries` of the streams, (B, H, (S + 1) * l, c)
 
 
 class Block(nn.Module):
@@ -115,22 +117,23 @@ class Block(nn.Module):
         condition (B, L, D) (masked style blends) gives them per token, (B, L, C)."""
         return Modulation(*_ada_lin(self.ada_lin, cond_BD, 6, self.dim))
 
-    def queries(self, guide: Guide, mod: Modulation) -> torch.Tensor:
+    def queries(self, style_ln_BSlC: torch.Tensor, content_ln_BlC: torch.Tensor, mod: Modulation) -> torch.Tensor:
         """The guide streams' queries (B, H, (S + 1) * l, c): LN(stream) * (1 + s1) + b1 through the guide
         projection, the S styles' rows then the content's. They depend on the condition only."""
         s1, b1 = mod.scale1, mod.shift1
-        style_BSlC = guide.style_ln_BSlC * (1 + s1.unsqueeze(1)) + b1.unsqueeze(1)
-        content_BlC = guide.content_ln_BlC * (1 + s1) + b1
+        style_BSlC = style_ln_BSlC * (1 + s1.unsqueeze(1)) + b1.unsqueeze(1)
+        content_BlC = content_ln_BlC * (1 + s1) + b1
         B, S, l, C = style_BSlC.shape
         return self.attn.queries(torch.cat([style_BSlC.reshape(B, S * l, C), content_BlC], dim=1))
 
     def forward(self, x_BLC: torch.Tensor, mod: Modulation, guide: Guide, mask: torch.Tensor | None = None,
-                cache: KVCache | None = None, q_BHXc: torch.Tensor | None = None) -> torch.Tensor:
-        """``mod``: `modulation(cond)` at these positions; ``mask``: teacher forcing's; ``cache``: generation's;
-        ``q_BHXc``: `queries(guide, mod)` when computed beforehand (generation), else computed here."""
+                cache: KVCache | None = None) -> torch.Tensor:
+        """``mod``: `modulation(cond)` at these positions; ``mask``: teacher forcing's; ``cache``: generation's."""
         g1, g2, s1, s2, b1, b2 = mod
         h = F.layer_norm(x_BLC, (self.dim,), eps=self.eps) * (1 + s1) + b1
-        q_BHXc = self.queries(guide, mod) if q_BHXc is None else q_BHXc
+        q_BHXc = guide.q_BHXc
+        if q_BHXc is None:
+            q_BHXc = self.queries(guide.style_ln_BSlC, guide.content_ln_BlC, mod)
         x_BLC = x_BLC + self.attn(h, q_BHXc, guide.alpha_BSl1, mask, cache) * g1
         h = F.layer_norm(x_BLC, (self.dim,), eps=self.eps) * (1 + s2) + b2
         return x_BLC + self.ffn(h) * g2
@@ -500,7 +503,7 @@ class StyleVAR(PretrainedModel, nn.Module):
             x = torch.cat([cond.sos_B1C.expand(x_in.shape[0], -1, -1), self.word_embed(x_in)], dim=1)
             x = cond.target_inputs(x + self.lvl_pos(), 0, self.cfg.num_tokens)
             alpha_BSL1 = self.stream_alphas(cond, self.blend_alphas(alphas, style_strength))
-            guide = Guide(cond.style_ln_BSLC, cond.content_ln_BLC, alpha_BSL1)
+            guide = Guide(alpha_BSL1, cond.style_ln_BSLC, cond.content_ln_BLC)
             mask = self.stream_mask(cond.num_styles)
             for blk in self.blocks:
                 args = (x, blk.modulation(cond.adaln()), guide, mask)
@@ -592,8 +595,8 @@ class StyleVAR(PretrainedModel, nn.Module):
         """The autoregressive loop: f_hat (B, Cvae, n, n) and the K sampled token maps.
 
         The KV cache is preallocated and holds each target token once; AdaLN modulations and the guide
-        queries of every scale are computed once, before the loop. With `guidance` > 0 the unstyled condition runs as B more rows of the same
-        batch, fed the tokens sampled from the guided logits.
+        queries of every scale are computed once, before the loop. With `guidance` > 0 the unstyled
+        condition runs as B more rows of the same batch, fed the tokens sampled from the guided logits.
         """
         with self._autocast(cond.cond_BD.device, self.loop_autocast_dtype):
             return self._sample_tokens(cond, generators, alpha_K, top_k, top_p, on_scale, guidance)
@@ -617,8 +620,8 @@ class StyleVAR(PretrainedModel, nn.Module):
         per_token = run.adaln_BLD is not None  # modulations (R, L, C): each scale takes its tokens' rows
         alpha_RSL1 = None if run.shares_BSL is None else self.stream_alphas(run, alpha_K)
         # the guide queries of every scale, per block: (R, H, S + 1, L, c); each scale takes its columns
-        full_guide = Guide(run.style_ln_BSLC, run.content_ln_BLC, None)
-        queries = [blk.queries(full_guide, mod).unflatten(2, (S + 1, -1)) for blk, mod in zip(self.blocks, mods)]
+        queries = [blk.queries(run.style_ln_BSLC, run.content_ln_BLC, mod).unflatten(2, (S + 1, -1))
+                   for blk, mod in zip(self.blocks, mods)]
         f_hat = torch.zeros(B, self.cfg.z_channels, n, n, device=device)
         x = run.target_inputs(run.sos_B1C.expand(R, -1, -1) + lvl_pos[:, : patch_nums[0] ** 2], 0, patch_nums[0] ** 2)
         indices, start = [], 0
@@ -626,10 +629,9 @@ class StyleVAR(PretrainedModel, nn.Module):
             end = start + pn * pn
             alpha = (alpha_K[k].expand(R, S, pn * pn, 1) if alpha_RSL1 is None
                      else alpha_RSL1[:, :, start:end])
-            guide = Guide(run.style_ln_BSLC[:, :, start:end], run.content_ln_BLC[:, start:end], alpha)
             for blk, mod, cache, q_RHSLc in zip(self.blocks, mods, caches, queries):
-                x = blk(x, token_rows(mod, start, end) if per_token else mod, guide, None, cache,
-                        q_RHSLc[:, :, :, start:end].flatten(2, 3))
+                guide = Guide(alpha, q_BHXc=q_RHSLc[:, :, :, start:end].flatten(2, 3))
+                x = blk(x, token_rows(mod, start, end) if per_token else mod, guide, None, cache)
             logits_RlV = self.logits(x, token_rows(head_mod, start, end) if per_token else head_mod)
             if guided:
                 styled_BlV, plain_BlV = logits_RlV.chunk(2)
