@@ -1,7 +1,8 @@
 """`python -m serve [--host H] [--port P] [--model DIR|hf:OWNER/NAME[:variant]] [--device D] [--no-ui]`.
 
 Every option also has an environment variable (`STYLEVAR_HOST`, `STYLEVAR_PORT`, `STYLEVAR_MODEL_DIR`,
-`STYLEVAR_DEVICE`, `STYLEVAR_UI`, ...); options given on the command line win.
+`STYLEVAR_DEVICE`, `STYLEVAR_UI`, ...); options given on the command line win. SIGTERM or SIGINT drains
+the service (`serve.drain`, `STYLEVAR_DRAIN_TIMEOUT_S`) and exits with 0.
 """
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     from stylevar.pipeline import ModelDirError
 
     from .app import create_app
+    from .drain import DrainingServer
 
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
@@ -62,9 +64,12 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot start: %s", e)
         return 2
     log.info("starting", extra={"host": settings.host, "port": settings.port, "model_dir": str(settings.model_dir)})
-    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
-                timeout_graceful_shutdown=30)
-    return 0
+    state = app.state.service
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
+                            timeout_graceful_shutdown=settings.drain_timeout_s)  # type: ignore[arg-type]
+    server = DrainingServer(config, state.drain, on_drain=state.begin_drain)
+    server.run()
+    return 0 if server.started else 3  # 3: uvicorn's startup failure
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from stylevar.pipeline import check_model_dir
 from . import imaging
 from .access import FailureLimiter, KeyRing, LoginAttemptLimit
 from .batching import BatchConfig, Batcher
+from .drain import Drain, DrainMiddleware
 from .engine import ModelRunner, RunnerOptions, resolve_devices
 from .errors import install_error_handlers
 from .metrics import ServiceMetrics
@@ -102,8 +103,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.ready = False
         state.status = "stopping"
         state.metrics.ready.set(0)
-        await run_in_threadpool(state.batcher.stop)
-        await run_in_threadpool(warm.join, 60.0)
+        if state.drain.draining:  # what is left of the drain: a batch still running then is not waited for long
+            stop_s = join_s = max(1.0, state.drain.time_left_s())
+        else:
+            stop_s, join_s = 30.0, 60.0
+        await run_in_threadpool(state.batcher.stop, stop_s)
+        await run_in_threadpool(warm.join, join_s)
 
 
 def create_app(settings: ServeSettings | None = None, *, ui_mounter: UiMounter | None = None) -> FastAPI:
@@ -120,6 +125,7 @@ def create_app(settings: ServeSettings | None = None, *, ui_mounter: UiMounter |
                                       max_whole_pixels=settings.max_whole_decode_pixels,
                                       concurrency=settings.decode_concurrency),
         devices=resolve_devices(settings.device),
+        drain=Drain(settings.drain_timeout_s),
     )
     if not state.keys and not _is_loopback(settings.host):
         log.warning("listening on %s without API keys: anyone who reaches this port can use the service and "
@@ -136,6 +142,9 @@ def create_app(settings: ServeSettings | None = None, *, ui_mounter: UiMounter |
     )
     app.state.service = state
     install_error_handlers(app)
+    # innermost, so that its refusals carry the CORS headers, the request id and the access log line
+    app.add_middleware(DrainMiddleware, drain=state.drain, always_open=operations.ALWAYS_OPEN_PATHS,
+                       untracked_prefixes=(UI_PATH,), max_discard_bytes=settings.max_upload_bytes)
     app.add_middleware(ContentLengthLimit, max_bytes=settings.max_upload_bytes, paths=stylize.PATHS)
     if settings.cors_origins:
         app.add_middleware(
@@ -175,6 +184,8 @@ def _warm_up(state: ServiceState) -> None:
             state.status = "warming up"
             for runner in state.runners:
                 runner.warmup()
+        if state.drain.draining:  # stopped while warming up: it stays not ready
+            return
         state.ready = True
         state.status = "ready"
         state.metrics.ready.set(1)

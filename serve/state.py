@@ -14,6 +14,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from . import imaging
 from .access import FailureLimiter, KeyRing, client_of, too_many_attempts
 from .batching import Batcher
+from .drain import Drain
 from .engine import ModelRunner
 from .errors import ServiceError
 from .metrics import ServiceMetrics
@@ -32,10 +33,18 @@ class ServiceState:
     batcher: Batcher | None = None
     ready: bool = False
     status: str = "starting"
+    drain: Drain = field(default_factory=lambda: Drain(ServeSettings.model_fields["drain_timeout_s"].default))
 
     @property
     def runner(self) -> ModelRunner:
         return self.runners[0]
+
+    def begin_drain(self) -> None:
+        """Stop taking work (SIGTERM): /readyz turns 503 and new requests are refused (see `serve.drain`)."""
+        self.drain.begin()
+        self.ready = False
+        self.status = "draining"
+        self.metrics.ready.set(0)
 
 
 def get_state(request: Request) -> ServiceState:

@@ -66,6 +66,9 @@ class ServerProcess:
         self.stop()
         raise TimeoutError(f"server not ready after {timeout} s:\n{self.log_text()[-4000:]}")
 
+    def send_signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
     def stop(self, timeout: float = 30.0) -> int:
         if self.proc.poll() is None:
             self.proc.terminate()
