@@ -19,6 +19,12 @@ Two commands:
         Each variant is scored under every `--sampling TOP_K,TOP_P` given (default 20,0.8 and 1,0:
         sampled and greedy), one table row each.
 
+    python -m benchmarks.fidelity curve --run RUN [--steps 300,600,...] [--n 48] [--out CURVE.json]
+        The training-length curve of one SFT run (`training.sft --keep-checkpoints` large enough to keep
+        them): every kept checkpoint (or the given steps) is loaded into the run's transformer and scored,
+        without refinement, sampled (top-k 5, top-p 0.7) on held-out pairs and photographs: edge
+        correlation, colour distance and the style measures against the step, one table row per step.
+
 Metrics are `training.demo.score`: edge correlation with the content at the model's resolution
 (`stylevar.metrics.structure`), SSIM to the target (paper and standard), L1, the colour distance to the
 style, and the seed spread (how much two seeds' outputs differ).
@@ -42,6 +48,8 @@ from stylevar.metrics.ssim import ssim_standard
 from stylevar.metrics.structure import edge_correlation
 from stylevar.pipeline import StylePipeline
 from training import demo
+from stylevar.transformer import StyleVAR
+from training.loop import checkpoint_paths, read_checkpoint
 from training.presets import match_transformer
 from training.sft import read_tokenizer
 
@@ -160,8 +168,54 @@ def parse_sampling(text: str) -> dict:
         raise SystemExit(f"--sampling {text!r}: expected TOP_K,TOP_P such as 20,0.8") from None
 
 
+# ------------------------------------------------------------------------------------------ curve
+CURVE_SAMPLING = {"top_k": 5, "top_p": 0.7}
+CURVE_COLUMNS = (("synthetic", "edge_corr"), ("synthetic", "colour_dist_to_style"), ("synthetic", "colour_swd_to_style"),
+                 ("synthetic", "texture_dist_to_style"), ("synthetic", "ssim"), ("photos", "edge_corr"),
+                 ("photos", "colour_dist_to_style"))
+
+
+def checkpoint_pipeline(run: Path, path: Path) -> StylePipeline:
+    """The transformer of an SFT checkpoint in `run` (its preset and tokenizer from RUN/config.json)."""
+    settings = json.loads((run / "config.json").read_text())
+    tokenizer = load_tokenizer(Path(settings["tokenizer"]))
+    preset = json.loads(Path(settings["preset"]).read_text())["transformer"]
+    model = StyleVAR(match_transformer(StyleVARConfig.from_dict(preset), tokenizer.cfg), tokenizer)
+    state = read_checkpoint(path)["model"]
+    model.load_transformer_state_dict({k.removeprefix("model."): v for k, v in state.items()
+                                       if not k.startswith("model.tokenizer.")})
+    return StylePipeline.from_models(model.eval(), generation=dict(CURVE_SAMPLING))
+
+
+def curve(run: Path, steps: list[int] | None, n: int) -> dict:
+    found = dict(checkpoint_paths(run / "checkpoints"))
+    chosen = sorted(found) if not steps else steps
+    missing = [s for s in chosen if s not in found]
+    if missing:
+        raise SystemExit(f"no checkpoint for steps {missing} in {run / 'checkpoints'} (kept: {sorted(found)})")
+    rows: dict = {}
+    held = photos = None
+    for step in chosen:
+        pipe = checkpoint_pipeline(run, found[step])
+        if held is None:
+            held, photos = demo.heldout_triplets(n, pipe.image_size), demo.photo_triplets(pipe.image_size)
+        rows[str(step)] = {"synthetic": demo.means(demo.generate(pipe, held)),
+                           "photos": demo.means(demo.generate(pipe, photos))}
+    return {"run": str(run), "n": n, "sampling": CURVE_SAMPLING, "rows": rows}
+
+
+def curve_markdown(result: dict) -> str:
+    head = "| step | " + " | ".join(f"{where} {m} {demo.ARROWS[m]}".strip() for where, m in CURVE_COLUMNS) + " |"
+    lines = [head, "| --- |" + " --- |" * len(CURVE_COLUMNS)]
+    for step, r in result["rows"].items():
+        lines.append(f"| {step} | " + " | ".join(f"{r[w][m]:.3f}" for w, m in CURVE_COLUMNS) + " |")
+    return "\n".join(lines)
+
+
 COLUMNS = (("synthetic", "edge_corr"), ("synthetic", "ssim_standard"), ("synthetic", "ssim"), ("synthetic", "l1"),
-           ("synthetic", "colour_dist_to_style"), ("synthetic", "seed_spread"), ("photos", "edge_corr"))
+           ("synthetic", "colour_dist_to_style"), ("synthetic", "colour_swd_to_style"),
+           ("synthetic", "texture_dist_to_style"), ("synthetic", "seed_spread"), ("photos", "edge_corr"),
+           ("photos", "colour_dist_to_style"))
 
 
 def table_markdown(results: dict) -> str:
@@ -193,7 +247,18 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--n", type=int, default=48, help="held-out synthetic pairs")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--sampling", action="append", metavar="TOP_K,TOP_P", help="default: 20,0.8 and 1,0")
+    k = sub.add_parser("curve", help="score the kept checkpoints of one SFT run against the step")
+    k.add_argument("--run", type=Path, required=True, help="a training.sft RUN directory")
+    k.add_argument("--steps", type=lambda t: [int(x) for x in t.split(",")], help="comma-separated (default: all kept)")
+    k.add_argument("--n", type=int, default=48, help="held-out synthetic pairs")
+    k.add_argument("--out", type=Path, help="also write the results here (JSON)")
     args = p.parse_args(argv)
+    if args.command == "curve":
+        result = curve(args.run, args.steps, args.n)
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=1))
+        print(curve_markdown(result))
+        return 0
     if args.command == "ceiling":
         print(json.dumps(ceiling(args.tokenizer, args.n), indent=1))
         return 0

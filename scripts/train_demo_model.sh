@@ -4,7 +4,9 @@
 #   scripts/train_demo_model.sh [RUN_ROOT]        (default runs/demo; re-running resumes every stage)
 #
 # Stages: synthetic triplets -> tokenizer (training.vqvae) -> SFT (training.sft) -> GRPO with the SSIM
-# reward (training.grpo) -> evaluation against copy-content and Reinhard, export to stylevar/assets/demo.
+# reward (training.grpo) -> a second GRPO stage (a fresh LoRA on the first stage's merged weights: it moves
+# the transformer's own palette toward the style's, benchmarks/fidelity.md "Taking the style") ->
+# evaluation against copy-content and Reinhard, the palette step chosen, export to stylevar/assets/demo.
 # Each stage's wall-clock time and command go into RUN_ROOT/timings.json and from there into the model
 # card. The model shape is scripts/demo_preset.json: a 64 px tokenizer with a 16 x 16 latent (scales 1, 2, 4,
 # 8, 16) and the tiny transformer with the content-injection variant (docs/training.md, "The demo model",
@@ -19,6 +21,8 @@ COUNT=${COUNT:-4000}
 VQ_STEPS=${VQ_STEPS:-1200}
 SFT_STEPS=${SFT_STEPS:-1200}
 GRPO_STEPS=${GRPO_STEPS:-60}
+GRPO2_STEPS=${GRPO2_STEPS:-150}     # the second GRPO stage
+STYLE_WEIGHT=${STYLE_WEIGHT:-0}     # its --reward-style-weight (2 was measured: no gain over 0, fidelity.md)
 EVAL_N=${EVAL_N:-48}                # held-out pairs the export evaluates on
 CALIBRATION_N=${CALIBRATION_N:-32}  # training triplets that choose the sampling settings and refinement
 OUT=${OUT:-stylevar/assets/demo}
@@ -59,5 +63,9 @@ stage grpo "$ROOT/grpo/final/transformer.safetensors" \
   "$PY" -m training.grpo --data "$DATA" --init "$ROOT/sft/final" --out "$ROOT/grpo" --reward ssim \
   --group-size 8 --batch-size 2 --max-steps "$GRPO_STEPS" --lr 1e-4 --lora-rank 16 --lora-alpha 32 \
   --save-every 20 --seed "$SEED" --device "$DEVICE" --no-progress
-"$PY" -m training.demo --model "$ROOT/grpo/final" --data "$DATA" --out "$OUT" --timings "$TIMINGS" \
+stage grpo2 "$ROOT/grpo2/final/transformer.safetensors" \
+  "$PY" -m training.grpo --data "$DATA" --init "$ROOT/grpo/final" --out "$ROOT/grpo2" --reward ssim \
+  --reward-style-weight "$STYLE_WEIGHT" --group-size 8 --batch-size 2 --max-steps "$GRPO2_STEPS" --lr 1e-4 \
+  --lora-rank 16 --lora-alpha 32 --save-every 50 --seed "$SEED" --device "$DEVICE" --no-progress
+"$PY" -m training.demo --model "$ROOT/grpo2/final" --data "$DATA" --out "$OUT" --timings "$TIMINGS" \
   --n "$EVAL_N" --calibration "$CALIBRATION_N" --experiments benchmarks/fidelity.md

@@ -45,7 +45,8 @@ class GenerationKey:
 
     generation: GenerationConfig = DEFAULT_GENERATION
     resize: str = "stretch"
-    num_styles: int = 1  # styles of weight > 0: rows of one call need as many
+    num_styles: int = 1
+    upsample: str | None = None  # None: the model's setting (stylevar.upsample)  # styles of weight > 0: rows of one call need as many
 
     def __post_init__(self) -> None:  # hashable: no seed, alphas a tuple
         alphas = self.generation.alphas
@@ -131,7 +132,7 @@ class ModelRunner:
         with torch.inference_mode():
             images = self.pipe.stylize_batch(
                 contents, styles, seeds=seeds, resize=key.resize, on_scale=on_scale,
-                max_side=self.max_output_side, condition=self.condition, **key.generation.kwargs(),
+                max_side=self.max_output_side, upsample=key.upsample, condition=self.condition, **key.generation.kwargs(),
             )
         out, start = [], 0
         for t in tasks:

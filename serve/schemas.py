@@ -10,7 +10,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from stylevar.generation import DEFAULT_GENERATION
 from stylevar.pipeline import MAX_STYLES
-from stylevar.postprocess import MAX_SEED
+from stylevar.postprocess import MAX_SEED, UPSAMPLE_MODES
 
 MAX_ALPHAS_CHARS = 4096  # far more than any model's scale count needs
 MAX_WEIGHTS_CHARS = 256  # MAX_STYLES numbers
@@ -46,6 +46,11 @@ class StylizeForm(BaseModel):
         "stretch", description="how the inputs are fitted into the model's square; crop returns the centre square"
     )
     preserve_color: bool = Field(False, description="keep the content's colours, transfer the texture")
+    upsample: Literal["guided", "bicubic"] | SkipJsonSchema[None] = Field(
+        None, description=f"how the model's drawing reaches the result's size ({' or '.join(UPSAMPLE_MODES)}): "
+                          "guided adds the content's fine detail where the drawing follows the content, bicubic "
+                          "only resizes; absent: the model's setting (guided unless its config.json says otherwise)",
+    )
     format: Literal["png", "jpeg", "webp"] = "png"
     style_weights: str | SkipJsonSchema[None] = Field(
         None, max_length=MAX_WEIGHTS_CHARS,

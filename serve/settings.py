@@ -48,6 +48,9 @@ class ServeSettings(BaseSettings):
     max_wait_ms: float = Field(10.0, ge=0, le=10_000)
     queue_size: int = Field(64, ge=1)  # jobs waiting for a worker
     request_timeout_s: float = Field(60.0, gt=0)
+    # after SIGTERM/SIGINT: how long requests in flight may take to finish while new ones are refused
+    # (serve.drain); a Kubernetes terminationGracePeriodSeconds must be longer
+    drain_timeout_s: float = Field(30.0, gt=0, le=3600)
 
     # input limits
     max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1024)  # whole request body
@@ -55,7 +58,9 @@ class ServeSettings(BaseSettings):
     # WebP and 16-bit or interlaced PNG cannot be decoded downscaled (JPEG and 8-bit PNG are): their own limit
     max_whole_decode_pixels: int = Field(4_194_304, ge=1)
     decode_concurrency: int = Field(2, ge=1, le=64)  # uploads decoded at once (worker threads)
-    max_output_side: int = Field(1024, ge=16)  # long side of a returned image
+    # long side of a returned image: 8192 returns a 24-megapixel photo (6000 x 4000) at its own size; the
+    # content is decoded at most this large (styles and masks at 1024)
+    max_output_side: int = Field(8192, ge=16)
 
     # access and observability
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list, repr=False)

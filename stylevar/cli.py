@@ -123,7 +123,7 @@ def _convert(args: argparse.Namespace) -> int:
 def stylize_arguments(p: argparse.ArgumentParser) -> None:
     from stylevar.generation import DEFAULT_GENERATION  # no torch
     from stylevar.images import RESIZE_MODES  # PIL, not torch
-    from stylevar.postprocess import MAX_SEED  # PIL, not torch
+    from stylevar.postprocess import MAX_SEED, UPSAMPLE_MODES  # PIL, not torch
 
     p.add_argument("content",
                    help="content image (JPEG, PNG or WebP); or a folder, or a quoted glob such as 'photos/*.jpg', "
@@ -171,6 +171,10 @@ def stylize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-size", type=int_in(1), default=None, metavar="PIXELS",
                    help="long side of the result, at most the content's (default: 4x the model's resolution, "
                         "e.g. 256 for the 64 px demo model)")
+    p.add_argument("--upsample", choices=UPSAMPLE_MODES, default=None,
+                   help="how the model's drawing reaches the result's size: guided adds the content's fine detail "
+                        "where the drawing follows the content, bicubic only resizes (default: the model's "
+                        "setting, guided unless its config.json says otherwise)")
     p.add_argument("--preserve-color", action="store_true", help="keep the content's colours (as the service)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps ... (default: cuda if available)")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32",
@@ -338,7 +342,8 @@ def _stylize(args: argparse.Namespace) -> int:
         if not batch:
             continue
         images = pipe.stylize_batch([img for _, img in batch for _ in job.seeds], [mix] * len(batch) * len(job.seeds),
-                                    seeds=job.seeds * len(batch), resize=args.resize, max_side=options.max_side, **gen)
+                                    seeds=job.seeds * len(batch), resize=args.resize, max_side=options.max_side,
+                                    upsample=args.upsample, **gen)
         for i, (path, img) in enumerate(batch):
             outs = finish(images[i * len(job.seeds):(i + 1) * len(job.seeds)], img, options)
             for out, target in zip(outs, output_paths(job, path, taken)):
@@ -352,7 +357,7 @@ def _stylize(args: argparse.Namespace) -> int:
     bar.close()
     if written:
         with Image.open(written[0]) as first_out:
-            note = upscale_note(first_out.size, pipe.image_size, max_side)
+            note = upscale_note(first_out.size, pipe.image_size, max_side, pipe.upsampling(args.upsample).mode)
         if note:
             print(note, file=sys.stderr)
     if skipped:
@@ -370,7 +375,8 @@ def _stylize(args: argparse.Namespace) -> int:
     return 0
 
 
-def upscale_note(result_size: tuple[int, int], model_side: int, max_side: int) -> str | None:
+def upscale_note(result_size: tuple[int, int], model_side: int, max_side: int, upsample: str = "bicubic"
+                 ) -> str | None:
     """A line saying that the result is larger than what the model drew (None when it is not)."""
     from stylevar.postprocess import upscale_factor
 
@@ -379,7 +385,7 @@ def upscale_note(result_size: tuple[int, int], model_side: int, max_side: int) -
         return None
     w, h = result_size
     return (f"note: the model draws {model_side}x{model_side} pixels; the result is upscaled {factor:.1f}x to "
-            f"{w}x{h} (bicubic; --max-size {max_side}). --max-size {model_side} keeps the model's resolution.")
+            f"{w}x{h} ({upsample}; --max-size {max_side}). --max-size {model_side} keeps the model's resolution.")
 
 
 # ------------------------------------------------------------------------------------------------ the table

@@ -110,6 +110,12 @@ class StyleVARConfig(_Serializable):
     # layout reaches the residual path directly and not only through attention weights. Off, the model is
     # the published architecture exactly (no extra weights).
     content_injection: bool = False
+    # Opt-in variant (never part of a published preset): explicit colour statistics of the style image
+    # (`stylevar.encoders.colour_statistics`: per-channel moments and a luminance-ordered palette) are added
+    # to the style embedding that drives AdaLN, through a zero-initialised linear map. The pooled image
+    # encoders end in a GroupNorm, which removes most of an image's mean colour, and the first scale's token
+    # sees the style only through AdaLN. Off, the model is the published architecture exactly.
+    colour_stats: bool = False
 
     def __post_init__(self):
         if self.embed_dim == 0:

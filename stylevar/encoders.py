@@ -33,6 +33,24 @@ def build_image_encoder(kind: str, out_dim: int) -> nn.Sequential:
     raise ValueError(f"unknown image encoder {kind!r}")
 
 
+PALETTE_BINS = 8  # luminance bins of `colour_statistics`' palette
+NUM_COLOUR_STATS = 6 + 3 * PALETTE_BINS
+
+
+def colour_statistics(img_B3HW: torch.Tensor) -> torch.Tensor:
+    """Explicit colour statistics (B, NUM_COLOUR_STATS) of images in [-1, 1]: per-channel mean and standard
+    deviation, then the palette as a ramp from dark to light (the mean colour of each of PALETTE_BINS
+    equal-count luminance bins), all in the images' [-1, 1] units."""
+    x_BNc = img_B3HW.float().flatten(2).transpose(1, 2)  # (B, H*W, 3)
+    luma_BN = x_BNc @ x_BNc.new_tensor([0.299, 0.587, 0.114])
+    order_BN = luma_BN.argsort(dim=1)
+    sorted_BNc = x_BNc.gather(1, order_BN.unsqueeze(2).expand_as(x_BNc))
+    edges = torch.linspace(0, x_BNc.shape[1], PALETTE_BINS + 1).round().long().tolist()
+    ramp = [sorted_BNc[:, a:max(b, a + 1)].mean(1) for a, b in zip(edges[:-1], edges[1:])]
+    moments = [x_BNc.mean(1), x_BNc.std(1, unbiased=False)]
+    return torch.cat(moments + ramp, dim=1).to(img_B3HW.dtype)
+
+
 def pooled(encoder: nn.Module, img_B3HW: torch.Tensor) -> torch.Tensor:
     """Global-average-pooled embedding (B, D) of images in [-1, 1] (no ImageNet normalisation)."""
     return encoder(img_B3HW).mean(dim=(2, 3))

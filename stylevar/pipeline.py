@@ -21,9 +21,11 @@ from stylevar.config import StyleVARConfig, VQVAEConfig, presets
 from stylevar.devices import resolve_autocast_dtype, resolve_device
 from stylevar.generation import GenerationConfig
 from stylevar.images import Fit, ResizeMode, fit_square, pil_to_tensor, tensor_to_pil, to_rgb, unfit
-from stylevar.postprocess import MAX_STYLES, OutputOptions, default_max_side, finish, sample_seeds
+from stylevar.postprocess import MAX_STYLES, OutputOptions, UpsampleMode, default_max_side, finish, sample_seeds
 from stylevar.pretrained import CONFIG_FILE, read_config, write_config
+from stylevar.palette import Palette, match_palette
 from stylevar.refine import Refinement, refine
+from stylevar.upsample import Upsampling, upscale
 from stylevar.tokenizer import MultiScaleVQVAE
 from stylevar.transformer import Condition, StyleBlend, StyleVAR
 
@@ -107,6 +109,10 @@ class PipelineConfig:
     generation: dict[str, Any] = field(default_factory=dict)
     # content-guided refinement of the output (stylevar.refine); off unless the model directory asks for it
     refine: Refinement = field(default_factory=Refinement)
+    # the style's palette given to the output (stylevar.palette); off unless the model directory asks for it
+    palette: Palette = field(default_factory=Palette)
+    # how drawings reach the result's size (stylevar.upsample); written to config.json only when not the default
+    upsample: Upsampling = field(default_factory=Upsampling)
     extra: dict[str, Any] = field(default_factory=dict)  # provenance: training settings, dates, metrics
 
     @property
@@ -122,6 +128,8 @@ class PipelineConfig:
         return {"format": "stylevar", "format_version": FORMAT_VERSION, "name": self.name, "demo": self.demo,
                 "tokenizer": self.tokenizer.to_dict(), "transformer": self.transformer.to_dict(),
                 "generation": self.generation, **({"refine": self.refine.to_dict()} if self.refine.enabled else {}),
+                **({"palette": self.palette.to_dict()} if self.palette.enabled else {}),
+                **({"upsample": self.upsample.to_dict()} if self.upsample != Upsampling() else {}),
                 "extra": self.extra}
 
     @classmethod
@@ -131,6 +139,7 @@ class PipelineConfig:
         return cls(VQVAEConfig.from_dict(d["tokenizer"]), StyleVARConfig.from_dict(d["transformer"]),
                    name=d.get("name", "stylevar"), demo=bool(d.get("demo", False)),
                    generation=dict(d.get("generation", {})), refine=Refinement.from_dict(d.get("refine")),
+                   palette=Palette.from_dict(d.get("palette")), upsample=Upsampling.from_dict(d.get("upsample")),
                    extra=d.get("extra", {}))
 
     @classmethod
@@ -153,6 +162,15 @@ def check_model_dir(path: str | os.PathLike) -> PipelineConfig:
                "STYLEVAR_MODEL_DIR).")
         raise ModelDirError(f"no usable model at {path}: missing {', '.join(missing)}. {how}")
     return PipelineConfig.from_dir(path)
+
+
+@dataclass(frozen=True)
+class Drawings:
+    """What the model drew for a batch, at its own resolution, before the result's size is reached."""
+
+    images: torch.Tensor  # (B, 3, S, S) in [0, 1]
+    seen: torch.Tensor  # (B, 3, S, S) in [0, 1]: the contents as the model saw them
+    fits: list[Fit]  # how each content was fitted into the square
 
 
 class StylePipeline:
@@ -272,14 +290,31 @@ class StylePipeline:
         contents: Sequence[Image.Image],
         styles: Sequence[Image.Image | StyleMix],
         *,
+        max_side: int | None = None,
+        upsample: UpsampleMode | None = None,
+        **draw_kwargs,
+    ) -> list[Image.Image]:
+        """One `generate` call for a batch (`draw`); each result has its content's aspect ratio (see `unfit`),
+        its long side at most ``max_side``. ``upsample``: how the drawing reaches the result's size
+        (`stylevar.upsample`; None: the model's setting)."""
+        drawn = self.draw(contents, styles, **draw_kwargs)
+        up = self.upsampling(upsample)
+        return [upscale(img, seen, fit, c, max_side, up)
+                for img, seen, fit, c in zip(drawn.images, drawn.seen, drawn.fits, contents)]
+
+    def draw(
+        self,
+        contents: Sequence[Image.Image],
+        styles: Sequence[Image.Image | StyleMix],
+        *,
         seeds: Sequence[int] | int | None = None,
         resize: ResizeMode = "stretch",
         on_scale: Callable[[int, torch.Tensor], None] | None = None,
-        max_side: int | None = None,
         condition: Callable[[torch.Tensor, torch.Tensor | StyleBlend, bool], Condition] | None = None,
         **gen_kwargs,
-    ) -> list[Image.Image]:
-        """One `generate` call for a batch; each result has its content's aspect ratio (see `unfit`).
+    ) -> Drawings:
+        """The model's drawings at its own resolution, one `generate` call for the batch, with the model
+        directory's palette step and refinement.
 
         A row's style is one image or a `StyleMix` (every row as many styles of weight > 0). ``condition``
         (content, style inputs, unstyled -> `Condition`) replaces `StyleVAR.condition`, e.g. the service's cache."""
@@ -290,9 +325,15 @@ class StylePipeline:
         gen = dataclasses.replace(self.generation_config(**gen_kwargs), seed=seeds)
         cond = condition(content, style, gen.guidance > 0) if condition is not None else None
         out = self.model.generate(content, style, on_scale=on_scale, cond=cond, **gen.kwargs())
-        if self.config.refine.enabled:  # (B, 3, S, S) in [0, 1], guided by the content in [0, 1]
-            out = refine(out, content.add(1).mul(0.5), self.config.refine)
-        return [unfit(tensor_to_pil(img), fit, max_side) for img, fit in zip(out, fits)]
+        out = match_palette(out, style, self.config.palette)  # (B, 3, S, S) in [0, 1]
+        seen = content.add(1).mul(0.5)  # (B, 3, S, S) in [0, 1]
+        if self.config.refine.enabled:  # guided by the content
+            out = refine(out, seen, self.config.refine)
+        return Drawings(out, seen, fits)
+
+    def upsampling(self, mode: UpsampleMode | None = None) -> Upsampling:
+        """The model's upsampling settings with the caller's mode (None: the model's)."""
+        return self.config.upsample if mode is None else dataclasses.replace(self.config.upsample, mode=mode)
 
     def generation_kwargs(self, **gen_kwargs) -> dict[str, Any]:
         """`generate` keyword arguments: the caller's (None = unset) over the model's recommended ones."""
@@ -306,8 +347,8 @@ class StylePipeline:
     def __call__(self, content: Image.Image, style: Image.Image | Sequence[Image.Image] | StyleMix, *,
                  style_weights: Sequence[float] | None = None, style_masks: Sequence[Image.Image] | None = None,
                  seed: int | None = None, num_samples: int | None = None, resize: ResizeMode = "stretch",
-                 preserve_color: bool = False, max_side: int | None = None, **gen_kwargs
-                 ) -> Image.Image | list[Image.Image]:
+                 preserve_color: bool = False, max_side: int | None = None, upsample: UpsampleMode | None = None,
+                 **gen_kwargs) -> Image.Image | list[Image.Image]:
         """Re-draw ``content`` in the style of ``style``, as ``POST /stylize`` does.
 
         ``style``: one image, or a list blended by ``style_weights`` (one per style, default equal), each
@@ -316,7 +357,9 @@ class StylePipeline:
         ``num_samples=None`` returns one image; ``num_samples=n`` a list of n (seeds ``seed .. seed+n-1``,
         one model call). ``resize``: how the content is fitted into the model's square (``stretch`` and
         ``pad`` return its aspect ratio, ``crop`` its centre square). ``max_side``: long side of the
-        result (None: the content's size). ``preserve_color``: keep the content's colours.
+        result (None: the content's size). ``preserve_color``: keep the content's colours. ``upsample``:
+        ``"guided"`` (the content's fine detail added where the drawing follows it) or ``"bicubic"``, how
+        the model's drawing reaches the result's size (None: the model's setting; `stylevar.upsample`).
         ``gen_kwargs``: ``style_strength``, ``top_k``, ``top_p``, ``alphas`` (None: the model's value) and
         ``guidance`` (>= 0, default 0: push away from the prediction without the style; see `StyleVAR`).
         """
@@ -324,6 +367,6 @@ class StylePipeline:
         seeds = sample_seeds(seed, 1 if num_samples is None else num_samples)
         mix = StyleMix.of(style, style_weights, style_masks)
         images = self.stylize_batch([content] * len(seeds), [mix] * len(seeds), seeds=seeds, resize=resize,
-                                    max_side=options.max_side, **gen_kwargs)
+                                    max_side=options.max_side, upsample=upsample, **gen_kwargs)
         images = finish(images, content, options)
         return images[0] if num_samples is None else images

@@ -10,11 +10,16 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from PIL import Image, ImageOps
 
 MAX_SEED = 2**32 - 1  # seeds are 32-bit (the service's form field and the command line's --seed)
 MAX_SIDE_PER_MODEL_SIDE = 4  # the command line's default output limit: 4x the model's resolution
+# how a drawing reaches the result's size (stylevar.upsample); declared here, where no torch is needed
+UpsampleMode = Literal["guided", "bicubic"]
+UPSAMPLE_MODES: tuple[str, ...] = ("guided", "bicubic")
+DEFAULT_UPSAMPLE: UpsampleMode = "guided"
 MAX_STYLES = 4  # style images per request (a blend): each adds a query stream to every attention call
 
 

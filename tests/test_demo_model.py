@@ -31,14 +31,27 @@ def test_demo_model_is_shipped_small_and_labelled():
     # content's edges back, and the card reports the unrefined row next to it.
     assert cfg["refine"]["radius"] > 0
     assert ev["model"]["edge_corr"] >= 0.6 and photos["model"]["edge_corr"] >= 0.6
-    raw = ev["model, refinement off"]
+    raw = ev["transformer alone"]
     assert raw["edge_corr"] < ev["model"]["edge_corr"]
-    assert abs(raw["colour_dist_to_style"] - ev["model"]["colour_dist_to_style"]) < 0.01  # colours unchanged
-    # SSIM to the target at least Reinhard's (and copy-content's), colours moved toward the style, and
-    # seeds that change the result
+    # SSIM to the target at least Reinhard's (and copy-content's), and seeds that change the result
     assert ev["model"]["ssim"] >= max(ev["reinhard"]["ssim"], ev["copy-content"]["ssim"])
-    assert ev["model"]["colour_dist_to_style"] < ev["copy-content"]["colour_dist_to_style"]
     assert ev["model"]["seed_spread"] >= 0.01
+
+
+def test_demo_model_takes_the_style_palette():
+    """Issue 27, from the shipped config.json (48 held-out pairs of a seed the recipe never uses, and the
+    four photographs): the output's mean colour within 0.15 of the style's (v2: 0.28; the targets 0.11),
+    the sliced Wasserstein colour distance at least halfway from copy-content to the targets, the content
+    kept (edge correlation >= 0.6). The transformer alone moved too (the style-colour GRPO stage), the
+    palette step in config.json takes the rest of the way."""
+    cfg = json.loads((DEMO_MODEL_DIR / "config.json").read_text())
+    ev, photos = cfg["extra"]["evaluation"], cfg["extra"]["evaluation_photos"]
+    model, copy, target = ev["model"], ev["copy-content"], ev["target"]
+    assert 0 < cfg["palette"]["strength"] <= 1
+    assert model["colour_dist_to_style"] <= 0.15 and photos["model"]["colour_dist_to_style"] <= 0.15
+    assert model["colour_swd_to_style"] <= (copy["colour_swd_to_style"] + target["colour_swd_to_style"]) / 2
+    assert model["edge_corr"] >= 0.6 and photos["model"]["edge_corr"] >= 0.6
+    assert ev["transformer alone"]["colour_dist_to_style"] < 0.25  # v2's transformer: 0.288
 
 
 def _mean_colour(path: Path) -> np.ndarray:

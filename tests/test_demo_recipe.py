@@ -12,8 +12,8 @@ import pytest
 from tests.conftest import single_thread_env
 
 REPO = Path(__file__).resolve().parents[1]
-STAGES = ("synth", "tokenizer", "sft", "grpo")
-MICRO = {"COUNT": "40", "VQ_STEPS": "3", "SFT_STEPS": "3", "GRPO_STEPS": "2", "SEED": "0", "EVAL_N": "6",
+STAGES = ("synth", "tokenizer", "sft", "grpo", "grpo2")
+MICRO = {"COUNT": "40", "VQ_STEPS": "3", "SFT_STEPS": "3", "GRPO_STEPS": "2", "GRPO2_STEPS": "2", "SEED": "0", "EVAL_N": "6",
          "CALIBRATION_N": "4"}
 
 

@@ -459,6 +459,24 @@ def test_ssim_and_l1_rewards():
         RewardConfig("psnr")
 
 
+def test_style_term_of_the_reward():
+    from stylevar.metrics.style_fidelity import colour_swd
+
+    g = torch.Generator().manual_seed(1)
+    target, style = torch.rand(2, 3, 32, 32, generator=g), torch.rand(2, 3, 32, 32, generator=g) * 0.5
+    gen = (target + 0.1 * torch.randn(2, 3, 32, 32, generator=g)).clamp(0, 1)
+    plain = Reward(RewardConfig("l1", scale=2.0))(gen, target, style, target)
+    styled = Reward(RewardConfig("l1", scale=2.0, style_weight=0.5))(gen, target, style, target)
+    torch.testing.assert_close(styled, plain - 2.0 * 0.5 * colour_swd(gen, style))
+    # the style term is measured against the style: 0 for the style's own colours, > 0 for the target's
+    rew = Reward(RewardConfig("l1", scale=1.0, style_weight=1.0))
+    torch.testing.assert_close(rew.distance(style, target, style, target), rew.target_distance(style, target, style, target))
+    assert torch.all(rew.distance(target, target, style, target) > 0)
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="style weight"):
+            RewardConfig("l1", style_weight=bad)
+
+
 def test_weighted_rewards_fail_early_without_weights(weight_homes):
     from stylevar.weights import MissingWeightError
 

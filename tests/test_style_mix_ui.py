@@ -57,7 +57,7 @@ def editor(files: Path, *layers: str) -> dict:
 def run(ui, files, **over):
     args = dict(content=str(files / "c.png"), style=str(files / "s1.png"), style_strength=0.0, seed=3, top_k=900,
                 top_p=0.96, num_samples=1, preserve_color=False, resize="stretch", adain=False, adain_alpha=1.0,
-                style2=None, style1_weight=0.5, mask=None, guidance=0.0, custom_alphas=False)
+                style2=None, style1_weight=0.5, mask=None, guidance=0.0, upsample="guided", custom_alphas=False)
     args.update(over)
     return list(ui.stylize(*args.values(), *([0.5] * MAX_SCALES)))
 

@@ -207,3 +207,32 @@ def test_cli_max_size_must_be_positive(inputs, tmp_path, capsys):
                   "--max-size", "0"])
     assert done.value.code == 2
     assert "--max-size: must be an integer >= 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["guided", "bicubic"])
+def test_upsample_option_through_the_service_equals_the_python_api(http, pipe, one_thread, mode):
+    big = CONTENT.resize((360, 240))
+    files = {**FILES, "content": ("c.png", png(big), "image/png")}
+    r = http.post("/stylize", files=files, data={"seed": "5", "upsample": mode})
+    assert r.status_code == 200, r.text
+    served = decode(r.content)
+    assert served.shape == (240, 360, 3)
+    assert np.array_equal(np.asarray(pipe(big, STYLE, seed=5, upsample=mode)), served)
+    other = pipe(big, STYLE, seed=5, upsample="bicubic" if mode == "guided" else "guided")
+    assert not np.array_equal(np.asarray(other), served)
+
+
+def test_upsample_bad_value_is_a_422_naming_the_field(http):
+    r = http.post("/stylize", files=FILES, data={"upsample": "lanczos"})
+    assert r.status_code == 422 and "upsample" in r.text
+
+
+def test_a_24_megapixel_content_comes_back_at_full_size(http):
+    big = gradient(600, 400).resize((6000, 4000), Image.BICUBIC)
+    buf = io.BytesIO()
+    big.save(buf, format="JPEG", quality=90)
+    files = {**FILES, "content": ("big.jpg", buf.getvalue(), "image/jpeg")}
+    r = http.post("/stylize", files=files, data={"seed": "1", "format": "jpeg"}, timeout=120)
+    assert r.status_code == 200, r.text
+    with Image.open(io.BytesIO(r.content)) as im:
+        assert im.size == (6000, 4000)

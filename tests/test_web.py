@@ -205,7 +205,7 @@ def ui(server, tmp_path, monkeypatch):
 def stylize_args(images, *, custom=False, alphas=(), **over):
     args = dict(content=str(images / "content.png"), style=str(images / "style.png"), style_strength=0.2, seed=11,
                 top_k=900, top_p=0.96, num_samples=1, preserve_color=False, resize="stretch", adain=False,
-                adain_alpha=1.0, style2=None, style1_weight=0.5, mask=None, guidance=0.0, custom_alphas=custom)
+                adain_alpha=1.0, style2=None, style1_weight=0.5, mask=None, guidance=0.0, upsample="guided", custom_alphas=custom)
     args.update(over)
     return list(args.values()) + list(alphas)
 

@@ -35,6 +35,8 @@ from stylevar.evaluate import Scored, batch_slices, load_benchmark, score_batche
 from stylevar.generation import DEFAULT_GENERATION
 from stylevar.images import load_image, pil_to_tensor
 from stylevar.metrics.structure import edge_correlation
+from stylevar.metrics.style_fidelity import colour_swd, texture_distance
+from stylevar.palette import Palette, match_palette
 from stylevar.pipeline import DEMO_LABEL, StylePipeline
 from stylevar.refine import Refinement, refine
 
@@ -43,7 +45,7 @@ OPTIONAL_METRICS = ("lpips", "dreamsim", "clip")
 HELDOUT_SEED = 424242  # synthesis seed of the held-out pairs: the recipe's data uses seed 0
 PHOTOS = Path(__file__).resolve().parents[1] / "stylevar" / "assets" / "photos"
 PHOTO_NAMES = ("astronaut", "coffee", "chelsea", "rocket")
-RAW_ROW = "model, refinement off"  # the evaluation row of the transformer's output without `stylevar.refine`
+RAW_ROW = "transformer alone"  # the evaluation row of the transformer's output: no palette step, no refinement
 MIN_SEED_SPREAD = 0.01  # mean |pixel difference| between two seeds' outputs, [0, 1] scale
 
 
@@ -145,6 +147,38 @@ def choose_refinement(pipe: StylePipeline, triplets: list[Triplet], seed: int = 
     return best, scores
 
 
+PALETTE_CANDIDATES = tuple(Palette(s) for s in (0.0, 0.25, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0))
+
+
+def mean_colour_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Distance of the mean RGB colours ([0, 1]) of two image batches, (B,)."""
+    return (a.mean(dim=(2, 3)) - b.mean(dim=(2, 3))).norm(dim=1)
+
+
+def choose_palette(pipe: StylePipeline, triplets: list[Triplet], refinement: Refinement, seed: int = 0
+                   ) -> tuple[Palette, dict]:
+    """The palette strength (`PALETTE_CANDIDATES`) whose outputs on `triplets` (training ones) are as far
+    from the style's mean colour as the triplets' own targets are: the style taken as much as the data's
+    rule takes it, no more. One model call (the pipeline's palette and refinement must be off): each
+    candidate is applied to the same outputs, then `refinement`, in the pipeline's order."""
+    from stylevar.metrics import compute
+
+    if pipe.config.palette.enabled or pipe.config.refine.enabled:
+        raise ValueError("choose_palette needs the transformer's own outputs: turn the palette and refinement off")
+    size = pipe.image_size
+    raw = outputs(generate(pipe, triplets, seed))
+    content, style, target = (image_batch([getattr(t, k) for t in triplets], size) for k in ("content", "style", "target"))
+    goal = float(mean_colour_distance(target, style).mean())
+    scores = {}
+    for cand in PALETTE_CANDIDATES:
+        out = refine(match_palette(raw, style.mul(2).sub(1), cand), content, refinement)
+        scores[f"{cand.strength:g}"] = {"colour_dist_to_style": float(mean_colour_distance(out, style).mean()),
+                                        "ssim": float(compute("ssim", out, content, target, target).mean()),
+                                        "edge_corr": float(edge_correlation(out, content).mean())}
+    best = min(PALETTE_CANDIDATES, key=lambda c: abs(scores[f"{c.strength:g}"]["colour_dist_to_style"] - goal))
+    return best, {"n": len(triplets), "target_colour_dist": goal, "scores": scores}
+
+
 def refinement_label(cfg: Refinement) -> str:
     return f"radius {cfg.radius}, eps {cfg.eps:g}" if cfg.enabled else "off"
 
@@ -182,7 +216,9 @@ def scorer(triplets: list[Triplet], size: int, suite=None):
 
     def score(gen: torch.Tensor, sl: slice) -> dict[str, torch.Tensor]:
         row = {"edge_corr": edge_correlation(gen, content[sl]),
-               "colour_dist_to_style": (gen.mean(dim=(2, 3)) - style[sl].mean(dim=(2, 3))).norm(dim=1)}
+               "colour_dist_to_style": mean_colour_distance(gen, style[sl]),
+               "colour_swd_to_style": colour_swd(gen, style[sl]),
+               "texture_dist_to_style": texture_distance(gen, style[sl])}
         if target is not None:
             if suite is not None:
                 row.update(suite(gen, content[sl], style[sl], target[sl]))
@@ -199,31 +235,43 @@ def evaluate_model(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0, 
             "seed_spread": seed_spread(outputs(scored), outputs(generate(pipe, triplets, seed + 1000)))}
 
 
-def score_baselines(triplets: list[Triplet], size: int, suite=None) -> dict[str, dict]:
-    """Rows of the weight-free baselines: copy-content and Reinhard colour transfer (mean metrics)."""
+def palette_row(strength: float) -> str:
+    return f"content + palette step {strength:g}"
+
+
+def score_baselines(triplets: list[Triplet], size: int, suite=None, palette: Palette = Palette()) -> dict[str, dict]:
+    """Rows of the weight-free baselines: copy-content, Reinhard colour transfer and, when `palette` is on,
+    the content through the same palette step as the model's output (mean metrics); the targets themselves
+    when the triplets have them (what the style measures reach on the data's own rule)."""
     score = scorer(triplets, size, suite)
-    images = {"copy-content": [t.content for t in triplets],
-              "reinhard": [reinhard_transfer(t.content, t.style) for t in triplets]}
-    return {method: {k: float(v.mean()) for k, v in score(image_batch(ims, size), slice(0, len(triplets))).items()}
+    content, style = (image_batch([getattr(t, k) for t in triplets], size) for k in ("content", "style"))
+    images = {"copy-content": content,
+              "reinhard": image_batch([reinhard_transfer(t.content, t.style) for t in triplets], size)}
+    if palette.enabled:
+        images[palette_row(palette.strength)] = match_palette(content, style.mul(2).sub(1), palette)
+    if all(t.target is not None for t in triplets):
+        images["target"] = image_batch([t.target for t in triplets], size)
+    return {method: {k: float(v.mean()) for k, v in score(ims, slice(0, len(triplets))).items()}
             for method, ims in images.items()}
 
 
 def evaluate(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0, suite=None) -> dict[str, dict]:
-    """Mean of each metric per method: the model (with seconds per image and seed spread), copy-content
-    and Reinhard."""
-    return {"model": evaluate_model(pipe, triplets, seed, suite), **score_baselines(triplets, pipe.image_size, suite)}
+    """Mean of each metric per method: the model (with seconds per image and seed spread) and the
+    baselines (`score_baselines`, with the model's palette step)."""
+    return {"model": evaluate_model(pipe, triplets, seed, suite),
+            **score_baselines(triplets, pipe.image_size, suite, pipe.config.palette)}
 
 
 def sample_grid(pipe: StylePipeline, triplets: list[Triplet], path: Path, seed: int = 0, cell: int = 64) -> Path:
     """A picture grid, one row per triplet: content, style, target (if any), the model with two seeds, the
-    model without its refinement (seed 0, when it has one), Reinhard."""
+    transformer alone (seed 0; when the model has a palette step or a refinement), Reinhard."""
     contents, styles = [t.content for t in triplets], [t.style for t in triplets]
     columns = [pipe.stylize_batch(contents, styles, seeds=[seed + k] * len(triplets)) for k in (0, 1)]
-    chosen = pipe.config.refine
-    if chosen.enabled:
-        pipe.config.refine = Refinement()
+    chosen = pipe.config.refine, pipe.config.palette
+    if any(c.enabled for c in chosen):
+        pipe.config.refine, pipe.config.palette = Refinement(), Palette()
         columns.append(pipe.stylize_batch(contents, styles, seeds=[seed] * len(triplets)))
-        pipe.config.refine = chosen
+        pipe.config.refine, pipe.config.palette = chosen
     grid = Image.new("RGB", ((4 + len(columns)) * cell, len(triplets) * cell), "white")
     for r, t in enumerate(triplets):
         row = [t.content, t.style, t.target, *(col[r] for col in columns), reinhard_transfer(t.content, t.style)]
@@ -241,6 +289,7 @@ def make_suite():
 
 
 ARROWS = {"edge_corr": "↑", "ssim": "↑", "ssim_standard": "↑", "l1": "↓", "colour_dist_to_style": "↓",
+          "colour_swd_to_style": "↓", "texture_dist_to_style": "↓",
           "lpips": "↓", "dreamsim": "↓", "clip": "↑", "seed_spread": "", "sec_per_image": "↓"}
 
 
@@ -263,9 +312,35 @@ class Report:
     n: int
     sampling: dict  # {"n": calibration triplets, "scores": candidate -> {"ssim", "seed_spread"}}
     refinement: dict  # {"scores": candidate -> {"ssim", "edge_corr"}}
+    palette: dict  # `choose_palette`'s {"n", "target_colour_dist", "scores": strength -> metrics}
     timings: dict
     dtype: str
     experiments: str = ""  # markdown from benchmarks/fidelity.py, if given
+
+
+def colour_sentence(syn: dict[str, dict]) -> str:
+    """What the card says about the style's palette, from the evaluation: the shipped output and, when a
+    palette step or refinement is on, the transformer alone."""
+    def dist(row: str) -> str:
+        return f"{syn[row]['colour_dist_to_style']:.3f}"
+
+    text = (f"Its mean colour is {dist('model')} from the style's (targets {dist('target')}, copy-content "
+            f"{dist('copy-content')}, Reinhard {dist('reinhard')})" if "target" in syn else
+            f"Its mean colour is {dist('model')} from the style's (copy-content {dist('copy-content')})")
+    if RAW_ROW in syn:
+        text += (f"; the transformer alone reaches {dist(RAW_ROW)}: it takes the palette only in part, and the "
+                 "palette step (below) takes the rest of the way")
+    return text + "."
+
+
+def texture_sentence(syn: dict[str, dict]) -> str:
+    """What the card says about the style's texture (dots, stripes), from the evaluation."""
+    if "target" not in syn or "texture_dist_to_style" not in syn["model"]:
+        return ""
+    m, c, t = (syn[k]["texture_dist_to_style"] for k in ("model", "copy-content", "target"))
+    return (f"It takes the style's colours, not its texture: the texture distance to the style is {m:.3f} "
+            f"(copy-content {c:.3f}, the targets {t:.3f}); its tokenizer's own reconstruction of the "
+            "targets is already far from theirs (benchmarks/fidelity.md, \"Taking the style\").")
 
 
 def model_card(pipe: StylePipeline, r: Report) -> str:
@@ -277,15 +352,19 @@ def model_card(pipe: StylePipeline, r: Report) -> str:
     injection = ("content injection on (`content_injection`: the content's tokens are also added to the target's "
                  "inputs through a zero-initialised linear map; an opt-in variant, not the published architecture)"
                  if tr.content_injection else "published architecture")
-    ref = pipe.config.refine
+    ref, pal = pipe.config.refine, pipe.config.palette
     raw = syn.get(RAW_ROW)
     refined = (f"with the content-guided refinement; the transformer's own output reaches {raw['edge_corr']:.2f}, "
                "bounded by its tokenizer: Experiments, below" if ref.enabled and raw else
                "its ceilings: Experiments, below")
+    palette_row_text = (f"strength {pal.strength:g} (`stylevar.palette`): the output's Lab mean and standard deviation "
+                        f"moved {pal.strength:.0%} of the way to the style's" if pal.enabled else "none")
+    palette_rows = "\n".join(f"| {k} | {v['colour_dist_to_style']:.4f} | {v['ssim']:.4f} | {v['edge_corr']:.4f} |"
+                              for k, v in r.palette.get("scores", {}).items())
     refinement_row = (f"guided filter with the content as the guide (`stylevar.refine`), radius {ref.radius} px, "
                       f"eps {ref.eps:g}: the content's edges put back into the output, colours unchanged"
                       if ref.enabled else "none")
-    raw_column = ", the model without its refinement (seed 0)" if ref.enabled else ""
+    raw_column = ", the transformer alone (seed 0)" if ref.enabled or pal.enabled else ""
     refine_rows = "\n".join(f"| {k} | {v['ssim']:.4f} | {v['edge_corr']:.4f} |"
                              for k, v in r.refinement.get("scores", {}).items())
     experiments = f"""
@@ -312,16 +391,15 @@ the target keeps every shape and edge of the content and takes the style's colou
 held-out pairs the model keeps the content's layout to an edge correlation of {syn["model"]["edge_corr"]:.2f}
 ({refined}) and reaches an SSIM
 to the target of {syn["model"]["ssim"]:.3f} (Reinhard {syn["reinhard"]["ssim"]:.3f}, copy-content
-{syn["copy-content"]["ssim"]:.3f}), but it has learned the style's palette only in part: its mean colour is
-{syn["model"]["colour_dist_to_style"]:.3f} from the style's (copy-content {syn["copy-content"]["colour_dist_to_style"]:.3f},
-Reinhard {syn["reinhard"]["colour_dist_to_style"]:.3f}), and outputs are soft.
+{syn["copy-content"]["ssim"]:.3f}). {colour_sentence(syn)}
 
 ## What it cannot do
 Real photographs and artworks are far outside its training data: it keeps their main shapes (edge
 correlation {r.photos["model"]["edge_corr"]:.2f}) but little of their detail. It works at {vq.image_size} x {vq.image_size}
-pixels; larger inputs are resized to that and the result is scaled back up (docs/training.md, "The demo
-model", says why). For real style transfer, use the published model: `stylevar pull`, then
-`--model hf:Senfier-LiqiJing/StyleVAR` (README, "Use the published model").
+pixels; larger inputs are resized to that, and the result is brought back to the content's size with the
+content's fine detail added (`stylevar.upsample`, "guided"; docs/training.md, "The demo model", says why
+it is small). {texture_sentence(syn)} For real style transfer, use the published model: `stylevar pull`,
+then `--model hf:Senfier-LiqiJing/StyleVAR` (README, "Use the published model").
 
 ## Model
 | | |
@@ -330,6 +408,7 @@ model", says why). For real style transfer, use the published model: `stylevar p
 | transformer | depth {tr.depth}, width {tr.embed_dim}, {tr.num_heads} heads, {tr.image_encoder} image encoders, alphas {list(tr.alpha_nums)} |
 | variant | {injection} |
 | refinement | {refinement_row} |
+| palette step | {palette_row_text} |
 | parameters | {params / 1e6:.2f} M (tokenizer included) |
 | stored as | safetensors, {r.dtype} |
 | recommended sampling | top-k {pipe.config.generation.get("top_k")}, top-p {pipe.config.generation.get("top_p")} (config.json `generation`; callers may override) |
@@ -341,9 +420,13 @@ coffee, chelsea, rocket) with synthetic styles. All images are compared at the m
 edge correlation = Pearson correlation of the Sobel magnitudes of output and content
 (`stylevar.metrics.structure`); SSIM to the target as the paper computes it (`ssim`) and the standard
 "valid" SSIM (`ssim_standard`); L1 on [0, 1] pixels; the distance of the image's mean colour to the
-style's (RGB in [0, 1]); seed spread = mean |pixel difference| between seeds 0 and 1000 (copy-content and
-Reinhard have none). Copy-content returns the content image; Reinhard moves the content's Lab mean and
-standard deviation to the style's. Seconds per image: generation on {r.timings.get('eval_device', 'cpu')}, batch 16.
+style's (RGB in [0, 1]); `colour_swd_to_style`: the sliced Wasserstein distance between the Lab colour
+distributions of output and style, and `texture_dist_to_style`: the distance of the Gram matrices of a
+seeded random-weight conv net on the luminance (both `stylevar.metrics.style_fidelity`, no downloaded
+weights); seed spread = mean |pixel difference| between seeds 0 and 1000 (the baselines have none).
+Copy-content returns the content image; Reinhard moves the content's Lab mean and standard deviation to
+the style's; "content + palette step" puts the content itself through the model's palette step (what the
+step does without the transformer); "target" scores the targets themselves. Seconds per image: generation on {r.timings.get('eval_device', 'cpu')}, batch 16.
 
 Synthetic pairs:
 
@@ -368,6 +451,14 @@ transformer's output without it):
 | candidate | ssim | edge correlation |
 | --- | --- | --- |
 {refine_rows}
+
+The palette step's strength was chosen last, on the same training triplets, with the refinement above:
+the candidate whose outputs are as far from the style's mean colour as the triplets' own targets are
+({r.palette.get("target_colour_dist", float("nan")):.4f}), so the output takes the style's palette as much as the data's rule does:
+
+| strength | colour_dist_to_style | ssim | edge correlation |
+| --- | --- | --- | --- |
+{palette_rows}
 {experiments}
 ## Training
 Recipe: `scripts/train_demo_model.sh` (seed {r.timings.get('seed', 0)}); it reproduces this model from scratch.
@@ -389,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--experiments", type=Path, help="markdown table from benchmarks/fidelity.py for the card")
     p.add_argument("--n", type=int, default=48, help="held-out synthetic triplets")
     p.add_argument("--calibration", type=int, default=32,
-                   help="training triplets that choose the sampling settings and the refinement")
+                   help="training triplets that choose the sampling settings, the refinement and the palette step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args(argv)
@@ -399,16 +490,19 @@ def main(argv: list[str] | None = None) -> int:
     calibration = load_triplets(args.data, args.calibration, split="train")
     pipe.config.generation, scores = choose_sampling(pipe, calibration, args.seed)
     print(f"sampling: {pipe.config.generation} ({scores})")
-    pipe.config.refine = Refinement()  # off until chosen: choose_refinement filters the raw outputs
+    # off until chosen: both choices filter the transformer's own outputs
+    pipe.config.refine, pipe.config.palette = Refinement(), Palette()
     chosen, refine_scores = choose_refinement(pipe, calibration, args.seed)
     print(f"refinement: {refinement_label(chosen)} ({refine_scores})")
+    palette, palette_selection = choose_palette(pipe, calibration, chosen, args.seed)
+    print(f"palette: strength {palette.strength:g} ({palette_selection})")
     triplets, photos = heldout_triplets(args.n, pipe.image_size), photo_triplets(pipe.image_size)
     suite = make_suite()
     raw = {"synthetic": evaluate_model(pipe, triplets, args.seed, suite), "photos": evaluate_model(pipe, photos, args.seed)}
-    pipe.config.refine = chosen
+    pipe.config.refine, pipe.config.palette = chosen, palette
     table = evaluate(pipe, triplets, args.seed, suite=suite)
     photo_table = evaluate(pipe, photos, args.seed)
-    if chosen.enabled:  # the transformer's own output next to the shipped (refined) one
+    if chosen.enabled or palette.enabled:  # the transformer's own output next to the shipped one
         table, photo_table = ({"model": t["model"], RAW_ROW: raw[k], **{m: v for m, v in t.items() if m != "model"}}
                               for t, k in ((table, "synthetic"), (photo_table, "photos")))
 
@@ -426,8 +520,9 @@ def main(argv: list[str] | None = None) -> int:
     refinement = {"n": len(calibration), "scores": refine_scores}
     pipe.config.extra = {"evaluation": table, "evaluation_photos": photo_table, "n_eval": len(triplets),
                          "heldout_seed": HELDOUT_SEED, "fp16_ssim": half_ssim, "sampling_selection": sampling,
-                         "refinement_selection": refinement, "training": timings}
-    report = Report(table, photo_table, len(triplets), sampling, refinement, timings,
+                         "refinement_selection": refinement, "palette_selection": palette_selection,
+                         "training": timings}
+    report = Report(table, photo_table, len(triplets), sampling, refinement, palette_selection, timings,
                     "float16" if use_fp16 else "float32", args.experiments.read_text() if args.experiments else "")
     pipe.save_pretrained(args.out, dtype=torch.float16 if use_fp16 else None, model_card=model_card(pipe, report))
     sample_grid(pipe, triplets[:6] + photos, args.out / "samples.png", args.seed)

@@ -493,6 +493,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--reward", choices=REWARDS, default="dreamsim")
     g.add_argument("--reward-scale", type=float, default=5.0, help="lambda in R = -lambda * dist")
     g.add_argument("--reward-image-size", type=int, default=256, help="metric resolution (not for l1)")
+    g.add_argument("--reward-style-weight", type=float, default=0.0,
+                   help="w in dist + w * colour_swd(generated, style): a style-fidelity term (0: off)")
     g.add_argument("--lpips-net", choices=("vgg", "alex"), default="vgg")
     g.add_argument("--group-size", type=int, default=16, help="G rollouts per triplet")
     g.add_argument("--top-k", type=int, default=DEFAULT_GENERATION.top_k)
@@ -553,7 +555,8 @@ def main(argv: list[str] | None = None) -> int:
                                 emergency_cooldown=args.emergency_cooldown, skip_kl=args.skip_kl,
                                 enabled=not args.no_merge)
         lora_cfg = LoRAConfig(rank=args.lora_rank, alpha=args.lora_alpha)
-        reward_cfg = RewardConfig(args.reward, args.reward_scale, args.reward_image_size, args.lpips_net)
+        reward_cfg = RewardConfig(args.reward, args.reward_scale, args.reward_image_size, args.lpips_net,
+                                  style_weight=args.reward_style_weight)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     env = loop.setup_distributed(args.device)

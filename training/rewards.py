@@ -9,6 +9,10 @@ Every reward is the negative of a distance that is 0 for a perfect match, scaled
     ssim      dist = 1 - SSIM(generated, target)                   (paper SSIM, no weights)
     l1        dist = mean |generated - target| over pixels, [0, 1] (no weights)
 
+With ``style_weight`` w > 0 (``--reward-style-weight``) the distance gains a style-fidelity term measured
+against the style image, not the target: dist + w * colour_swd(generated, style)
+(`stylevar.metrics.style_fidelity`: sliced Wasserstein distance of the Lab colour distributions; no weights).
+
 Images are (N, 3, H, W) in [0, 1]. DreamSim, LPIPS, CLIP and SSIM go through ``MetricSuite`` and are
 computed at ``image_size`` (default 256, the evaluation resolution); L1 at the images' own size.
 Missing weights raise ``MissingWeightError`` when the reward is built, before any training starts.
@@ -17,9 +21,12 @@ reward EMA that drives LoRA merging (``--merge-min-gain`` is in reward units).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+from stylevar.metrics.style_fidelity import colour_swd
 
 REWARDS = ("dreamsim", "lpips", "clip", "ssim", "l1")
 _SUITE_METRIC = {"dreamsim": "dreamsim", "lpips": "lpips", "clip": "clip", "ssim": "ssim"}
@@ -32,6 +39,7 @@ class RewardConfig:
     image_size: int = 256  # metric resolution (all but l1)
     lpips_net: str = "vgg"
     batch_size: int = 32  # images per metric forward
+    style_weight: float = 0.0  # w: + w * colour_swd(generated, style)
 
     def __post_init__(self):
         if self.name not in REWARDS:
@@ -40,6 +48,8 @@ class RewardConfig:
             raise ValueError(f"reward scale (lambda) must be > 0, got {self.scale}")
         if self.image_size < 16:
             raise ValueError(f"reward image size must be >= 16, got {self.image_size}")
+        if not (self.style_weight >= 0 and math.isfinite(self.style_weight)):
+            raise ValueError(f"reward style weight must be a finite number >= 0, got {self.style_weight}")
 
 
 class Reward:
@@ -58,7 +68,15 @@ class Reward:
 
     def distance(self, generated: torch.Tensor, content: torch.Tensor, style: torch.Tensor,
                  target: torch.Tensor) -> torch.Tensor:
-        """The distance to the target, (N,): 0 for a perfect match, larger is worse."""
+        """The distance to the target (plus the weighted style term), (N,): 0 for a perfect match."""
+        dist = self.target_distance(generated, content, style, target)
+        if self.cfg.style_weight > 0:
+            dist = dist + self.cfg.style_weight * colour_swd(generated.float(), style.float()).cpu()
+        return dist
+
+    def target_distance(self, generated: torch.Tensor, content: torch.Tensor, style: torch.Tensor,
+                        target: torch.Tensor) -> torch.Tensor:
+        """The named reward's distance to the target, (N,)."""
         if generated.shape != target.shape:
             raise ValueError(f"generated {tuple(generated.shape)} and target {tuple(target.shape)} differ in shape")
         name = self.cfg.name

@@ -67,6 +67,7 @@ class StylizeOptions:
     preserve_color: bool = False
     style_weights: tuple[float, ...] | None = None  # one per style image; None: equal
     guidance: float = 0.0  # 0: off
+    upsample: str | None = None  # "guided" or "bicubic"; None: the model's setting
 
     def form(self) -> dict[str, str]:
         fields = {
@@ -88,6 +89,8 @@ class StylizeOptions:
             fields["style_weights"] = ",".join(repr(float(w)) for w in self.style_weights)
         if self.guidance:
             fields["guidance"] = repr(float(self.guidance))
+        if self.upsample is not None:
+            fields["upsample"] = self.upsample
         return fields
 
 

@@ -18,7 +18,7 @@ from PIL import Image, ImageChops, ImageOps
 
 from stylevar.generation import DEFAULT_GENERATION
 from stylevar.pipeline import DEMO_LABEL
-from stylevar.postprocess import MAX_SEED
+from stylevar.postprocess import DEFAULT_UPSAMPLE, MAX_SEED, UPSAMPLE_MODES
 
 from .baseline import AdaINBaseline, BaselineStatus
 from .client import Preview, Result, ServiceClient, ServiceError, StylizeOptions
@@ -174,7 +174,8 @@ class StyleVARUI:
     def stylize(self, content: FileInput, style: FileInput, style_strength: float, seed: float | None,
                 top_k: float, top_p: float, num_samples: float, preserve_color: bool, resize: str,
                 adain: bool, adain_alpha: float, style2: FileInput = None, style1_weight: float = 0.5,
-                mask: Any = None, guidance: float = 0.0, custom_alphas: bool = False, *alphas: float,
+                mask: Any = None, guidance: float = 0.0, upsample: str = DEFAULT_UPSAMPLE, custom_alphas: bool = False,
+                *alphas: float,
                 ) -> Iterator[tuple[Any, Any, Any, Any]]:
         """Yields (preview, results gallery, status, AdaIN image) as the picture forms coarse to fine.
 
@@ -188,6 +189,8 @@ class StyleVARUI:
                            print_exception=False)
         if resize not in RESIZE_MODES:
             raise gr.Error(f"Resize mode must be one of {', '.join(RESIZE_MODES)}.", print_exception=False)
+        if upsample not in UPSAMPLE_MODES:
+            raise gr.Error(f"Upsampling must be one of {', '.join(UPSAMPLE_MODES)}.", print_exception=False)
         w = min(max(float(style1_weight), 0.0), 1.0)
         painted = painted_mask(mask)
         styles = [style, style2] if style2 else [style]
@@ -198,7 +201,7 @@ class StyleVARUI:
                 top_p=float(top_p), num_samples=int(num_samples), resize=resize,  # type: ignore[arg-type]
                 preserve_color=bool(preserve_color),
                 alphas=self._alphas(alphas) if custom_alphas else None,
-                style_weights=(w, 1.0 - w) if style2 else None, guidance=float(guidance or 0.0),
+                style_weights=(w, 1.0 - w) if style2 else None, guidance=float(guidance or 0.0), upsample=upsample,
             )
         except ServiceError as e:
             raise gr.Error(e.message, print_exception=False) from None
@@ -268,6 +271,10 @@ class StyleVARUI:
                             resize = gr.Radio(list(RESIZE_MODES), value="stretch", label="Resize mode",
                                               info="how the content fits the model's square; "
                                                    "crop returns the centre square")
+                            upsample = gr.Radio(list(UPSAMPLE_MODES), value=DEFAULT_UPSAMPLE, label="Upsampling",
+                                                info="to your image's size: guided adds the content's fine detail, "
+                                                     "bicubic only resizes the model's drawing",
+                                                elem_id="upsample")
                         with gr.Row(equal_height=True):
                             style2 = gr.Image(label="Second style (optional)", type="filepath", image_mode=None,
                                               height=200, sources=["upload", "clipboard"], elem_id="style2-input")
@@ -321,7 +328,7 @@ class StyleVARUI:
             event = run.click(
                 self.stylize,
                 inputs=[content, style, strength, seed, top_k, top_p, samples, preserve, resize, adain_on,
-                        adain_alpha, style2, weight, mask, guidance, custom, *alpha_sliders],
+                        adain_alpha, style2, weight, mask, guidance, upsample, custom, *alpha_sliders],
                 outputs=[preview, results, status, adain_img],
                 api_name="stylize", concurrency_limit=self.config.concurrency_limit,
                 # the handler gets the uploads' file data (after Gradio's path checks) and never decodes them:

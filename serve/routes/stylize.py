@@ -31,6 +31,8 @@ from ..negotiation import ZIP_MEDIA_TYPE, negotiate
 from ..schemas import ImageOut, StylizeForm, StylizeResult
 from ..state import ServiceState, get_state, require_key, require_loaded
 
+REFERENCE_SIDE = 1024  # long side style images and masks are decoded at (they are used at the model's size)
+
 log = logging.getLogger("serve.stylize")
 
 ContentUpload = Annotated[UploadFile, File(description="content image (JPEG, PNG, WebP)")]
@@ -97,17 +99,20 @@ async def submit(state: ServiceState, upload: StylizeUpload, rid: str,
         st.metrics.rejected.labels(e.code).inc()
         raise from_batch_error(e) from e
     with admission:
-        # the content sets the size of the result (at most max_output_side); the model works smaller
+        # the content sets the size of the result (at most max_output_side); styles and masks are only ever
+        # seen at the model's resolution, so they are decoded small
         max_side = max(settings.max_output_side, st.runner.pipe.image_size)
+        reference_side = min(max_side, max(REFERENCE_SIDE, st.runner.pipe.image_size))
         several = len(styles) > 1
-        uploads = [("content", upload.content)]
-        uploads += [(f"style {i + 1}" if several else "style", u) for i, u in enumerate(styles)]
-        uploads += [(f"style_mask {i + 1}" if several else "style_mask", u) for i, u in enumerate(masks or [])]
+        uploads = [("content", upload.content, max_side)]
+        uploads += [(f"style {i + 1}" if several else "style", u, reference_side) for i, u in enumerate(styles)]
+        uploads += [(f"style_mask {i + 1}" if several else "style_mask", u, reference_side)
+                    for i, u in enumerate(masks or [])]
         images = []
-        for name, file in uploads:
+        for name, file, side in uploads:
             data = await file.read()
             try:
-                images.append(await st.decoder.decode(data, max_side=max_side))
+                images.append(await st.decoder.decode(data, max_side=side))
             except ImageError as e:
                 raise ServiceError(IMAGE_ERROR_STATUS.get(e.code, 422), e.code, f"{name}: {e}") from e
         seeds = sample_seeds(form.seed if form.seed is not None else os_random_seed(), form.num_samples)
@@ -116,7 +121,7 @@ async def submit(state: ServiceState, upload: StylizeUpload, rid: str,
                        tuple(images[1 + n:]) if masks else None).active()
         generation = st.runner.pipe.generation_config(top_k=form.top_k, top_p=form.top_p, alphas=alphas,
                                                       style_strength=form.style_strength, guidance=form.guidance)
-        key = GenerationKey(generation, form.resize, len(mix.images))
+        key = GenerationKey(generation, form.resize, len(mix.images), form.upsample)
         task = StylizeTask(images[0], mix.images[0] if mix.plain else mix, seeds, on_preview)
         try:
             job = admission.submit(key, task, rows=len(seeds), timeout_s=settings.request_timeout_s,

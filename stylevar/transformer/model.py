@@ -8,7 +8,8 @@ Three token streams share the embeddings (word_embed(code) + lvl_embed(level) + 
 Every block: target -> keys/values, style and content -> queries (level-causal), blended per scale by
 alpha_k; AdaLN from the style embedding. With `cfg.content_injection` (an opt-in variant, off in the
 published presets) the content stream is also added to the target's inputs through a zero-initialised
-linear map (`content_in`). Read top to bottom: embeddings, block, head, teacher forcing,
+linear map (`content_in`); with `cfg.colour_stats` (likewise opt-in) the style's colour statistics join its
+AdaLN embedding through a zero-initialised linear map (`colour_in`). Read top to bottom: embeddings, block, head, teacher forcing,
 generation.
 
 Beyond the paper (all off by default, where the computation is the published one):
@@ -41,7 +42,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from stylevar.config import StyleVARConfig
-from stylevar.encoders import build_image_encoder, pooled
+from stylevar.encoders import NUM_COLOUR_STATS, build_image_encoder, colour_statistics, pooled
 from stylevar.generation import DEFAULT_GENERATION, GenerationConfig
 from stylevar.pretrained import PretrainedModel
 from stylevar.sampling import make_generators, sample
@@ -195,14 +196,22 @@ class StyleBlend:
 
     def shares(self, patch_nums: Sequence[int]) -> torch.Tensor:
         """Each style's part of the blend at every token, (B, S, L): coverage(t) * share_s(t) (module doc)."""
+        return self._shares_at(patch_nums)
+
+    def pixel_shares(self, size: int) -> torch.Tensor:
+        """The same at every pixel of a `size` x `size` image, (B, S, size, size)."""
+        return self._shares_at((size,)).unflatten(2, (size, size))
+
+    def _shares_at(self, sides: Sequence[int]) -> torch.Tensor:
+        """Shares on square grids of the given sides, flattened and concatenated: (B, S, sum of side^2)."""
         w_BS = self.normalised_weights()
         B, S = w_BS.shape
-        L = sum(pn * pn for pn in patch_nums)
+        L = sum(n * n for n in sides)
         if self.masks_BSHW is None:
             m_BSL = torch.ones(B, S, L, device=w_BS.device)
         else:
             m = self.masks_BSHW.float().to(w_BS.device)
-            m_BSL = torch.cat([F.interpolate(m, size=(pn, pn), mode="area").flatten(2) for pn in patch_nums], 2)
+            m_BSL = torch.cat([F.interpolate(m, size=(n, n), mode="area").flatten(2) for n in sides], 2)
         wm_BSL = w_BS.unsqueeze(2) * m_BSL
         total_B1L = wm_BSL.sum(1, keepdim=True)
         share_BSL = torch.where(total_B1L > 0, wm_BSL / total_B1L.clamp_min(1e-12), torch.zeros_like(wm_BSL))
@@ -311,6 +320,7 @@ class StyleVAR(PretrainedModel, nn.Module):
         self.head_nm = AdaLNHead(C, cfg.norm_eps)
         self.head = nn.Linear(C, cfg.vocab_size)
         self.content_in = nn.Linear(C, C) if cfg.content_injection else None
+        self.colour_in = nn.Linear(NUM_COLOUR_STATS, C) if cfg.colour_stats else None
 
         lvl_L = torch.cat([torch.full((pn * pn,), k) for k, pn in enumerate(cfg.patch_nums)])
         self.register_buffer("lvl_L", lvl_L, persistent=False)
@@ -351,9 +361,10 @@ class StyleVAR(PretrainedModel, nn.Module):
             lin.bias[: 2 * C].fill_(1e-3)
         self.head.weight.mul_(0.1)
         self.head_nm.ada_lin[1].weight.mul_(0.1)
-        if self.content_in is not None:  # zero: training starts from the published computation
-            nn.init.zeros_(self.content_in.weight)
-            nn.init.zeros_(self.content_in.bias)
+        for variant in (self.content_in, self.colour_in):  # zero: training starts from the published computation
+            if variant is not None:
+                nn.init.zeros_(variant.weight)
+                nn.init.zeros_(variant.bias)
 
     def _apply(self, fn, recurse: bool = True):
         # a part that cannot follow a move (stylevar.inference's packed layers) refuses it before anything moves
@@ -438,7 +449,7 @@ class StyleVAR(PretrainedModel, nn.Module):
                 bool((shares == shares[:, :, :1]).all()) and bool((shares.sum(1) == 1).all()))
         if per_token:
             if unstyled_BD is None:
-                unstyled_BD = self.feat_emb(pooled(self.style_encoder, content))
+                unstyled_BD = self.style_embedding(content)
             sh_BSL = shares.to(cond_BSD.dtype)
             adaln_BLD = (torch.einsum("bsl,bsd->bld", sh_BSL, cond_BSD)
                          + (1 - sh_BSL.sum(1)).unsqueeze(2) * unstyled_BD.unsqueeze(1))
@@ -452,7 +463,15 @@ class StyleVAR(PretrainedModel, nn.Module):
 
     def style_parts(self, style: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """What each style image contributes on its own: its embedding (B, C) and token stream (B, L, C)."""
-        return self.feat_emb(pooled(self.style_encoder, style)), self._stream_ln(style)
+        return self.style_embedding(style), self._stream_ln(style)
+
+    def style_embedding(self, img_B3HW: torch.Tensor) -> torch.Tensor:
+        """The AdaLN input (B, C) an image gives as a style: its pooled style-encoder features, plus its
+        colour statistics with the `colour_stats` variant."""
+        emb_BC = self.feat_emb(pooled(self.style_encoder, img_B3HW))
+        if self.colour_in is not None:
+            emb_BC = emb_BC + self.colour_in(colour_statistics(img_B3HW))
+        return emb_BC
 
     def content_parts(self, content: torch.Tensor, unstyled: bool = False
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -461,7 +480,7 @@ class StyleVAR(PretrainedModel, nn.Module):
         content_ln = self._stream_ln(content)
         sos = self.feat_emb(pooled(self.content_encoder, content)).unsqueeze(1) + self.pos_start
         inject = self.content_in(content_ln) if self.content_in is not None else None
-        unstyled_BD = self.feat_emb(pooled(self.style_encoder, content)) if unstyled else None
+        unstyled_BD = self.style_embedding(content) if unstyled else None
         return sos, content_ln, inject, unstyled_BD
 
     def stream_alphas(self, cond: Condition, alpha_K: torch.Tensor) -> torch.Tensor:
@@ -575,7 +594,7 @@ class StyleVAR(PretrainedModel, nn.Module):
             if guidance > 0 and cond.unstyled_BD is None:  # a condition made elsewhere (a cache): add what guidance needs
                 if content is None:
                     raise ValueError("guidance needs the content image, or a condition made with unstyled=True")
-                cond = dataclasses.replace(cond, unstyled_BD=self.feat_emb(pooled(self.style_encoder, content)))
+                cond = dataclasses.replace(cond, unstyled_BD=self.style_embedding(content))
             f_hat, indices = self.sample_tokens(cond, generators, alpha_K, settings.top_k, settings.top_p, on_scale,
                                                 guidance)
             images = self.tokenizer.decode_fhat(f_hat).float().add(1).mul(0.5)
