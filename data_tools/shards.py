@@ -132,7 +132,7 @@ def write_shards(cfg: ShardConfig) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m data_tools.shards", description=__doc__.split("\n")[0])
-    p.add_argument("--manifest", required=True)
+    p.add_argument("--manifest", required=True, help="the manifest (JSON lines) whose samples go into the shards")
     p.add_argument("--out", required=True, help="output folder for {split}-NNNNNN.tar and shards.json")
     p.add_argument("--shard-size", type=int, default=1000, help="samples per shard")
     p.add_argument("--workers", type=int, default=0, help="decoding threads (default: CPU count)")

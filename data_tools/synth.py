@@ -483,10 +483,10 @@ def main(argv: list[str] | None = None) -> int:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--out", help="output folder for triplets and manifest.jsonl")
     where.add_argument("--examples", metavar="DIR", help="write the example gallery (content_*, style_*) here")
-    p.add_argument("--count", type=int, default=1000)
+    p.add_argument("--count", type=int, default=1000, help="triplets to write")
     p.add_argument("--size", type=int, default=None, help="side in pixels (default 128; 256 for --examples)")
     p.add_argument("--seed", type=int, default=None, help="default 0 (2024 for --examples)")
-    p.add_argument("--val-fraction", type=float, default=0.05)
+    p.add_argument("--val-fraction", type=float, default=0.05, help="share of triplets in the validation split")
     args = p.parse_args(argv)
     start = time.perf_counter()
     if args.examples:

@@ -124,12 +124,15 @@ class ImageOut(BaseModel):
     width: int
     height: int
     data: str = Field(description="base64 of the encoded image")
+    upscale: float = Field(description="the image's long side over the model's drawing size (1 or less: not upscaled)")
 
 
 class StylizeResult(BaseModel):
     model: str
     seed: int = Field(description="seed of the first sample")
     inference_ms: float
+    model_size: int = Field(description="side of the square the model draws, in pixels")
+    upsample: str = Field(description="how the drawing reached each image's size: guided or bicubic")
     images: list[ImageOut]
 
 

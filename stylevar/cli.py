@@ -169,8 +169,8 @@ def stylize_arguments(p: argparse.ArgumentParser) -> None:
                    help="how the content is fitted into the model's square: stretch and pad keep its aspect "
                         "ratio, crop returns the centre square")
     p.add_argument("--max-size", type=int_in(1), default=None, metavar="PIXELS",
-                   help="long side of the result, at most the content's (default: 4x the model's resolution, "
-                        "e.g. 256 for the 64 px demo model)")
+                   help="long side of the result, at most the content's (default: the content's size, as the "
+                        "Python API and the service)")
     p.add_argument("--upsample", choices=UPSAMPLE_MODES, default=None,
                    help="how the model's drawing reaches the result's size: guided adds the content's fine detail "
                         "where the drawing follows the content, bicubic only resizes (default: the model's "
@@ -313,12 +313,12 @@ def _stylize(args: argparse.Namespace) -> int:
     from stylevar.postprocess import OutputOptions, finish
 
     pipe = StylePipeline.from_pretrained(model_dir, device=args.device)
-    if pipe.device.type == "cpu":  # as the service runs it: CPU layouts, packed linears, the precision
-        prepare(pipe.model, InferenceConfig(precision=args.precision))
     if pipe.config.demo:
         print(f"using the {pipe.config.label}", file=sys.stderr)
-    print(f"loaded {pipe.summary()}")
-    max_side = args.max_size if args.max_size is not None else pipe.config.default_max_side
+    print(f"loaded {pipe.summary()}")  # before packing: packed linears hold their weights as buffers
+    if pipe.device.type == "cpu":  # as the service runs it: CPU layouts, packed linears, the precision
+        prepare(pipe.model, InferenceConfig(precision=args.precision))
+    max_side = args.max_size  # None: the content's size, as the Python API and the service
     options = OutputOptions(max_side=max_side, preserve_color=args.preserve_color)
     mix = StyleMix(tuple(job.styles), job.weights, None if job.masks is None else tuple(job.masks))
     gen = {"style_strength": args.style_strength, "top_k": args.top_k, "top_p": args.top_p,
@@ -357,7 +357,7 @@ def _stylize(args: argparse.Namespace) -> int:
     bar.close()
     if written:
         with Image.open(written[0]) as first_out:
-            note = upscale_note(first_out.size, pipe.image_size, max_side, pipe.upsampling(args.upsample).mode)
+            note = upscale_note(first_out.size, pipe.image_size, pipe.upsampling(args.upsample).mode)
         if note:
             print(note, file=sys.stderr)
     if skipped:
@@ -375,8 +375,7 @@ def _stylize(args: argparse.Namespace) -> int:
     return 0
 
 
-def upscale_note(result_size: tuple[int, int], model_side: int, max_side: int, upsample: str = "bicubic"
-                 ) -> str | None:
+def upscale_note(result_size: tuple[int, int], model_side: int, upsample: str = "bicubic") -> str | None:
     """A line saying that the result is larger than what the model drew (None when it is not)."""
     from stylevar.postprocess import upscale_factor
 
@@ -385,7 +384,7 @@ def upscale_note(result_size: tuple[int, int], model_side: int, max_side: int, u
         return None
     w, h = result_size
     return (f"note: the model draws {model_side}x{model_side} pixels; the result is upscaled {factor:.1f}x to "
-            f"{w}x{h} ({upsample}; --max-size {max_side}). --max-size {model_side} keeps the model's resolution.")
+            f"{w}x{h} ({upsample} upsampling). --max-size {model_side} keeps the model's resolution.")
 
 
 # ------------------------------------------------------------------------------------------------ the table

@@ -707,8 +707,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-missing", action="store_true",
                    help="skip (and mark) metrics and methods whose weights are not present")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--lpips-net", choices=("vgg", "alex"), default="vgg")
+    p.add_argument("--batch-size", type=int, default=4, help="triplets per model call")
+    p.add_argument("--lpips-net", choices=("vgg", "alex"), default="vgg", help="LPIPS backbone")
     p.add_argument("--image-size", type=int, default=256, help="evaluation resolution (the paper: 256)")
     p.add_argument("--grid-rows", type=int, default=4, help="samples shown in each samples_<benchmark>.png")
     p.add_argument("--no-warmup", action="store_true", help="time the first call too (default: one untimed call)")

@@ -15,7 +15,6 @@ from typing import Literal
 from PIL import Image, ImageOps
 
 MAX_SEED = 2**32 - 1  # seeds are 32-bit (the service's form field and the command line's --seed)
-MAX_SIDE_PER_MODEL_SIDE = 4  # the command line's default output limit: 4x the model's resolution
 # how a drawing reaches the result's size (stylevar.upsample); declared here, where no torch is needed
 UpsampleMode = Literal["guided", "bicubic"]
 UPSAMPLE_MODES: tuple[str, ...] = ("guided", "bicubic")
@@ -58,11 +57,6 @@ def os_random_seed() -> int:
     """A seed from the operating system's randomness: what the service draws for a request without one (torch's
     global generator starts from the same seed in every process, so replicas would repeat each other)."""
     return secrets.randbelow(MAX_SEED + 1)
-
-
-def default_max_side(model_side: int) -> int:
-    """The command line's default output limit for a model working at ``model_side`` pixels."""
-    return MAX_SIDE_PER_MODEL_SIDE * model_side
 
 
 def preserve_color(result: Image.Image, content: Image.Image) -> Image.Image:

@@ -30,7 +30,8 @@ def test_the_readme_and_docs_training_give_the_same_commands():
     docs = shell_block((REPO / "docs" / "training.md").read_text(), "## Quick start on CPU (the README's example)")
     assert readme == docs
     assert "OMP_NUM_THREADS" in readme, "the thread advice sits with the commands"
-    timed = [line for line in readme.splitlines() if line and not line.startswith((" ", "export"))]
+    assert readme.startswith("source .venv/bin/activate"), "the block says where python and stylevar come from"
+    timed = [line for line in readme.splitlines() if line and not line.startswith((" ", "export", "source"))]
     for line in readme.splitlines():
         if line.startswith(("python", "stylevar", "    --")) and not line.endswith("\\"):
             assert re.search(r"# ~?[\d.]+ (s|min)", line), f"no measured time on: {line}"
@@ -40,6 +41,7 @@ def test_the_readme_and_docs_training_give_the_same_commands():
 def test_the_readme_training_example_runs_as_written(tmp_path):
     block = shell_block((REPO / "README.md").read_text(), "## Training")
     (tmp_path / "stylevar").symlink_to(REPO / "stylevar")  # the shipped examples the check reads
+    (tmp_path / ".venv").symlink_to(Path(sys.prefix))  # the set-up command's environment, which the block activates
     env = {**os.environ, **STEPS, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "PYTHONWARNINGS": "ignore"}
     done = subprocess.run(["bash", "-e", "-u", "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -48,10 +50,14 @@ def test_the_readme_training_example_runs_as_written(tmp_path):
 
     # the check says what it loaded and where it wrote the stylized example
     summary = re.search(r"^loaded stylevar-sft: 64 px, 6 scales, (\d+\.\d\d) M parameters "
-                        r"\(transformer (\d+\.\d\d) M, tokenizer (\d+\.\d\d) M\)$", done.stdout, re.M)
+                        r"\(transformer with its image encoders (\d+\.\d\d) M: what training.sft trains; "
+                        r"tokenizer (\d+\.\d\d) M\)$", done.stdout, re.M)
     assert summary, done.stdout
     total, transformer, tokenizer = map(float, summary.groups())
     assert total > 0 and abs(total - transformer - tokenizer) <= 0.011
+    trained = re.search(r"\[sft\] .* (\d+\.\d\d)M trainable parameters \(the transformer with its image encoders",
+                        done.stderr)
+    assert trained and float(trained.group(1)) == transformer, "the two counts agree (issue 34)"
     assert "wrote runs/sft/check.png (256x256)" in done.stdout
     with Image.open(tmp_path / "runs" / "sft" / "check.png") as check:
         assert check.size == (256, 256)
@@ -66,7 +72,7 @@ def test_the_readme_training_example_runs_as_written(tmp_path):
         assert ckpts == ["step-00000002.pt"]
 
     # git ignores every folder the commands created
-    created = sorted(p.name for p in tmp_path.iterdir() if p.name != "stylevar")
+    created = sorted(p.name for p in tmp_path.iterdir() if p.name not in ("stylevar", ".venv"))
     assert created == ["data", "runs"]
     for name in created:
         inside = next(p for p in (tmp_path / name).rglob("*") if p.is_file()).relative_to(tmp_path)

@@ -180,7 +180,8 @@ def inputs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("extra,size,factor", [
-    ([], (256, 171), "4.0x"),  # default: 4 x the 64 px model
+    ([], (300, 200), "4.7x"),  # default: the content's size, as the Python API and the service
+    (["--max-size", "256"], (256, 171), "4.0x"),
     (["--max-size", "1000"], (300, 200), "4.7x"),  # never larger than the content
     (["--max-size", "64"], (64, 43), None),
     (["--max-size", "48", "--resize", "crop"], (48, 48), None),
@@ -236,3 +237,13 @@ def test_a_24_megapixel_content_comes_back_at_full_size(http):
     assert r.status_code == 200, r.text
     with Image.open(io.BytesIO(r.content)) as im:
         assert im.size == (6000, 4000)
+
+
+def test_the_answer_says_what_the_model_drew(http):
+    big = CONTENT.resize((512, 341))
+    files = {**FILES, "content": ("c.png", png(big), "image/png")}
+    r = http.post("/stylize", files=files, data={"seed": "2", "upsample": "bicubic"})
+    assert r.status_code == 200
+    assert (r.headers["X-Model-Size"], r.headers["X-Upscale"], r.headers["X-Upsample"]) == ("64", "8.000", "bicubic")
+    j = http.post("/stylize", files=files, data={"seed": "2"}, headers={"Accept": "application/json"}).json()
+    assert j["model_size"] == 64 and j["upsample"] == "guided" and j["images"][0]["upscale"] == 8.0

@@ -481,8 +481,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=48, help="held-out synthetic triplets")
     p.add_argument("--calibration", type=int, default=32,
                    help="training triplets that choose the sampling settings, the refinement and the palette step")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0, help="sampling seed of the evaluation (the held-out pairs have their own)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

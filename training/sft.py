@@ -173,13 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--init", metavar="DIR_OR_PTH",
                       help="initialise from StyleVAR weights (model dir, checkpoint, or hub id hf:OWNER/NAME[:variant])")
     p.add_argument("--image-size", type=int, default=None, help="default: the tokenizer's")
-    p.add_argument("--label-smoothing", type=float, default=0.1)
-    p.add_argument("--alpha-jitter", type=float, default=0.0)
+    p.add_argument("--label-smoothing", type=float, default=0.1, help="label smoothing of the cross-entropy")
+    p.add_argument("--alpha-jitter", type=float, default=0.0, help="random +- jitter of the per-scale alphas during training (0: off)")
     p.add_argument("--lr-drop-step", type=int, default=None, help="step at which the lr drops (overrides the fraction)")
-    p.add_argument("--lr-drop-fraction", type=float, default=0.6)
+    p.add_argument("--lr-drop-fraction", type=float, default=0.6, help="fraction of --max-steps at which the lr drops")
     p.add_argument("--lr-drop-factor", type=float, default=0.2, help="lr after the drop = lr * factor (5e-4 -> 1e-4)")
     p.add_argument("--no-augment", action="store_true", help="plain centre crops (no rotation, jitter, style crops)")
-    p.add_argument("--val-batch-size", type=int, default=32)
+    p.add_argument("--val-batch-size", type=int, default=32, help="triplets per validation batch")
     p.add_argument("--val-max-batches", type=int, default=0, help="cap on validation batches per rank (0: all)")
     p.add_argument("--name", default="stylevar-sft", help="model name written to RUN/final/config.json")
     p.add_argument("--activation-checkpointing", action="store_true",
@@ -309,7 +309,8 @@ def train(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARC
             objective.draws = int(tr.resumed.extra.get("draws", 0))  # keys the alpha jitter
         n_params = sum(p.numel() for p in trainable)
         log.info(f"{dataset_size(train_set)} training triplets, {dataset_size(val_set)} validation, "
-                 f"{image_size}px, patch_nums {vqvae.cfg.patch_nums}, {n_params / 1e6:.2f}M trainable parameters, "
+                 f"{image_size}px, patch_nums {vqvae.cfg.patch_nums}, {n_params / 1e6:.2f}M trainable parameters "
+                 "(the transformer with its image encoders; the tokenizer is frozen), "
                  f"world size {env.world_size}, {precision}, lr drop at step {sched.resolved_drop_step}")
         if tr.start == 0:
             for line in notes:

@@ -236,13 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
                            data_help="triplet manifest (or folder holding manifest.jsonl); repeatable")
     p.add_argument("--preset", default="tiny", help="tiny|d16|d20|d24|d30 or a JSON preset file")
     p.add_argument("--image-size", type=int, default=None, help="train at this size (drops the finest scales)")
-    p.add_argument("--l1-weight", type=float, default=1.0)
-    p.add_argument("--l2-weight", type=float, default=1.0)
-    p.add_argument("--vq-weight", type=float, default=1.0)
+    p.add_argument("--l1-weight", type=float, default=1.0, help="weight of the L1 reconstruction loss")
+    p.add_argument("--l2-weight", type=float, default=1.0, help="weight of the L2 reconstruction loss")
+    p.add_argument("--vq-weight", type=float, default=1.0, help="weight of the codebook/commitment loss")
     p.add_argument("--lpips-weight", type=float, default=0.1, help="used when LPIPS weights are present")
     p.add_argument("--restart-every", type=int, default=50, help="dead-code check every N steps (0: never)")
     p.add_argument("--dead-after", type=int, default=100, help="a code unused this many steps is dead")
-    p.add_argument("--val-batch-size", type=int, default=32)
+    p.add_argument("--val-batch-size", type=int, default=32, help="images per validation batch")
     loop.add_loop_args(p, lr=2e-4, batch_size=32, max_grad_norm=1.0)
     return p
 

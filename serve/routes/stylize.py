@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from stylevar.images import ImageError, fit_of, tensor_to_pil, unfit
 from stylevar.pipeline import MAX_STYLES, StyleMix
-from stylevar.postprocess import OutputOptions, finish, os_random_seed, sample_seeds
+from stylevar.postprocess import OutputOptions, finish, os_random_seed, sample_seeds, upscale_factor
 
 from .. import imaging
 from ..batching import BatchError, Job
@@ -141,11 +141,22 @@ def encode(content_img: Image.Image, form: StylizeForm, images: list[Image.Image
 def result_json(state: ServiceState, job: Job, form: StylizeForm, encoded: list[bytes],
                 images: list[Image.Image]) -> dict:
     media = imaging.MEDIA_TYPES[form.format]
+    pipe = state.runner.pipe
     return StylizeResult(
-        model=state.runner.pipe.config.name, seed=job.payload.seeds[0], inference_ms=inference_ms(job),
-        images=[ImageOut(seed=s, media_type=media, width=im.width, height=im.height, data=imaging.to_base64(b))
+        model=pipe.config.name, seed=job.payload.seeds[0], inference_ms=inference_ms(job),
+        model_size=pipe.image_size, upsample=pipe.upsampling(form.upsample).mode,
+        images=[ImageOut(seed=s, media_type=media, width=im.width, height=im.height, data=imaging.to_base64(b),
+                         upscale=round(upscale_factor(im.size, pipe.image_size), 3))
                 for s, b, im in zip(job.payload.seeds, encoded, images)],
     ).model_dump()
+
+
+def size_headers(state: ServiceState, form: StylizeForm, result_size: tuple[int, int]) -> dict[str, str]:
+    """What the model drew and how it reached the result's size: X-Model-Size (pixels, square),
+    X-Upscale (result long side / model size), X-Upsample (the mode used)."""
+    pipe = state.runner.pipe
+    return {"X-Model-Size": str(pipe.image_size), "X-Upscale": f"{upscale_factor(result_size, pipe.image_size):.3f}",
+            "X-Upsample": pipe.upsampling(form.upsample).mode}
 
 
 @router.post(
@@ -170,7 +181,8 @@ async def stylize(request: Request, upload: Annotated[StylizeUpload, Depends(sty
         return Response(status_code=499)
     encoded, images = await run_in_threadpool(encode, content_img, form, images)
     headers = {"X-Seed": str(job.payload.seeds[0]), "X-Inference-Ms": f"{inference_ms(job):.1f}",
-               "X-Model": header_safe(state.runner.pipe.config.name), "Vary": "Accept"}
+               "X-Model": header_safe(state.runner.pipe.config.name), "Vary": "Accept",
+               **size_headers(state, form, images[0].size)}
     if representation == "json":
         return JSONResponse(result_json(state, job, form, encoded, images), headers=headers)
     if representation == "zip":
