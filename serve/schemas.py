@@ -10,7 +10,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from stylevar.generation import DEFAULT_GENERATION
 from stylevar.pipeline import MAX_STYLES
-from stylevar.postprocess import MAX_SEED, UPSAMPLE_MODES
+from stylevar.postprocess import MAX_SEED, UPSAMPLE_MODES, check_style_weights
 
 MAX_ALPHAS_CHARS = 4096  # far more than any model's scale count needs
 MAX_WEIGHTS_CHARS = 256  # MAX_STYLES numbers
@@ -100,9 +100,7 @@ def parse_weights(text: str) -> tuple[float, ...]:
     values = parse_numbers(text, "style_weights")
     if len(values) > MAX_STYLES:
         raise ValueError(f"at most {MAX_STYLES} style weights, got {len(values)}")
-    if any(v < 0 for v in values) or sum(values) <= 0:
-        raise ValueError("style weights must be >= 0 and not all 0")
-    return values
+    return check_style_weights(values)
 
 
 def parse_alphas(text: str) -> tuple[float, ...]:

@@ -11,6 +11,7 @@ import argparse
 import importlib
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -192,11 +193,14 @@ FORMAT_EXTENSIONS = {"png": ".png", "jpeg": ".jpg", "webp": ".webp"}
 
 
 def weight_list(text: str) -> tuple[float, ...]:
-    """An argparse type: comma-separated weights >= 0, not all 0."""
+    """An argparse type: comma-separated weights (`stylevar.postprocess.check_style_weights`)."""
+    from stylevar.postprocess import check_style_weights  # PIL and numpy, not torch
+
     values = tuple(float(_number(part.strip(), float)) for part in text.split(","))
-    if any(v < 0 for v in values) or sum(values) <= 0:
-        raise argparse.ArgumentTypeError(f"weights must be >= 0 and not all 0, got {text}")
-    return values
+    try:
+        return check_style_weights(values)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{e}, got {text}") from None
 
 
 @dataclass(frozen=True)
@@ -348,10 +352,11 @@ def _stylize(args: argparse.Namespace) -> int:
             outs = finish(images[i * len(job.seeds):(i + 1) * len(job.seeds)], img, options)
             for out, target in zip(outs, output_paths(job, path, taken)):
                 try:
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    out.save(target, format=job.fmt.upper())
+                    save_image(out, target, job.fmt)
                 except OSError as e:
-                    raise preflight.InputError(f"cannot write {target}: {e}") from e
+                    report_skipped(skipped)
+                    raise preflight.InputError(f"cannot write {target}: {e} ({len(written)} image(s) written "
+                                               "before it are complete; nothing partial is left)") from e
                 written.append(target)
             bar.update(1)
     bar.close()
@@ -360,10 +365,7 @@ def _stylize(args: argparse.Namespace) -> int:
             note = upscale_note(first_out.size, pipe.image_size, pipe.upsampling(args.upsample).mode)
         if note:
             print(note, file=sys.stderr)
-    if skipped:
-        print(f"skipped {len(skipped)} unreadable file(s):", file=sys.stderr)
-        for line in skipped:
-            print(f"  {line}", file=sys.stderr)
+    report_skipped(skipped)
     if not written:
         raise preflight.InputError("no content image could be read; nothing was written")
     if job.many:
@@ -372,7 +374,28 @@ def _stylize(args: argparse.Namespace) -> int:
         for target in written:
             with Image.open(target) as im:
                 print(f"wrote {target} ({im.size[0]}x{im.size[1]})")
-    return 0
+    return EXIT_PARTIAL if skipped else 0
+
+
+EXIT_PARTIAL = 1  # some inputs were skipped (listed on stderr); the others were written
+
+
+def report_skipped(skipped: list[str]) -> None:
+    if skipped:
+        print(f"skipped {len(skipped)} unreadable file(s):", file=sys.stderr)
+        for line in skipped:
+            print(f"  {line}", file=sys.stderr)
+
+
+def save_image(img, target: Path, fmt: str) -> None:
+    """Write `img` to `target` whole or not at all: into a temporary file beside it, then renamed."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.partial")
+    try:
+        img.save(tmp, format=fmt.upper())
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def upscale_note(result_size: tuple[int, int], model_side: int, upsample: str = "bicubic") -> str | None:

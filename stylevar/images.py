@@ -76,6 +76,9 @@ def load_image(
     except (ImageError, FileNotFoundError):
         raise
     except UnidentifiedImageError as e:
+        kind = _accepted_kind(source, formats)
+        if kind is not None:  # an accepted format's signature whose header Pillow refused (bad CRC, 0 x 0)
+            raise CorruptImageError(f"{_where(source)}corrupt {kind} image (its header cannot be read)") from e
         raise NotAnImageError(_unrecognised(source, formats)) from e
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise ImageTooLargeError(f"{_where(source)}image has too many pixels ({e})") from e
@@ -136,6 +139,21 @@ def _unrecognised(source: str | os.PathLike | bytes, formats: tuple[str, ...] | 
     if kind is not None and formats is not None:
         return f"{_where(source)}{kind} images are not accepted{_accepted(formats)}"
     return f"{_where(source)}not a recognised image{_accepted(formats)}"
+
+
+# the signatures of the formats Pillow reads here: bytes that start so are an image of that kind, if corrupt
+_ACCEPTED_SIGNATURES = ((b"\x89PNG\r\n\x1a\n", "PNG"), (b"\xff\xd8\xff", "JPEG"))
+
+
+def _accepted_kind(source: object, formats: tuple[str, ...] | None) -> str | None:
+    """The accepted format whose signature `source` starts with (WebP: RIFF....WEBP), else None."""
+    if isinstance(source, Image.Image):
+        return None
+    head = bytes(source[:16]) if isinstance(source, (bytes, bytearray)) else _head(source)
+    kind = next((name for magic, name in _ACCEPTED_SIGNATURES if head.startswith(magic)), None)
+    if kind is None and head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        kind = "WEBP"
+    return kind if kind is not None and (formats is None or kind in formats) else None
 
 
 def _head(path: str | os.PathLike) -> bytes:

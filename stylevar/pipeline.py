@@ -8,7 +8,6 @@ the rest of config.json (`PipelineConfig`). The embedded demo model lives in `st
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,8 @@ from stylevar.config import StyleVARConfig, VQVAEConfig, presets
 from stylevar.devices import resolve_autocast_dtype, resolve_device
 from stylevar.generation import GenerationConfig
 from stylevar.images import Fit, ResizeMode, fit_square, pil_to_tensor, tensor_to_pil, to_rgb, unfit
-from stylevar.postprocess import MAX_STYLES, OutputOptions, UpsampleMode, finish, sample_seeds
+from stylevar.postprocess import (MAX_STYLES, OutputOptions, UpsampleMode, check_style_weights, finish,
+                                  sample_seeds)
 from stylevar.pretrained import CONFIG_FILE, read_config, write_config
 from stylevar.palette import Palette, match_palette
 from stylevar.refine import Refinement, refine
@@ -55,8 +55,7 @@ class StyleMix:
         if self.weights is not None:
             if len(self.weights) != n:
                 raise ValueError(f"style_weights: {len(self.weights)} weights for {n} style images")
-            if not all(math.isfinite(w) and w >= 0 for w in self.weights) or sum(self.weights) <= 0:
-                raise ValueError("style_weights must be finite numbers >= 0, not all 0")
+            check_style_weights(self.weights)
         if self.masks is not None and len(self.masks) != n:
             raise ValueError(f"style_masks: {len(self.masks)} masks for {n} style images")
 

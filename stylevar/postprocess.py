@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 from PIL import Image, ImageOps
 
 MAX_SEED = 2**32 - 1  # seeds are 32-bit (the service's form field and the command line's --seed)
@@ -37,6 +38,20 @@ class OutputOptions:
     def __post_init__(self) -> None:
         if self.max_side is not None and self.max_side < 1:
             raise ValueError(f"max_side must be >= 1, got {self.max_side}")
+
+
+def check_style_weights(weights: Sequence[float]) -> tuple[float, ...]:
+    """Style weights as the model computes with them: each finite and >= 0 in float32 (1e39 is not), their
+    float32 sum finite and > 0 (1e-320 and 0 are all zero), so that normalising them is defined. The one
+    rule for every surface (the service checks it before a request is admitted). Returns them as floats."""
+    values = tuple(float(w) for w in weights)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        w32 = np.asarray(values, dtype=np.float32)
+        total = w32.sum(dtype=np.float32)
+    if not values or not np.isfinite(w32).all() or (w32 < 0).any() or not (np.isfinite(total) and total > 0):
+        raise ValueError("style weights must be finite numbers >= 0 (in float32, the model's precision: at most "
+                         "about 3.4e38), not all 0 (nor all below about 1e-45)")
+    return values
 
 
 def sample_seeds(seed: int | None, num_samples: int) -> list[int]:

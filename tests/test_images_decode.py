@@ -181,3 +181,22 @@ def test_a_36_megapixel_png_never_exists_at_full_size(tmp_path):
     w, h, pixel, added_mb = out.stdout.split()
     assert (int(w), int(h)) == (1024, 1024) and pixel == "200,30,40"
     assert int(added_mb) < 60, f"decoding added {added_mb} MB"
+
+
+def test_a_png_with_a_bad_crc_or_no_pixels_is_a_corrupt_image_not_an_unknown_format():
+    from stylevar.images import ACCEPTED_FORMATS, CorruptImageError, NotAnImageError, load_image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4), (1, 2, 3)).save(buf, "PNG")
+    bad_crc = bytearray(buf.getvalue())
+    bad_crc[29] ^= 0xFF  # the header chunk's CRC
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    zero = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 0, 0, 8, 2, 0, 0, 0)) + chunk(b"IEND", b"")
+    for data in (bytes(bad_crc), zero):
+        with pytest.raises(CorruptImageError, match="corrupt PNG image"):
+            load_image(data, formats=ACCEPTED_FORMATS)
+    with pytest.raises(NotAnImageError, match="not a recognised image"):
+        load_image(b"plain text, not a picture", formats=ACCEPTED_FORMATS)

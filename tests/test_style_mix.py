@@ -224,3 +224,18 @@ def test_masked_out_everywhere_is_the_model_without_the_style(model):
     cond = model.condition(CONTENT, StyleBlend([STYLE_A], masks_BSHW=left_half(2)))
     assert cond.adaln_BLD is not None and cond.adaln_BLD.shape == (2, model.cfg.num_tokens, cond.cond_BD.shape[1])
     assert model.condition(CONTENT, StyleBlend([STYLE_A], masks_BSHW=torch.ones(2, 1, 8, 8))).adaln_BLD is None
+
+
+@pytest.mark.parametrize("weights", [(1e39, 1.0), (1e-320, 0.0), (3e38, 3e38), (float("inf"), 1.0), (-1.0, 2.0), ()])
+def test_style_weights_are_checked_as_the_model_computes(weights):
+    from stylevar.postprocess import check_style_weights
+
+    with pytest.raises(ValueError, match="float32"):
+        check_style_weights(weights)
+
+
+def test_style_weights_the_model_can_use_pass_unchanged():
+    from stylevar.postprocess import check_style_weights
+
+    assert check_style_weights([0.7, 0.3]) == (0.7, 0.3)
+    assert check_style_weights([1e30, 1e-30]) == (1e30, 1e-30)

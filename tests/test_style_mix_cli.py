@@ -38,7 +38,7 @@ def test_a_folder_goes_to_a_folder_skipping_and_listing_unreadable_files(micro_m
     rc = cli.main(["stylize", str(d), str(s / "red.png"), "--style", str(s / "blue.png"), "--style-weights", "3,1",
                    "--mask", str(s / "half.png"), "--mask", str(s / "white.png"), "--guidance", "1",
                    "-o", str(out), "--model", str(micro_model_dir), "--batch-size", "2", "--format", "webp"])
-    assert rc == 0
+    assert rc == cli.EXIT_PARTIAL == 1  # some inputs skipped: not a success
     err = capsys.readouterr().err
     assert "skipped 2 unreadable file(s):" in err and "notes.txt" in err and "torn.png" in err
     names = sorted(p.name for p in out.iterdir())
@@ -52,7 +52,7 @@ def test_a_glob_with_several_samples_names_each_by_its_seed(micro_model_dir, inp
     out = tmp_path / "samples"
     rc = cli.main(["stylize", str(d / "*.png"), "--style", str(s / "red.png"), "-o", str(out), "--seed", "5",
                    "--num-samples", "2", "--model", str(micro_model_dir)])
-    assert rc == 0  # torn.png is skipped, a.png is written
+    assert rc == cli.EXIT_PARTIAL  # torn.png is skipped, a.png is written
     assert sorted(p.name for p in out.iterdir()) == ["a-seed-5.png", "a-seed-6.png"]
 
 
@@ -71,7 +71,8 @@ def test_one_file_matches_the_python_api(micro_model_dir, inputs, tmp_path):
 
 @pytest.mark.parametrize("extra, message", [
     (["--style-weights", "1"], "--style-weights: 1 weights for 2 styles"),
-    (["--style-weights", "1,-1"], "weights must be >= 0"),
+    (["--style-weights", "1,-1"], "weights must be finite numbers >= 0"),
+    (["--style-weights", "1e39,1"], "weights must be finite numbers >= 0"),
     (["--mask", "{s}/white.png"], "--mask: 1 masks for 2 styles"),
     (["--mask", "{s}/white.png", "--mask", "{d}/torn.png"], "mask 2 image"),
     (["--guidance", "-1"], "argument --guidance: must be in [0, 10]"),
@@ -102,3 +103,29 @@ def test_every_stylize_argument_has_help():
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["stylize"]
     missing = [a.dest for a in sub._actions if not a.help]
     assert not missing, missing
+
+
+def test_a_failed_write_leaves_nothing_partial(micro_model_dir, inputs, tmp_path, capsys,
+                                                                           monkeypatch):
+    import errno
+
+    d, s = inputs
+    out = tmp_path / "full"
+    real_save = Image.Image.save
+    calls = []
+
+    def save(self, fp, *args, **kwargs):  # the second image meets a full disk half-way through
+        calls.append(fp)
+        if len(calls) == 2:
+            with open(fp, "wb") as f:
+                f.write(b"half an image")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(self, fp, *args, **kwargs)
+
+    monkeypatch.setattr(Image.Image, "save", save)
+    rc = cli.main(["stylize", str(d), str(s / "red.png"), "-o", str(out), "--model", str(micro_model_dir),
+                   "--batch-size", "1"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and "1 image(s) written before it are complete" in err
+    assert [p.name for p in out.iterdir()] == ["a.png"]  # no 0-byte or half-written file

@@ -101,6 +101,9 @@ def test_nothing_painted_is_no_mask(files):
     assert painted_mask({"path": str(files / "c.png")}) is None  # file data, not the editor's value
     with pytest.raises(gr.Error, match="could not be read"):
         painted_mask(editor(files, "notes.txt"))
+    Image.open(files / "layer.png").save(files / "layer.gif")  # a format the API refuses: so does the mask
+    with pytest.raises(gr.Error, match=r"could not be read \(PNG, JPEG or WebP\)"):
+        painted_mask(editor(files, "layer.gif"))
     assert mask_image(inverted(painted_mask(editor(files, "layer.png")))).getpixel((2, 5)) == 0
 
 

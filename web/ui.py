@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import random
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import resources
@@ -17,6 +18,7 @@ import gradio as gr
 from PIL import Image, ImageChops, ImageOps
 
 from stylevar.generation import DEFAULT_GENERATION
+from stylevar.images import ACCEPTED_FORMATS
 from stylevar.pipeline import DEMO_LABEL
 from stylevar.postprocess import DEFAULT_UPSAMPLE, MAX_SEED, UPSAMPLE_MODES
 
@@ -77,12 +79,16 @@ def painted_mask(value: Any) -> bytes | None:
         if not path:
             continue
         try:
-            with Image.open(path) as im:
-                if im.width * im.height > MAX_MASK_PIXELS:
-                    raise gr.Error("The painted mask is too large.", print_exception=False)
-                a = im.convert("RGBA").getchannel("A")
-        except OSError:
-            raise gr.Error("The painted mask could not be read; clear it and paint again.",
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                with Image.open(path, formats=ACCEPTED_FORMATS) as im:  # what the API accepts, nothing else
+                    if im.width * im.height > MAX_MASK_PIXELS:
+                        raise gr.Error("The painted mask is too large.", print_exception=False)
+                    a = im.convert("RGBA").getchannel("A")
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+            raise gr.Error("The painted mask is too large.", print_exception=False) from None
+        except (OSError, ValueError, SyntaxError):
+            raise gr.Error("The painted mask could not be read (PNG, JPEG or WebP); clear it and paint again.",
                            print_exception=False) from None
         alpha = a if alpha is None else ImageChops.lighter(alpha, a.resize(alpha.size))
     if alpha is None or alpha.getextrema()[1] == 0:
