@@ -65,7 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log.info("starting", extra={"host": settings.host, "port": settings.port, "model_dir": str(settings.model_dir)})
     state = app.state.service
+    # X-Forwarded-For is believed only from the proxies named in STYLEVAR_FORWARDED_ALLOW_IPS (none by default:
+    # uvicorn's own default trusts loopback, so a client on the host could pose as any address)
+    proxies = settings.forwarded_allow_ips
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
+                            proxy_headers=bool(proxies), forwarded_allow_ips=proxies or None,
                             timeout_graceful_shutdown=settings.drain_timeout_s)  # type: ignore[arg-type]
     server = DrainingServer(config, state.drain, on_drain=state.begin_drain)
     server.run()

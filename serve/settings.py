@@ -64,6 +64,9 @@ class ServeSettings(BaseSettings):
 
     # access and observability
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list, repr=False)
+    # comma-separated addresses of reverse proxies whose X-Forwarded-For / X-Forwarded-Proto are believed
+    # ("*": any); empty (the default): the peer's own address counts, as for direct exposure
+    forwarded_allow_ips: str = ""
     # wrong API keys (or UI passwords) from one client within the window before it gets 429; 0: no limit
     auth_max_failures: int = Field(10, ge=0)
     auth_failure_window_s: float = Field(300.0, gt=0)

@@ -126,3 +126,22 @@ def test_open_bind_without_keys_is_logged(model_dir, caplog):
     with caplog.at_level("WARNING", logger="serve.app"):
         app_with(model_dir, api_keys=[], host="127.0.0.1")
     assert "without API keys" not in caplog.text
+
+
+def test_x_forwarded_for_does_not_reset_the_failed_key_limit(tiny_model_dir, tmp_path):
+    """A client on the host cannot pose as other addresses (issue 32): without STYLEVAR_FORWARDED_ALLOW_IPS
+    the header is ignored, so rotating it does not escape the limit."""
+    import httpx
+
+    from serve.testing import ServerProcess
+
+    srv = ServerProcess.serve(tiny_model_dir, settings={"STYLEVAR_API_KEYS": "right", "STYLEVAR_AUTH_MAX_FAILURES": "3",
+                                                        "STYLEVAR_WARMUP": "false"}, log_dir=tmp_path)
+    try:
+        srv.wait_ready()
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            codes = [c.get("/v1/model", headers={"Authorization": "Bearer wrong", "X-Forwarded-For": f"10.0.0.{i}"})
+                     .status_code for i in range(6)]
+    finally:
+        srv.stop()
+    assert codes[:3] == [401] * 3 and codes[3:] == [429] * 3, codes
