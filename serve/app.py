@@ -7,6 +7,7 @@ loaded model, so any number of replicas can run behind a load balancer.
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import logging
 import threading
@@ -27,10 +28,10 @@ from .drain import Drain, DrainMiddleware
 from .engine import ModelRunner, RunnerOptions, resolve_devices
 from .errors import install_error_handlers
 from .metrics import ServiceMetrics
-from .middleware import ContentLengthLimit, RequestMiddleware
+from .middleware import ContentLengthLimit, KeyBeforeBody, RequestMiddleware
 from .routes import model, operations, stylize
 from .settings import ServeSettings
-from .state import ServiceState, require_key
+from .state import ServiceState, check_key, require_key
 
 if TYPE_CHECKING:
     from web import MountConfig
@@ -146,6 +147,8 @@ def create_app(settings: ServeSettings | None = None, *, ui_mounter: UiMounter |
     app.add_middleware(DrainMiddleware, drain=state.drain, always_open=operations.ALWAYS_OPEN_PATHS,
                        untracked_prefixes=(UI_PATH,), max_discard_bytes=settings.max_upload_bytes)
     app.add_middleware(ContentLengthLimit, max_bytes=settings.max_upload_bytes, paths=stylize.PATHS)
+    # outside the length limit: a keyless request is refused for its key, whatever it declares
+    app.add_middleware(KeyBeforeBody, check=functools.partial(check_key, state), paths=stylize.PATHS)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

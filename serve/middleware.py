@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .errors import ServiceError, error_response
 from .logs import new_request_id, request_id_var
 from .metrics import ServiceMetrics
 
@@ -76,6 +78,34 @@ class RequestMiddleware:
                        "status": status or 499, "duration_ms": round(seconds * 1000, 2)},
             )
             request_id_var.reset(token)
+
+
+class KeyBeforeBody:
+    """With API keys set, refuse a request to `paths` without a valid Bearer key (JSON 401, or 429 once its
+    client failed too often) before its body is read: a keyless client cannot hold the service reading a
+    large or slow upload it will refuse anyway. The check is `check(scope, key)` (the routes' own)."""
+
+    def __init__(self, app: ASGIApp, check: Callable[[Scope, str | None], None], paths: tuple[str, ...]):
+        self.app, self.check, self.paths = app, check, paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("path") in self.paths:
+            try:
+                self.check(scope, bearer_token(scope))
+            except ServiceError as e:
+                headers = {**e.headers, "Connection": "close"}
+                await error_response(e.status, e.code, e.detail, headers)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def bearer_token(scope: Scope) -> str | None:
+    """The token of an `Authorization: Bearer TOKEN` header, else None."""
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token.strip() or None if scheme.lower() == "bearer" else None
+    return None
 
 
 class ContentLengthLimit:

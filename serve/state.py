@@ -63,20 +63,26 @@ bearer = HTTPBearer(auto_error=False, description="API key, when the service set
 UNAUTHORIZED = "a valid API key is required (Authorization: Bearer KEY)"
 
 
-def require_key(request: Request,
-                credentials: HTTPAuthorizationCredentials | None = Depends(bearer),  # noqa: B008
-                state: ServiceState = Depends(get_state)) -> None:  # noqa: B008
-    """A route dependency: with API keys set, the request must carry one (401), unless its client has
-    failed too often lately (429, before the key is looked at: no answer tells a guess is right)."""
+def check_key(state: ServiceState, scope, key: str | None) -> None:
+    """With API keys set, `key` must be one (ServiceError 401), unless the scope's client has failed too often
+    lately (429, before the key is looked at: no answer tells a guess is right). Counts a wrong key."""
     if not state.keys:
         return
-    if credentials is None or not credentials.credentials:
+    if not key:
         raise ServiceError(401, "unauthorized", UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})
-    client = client_of(request.scope)
+    client = client_of(scope)
     wait = state.auth_failures.retry_after(client)
     if wait is not None:
         body, headers = too_many_attempts(wait)
         raise ServiceError(429, body["error"], body["detail"], headers)
-    if not state.keys.matches(credentials.credentials):
+    if not state.keys.matches(key):
         state.auth_failures.failed(client)
         raise ServiceError(401, "unauthorized", UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})
+
+
+def require_key(request: Request,
+                credentials: HTTPAuthorizationCredentials | None = Depends(bearer),  # noqa: B008
+                state: ServiceState = Depends(get_state)) -> None:  # noqa: B008
+    """A route dependency: `check_key` on the request's Bearer token. (The upload routes are checked before
+    their body is read, by `serve.middleware.KeyBeforeBody`; this is the same check, for every route.)"""
+    check_key(state, request.scope, credentials.credentials if credentials is not None else None)

@@ -145,3 +145,27 @@ def test_x_forwarded_for_does_not_reset_the_failed_key_limit(tiny_model_dir, tmp
     finally:
         srv.stop()
     assert codes[:3] == [401] * 3 and codes[3:] == [429] * 3, codes
+
+
+def test_a_keyless_upload_is_refused_before_its_body_is_read(tiny_model_dir, tmp_path):
+    """A request that declares 19 MB and sends 1 KB without a key gets its 401 at once (issue 32): the key
+    is checked before the body is read."""
+    import socket
+
+    from serve.testing import ServerProcess
+
+    srv = ServerProcess.serve(tiny_model_dir, settings={"STYLEVAR_API_KEYS": "right", "STYLEVAR_WARMUP": "false"},
+                              log_dir=tmp_path)
+    try:
+        srv.wait_ready()
+        port = int(srv.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"POST /stylize HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+                      b"Content-Length: 19000000\r\n\r\n" + b"x" * 1024)
+            answer = b""
+            while chunk := s.recv(4096):  # until the server closes (Connection: close), within 5 s or it raises
+                answer += chunk
+            answer = answer.decode("latin-1")
+    finally:
+        srv.stop()
+    assert answer.startswith("HTTP/1.1 401") and '"unauthorized"' in answer and "www-authenticate: Bearer" in answer
