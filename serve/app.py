@@ -28,7 +28,7 @@ from .drain import Drain, DrainMiddleware
 from .engine import ModelRunner, RunnerOptions, resolve_devices
 from .errors import install_error_handlers
 from .metrics import ServiceMetrics
-from .middleware import ContentLengthLimit, KeyBeforeBody, RequestMiddleware
+from .middleware import BodyTimeout, ContentLengthLimit, KeyBeforeBody, RequestMiddleware
 from .routes import model, operations, stylize
 from .settings import ServeSettings
 from .state import ServiceState, check_key, require_key
@@ -147,6 +147,7 @@ def create_app(settings: ServeSettings | None = None, *, ui_mounter: UiMounter |
     app.add_middleware(DrainMiddleware, drain=state.drain, always_open=operations.ALWAYS_OPEN_PATHS,
                        untracked_prefixes=(UI_PATH,), max_discard_bytes=settings.max_upload_bytes)
     app.add_middleware(ContentLengthLimit, max_bytes=settings.max_upload_bytes, paths=stylize.PATHS)
+    app.add_middleware(BodyTimeout, seconds=settings.body_timeout_s, paths=stylize.PATHS)
     # outside the length limit: a keyless request is refused for its key, whatever it declares
     app.add_middleware(KeyBeforeBody, check=functools.partial(check_key, state), paths=stylize.PATHS)
     if settings.cors_origins:

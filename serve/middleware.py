@@ -5,6 +5,7 @@ through untouched.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -106,6 +107,43 @@ def bearer_token(scope: Scope) -> str | None:
             scheme, _, token = value.decode("latin-1").partition(" ")
             return token.strip() or None if scheme.lower() == "bearer" else None
     return None
+
+
+class BodyTimeout:
+    """Close a request to `paths` whose body stalls: every part of it must arrive within `seconds` of the
+    last (JSON 408, `Connection: close`), so a slow or lying client (a Content-Length larger than what it
+    sends) cannot hold a connection and a decode slot for long."""
+
+    class _Stalled(Exception):
+        pass
+
+    def __init__(self, app: ASGIApp, seconds: float, paths: tuple[str, ...]):
+        self.app, self.seconds, self.paths = app, seconds, paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") not in self.paths:
+            await self.app(scope, receive, send)
+            return
+
+        body_done = False
+
+        async def timed_receive() -> Message:
+            nonlocal body_done
+            if body_done:  # the body is in: what follows (a disconnect, while the answer streams) may take long
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.seconds)
+                body_done = message["type"] != "http.request" or not message.get("more_body", False)
+                return message
+            except asyncio.TimeoutError:
+                detail = f"the request body stalled: nothing arrived for {self.seconds:g} s"
+                await error_response(408, "body_timeout", detail, {"Connection": "close"})(scope, receive, send)
+                raise self._Stalled from None
+
+        try:
+            await self.app(scope, timed_receive, send)
+        except self._Stalled:
+            pass
 
 
 class ContentLengthLimit:

@@ -54,6 +54,8 @@ class ServeSettings(BaseSettings):
 
     # input limits
     max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1024)  # whole request body
+    # seconds an upload's body may stall between two parts before the request is closed (408)
+    body_timeout_s: float = Field(15.0, gt=0, le=600)
     max_pixels: int = Field(40_000_000, ge=1)  # per input image, checked before decoding
     # WebP and 16-bit or interlaced PNG cannot be decoded downscaled (JPEG and 8-bit PNG are): their own limit
     max_whole_decode_pixels: int = Field(4_194_304, ge=1)
