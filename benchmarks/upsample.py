@@ -13,7 +13,7 @@ size a user gets back.
     python -m benchmarks.upsample cost [--megapixels 2,12,24] [--repeats 3]
         Time and peak added memory of the upsampling step alone (`upscale`: bicubic resize, then the
         detail strips) for a 3:2 content of each size: each size and mode in a fresh process, peak RSS
-        (getrusage) minus the RSS just before the step.
+        (VmHWM) minus the RSS just before the step.
 
     python -m benchmarks.upsample grid --out docs/upsample_crop.png
         A before/after crop at full size (bicubic | guided | the content) for the README and docs/ui.md.
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -122,9 +121,10 @@ def quality_markdown(result: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------------ cost
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
+def status_bytes(key: str) -> int:
+    """A /proc/self/status figure (VmRSS: now; VmHWM: this process's peak since exec) in bytes."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
 
 
 def cost_once(megapixels: float, mode: str, repeats: int) -> dict:
@@ -138,14 +138,14 @@ def cost_once(megapixels: float, mode: str, repeats: int) -> dict:
     from stylevar.images import fit_of
 
     fit = fit_of(content.size, 64, "stretch")
-    before = rss_bytes()
+    before = status_bytes("VmRSS")
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         out = upscale(drawing, seen, fit, content, None, Upsampling(mode=mode))
         times.append(time.perf_counter() - t0)
         del out
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = status_bytes("VmHWM")  # not ru_maxrss: that counts the parent this process was forked from
     return {"megapixels": w * h / 1e6, "size": [w, h], "mode": mode, "seconds": statistics.median(times),
             "peak_added_mb": (peak - before) / 2**20}
 

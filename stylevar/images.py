@@ -101,6 +101,9 @@ _SIGNATURES = ((b"GIF87a", "GIF"), (b"GIF89a", "GIF"), (b"BM", "BMP"), (b"II*\x0
                (b"8BPS", "PSD"), (b"%PDF", "PDF"))
 _ISO_BRANDS = {b"heic": "HEIC", b"heix": "HEIC", b"mif1": "HEIF", b"avif": "AVIF"}
 _STRIP_BYTES = 2 << 20  # rows decoded / reduced at a time when decoding downscaled
+# a PNG's decoder holds whole rows: a 40M x 1 image would hold 160 MB for its one row (1.2 GB measured while
+# decoding), so wider ones are refused; 1M pixels a row is 4 MB of RGBA, far wider than any photograph
+MAX_PNG_WIDTH = 1 << 20
 _ORIENTATION = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
                 5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
                 8: Image.Transpose.ROTATE_90}
@@ -174,6 +177,9 @@ def _decode(img: Image.Image, source: object, *, max_pixels: int | None, formats
                                  f"more than the limit of {max_pixels}")
     if w == 0 or h == 0:
         raise CorruptImageError(f"{_where(source)}image has zero size")
+    if img.format == "PNG" and w > MAX_PNG_WIDTH:
+        raise ImageTooLargeError(f"{_where(source)}image is {w} pixels wide, more than the limit of {MAX_PNG_WIDTH} "
+                                 "for PNG images (a PNG is decoded a whole row at a time)")
     streamable = _png_streamable(img)
     if max_whole_pixels is not None and w * h > max_whole_pixels and not streamable and img.format != "JPEG":
         raise ImageTooLargeError(
@@ -231,13 +237,13 @@ def _reduce_strips(strips: Callable[[int], Iterator[Image.Image]], size: tuple[i
     """Strips (top to bottom, full width) -> RGB at `target`: each strip converted and box-reduced as it
     comes, so only one strip exists at full resolution; then one resize to the exact size."""
     w, h = size
-    factor = max(1, min(w // target[0], h // target[1]))
-    canvas = Image.new("RGB", (-(-w // factor), -(-h // factor)))
+    fx, fy = max(1, w // target[0]), max(1, h // target[1])  # per axis: a 1 x 40M image reduces its long side
+    canvas = Image.new("RGB", (-(-w // fx), -(-h // fy)))
     y = 0
-    for strip in strips(_strip_rows(w, factor)):
+    for strip in strips(_strip_rows(w, fy)):
         rgb = to_rgb(strip)
-        small = rgb.reduce(factor) if factor > 1 else rgb
-        canvas.paste(small, (0, y // factor))
+        small = rgb.reduce((fx, fy)) if fx > 1 or fy > 1 else rgb
+        canvas.paste(small, (0, y // fy))
         y += strip.height
     if y != h:
         raise OSError(f"image data ends after {y} of {h} rows")

@@ -200,3 +200,34 @@ def test_a_png_with_a_bad_crc_or_no_pixels_is_a_corrupt_image_not_an_unknown_for
             load_image(data, formats=ACCEPTED_FORMATS)
     with pytest.raises(NotAnImageError, match="not a recognised image"):
         load_image(b"plain text, not a picture", formats=ACCEPTED_FORMATS)
+
+
+def _one_colour_rgba_png(w: int, h: int) -> bytes:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    comp = zlib.compressobj(9)
+    row = b"\x00" + b"\x10\x20\x30\xff" * w
+    idat = b"".join(comp.compress(row) for _ in range(h)) + comp.flush()
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 6, 0, 0, 0)) + chunk(b"IDAT", idat)
+            + chunk(b"IEND", b""))
+
+
+def test_extreme_aspect_pngs_decode_in_bounded_memory_or_are_refused(tmp_path):
+    """Issue 32: a 1 x N PNG reduces its long side (it was reduced by 1: +1.7 GB for 1 x 40M); an N x 1 PNG
+    wider than MAX_PNG_WIDTH is refused (its one row alone is N x 4 bytes)."""
+    from stylevar.images import ACCEPTED_FORMATS, MAX_PNG_WIDTH, ImageTooLargeError, load_image
+
+    tall = tmp_path / "tall.png"
+    tall.write_bytes(_one_colour_rgba_png(1, 4_000_000))
+    # VmHWM (this process's peak since exec; ru_maxrss would count the forked parent too)
+    probe = ("import sys\nfrom stylevar.images import load_image, ACCEPTED_FORMATS\n"
+             "def kb(key): return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith(key))\n"
+             "data = open(sys.argv[1], 'rb').read()\nbefore = kb('VmRSS')\n"
+             "img = load_image(data, formats=ACCEPTED_FORMATS, max_side=8192)\n"
+             "print(img.size, (kb('VmHWM') - before) / 1024)\n")
+    out = subprocess.run([sys.executable, "-c", probe, str(tall)], capture_output=True, text=True, check=True).stdout
+    size, added_mb = out.rsplit(" ", 1)
+    assert size == "(1, 8192)" and float(added_mb) < 100, out
+    with pytest.raises(ImageTooLargeError, match="pixels wide"):
+        load_image(_one_colour_rgba_png(MAX_PNG_WIDTH + 1, 1), formats=ACCEPTED_FORMATS, max_side=8192)
