@@ -45,6 +45,7 @@ class RequestMiddleware:
         rid = new_request_id(offered)
         token = request_id_var.set(rid)
         scope.setdefault("state", {})["request_id"] = rid
+        scope["state"]["arrived"] = time.monotonic()  # the request deadline counts from here (serve.routes)
         t0 = time.perf_counter()
         status = 0
 

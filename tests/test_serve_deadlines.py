@@ -99,3 +99,40 @@ def test_a_client_that_disconnects_has_its_job_dropped(server):
         get(before, "stylevar_http_requests_total", route="/stylize", method="POST", status="499") == 1
     assert get(after, "stylevar_batch_size_rows_count") == get(before, "stylevar_batch_size_rows_count"), \
         "the dropped job never reached the model"
+
+
+def test_the_deadline_counts_from_arrival_the_upload_included(tiny_model_dir, tmp_path):
+    """Issue 32: a body that takes longer than STYLEVAR_REQUEST_TIMEOUT_S to arrive gets 504, not a fresh
+    deadline after it is decoded."""
+    import io
+    import socket
+    import time
+
+    from PIL import Image
+
+    from serve.testing import ServerProcess
+
+    img = io.BytesIO()
+    Image.new("RGB", (20, 20), (9, 9, 9)).save(img, "PNG")
+    parts = b"".join(b"--b\r\nContent-Disposition: form-data; name=\"%s\"; filename=\"%s.png\"\r\n"
+                     b"Content-Type: image/png\r\n\r\n" % (n, n) + img.getvalue() + b"\r\n" for n in (b"content", b"style"))
+    body = parts + b"--b--\r\n"
+    srv = ServerProcess.serve(tiny_model_dir, settings={"STYLEVAR_REQUEST_TIMEOUT_S": "1", "STYLEVAR_WARMUP": "false"},
+                              log_dir=tmp_path)
+    try:
+        srv.wait_ready()
+        port = int(srv.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+            s.sendall(b"POST /stylize HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                      b"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: %d\r\n\r\n" % len(body))
+            half = len(body) // 2
+            s.sendall(body[:half])
+            time.sleep(1.5)  # slower than the deadline, quicker than the body timeout
+            s.sendall(body[half:])
+            answer = b""
+            while chunk := s.recv(4096):
+                answer += chunk
+    finally:
+        srv.stop()
+    text = answer.decode("latin-1")
+    assert text.startswith("HTTP/1.1 504") and "deadline_exceeded" in text, text[:400]

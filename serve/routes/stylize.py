@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated
@@ -81,10 +82,12 @@ def check_mix(upload: StylizeUpload) -> None:
                            f"style_mask: {len(masks)} mask(s) for {n} style file(s); give one per style")
 
 
-async def submit(state: ServiceState, upload: StylizeUpload, rid: str,
+async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
                  on_preview: PreviewFn | None = None) -> tuple[Job, Image.Image]:
     """Check the fields, take a queue slot (503 at once when the queue is full), then decode the
-    images (downscaled, a bounded number at a time) and queue the job."""
+    images (downscaled, a bounded number at a time) and queue the job with what is left of the request's
+    deadline: it counts from the request's arrival, the upload and decoding included."""
+    rid = request.state.request_id
     st = require_loaded(state)
     settings, form, styles, masks = st.settings, upload.form, upload.styles, upload.masks
     alphas = form.alpha_values()
@@ -123,9 +126,12 @@ async def submit(state: ServiceState, upload: StylizeUpload, rid: str,
                                                       style_strength=form.style_strength, guidance=form.guidance)
         key = GenerationKey(generation, form.resize, len(mix.images), form.upsample)
         task = StylizeTask(images[0], mix.images[0] if mix.plain else mix, seeds, on_preview)
+        left_s = settings.request_timeout_s - (time.monotonic() - request.state.arrived)
+        if left_s <= 0:
+            raise ServiceError(504, "deadline_exceeded", "the request took longer than the service's deadline "
+                                                         "(its upload and decoding took all of it)")
         try:
-            job = admission.submit(key, task, rows=len(seeds), timeout_s=settings.request_timeout_s,
-                                   request_id=rid)
+            job = admission.submit(key, task, rows=len(seeds), timeout_s=left_s, request_id=rid)
         except BatchError as e:
             st.metrics.rejected.labels(e.code).inc()
             raise from_batch_error(e) from e
@@ -173,7 +179,7 @@ async def stylize(request: Request, upload: Annotated[StylizeUpload, Depends(sty
     form = upload.form
     media = imaging.MEDIA_TYPES[form.format]
     representation = negotiate(request, media, form.num_samples)
-    job, content_img = await submit(state, upload, request.state.request_id)
+    job, content_img = await submit(state, upload, request)
     try:
         images = await wait_for_job(job, request)
     except ClientGone:
@@ -208,7 +214,7 @@ async def stylize_stream(request: Request, upload: Annotated[StylizeUpload, Depe
         loop.call_soon_threadsafe(previews.put_nowait, (k, previews_n3HW))
 
     form = upload.form
-    job, content_img = await submit(state, upload, request.state.request_id, on_preview)
+    job, content_img = await submit(state, upload, request, on_preview)
     side = state.runner.pipe.image_size
     fit = fit_of(content_img.size, side, form.resize)
     patch_nums = list(state.runner.pipe.config.transformer.patch_nums)
