@@ -8,7 +8,9 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import BinaryIO, Iterable
+
+from stylevar.atomic import atomic_write
 
 SPLITS = ("train", "val")
 
@@ -30,15 +32,15 @@ class ManifestEntry:
 
 
 def write_manifest(entries: Iterable[ManifestEntry], path: str | os.PathLike) -> Path:
-    """Write JSON lines atomically (a temporary file renamed into place)."""
+    """Write JSON lines (UTF-8) atomically: a temporary file renamed into place (stylevar.atomic)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+
+    def write(f: BinaryIO) -> None:
         for e in entries:
-            f.write(json.dumps(e.to_json(), ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-    return path
+            f.write((json.dumps(e.to_json(), ensure_ascii=False) + "\n").encode("utf-8"))
+
+    return atomic_write(path, write, what="manifest")
 
 
 def read_manifest(path: str | os.PathLike) -> list[ManifestEntry]:

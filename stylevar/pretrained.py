@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import torch
 from safetensors.torch import save_file
 
+from stylevar.atomic import atomic_write_path, atomic_write_text
 from stylevar.state_dict import StateDict, read_state_dict
 
 CONFIG_FILE = "config.json"
@@ -25,13 +26,12 @@ CONFIG_FILE = "config.json"
 
 def save_safetensors(sd: Mapping[str, torch.Tensor], path: str | os.PathLike, dtype: torch.dtype | None = None,
                      metadata: dict[str, str] | None = None) -> None:
-    """Write a state dict atomically; floating tensors are cast to `dtype` when given."""
+    """Write a state dict atomically; floating tensors are cast to `dtype` when given. A failed write (disk
+    full) raises :class:`stylevar.atomic.WriteFailedError`, ``path`` left as it was."""
     out = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().contiguous().cpu()
            for k, v in sd.items()}
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    save_file(out, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
+    size = sum(v.numel() * v.element_size() for v in out.values())
+    atomic_write_path(path, lambda tmp: save_file(out, str(tmp), metadata=metadata), size=size, what="weights")
 
 
 def load_safetensors(path: str | os.PathLike) -> StateDict:
@@ -49,8 +49,9 @@ def read_config(folder: str | os.PathLike) -> dict[str, Any]:
 
 
 def write_config(folder: str | os.PathLike, config: Mapping[str, Any]) -> None:
-    """``folder/config.json`` (one space of indent, a final newline: the layout of every model directory)."""
-    (Path(folder) / CONFIG_FILE).write_text(json.dumps(config, indent=1) + "\n")
+    """``folder/config.json`` (one space of indent, a final newline: the layout of every model directory),
+    written atomically."""
+    atomic_write_text(Path(folder) / CONFIG_FILE, json.dumps(config, indent=1) + "\n")
 
 
 def update_config(folder: str | os.PathLike, sections: Mapping[str, Any]) -> None:

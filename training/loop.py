@@ -51,6 +51,16 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
+from stylevar.atomic import (
+    DISK_FULL_ERRNOS,
+    WriteFailedError,
+    atomic_folder,
+    atomic_write,
+    atomic_write_text,
+    fsync_dir,
+    remove_quietly,
+    write_failure,
+)
 from stylevar.devices import parse_dtype
 
 CONFIG_NAME = "config.json"
@@ -135,6 +145,30 @@ def broadcast_(tensor: torch.Tensor, env: DistEnv, src: int = 0) -> torch.Tensor
     if env.distributed:
         dist.broadcast(tensor, src)
     return tensor
+
+
+def broadcast_object(obj: Any, env: DistEnv, src: int = 0) -> Any:
+    """``src``'s (picklable) ``obj`` on every rank (``obj`` itself for one process)."""
+    if not env.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def main_rank_write(env: DistEnv, write: Callable[[], None]) -> None:
+    """Run ``write`` on rank 0 while the other ranks wait; an OSError there (a :class:`WriteFailedError`:
+    disk full) is raised on every rank, so no rank is left waiting at a barrier for a write that failed."""
+    error: OSError | None = None
+    if env.is_main:
+        try:
+            write()
+        except OSError as e:
+            error = e
+    shared = broadcast_object(error, env)
+    env.barrier()  # rank 0 waits until every rank has the outcome (gloo aborts a rank whose peer left early)
+    if shared is not None:
+        raise shared
 
 
 # --------------------------------------------------------------------------------------------------
@@ -450,15 +484,6 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 @dataclass(frozen=True)
 class RunDir:
     """``RUN/``: config.json, log.jsonl, tb/, checkpoints/, final/."""
@@ -498,13 +523,18 @@ class RunDir:
 
         Keys in ``free_keys`` (output paths, logging and checkpoint cadence, worker counts) may change
         between invocations; any other difference raises :class:`RunConfigMismatchError` before any
-        work starts. Every rank checks, rank 0 writes.
+        work starts. Every rank checks, rank 0 writes (an unchanged config.json is not rewritten). Stale
+        temporary files of a killed process are removed first, so they cannot keep a full disk full; a
+        failed write of config.json (disk full) exits with one line (SystemExit), like the recipes'
+        input errors.
         """
         run = cls(Path(root))
         new = _jsonable(dict(config))
-        if run.config_path.exists():
+        text = json.dumps(new, indent=1, sort_keys=True) + "\n"
+        old_text = run.config_path.read_text() if run.config_path.exists() else None
+        if old_text is not None:
             try:
-                old = json.loads(run.config_path.read_text())
+                old = json.loads(old_text)
             except json.JSONDecodeError as e:
                 raise RunConfigMismatchError(f"{run.config_path} is not valid JSON ({e}); use a new --out") from e
             keys = (set(old) | set(new)) - set(free_keys)
@@ -516,10 +546,21 @@ class RunDir:
                     "Re-run the same command to resume it, or choose a new --out."
                 )
         env.barrier()
-        if env.is_main:
-            run.checkpoints.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(run.config_path, json.dumps(new, indent=1, sort_keys=True) + "\n")
-        env.barrier()
+
+        def write() -> None:
+            remove_stale_temps(run.root, ".*.tmp")
+            remove_stale_temps(run.checkpoints)
+            try:
+                run.checkpoints.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise write_failure(run.checkpoints, e) from e
+            if text != old_text:
+                atomic_write_text(run.config_path, text)
+
+        try:
+            main_rank_write(env, write)
+        except WriteFailedError as e:
+            raise SystemExit(f"error: {e}") from None
         return run
 
     def truncate_log(self, last_step: int) -> None:
@@ -583,25 +624,40 @@ class CheckpointManager:
     def save(self, step: int, state: Mapping[str, Any],
              write_sharded: Callable[[Path], None] | None = None) -> Path | None:
         """Write ``state`` for ``step`` (rank 0 only; all ranks wait). ``write_sharded(folder)`` (every rank
-        calls it, first) writes a sharded part to ``step-XXXXXXXX.dcp/``; the ``.pt`` then names it."""
+        calls it, first) writes a sharded part to ``step-XXXXXXXX.dcp/``; the ``.pt`` then names it.
+
+        A failed write (disk full) raises :class:`WriteFailedError` on every rank, with nothing of this
+        step left behind (no partial file, no sharded part) and the earlier checkpoints untouched; the
+        oldest are pruned only after the new one is complete.
+        """
         path = self.dir / f"step-{step:08d}.pt"
         if write_sharded is not None:
             write_sharded(path.with_suffix(SHARDED_SUFFIX))
             state = {**state, "sharded": path.with_suffix(SHARDED_SUFFIX).name}
-        if self.env.is_main:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.dir / f".{path.name}.{os.getpid()}.tmp"
-            with open(tmp, "wb") as f:
-                torch.save(dict(state), f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            _fsync_dir(self.dir)
-            for _, old in self.paths()[: -self.keep]:
-                old.unlink(missing_ok=True)
-                shutil.rmtree(old.with_suffix(SHARDED_SUFFIX), ignore_errors=True)
-        self.env.barrier()
+        main_rank_write(self.env, lambda: self._write(path, dict(state)))
         return path if self.env.is_main else None
+
+    def _write(self, path: Path, state: dict[str, Any]) -> None:
+        """``path`` holding ``state`` (atomically), then the checkpoints past ``keep`` removed."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            atomic_write(path, lambda f: torch.save(state, f), size=tensor_bytes(state), what="checkpoint")
+        except WriteFailedError:
+            remove_quietly(path.with_suffix(SHARDED_SUFFIX))  # a sharded part no .pt names is no checkpoint
+            raise
+        for _, old in self.paths()[: -self.keep]:
+            old.unlink(missing_ok=True)
+            shutil.rmtree(old.with_suffix(SHARDED_SUFFIX), ignore_errors=True)
+
+    def last_good_note(self) -> str:
+        """What a failed write leaves to resume from, and how: one sentence for the user."""
+        found = self.paths()
+        if not found:
+            return ("No earlier checkpoint exists: free some space and re-run the same command to start again "
+                    "from step 0")
+        step, last = found[-1]
+        return (f"The last good checkpoint, {last.name} (step {step}), is kept: free some space and re-run "
+                "the same command to resume from it")
 
     def load(self) -> LoadedCheckpoint:
         """The newest readable checkpoint (read on every rank); its ``state`` is None on a fresh run.
@@ -612,8 +668,7 @@ class CheckpointManager:
         file and why (nothing is renamed). Stale temp files are removed.
         """
         if self.env.is_main and self.dir.is_dir():
-            for p in self.dir.glob(".step-*.tmp"):
-                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            remove_stale_temps(self.dir)
             for p in self.dir.glob(f"step-*{SHARDED_SUFFIX}"):  # shards whose .pt was never written
                 if not p.with_suffix(".pt").exists():
                     shutil.rmtree(p, ignore_errors=True)
@@ -650,7 +705,7 @@ class CheckpointManager:
         if self.env.is_main:
             for b in bad:
                 os.replace(b.path, b.set_aside_as)
-            _fsync_dir(self.dir)
+            fsync_dir(self.dir)
         self.env.barrier()
 
 
@@ -704,17 +759,23 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     return dict(state)
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+def remove_stale_temps(folder: Path, pattern: str = ".step-*.tmp") -> None:
+    """Remove the temporary files and folders of writes a killed process left in ``folder`` (by default
+    those of checkpoints), so they cannot keep a full disk full."""
+    if folder.is_dir():
+        for p in folder.glob(pattern):
+            remove_quietly(p)
+
+
+def tensor_bytes(obj: Any) -> int:
+    """The bytes of the tensors in ``obj`` (nested mappings, lists, tuples): about its torch.save size."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, Mapping):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -1075,6 +1136,11 @@ class TrainingRun:
     :class:`Progress`), and at the end a summary line and ``RUN/final`` (written to a temp folder on rank 0,
     then renamed). ``log`` is the run's :class:`RunLogger`; ``resumed.extra`` the recipe's own saved state.
 
+    A write that fails during the run (a checkpoint, RUN/final or the log on a full disk) ends it with one
+    line, ``SystemExit("error: cannot write checkpoint step-... in FOLDER: disk full (...); it needs about
+    N, M free. The last good checkpoint, ..., is kept: ...")`` (exit status 1), on every rank; the partial
+    file is gone and a re-run resumes from that checkpoint.
+
         with loop.TrainingRun(run, state, max_steps=N, save_every=..., seed=...) as tr:
             step = tr.start
             while step < N:
@@ -1101,6 +1167,17 @@ class TrainingRun:
                    progress=cfg.progress, clock=clock)
 
     def __enter__(self) -> "TrainingRun":
+        try:
+            self._start()
+        except OSError as e:
+            stop = self._disk_exit(e)
+            if stop is None:
+                raise
+            raise stop from None
+        return self
+
+    def _start(self) -> None:
+        """Resume, open the log, and start the checkpoint schedule and the progress clock."""
         self.resumed = resume(self.ckpts, self.state, self.seed)
         self.start = self.resumed.step
         self.log = RunLogger(self.run, self.env, total_steps=self.max_steps, start_step=self.start,
@@ -1115,10 +1192,26 @@ class TrainingRun:
         self.schedule = CheckpointSchedule(self.env, max_steps=self.max_steps, every_steps=self.save_every,
                                            every_minutes=self.save_every_minutes, clock=self.clock)
         self.progress = Progress(self.start, self.max_steps, clock=self.clock)
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.log.close()
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> None:
+        try:
+            self.log.close()
+        except OSError:
+            if exc is None:
+                raise  # a failing close while another error propagates would only hide that one
+        stop = self._disk_exit(exc) if exc is not None else None
+        if stop is not None:
+            raise stop from None
+
+    def _disk_exit(self, exc: BaseException) -> SystemExit | None:
+        """The one-line exit for a write that failed during the run (None for any other error)."""
+        if isinstance(exc, WriteFailedError):
+            message = str(exc)
+        elif isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:  # e.g. appending to the log
+            message = f"cannot write in {self.run.root}: disk full ({exc.strerror})"
+        else:
+            return None
+        return SystemExit(f"error: {message}. {self.ckpts.last_good_note()}")
 
     def checkpoint_due(self, step: int) -> bool:
         """Whether ``step`` ends with a checkpoint (the same answer on every rank)."""
@@ -1140,17 +1233,13 @@ class TrainingRun:
             self.log.info(f"trained steps {self.start + 1}-{step} in {format_duration(self.progress.elapsed_s())}")
         if write_final is None or (self.start >= self.max_steps and self.run.final.exists()):
             return
-        if self.env.is_main:
-            tmp = self.run.root / ".final.tmp"
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            tmp.mkdir(parents=True)
-            write_final(tmp)
-            if self.run.final.exists():
-                shutil.rmtree(self.run.final)
-            os.replace(tmp, self.run.final)
+
+        def write() -> None:
+            with atomic_folder(self.run.final, what="model folder") as tmp:
+                write_final(tmp)
             self.log.info(f"wrote {self.run.final}")
-        self.env.barrier()
+
+        main_rank_write(self.env, write)
 
 
 class MetricWindow:

@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -35,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from stylevar.atomic import is_write_error, remove_quietly, replace_folder, temp_folder, write_failure
 from training.loop import CONFIG_NAME, SHARDED_SUFFIX, newest_checkpoint, read_checkpoint
 
 STRATEGIES = ("ddp", "fsdp")
@@ -90,18 +90,29 @@ def _state_dicts(module: nn.Module, optimizer: torch.optim.Optimizer | None) -> 
 
 
 def save_sharded(folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, env) -> None:
-    """Every rank writes its shards to ``folder`` (through a temp folder renamed by rank 0 at the end)."""
-    import torch.distributed.checkpoint as dcp
+    """Every rank writes its shards to ``folder`` (through a temp folder renamed by rank 0 at the end).
 
-    tmp = folder.with_name(f".{folder.name}.tmp")
+    A failed write (disk full on any rank: DCP reports it on every rank) raises
+    :class:`stylevar.atomic.WriteFailedError` on every rank, the temp folder removed by rank 0.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import CheckpointException
+
+    tmp = temp_folder(folder)
     if env.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_quietly(tmp)
     env.barrier()
-    dcp.save(_state_dicts(module, optimizer), checkpoint_id=str(tmp), no_dist=not env.distributed)
+    try:
+        dcp.save(_state_dicts(module, optimizer), checkpoint_id=str(tmp), no_dist=not env.distributed)
+    except (Exception, CheckpointException) as e:
+        if not is_write_error(e):
+            raise
+        failure = write_failure(folder, e, what="sharded checkpoint", partial=tmp if env.is_main else None)
+        env.barrier()  # every rank has its failure before any leaves the process group
+        raise failure from e
     env.barrier()
     if env.is_main:
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(tmp, folder)
+        replace_folder(tmp, folder)
     env.barrier()
 
 
