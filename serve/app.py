@@ -146,7 +146,9 @@ def create_app(settings: ServeSettings | None = None, *, ui_mounter: UiMounter |
     # innermost, so that its refusals carry the CORS headers, the request id and the access log line
     app.add_middleware(DrainMiddleware, drain=state.drain, always_open=operations.ALWAYS_OPEN_PATHS,
                        untracked_prefixes=(UI_PATH,), max_discard_bytes=settings.max_upload_bytes)
-    app.add_middleware(ContentLengthLimit, max_bytes=settings.max_upload_bytes, paths=stylize.PATHS)
+    # the UI's upload route too: the whole call (all its files) within the API's request limit
+    app.add_middleware(ContentLengthLimit, max_bytes=settings.max_upload_bytes,
+                       paths=(*stylize.PATHS, f"{UI_PATH}/gradio_api/upload"))
     app.add_middleware(BodyTimeout, seconds=settings.body_timeout_s, paths=stylize.PATHS)
     # outside the length limit: a keyless request is refused for its key, whatever it declares
     app.add_middleware(KeyBeforeBody, check=functools.partial(check_key, state), paths=stylize.PATHS)

@@ -44,6 +44,10 @@ class UIConfig:
     timeout_s: float = 120.0  # longest wait for the next stream event
     concurrency_limit: int = 16  # UI generations in flight at once (the service batches them)
     title: str = "StyleVAR"
+    # Gradio keeps every upload in its folder: files older than `upload_max_age_s` are deleted every
+    # `upload_clean_every_s` (gr.Blocks' delete_cache)
+    upload_max_age_s: int = 3600
+    upload_clean_every_s: int = 600
 
 
 def example_pairs() -> list[list[str]]:
@@ -247,7 +251,8 @@ class StyleVARUI:
     # ---- layout -----------------------------------------------------------------------------------
     def blocks(self) -> gr.Blocks:
         adain_ok = self.baseline_status.available
-        with gr.Blocks(title=self.config.title, analytics_enabled=False) as demo:
+        cleaning = (self.config.upload_clean_every_s, self.config.upload_max_age_s)
+        with gr.Blocks(title=self.config.title, analytics_enabled=False, delete_cache=cleaning) as demo:
             gr.Markdown(f"# {self.config.title}\nRe-draw a **content** picture in the look of a **style** picture. "
                         "The model draws coarse to fine, one token map per scale; watch it form in the preview.")
             model_panel = gr.Markdown("Loading model information…", elem_id="model-panel")
