@@ -72,6 +72,8 @@ class BatchConfig:
     max_batch_size: int = 8  # rows per run call (a single larger job still runs, alone)
     max_wait_s: float = 0.01  # how long the oldest job waits for company
     queue_size: int = 64  # jobs waiting, not counting the ones running
+    # refuse a job whose estimated wait (queue position x measured run time) is longer; None: no bound
+    max_queue_wait_s: float | None = None
 
 
 @dataclass(eq=False)
@@ -208,6 +210,11 @@ class Batcher:
         if taken >= self.config.queue_size:
             raise QueueFullError(f"the queue is full ({self.config.queue_size} jobs waiting)",
                                  self._retry_after(taken))
+        bound = self.config.max_queue_wait_s
+        wait = self.estimated_wait_s(taken)
+        if bound is not None and wait > bound:
+            raise QueueFullError(f"the estimated wait ({wait:.1f} s for {taken} jobs ahead) is longer than the "
+                                 f"service's bound of {bound:g} s", self._retry_after(taken))
 
     def _release(self) -> None:
         with self._cond:
@@ -247,9 +254,14 @@ class Batcher:
             self._observer.queue_depth(len(self._pending))
         self._observer.job_dropped("cancelled")
 
+    def estimated_wait_s(self, depth: int) -> float:
+        """Seconds until a job behind `depth` others is served: the batches ahead of it (shared by the
+        workers) times the measured run time (0 until a run has been timed)."""
+        batches_ahead = depth / self.config.max_batch_size / len(self._runs) + 1
+        return self._batch_seconds * batches_ahead
+
     def _retry_after(self, depth: int) -> int:
-        batches_ahead = depth / self.config.max_batch_size + 1
-        return max(1, math.ceil(self._batch_seconds * batches_ahead))
+        return max(1, math.ceil(self.estimated_wait_s(depth)))
 
     # -- worker side -------------------------------------------------------------------------------
     def _worker(self, run: RunFn) -> None:

@@ -47,6 +47,9 @@ class ServeSettings(BaseSettings):
     max_batch_size: int = Field(8, ge=1, le=256)  # rows (samples) per generate call
     max_wait_ms: float = Field(10.0, ge=0, le=10_000)
     queue_size: int = Field(64, ge=1)  # jobs waiting for a worker
+    # a request is admitted only if its estimated wait (queue position x measured batch time) is at most
+    # this; else 503 with a Retry-After from the same estimate. 0: no bound (only the queue size)
+    max_queue_wait_s: float = Field(20.0, ge=0)
     request_timeout_s: float = Field(60.0, gt=0)
     # after SIGTERM/SIGINT: how long requests in flight may take to finish while new ones are refused
     # (serve.drain); a Kubernetes terminationGracePeriodSeconds must be longer

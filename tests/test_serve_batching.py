@@ -1,6 +1,7 @@
 """The batcher with injected run functions: grouping, limits, cancellation, failures, OOM splitting."""
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -311,3 +312,27 @@ def test_admission_holds_a_slot_until_submitted_or_released(metrics):
     b.stop()
     with pytest.raises(StoppedError):
         b.admit()
+
+
+def test_admission_bounds_the_estimated_wait_not_only_the_queue_length(metrics):
+    """Issue 32: with max_queue_wait_s, a job is refused once the jobs ahead of it would take longer than the
+    bound (queue position x the measured run time), with a Retry-After from the same estimate."""
+    run = Recorder(delay=0.2)
+    b = make(run, metrics, max_batch_size=1, max_wait_s=0.0, max_queue_wait_s=1.0)
+    b.start()
+    try:
+        b.submit("a", 0, timeout_s=T).future.result(5)  # one timed run: about 0.2 s per batch
+        assert b.estimated_wait_s(0) == pytest.approx(0.2, abs=0.1)
+        admitted, refused = [], None
+        for i in range(20):
+            try:
+                admitted.append(b.submit("a", i, timeout_s=T))
+            except QueueFullError as e:
+                refused = e
+                break
+        assert refused is not None and "estimated wait" in str(refused)
+        assert 3 <= len(admitted) <= 6  # about 1 s of 0.2 s batches ahead, far below the queue size of 64
+        assert 1 <= refused.retry_after_s <= math.ceil(b.estimated_wait_s(len(admitted)))  # the same estimate
+        assert results(admitted) == [2 * i for i in range(len(admitted))]
+    finally:
+        b.stop()
