@@ -59,3 +59,18 @@ def test_gpu_bench_script_records_rows_and_regenerates_the_table(tmp_path):
     bad = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_bench.sh")], env={**env, "MODES": "graphs"},
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown mode" in bad.stderr
+
+
+def test_overload_benchmark_runs_and_reports_every_figure(tiny_model_dir, tmp_path, capsys):
+    from benchmarks import overload
+
+    out = tmp_path / "overload.json"
+    assert overload.main(["--rate", "4", "--seconds", "1.5", "--runs", "2", "--model", str(tiny_model_dir),
+                          "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert len(result["runs"]) == 2 and not result["tracebacks_in_log"]
+    for run in result["runs"]:
+        assert run["sent"] == 6 and sum(run["status"].values()) + run["connection_errors"] == 6
+        assert set(run["rss_mb"]) == {"start", "peak", "end"} and run["rss_mb"]["peak"] >= run["rss_mb"]["start"]
+    table = capsys.readouterr().out
+    assert "| run | sent | 200 | 503 |" in table and table.count("\n| 1 |") == 1
