@@ -85,3 +85,20 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def raw_exchange(url: str, path: str, head: str, *parts: bytes, pause_s: float = 0.0, timeout: float = 10.0) -> str:
+    """`POST path` on one plain socket, for what an HTTP client will not send (a Content-Length larger than
+    the body, a body that stalls): the request line and `head` (header lines), then each of `parts` with
+    `pause_s` between them; returns everything the server sends until it closes (or `timeout` raises)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: {host}\r\n{head}\r\n".encode("latin-1"))
+        for i, part in enumerate(parts):
+            if i and pause_s:
+                time.sleep(pause_s)
+            s.sendall(part)
+        answer = b""
+        while chunk := s.recv(4096):
+            answer += chunk
+    return answer.decode("latin-1")

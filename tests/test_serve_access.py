@@ -150,22 +150,14 @@ def test_x_forwarded_for_does_not_reset_the_failed_key_limit(tiny_model_dir, tmp
 def test_a_keyless_upload_is_refused_before_its_body_is_read(tiny_model_dir, tmp_path):
     """A request that declares 19 MB and sends 1 KB without a key gets its 401 at once (issue 32): the key
     is checked before the body is read."""
-    import socket
-
-    from serve.testing import ServerProcess
+    from serve.testing import ServerProcess, raw_exchange
 
     srv = ServerProcess.serve(tiny_model_dir, settings={"STYLEVAR_API_KEYS": "right", "STYLEVAR_WARMUP": "false"},
                               log_dir=tmp_path)
     try:
         srv.wait_ready()
-        port = int(srv.url.rsplit(":", 1)[1])
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-            s.sendall(b"POST /stylize HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
-                      b"Content-Length: 19000000\r\n\r\n" + b"x" * 1024)
-            answer = b""
-            while chunk := s.recv(4096):  # until the server closes (Connection: close), within 5 s or it raises
-                answer += chunk
-            answer = answer.decode("latin-1")
+        answer = raw_exchange(srv.url, "/stylize", "Content-Type: multipart/form-data; boundary=b\r\n"
+                              "Content-Length: 19000000\r\n", b"x" * 1024, timeout=5)
     finally:
         srv.stop()
     assert answer.startswith("HTTP/1.1 401") and '"unauthorized"' in answer and "www-authenticate: Bearer" in answer
@@ -174,27 +166,22 @@ def test_a_keyless_upload_is_refused_before_its_body_is_read(tiny_model_dir, tmp
 def test_a_stalled_or_lying_body_is_closed_within_the_body_timeout(tiny_model_dir, tmp_path):
     """Content-Length 100 kB, 1 kB sent, then nothing (issue 32): a JSON 408 within STYLEVAR_BODY_TIMEOUT_S."""
     import io
-    import socket
     import time
 
     import httpx
     from PIL import Image
 
-    from serve.testing import ServerProcess
+    from serve.testing import ServerProcess, raw_exchange
 
     # the batch window (2.5 s) outlasts the body timeout: a request whose body is in is not cut while it waits
     srv = ServerProcess.serve(tiny_model_dir, settings={"STYLEVAR_BODY_TIMEOUT_S": "1", "STYLEVAR_WARMUP": "false",
                                                         "STYLEVAR_MAX_WAIT_MS": "2500"}, log_dir=tmp_path)
     try:
         srv.wait_ready()
-        port = int(srv.url.rsplit(":", 1)[1])
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-            s.sendall(b"POST /stylize HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
-                      b"Content-Length: 100000\r\n\r\n--b\r\n" + b"x" * 1024)
-            t0, answer = time.monotonic(), b""
-            while chunk := s.recv(4096):
-                answer += chunk
-            waited = time.monotonic() - t0
+        t0 = time.monotonic()
+        text = raw_exchange(srv.url, "/stylize", "Content-Type: multipart/form-data; boundary=b\r\n"
+                            "Content-Length: 100000\r\n", b"--b\r\n" + b"x" * 1024)
+        waited = time.monotonic() - t0
         alive = httpx.get(srv.url + "/healthz", timeout=10).status_code
         img = io.BytesIO()
         Image.new("RGB", (40, 30), (200, 30, 30)).save(img, "PNG")
@@ -202,7 +189,6 @@ def test_a_stalled_or_lying_body_is_closed_within_the_body_timeout(tiny_model_di
         streamed = httpx.post(srv.url + "/stylize/stream", files=upload, timeout=30)
     finally:
         srv.stop()
-    text = answer.decode("latin-1")
     assert text.startswith("HTTP/1.1 408") and '"body_timeout"' in text, text
     assert waited < 5 and alive == 200
     assert streamed.status_code == 200 and "event: result" in streamed.text

@@ -105,12 +105,10 @@ def test_the_deadline_counts_from_arrival_the_upload_included(tiny_model_dir, tm
     """Issue 32: a body that takes longer than STYLEVAR_REQUEST_TIMEOUT_S to arrive gets 504, not a fresh
     deadline after it is decoded."""
     import io
-    import socket
-    import time
 
     from PIL import Image
 
-    from serve.testing import ServerProcess
+    from serve.testing import ServerProcess, raw_exchange
 
     img = io.BytesIO()
     Image.new("RGB", (20, 20), (9, 9, 9)).save(img, "PNG")
@@ -121,18 +119,9 @@ def test_the_deadline_counts_from_arrival_the_upload_included(tiny_model_dir, tm
                               log_dir=tmp_path)
     try:
         srv.wait_ready()
-        port = int(srv.url.rsplit(":", 1)[1])
-        with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
-            s.sendall(b"POST /stylize HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                      b"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: %d\r\n\r\n" % len(body))
-            half = len(body) // 2
-            s.sendall(body[:half])
-            time.sleep(1.5)  # slower than the deadline, quicker than the body timeout
-            s.sendall(body[half:])
-            answer = b""
-            while chunk := s.recv(4096):
-                answer += chunk
+        half = len(body) // 2  # the halves 1.5 s apart: slower than the deadline, quicker than the body timeout
+        text = raw_exchange(srv.url, "/stylize", f"Connection: close\r\nContent-Type: multipart/form-data; boundary=b"
+                            f"\r\nContent-Length: {len(body)}\r\n", body[:half], body[half:], pause_s=1.5, timeout=20)
     finally:
         srv.stop()
-    text = answer.decode("latin-1")
     assert text.startswith("HTTP/1.1 504") and "deadline_exceeded" in text, text[:400]

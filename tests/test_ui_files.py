@@ -257,16 +257,12 @@ def test_the_file_policy_allows_the_examples_and_blocks_system_folders(tmp_path)
 def test_an_upload_call_is_capped_and_the_upload_folder_is_cleaned(service):
     """Issue 32: one call to the mounted UI's upload route may not carry more than the API's request limit
     (it took 300 files of 20 MB each), and Gradio deletes uploads older than an hour."""
-    import socket
+    from serve.testing import raw_exchange
 
     srv, _ = service
-    with socket.create_connection(("127.0.0.1", int(srv.url.rsplit(":", 1)[1])), timeout=10) as s:
-        s.sendall(b"POST /ui/gradio_api/upload HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b"
-                  b"\r\nContent-Length: %d\r\n\r\n--b\r\n" % (21 * 2**20))
-        answer = b""
-        while chunk := s.recv(4096):
-            answer += chunk
-    assert answer.startswith(b"HTTP/1.1 413") and b"payload_too_large" in answer, answer[:300]
+    answer = raw_exchange(srv.url, "/ui/gradio_api/upload", "Content-Type: multipart/form-data; boundary=b\r\n"
+                          f"Content-Length: {21 * 2**20}\r\n", b"--b\r\n")
+    assert answer.startswith("HTTP/1.1 413") and "payload_too_large" in answer, answer[:300]
     from web.ui import StyleVARUI, UIConfig
 
     blocks = StyleVARUI(UIConfig(api_url="http://127.0.0.1:9")).blocks()
