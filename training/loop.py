@@ -127,8 +127,23 @@ def setup_distributed(device: str | None = None, timeout_s: float = 1800.0) -> D
     return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=dev)
 
 
+TEARDOWN_WAIT_S = 60.0  # how long a rank waits at teardown for the others before it gives up waiting
+
+
 def teardown_distributed() -> None:
-    if dist.is_available() and dist.is_initialized():
+    """Leave the process group once every rank has reached here (gloo aborts a rank whose peer destroyed the
+    group while it was still finishing, e.g. rank 0 writing a file: SIGABRT seen in tests/test_loop.py). A
+    rank that never comes (it failed) is waited for at most TEARDOWN_WAIT_S; the group is destroyed anyway."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=TEARDOWN_WAIT_S))
+        else:
+            dist.barrier()
+    except RuntimeError as e:
+        print(f"warning: leaving the process group without every rank: {str(e).splitlines()[0]}", file=sys.stderr)
+    finally:
         dist.destroy_process_group()
 
 
