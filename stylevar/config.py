@@ -20,13 +20,17 @@ def _linspace(lo: float, hi: float, n: int) -> tuple[float, ...]:
     return tuple(round(lo + (hi - lo) * i / (n - 1), 6) for i in range(n))
 
 
-class _Serializable:
+class Serializable:
+    """A frozen dataclass read from and written to a config.json section (lists for tuples); an unknown
+    field is an error, a missing section (None) gives the defaults."""
+
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)  # type: ignore[arg-type]
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]):
+    def from_dict(cls, d: dict[str, Any] | None):
+        d = d or {}
         names = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         unknown = sorted(set(d) - set(names))
         if unknown:
@@ -36,7 +40,7 @@ class _Serializable:
 
 
 @dataclass(frozen=True)
-class VQVAEConfig(_Serializable):
+class VQVAEConfig(Serializable):
     """VAR's multi-scale VQ-VAE. Downsampling factor is 2 ** (len(ch_mult) - 1)."""
 
     vocab_size: int = 4096  # V
@@ -89,7 +93,7 @@ class VQVAEConfig(_Serializable):
 
 
 @dataclass(frozen=True)
-class StyleVARConfig(_Serializable):
+class StyleVARConfig(Serializable):
     """The blended-attention transformer. Width and head count default to VAR's 64*depth and depth."""
 
     depth: int = 16

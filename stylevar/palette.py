@@ -21,19 +21,19 @@ recipe chooses the strength on its training split (`training.demo.choose_palette
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import kornia.color
 import torch
 
+from stylevar.config import Serializable
 from stylevar.transformer import StyleBlend
 
 _EPS = 1e-4  # Lab units: a flat channel is not divided by zero
 
 
 @dataclass(frozen=True)
-class Palette:
+class Palette(Serializable):
     strength: float = 0.0  # 0 = off; 1 = the drawing's Lab mean and std become the style's
 
     def __post_init__(self) -> None:
@@ -43,17 +43,6 @@ class Palette:
     @property
     def enabled(self) -> bool:
         return self.strength > 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> Palette:
-        d = d or {}
-        unknown = set(d) - {"strength"}
-        if unknown:
-            raise ValueError(f"palette: unknown fields {sorted(unknown)} (known: strength)")
-        return cls(strength=float(d.get("strength", 0.0)))
 
 
 def lab_moments(lab_B3HW: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,14 +36,14 @@ that resolution.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image, ImageOps
 
+from stylevar.config import Serializable
 from stylevar.images import Fit, tensor_to_pil, unfit
 from stylevar.postprocess import DEFAULT_UPSAMPLE, UPSAMPLE_MODES, UpsampleMode
 
@@ -51,7 +51,7 @@ _LUMA = (0.299, 0.587, 0.114)
 
 
 @dataclass(frozen=True)
-class Upsampling:
+class Upsampling(Serializable):
     mode: UpsampleMode = DEFAULT_UPSAMPLE
     strength: float = 1.0  # how much of the content's fine detail; 0 is bicubic
     radius: int = 2  # window radius at the model's resolution
@@ -73,18 +73,6 @@ class Upsampling:
     @property
     def guided(self) -> bool:
         return self.mode == "guided" and self.strength > 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k != "strip_pixels"}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> Upsampling:
-        """A model directory's `upsample` section (mode, strength, radius, eps; each optional)."""
-        d = dict(d or {})
-        known = {"mode", "strength", "radius", "eps"}
-        if set(d) - known:
-            raise ValueError(f"upsample: unknown fields {sorted(set(d) - known)} (known: {', '.join(sorted(known))})")
-        return cls(**d)
 
 
 def luminance(img_B3HW: torch.Tensor) -> torch.Tensor:

@@ -26,10 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stylevar.upsample import luminance
+
 QUANTILES = 256
 PROJECTIONS = 64
 TEXTURE_SEED = 1234
-_LUMA = (0.299, 0.587, 0.114)
 
 
 def _check_pair(a: torch.Tensor, b: torch.Tensor) -> None:
@@ -100,7 +101,7 @@ def texture_net(device: str = "cpu") -> TextureNet:
 
 
 def _normalised_luma(img_B3HW: torch.Tensor) -> torch.Tensor:
-    y = (img_B3HW.float() * img_B3HW.new_tensor(_LUMA).float().view(1, 3, 1, 1)).sum(1, keepdim=True)
+    y = luminance(img_B3HW.float())
     return (y - y.mean(dim=(2, 3), keepdim=True)) / y.std(dim=(2, 3), keepdim=True).clamp_min(1e-3)
 
 
