@@ -37,15 +37,12 @@ import argparse
 import copy
 import json
 import os
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from stylevar.config import StyleVARConfig, VQVAEConfig
+from benchmarks.side_by_side import STAGES, images, reference_shaped, time_turns, timing_arguments
 from stylevar.pipeline import StylePipeline
 
 # the issue's side-by-side measurement of the reference code on this configuration (CPU, 2 threads):
@@ -68,22 +65,10 @@ class StageBenchConfig:
     seed: int = 0
 
 
-# the configuration in the reference's own config.json fields (as in its golden_small config, at 160 px)
-REFERENCE_CONFIG = {"patch_nums": [1, 2, 3, 4, 5, 6, 8, 10], "V": 4096, "Cvae": 32, "ch": 32, "share_quant_resi": 4,
-                    "depth": 8, "attn_l2_norm": True}
-
-
-def reference_shaped() -> tuple[VQVAEConfig, StyleVARConfig]:
-    """The reference-shaped configuration: 160 px, 8 scales up to 10 x 10, V 4096, depth 8."""
-    vq = VQVAEConfig.from_reference(REFERENCE_CONFIG)
-    assert vq.image_size == 160
-    return vq, StyleVARConfig.from_reference(REFERENCE_CONFIG)
-
-
 def build(cfg: StageBenchConfig, state: tuple[dict, dict] | None = None):
     """The plain reference-shaped model: random weights (seed `cfg.seed`), or the reference's state dicts
     ``(vqvae_sd, stylevar_sd)`` loaded through this project's checkpoint loaders (identical weights)."""
-    from stylevar.checkpoints import load_stylevar, load_vqvae
+    from stylevar.convert import load_stylevar, load_vqvae
 
     if state is None:
         return StylePipeline.random(reference_shaped(), seed=cfg.seed).model.eval()
@@ -96,16 +81,6 @@ def prepared_copy(plain, precision: str):
     from stylevar.inference import InferenceConfig, prepare
 
     return prepare(copy.deepcopy(plain), InferenceConfig(precision=precision))
-
-
-def images(batch: int, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    content = torch.rand(batch, 3, size, size, generator=g) * 2 - 1
-    style = torch.rand(batch, 3, size, size, generator=g) * 2 - 1
-    return content, style
-
-
-STAGES = ("encode", "encoders", "condition", "loop", "decode", "total")
 
 
 def stage_fns(model, content: torch.Tensor, style: torch.Tensor) -> dict:
@@ -146,25 +121,6 @@ def time_stages(models: dict, batch: int, cfg: StageBenchConfig, reference=None)
     return out
 
 
-def time_turns(fns: dict[str, dict[str, Callable[[], object]]], batch: int, repeats: int, warmup: int
-               ) -> dict[str, dict[str, float]]:
-    """Median ms per image of each implementation's calls of each stage (`STAGES` order; an implementation
-    without a stage skips it), the implementations taking turns call by call, after ``warmup`` untimed rounds."""
-    out: dict[str, dict[str, float]] = {name: {} for name in fns}
-    for stage in STAGES:
-        taking_part = [name for name in fns if stage in fns[name]]
-        times: dict[str, list[float]] = {name: [] for name in taking_part}
-        for r in range(warmup + repeats):
-            for name in taking_part:
-                t0 = time.perf_counter()
-                fns[name][stage]()
-                if r >= warmup:
-                    times[name].append(time.perf_counter() - t0)
-        for name in taking_part:
-            out[name][stage] = 1000 * statistics.median(times[name]) / batch
-    return out
-
-
 @torch.inference_mode()
 def token_agreement(fp32_model, other_model, cfg: StageBenchConfig) -> float:
     """Fraction of sampled tokens that are equal, same inputs and seed, over `agreement_seeds` seeds."""
@@ -192,15 +148,8 @@ def greedy_difference(reference, model) -> float:
     return float((ours - theirs).abs().max())
 
 
-def timing_arguments(p: argparse.ArgumentParser, repeats: int, warmup: int) -> None:
-    """The options every CPU timing script here shares: batch sizes, repeats, warm-up calls, threads."""
-    p.add_argument("--batch-sizes", default="1,4")
-    p.add_argument("--repeats", type=int, default=repeats)
-    p.add_argument("--warmup", type=int, default=warmup)
-    p.add_argument("--threads", type=int, default=2)
-
-
-def main(argv: list[str] | None = None) -> int:
+def parse_config(argv: list[str] | None) -> tuple[StageBenchConfig, bool]:
+    """The command line as a `StageBenchConfig`, and whether to print JSON."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     timing_arguments(p, repeats=7, warmup=2)
     p.add_argument("--precisions", default="fp32",
@@ -218,16 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     cfg = StageBenchConfig(batch_sizes=tuple(int(b) for b in a.batch_sizes.split(",")), repeats=a.repeats,
                            warmup=a.warmup, threads=a.threads, precisions=precisions, reference=a.reference,
                            agreement_seeds=a.agreement_seeds)
-    torch.set_num_threads(cfg.threads)
-    reference = None
-    if cfg.reference:
-        from benchmarks.reference_pipeline import ReferenceMissing, build_reference, missing_message
+    return cfg, a.json
 
-        try:
-            reference = build_reference(cfg.seed)
-        except ReferenceMissing as e:
-            print(f"cpu_pipeline: {missing_message(e)}", file=sys.stderr)
-            return 2
+
+def measure(cfg: StageBenchConfig, reference=None) -> dict:
+    """Every figure of one run: stage times per batch size, token agreement, and the greedy difference to the
+    reference (when given: its models, `benchmarks.reference_pipeline.build_reference`)."""
     plain = build(cfg, None if reference is None else (reference.vae.state_dict(), reference.model.state_dict()))
     models = {"plain": plain, **{x: prepared_copy(plain, x) for x in cfg.precisions}}
     out = {"config": "reference-shaped d8, 160 px, 8 scales (255 tokens), V 4096", "threads": cfg.threads,
@@ -239,12 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     out["token_agreement_with_fp32"] = {x: token_agreement(plain, models[x], cfg)
                                         for x in cfg.precisions if x != "fp32"}
     out["load_after"] = os.getloadavg()[0]
-    if a.json:
-        print(json.dumps(out))
-        return 0
+    return out
+
+
+def print_report(out: dict, cfg: StageBenchConfig) -> None:
+    """The figures of `measure` as a table, with the ratio to the reference per batch size."""
     print(f"{out['config']}; {cfg.threads} threads; median of {cfg.repeats}; load {out['load']:.2f} -> "
           f"{out['load_after']:.2f}")
-    if reference is not None:
+    if "reference_greedy_max_pixel_difference" in out:
         print(f"  identical weights: greedy images of the reference and this project differ by at most "
               f"{out['reference_greedy_max_pixel_difference']:.2e}")
     for B, per_model in out["stages_ms_per_image"].items():
@@ -262,6 +209,25 @@ def main(argv: list[str] | None = None) -> int:
               + ", ".join(f"{n} {ref / st['total']:.2f}x faster" for n, st in per_model.items() if n != "reference"))
     for x, agreement in out["token_agreement_with_fp32"].items():
         print(f"  {x}: token agreement with fp32 (same seeds, {cfg.agreement_seeds} images): {100 * agreement:.2f}%")
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg, as_json = parse_config(argv)
+    torch.set_num_threads(cfg.threads)
+    reference = None
+    if cfg.reference:
+        from benchmarks.reference_pipeline import ReferenceMissing, build_reference, missing_message
+
+        try:
+            reference = build_reference(cfg.seed)
+        except ReferenceMissing as e:
+            print(f"cpu_pipeline: {missing_message(e)}", file=sys.stderr)
+            return 2
+    out = measure(cfg, reference)
+    if as_json:
+        print(json.dumps(out))
+    else:
+        print_report(out, cfg)
     return 0
 
 

@@ -49,7 +49,7 @@ from stylevar.metrics.structure import edge_correlation
 from stylevar.pipeline import StylePipeline
 from training import demo
 from stylevar.transformer import StyleVAR
-from training.loop import checkpoint_paths, read_checkpoint
+from training.parts.checkpoints import checkpoint_paths, read_checkpoint
 from training.presets import match_transformer
 from training.sft import read_tokenizer
 

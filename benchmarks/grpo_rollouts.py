@@ -24,11 +24,13 @@ import torch
 from data_tools.synth import SynthConfig, generate
 from stylevar.lora import LoRAConfig, attach_lora
 from stylevar.config import presets
-from stylevar.pipeline import PipelineConfig, StylePipeline
-from training import loop
+from stylevar.model_dir import PipelineConfig
+from stylevar.pipeline import StylePipeline
 from training.data import collate_triplets, open_triplets
-from training.grpo import GRPOConfig, GRPOTrainer, MergeConfig
+from training.grpo import GRPOConfig, GRPOTrainer
+from training.merge_control import MergeConfig
 from training.optim import make_adamw
+from training.parts.distributed import DistEnv
 from training.rewards import Reward, RewardConfig
 
 
@@ -43,7 +45,7 @@ def build_trainer(args: argparse.Namespace, batched: bool, device: torch.device)
     model.eval()
     opt = make_adamw(model, 1e-5, 0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    env = loop.DistEnv(0, 1, 0, device)
+    env = DistEnv(0, 1, 0, device)
     cfg = GRPOConfig(group_size=args.group_size, batched_rollouts=batched, rollout_chunk=args.rollout_chunk,
                      tf_chunk=args.tf_chunk)
     reward = Reward(RewardConfig("ssim", 5.0, image_size=pipe.image_size), device)

@@ -23,7 +23,7 @@ import numpy as np
 
 from benchmarks.load_test import demo_image
 from serve.testing import ServerProcess
-from stylevar.pipeline import DEMO_MODEL_DIR
+from stylevar.model_dir import DEMO_MODEL_DIR
 
 
 def rss_mb(pid: int) -> float:

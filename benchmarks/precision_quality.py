@@ -21,7 +21,8 @@ import os
 import torch
 
 from stylevar.inference import PRECISIONS, InferenceConfig, prepare
-from stylevar.pipeline import DEMO_MODEL_DIR, StylePipeline
+from stylevar.model_dir import DEMO_MODEL_DIR
+from stylevar.pipeline import StylePipeline
 from stylevar.transformer import Generated
 from training import demo
 

@@ -52,7 +52,7 @@ import torch
 import torchvision
 from torch import nn
 
-from benchmarks.cpu_pipeline import REFERENCE_CONFIG, images, time_turns, timing_arguments
+from benchmarks.side_by_side import REFERENCE_CONFIG, images, time_turns, timing_arguments
 from stylevar.config import StyleVARConfig
 
 REFERENCE_URL = "https://github.com/Senfier-LiqiJing/StyleVAR"

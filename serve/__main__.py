@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(settings.log_json, settings.log_level)
     log = logging.getLogger("serve")
 
-    from stylevar.hub import HubError, is_hub_id, resolve_model
+    from stylevar.hub import HubError, is_hub_id
+    from stylevar.pull import resolve_model
 
     if is_hub_id(settings.model_dir):  # pulled on first use; offline and not cached: one error before any work
         try:
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import uvicorn
 
-    from stylevar.pipeline import ModelDirError
+    from stylevar.model_dir import ModelDirError
 
     from .app import create_app
     from .drain import DrainingServer

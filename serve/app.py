@@ -19,7 +19,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.concurrency import run_in_threadpool
 
 import stylevar
-from stylevar.pipeline import check_model_dir
+from stylevar.model_dir import check_model_dir
 
 from . import imaging
 from .access import FailureLimiter, KeyRing, LoginAttemptLimit
@@ -28,10 +28,10 @@ from .drain import Drain, DrainMiddleware
 from .engine import ModelRunner, RunnerOptions, resolve_devices
 from .errors import install_error_handlers
 from .metrics import ServiceMetrics
-from .middleware import BodyTimeout, ContentLengthLimit, KeyBeforeBody, RequestMiddleware
+from .middleware import BeforeBody, BodyTimeout, ContentLengthLimit, RequestMiddleware, bearer_token
 from .routes import model, operations, stylize
 from .settings import ServeSettings
-from .state import ServiceState, check_key, require_key
+from .state import ServiceState, check_key, check_room, require_key
 
 if TYPE_CHECKING:
     from web import MountConfig
@@ -120,15 +120,7 @@ def create_app(settings: ServeSettings | None = None, *, ui_mounter: UiMounter |
     """
     settings = settings or ServeSettings()
     check_model_dir(settings.model_dir)
-    state = ServiceState(
-        settings=settings, metrics=ServiceMetrics(), keys=KeyRing(settings.api_keys),
-        auth_failures=FailureLimiter(settings.auth_max_failures, settings.auth_failure_window_s),
-        decoder=imaging.UploadDecoder(max_pixels=settings.max_pixels,
-                                      max_whole_pixels=settings.max_whole_decode_pixels,
-                                      concurrency=settings.decode_concurrency),
-        devices=resolve_devices(settings.device),
-        drain=Drain(settings.drain_timeout_s),
-    )
+    state = _service_state(settings)
     if not state.keys and not _is_loopback(settings.host):
         log.warning("listening on %s without API keys: anyone who reaches this port can use the service and "
                     "its UI; set STYLEVAR_API_KEYS", settings.host)
@@ -144,6 +136,31 @@ def create_app(settings: ServeSettings | None = None, *, ui_mounter: UiMounter |
     )
     app.state.service = state
     install_error_handlers(app)
+    _add_middleware(app, state)
+    _include_routers(app, settings)
+    if settings.ui:
+        (ui_mounter or default_ui_mounter)(app, settings)
+    else:
+        log.info("UI disabled (--no-ui)")
+    return app
+
+
+def _service_state(settings: ServeSettings) -> ServiceState:
+    """What the routes share (app.state.service); the model itself is loaded by the lifespan."""
+    return ServiceState(
+        settings=settings, metrics=ServiceMetrics(), keys=KeyRing(settings.api_keys),
+        auth_failures=FailureLimiter(settings.auth_max_failures, settings.auth_failure_window_s),
+        decoder=imaging.UploadDecoder(max_pixels=settings.max_pixels,
+                                      max_whole_pixels=settings.max_whole_decode_pixels,
+                                      concurrency=settings.decode_concurrency),
+        devices=resolve_devices(settings.device),
+        drain=Drain(settings.drain_timeout_s),
+    )
+
+
+def _add_middleware(app: FastAPI, state: ServiceState) -> None:
+    """The middleware stack, innermost first (each `add_middleware` wraps the ones before it)."""
+    settings = state.settings
     # innermost, so that its refusals carry the CORS headers, the request id and the access log line
     app.add_middleware(DrainMiddleware, drain=state.drain, always_open=operations.ALWAYS_OPEN_PATHS,
                        untracked_prefixes=(UI_PATH,), max_discard_bytes=settings.max_upload_bytes)
@@ -151,8 +168,12 @@ def create_app(settings: ServeSettings | None = None, *, ui_mounter: UiMounter |
     app.add_middleware(ContentLengthLimit, max_bytes=settings.max_upload_bytes,
                        paths=(*stylize.PATHS, f"{UI_PATH}/gradio_api/upload"))
     app.add_middleware(BodyTimeout, seconds=settings.body_timeout_s, paths=stylize.PATHS)
+    # a request the queue would refuse now costs no form parsing (the route checks again when it takes a slot)
+    app.add_middleware(BeforeBody, check=functools.partial(check_room, state), paths=stylize.PATHS,
+                       discard_bytes=settings.max_upload_bytes, stall_s=settings.body_timeout_s)
     # outside the length limit: a keyless request is refused for its key, whatever it declares
-    app.add_middleware(KeyBeforeBody, check=functools.partial(check_key, state), paths=stylize.PATHS)
+    app.add_middleware(BeforeBody, check=lambda scope: check_key(state, scope, bearer_token(scope)),
+                       paths=stylize.PATHS)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -164,18 +185,14 @@ def create_app(settings: ServeSettings | None = None, *, ui_mounter: UiMounter |
     app.add_middleware(LoginAttemptLimit, limiter=state.auth_failures, paths=(UI_LOGIN_PATH,))
     app.add_middleware(RequestMiddleware, metrics=state.metrics)
 
+
+def _include_routers(app: FastAPI, settings: ServeSettings) -> None:
     app.include_router(operations.router)
     if settings.metrics_access != "off":
         app.include_router(operations.metrics_router,
                            dependencies=[Depends(require_key)] if settings.metrics_access == "key" else None)
     app.include_router(model.router)
     app.include_router(stylize.router, max_body_size=settings.max_upload_bytes)
-
-    if settings.ui:
-        (ui_mounter or default_ui_mounter)(app, settings)
-    else:
-        log.info("UI disabled (--no-ui)")
-    return app
 
 
 def _is_loopback(host: str) -> bool:

@@ -202,6 +202,12 @@ class Batcher:
         """Queue a job; its `future` gets the run function's result for it, or a BatchError."""
         return self._enqueue(key, payload, rows, timeout_s, request_id, admitted=False)
 
+    def check_room(self) -> None:
+        """`QueueFullError` (or `StoppedError`) when `admit` would refuse now; takes no slot (a request
+        refused here costs nothing, e.g. before its body is read)."""
+        with self._cond:
+            self._check_room()
+
     def _check_room(self) -> None:
         """Called with the lock held."""
         if self._stopping:

@@ -142,7 +142,7 @@ class ConditionCache:
 def cached_condition(model, cache: ConditionCache, content_B3HW: torch.Tensor, style_B3HW: torch.Tensor,
                      unstyled: bool = False):
     """`model.condition(content, style, unstyled=...)` for one style image per row, from cached parts."""
-    from stylevar.transformer.model import Condition
+    from stylevar.transformer.condition import Condition
 
     cond_BD, style_ln_BLC = cache.rows("style", (), style_B3HW, model.style_parts)
     sos, content_ln, inject, unstyled_BD = cache.rows(

@@ -27,6 +27,7 @@ import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import error_response
+from .middleware import discard_body
 
 log = logging.getLogger("serve.drain")
 
@@ -80,18 +81,6 @@ class Drain:
                 "still_in_flight": self.in_flight}
 
 
-async def _discard_body(receive: Receive, limit: int) -> None:
-    """Read and drop up to `limit` bytes of the request body, so closing the connection does not reset it."""
-    seen = 0
-    while seen <= limit:
-        message = await receive()
-        if message["type"] != "http.request":
-            return
-        seen += len(message.get("body", b""))
-        if not message.get("more_body", False):
-            return
-
-
 class DrainMiddleware:
     """ASGI middleware: counts requests in flight; while draining, refuses new ones and closes
     each connection after its answer."""
@@ -111,7 +100,7 @@ class DrainMiddleware:
         drain = self.drain
         if drain.draining and path not in self.always_open:
             drain.refused += 1
-            await _discard_body(receive, self.max_discard_bytes)
+            await discard_body(receive, self.max_discard_bytes)
             await self._refuse(scope, receive, send, "the service is shutting down; retry on another replica")
             return
         counted = path not in self.always_open and not path.startswith(self.untracked_prefixes)

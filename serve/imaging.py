@@ -14,7 +14,7 @@ from typing import Literal
 from PIL import Image
 from starlette.concurrency import run_in_threadpool
 
-from stylevar.images import ACCEPTED_FORMATS, load_image
+from stylevar.images import ACCEPTED_FORMATS, ImageTooLargeError, load_image
 
 UPLOAD_FORMATS = ACCEPTED_FORMATS
 OutputFormat = Literal["png", "jpeg", "webp"]
@@ -30,6 +30,34 @@ def decode_upload(data: bytes, *, max_pixels: int, max_side: int | None = None,
                       max_whole_pixels=max_whole_pixels)
 
 
+def header_pixels(data: bytes) -> int | None:
+    """Width x height from an image's header (no pixel decoded); None when the header cannot be read (the
+    decoder then says why)."""
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            w, h = img.size
+    except Exception:  # noqa: BLE001 - any unreadable header: `decode_upload` names the problem
+        return None
+    return w * h
+
+
+class PixelBudget:
+    """The pixels one request may still decode, all its files together (`ServeSettings.max_request_pixels`)."""
+
+    def __init__(self, pixels: int):
+        self.limit = self.left = pixels
+
+    def charge(self, data: bytes) -> None:
+        """Count one upload's pixels before it is decoded; `ImageTooLargeError` once the request is over."""
+        pixels = header_pixels(data)
+        if pixels is None:
+            return
+        if pixels > self.left:
+            raise ImageTooLargeError(f"the request's images have more than {self.limit} pixels in all "
+                                     f"({self.limit - self.left} before this one, which has {pixels})")
+        self.left -= pixels
+
+
 class UploadDecoder:
     """Decodes uploads in worker threads, at most `concurrency` at once, so that the memory and CPU
     decoding takes are bounded whatever the number of requests in flight."""
@@ -38,7 +66,9 @@ class UploadDecoder:
         self.max_pixels, self.max_whole_pixels = max_pixels, max_whole_pixels
         self._slots = asyncio.Semaphore(concurrency)
 
-    async def decode(self, data: bytes, *, max_side: int) -> Image.Image:
+    async def decode(self, data: bytes, *, max_side: int, budget: PixelBudget | None = None) -> Image.Image:
+        if budget is not None:
+            budget.charge(data)
         async with self._slots:
             return await run_in_threadpool(decode_upload, data, max_pixels=self.max_pixels, max_side=max_side,
                                            max_whole_pixels=self.max_whole_pixels)

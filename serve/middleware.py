@@ -82,21 +82,43 @@ class RequestMiddleware:
             request_id_var.reset(token)
 
 
-class KeyBeforeBody:
-    """With API keys set, refuse a request to `paths` without a valid Bearer key (JSON 401, or 429 once its
-    client failed too often) before its body is read: a keyless client cannot hold the service reading a
-    large or slow upload it will refuse anyway. The check is `check(scope, key)` (the routes' own)."""
+async def discard_body(receive: Receive, limit: int, stall_s: float | None = None) -> None:
+    """Read and drop up to `limit` bytes of the request body, so closing the connection does not reset it;
+    with `stall_s`, give up when nothing arrives for that long (a client that declared more than it sends)."""
+    seen = 0
+    while seen <= limit:
+        try:
+            message = await asyncio.wait_for(receive(), stall_s)
+        except asyncio.TimeoutError:
+            return
+        if message["type"] != "http.request":
+            return
+        seen += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
-    def __init__(self, app: ASGIApp, check: Callable[[Scope, str | None], None], paths: tuple[str, ...]):
+
+class BeforeBody:
+    """Refuse a request to `paths` before its body is read when `check(scope)` raises a ServiceError (its JSON
+    answer, `Connection: close`): a keyless client cannot hold the service reading an upload it will refuse,
+    and a request the queue has no room for costs no form parsing. ``discard_bytes``: after answering, read and
+    drop up to this many bytes of the body, so that closing the connection does not reset it under a client
+    still sending (0: close at once), each part within ``stall_s`` of the last."""
+
+    def __init__(self, app: ASGIApp, check: Callable[[Scope], None], paths: tuple[str, ...], discard_bytes: int = 0,
+                 stall_s: float | None = None):
         self.app, self.check, self.paths = app, check, paths
+        self.discard_bytes, self.stall_s = discard_bytes, stall_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope.get("path") in self.paths:
             try:
-                self.check(scope, bearer_token(scope))
+                self.check(scope)
             except ServiceError as e:
                 headers = {**e.headers, "Connection": "close"}
                 await error_response(e.status, e.code, e.detail, headers)(scope, receive, send)
+                if self.discard_bytes:
+                    await discard_body(receive, self.discard_bytes, self.stall_s)
                 return
         await self.app(scope, receive, send)
 

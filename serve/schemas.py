@@ -3,81 +3,61 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Literal
+from typing import Any, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from stylevar.generation import DEFAULT_GENERATION
-from stylevar.pipeline import MAX_STYLES
-from stylevar.postprocess import MAX_SEED, UPSAMPLE_MODES, check_style_weights
+from stylevar.options import FORM, Option, StylizeOptions, offered
 
-MAX_ALPHAS_CHARS = 4096  # far more than any model's scale count needs
-MAX_WEIGHTS_CHARS = 256  # MAX_STYLES numbers
-MAX_GUIDANCE = 10.0  # far past where pictures stop looking like anything
+FORM_OPTIONS = offered(FORM)
+FORM_LIST = {opt.name: opt for opt in FORM_OPTIONS if opt.is_list}  # given as text, parsed by `parse_list`
+LIST_ENCODING = "; comma-separated or a JSON list"
 
 
-class StylizeForm(BaseModel):
-    """Generation and output options of `POST /stylize` and `POST /stylize/stream` (form fields)."""
+class FormOptions(BaseModel):
+    """What `StylizeForm` does beyond its fields (those are derived from `stylevar.options`)."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
-    style_strength: float = Field(0.0, ge=-1.0, le=1.0, description="-1 keeps more content, 1 more style")
-    # `None` is the absent field; a form cannot send null, so the schema leaves it out
-    seed: int | SkipJsonSchema[None] = Field(
-        None, ge=0, le=MAX_SEED, description="random when absent; sample i uses seed + i"
-    )
-    top_k: int | SkipJsonSchema[None] = Field(
-        None, ge=0, le=1_000_000,
-        description=f"0 switches top-k off; absent: the model's recommended value (else {DEFAULT_GENERATION.top_k})",
-    )
-    top_p: float | SkipJsonSchema[None] = Field(
-        None, ge=0.0, le=1.0,
-        description=f"0 or 1 switches nucleus sampling off; absent: the model's value "
-                    f"(else {DEFAULT_GENERATION.top_p})",
-    )
-    num_samples: int = Field(1, ge=1, le=4)
-    alphas: str | SkipJsonSchema[None] = Field(
-        None, max_length=MAX_ALPHAS_CHARS,
-        description="per-scale blend coefficients in [0, 1], one per scale: comma-separated or a JSON list",
-        examples=["0.2,0.3,0.4,0.5,0.6,0.7"],
-    )
-    resize: Literal["crop", "pad", "stretch"] = Field(
-        "stretch", description="how the inputs are fitted into the model's square; crop returns the centre square"
-    )
-    preserve_color: bool = Field(False, description="keep the content's colours, transfer the texture")
-    upsample: Literal["guided", "bicubic"] | SkipJsonSchema[None] = Field(
-        None, description=f"how the model's drawing reaches the result's size ({' or '.join(UPSAMPLE_MODES)}): "
-                          "guided adds the content's fine detail where the drawing follows the content, bicubic "
-                          "only resizes; absent: the model's setting (guided unless its config.json says otherwise)",
-    )
-    format: Literal["png", "jpeg", "webp"] = "png"
-    style_weights: str | SkipJsonSchema[None] = Field(
-        None, max_length=MAX_WEIGHTS_CHARS,
-        description=f"one weight >= 0 per `style` file, in their order (not all 0; normalised to sum to 1): "
-                    f"comma-separated or a JSON list; absent: equal. At most {MAX_STYLES} styles.",
-        examples=["0.7,0.3"],
-    )
-    guidance: float = Field(
-        0.0, ge=0.0, le=MAX_GUIDANCE,
-        description="push the result away from what the model draws without the style (the content as its "
-                    "own style): 0 = off; larger = more style, less content",
-    )
-
-    @field_validator("alphas", "style_weights")
-    @classmethod
-    def _numbers_parse(cls, value: str | None, info: ValidationInfo) -> str | None:
-        """A blank list is none; any other must parse (`alpha_values`, `weight_values`)."""
-        if value is None or not value.strip():
-            return None
-        (parse_alphas if info.field_name == "alphas" else parse_weights)(value)
-        return value
+    def options(self) -> StylizeOptions:
+        """The form as the declaration's values (list options parsed)."""
+        values = {opt.name: getattr(self, opt.name) for opt in FORM_OPTIONS}
+        values.update({name: parse_list(name, values[name]) for name in FORM_LIST if values[name] is not None})
+        return StylizeOptions.of(values)
 
     def alpha_values(self) -> tuple[float, ...] | None:
-        return None if self.alphas is None else parse_alphas(self.alphas)
+        """The per-scale alphas as numbers (None: the model's own)."""
+        return self.options().alphas
 
-    def weight_values(self) -> tuple[float, ...] | None:
-        return None if self.style_weights is None else parse_weights(self.style_weights)
+
+def blank_or_parsed(cls, value: str | None, info: ValidationInfo) -> str | None:
+    """A blank list is none; any other must parse (`parse_list`)."""
+    if value is None or not value.strip():
+        return None
+    parse_list(info.field_name, value)
+    return value
+
+
+def form_field(opt: Option) -> tuple[Any, Any]:
+    """The form field of an option: a list option is text; None (absent) is left out of the schema, as a form
+    cannot send null."""
+    kind = str if opt.is_list else opt.type
+    limits = {"max_length": opt.max_chars} if opt.is_list else {
+        k: v for k, v in (("ge", opt.ge), ("le", opt.le)) if v is not None}
+    if opt.example:
+        limits["examples"] = [opt.example]
+    description = opt.describe("absent", LIST_ENCODING if opt.is_list else "")
+    return (Union[kind, SkipJsonSchema[None]] if opt.optional else kind,
+            Field(opt.default, description=description, **limits))
+
+
+StylizeForm = create_model(
+    "StylizeForm", __base__=FormOptions, __module__=__name__,
+    __doc__="Generation and output options of `POST /stylize` and `POST /stylize/stream` (form fields).",
+    __validators__={"lists_parse": field_validator(*FORM_LIST)(blank_or_parsed)},
+    **{opt.name: form_field(opt) for opt in FORM_OPTIONS},
+)
 
 
 def parse_numbers(text: str, what: str) -> tuple[float, ...]:
@@ -95,20 +75,14 @@ def parse_numbers(text: str, what: str) -> tuple[float, ...]:
     return values
 
 
-def parse_weights(text: str) -> tuple[float, ...]:
-    """Style weights: 1 to MAX_STYLES numbers >= 0, not all 0."""
-    values = parse_numbers(text, "style_weights")
-    if len(values) > MAX_STYLES:
-        raise ValueError(f"at most {MAX_STYLES} style weights, got {len(values)}")
-    return check_style_weights(values)
+def parse_list(name: str, text: str) -> tuple[float, ...]:
+    """A list option's form text -> its values, checked by the declaration (`Option.check`)."""
+    return FORM_LIST[name].check(parse_numbers(text, name))
 
 
 def parse_alphas(text: str) -> tuple[float, ...]:
     """`0.2,0.3` or `[0.2, 0.3]` -> floats in [0, 1]; anything else (deeply nested JSON included) is a ValueError."""
-    values = parse_numbers(text, "alphas")
-    if not all(0.0 <= v <= 1.0 for v in values):
-        raise ValueError("every alpha must lie in [0, 1]")
-    return values
+    return parse_list("alphas", text)
 
 
 class ErrorBody(BaseModel):

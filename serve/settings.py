@@ -12,8 +12,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 def demo_model_dir() -> Path:
-    """The embedded demo model, `stylevar.pipeline.DEMO_MODEL_DIR` (imported when first asked for: it loads torch)."""
-    from stylevar.pipeline import DEMO_MODEL_DIR
+    """The embedded demo model, `stylevar.model_dir.DEMO_MODEL_DIR` (imported when first asked for: it loads torch)."""
+    from stylevar.model_dir import DEMO_MODEL_DIR
 
     return DEMO_MODEL_DIR
 
@@ -60,6 +60,9 @@ class ServeSettings(BaseSettings):
     # seconds an upload's body may stall between two parts before the request is closed (408)
     body_timeout_s: float = Field(15.0, gt=0, le=600)
     max_pixels: int = Field(40_000_000, ge=1)  # per input image, checked before decoding
+    # all the images of one request together (content, styles, masks), from their headers before decoding:
+    # decoding time grows with pixels, so nine 40-megapixel files in one request are refused (413)
+    max_request_pixels: int = Field(120_000_000, ge=1)
     # WebP and 16-bit or interlaced PNG cannot be decoded downscaled (JPEG and 8-bit PNG are): their own limit
     max_whole_decode_pixels: int = Field(4_194_304, ge=1)
     decode_concurrency: int = Field(2, ge=1, le=64)  # uploads decoded at once (worker threads)

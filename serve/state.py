@@ -13,10 +13,10 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from . import imaging
 from .access import FailureLimiter, KeyRing, client_of, too_many_attempts
-from .batching import Batcher
+from .batching import Batcher, BatchError
 from .drain import Drain
 from .engine import ModelRunner
-from .errors import ServiceError
+from .errors import ServiceError, from_batch_error
 from .metrics import ServiceMetrics
 from .settings import ServeSettings
 
@@ -52,6 +52,18 @@ def get_state(request: Request) -> ServiceState:
     return request.app.state.service
 
 
+def check_room(state: ServiceState, scope) -> None:
+    """Refuse (ServiceError 503 with Retry-After) a request the queue would refuse now, before its body is read
+    (`serve.middleware.BeforeBody`); nothing to check before the model is loaded (the route answers that)."""
+    if state.batcher is None:
+        return
+    try:
+        state.batcher.check_room()
+    except BatchError as e:
+        state.metrics.rejected.labels(e.code).inc()
+        raise from_batch_error(e) from e
+
+
 def require_loaded(state: ServiceState) -> ServiceState:
     """`state` once the model is loaded; 503 (Retry-After: 5) before."""
     if state.batcher is None or not state.runners:
@@ -84,5 +96,5 @@ def require_key(request: Request,
                 credentials: HTTPAuthorizationCredentials | None = Depends(bearer),  # noqa: B008
                 state: ServiceState = Depends(get_state)) -> None:  # noqa: B008
     """A route dependency: `check_key` on the request's Bearer token. (The upload routes are checked before
-    their body is read, by `serve.middleware.KeyBeforeBody`; this is the same check, for every route.)"""
+    their body is read, by `serve.middleware.BeforeBody`; this is the same check, for every route.)"""
     check_key(state, request.scope, credentials.credentials if credentials is not None else None)

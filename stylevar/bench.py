@@ -13,17 +13,17 @@ takes minutes) says so before it starts.
 """
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import json
 import platform
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+
+from stylevar.atomic import atomic_write_text
 
 TABLE_BEGIN, TABLE_END = "<!-- bench-table:begin -->", "<!-- bench-table:end -->"
 
@@ -104,17 +104,46 @@ def estimate_seconds(cfg: BenchConfig, probe_s: float) -> float:
     return gen + tf + naive
 
 
-def _stderr(line: str) -> None:
-    print(f"bench: {line}", file=sys.stderr, flush=True)
+@dataclass
+class _Bench:
+    """What every stage of a run shares: the model, its device, its image side and one random stream."""
+
+    cfg: BenchConfig
+    model: torch.nn.Module
+    device: torch.device
+    side: int
+    g: torch.Generator
+    say: Callable[[str], None]
+
+    def images(self, batch: int) -> torch.Tensor:
+        """Random images in [-1, 1] (the next draws of the run's stream)."""
+        return (torch.rand(batch, 3, self.side, self.side, generator=self.g) * 2 - 1).to(self.device)
+
+    def timed(self, fn) -> float:
+        return _timed(fn, self.device, self.cfg.repeats, self.cfg.warmup)
 
 
 def run(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> BenchResult:
     """The benchmark; ``progress`` (e.g. a stderr printer) gets one line per stage and the estimate."""
+    bench = _build(cfg, progress or (lambda line: None))
+    use_bf16 = bench.model.autocast_dtype is not None
+    res = BenchResult(cfg.preset, bench.device.type, machine_name(bench.device), _dt.date.today().isoformat(),
+                      cfg.compile, "bf16" if use_bf16 else "fp32")
+    _probe(bench)
+    res.generate = _time_generate(bench)
+    res.teacher_forcing = _time_teacher_forcing(bench)
+    if cfg.naive:
+        res.naive = _time_naive(bench)
+    return res
+
+
+def _build(cfg: BenchConfig, say: Callable[[str], None]) -> _Bench:
+    """The preset with random weights on the device (bf16 autocast on CUDA unless switched off, compiled
+    when asked); a missing device is one clear error, before any model is built."""
     from stylevar.devices import resolve_device
     from stylevar.pipeline import StylePipeline
 
-    say = progress or (lambda line: None)
-    device = resolve_device(cfg.device)  # a missing device is one clear error, before any model is built
+    device = resolve_device(cfg.device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     t_build = time.perf_counter()
@@ -123,51 +152,68 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> Benc
     n_params = sum(p.numel() for p in model.parameters())
     say(f"built preset {cfg.preset} with random weights ({n_params / 1e6:.1f} M parameters, "
         f"{pipe.image_size} px) on {device} in {_fmt_seconds(time.perf_counter() - t_build)}")
-    use_bf16 = device.type == "cuda" and cfg.bf16
-    model.autocast_dtype = torch.bfloat16 if use_bf16 else None
+    model.autocast_dtype = torch.bfloat16 if device.type == "cuda" and cfg.bf16 else None
     if cfg.compile:
         from stylevar.transformer.fast import compile_model
 
         compile_model(model)
-    S = pipe.image_size
-    g = torch.Generator().manual_seed(cfg.seed)
-    res = BenchResult(cfg.preset, device.type, machine_name(device), _dt.date.today().isoformat(), cfg.compile,
-                      "bf16" if use_bf16 else "fp32")
+    return _Bench(cfg, model, device, pipe.image_size, torch.Generator().manual_seed(cfg.seed), say)
 
-    say("probe: one generate call at batch 1" + (" (compiles first)" if cfg.compile else ""))
-    probe_img = (torch.rand(1, 3, S, S, generator=torch.Generator().manual_seed(cfg.seed)) * 2 - 1).to(device)
+
+def _probe(bench: _Bench) -> None:
+    """One batch-1 `generate` call (its own random image), and the estimate of the whole run from it."""
+    cfg, side = bench.cfg, bench.side
+    bench.say("probe: one generate call at batch 1" + (" (compiles first)" if cfg.compile else ""))
+    probe_img = (torch.rand(1, 3, side, side, generator=torch.Generator().manual_seed(cfg.seed)) * 2 - 1)
+    probe_img = probe_img.to(bench.device)
     t0 = time.perf_counter()
-    model.generate(probe_img, probe_img, seed=0)
-    _sync(device)
+    bench.model.generate(probe_img, probe_img, seed=0)
+    _sync(bench.device)
     probe = time.perf_counter() - t0
-    say(f"probe took {_fmt_seconds(probe)}; the whole run will take about "
-        f"{_fmt_seconds(estimate_seconds(cfg, probe))}")
+    bench.say(f"probe took {_fmt_seconds(probe)}; the whole run will take about "
+              f"{_fmt_seconds(estimate_seconds(cfg, probe))}")
 
+
+def _time_generate(bench: _Bench) -> list[dict]:
+    """One row per batch size: ms per image, images/s, TFLOP/s (FLOPs measured at the first batch size),
+    peak memory on CUDA and, given the device's peak, the fraction of it."""
+    cfg = bench.cfg
+    rows, flops_per_image = [], 0.0
     for B in cfg.batch_sizes:
-        say(f"generate at batch {B}: {cfg.warmup} warm-up + {cfg.repeats} timed calls")
-        content = (torch.rand(B, 3, S, S, generator=g) * 2 - 1).to(device)
-        style = (torch.rand(B, 3, S, S, generator=g) * 2 - 1).to(device)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        sec = _timed(lambda: model.generate(content, style, seed=0), device, cfg.repeats, cfg.warmup)
+        bench.say(f"generate at batch {B}: {cfg.warmup} warm-up + {cfg.repeats} timed calls")
+        sec, peak, flops = _generate_at(bench, B, count_flops=B == cfg.batch_sizes[0])
+        flops_per_image = flops_per_image if flops is None else flops / B
         row = {"batch": B, "ms_per_image": 1000 * sec / B, "images_per_s": B / sec}
-        if device.type == "cuda":
-            row["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-        if B == cfg.batch_sizes[0]:
-            flops_per_image = _flops(lambda: model.generate(content, style, seed=0)) / B
+        if peak is not None:
+            row["peak_mem_gib"] = peak
         row["tflops_per_s"] = flops_per_image * B / sec / 1e12
         if cfg.peak_tflops:
             row["fraction_of_peak"] = row["tflops_per_s"] / cfg.peak_tflops
-        res.generate.append(row)
-        say(f"generate at batch {B}: {row['ms_per_image']:.1f} ms/image")
-    if res.generate:
-        res.generate[0]["gflop_per_image"] = flops_per_image / 1e9
+        rows.append(row)
+        bench.say(f"generate at batch {B}: {row['ms_per_image']:.1f} ms/image")
+    if rows:
+        rows[0]["gflop_per_image"] = flops_per_image / 1e9
+    return rows
 
-    # teacher-forcing training step: forward + backward
+
+def _generate_at(bench: _Bench, batch: int, count_flops: bool) -> tuple[float, float | None, int | None]:
+    """`generate` on a batch of random images: (median seconds, peak GiB on CUDA, FLOPs when counted)."""
+    content, style = bench.images(batch), bench.images(batch)
+    device = bench.device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    sec = bench.timed(lambda: bench.model.generate(content, style, seed=0))
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    flops = _flops(lambda: bench.model.generate(content, style, seed=0)) if count_flops else None
+    return sec, peak, flops
+
+
+def _time_teacher_forcing(bench: _Bench) -> dict:
+    """Training tokens/s of a teacher-forcing step (forward + backward)."""
+    cfg, model = bench.cfg, bench.model
     B = cfg.tf_batch
-    content = (torch.rand(B, 3, S, S, generator=g) * 2 - 1).to(device)
-    style = (torch.rand(B, 3, S, S, generator=g) * 2 - 1).to(device)
-    idx = model.tokenizer.encode_indices((torch.rand(B, 3, S, S, generator=g) * 2 - 1).to(device))
+    content, style = bench.images(B), bench.images(B)
+    idx = model.tokenizer.encode_indices(bench.images(B))
     target = torch.cat(idx, dim=1)
     model.train()
 
@@ -177,30 +223,29 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> Benc
         loss.backward()
         model.zero_grad(set_to_none=True)
 
-    say(f"teacher forcing at batch {B}: {cfg.warmup} warm-up + {cfg.repeats} timed steps")
-    sec = _timed(step, device, cfg.repeats, cfg.warmup)
+    bench.say(f"teacher forcing at batch {B}: {cfg.warmup} warm-up + {cfg.repeats} timed steps")
+    sec = bench.timed(step)
     model.eval()
-    res.teacher_forcing = {"batch": B, "tokens_per_s": B * model.cfg.num_tokens / sec, "ms_per_step": 1000 * sec}
-    say(f"teacher forcing at batch {B}: {B * model.cfg.num_tokens / sec:.0f} tokens/s")
+    bench.say(f"teacher forcing at batch {B}: {B * model.cfg.num_tokens / sec:.0f} tokens/s")
+    return {"batch": B, "tokens_per_s": B * model.cfg.num_tokens / sec, "ms_per_step": 1000 * sec}
 
-    if cfg.naive:
-        # the transformer loop alone: condition (tokenizer + encoders) once, shared by both paths
-        from stylevar.sampling import make_generators
-        from stylevar.transformer.naive import naive_sample_tokens
 
-        content = (torch.rand(1, 3, S, S, generator=g) * 2 - 1).to(device)
-        style = (torch.rand(1, 3, S, S, generator=g) * 2 - 1).to(device)
-        with torch.no_grad():
-            cond = model.condition(content, style)
-        alpha_K = model.blend_alphas()
-        say("sampling loop at batch 1: this path, then the naive blend")
-        fast = _timed(lambda: model.sample_tokens(cond, make_generators(0, 1, device), alpha_K), device,
-                      cfg.repeats, cfg.warmup)
-        naive = _timed(lambda: naive_sample_tokens(model, cond, make_generators(0, 1, device), alpha_K), device,
-                       cfg.repeats, cfg.warmup)
-        res.naive = {"batch": 1, "naive_ms_per_image": 1000 * naive, "fast_ms_per_image": 1000 * fast,
-                     "speedup": naive / fast}
-    return res
+def _time_naive(bench: _Bench) -> dict:
+    """The transformer loop alone against the naive blend, at batch 1: the condition (tokenizer + encoders)
+    is computed once and shared by both paths."""
+    from stylevar.sampling import make_generators
+    from stylevar.transformer.naive import naive_sample_tokens
+
+    model, device = bench.model, bench.device
+    content, style = bench.images(1), bench.images(1)
+    with torch.no_grad():
+        cond = model.condition(content, style)
+    alpha_K = model.blend_alphas()
+    bench.say("sampling loop at batch 1: this path, then the naive blend")
+    fast = bench.timed(lambda: model.sample_tokens(cond, make_generators(0, 1, device), alpha_K))
+    naive = bench.timed(lambda: naive_sample_tokens(model, cond, make_generators(0, 1, device), alpha_K))
+    return {"batch": 1, "naive_ms_per_image": 1000 * naive, "fast_ms_per_image": 1000 * fast,
+            "speedup": naive / fast}
 
 
 def format_result(res: BenchResult) -> str:
@@ -251,38 +296,10 @@ def write_table(records_path: Path, table_path: Path) -> None:
         text += f"\n{TABLE_BEGIN}\n{TABLE_END}\n"
     head, rest = text.split(TABLE_BEGIN, 1)
     _, tail = rest.split(TABLE_END, 1)
-    table_path.write_text(f"{head}{TABLE_BEGIN}\n{table_rows(records)}\n{TABLE_END}{tail}")
+    atomic_write_text(table_path, f"{head}{TABLE_BEGIN}\n{table_rows(records)}\n{TABLE_END}{tail}")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The arguments of `stylevar bench` (listed in stylevar.cli)."""
-    p.add_argument("--preset", default="tiny")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--batch-sizes", default="1,8", help="comma-separated batch sizes for generate")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--tf-batch", type=int, default=4, help="batch size of the teacher-forcing step")
-    p.add_argument("--naive", action="store_true", help="also time the naive blend at batch 1")
-    p.add_argument("--compile", action="store_true", help="torch.compile the per-scale transformer step")
-    p.add_argument("--fp32", action="store_true", help="no bf16 autocast on CUDA")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--peak-tflops", type=float, default=None, help="device peak (bf16 dense) for the fraction")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--record", type=Path, help="append the result to this JSON-lines file")
-    p.add_argument("--table", type=Path, help="regenerate the table in this markdown file from --record")
-    p.set_defaults(func=_main)
-
-
-def _main(args: argparse.Namespace) -> int:
-    cfg = BenchConfig(preset=args.preset, device=args.device,
-                      batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")), repeats=args.repeats,
-                      warmup=args.warmup, naive=args.naive, compile=args.compile, bf16=not args.fp32,
-                      tf_batch=args.tf_batch, threads=args.threads, peak_tflops=args.peak_tflops)
-    res = run(cfg, progress=_stderr)
-    print(json.dumps(asdict(res), indent=1) if args.json else format_result(res))
-    if args.record:
-        with open(args.record, "a") as f:
-            f.write(json.dumps(asdict(res)) + "\n")
-        if args.table:
-            write_table(args.record, args.table)
-    return 0
+def append_record(res: BenchResult, records_path: Path) -> None:
+    """Add ``res`` as one JSON line to the records file (the file is replaced whole, never left torn)."""
+    old = records_path.read_text() if records_path.exists() else ""
+    atomic_write_text(records_path, old + json.dumps(asdict(res)) + "\n")

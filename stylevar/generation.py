@@ -4,7 +4,8 @@ the blend (style strength, per-scale alphas, guidance).
 `StyleVAR.generate` takes them as keyword arguments (`GenerationConfig.kwargs()`), its defaults are
 `DEFAULT_GENERATION`'s. A model directory's config.json may recommend some of them
 (`"generation": {"top_k": 64, "top_p": 0.9}`); `StylePipeline.generation_config` puts a caller's values
-over the model's over these defaults. This module imports no torch (the command line's help reads it).
+over the model's over these defaults. The stylize options that several surfaces offer (`stylevar.options`)
+take their sampling and blend defaults from here. This module imports no torch (the command line's help reads it).
 """
 from __future__ import annotations
 

@@ -1,37 +1,31 @@
-"""Models and files on the Hugging Face Hub: hub ids, `stylevar pull`, and the `--model` resolver.
+"""Files on the Hugging Face Hub: hub ids, the cache, downloads. This module fetches files only; turning
+a published model into a model directory (`stylevar pull`, `resolve_model`) is `stylevar.pull`'s.
 
 Every download goes through `huggingface_hub`, so its cache (`HF_HOME` / `HF_HUB_CACHE`), its token
 (`HF_TOKEN`), its offline switch (`HF_HUB_OFFLINE=1`) and its endpoint (`HF_ENDPOINT`, for a mirror of the
-Hub) apply. The environment is read on each call, not once at import.
+Hub) apply. The cache folder and the offline switch are read on each call, not once at import.
 
 A hub id names a published StyleVAR model: `hf:OWNER/NAME[@REVISION][:VARIANT]` (variant `grpo`, the
 default, or `sft`). Its repository holds the reference checkpoints (`vae_ch160v4096z32.pth` and
-`StyleVAR-GRPO.pth` or `StyleVAR_SFT.pth`); pulling it downloads them, converts them with the project's
-checkpoint loaders and writes a model directory whose `config.json` records the repository, the revision,
-the commit and the sha256 of each source file. The model's shape is the `d20` preset unless the
-repository carries `stylevar_config.json` (the reference config fields, as `stylevar convert --config`
-takes) or the caller names another (`--preset`, `--config`).
-
-`resolve_model(value)` is the one function every entry point calls on its `--model` value: a hub id
-becomes its model directory (pulled on first use, which is an explicit request for it), anything else is
-taken as a directory as it is. Offline with files missing from the cache, it raises `HubError` before any
-other work, naming the repository, the files and the `stylevar pull` command.
+`StyleVAR-GRPO.pth` or `StyleVAR_SFT.pth`) and, optionally, `stylevar_config.json` (the reference config
+fields of its weights, as `stylevar convert --config` takes). Offline with files missing from the cache,
+`check_cached` raises `HubError` before any other work, naming the repository, the files and the
+`stylevar pull` command.
 
 This module imports neither torch nor huggingface_hub until it needs them.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 import re
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from stylevar.paths import home
 
 PREFIX = "hf:"
 DEFAULT_REPO = "Senfier-LiqiJing/StyleVAR"
@@ -61,8 +55,10 @@ class HubFile:
 
     @property
     def url(self) -> str:
-        endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
-        return f"{endpoint}/{self.repo_id}/resolve/{self.revision}/{self.filename}"
+        """Where huggingface_hub downloads it from (its endpoint: `HF_ENDPOINT`)."""
+        from huggingface_hub import hf_hub_url
+
+        return hf_hub_url(self.repo_id, self.filename, revision=self.revision)
 
 
 @dataclass(frozen=True)
@@ -108,8 +104,6 @@ class HubModel:
 
     def default_dir(self, shape: "Shape") -> Path:
         """`STYLEVAR_HOME/models/OWNER--NAME/VARIANT[@REVISION][-SHAPE]`."""
-        from stylevar.weights import home
-
         name = self.variant
         if self.revision != DEFAULT_REVISION:
             name += "@" + re.sub(r"[^A-Za-z0-9_.-]", "_", self.revision)
@@ -148,8 +142,11 @@ class Shape:
 
 
 # ------------------------------------------------------------------------------------------------ the cache
+# huggingface_hub.constants reads HF_HUB_CACHE, HF_HOME and HF_HUB_OFFLINE once, when huggingface_hub is first
+# imported; a process that sets them later (a test, a service configured after start-up) must still be
+# obeyed, so these two read them now, falling back on constants for huggingface_hub's own defaults.
 def cache_dir() -> Path:
-    """huggingface_hub's cache folder by its own variables, read now: HF_HUB_CACHE, else HF_HOME/hub."""
+    """huggingface_hub's cache folder by its own variables: HF_HUB_CACHE, else HF_HOME/hub, else its default."""
     env = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
     if env:
         return Path(env).expanduser()
@@ -161,7 +158,7 @@ def cache_dir() -> Path:
 
 
 def offline() -> bool:
-    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE), read now as well as when huggingface_hub was imported."""
+    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE), now or when huggingface_hub was imported."""
     from huggingface_hub import constants
 
     return constants.HF_HUB_OFFLINE or any(
@@ -258,7 +255,7 @@ def _silent_bar():
     return Silent
 
 
-def _optional(f: HubFile) -> Path | None:
+def optional_file(f: HubFile) -> Path | None:
     """An optional file of the repository: its path, or None when the repository has none."""
     found = cached_path(f)
     if found is not None or _cached_absent(f):
@@ -276,197 +273,3 @@ def sha256_of(path: Path, *, progress: bool = True) -> str:
             digest.update(chunk)
             bar.update(len(chunk))
     return digest.hexdigest()
-
-
-# ------------------------------------------------------------------------------------------------ pulling
-@dataclass(frozen=True)
-class PullResult:
-    path: Path
-    skipped: bool  # the folder was already complete: nothing done
-
-
-def _source_matches(folder: Path, model: HubModel, shape: Shape) -> bool:
-    """`folder` is a whole model directory pulled from `model` with `shape`."""
-    try:
-        source = json.loads((folder / "config.json").read_text())["extra"]["source"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    if (source.get("repo"), source.get("variant"), source.get("revision"), source.get("shape")) != (
-            model.repo_id, model.variant, model.revision, shape.key):
-        return False
-    from stylevar.pipeline import missing_model_files  # (torch: only once a pulled folder is there)
-
-    return not missing_model_files(folder)
-
-
-def _is_pulled(folder: Path) -> bool:
-    try:
-        return "source" in json.loads((folder / "config.json").read_text()).get("extra", {})
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def _configs(shape: Shape, repo_shape: dict[str, Any] | None):
-    from stylevar.config import StyleVARConfig, VQVAEConfig, presets
-
-    ref = shape.reference if shape.reference is not None else (None if shape.preset else repo_shape)
-    if ref is not None:
-        try:
-            return VQVAEConfig.from_reference(ref), StyleVARConfig.from_reference(ref)
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"the reference config lacks or mistypes a field ({e!r}); it needs patch_nums, "
-                             "V, Cvae, ch and depth") from None
-    return presets(shape.preset or DEFAULT_PRESET)
-
-
-def _model_card(model: HubModel, source: dict[str, Any]) -> str:
-    rows = "\n".join(f"| `{name}` | `{info['sha256']}` | {info['size']:,} |" for name, info in source["files"].items())
-    return (f"# {model.checkpoint} ({model.repo_id})\n\n"
-            f"Converted by `stylevar pull` from the Hugging Face repository `{model.repo_id}`, revision "
-            f"`{model.revision}` (commit `{source['commit']}`), variant `{model.variant}`, shape `{source['shape']}`.\n"
-            "The weights are the published ones, only rearranged into this project's layout.\n\n"
-            f"| source file | sha256 | bytes |\n|---|---|---|\n{rows}\n")
-
-
-def pull(model: HubModel, *, shape: Shape = Shape(), out: str | os.PathLike | None = None, force: bool = False,
-         progress: bool = True) -> PullResult:
-    """Download `model`'s checkpoints, convert them and write a model directory (default: `model.default_dir`).
-
-    A folder that already holds this pull (same repository, variant, revision and shape) is left as it is
-    unless `force`. The folder is written next to its place and renamed into it, so it is whole or absent;
-    a lock (below STYLEVAR_HOME/.locks) lets one process convert while others (the ranks of a torchrun
-    job) wait for it.
-    """
-    dest = Path(out) if out is not None else model.default_dir(shape)
-    if not force and _source_matches(dest, model, shape):
-        return PullResult(dest, skipped=True)
-    if dest.exists() and (not dest.is_dir() or (any(dest.iterdir()) and not _is_pulled(dest))):
-        raise ValueError(f"{dest} exists and is not a folder written by `stylevar pull`; choose another --out")
-    check_cached(model, shape)  # offline: fail before any download or model work
-
-    from filelock import FileLock
-
-    from stylevar.weights import home
-
-    locks = home() / ".locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    key = hashlib.sha256(str(dest.resolve()).encode()).hexdigest()[:16]
-    with FileLock(str(locks / f"pull-{key}.lock")):
-        if not force and _source_matches(dest, model, shape):  # another process pulled it meanwhile
-            return PullResult(dest, skipped=True)
-        _pull_into(model, shape, dest, progress)
-    return PullResult(dest, skipped=False)
-
-
-def _pull_into(model: HubModel, shape: Shape, dest: Path, progress: bool) -> None:
-    paths = {f.filename: download(f, progress=progress) for f in model.files()}
-    repo_shape = None
-    if shape.preset is None and shape.reference is None:
-        found = _optional(HubFile(model.repo_id, SHAPE_FILE, model.revision))
-        if found is not None:
-            try:
-                repo_shape = json.loads(found.read_text())
-            except ValueError as e:
-                raise ValueError(f"{model.repo_id}/{SHAPE_FILE} is not JSON ({e})") from None
-    vq_cfg, tr_cfg = _configs(shape, repo_shape)
-
-    from tqdm.auto import tqdm
-
-    with tqdm(total=len(paths) + 3, desc=f"convert {model.id}", unit="step", file=sys.stderr,
-              disable=not progress) as steps:
-        files: dict[str, dict[str, Any]] = {}
-        for name, path in paths.items():
-            assert path is not None
-            digest = sha256_of(path, progress=progress)
-            blob = path.resolve().name
-            if re.fullmatch(r"[0-9a-f]{64}", blob) and blob != digest:  # LFS blobs are named by their sha256
-                raise ValueError(f"cached {name} is damaged: sha256 {digest} is not its blob name {blob}; "
-                                 f"delete {path.resolve()} and pull again")
-            files[name] = {"sha256": digest, "size": path.stat().st_size}
-            steps.update()
-        commit = paths[model.checkpoint].parent.name  # .../snapshots/<commit>/<file>
-        source = {"repo": model.repo_id, "variant": model.variant, "revision": model.revision, "commit": commit,
-                  "shape": shape.key, "files": files, "hub_id": model.id}
-        if repo_shape is not None:
-            source["shape_file"] = SHAPE_FILE
-
-        from stylevar.checkpoints import load_stylevar, load_vqvae
-        from stylevar.pipeline import StylePipeline
-
-        tokenizer = load_vqvae(paths[VAE_FILE], vq_cfg)
-        steps.update()
-        transformer = load_stylevar(paths[model.checkpoint], tr_cfg, tokenizer)
-        steps.update()
-        pipe = StylePipeline.from_models(transformer, name=Path(model.checkpoint).stem, extra={"source": source})
-        staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
-        try:
-            pipe.save_pretrained(staging, model_card=_model_card(model, source))
-            if dest.exists():  # an older pull, or an empty folder: replaced whole
-                old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-                os.replace(dest, old)
-                shutil.rmtree(old, ignore_errors=True)
-            os.replace(staging, dest)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        steps.update()
-
-
-def resolve_model(value: str | os.PathLike | None, *, progress: bool = True) -> Path | None:
-    """The local model directory for a `--model` value: a hub id is pulled on first use and becomes its
-    folder below STYLEVAR_HOME/models; a path is returned as it is; None (the demo model) stays None."""
-    if value is None:
-        return None
-    if not is_hub_id(value):
-        return Path(value)
-    return pull(HubModel.parse(os.fspath(value)), progress=progress).path
-
-
-# ------------------------------------------------------------------------------------------------ CLI
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The arguments of `stylevar pull` (listed in stylevar.cli)."""
-    p.description = ("Download a published StyleVAR model from the Hugging Face Hub (through huggingface_hub: its "
-                     "cache, HF_TOKEN, HF_HUB_OFFLINE, HF_ENDPOINT) and convert it into a model directory. "
-                     "Re-running is a no-op once the folder is complete.")
-    p.add_argument("repo_id", nargs="?", default=DEFAULT_REPO, metavar="REPO_ID",
-                   help=f"Hub repository OWNER/NAME (default {DEFAULT_REPO})")
-    p.add_argument("--variant", choices=tuple(VARIANTS), default=None,
-                   help=f"which checkpoint: grpo ({VARIANTS['grpo']}, LoRA merged; the default) or sft ({VARIANTS['sft']})")
-    shape = p.add_mutually_exclusive_group()
-    shape.add_argument("--preset", default=None, help=f"model shape (default: the repository's {SHAPE_FILE} "
-                                                      f"if it has one, else {DEFAULT_PRESET})")
-    shape.add_argument("--config", metavar="CONFIG.json",
-                       help="reference config fields (patch_nums, V, Cvae, ch, depth, ...) for non-standard sizes")
-    p.add_argument("--revision", default=DEFAULT_REVISION, help="branch, tag or commit (default main)")
-    p.add_argument("--out", default=None, metavar="DIR",
-                   help="model directory to write (default STYLEVAR_HOME/models/OWNER--NAME/VARIANT...)")
-    p.add_argument("--force", action="store_true", help="convert again even if the folder is complete")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=_cmd_pull)
-
-
-def _cmd_pull(args: argparse.Namespace) -> int:
-    from stylevar import preflight
-    from stylevar.config import PRESETS
-
-    model = HubModel.parse(args.repo_id.removeprefix(PREFIX), prefix=False)  # a hub id is taken too
-    model = HubModel(model.repo_id, args.variant or model.variant,
-                     args.revision if args.revision != DEFAULT_REVISION else model.revision)
-    if args.preset is not None and args.preset not in PRESETS:
-        raise preflight.InputError(f"--preset {args.preset!r}: choose from {', '.join(PRESETS)}")
-    shape = Shape(preset=args.preset)
-    if args.config:
-        try:
-            shape = Shape(reference=json.loads(preflight.input_file(args.config, "--config").read_text()))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise preflight.InputError(f"--config {args.config} is not a JSON file ({e})") from None
-    if args.out is not None:
-        preflight.output_folder(args.out, "--out folder")
-    result = pull(model, shape=shape, out=args.out, force=args.force, progress=not args.quiet)
-    if result.skipped:
-        print(f"{model.id} is already at {result.path}: nothing to do (--force converts again)")
-    else:
-        print(f"wrote {result.path}")
-    print(f"use it with: stylevar stylize CONTENT STYLE -o OUT.png --model {result.path}\n"
-          f"         or: python -m serve --model {result.path}")
-    return 0

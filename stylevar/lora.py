@@ -4,7 +4,7 @@ A wrapped linear keeps its frozen weight as ``base_weight`` (and its ``bias``) a
 update: ``W = base_weight + scaling * lora_B @ lora_A`` with ``lora_A`` (r, in), ``lora_B`` (out, r),
 ``scaling = alpha / r``; ``lora_B`` starts at zero so an attached model computes what the base does.
 These are the names the published GRPO checkpoints use (``<name>.base_weight``, ``<name>.lora_A``,
-``<name>.lora_B``), which :func:`stylevar.checkpoints.bake_lora` bakes.
+``<name>.lora_B``), which :func:`stylevar.convert.bake_lora` bakes.
 
 The naive baseline (`stylevar.transformer.naive`) reads the projections' ``weight`` directly, so the
 adapter exposes the effective matrix as a ``weight`` property as well as applying the low-rank path in

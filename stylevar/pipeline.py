@@ -1,15 +1,16 @@
 """StylePipeline: a model directory in, PIL images in and out.
 
-A model directory holds `config.json`, `tokenizer.safetensors`, `transformer.safetensors` and a
-`README.md` model card. Each model reads and writes its own weights file and config.json section
-(`MultiScaleVQVAE` / `StyleVAR`.save_pretrained, from_pretrained); the pipeline composes them and owns
-the rest of config.json (`PipelineConfig`). The embedded demo model lives in `stylevar/assets/demo/`.
+A model directory (`stylevar.model_dir`) holds `config.json`, `tokenizer.safetensors`,
+`transformer.safetensors` and a `README.md` model card. Each model reads and writes its own weights file
+and config.json section (`MultiScaleVQVAE` / `StyleVAR`.save_pretrained, from_pretrained); the pipeline
+composes them with the rest of config.json (`PipelineConfig`). A hub id is pulled into a model directory
+first (`stylevar.pull`). The embedded demo model lives in `stylevar/assets/demo/`.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -19,19 +20,17 @@ from PIL import Image
 from stylevar.config import StyleVARConfig, VQVAEConfig, presets
 from stylevar.devices import resolve_autocast_dtype, resolve_device
 from stylevar.generation import GenerationConfig
+from stylevar.options import PYTHON, StylizeOptions, offered
 from stylevar.images import Fit, ResizeMode, fit_square, pil_to_tensor, tensor_to_pil, to_rgb, unfit
 from stylevar.postprocess import (MAX_STYLES, OutputOptions, UpsampleMode, check_style_weights, finish,
                                   sample_seeds)
-from stylevar.pretrained import CONFIG_FILE, read_config, write_config
-from stylevar.palette import Palette, match_palette
-from stylevar.refine import Refinement, refine
+from stylevar.model_dir import DEMO_MODEL_DIR, PipelineConfig, check_model_dir, write_model_dir
+from stylevar.palette import match_palette
+from stylevar.pull import resolve_model
+from stylevar.refine import refine
 from stylevar.upsample import Upsampling, upscale
 from stylevar.tokenizer import MultiScaleVQVAE
 from stylevar.transformer import Condition, StyleBlend, StyleVAR
-
-DEMO_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "demo"
-DEMO_LABEL = "demo model (trained on synthetic data)"
-FORMAT_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -85,79 +84,6 @@ class StyleMix:
                         None if self.masks is None else tuple(self.masks[i] for i in keep))
 
 
-class ModelDirError(FileNotFoundError):
-    """A model directory that is missing or incomplete."""
-
-
-MODEL_FILES = (CONFIG_FILE, MultiScaleVQVAE.weights_file, StyleVAR.weights_file)
-
-
-def missing_model_files(path: Path) -> list[str]:
-    """The files of a model directory (`MODEL_FILES`) that `path` lacks."""
-    return [name for name in MODEL_FILES if not (path / name).is_file()]
-
-
-@dataclass
-class PipelineConfig:
-    tokenizer: VQVAEConfig
-    transformer: StyleVARConfig
-    name: str = "stylevar"
-    demo: bool = False
-    # the model's recommended generation settings (e.g. {"top_k": 64, "top_p": 0.9}); a caller's explicit
-    # value wins, and without either the defaults of `stylevar.generation.GenerationConfig` apply
-    generation: dict[str, Any] = field(default_factory=dict)
-    # content-guided refinement of the output (stylevar.refine); off unless the model directory asks for it
-    refine: Refinement = field(default_factory=Refinement)
-    # the style's palette given to the output (stylevar.palette); off unless the model directory asks for it
-    palette: Palette = field(default_factory=Palette)
-    # how drawings reach the result's size (stylevar.upsample); written to config.json only when not the default
-    upsample: Upsampling = field(default_factory=Upsampling)
-    extra: dict[str, Any] = field(default_factory=dict)  # provenance: training settings, dates, metrics
-
-    @property
-    def label(self) -> str:
-        return DEMO_LABEL if self.demo else self.name
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"format": "stylevar", "format_version": FORMAT_VERSION, "name": self.name, "demo": self.demo,
-                "tokenizer": self.tokenizer.to_dict(), "transformer": self.transformer.to_dict(),
-                "generation": self.generation, **({"refine": self.refine.to_dict()} if self.refine.enabled else {}),
-                **({"palette": self.palette.to_dict()} if self.palette.enabled else {}),
-                **({"upsample": self.upsample.to_dict()} if self.upsample != Upsampling() else {}),
-                "extra": self.extra}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "PipelineConfig":
-        if d.get("format") != "stylevar":
-            raise ValueError("config.json is not a StyleVAR model config (missing \"format\": \"stylevar\")")
-        return cls(VQVAEConfig.from_dict(d["tokenizer"]), StyleVARConfig.from_dict(d["transformer"]),
-                   name=d.get("name", "stylevar"), demo=bool(d.get("demo", False)),
-                   generation=dict(d.get("generation", {})), refine=Refinement.from_dict(d.get("refine")),
-                   palette=Palette.from_dict(d.get("palette")), upsample=Upsampling.from_dict(d.get("upsample")),
-                   extra=d.get("extra", {}))
-
-    @classmethod
-    def from_dir(cls, model_dir: str | os.PathLike) -> "PipelineConfig":
-        """The config.json of a model directory."""
-        return cls.from_dict(read_config(model_dir))
-
-
-def check_model_dir(path: str | os.PathLike) -> PipelineConfig:
-    """The config of the whole model directory at ``path``. A missing file is a ModelDirError naming the
-    folder, the files it lacks and how to make one; a config.json that is not a StyleVAR one a ValueError."""
-    path = Path(path)
-    missing = missing_model_files(path)
-    if missing:
-        how = ("The embedded demo model is not built yet: run `scripts/train_demo_model.sh` to make it, or pass "
-               "another model directory (--model DIR; the service also reads STYLEVAR_MODEL_DIR)."
-               if path.resolve() == DEMO_MODEL_DIR.resolve() else
-               "A model directory comes from a training run (RUN/final/), `stylevar convert`, or "
-               "`StylePipeline.save_pretrained(DIR)`; pass it with --model DIR (the service also reads "
-               "STYLEVAR_MODEL_DIR).")
-        raise ModelDirError(f"no usable model at {path}: missing {', '.join(missing)}. {how}")
-    return PipelineConfig.from_dir(path)
-
-
 @dataclass(frozen=True)
 class Drawings:
     """What the model drew for a batch, at its own resolution, before the result's size is reached."""
@@ -191,11 +117,9 @@ class StylePipeline:
     def from_pretrained(cls, model_dir: str | os.PathLike | None = None, device: str | torch.device | None = None,
                         autocast_dtype: torch.dtype | str | None = "auto") -> "StylePipeline":
         """Load a model directory (default: the embedded demo model), or a hub id ``hf:OWNER/NAME[:variant]``
-        (pulled on first use, see `stylevar.hub`). ``autocast_dtype``: "auto" = bf16 on CUDA and none on the
+        (pulled on first use, see `stylevar.pull`). ``autocast_dtype``: "auto" = bf16 on CUDA and none on the
         CPU; None = float32 everywhere; or a dtype or its name ("bf16", "float16", ...; see
         `stylevar.devices.resolve_autocast_dtype`)."""
-        from stylevar.hub import resolve_model
-
         d = resolve_model(model_dir) if model_dir is not None else DEMO_MODEL_DIR
         config = check_model_dir(d)
         model = StyleVAR.from_pretrained(d)
@@ -206,14 +130,9 @@ class StylePipeline:
 
     def save_pretrained(self, model_dir: str | os.PathLike, dtype: torch.dtype | None = None,
                         model_card: str | None = None) -> Path:
-        """Write the transformer's and the tokenizer's files (floats cast to `dtype` when given), then all of
-        config.json from `config`. A model prepared for inference is refused before anything is written."""
-        d = self.model.save_pretrained(model_dir, dtype)
-        self.model.tokenizer.save_pretrained(d, dtype)
-        write_config(d, self.config.to_dict())
-        if model_card is not None:
-            (d / "README.md").write_text(model_card)
-        return d
+        """The model directory (`stylevar.model_dir.write_model_dir`): the models' files, config.json from
+        `config`, the model card when given."""
+        return write_model_dir(self.model, self.config, model_dir, dtype, model_card)
 
     # ---- properties ---------------------------------------------------------------------------
     @property
@@ -342,28 +261,27 @@ class StylePipeline:
         return GenerationConfig.from_kwargs(self.generation_kwargs(**gen_kwargs))
 
     def __call__(self, content: Image.Image, style: Image.Image | Sequence[Image.Image] | StyleMix, *,
-                 style_weights: Sequence[float] | None = None, style_masks: Sequence[Image.Image] | None = None,
-                 seed: int | None = None, num_samples: int | None = None, resize: ResizeMode = "stretch",
-                 preserve_color: bool = False, max_side: int | None = None, upsample: UpsampleMode | None = None,
-                 **gen_kwargs) -> Image.Image | list[Image.Image]:
+                 style_masks: Sequence[Image.Image] | None = None, max_side: int | None = None,
+                 **options: Any) -> Image.Image | list[Image.Image]:
         """Re-draw ``content`` in the style of ``style``, as ``POST /stylize`` does.
 
-        ``style``: one image, or a list blended by ``style_weights`` (one per style, default equal), each
-        confined to its ``style_masks`` image when given (grayscale, white = apply; see `StyleMix`).
-
-        ``num_samples=None`` returns one image; ``num_samples=n`` a list of n (seeds ``seed .. seed+n-1``,
-        one model call). ``resize``: how the content is fitted into the model's square (``stretch`` and
-        ``pad`` return its aspect ratio, ``crop`` its centre square). ``max_side``: long side of the
-        result (None: the content's size). ``preserve_color``: keep the content's colours. ``upsample``:
-        ``"guided"`` (the content's fine detail added where the drawing follows it) or ``"bicubic"``, how
-        the model's drawing reaches the result's size (None: the model's setting; `stylevar.upsample`).
-        ``gen_kwargs``: ``style_strength``, ``top_k``, ``top_p``, ``alphas`` (None: the model's value) and
-        ``guidance`` (>= 0, default 0: push away from the prediction without the style; see `StyleVAR`).
+        ``options``: the fields of `stylevar.options.StylizeOptions` but ``format`` (their help is there); left out
+        or None: the model's ``style_strength``, ``top_k``, ``top_p``, ``alphas``, ``guidance`` and ``upsample``, a
+        random ``seed`` (torch's global generator), equal ``style_weights``. ``style``: one image, or a list blended
+        by ``style_weights``, each confined to its ``style_masks`` image when given (grayscale, white = apply; see
+        `StyleMix`). ``num_samples`` left out returns one image, ``n`` a list of n (seeds ``seed .. seed+n-1``, one
+        model call). ``max_side``: long side of the result (None: the content's size).
         """
-        options = OutputOptions(max_side=max_side, preserve_color=preserve_color)
-        seeds = sample_seeds(seed, 1 if num_samples is None else num_samples)
-        mix = StyleMix.of(style, style_weights, style_masks)
-        images = self.stylize_batch([content] * len(seeds), [mix] * len(seeds), seeds=seeds, resize=resize,
-                                    max_side=options.max_side, upsample=upsample, **gen_kwargs)
-        images = finish(images, content, options)
+        unknown = set(options) - {opt.name for opt in offered(PYTHON)}
+        if unknown:
+            raise TypeError(f"StylePipeline() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+        given = {k: v for k, v in options.items() if v is not None}
+        num_samples = given.pop("num_samples", None)
+        seeds = sample_seeds(given.pop("seed", None), 1 if num_samples is None else num_samples)
+        output = OutputOptions(max_side=max_side, preserve_color=given.pop("preserve_color", False))
+        mix = StyleMix.of(style, given.pop("style_weights", None), style_masks)
+        images = self.stylize_batch([content] * len(seeds), [mix] * len(seeds), seeds=seeds,
+                                    resize=given.pop("resize", StylizeOptions.resize), max_side=output.max_side,
+                                    upsample=given.pop("upsample", None), **given)
+        images = finish(images, content, output)
         return images[0] if num_samples is None else images

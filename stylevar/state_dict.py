@@ -3,14 +3,17 @@
 `read_file` reads `.safetensors` with safetensors and every other file (`.pth`, `.pt`, ...) with
 `torch.load(weights_only=True)`, memory-mapped where the file's serialisation allows it, onto the CPU.
 `read_state_dict` adds the check that the file holds a state dict. `check_state_dict` compares one with
-what a model expects and raises one error naming every missing, unexpected and wrongly shaped key.
+what a model expects and raises one error naming every missing, unexpected and wrongly shaped key;
+`fit_state_dict` is that check for a model's own weights, derived buffers taken from the model.
 
-Both the checkpoint loaders (`stylevar.checkpoints`) and the users of the weight registry
-(`stylevar.weights`: metrics, baselines) read and check through here.
+The models (`MultiScaleVQVAE` / `StyleVAR`.from_state_dict), the reference-format converter
+(`stylevar.convert`) and the users of the weight registry (`stylevar.weights`: metrics, baselines) read
+and check through here.
 """
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -18,6 +21,8 @@ import torch
 
 StateDict = dict[str, torch.Tensor]
 _LIST_LIMIT = 12
+# buffers recomputed from the config, never trusted from a file (the reference's and BatchNorm's counters)
+DERIVED_KEYS = re.compile(r"(^|\.)(lvl_1L|attn_bias_for_masking|zero_k_bias\w*|num_batches_tracked)$")
 
 
 class CheckpointError(ValueError):
@@ -49,6 +54,23 @@ class WeightMismatchError(CheckpointError):
                 more = f", ... and {len(keys) - _LIST_LIMIT} more" if len(keys) > _LIST_LIMIT else ""
                 parts.append(f"{label} ({len(keys)}): {shown}{more}")
         return f"{self.source} does not have the expected layout:\n  " + "\n  ".join(parts)
+
+
+class CheckpointMismatchError(WeightMismatchError):
+    """A checkpoint that does not fit the model built from the config (worded for checkpoints)."""
+
+    @staticmethod
+    def shape_line(key: str, got: tuple[int, ...], want: tuple[int, ...]) -> str:
+        return f"{key}: checkpoint {got} vs model {want}"
+
+    def describe(self) -> str:
+        lines = [f"checkpoint does not fit {self.source}:"]
+        for title, items in (("missing keys", self.missing), ("unexpected keys", self.unexpected),
+                             ("shape mismatches", self.wrong_shape)):
+            if items:
+                shown = ", ".join(items[:12]) + (f", ... ({len(items)} in all)" if len(items) > 12 else "")
+                lines.append(f"  {title}: {shown}")
+        return "\n".join(lines)
 
 
 def read_file(path: str | os.PathLike, *, what: str = "weight file") -> object:
@@ -122,3 +144,15 @@ def read_checked(path: str | os.PathLike, expected: Mapping[str, torch.Tensor | 
 def load_into(module: torch.nn.Module, path: str | os.PathLike, *, source: str | None = None) -> None:
     """Strictly load a state-dict file into `module` after checking its keys and shapes."""
     module.load_state_dict(read_checked(path, module.state_dict(), source=source), strict=True)
+
+
+def fit_state_dict(sd: StateDict, own: StateDict, what: str) -> StateDict:
+    """``sd`` with its derived buffers (`DERIVED_KEYS`) dropped and the model's own values taken instead,
+    checked against the model's state dict ``own`` (every mismatch in one CheckpointMismatchError naming
+    ``what``)."""
+    out = {k: v for k, v in sd.items() if not DERIVED_KEYS.search(k)}
+    for k, v in own.items():
+        if DERIVED_KEYS.search(k):
+            out[k] = v
+    check_state_dict(out, own, source=what, error=CheckpointMismatchError)
+    return out

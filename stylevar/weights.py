@@ -6,7 +6,8 @@ the paths searched and the command that fetches it); `stylevar weights fetch NAM
 request (checksum verified where one is published, written atomically).
 
 Where files are looked for, and how `fetch` gets them:
-- `home()`: `$STYLEVAR_HOME`, default `~/.cache/stylevar`; every entry can live here (a file placed by hand).
+- `stylevar.paths.home()`: `$STYLEVAR_HOME`, default `~/.cache/stylevar`; every entry can live here (a file
+  placed by hand).
 - Files hosted on the Hugging Face Hub (VAR, StyleVAR, CLIP) are looked for first in huggingface_hub's
   cache (`HF_HUB_CACHE`, else `$HF_HOME/hub`); `fetch` downloads them through huggingface_hub
   (`stylevar.hub.download`: its cache, `HF_TOKEN`, `HF_HUB_OFFLINE`, `HF_ENDPOINT`).
@@ -21,10 +22,8 @@ and wrongly shaped key in one error) is `stylevar.state_dict`'s: `read_state_dic
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
-import sys
 import tempfile
 import urllib.parse
 import zipfile
@@ -34,7 +33,9 @@ from pathlib import Path
 from typing import Literal
 
 from stylevar import hub
+from stylevar.atomic import atomic_write_path, replace_folder
 from stylevar.hub import HubFile
+from stylevar.paths import home
 
 Location = Literal["torch", "stylevar", "hf"]
 Unpack = Literal["file", "zip", "zip-folder"]
@@ -159,12 +160,6 @@ def _matches(folder: Path, pattern: str) -> bool:
     if any(ch in pattern for ch in "*?["):
         return any(folder.glob(pattern))
     return (folder / pattern).exists()
-
-
-def home() -> Path:
-    """The project's weight cache: `$STYLEVAR_HOME`, default `~/.cache/stylevar`."""
-    env = os.environ.get("STYLEVAR_HOME")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "stylevar"
 
 
 def torch_hub_dir() -> Path:
@@ -351,12 +346,17 @@ def _install_part(part: Part, url: str, folder: Path, *, progress: bool) -> str:
 
 
 def _replace(src: Path, dest: Path) -> None:
+    """Move a complete unpacked entry (a folder or a file, on the same filesystem) over ``dest`` through
+    `stylevar.atomic` (an old entry of the other kind removed first)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
+    if src.is_dir():
+        if dest.exists() and not dest.is_dir():
+            dest.unlink()
+        replace_folder(src, dest)
+        return
     if dest.is_dir():
         shutil.rmtree(dest)
-    elif dest.exists():
-        dest.unlink()
-    os.replace(src, dest)
+    atomic_write_path(dest, lambda tmp: os.replace(src, tmp))  # fsynced, then renamed over dest
 
 
 @dataclass(frozen=True)
@@ -397,85 +397,3 @@ def fetch_weight(weight: Weight, *, mirror: str | None = None, force: bool = Fal
 def fetch(name: str, *, mirror: str | None = None, force: bool = False, progress: bool = True) -> FetchResult:
     """Download a registered weight by name (see `fetch_weight`)."""
     return fetch_weight(get(name), mirror=mirror, force=force, progress=progress)
-
-
-# ----------------------------------------------------------------------------------------------- CLI
-
-
-def status_rows() -> list[dict[str, str]]:
-    rows = []
-    for w in REGISTRY.values():
-        found = w.find()
-        rows.append({
-            "name": w.name,
-            "status": "present" if found else "missing",
-            "path": str(found or w.search_paths()[0]),
-            "used_by": w.used_by,
-            "source": w.hub_file.url if w.hub_file else (w.url or "several downloads"),
-        })
-    return rows
-
-
-def _cmd_status(args: argparse.Namespace) -> int:
-    rows = status_rows()
-    print(f"STYLEVAR_HOME = {home()}\ntorch hub dir = {torch_hub_dir()}\nHF hub cache  = {hub.cache_dir()}\n")
-    width = max(len(r["name"]) for r in rows)
-    for r in rows:
-        print(f"{r['name']:<{width}}  {r['status']:<7}  {r['path']}\n{'':<{width}}  {'':<7}  used by: {r['used_by']}")
-    n_missing = sum(r["status"] == "missing" for r in rows)
-    print(f"\n{len(rows) - n_missing} present, {n_missing} missing; fetch with: stylevar weights fetch NAME|all")
-    return 0
-
-
-def _cmd_fetch(args: argparse.Namespace) -> int:
-    names = list(REGISTRY) if args.names == ["all"] else args.names
-    unknown = [n for n in names if n not in REGISTRY]
-    if unknown:
-        print(f"error: unknown weight(s) {', '.join(unknown)}; registered: {', '.join(REGISTRY)}", file=sys.stderr)
-        return 2
-    failed = 0
-    for name in names:
-        weight = REGISTRY[name]
-        try:
-            result = fetch_weight(weight, mirror=args.mirror, force=args.force, progress=not args.quiet)
-        except (OSError, ValueError) as e:  # URLError is an OSError; ChecksumError a ValueError
-            print(f"{name}: FAILED: {e}", file=sys.stderr)
-            failed += 1
-            continue
-        if result.skipped:
-            print(f"{name}: present at {result.path}")
-        else:
-            print(f"{name}: fetched to {result.path} (sha256 {', '.join(result.sha256)})")
-    return 1 if failed else 0
-
-
-def _cmd_path(args: argparse.Namespace) -> int:
-    if args.name not in REGISTRY:
-        print(f"error: unknown weight {args.name}; registered: {', '.join(REGISTRY)}", file=sys.stderr)
-        return 2
-    try:
-        print(resolve(args.name))
-    except MissingWeightError as e:
-        print(e, file=sys.stderr)
-        return 1
-    return 0
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of `stylevar weights status|path|fetch` (listed in stylevar.cli)."""
-    sub = parser.add_subparsers(dest="weights_command", required=True)
-    p_status = sub.add_parser("status", help="list every registered weight and whether it is present")
-    p_status.set_defaults(func=_cmd_status)
-    p_path = sub.add_parser("path", help="print where a present weight is (for scripts: --init-var \"$(...)\")")
-    p_path.add_argument("name", metavar="NAME", help=f"any of: {', '.join(REGISTRY)}")
-    p_path.set_defaults(func=_cmd_path)
-    p_fetch = sub.add_parser("fetch", help="download weights (needs internet; checksums verified where published)")
-    p_fetch.add_argument("names", nargs="+", metavar="NAME", help=f"'all' or any of: {', '.join(REGISTRY)}")
-    p_fetch.add_argument("--mirror", default=os.environ.get("STYLEVAR_WEIGHTS_MIRROR"),
-                         help="base URL serving the files under their own names, written below STYLEVAR_HOME or "
-                              "TORCH_HOME (env STYLEVAR_WEIGHTS_MIRROR); without it Hugging Face files come through "
-                              "huggingface_hub into its cache (a mirror of the Hub: HF_ENDPOINT)")
-    p_fetch.add_argument("--force", action="store_true", help="download again even if present")
-    p_fetch.add_argument("--quiet", action="store_true", help="no progress bars")
-    p_fetch.set_defaults(func=_cmd_fetch)
-

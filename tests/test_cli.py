@@ -11,6 +11,7 @@ import pytest
 from PIL import Image
 
 from stylevar import cli, devices, images, postprocess, preflight
+from stylevar.cli import stylize as stylize_cli
 
 REPO = Path(__file__).resolve().parents[1]
 # runs `stylevar ARGS` in a fresh interpreter and reports whether torch was imported on the way
@@ -60,7 +61,7 @@ def test_help_and_version_are_instant_and_import_no_torch(files):
     proc, _, _ = _probe(["--version"], files)
     assert proc.stdout.startswith("stylevar ")
     proc, _, _ = _probe(["--help"], files)
-    for cmd in cli.COMMANDS:
+    for cmd in cli.commands():
         assert cmd.name in proc.stdout
 
 
@@ -166,7 +167,7 @@ def test_a_tiny_input_is_stylized_with_a_warning(micro_model_dir, files, tmp_pat
 
 
 def test_every_command_has_help_and_other_commands_report_early(files, tmp_path, capsys):
-    for cmd in cli.COMMANDS:
+    for cmd in cli.commands():
         with pytest.raises(SystemExit) as done:
             cli.main([cmd.name, "--help"])
         assert done.value.code == 0, cmd.name
@@ -195,7 +196,7 @@ def test_precision_is_the_service_setting_and_each_one_runs(micro_model_dir, fil
     from serve.settings import ServeSettings
     from stylevar.inference import PRECISIONS
 
-    assert cli.PRECISIONS == PRECISIONS == typing.get_args(ServeSettings.model_fields["precision"].annotation)
+    assert stylize_cli.PRECISIONS == PRECISIONS == typing.get_args(ServeSettings.model_fields["precision"].annotation)
     for precision in PRECISIONS:
         out = tmp_path / f"{precision}.png"
         assert cli.main(["stylize", str(files / "c.png"), str(files / "s.png"), "-o", str(out), "--model",

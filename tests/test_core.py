@@ -6,10 +6,12 @@ import json
 import pytest
 import torch
 
-from stylevar.checkpoints import CheckpointError, init_from_var, load_stylevar, load_vqvae
+from stylevar.convert import load_stylevar, load_vqvae
+from stylevar.state_dict import CheckpointError
 from stylevar.cli import main as cli_main
 from stylevar.pipeline import StylePipeline
 from stylevar.transformer.naive import naive_generate, naive_teacher_forcing_logits
+from training.var_init import init_from_var
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from stylevar.pipeline import DEMO_LABEL, DEMO_MODEL_DIR, StylePipeline
+from stylevar.model_dir import DEMO_LABEL, DEMO_MODEL_DIR
+from stylevar.pipeline import StylePipeline
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "stylevar" / "assets" / "examples"
 

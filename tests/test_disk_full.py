@@ -24,10 +24,20 @@ from stylevar.atomic import WriteFailedError, atomic_folder, atomic_write, forma
 from stylevar.config import VQVAEConfig
 from stylevar.tokenizer import MultiScaleVQVAE
 from tests.conftest import single_thread_env
-from training import loop, sft, sharding
+from training import sft, sharding
+from training.parts import rundir
+from training.parts.checkpoints import read_checkpoint
+from training.parts.distributed import DistEnv, setup_distributed, teardown_distributed, wrap_ddp
+from training.parts.precision import make_grad_scaler
+from training.parts.run import TrainingRun
+from training.parts.rundir import RunDir
+from training.parts.schedule import LoopConfig
+from training.parts.state import TrainingState
+from training.parts.step import objective_step
+from training.parts.streams import BatchStream, BatchStreamConfig
 
 REPO = Path(__file__).resolve().parents[1]
-CPU1 = loop.DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+CPU1 = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 TOK = dict(vocab_size=64, z_channels=8, ch=8, ch_mult=[1, 1, 2], num_res_blocks=1, patch_nums=[1, 2, 4],
            using_sa=False, using_mid_sa=False)  # 16 px
 TRANS = dict(depth=2, embed_dim=64, num_heads=2, patch_nums=[1, 2, 4], vocab_size=64, z_channels=8,
@@ -120,14 +130,14 @@ def test_a_failed_sharded_checkpoint_removes_its_temp_folder(tmp_path, monkeypat
 
 
 def test_an_unchanged_config_is_not_rewritten_and_a_full_disk_is_said(tmp_path, monkeypatch):
-    loop.RunDir.prepare(tmp_path / "run", {"lr": 1.0, "save_every": 5}, CPU1, free_keys=["save_every"])
+    RunDir.prepare(tmp_path / "run", {"lr": 1.0, "save_every": 5}, CPU1, free_keys=["save_every"])
     stale = tmp_path / "run" / "checkpoints" / ".step-00000005.pt.77.tmp"  # a kill -9 during a write
     stale.write_bytes(b"x" * 1000)
-    monkeypatch.setattr(loop, "atomic_write_text", lambda path, text: atomic_write(path, lambda f: _raise(_enospc())))
-    loop.RunDir.prepare(tmp_path / "run", {"lr": 1.0, "save_every": 5}, CPU1, free_keys=["save_every"])  # no write
+    monkeypatch.setattr(rundir, "atomic_write_text", lambda path, text: atomic_write(path, lambda f: _raise(_enospc())))
+    RunDir.prepare(tmp_path / "run", {"lr": 1.0, "save_every": 5}, CPU1, free_keys=["save_every"])  # no write
     assert not stale.exists()
     with pytest.raises(SystemExit, match=rf"^error: cannot write config.json in {tmp_path / 'run'}: disk full"):
-        loop.RunDir.prepare(tmp_path / "run", {"lr": 1.0, "save_every": 2}, CPU1, free_keys=["save_every"])
+        RunDir.prepare(tmp_path / "run", {"lr": 1.0, "save_every": 2}, CPU1, free_keys=["save_every"])
     assert json.loads((tmp_path / "run" / "config.json").read_text())["save_every"] == 5
 
 
@@ -184,7 +194,7 @@ def test_a_full_disk_at_a_checkpoint_exits_with_one_line_and_resumes(data, tmp_p
     assert message.endswith("The last good checkpoint, step-00000004.pt (step 4), is kept: free some space and "
                             "re-run the same command to resume from it") and "\n" not in message
     assert _temps(run) == [] and not (run / "final").exists()
-    assert loop.read_checkpoint(ckpts / "step-00000004.pt")["step"] == 4
+    assert read_checkpoint(ckpts / "step-00000004.pt")["step"] == 4
     monkeypatch.setattr(torch, "save", real_save)  # space freed
     _assert_resumes_to_the_uninterrupted_result(data, run, tmp_path, capsys)
 
@@ -224,7 +234,7 @@ def test_a_really_full_disk_exits_with_one_line_frees_the_partial_file_and_resum
     assert _temps(run) == []
     stat = os.statvfs(disk)
     assert stat.f_bavail * stat.f_frsize > 1 << 20, "the partial checkpoint's space is free again"
-    assert loop.read_checkpoint(run / "checkpoints" / "step-00000004.pt")["step"] == 4
+    assert read_checkpoint(run / "checkpoints" / "step-00000004.pt")["step"] == 4
     resize(40)
     _assert_resumes_to_the_uninterrupted_result(data, run, tmp_path, capsys)
 
@@ -240,21 +250,21 @@ class Regression(nn.Module):
         return nn.functional.mse_loss(self.net(x).squeeze(-1), y), {}
 
 
-def _tiny_run(run_dir: str, env: loop.DistEnv, steps: int) -> None:
-    """The shortest recipe over the loop's parts: a checkpoint every 2 steps."""
+def _tiny_run(run_dir: str, env: DistEnv, steps: int) -> None:
+    """The shortest recipe over the training parts: a checkpoint every 2 steps."""
     torch.manual_seed(0)
     obj = Regression()
-    model = loop.wrap_ddp(obj, env)
+    model = wrap_ddp(obj, env)
     opt = torch.optim.SGD(obj.parameters(), lr=0.1)
     data = TensorDataset(torch.randn(32, 4), torch.randn(32))
-    stream = loop.BatchStream(data, loop.BatchStreamConfig(global_batch=8, seed=1), env)
-    state = loop.TrainingState(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), stream, env,
-                               scaler=loop.make_grad_scaler("fp32", env.device))
-    cfg = loop.LoopConfig(max_steps=steps, save_every=2, progress=False)
-    with loop.TrainingRun.for_loop(loop.RunDir.prepare(run_dir, {}, env), state, cfg) as tr:
+    stream = BatchStream(data, BatchStreamConfig(global_batch=8, seed=1), env)
+    state = TrainingState(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), stream, env,
+                               scaler=make_grad_scaler("fp32", env.device))
+    cfg = LoopConfig(max_steps=steps, save_every=2, progress=False)
+    with TrainingRun.for_loop(RunDir.prepare(run_dir, {}, env), state, cfg) as tr:
         step = tr.start
         while step < steps:
-            loop.objective_step(tr, list(obj.parameters()), cfg, step + 1)
+            objective_step(tr, list(obj.parameters()), cfg, step + 1)
             step += 1
             if tr.checkpoint_due(step):
                 tr.save(step)
@@ -265,7 +275,7 @@ def _full_on_rank0_worker(rank: int, world: int, port: int, run_dir: str, out: s
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    env = loop.setup_distributed("cpu", timeout_s=60)  # a rank left waiting fails the test, not hangs it
+    env = setup_distributed("cpu", timeout_s=60)  # a rank left waiting fails the test, not hangs it
     real_save = torch.save
 
     def save(obj, f, *args, **kwargs):
@@ -281,7 +291,7 @@ def _full_on_rank0_worker(rank: int, world: int, port: int, run_dir: str, out: s
         message = str(e.code)
     finally:
         torch.save = real_save
-        loop.teardown_distributed()
+        teardown_distributed()
     Path(out, f"rank{rank}.txt").write_text(message)
 
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from serve.testing import free_port
-from stylevar.evaluate import main
+from stylevar.evaluate.__main__ import main
 from tests.conftest import single_thread_env
 from tests.test_evaluate import _manifest
 

@@ -15,9 +15,13 @@ from stylevar.lora import LoRAConfig, attach_lora, lora_modules, lora_parameters
 from stylevar.pipeline import StylePipeline
 from tests.conftest import micro_configs, run_recipe, single_thread_env
 from tests.test_lora import lively
-from training import grpo, loop
+from training import grpo
 from training.data import collate_triplets, open_triplets
+from training.merge_control import MergeConfig, MergeController
 from training.optim import make_adamw
+from training.parts.checkpoints import CheckpointManager
+from training.parts.distributed import DistEnv
+from training.parts.log import read_log
 from training.rewards import Reward, RewardConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,15 +51,15 @@ def _batch(setup, n: int = 2):
     return {k: b[k] for k in ("content", "style", "target")}
 
 
-def _trainer(setup, cfg: grpo.GRPOConfig, merge: grpo.MergeConfig | None = None, lr: float = 1e-2):
+def _trainer(setup, cfg: grpo.GRPOConfig, merge: MergeConfig | None = None, lr: float = 1e-2):
     model = StylePipeline.from_pretrained(setup["model"], device="cpu").model
     attach_lora(model, LoRAConfig(rank=4, alpha=8), seed=0)
     model.eval()
     opt = make_adamw(model, lr, 0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    env = loop.DistEnv(0, 1, 0, torch.device("cpu"))
+    env = DistEnv(0, 1, 0, torch.device("cpu"))
     reward = Reward(RewardConfig("ssim", 5.0, image_size=32))
-    return grpo.GRPOTrainer(model, reward, cfg, merge or grpo.MergeConfig(), opt, sched, env)
+    return grpo.GRPOTrainer(model, reward, cfg, merge or MergeConfig(), opt, sched, env)
 
 
 # ------------------------------------------------------------------------------------------ math
@@ -212,7 +216,7 @@ def test_batched_rollouts_equal_a_loop_of_single_generates(setup):
 
 
 def test_merge_controller_schedule():
-    c = grpo.MergeController(grpo.MergeConfig(ema_decay=0.0, min_gain=0.05, patience=3, cooldown=5,
+    c = MergeController(MergeConfig(ema_decay=0.0, min_gain=0.05, patience=3, cooldown=5,
                                               emergency_kl=2.0, emergency_cooldown=4, skip_kl=5.0))
     snaps = iter(range(100))
     due = []
@@ -232,10 +236,10 @@ def test_merge_controller_schedule():
     assert not c.emergency_due(15, 3.0) and c.emergency_due(17, 3.0)
     assert c.skip_due(5.1) and not c.skip_due(4.9) and c.skip_due(float("nan"))
     state = c.state_dict()
-    d = grpo.MergeController(c.cfg)
+    d = MergeController(c.cfg)
     d.load_state_dict(state)
     assert d.state_dict() == state
-    off = grpo.MergeController(grpo.MergeConfig(enabled=False, patience=1, cooldown=0))
+    off = MergeController(MergeConfig(enabled=False, patience=1, cooldown=0))
     off.observe(1, 0.0, dict)
     off.observe(2, 1.0, dict)
     assert not off.merge_due(2) and not off.emergency_due(2, 10.0)
@@ -266,7 +270,7 @@ def test_merge_bakes_the_peak_snapshot(setup):
 
 
 def test_high_kl_skips_or_merges(setup):
-    t = _trainer(setup, grpo.GRPOConfig(group_size=3), grpo.MergeConfig(emergency_kl=1e-9, emergency_cooldown=10,
+    t = _trainer(setup, grpo.GRPOConfig(group_size=3), MergeConfig(emergency_kl=1e-9, emergency_cooldown=10,
                                                                         skip_kl=1e-9))
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():
@@ -297,7 +301,7 @@ def test_run_logs_and_writes_a_merged_model_dir(setup, tmp_path, capsys):
     out = tmp_path / "run"
     assert grpo.main(_args(setup, out, 4, "--save-every", 2, "--merge-patience", 1, "--merge-cooldown", 3,
                            "--merge-min-gain", -10)) == 0
-    log = loop.read_log(out)
+    log = read_log(out)
     assert [r["step"] for r in log] == [1, 2, 3, 4]
     for r in log:
         assert {"step", "reward_mean", "reward_std", "kl", "loss", "clip_frac", "merged", "entropy_s0",
@@ -330,7 +334,7 @@ def test_time_based_checkpoints(setup, tmp_path, capsys):
     out = tmp_path / "timed"
     assert grpo.main(_args(setup, out, 3, "--save-every", 100, "--save-every-minutes", 1e-9,
                            "--keep-checkpoints", 10)) == 0
-    assert [s for s, _ in loop.CheckpointManager(out / "checkpoints", loop.DistEnv(0, 1, 0, torch.device("cpu"))
+    assert [s for s, _ in CheckpointManager(out / "checkpoints", DistEnv(0, 1, 0, torch.device("cpu"))
                                                  ).paths()] == [1, 2, 3]
     err = capsys.readouterr().err
     assert "checkpoint step-00000002.pt; step 2/3 (66%)" in err and "left (ends about" in err
@@ -349,7 +353,7 @@ def test_runs_on_webdataset_shards(setup, tmp_path, capsys):
     args[args.index("--data") + 1] = str(shards)
     assert grpo.main(args) == 0
     assert "16 training triplets" in capsys.readouterr().err
-    assert [r["step"] for r in loop.read_log(tmp_path / "run")] == [1, 2]
+    assert [r["step"] for r in read_log(tmp_path / "run")] == [1, 2]
 
 
 def test_a_damaged_newest_checkpoint_resumes_from_the_previous_one(setup, tmp_path, capsys):
@@ -364,7 +368,7 @@ def test_a_damaged_newest_checkpoint_resumes_from_the_previous_one(setup, tmp_pa
     assert grpo.main(args) == 0
     err = capsys.readouterr().err
     assert "resumed from step 2" in err and f"checkpoint {newest} is unreadable (" in err
-    assert [r["step"] for r in loop.read_log(out)] == [1, 2, 3, 4]
+    assert [r["step"] for r in read_log(out)] == [1, 2, 3, 4]
     again = load_file(str(out / "final" / "transformer.safetensors"))
     assert all(torch.equal(done[k], again[k]) for k in done)  # steps 3 and 4 trained again, identically
 
@@ -392,7 +396,7 @@ def test_resume_after_kill_9_continues_exactly(setup, tmp_path):
         assert torch.equal(a[k], b[k]), k
     volatile = ("time", "t_rollout", "t_reward", "t_policy")
     strip = lambda log: [{k: v for k, v in r.items() if k not in volatile} for r in log]  # noqa: E731
-    la, lb = strip(loop.read_log(tmp_path / "full")), strip(loop.read_log(tmp_path / "killed"))
+    la, lb = strip(read_log(tmp_path / "full")), strip(read_log(tmp_path / "killed"))
     assert la == lb
     assert sum(r["merged"] for r in la[half:]) >= 1  # the resumed half merged (merge state was restored)
 
@@ -421,7 +425,7 @@ def test_torchrun_two_processes_match_one(setup, tmp_path):
     # order moves a few Adam-normalised elements by ~3e-6 (seen after the synthetic target rule changed)
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-5, msg=k)
-    for ra, rb in zip(loop.read_log(tmp_path / "one"), loop.read_log(tmp_path / "two")):
+    for ra, rb in zip(read_log(tmp_path / "one"), read_log(tmp_path / "two")):
         for key in ("reward_mean", "reward_std", "kl", "loss", "clip_frac", "entropy_s2", "merged"):
             assert ra[key] == pytest.approx(rb[key], rel=1e-4, abs=1e-7), (ra["step"], key)
 

@@ -8,7 +8,7 @@ import pytest
 
 ENTRY_POINTS = ("stylevar.cli", "serve.__main__", "web.__main__", "data_tools.synth", "data_tools.index",
                 "data_tools.shards", "training.vqvae", "training.sft", "training.grpo", "training.demo",
-                "training.merge_lora", "training.sharding", "stylevar.evaluate",
+                "training.merge_lora", "training.sharding", "stylevar.evaluate.__main__",
                 "benchmarks.fidelity", "benchmarks.upsample")
 
 

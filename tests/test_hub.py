@@ -21,6 +21,7 @@ from serve.testing import ServerProcess
 from stylevar import hub, weights
 from stylevar.cli import main
 from stylevar.pipeline import StylePipeline
+from stylevar.pull import resolve_model
 
 REPO = "stand-in/StyleVAR-small"
 WRONG_REPO = "stand-in/wrong-layout"  # its GRPO file is a class-conditional VAR checkpoint
@@ -117,7 +118,7 @@ def test_hub_ids_parse():
         with pytest.raises(ValueError):
             hub.HubModel.parse(bad)
     assert hub.is_hub_id("hf:a/b") and hub.is_hub_id(Path("hf:a/b")) and not hub.is_hub_id("models/a")
-    assert hub.resolve_model("some/dir") == Path("some/dir") and hub.resolve_model(None) is None
+    assert resolve_model("some/dir") == Path("some/dir") and resolve_model(None) is None
 
 
 def test_pull_writes_what_convert_writes(offline_env, hub_cache, published, golden, reference_dir, tmp_path, capsys):
@@ -154,7 +155,7 @@ def test_stylize_pulls_a_hub_id_on_first_use(offline_env, tmp_path, capsys):
     source = json.loads((model_dir / "config.json").read_text())["extra"]["source"]
     assert source["shape_file"] == hub.SHAPE_FILE and source["shape"] == "default"
     # the library entry point resolves the same id to the same folder, now without converting again
-    assert hub.resolve_model(f"hf:{REPO}:grpo") == model_dir
+    assert resolve_model(f"hf:{REPO}:grpo") == model_dir
     assert StylePipeline.from_pretrained(f"hf:{REPO}", device="cpu").config.extra["source"]["commit"] == COMMIT
 
 

@@ -241,7 +241,7 @@ def test_probes_ports_and_settings_match_the_app(rendered, app, build, monkeypat
         assert under[0].get("readOnly"), "the service only reads the model volume"
         init = next(i for i in pod["spec"]["initContainers"] if i["name"] == "pull-model")
         assert init["command"][:2] == ["stylevar", "pull"]
-        from stylevar.hub import add_arguments
+        from stylevar.cli.pull import add_arguments
 
         parser = argparse.ArgumentParser()
         add_arguments(parser)

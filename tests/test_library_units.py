@@ -8,12 +8,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from stylevar.checkpoints import CheckpointError, read_state
+from stylevar.convert import read_state
 from stylevar.devices import parse_dtype, resolve_autocast_dtype
 from stylevar.generation import DEFAULT_GENERATION, GenerationConfig
-from stylevar.pipeline import MODEL_FILES, ModelDirError, PipelineConfig, StylePipeline, check_model_dir
+from stylevar.model_dir import MODEL_FILES, ModelDirError, PipelineConfig, check_model_dir
+from stylevar.pipeline import StylePipeline
 from stylevar.pretrained import load_safetensors
-from stylevar.state_dict import WeightMismatchError, check_state_dict, read_checked, read_state_dict
+from stylevar.state_dict import CheckpointError, WeightMismatchError, check_state_dict, read_checked, read_state_dict
 from stylevar.transformer import StyleVAR
 from stylevar.transformer.naive import naive_generate
 

@@ -1,4 +1,4 @@
-"""training.loop on a toy model: sharded data order, RNG capture, atomic checkpoints, exact resume,
+"""training.parts on a toy model: sharded data order, RNG capture, atomic checkpoints, exact resume,
 run-config checks, logging, and DDP equivalence (gloo, 2 processes)."""
 from __future__ import annotations
 
@@ -16,17 +16,17 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from training import loop
-from training.loop import (
-    BatchStream,
-    BatchStreamConfig,
-    CheckpointManager,
-    DistEnv,
-    EpochShardSampler,
-    LoopConfig,
-    RunConfigMismatchError,
-    RunDir,
-)
+from training.parts.checkpoints import CheckpointManager, CheckpointsUnreadableError
+from training.parts.distributed import DistEnv, setup_distributed, teardown_distributed, wrap_ddp
+from training.parts.log import MetricWindow, read_log
+from training.parts.precision import make_grad_scaler
+from training.parts.rng import capture_rng_state, derived_generator, restore_rng_state, seed_everything
+from training.parts.run import TrainingRun
+from training.parts.rundir import RunConfigMismatchError, RunDir
+from training.parts.schedule import CheckpointSchedule, LoopConfig
+from training.parts.state import TrainingState
+from training.parts.step import log_objective_window, objective_step
+from training.parts.streams import BatchStream, BatchStreamConfig, EpochShardSampler
 
 CPU1 = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 
@@ -81,28 +81,28 @@ def test_batch_sizes_must_divide():
 
 
 def test_derived_generator_is_a_pure_function_of_its_keys():
-    a = torch.rand(4, generator=loop.derived_generator(1, 2, 3))
-    b = torch.rand(4, generator=loop.derived_generator(1, 2, 3))
-    c = torch.rand(4, generator=loop.derived_generator(1, 3, 2))
+    a = torch.rand(4, generator=derived_generator(1, 2, 3))
+    b = torch.rand(4, generator=derived_generator(1, 2, 3))
+    c = torch.rand(4, generator=derived_generator(1, 3, 2))
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
 # ------------------------------------------------------------------------------------------ RNG state
 def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path):
     g = torch.Generator().manual_seed(5)
-    loop.seed_everything(123)
+    seed_everything(123)
     torch.rand(3, generator=g)
-    state = loop.capture_rng_state({"aug": g})
+    state = capture_rng_state({"aug": g})
     torch.save(state, tmp_path / "rng.pt")
     expected = (random.random(), np.random.rand(), torch.rand(2), torch.rand(2, generator=g))
-    loop.seed_everything(999)
+    seed_everything(999)
     torch.rand(5, generator=g)
-    loop.restore_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True), {"aug": g})
+    restore_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True), {"aug": g})
     got = (random.random(), np.random.rand(), torch.rand(2), torch.rand(2, generator=g))
     assert got[0] == expected[0] and got[1] == expected[1]
     assert torch.equal(got[2], expected[2]) and torch.equal(got[3], expected[3])
     with pytest.raises(KeyError, match="other"):
-        loop.restore_rng_state(state, {"other": torch.Generator()})
+        restore_rng_state(state, {"other": torch.Generator()})
 
 
 # ------------------------------------------------------------------------------------------ checkpoints
@@ -159,9 +159,9 @@ def _toy_fit(run_dir, max_steps, total_steps, env=CPU1, global_batch=8, grad_acc
     clock, to_device and LoopConfig overrides for the checkpoint-schedule tests (save_every,
     save_every_minutes, keep_checkpoints)."""
     timing = dict(timing or {})
-    loop.seed_everything(0)
+    seed_everything(0)
     obj = ToyObjective() if random_parts else ToyObjective(dropout=0.0, noise=0.0)
-    model = loop.wrap_ddp(obj, env)
+    model = wrap_ddp(obj, env)
     params = [p for p in obj.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=0.05, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.2 if s >= total_steps // 2 else 1.0)
@@ -182,18 +182,18 @@ def _toy_fit(run_dir, max_steps, total_steps, env=CPU1, global_batch=8, grad_acc
 
     cfg = LoopConfig(**{"max_steps": max_steps, "save_every": 3, "val_every": 4, "log_every": 2, "keep_checkpoints": 2,
                         "max_grad_norm": 1.0, "grad_accum": grad_accum, "progress": progress, **timing})
-    state = loop.TrainingState(model, opt, sched, stream, env, scaler=loop.make_grad_scaler("fp32", env.device),
+    state = TrainingState(model, opt, sched, stream, env, scaler=make_grad_scaler("fp32", env.device),
                                generators={"noise": obj.gen})
-    with loop.TrainingRun.for_loop(run, state, cfg, clock=clock) as tr:
+    with TrainingRun.for_loop(run, state, cfg, clock=clock) as tr:
         model.train()
         step = tr.start
-        window = loop.MetricWindow(env)
+        window = MetricWindow(env)
         while step < cfg.max_steps:
-            stats, lr = loop.objective_step(tr, params, cfg, step + 1, to_device)
+            stats, lr = objective_step(tr, params, cfg, step + 1, to_device)
             step += 1
             window.add(stats)
             if cfg.log_due(step):
-                loop.log_objective_window(tr, cfg, step, window, lr)
+                log_objective_window(tr, cfg, step, window, lr)
             if cfg.val_due(step):
                 tr.log.log(step, validate(), prefix="val")
                 model.train()
@@ -218,7 +218,7 @@ def test_fit_resume_is_bitwise_exact_and_logs(tmp_path):
     final = torch.load(tmp_path / "part" / "final" / "weights.pt", weights_only=True)
     assert torch.equal(final["net.0.weight"], full.net[0].weight)
 
-    full_log, part_log = loop.read_log(tmp_path / "full"), loop.read_log(tmp_path / "part")
+    full_log, part_log = read_log(tmp_path / "full"), read_log(tmp_path / "part")
     train = [r for r in full_log if "loss" in r]
     assert [r["step"] for r in train] == [2, 4, 6, 8, 10, 12]
     assert all({"step", "loss", "lr", "grad_norm", "abs_err"} <= set(r) for r in train)
@@ -235,7 +235,7 @@ def test_fit_resume_is_bitwise_exact_and_logs(tmp_path):
     # running the finished command again does no work and keeps the result
     again = _toy_fit(tmp_path / "full", 12, 12)
     assert torch.equal(again.net[0].weight, full.net[0].weight)
-    assert len(loop.read_log(tmp_path / "full")) == len(full_log)
+    assert len(read_log(tmp_path / "full")) == len(full_log)
 
 
 class StepClock:
@@ -282,7 +282,7 @@ def test_time_based_checkpoints_are_written_within_the_interval(tmp_path, capsys
 
 def test_checkpoint_schedule_rules():
     now = [0.0]
-    schedule = loop.CheckpointSchedule(CPU1, max_steps=10, every_steps=4, every_minutes=1.0, clock=lambda: now[0])
+    schedule = CheckpointSchedule(CPU1, max_steps=10, every_steps=4, every_minutes=1.0, clock=lambda: now[0])
     now[0] = 59.0
     assert not schedule.due(1)
     now[0] = 60.0
@@ -291,7 +291,7 @@ def test_checkpoint_schedule_rules():
     now[0] = 100.0
     assert schedule.due(4) and not schedule.due(5) and schedule.due(10)
     with pytest.raises(ValueError, match="save_every_minutes"):
-        loop.CheckpointSchedule(CPU1, max_steps=10, every_steps=4, every_minutes=-1.0)
+        CheckpointSchedule(CPU1, max_steps=10, every_steps=4, every_minutes=-1.0)
     with pytest.raises(ValueError, match="save_every_minutes"):
         LoopConfig(max_steps=3, save_every_minutes=float("nan"))
 
@@ -321,7 +321,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, ca
     # the run continued exactly as if the damaged file had never been written
     for a, b in zip(full.state_dict().values(), resumed.state_dict().values()):
         assert torch.equal(a, b)
-    steps = lambda run: [r["step"] for r in loop.read_log(run)]  # noqa: E731
+    steps = lambda run: [r["step"] for r in read_log(run)]  # noqa: E731
     assert steps(tmp_path / "part") == steps(tmp_path / "full")
     # the bad file is kept aside (not pruned as one of the newest, not tried again)
     assert (ckpts / "step-00000009.pt.corrupt").read_bytes() == damaged
@@ -333,7 +333,7 @@ def test_no_readable_checkpoint_is_one_clear_error_naming_the_files(tmp_path):
     ckpts = tmp_path / "run" / "checkpoints"
     _damage(ckpts / "step-00000006.pt", "empty")
     _damage(ckpts / "step-00000003.pt", "truncated")
-    with pytest.raises(loop.CheckpointsUnreadableError) as info:
+    with pytest.raises(CheckpointsUnreadableError) as info:
         _toy_fit(tmp_path / "run", 12, 12)
     msg = str(info.value)
     assert "\n" not in msg and str(ckpts) in msg
@@ -363,7 +363,7 @@ def _assert_close_states(a, b, atol=1e-5):
 
 
 def _assert_same_curves(dir_a, dir_b):
-    la, lb = loop.read_log(dir_a), loop.read_log(dir_b)
+    la, lb = read_log(dir_a), read_log(dir_b)
     assert [r["step"] for r in la] == [r["step"] for r in lb]
     for ra, rb in zip(la, lb):
         for k in ("loss", "lr", "val_loss"):
@@ -391,13 +391,13 @@ def _ddp_worker(rank: int, world: int, port: int, run_dir: str, out: str) -> Non
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    env = loop.setup_distributed("cpu")
+    env = setup_distributed("cpu")
     try:
         obj = _toy_fit(run_dir, 6, 6, env=env, global_batch=8, random_parts=False)
         if env.is_main:
             torch.save(obj.state_dict(), out)
     finally:
-        loop.teardown_distributed()
+        teardown_distributed()
 
 
 @pytest.mark.slow
@@ -420,10 +420,10 @@ def test_a_non_finite_loss_stops_with_a_clear_error(tmp_path):
     env = CPU1
     obj = Diverging()
     opt = torch.optim.SGD(obj.parameters(), lr=0.1)
-    state = loop.TrainingState(obj, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+    state = TrainingState(obj, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
                                BatchStream(_toy_data(), BatchStreamConfig(global_batch=8), env), env,
-                               scaler=loop.make_grad_scaler("fp32", env.device))
+                               scaler=make_grad_scaler("fp32", env.device))
     cfg = LoopConfig(max_steps=3, progress=False)
     with pytest.raises(FloatingPointError, match="loss is nan at step 1"):
-        with loop.TrainingRun.for_loop(RunDir.prepare(tmp_path / "nan", {}, env), state, cfg) as tr:
-            loop.objective_step(tr, list(obj.parameters()), cfg, tr.start + 1)
+        with TrainingRun.for_loop(RunDir.prepare(tmp_path / "nan", {}, env), state, cfg) as tr:
+            objective_step(tr, list(obj.parameters()), cfg, tr.start + 1)

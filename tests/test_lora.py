@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from stylevar.checkpoints import bake_lora
+from stylevar.convert import bake_lora
 from stylevar.cli import main as cli_main
 from stylevar.lora import (DEFAULT_TARGETS, LoRAConfig, LoRAError, LoRALinear, attach_lora, load_lora_state_dict,
                            lora_disabled, lora_modules, lora_parameters, lora_state_dict, merge_lora, snapshot_lora,

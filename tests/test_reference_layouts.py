@@ -11,9 +11,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from stylevar.checkpoints import init_from_var, load_stylevar, load_vqvae
+from stylevar.convert import load_stylevar, load_vqvae
 from stylevar.config import StyleVARConfig, VQVAEConfig
 from tests import reference
+from training.var_init import init_from_var
 
 # sha256 over (name, raw bytes) of every entry of the golden_small states, as the reference's own builder
 # made them (tests/data/reference/README.md): the golden outputs hold only to these exact tensors

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 from stylevar.metrics.structure import edge_correlation
-from stylevar.pipeline import PipelineConfig, StylePipeline
+from stylevar.model_dir import PipelineConfig
+from stylevar.pipeline import StylePipeline
 from stylevar.refine import Refinement, refine
 
 

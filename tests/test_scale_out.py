@@ -20,7 +20,8 @@ from safetensors.torch import load_file
 from stylevar import StylePipeline
 from tests.conftest import single_thread_env
 from tests.test_sft import REPO, _args, _weights, setup  # noqa: F401 - setup is the module's fixture
-from training import loop, sharding
+from training import sharding
+from training.parts.log import read_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -101,7 +102,7 @@ def test_two_nodes_match_one_process_and_resume_on_one_node(setup, tmp_path):
     err = _run([sys.executable, "-m", "training.sft", *map(str, args)])
     assert "resumed from step" in err and "world size changed from 2 to 1" in err, err[-2000:]
     _assert_close(_weights(tmp_path / "one"), _weights(run))
-    assert [r["step"] for r in loop.read_log(run) if "loss" in r] == list(range(1, steps + 1))
+    assert [r["step"] for r in read_log(run) if "loss" in r] == list(range(1, steps + 1))
 
 
 def _logits(model_dir: Path, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -135,7 +136,7 @@ def test_fsdp_checkpoints_export_to_the_final_model_and_match_ddp(setup, tmp_pat
     # FSDP trains what DDP trains (the same global batch; reductions in another order)
     diff = _assert_close(_weights(tmp_path / "fsdp"), _weights(tmp_path / "ddp"))
     print(f"fsdp vs ddp: max |weight difference| {diff:.3g}")
-    val = lambda run: [r["val_loss"] for r in loop.read_log(run) if "val_loss" in r]  # noqa: E731
+    val = lambda run: [r["val_loss"] for r in read_log(run) if "val_loss" in r]  # noqa: E731
     assert val(tmp_path / "fsdp") == pytest.approx(val(tmp_path / "ddp"), rel=1e-4)
 
     # a sharded checkpoint of two processes resumes in one (DCP reshards on load) and ends the same

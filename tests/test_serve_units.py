@@ -19,7 +19,8 @@ from serve.metrics import ServiceMetrics
 from serve.schemas import StylizeForm, parse_alphas
 from serve.settings import ServeSettings
 from stylevar.images import CorruptImageError, ImageTooLargeError, NotAnImageError
-from stylevar.pipeline import DEMO_MODEL_DIR, ModelDirError, StylePipeline
+from stylevar.model_dir import DEMO_MODEL_DIR, ModelDirError
+from stylevar.pipeline import StylePipeline
 from stylevar.postprocess import preserve_color
 
 
@@ -220,7 +221,7 @@ def test_missing_model_fails_at_start_naming_the_path(tmp_path):
 
 
 def test_missing_demo_model_says_how_to_make_it():
-    from stylevar.pipeline import check_model_dir
+    from stylevar.model_dir import check_model_dir
 
     if (DEMO_MODEL_DIR / "config.json").is_file():
         check_model_dir(DEMO_MODEL_DIR)  # shipped: it must be complete

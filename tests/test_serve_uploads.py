@@ -89,11 +89,27 @@ def test_images_decoded_at_full_size_have_their_own_limit(http):
     assert r.json()["detail"].startswith("style: ") and "WebP" in r.json()["detail"]
 
 
+def test_the_pixels_of_all_a_requests_images_are_bounded_together(http, monkeypatch):
+    """Issue 32: one request's decoding is bounded across its file fields (max_request_pixels, from the headers):
+    the content (1536 pixels) fits, the style (1600) would take the request over 3000 and is refused unread."""
+    state = http.app.state.service
+    decoded = []
+    real = imaging.decode_upload
+    monkeypatch.setattr(imaging, "decode_upload", lambda data, **kw: decoded.append(len(data)) or real(data, **kw))
+    monkeypatch.setattr(state, "settings", state.settings.model_copy(update={"max_request_pixels": 3000}))
+    r = http.post("/stylize", files=files())
+    assert r.status_code == 413 and r.json()["error"] == "image_too_large", r.text
+    assert r.json()["detail"].startswith("style: ") and "3000 pixels in all" in r.json()["detail"]
+    assert decoded == [len(CONTENT)], "the style is refused from its header, before decoding"
+    monkeypatch.setattr(state, "settings", state.settings.model_copy(update={"max_request_pixels": 3136}))
+    assert http.post("/stylize", files=files()).status_code == 200
+
+
 def test_a_full_queue_answers_503_before_decoding(http, monkeypatch):
     state = http.app.state.service
     decoded = []
 
-    async def decode(data: bytes, *, max_side: int) -> Image.Image:
+    async def decode(data: bytes, *, max_side: int, budget=None) -> Image.Image:
         decoded.append(len(data))
         return Image.new("RGB", (8, 8))
 
@@ -112,6 +128,41 @@ def test_a_full_queue_answers_503_before_decoding(http, monkeypatch):
             admission.release()
     assert http.post("/stylize", files=files()).status_code == 200
     assert len(decoded) == 2
+
+
+def test_a_full_queue_answers_503_before_the_body_is_read(http):
+    """Issue 32: the 503 of a full queue does no work that grows with load: it is sent before the request's body
+    is read (no form parsing), then the body is read and dropped so the connection closes cleanly."""
+    state = http.app.state.service
+    answered = asyncio.Event()
+    sent: list[dict] = []
+    reads_before_answer = []
+
+    async def receive() -> dict:
+        reads_before_answer.append(answered.is_set())
+        await asyncio.wait_for(answered.wait(), 5)  # the body arrives only once an answer has started
+        return {"type": "http.request", "body": b"x" * 1000, "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+        if message["type"] == "http.response.start":
+            answered.set()
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/stylize", "raw_path": b"/stylize", "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"multipart/form-data; boundary=b"), (b"content-length", b"1000")],
+             "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 80)}
+    held = [state.batcher.admit() for _ in range(state.settings.queue_size)]
+    try:
+        asyncio.run(asyncio.wait_for(http.app(scope, receive, send), 10))
+    finally:
+        for admission in held:
+            admission.release()
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    headers = dict(start["headers"])
+    assert start["status"] == 503 and int(headers[b"retry-after"]) >= 1 and headers[b"connection"] == b"close"
+    assert b"queue_full" in b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    assert reads_before_answer == [True], "the body was read only after the answer (and then dropped)"
 
 
 def test_decodes_run_at_most_decode_concurrency_at_once(monkeypatch):

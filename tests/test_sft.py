@@ -16,7 +16,8 @@ from stylevar.pretrained import load_safetensors
 from stylevar.tokenizer import MultiScaleVQVAE
 from tests import reference
 from tests.conftest import run_recipe, single_thread_env
-from training import loop, sft
+from training import sft
+from training.parts.log import read_log
 
 REPO = Path(__file__).resolve().parents[1]
 PY = REPO / ".venv" / "bin" / "python"
@@ -60,7 +61,7 @@ def test_sft_trains_logs_and_writes_a_model_dir(setup, tmp_path):
     out = tmp_path / "run"
     sft.main(_args(setup, out, 24, "--batch-size", 8, "--lr", 3e-3, "--log-every", 4, "--val-every", 12,
                    "--save-every", 12, "--alpha-jitter", 0.1, "--no-augment", "--label-smoothing", 0.1))
-    log = loop.read_log(out)
+    log = read_log(out)
     train = [r for r in log if "loss" in r]
     assert [r["step"] for r in train] == [4, 8, 12, 16, 20, 24]
     assert all({"step", "loss", "lr", "ce", "acc", "grad_norm"} <= set(r) for r in train)
@@ -92,7 +93,7 @@ def test_resume_after_kill_9_is_bitwise_exact(setup, tmp_path):
     for k in a:
         assert torch.equal(a[k], b[k]), k
     strip = lambda log: [{k: v for k, v in r.items() if k not in ("time", "steps_per_s")} for r in log]  # noqa: E731
-    assert strip(loop.read_log(tmp_path / "full")) == strip(loop.read_log(tmp_path / "killed"))
+    assert strip(read_log(tmp_path / "full")) == strip(read_log(tmp_path / "killed"))
 
     # the same RUN with another setting is refused before any work
     before = (tmp_path / "killed" / "log.jsonl").read_text()
@@ -130,7 +131,7 @@ def test_shards_train_and_resume_exactly(setup, tmp_path):
     a, b = _weights(tmp_path / "full"), _weights(tmp_path / "cut")
     for k in a:
         assert torch.equal(a[k], b[k]), k
-    val = [r for r in loop.read_log(tmp_path / "full") if "val_loss" in r]
+    val = [r for r in read_log(tmp_path / "full") if "val_loss" in r]
     assert val[-1]["val_images"] == 8
 
 
@@ -149,7 +150,7 @@ def test_torchrun_two_processes_match_one(setup, tmp_path):
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=2e-5, rtol=1e-4, msg=k)
-    la, lb = loop.read_log(tmp_path / "one"), loop.read_log(tmp_path / "two")
+    la, lb = read_log(tmp_path / "one"), read_log(tmp_path / "two")
     assert [r["step"] for r in la] == [r["step"] for r in lb]
     for ra, rb in zip(la, lb):
         for key in ("loss", "acc", "val_loss", "val_acc"):
@@ -171,7 +172,7 @@ def test_bad_images_are_skipped_counted_and_reported(setup, tmp_path):
     assert report["count"] == 2
     assert set(report["files"]) == {str((data / train[1]["content"]).resolve()), str((data / train[4]["target"]).resolve())}
     assert "file not found" in report["files"][str((data / train[4]["target"]).resolve())]
-    log = loop.read_log(out)
+    log = read_log(out)
     assert log[-2]["step"] == 3 and log[-2]["skipped_files"] == 2  # last train line (then validation)
     assert (out / "final" / "transformer.safetensors").exists()
 
@@ -210,7 +211,7 @@ def test_init_var_from_a_reference_layout_checkpoint(tmp_path, reference_dir):
     sft.main(["--data", str(manifest), "--preset", str(preset), "--tokenizer", str(tmp_path / "tok"),
               "--init-var", str(var_path), "--out", str(out), "--max-steps", "2", "--batch-size", "2",
               "--log-every", "1", "--no-progress"])
-    log = loop.read_log(out)
+    log = read_log(out)
     init = [r for r in log if r.get("event") == "init_from_var"]
     assert len(init) == 1 and init[0]["step"] == 0
     assert init[0]["copied"] > 10 and init[0]["split"] == 3 * cfg["depth"]

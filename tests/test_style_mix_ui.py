@@ -59,7 +59,7 @@ def run(ui, files, **over):
                 top_p=0.96, num_samples=1, preserve_color=False, resize="stretch", adain=False, adain_alpha=1.0,
                 style2=None, style1_weight=0.5, mask=None, guidance=0.0, upsample="guided", custom_alphas=False)
     args.update(over)
-    return list(ui.stylize(*args.values(), *([0.5] * MAX_SCALES)))
+    return list(ui.stylize(**args, **{f"alpha_{k + 1}": 0.5 for k in range(MAX_SCALES)}))
 
 
 def mask_image(data: bytes) -> Image.Image:

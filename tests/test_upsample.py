@@ -134,7 +134,7 @@ def test_the_python_api_passes_the_option_and_refuses_bad_values(pipe):
 def test_a_model_directory_can_set_its_upsampling(pipe, tmp_path):
     import dataclasses
 
-    from stylevar.pipeline import PipelineConfig
+    from stylevar.model_dir import PipelineConfig
 
     cfg = dataclasses.replace(pipe.config, upsample=Upsampling(mode="bicubic"))
     assert PipelineConfig.from_dict(cfg.to_dict()).upsample == Upsampling(mode="bicubic")

@@ -9,15 +9,17 @@ import torch
 import torchvision
 
 from data_tools.synth import SynthConfig, generate
-from stylevar.checkpoints import load_vqvae
+from stylevar.convert import load_vqvae
 from stylevar.config import VQVAEConfig
 from stylevar.tokenizer import MultiScaleVQVAE
-from training import loop, vqvae
+from training import vqvae
 from training.optim import make_adamw
+from training.parts.distributed import DistEnv
+from training.parts.log import read_log
 
 TOK = dict(vocab_size=64, z_channels=8, ch=8, ch_mult=[1, 1, 2], num_res_blocks=1, patch_nums=[1, 2, 4],
            using_sa=False, using_mid_sa=False)  # 16 px
-CPU1 = loop.DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+CPU1 = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -37,7 +39,7 @@ def test_vqvae_trains_logs_and_final_loads(data, tmp_path, capsys):
     vqvae.main(["--data", str(data["manifest"]), "--preset", str(data["preset"]), "--out", str(out),
                 "--max-steps", "12", "--batch-size", "6", "--lr", "3e-3", "--log-every", "3", "--val-every", "6",
                 "--save-every", "6", "--restart-every", "3", "--dead-after", "3", "--no-progress"])
-    log = loop.read_log(out)
+    log = read_log(out)
     train = [r for r in log if "loss" in r]
     assert [r["step"] for r in train] == [3, 6, 9, 12]
     assert all({"step", "loss", "lr", "l1", "l2", "vq_loss", "usage", "active", "restarted_total"} <= set(r)

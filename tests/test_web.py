@@ -157,6 +157,17 @@ def _mock(handler) -> ServiceClient:
     return ServiceClient("http://service.test", transport=httpx.MockTransport(handler))
 
 
+def test_messages_show_no_server_paths():
+    """Issue 32: a service error naming its folders reaches the UI with the file's name only."""
+    e = ServiceError(503, "not_ready", "the model is not loaded (failed: /srv/models/demo/config.json: not a "
+                                       "model directory; see /var/log/stylevar/)")
+    assert e.message == ("The service is busy (the model is not loaded (failed: config.json: not a model directory; "
+                         "see a folder)). Please try again in a moment.")
+    assert "/" not in ServiceError(500, "inference_failed", "CUDA error at /opt/torch/lib/x.so:12").message
+    kept = ServiceError(422, "validation_error", "top_p: must be in 0..1 (e.g. 0.9/1.0), see https://x.org/a/b")
+    assert kept.message == "Invalid input: top_p: must be in 0..1 (e.g. 0.9/1.0), see https://x.org/a/b."
+
+
 def test_busy_and_deadline_messages(images):
     def busy(request: httpx.Request) -> httpx.Response:
         return httpx.Response(503, headers={"Retry-After": "2"},
@@ -192,8 +203,9 @@ def test_busy_and_deadline_messages(images):
 def test_options_become_form_fields():
     form = StylizeOptions(style_strength=-0.5, seed=3, alphas=(0.1, 0.9), preserve_color=True).form()
     assert form["style_strength"] == "-0.5" and form["seed"] == "3" and form["alphas"] == "0.1,0.9"
-    assert form["preserve_color"] == "true" and form["format"] == "png"
-    assert "seed" not in StylizeOptions().form() and "alphas" not in StylizeOptions().form()
+    assert form["preserve_color"] == "true"
+    assert StylizeOptions().form() == {}  # the service's defaults are the same declaration's: nothing to send
+    assert StylizeOptions(format="jpeg", guidance=0.5).form() == {"format": "jpeg", "guidance": "0.5"}
 
 
 # ---- the UI's handlers ----------------------------------------------------------------------------
@@ -203,15 +215,18 @@ def ui(server, tmp_path, monkeypatch):
 
 
 def stylize_args(images, *, custom=False, alphas=(), **over):
+    """The handler's inputs by name, as the page sends them."""
     args = dict(content=str(images / "content.png"), style=str(images / "style.png"), style_strength=0.2, seed=11,
                 top_k=900, top_p=0.96, num_samples=1, preserve_color=False, resize="stretch", adain=False,
-                adain_alpha=1.0, style2=None, style1_weight=0.5, mask=None, guidance=0.0, upsample="guided", custom_alphas=custom)
+                adain_alpha=1.0, style2=None, style1_weight=0.5, mask=None, guidance=0.0, upsample="guided",
+                custom_alphas=custom)
     args.update(over)
-    return list(args.values()) + list(alphas)
+    args.update({f"alpha_{k + 1}": a for k, a in enumerate(alphas)})
+    return args
 
 
 def test_handler_streams_previews_then_results(ui, images, patch_nums):
-    outs = list(ui.stylize(*stylize_args(images, custom=True, alphas=[0.5] * MAX_SCALES)))
+    outs = list(ui.stylize(**stylize_args(images, custom=True, alphas=[0.5] * MAX_SCALES)))
     assert outs[0][2].startswith("Sending")
     previews = [o for o in outs if isinstance(o[0], Image.Image) and isinstance(o[2], str)
                 and o[2].startswith("Generating")]
@@ -225,10 +240,10 @@ def test_handler_streams_previews_then_results(ui, images, patch_nums):
 
 def test_handler_errors_are_readable(ui, images):
     with pytest.raises(gr.Error, match="Add a content image and a style image"):
-        list(ui.stylize(*stylize_args(images, content=None)))
+        list(ui.stylize(**stylize_args(images, content=None)))
     outs = []
     with pytest.raises(gr.Error) as e:
-        for out in ui.stylize(*stylize_args(images, content=str(images / "notes.txt"))):
+        for out in ui.stylize(**stylize_args(images, content=str(images / "notes.txt"))):
             outs.append(out)
     assert e.value.message.startswith("Not a supported image")
     assert outs[-1][2].startswith("**Error:** Not a supported image")
@@ -281,7 +296,7 @@ def test_adain_beside_stylevar_with_standin_weights(server, images, tmp_path, mo
     status = baseline.status()
     assert status.available and "decoder.pth" in status.reason
     ui = StyleVARUI(UIConfig(api_url=server.url, api_key=KEY), baseline=baseline)
-    outs = list(ui.stylize(*stylize_args(images, adain=True, adain_alpha=0.8)))
+    outs = list(ui.stylize(**stylize_args(images, adain=True, adain_alpha=0.8)))
     assert "Running AdaIN" in outs[-2][2]
     adain_img = outs[-1][3]
     assert isinstance(adain_img, Image.Image) and adain_img.size == CONTENT_SIZE

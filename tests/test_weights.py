@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from stylevar import weights
+from stylevar import paths, weights
 from stylevar.cli import main
 from stylevar.hub import HubFile
 from stylevar.state_dict import WeightMismatchError, load_into, read_state_dict
@@ -67,7 +67,7 @@ def test_registry_covers_the_issue_list():
 
 def test_search_paths_and_resolve(weight_homes):
     sv, th = weight_homes
-    assert weights.home() == sv
+    assert paths.home() == sv
     assert weights.get("vgg19").search_paths() == [th / "hub" / "checkpoints" / "vgg19-dcbb9e9d.pth",
                                                    sv / "vgg19-dcbb9e9d.pth"]
     assert weights.get("adain_decoder").search_paths() == [sv / "decoder.pth"]

@@ -31,13 +31,15 @@ from PIL import Image
 
 from data_tools import synth
 from stylevar.baselines.reinhard import reinhard_transfer
-from stylevar.evaluate import Scored, batch_slices, load_benchmark, score_batches
+from stylevar.evaluate.benchmarks import load_benchmark
+from stylevar.evaluate.scoring import Scored, batch_slices, score_batches
 from stylevar.generation import DEFAULT_GENERATION
 from stylevar.images import load_image, pil_to_tensor
 from stylevar.metrics.structure import edge_correlation
 from stylevar.metrics.style_fidelity import colour_swd, texture_distance
 from stylevar.palette import Palette, match_palette
-from stylevar.pipeline import DEMO_LABEL, StylePipeline
+from stylevar.model_dir import DEMO_LABEL
+from stylevar.pipeline import StylePipeline
 from stylevar.refine import Refinement, refine
 
 BASE_METRICS = ("ssim", "ssim_standard")
@@ -62,7 +64,7 @@ SAMPLING_CANDIDATES = ({"top_k": DEFAULT_GENERATION.top_k, "top_p": DEFAULT_GENE
 
 
 def load_triplets(manifest: Path, n: int, split: str = "val") -> list[Triplet]:
-    """The first `n` triplets of `split` (`stylevar.evaluate.load_benchmark`), at their own size."""
+    """The first `n` triplets of `split` (`stylevar.evaluate.benchmarks.load_benchmark`), at their own size."""
     bench = load_benchmark(manifest.stem, manifest, split=split, n=n, seed=None)
     if not bench.paired:
         raise ValueError(f"{manifest} has no {split} triplets with targets")
@@ -343,34 +345,15 @@ def texture_sentence(syn: dict[str, dict]) -> str:
             "targets is already far from theirs (benchmarks/fidelity.md, \"Taking the style\").")
 
 
-def model_card(pipe: StylePipeline, r: Report) -> str:
-    tr, vq, syn = pipe.config.transformer, pipe.config.tokenizer, r.synthetic
-    params = sum(p.numel() for p in pipe.model.parameters())
-    stages = "\n".join(f"| {k} | {v.get('seconds', 0) / 60:.1f} min | `{v.get('command', '')}` |"
-                       for k, v in r.timings.get("stages", {}).items())
-    sampling_rows = "\n".join(f"| {k} | {v['ssim']:.4f} | {v['seed_spread']:.4f} |" for k, v in r.sampling["scores"].items())
-    injection = ("content injection on (`content_injection`: the content's tokens are also added to the target's "
-                 "inputs through a zero-initialised linear map; an opt-in variant, not the published architecture)"
-                 if tr.content_injection else "published architecture")
+def card_intro(pipe: StylePipeline, r: Report) -> str:
+    """The model card's title and its sections "What it learned" and "What it cannot do"."""
+    vq, syn = pipe.config.tokenizer, r.synthetic
     ref, pal = pipe.config.refine, pipe.config.palette
     raw = syn.get(RAW_ROW)
     refined = (f"with the content-guided refinement; the transformer's own output reaches {raw['edge_corr']:.2f}, "
                "bounded by its tokenizer: Experiments, below" if ref.enabled and raw else
                "its ceilings: Experiments, below")
-    palette_row_text = (f"strength {pal.strength:g} (`stylevar.palette`): the output's Lab mean and standard deviation "
-                        f"moved {pal.strength:.0%} of the way to the style's" if pal.enabled else "none")
-    palette_rows = "\n".join(f"| {k} | {v['colour_dist_to_style']:.4f} | {v['ssim']:.4f} | {v['edge_corr']:.4f} |"
-                              for k, v in r.palette.get("scores", {}).items())
-    refinement_row = (f"guided filter with the content as the guide (`stylevar.refine`), radius {ref.radius} px, "
-                      f"eps {ref.eps:g}: the content's edges put back into the output, colours unchanged"
-                      if ref.enabled else "none")
     raw_column = ", the transformer alone (seed 0)" if ref.enabled or pal.enabled else ""
-    refine_rows = "\n".join(f"| {k} | {v['ssim']:.4f} | {v['edge_corr']:.4f} |"
-                             for k, v in r.refinement.get("scores", {}).items())
-    experiments = f"""
-## Experiments behind this model
-{r.experiments.strip()}
-""" if r.experiments.strip() else ""
     return f"""# StyleVAR {DEMO_LABEL}
 
 This is the model every StyleVAR entry point uses when no `--model` is given. It is a **demo**: it was
@@ -401,7 +384,23 @@ content's fine detail added (`stylevar.upsample`, "guided"; docs/training.md, "T
 it is small). {texture_sentence(syn)} For real style transfer, use the published model: `stylevar pull`,
 then `--model hf:Senfier-LiqiJing/StyleVAR` (README, "Use the published model").
 
-## Model
+"""
+
+
+def card_model(pipe: StylePipeline, r: Report) -> str:
+    """The model card's section "Model": the architecture, the post-processing and the storage."""
+    tr, vq = pipe.config.transformer, pipe.config.tokenizer
+    params = sum(p.numel() for p in pipe.model.parameters())
+    injection = ("content injection on (`content_injection`: the content's tokens are also added to the target's "
+                 "inputs through a zero-initialised linear map; an opt-in variant, not the published architecture)"
+                 if tr.content_injection else "published architecture")
+    ref, pal = pipe.config.refine, pipe.config.palette
+    palette_row_text = (f"strength {pal.strength:g} (`stylevar.palette`): the output's Lab mean and standard deviation "
+                        f"moved {pal.strength:.0%} of the way to the style's" if pal.enabled else "none")
+    refinement_row = (f"guided filter with the content as the guide (`stylevar.refine`), radius {ref.radius} px, "
+                      f"eps {ref.eps:g}: the content's edges put back into the output, colours unchanged"
+                      if ref.enabled else "none")
+    return f"""## Model
 | | |
 | --- | --- |
 | tokenizer | multi-scale VQ-VAE, {vq.image_size} px, {vq.image_size // vq.downsample} x {vq.image_size // vq.downsample} latent, scales {list(vq.patch_nums)}, codebook {vq.vocab_size} x {vq.z_channels}, ch {vq.ch} x {list(vq.ch_mult)} |
@@ -413,7 +412,18 @@ then `--model hf:Senfier-LiqiJing/StyleVAR` (README, "Use the published model").
 | stored as | safetensors, {r.dtype} |
 | recommended sampling | top-k {pipe.config.generation.get("top_k")}, top-p {pipe.config.generation.get("top_p")} (config.json `generation`; callers may override) |
 
-## Evaluation
+"""
+
+
+def card_evaluation(pipe: StylePipeline, r: Report) -> str:
+    """The model card's section "Evaluation": the tables, and how sampling, refinement and palette were chosen."""
+    vq = pipe.config.tokenizer
+    sampling_rows = "\n".join(f"| {k} | {v['ssim']:.4f} | {v['seed_spread']:.4f} |" for k, v in r.sampling["scores"].items())
+    refine_rows = "\n".join(f"| {k} | {v['ssim']:.4f} | {v['edge_corr']:.4f} |"
+                             for k, v in r.refinement.get("scores", {}).items())
+    palette_rows = "\n".join(f"| {k} | {v['colour_dist_to_style']:.4f} | {v['ssim']:.4f} | {v['edge_corr']:.4f} |"
+                              for k, v in r.palette.get("scores", {}).items())
+    return f"""## Evaluation
 {r.n} held-out synthetic triplets drawn from a synthesis seed the recipe never trains on (`HELDOUT_SEED` in
 `training/demo.py`), and four real photographs (`stylevar/assets/photos`: scikit-image's astronaut,
 coffee, chelsea, rocket) with synthetic styles. All images are compared at the model's {vq.image_size} px:
@@ -459,7 +469,18 @@ the candidate whose outputs are as far from the style's mean colour as the tripl
 | strength | colour_dist_to_style | ssim | edge correlation |
 | --- | --- | --- | --- |
 {palette_rows}
-{experiments}
+"""
+
+
+def card_training(r: Report) -> str:
+    """The model card's "Experiments behind this model" (when given) and "Training" (the stages' times)."""
+    stages = "\n".join(f"| {k} | {v.get('seconds', 0) / 60:.1f} min | `{v.get('command', '')}` |"
+                       for k, v in r.timings.get("stages", {}).items())
+    experiments = f"""
+## Experiments behind this model
+{r.experiments.strip()}
+""" if r.experiments.strip() else ""
+    return f"""{experiments}
 ## Training
 Recipe: `scripts/train_demo_model.sh` (seed {r.timings.get('seed', 0)}); it reproduces this model from scratch.
 Machine: {r.timings.get('machine', 'unknown')}. Wall-clock time in all: {r.timings.get('total_seconds', 0) / 60:.1f} min.
@@ -470,7 +491,11 @@ Machine: {r.timings.get('machine', 'unknown')}. Wall-clock time in all: {r.timin
 """
 
 
-def main(argv: list[str] | None = None) -> int:
+def model_card(pipe: StylePipeline, r: Report) -> str:
+    """The demo model's card (its README.md)."""
+    return card_intro(pipe, r) + card_model(pipe, r) + card_evaluation(pipe, r) + card_training(r)
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m training.demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, type=Path, help="trained model directory (RUN/final)")
@@ -483,7 +508,19 @@ def main(argv: list[str] | None = None) -> int:
                    help="training triplets that choose the sampling settings, the refinement and the palette step")
     p.add_argument("--seed", type=int, default=0, help="sampling seed of the evaluation (the held-out pairs have their own)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    args = p.parse_args(argv)
+    return p
+
+
+def half_precision_ssim(pipe: StylePipeline, triplets: list[Triplet], seed: int) -> float:
+    """The SSIM to the target of the model stored in float16 and loaded back (same seeds)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        pipe.save_pretrained(tmp, dtype=torch.float16)
+        half = StylePipeline.from_pretrained(tmp, device="cpu")  # keeps the chosen sampling settings
+        return ssim_to_target(outputs(generate(half, triplets, seed)), triplets)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     pipe = StylePipeline.from_pretrained(args.model, device="cpu")
@@ -507,10 +544,7 @@ def main(argv: list[str] | None = None) -> int:
                               for t, k in ((table, "synthetic"), (photo_table, "photos")))
 
     # float16 storage if it keeps the evaluation (same seeds) within 0.002 SSIM
-    with tempfile.TemporaryDirectory() as tmp:
-        pipe.save_pretrained(tmp, dtype=torch.float16)
-        half = StylePipeline.from_pretrained(tmp, device="cpu")  # keeps the chosen sampling settings
-        half_ssim = ssim_to_target(outputs(generate(half, triplets, args.seed)), triplets)
+    half_ssim = half_precision_ssim(pipe, triplets, args.seed)
     use_fp16 = math.isfinite(half_ssim) and abs(half_ssim - table["model"]["ssim"]) < 0.002
     timings = json.loads(args.timings.read_text()) if args.timings and args.timings.is_file() else {}
     timings.setdefault("eval_device", "cpu")

@@ -16,7 +16,7 @@ One step, for B triplets (content, style, target):
 4. Per token: policy term -min(rho A, clip(rho, 1 - eps, 1 + eps) A) with rho = exp(new - old); KL k3 with
    d = ref - new: beta (exp(d) - 1 - d). PANW token weights w = (h_k w_k)^-gamma / Z (sum 1 over the L
    tokens). Loss = mean over rollouts of sum over tokens of w (policy + KL). AdamW on the LoRA matrices.
-5. Iterative merge (:class:`MergeController`): a reward EMA and the LoRA snapshot at its peak; when the
+5. Iterative merge (``training.merge_control``): a reward EMA and the LoRA snapshot at its peak; when the
    EMA has beaten the last merge baseline by ``--merge-min-gain`` for ``--merge-patience`` steps and
    ``--merge-cooldown`` steps have passed since the last merge, the peak snapshot is baked into the
    base weights and LoRA restarts at zero (B = 0, A redrawn from (seed, merge count)), the optimizer
@@ -34,7 +34,7 @@ step, reward_mean, reward_std (over all rollouts), reward_group_std (mean within
 kl_group_max, loss, clip_frac (tokens with |rho - 1| > eps, last epoch), ratio_dev, grad_norm, merged,
 emergency, skipped, reward_ema, lr, entropy_s{k} (policy entropy per scale), timings. TensorBoard gets
 the same. Resume (model incl. LoRA and merged base, optimizer, merge state, data position, RNG) through
-training/loop.py's parts, the same ones SFT uses; ``RUN/final/`` is a plain model directory with LoRA
+training.parts, the same parts SFT uses; ``RUN/final/`` is a plain model directory with LoRA
 merged (any checkpoint: ``python -m training.merge_lora RUN``, also ``stylevar merge-lora RUN``).
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -56,15 +56,29 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from stylevar import hub
+from stylevar.pull import resolve_model
 from stylevar.lora import (LoRAConfig, attach_lora, load_lora_state_dict, lora_disabled, lora_parameters, merge_lora,
                            snapshot_lora, unload_lora)
 from stylevar.devices import resolve_autocast_dtype
 from stylevar.generation import DEFAULT_GENERATION
-from stylevar.pipeline import ModelDirError, StylePipeline, check_model_dir
+from stylevar.model_dir import ModelDirError, check_model_dir
+from stylevar.pipeline import StylePipeline
 from stylevar.transformer import Condition, StyleVAR
-from training import loop
 from training.data import check_data_args, collate_triplets, dataset_size, open_triplets
+from training.merge_control import MergeConfig, MergeController
 from training.optim import ScheduleConfig, make_adamw, two_level_scheduler
+from training.parts import cli
+from training.parts.checkpoints import CheckpointsUnreadableError
+from training.parts.cli import add_loop_args, loop_config, recipe_parser
+from training.parts.distributed import DistEnv, all_reduce_max, all_reduce_sum, setup_distributed, teardown_distributed
+from training.parts.log import MetricWindow
+from training.parts.precision import resolve_precision
+from training.parts.rng import derived_generator
+from training.parts.run import TrainingRun
+from training.parts.rundir import RunDir
+from training.parts.schedule import LoopConfig
+from training.parts.state import TrainingState
+from training.parts.streams import BatchStreamConfig, make_stream, move_to
 from training.rewards import REWARDS, Reward, RewardConfig
 
 
@@ -93,7 +107,7 @@ def rollout_seed(seed: int, step: int, index: int) -> int:
 
 def rollout_indices(local_triplets: int, group_size: int, rank: int = 0, world_size: int = 1) -> list[int]:
     """Global rollout indices of this rank's rows (triplet-major). Rank r's j-th triplet is position
-    j * world_size + r of the global batch (see loop.EpochShardSampler), so a triplet gets the same seeds
+    j * world_size + r of the global batch (see training.parts.streams.EpochShardSampler), so a triplet gets the same seeds
     whatever the number of processes."""
     return [(j * world_size + rank) * group_size + g for j in range(local_triplets) for g in range(group_size)]
 
@@ -174,82 +188,6 @@ def sampled_logprobs(model: StyleVAR, content: torch.Tensor, style: torch.Tensor
     return torch.cat(out)
 
 
-# ------------------------------------------------------------------------------------------ merging
-@dataclass(frozen=True)
-class MergeConfig:
-    ema_decay: float = 0.9  # reward EMA: ema = decay * ema + (1 - decay) * reward_mean
-    min_gain: float = 0.05  # EMA must beat the last merge baseline by this much ...
-    patience: int = 50  # ... for this many consecutive steps
-    cooldown: int = 300  # and this many steps since the last merge (0 disables regular merges: see enabled)
-    emergency_kl: float = 2.0  # raw KL above this forces a merge ...
-    emergency_cooldown: int = 50  # ... at most once per this many steps
-    skip_kl: float = 5.0  # a step with a group's raw KL above this makes no update
-    enabled: bool = True  # False: never merge (KL skip still applies)
-
-    def __post_init__(self):
-        if not 0 <= self.ema_decay < 1:
-            raise ValueError(f"reward EMA decay must be in [0, 1), got {self.ema_decay}")
-        if self.patience < 1 or self.cooldown < 0 or self.emergency_cooldown < 0:
-            raise ValueError("merge patience must be >= 1 and cooldowns >= 0")
-
-
-class MergeController:
-    """Decides when to merge LoRA into the base and keeps the reward EMA and the peak snapshot."""
-
-    def __init__(self, cfg: MergeConfig):
-        self.cfg = cfg
-        self.ema: float | None = None
-        self.baseline: float | None = None  # EMA value the next merge must beat (EMA at start / last merge)
-        self.peak = -math.inf  # best EMA since the last merge (or before)
-        self.peak_step = 0
-        self.snapshot: dict[str, torch.Tensor] | None = None  # LoRA state when the EMA peaked
-        self.streak = 0  # consecutive steps with ema >= baseline + min_gain
-        self.last_merge = 0
-        self.last_emergency: int | None = None
-        self.merges = 0
-
-    def observe(self, step: int, reward_mean: float, snapshot_fn) -> None:
-        """Feed the mean reward of the rollouts of `step`; `snapshot_fn()` gives the LoRA state that
-        produced them (called only when the EMA reaches a new peak)."""
-        d = self.cfg.ema_decay
-        self.ema = reward_mean if self.ema is None else d * self.ema + (1 - d) * reward_mean
-        if self.baseline is None:
-            self.baseline = self.ema
-        if self.ema > self.peak:
-            self.peak, self.peak_step, self.snapshot = self.ema, step, snapshot_fn()
-        self.streak = self.streak + 1 if self.ema >= self.baseline + self.cfg.min_gain else 0
-
-    def emergency_due(self, step: int, kl: float) -> bool:
-        if not self.cfg.enabled or not kl > self.cfg.emergency_kl:
-            return False
-        return self.last_emergency is None or step - self.last_emergency >= self.cfg.emergency_cooldown
-
-    def skip_due(self, group_kl_max: float) -> bool:
-        return not group_kl_max <= self.cfg.skip_kl  # NaN skips too
-
-    def merge_due(self, step: int) -> bool:
-        return self.cfg.enabled and self.streak >= self.cfg.patience and step - self.last_merge >= self.cfg.cooldown
-
-    def merged(self, step: int, emergency: bool, snapshot_after: dict[str, torch.Tensor]) -> None:
-        """Record a merge of the peak snapshot; the restarted (zero) LoRA now is the peak state."""
-        self.merges += 1
-        self.baseline = self.peak
-        self.streak = 0
-        self.last_merge = step
-        if emergency:
-            self.last_emergency = step
-        self.peak_step, self.snapshot = step, snapshot_after
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"ema": self.ema, "baseline": self.baseline, "peak": self.peak, "peak_step": self.peak_step,
-                "snapshot": self.snapshot, "streak": self.streak, "last_merge": self.last_merge,
-                "last_emergency": self.last_emergency, "merges": self.merges}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        for k in ("ema", "baseline", "peak", "peak_step", "snapshot", "streak", "last_merge", "last_emergency", "merges"):
-            setattr(self, k, state[k])
-
-
 # ------------------------------------------------------------------------------------------ the step
 @dataclass(frozen=True)
 class GRPOConfig:
@@ -296,18 +234,11 @@ class Rollouts:
     cond: Condition | None = None  # the rows' condition, computed once per triplet (fp32)
 
 
-def _all_reduce_max(x: float, env: loop.DistEnv) -> float:
-    t = torch.tensor([x], dtype=torch.float64, device=env.device)
-    if env.distributed:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
-
 class GRPOTrainer:
     """Rollouts, rewards, the clipped policy loss with KL and PANW, the optimizer step and merges."""
 
     def __init__(self, model: StyleVAR, reward: Reward, cfg: GRPOConfig, merge: MergeConfig,
-                 optimizer: torch.optim.Optimizer, scheduler: Any, env: loop.DistEnv):
+                 optimizer: torch.optim.Optimizer, scheduler: Any, env: DistEnv):
         self.model, self.reward, self.cfg, self.env = model, reward, cfg, env
         self.optimizer, self.scheduler = optimizer, scheduler
         self.controller = MergeController(merge)
@@ -394,9 +325,9 @@ class GRPOTrainer:
         if not self.env.distributed:
             return d
         keys = [k for k in d if k != "ratio_dev"]
-        mean = loop.all_reduce_sum(torch.tensor([d[k] for k in keys], dtype=torch.float64), self.env) / self.env.world_size
+        mean = all_reduce_sum(torch.tensor([d[k] for k in keys], dtype=torch.float64), self.env) / self.env.world_size
         out = {k: float(v) for k, v in zip(keys, mean)}
-        out["ratio_dev"] = _all_reduce_max(d["ratio_dev"], self.env)
+        out["ratio_dev"] = all_reduce_max(d["ratio_dev"], self.env)
         return out
 
     def _sync_grads(self) -> None:
@@ -419,7 +350,7 @@ class GRPOTrainer:
         c = self.controller
         if c.snapshot is not None:
             load_lora_state_dict(self.model, c.snapshot)
-        g = loop.derived_generator(self.cfg.seed, c.merges + 1, 0x10AA)
+        g = derived_generator(self.cfg.seed, c.merges + 1, 0x10AA)
         merge_lora(self.model, restart=True, generator=g)
         self.optimizer.state.clear()
         c.merged(step, emergency, snapshot_lora(self.model))
@@ -437,12 +368,12 @@ class GRPOTrainer:
         R = r.rewards.double()
         sums = torch.tensor([R.sum(), (R * R).sum(), float(R.numel()), kl_row.sum(),
                              R.view(-1, G).std(1).sum(), float(R.numel() // G)], dtype=torch.float64)
-        tot = loop.all_reduce_sum(sums, env)
+        tot = all_reduce_sum(sums, env)
         n = float(tot[2])
         reward_mean = float(tot[0]) / n
         reward_std = math.sqrt(max(float(tot[1]) / n - reward_mean**2, 0.0) * n / max(n - 1, 1))
         kl = float(tot[3]) / n
-        group_kl_max = _all_reduce_max(float(kl_row.view(-1, G).mean(1).max()), env)
+        group_kl_max = all_reduce_max(float(kl_row.view(-1, G).mean(1).max()), env)
         stats: dict[str, float] = {"reward_mean": reward_mean, "reward_std": reward_std,
                                    "reward_group_std": float(tot[4]) / float(tot[5]), "kl": kl,
                                    "kl_group_max": group_kl_max}
@@ -481,11 +412,11 @@ class GRPOTrainer:
 SUM_KEYS = ("merged", "emergency", "skipped")  # counted over a log window; the rest averaged
 LAST_KEYS = ("reward_ema", "merges_total")  # their value at the logged step
 # options that may change when a run is resumed (they do not change what is computed)
-FREE_KEYS = (*loop.FREE_KEYS, "rollout_chunk", "tf_chunk")
+FREE_KEYS = (*cli.FREE_KEYS, "rollout_chunk", "tf_chunk")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = loop.recipe_parser("training.grpo", __doc__)
+    p = recipe_parser("training.grpo", __doc__)
     p.add_argument("--init", required=True, metavar="MODEL_DIR",
                    help="model directory to start from (e.g. an SFT RUN/final), or a hub id hf:OWNER/NAME[:variant]")
     p.add_argument("--name", default="stylevar-grpo", help="model name written to RUN/final/config.json")
@@ -519,7 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--emergency-cooldown", type=int, default=50, help="steps between emergency merges")
     g.add_argument("--skip-kl", type=float, default=5.0, help="a step whose group KL exceeds this makes no update")
     g.add_argument("--no-merge", action="store_true", help="never merge during training")
-    loop.add_loop_args(p, lr=1e-5, batch_size=4, max_grad_norm=1.0)
+    add_loop_args(p, lr=1e-5, batch_size=4, max_grad_norm=1.0)
     p.set_defaults(weight_decay=0.01, log_every=1, save_every=50)
     return p
 
@@ -528,7 +459,7 @@ def check_inputs(args: argparse.Namespace) -> None:
     check_data_args(args.data)
     if hub.is_hub_id(args.init):  # a published model (hf:OWNER/NAME[:variant]): its model directory, pulled on first use
         try:
-            args.init = str(hub.resolve_model(args.init))
+            args.init = str(resolve_model(args.init))
         except (hub.HubError, ValueError) as e:
             raise SystemExit(f"error: --init {args.init}: {e}") from None
     try:
@@ -559,22 +490,56 @@ def main(argv: list[str] | None = None) -> int:
                                   style_weight=args.reward_style_weight)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
-    env = loop.setup_distributed(args.device)
+    env = setup_distributed(args.device)
     try:
         return train(args, grpo_cfg, merge_cfg, lora_cfg, reward_cfg, env)
-    except loop.CheckpointsUnreadableError as e:
+    except CheckpointsUnreadableError as e:
         raise SystemExit(f"error: {e}") from None
     finally:
-        loop.teardown_distributed()
+        teardown_distributed()
+
+
+def final_writer(model: StyleVAR, base_config: Any, args: argparse.Namespace) -> Callable[[Path], None]:
+    """What writes RUN/final: the model with LoRA merged, as a plain model directory."""
+    def write_final(folder: Path) -> None:
+        unload_lora(model, merge=True)
+        extra = {**base_config.extra, "recipe": "grpo", "init": str(args.init), "steps": args.max_steps,
+                 "reward": args.reward, "group_size": args.group_size, "lora_rank": args.lora_rank,
+                 "lora_alpha": args.lora_alpha}
+        model_cfg = dataclasses.replace(base_config, name=args.name, demo=False, extra=extra)
+        StylePipeline(model, model_cfg).save_pretrained(folder)
+    return write_final
+
+
+def grpo_steps(tr: TrainingRun, cfg: LoopConfig, trainer: GRPOTrainer, saved: Mapping[str, Any]) -> int:
+    """The steps from ``tr.start`` to ``cfg.max_steps`` with their log lines and checkpoints (``saved``: what
+    each checkpoint keeps besides the merge state); returns the last step."""
+    log, start, env, stream = tr.log, tr.start, tr.env, tr.state.stream
+    step = start
+    window = MetricWindow(env, last=LAST_KEYS, summed=SUM_KEYS, over_ranks=False)  # stats agree on all ranks
+    while step < cfg.max_steps:
+        batch = move_to({k: v for k, v in stream.next().items() if k in ("content", "style", "target")}, env.device)
+        lr = trainer.optimizer.param_groups[0]["lr"]
+        stats = trainer.step(batch, step + 1)
+        step += 1
+        window.add(stats)
+        if cfg.log_due(step):
+            log.log(step, {**window.record(), "lr": lr})
+            log.advance(step, {"reward": stats["reward_mean"], "kl": stats["kl"]})
+        if step == start + 1 and step < cfg.max_steps:  # a first ETA after the first step
+            log.info(tr.progress.line(step))
+        if tr.checkpoint_due(step):
+            tr.save(step, extra={"merge": trainer.controller.state_dict(), **saved})
+    return step
 
 
 def train(args: argparse.Namespace, grpo_cfg: GRPOConfig, merge_cfg: MergeConfig, lora_cfg: LoRAConfig,
-          reward_cfg: RewardConfig, env: loop.DistEnv) -> int:
-    precision = loop.resolve_precision(args.precision, env.device)
+          reward_cfg: RewardConfig, env: DistEnv) -> int:
+    precision = resolve_precision(args.precision, env.device)
     if precision == "fp16":
         raise SystemExit("error: --precision fp16 is not supported for GRPO rollouts; use bf16 or fp32")
     config = {"recipe": "grpo", **vars(args)}
-    run = loop.RunDir.prepare(args.out, config, env, free_keys=FREE_KEYS)
+    run = RunDir.prepare(args.out, config, env, free_keys=FREE_KEYS)
     pipe = StylePipeline.from_pretrained(args.init, device=env.device)
     model = pipe.model
     model.autocast_dtype = resolve_autocast_dtype(precision, env.device)  # rollouts only (bf16 or None)
@@ -586,52 +551,22 @@ def train(args: argparse.Namespace, grpo_cfg: GRPOConfig, merge_cfg: MergeConfig
     optimizer = make_adamw(model, args.lr, args.weight_decay, betas=(0.9, 0.95))
     scheduler = two_level_scheduler(optimizer, ScheduleConfig(max_steps=args.max_steps, warmup_steps=args.warmup_steps,
                                                               drop_factor=1.0))
-    stream = loop.make_stream(dataset, loop.BatchStreamConfig(global_batch=args.batch_size, seed=args.seed,
-                                                              num_workers=args.num_workers,
-                                                              collate_fn=collate_triplets), env)
+    stream = make_stream(dataset, BatchStreamConfig(global_batch=args.batch_size, seed=args.seed,
+                                                    num_workers=args.num_workers, collate_fn=collate_triplets), env)
     trainer = GRPOTrainer(model, reward, grpo_cfg, merge_cfg, optimizer, scheduler, env)
-    base_config = pipe.config
-    state = loop.TrainingState(model, optimizer, scheduler, stream, env)
-
-    def write_final(folder: Path) -> None:
-        """The model with LoRA merged, as a plain model directory."""
-        unload_lora(model, merge=True)
-        extra = {**base_config.extra, "recipe": "grpo", "init": str(args.init), "steps": args.max_steps,
-                 "reward": args.reward, "group_size": args.group_size, "lora_rank": args.lora_rank,
-                 "lora_alpha": args.lora_alpha}
-        model_cfg = dataclasses.replace(base_config, name=args.name, demo=False, extra=extra)
-        StylePipeline(model, model_cfg).save_pretrained(folder)
-
-    cfg = loop.loop_config(args, precision)
-    with loop.TrainingRun.for_loop(run, state, cfg) as tr:
+    state = TrainingState(model, optimizer, scheduler, stream, env)
+    n_lora = sum(p.numel() for p in lora_parameters(model))
+    cfg = loop_config(args, precision)
+    with TrainingRun.for_loop(run, state, cfg) as tr:
         if tr.resumed.path is not None:
             trainer.controller.load_state_dict(tr.resumed.extra["merge"])
-        log, start = tr.log, tr.start
-        n_lora = sum(p.numel() for p in lora_parameters(model))
-        log.info(f"{dataset_size(dataset)} training triplets, {pipe.image_size}px, G={grpo_cfg.group_size}, "
-                 f"batch {args.batch_size} ({args.batch_size * grpo_cfg.group_size} rollouts/step), reward "
-                 f"{reward_cfg.name} x{reward_cfg.scale}, LoRA r={lora_cfg.rank} alpha={lora_cfg.alpha} "
-                 f"({n_lora / 1e6:.3f}M trainable), world size {env.world_size}, rollouts {precision}")
-        step = start
-        window = loop.MetricWindow(env, last=LAST_KEYS, summed=SUM_KEYS, over_ranks=False)  # stats agree on all ranks
-        while step < cfg.max_steps:
-            batch = loop.move_to({k: v for k, v in stream.next().items() if k in ("content", "style", "target")},
-                                 env.device)
-            lr = optimizer.param_groups[0]["lr"]
-            stats = trainer.step(batch, step + 1)
-            step += 1
-            window.add(stats)
-            if cfg.log_due(step):
-                log.log(step, {**window.record(), "lr": lr})
-                log.advance(step, {"reward": stats["reward_mean"], "kl": stats["kl"]})
-            if step == start + 1 and step < cfg.max_steps:  # a first ETA after the first step
-                log.info(tr.progress.line(step))
-            if tr.checkpoint_due(step):
-                tr.save(step, extra={"merge": trainer.controller.state_dict(),
-                                     "pipeline_config": base_config.to_dict(), "lora": lora_cfg.to_dict()})
-        tr.finish(step, write_final)
+        tr.log.info(f"{dataset_size(dataset)} training triplets, {pipe.image_size}px, G={grpo_cfg.group_size}, "
+                    f"batch {args.batch_size} ({args.batch_size * grpo_cfg.group_size} rollouts/step), reward "
+                    f"{reward_cfg.name} x{reward_cfg.scale}, LoRA r={lora_cfg.rank} alpha={lora_cfg.alpha} "
+                    f"({n_lora / 1e6:.3f}M trainable), world size {env.world_size}, rollouts {precision}")
+        step = grpo_steps(tr, cfg, trainer, {"pipeline_config": pipe.config.to_dict(), "lora": lora_cfg.to_dict()})
+        tr.finish(step, final_writer(model, pipe.config, args))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

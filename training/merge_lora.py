@@ -16,19 +16,11 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
-import torch
-
-from stylevar.checkpoints import CheckpointError, load_stylevar, load_vqvae, read_state
-from stylevar.lora import LoRAConfig
-from stylevar.pipeline import PipelineConfig, StylePipeline, check_model_dir
-from stylevar.pretrained import load_safetensors
-from stylevar.state_dict import read_file
-from stylevar.tokenizer import MultiScaleVQVAE
-from training.loop import newest_checkpoint
+from stylevar.cli.command import Command
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The command's arguments (also those of ``stylevar merge-lora``, listed in stylevar.cli)."""
+    """The command's arguments (also those of ``stylevar merge-lora``)."""
     p.add_argument("checkpoint", help="a GRPO checkpoint (RUN/checkpoints/step-*.pt) or a RUN directory (its newest one)")
     p.add_argument("--out", required=True, help="output model directory")
     p.add_argument("--config", metavar="MODEL_DIR",
@@ -40,7 +32,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=merge_command)
 
 
+COMMAND = Command("merge-lora", "bake the LoRA adapters of a GRPO checkpoint into a plain model directory",
+                  add_arguments)  # `stylevar merge-lora`: the stylevar.commands entry point in pyproject.toml
+
+
 def merge_command(args: argparse.Namespace) -> int:
+    import torch  # here, not at the top: `stylevar --help` imports this module for COMMAND
+
+    from stylevar.convert import load_stylevar, load_vqvae, read_state
+    from stylevar.state_dict import CheckpointError
+    from stylevar.lora import LoRAConfig
+    from stylevar.model_dir import PipelineConfig, check_model_dir
+    from stylevar.pipeline import StylePipeline
+    from stylevar.pretrained import load_safetensors
+    from stylevar.state_dict import read_file
+    from stylevar.tokenizer import MultiScaleVQVAE
+    from training.parts.checkpoints import newest_checkpoint
+
     path = newest_checkpoint(args.checkpoint)
     state = read_file(path, what="checkpoint")
     if not isinstance(state, Mapping):

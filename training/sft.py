@@ -24,8 +24,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -33,15 +34,32 @@ from torch import nn
 from torch.utils.data import Dataset, IterableDataset
 
 from stylevar import hub
-from stylevar.checkpoints import init_from_var, load_stylevar, load_vqvae
+from stylevar.pull import resolve_model
+from stylevar.atomic import atomic_write_text
+from stylevar.convert import load_stylevar, load_vqvae
 from stylevar.config import StyleVARConfig, VQVAEConfig
-from stylevar.pipeline import StylePipeline, check_model_dir
+from stylevar.model_dir import check_model_dir
+from stylevar.pipeline import StylePipeline
 from stylevar.pretrained import CONFIG_FILE
 from stylevar.tokenizer import MultiScaleVQVAE
 from stylevar.transformer import StyleVAR
-from training import loop, sharding
+from training import sharding
 from training.data import AugmentConfig, check_data_args, collate_triplets, dataset_size, open_triplets
 from training.optim import ScheduleConfig, make_adamw, two_level_scheduler
+from training.parts.checkpoints import CheckpointsUnreadableError
+from training.parts.cli import FREE_KEYS, add_loop_args, loop_config, recipe_parser
+from training.parts.distributed import DistEnv, all_reduce_sum, setup_distributed, teardown_distributed, wrap_ddp
+from training.parts.log import MetricWindow
+from training.parts.precision import autocast, make_grad_scaler, resolve_precision
+from training.parts.rng import derived_generator, process_seed, seed_everything
+from training.parts.run import TrainingRun
+from training.var_init import init_from_var
+from training.parts.rundir import RunConfigMismatchError, RunDir
+from training.parts.schedule import LoopConfig
+from training.parts.skips import SkipTracker
+from training.parts.state import TrainingState
+from training.parts.step import log_objective_window, objective_step
+from training.parts.streams import BatchStreamConfig, eval_loader, make_stream, move_to
 from training.presets import load_preset, match_transformer, resize_tokenizer
 
 
@@ -63,7 +81,7 @@ def build_model(args: argparse.Namespace, tr_preset: StyleVARConfig, vqvae: Mult
     """A fresh, VAR-initialised or --init-loaded StyleVAR (seeded: the same on every rank)."""
     cfg = match_transformer(tr_preset, vqvae.cfg)
     summary = None
-    loop.seed_everything(args.seed)
+    seed_everything(args.seed)
     if args.init_var:
         model, summary = init_from_var(args.init_var, cfg, vqvae)
         log_lines.append(
@@ -108,7 +126,7 @@ class SFTObjective(nn.Module):
             target_idx = self.model.tokenizer.encode_indices(target)
         alphas = None
         if self.alpha_jitter > 0:
-            g = loop.derived_generator(self.seed, self.draws, 0xA1FA)
+            g = derived_generator(self.seed, self.draws, 0xA1FA)
             alphas = jittered_alphas(self.model.alpha_K, self.alpha_jitter, g).to(content.device)
         self.draws += 1
         logits_BLV = self.model.teacher_forcing_logits(content, style, target_idx, alphas=alphas)
@@ -122,7 +140,7 @@ class SFTObjective(nn.Module):
 
 
 @torch.no_grad()
-def validate(model: StyleVAR, dataset: Dataset | None, env: loop.DistEnv, batch_size: int, precision: str,
+def validate(model: StyleVAR, dataset: Dataset | None, env: DistEnv, batch_size: int, precision: str,
              max_batches: int = 0) -> dict[str, float]:
     """Plain CE and top-1 accuracy over the val split (all ranks; sums reduced), per scale too."""
     if dataset is None:
@@ -136,14 +154,14 @@ def validate(model: StyleVAR, dataset: Dataset | None, env: loop.DistEnv, batch_
     if isinstance(dataset, IterableDataset):
         loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, collate_fn=collate_triplets)
     else:
-        loader = loop.eval_loader(dataset, batch_size, env, collate_fn=collate_triplets)
+        loader = eval_loader(dataset, batch_size, env, collate_fn=collate_triplets)
     images = 0
     for b, batch in enumerate(loader):
         if max_batches and b >= max_batches:
             break
         content, style, target = (batch[k].to(env.device) for k in ("content", "style", "target"))
         target_idx = model.tokenizer.encode_indices(target)
-        with loop.autocast(precision, env.device):
+        with autocast(precision, env.device):
             logits_BLV = model.teacher_forcing_logits(content, style, target_idx)
         gt_BL = torch.cat(target_idx, dim=1)
         ce = F.cross_entropy(logits_BLV.float().reshape(-1, logits_BLV.shape[-1]), gt_BL.reshape(-1), reduction="sum")
@@ -153,8 +171,8 @@ def validate(model: StyleVAR, dataset: Dataset | None, env: loop.DistEnv, batch_
                            per_scale.cpu()])
         images += content.shape[0]
     model.train(was_training)
-    total = loop.all_reduce_sum(sums, env)
-    n_img = float(loop.all_reduce_sum(torch.tensor([float(images)]), env)[0])
+    total = all_reduce_sum(sums, env)
+    n_img = float(all_reduce_sum(torch.tensor([float(images)]), env)[0])
     tokens = max(float(total[1]), 1.0)
     out = {"val_loss": float(total[0]) / tokens, "val_acc": float(total[2:].sum()) / tokens, "val_images": int(n_img)}
     for k in range(K):
@@ -164,7 +182,7 @@ def validate(model: StyleVAR, dataset: Dataset | None, env: loop.DistEnv, batch_
 
 # ------------------------------------------------------------------------------------------ CLI
 def build_parser() -> argparse.ArgumentParser:
-    p = loop.recipe_parser("training.sft", __doc__)
+    p = recipe_parser("training.sft", __doc__)
     p.add_argument("--preset", default="tiny", help="tiny|d16|d20|d24|d30 or a JSON preset file")
     p.add_argument("--tokenizer", required=True,
                    help="tokenizer folder (training.vqvae RUN/final or a model dir) or weights file (.pth/.safetensors)")
@@ -187,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", choices=sharding.STRATEGIES, default="ddp",
                    help="ddp: every process holds the whole model, gradients and optimizer state; fsdp: all three "
                         "sharded over the processes (FSDP2, sharded checkpoints; see training.sharding)")
-    loop.add_loop_args(p, lr=5e-4, batch_size=32, max_grad_norm=2.0)
+    add_loop_args(p, lr=5e-4, batch_size=32, max_grad_norm=2.0)
     return p
 
 
@@ -199,7 +217,7 @@ def check_inputs(args: argparse.Namespace) -> None:
         value = getattr(args, flag)
         if hub.is_hub_id(value):
             try:
-                setattr(args, flag, str(hub.resolve_model(value)))
+                setattr(args, flag, str(resolve_model(value)))
             except (hub.HubError, ValueError) as e:
                 raise SystemExit(f"error: --{flag} {value}: {e}") from None
     tok = Path(args.tokenizer)
@@ -225,131 +243,171 @@ def main(argv: list[str] | None = None) -> int:
         vq_preset, tr_preset = load_preset(args.preset)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
-    env = loop.setup_distributed(args.device)
+    env = setup_distributed(args.device)
     try:
         code = train(args, vq_preset, tr_preset, env)
         env.barrier()  # every rank has finished before any leaves the group (gloo aborts a rank otherwise)
         return code
-    except loop.CheckpointsUnreadableError as e:
+    except CheckpointsUnreadableError as e:
         raise SystemExit(f"error: {e}") from None
     finally:
-        loop.teardown_distributed()
+        teardown_distributed()
 
 
-def train(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARConfig, env: loop.DistEnv) -> int:
-    precision = loop.resolve_precision(args.precision, env.device)
+# ------------------------------------------------------------------------------------------ the run
+def open_run(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARConfig,
+             env: DistEnv) -> tuple[MultiScaleVQVAE, RunDir]:
+    """The frozen tokenizer, and RUN/ (its config written, or checked against the earlier run's)."""
     try:
         vqvae = read_tokenizer(args.tokenizer, vq_preset, args.image_size)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"error: --tokenizer {args.tokenizer}: {e}") from None
-    image_size = vqvae.cfg.image_size
     config = {"recipe": "sft", **vars(args), "tokenizer_config": vqvae.cfg.to_dict(),
               "transformer_config": match_transformer(tr_preset, vqvae.cfg).to_dict()}
     try:
-        run = loop.RunDir.prepare(args.out, config, env, free_keys=(*loop.FREE_KEYS, "activation_checkpointing", "name"))
-    except loop.RunConfigMismatchError as e:
+        run = RunDir.prepare(args.out, config, env, free_keys=(*FREE_KEYS, "activation_checkpointing", "name"))
+    except RunConfigMismatchError as e:
         raise SystemExit(f"error: {e}") from None
+    return vqvae, run
 
+
+def open_datasets(args: argparse.Namespace, image_size: int) -> tuple[Dataset, Dataset | None]:
+    """The train split (augmented unless --no-augment) and the val split (None when there is none)."""
     augment = None if args.no_augment else AugmentConfig()
     train_set = open_triplets(args.data, "train", image_size, augment, seed=args.seed, shuffle=True)
     try:
         val_set = open_triplets(args.data, "val", image_size, None, seed=args.seed)
     except (ValueError, FileNotFoundError):  # no val split
         val_set = None
+    return train_set, val_set
 
+
+@dataclass
+class SFTRun:
+    """What the step loop of one SFT run works with."""
+
+    args: argparse.Namespace
+    env: DistEnv
+    precision: str
+    model: StyleVAR
+    objective: SFTObjective
+    ddp: nn.Module  # the objective, DDP-wrapped or sharded (--strategy fsdp)
+    val_set: Dataset | None
+    skips: SkipTracker
+
+    def __post_init__(self):
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+
+    def to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
+        batch = self.skips.take(batch)
+        return move_to({k: batch[k] for k in ("content", "style", "target")}, self.env.device)
+
+    def validation(self) -> dict[str, float]:
+        with sharding.gathered(self.ddp):
+            return validate(self.model, self.val_set, self.env, self.args.val_batch_size, self.precision,
+                            self.args.val_max_batches)
+
+    def steps(self, tr: TrainingRun, cfg: LoopConfig) -> int:
+        """The steps from ``tr.start`` to ``cfg.max_steps``, with their log lines, validations and
+        checkpoints, then the final validation; returns the last step."""
+        log, val_set = tr.log, self.val_set
+        self.ddp.train()
+        step = tr.start
+        window = MetricWindow(self.env)
+        while step < cfg.max_steps:
+            stats, lr = objective_step(tr, self.trainable, cfg, step + 1, self.to_device)
+            step += 1
+            window.add(stats)
+            if cfg.log_due(step):
+                log_objective_window(tr, cfg, step, window, lr, skipped_files=float(len(self.skips.all_paths())))
+            if val_set is not None and cfg.val_due(step):
+                log.log(step, self.validation(), prefix="val")
+                self.ddp.train()
+            if tr.checkpoint_due(step):
+                tr.save(step, extra={"draws": self.objective.draws})
+        if val_set is not None and step > tr.start:
+            log.log(step, self.validation(), prefix="val")
+        return step
+
+    def final_writer(self) -> Callable[[Path], None]:
+        """What writes RUN/final: the model directory (with a sharded model, its whole state dict is gathered
+        to rank 0 first: every rank calls this)."""
+        args, model = self.args, self.model
+        whole = None
+        if sharding.is_sharded(self.ddp):
+            whole = sharding.strip_prefix(sharding.full_state_dict(self.ddp), "model.")
+
+        def write_final(folder: Path) -> None:
+            extra = {"recipe": "sft", "steps": args.max_steps, "data": args.data, "batch_size": args.batch_size,
+                     "lr": args.lr, "init_var": args.init_var, "init": args.init}
+            final = model
+            if whole is not None:
+                final = StyleVAR(model.cfg, MultiScaleVQVAE(model.tokenizer.cfg))
+                final.load_state_dict(whole)
+            StylePipeline.from_models(final, name=args.name, extra=extra).save_pretrained(folder)
+        return write_final
+
+
+def log_start(tr: TrainingRun, args: argparse.Namespace, intro: str, notes: list[str],
+              summary: dict[str, Any] | None) -> None:
+    """The run's first lines: ``intro``; on a fresh run the model's initialisation (and, from a VAR
+    checkpoint, RUN/init_summary.json and its log record)."""
+    log = tr.log
+    log.info(intro)
+    if tr.start != 0:
+        return
+    for line in notes:
+        log.info(line)
+    if summary is not None:
+        if tr.env.is_main:
+            atomic_write_text(tr.run.root / "init_summary.json", json.dumps(summary, indent=1))
+        log.log(0, {"event": "init_from_var", "source": str(args.init_var),
+                    "copied": len(summary["copied"]), "split": len(summary["split"]),
+                    "dropped": summary["dropped"], "fresh": len(summary["fresh"]),
+                    "encoders": summary["encoders"]}, prefix="init")
+
+
+def train(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARConfig, env: DistEnv) -> int:
+    precision = resolve_precision(args.precision, env.device)
+    vqvae, run = open_run(args, vq_preset, tr_preset, env)
+    train_set, val_set = open_datasets(args, vqvae.cfg.image_size)
     notes: list[str] = []
     try:
         model, summary = build_model(args, tr_preset, vqvae, notes)
     except ValueError as e:  # CheckpointError included: wrong layout or shapes for this preset
         raise SystemExit(f"error: cannot initialise the model: {e}") from None
-    loop.seed_everything(loop.process_seed(args.seed, env.rank))  # model init above is the same on every rank
+    seed_everything(process_seed(args.seed, env.rank))  # model init above is the same on every rank
     model.activation_checkpointing = args.activation_checkpointing
     model.to(env.device).train()
     objective = SFTObjective(model, label_smoothing=args.label_smoothing, alpha_jitter=args.alpha_jitter,
                              seed=args.seed)
     fsdp = args.strategy == "fsdp"
-    ddp = sharding.shard_model(objective, model, env, precision) if fsdp else loop.wrap_ddp(objective, env)
+    ddp = sharding.shard_model(objective, model, env, precision) if fsdp else wrap_ddp(objective, env)
     optimizer = make_adamw(model, args.lr, args.weight_decay, betas=(0.9, 0.95))
     sched = ScheduleConfig(max_steps=args.max_steps, warmup_steps=args.warmup_steps, drop_step=args.lr_drop_step,
                            drop_fraction=args.lr_drop_fraction, drop_factor=args.lr_drop_factor)
     scheduler = two_level_scheduler(optimizer, sched)
-    stream = loop.make_stream(
-        train_set,
-        loop.BatchStreamConfig(global_batch=args.batch_size, grad_accum=args.grad_accum, seed=args.seed,
-                               num_workers=args.num_workers, collate_fn=collate_triplets,
-                               pin_memory=env.device.type == "cuda"),
-        env,
-    )
-    skips = loop.SkipTracker(env)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-
-    def to_device(batch):
-        batch = skips.take(batch)
-        return loop.move_to({k: batch[k] for k in ("content", "style", "target")}, env.device)
-
-    def write_final(folder: Path) -> None:
-        extra = {"recipe": "sft", "steps": args.max_steps, "data": args.data, "batch_size": args.batch_size,
-                 "lr": args.lr, "init_var": args.init_var, "init": args.init}
-        final = model
-        if sharding.is_sharded(ddp):
-            final = StyleVAR(model.cfg, MultiScaleVQVAE(vqvae.cfg))
-            final.load_state_dict(whole)
-        StylePipeline.from_models(final, name=args.name, extra=extra).save_pretrained(folder)
-
-    cfg = loop.loop_config(args, precision)
-    scaler = loop.make_grad_scaler(precision, env.device)
-    state = loop.TrainingState(ddp, optimizer, scheduler, stream, env, scaler=scaler, sharded=fsdp)
-
-    def validation() -> dict[str, float]:
-        with sharding.gathered(ddp):
-            return validate(model, val_set, env, args.val_batch_size, precision, args.val_max_batches)
-    with loop.TrainingRun.for_loop(run, state, cfg) as tr:
-        log = tr.log
+    stream = make_stream(train_set, BatchStreamConfig(global_batch=args.batch_size, grad_accum=args.grad_accum,
+                                                      seed=args.seed, num_workers=args.num_workers,
+                                                      collate_fn=collate_triplets,
+                                                      pin_memory=env.device.type == "cuda"), env)
+    job = SFTRun(args, env, precision, model, objective, ddp, val_set, SkipTracker(env))
+    state = TrainingState(ddp, optimizer, scheduler, stream, env, scaler=make_grad_scaler(precision, env.device),
+                          sharded=fsdp)
+    intro = (f"{dataset_size(train_set)} training triplets, {dataset_size(val_set)} validation, "
+             f"{vqvae.cfg.image_size}px, patch_nums {vqvae.cfg.patch_nums}, "
+             f"{sum(p.numel() for p in job.trainable) / 1e6:.2f}M trainable parameters "
+             "(the transformer with its image encoders; the tokenizer is frozen), "
+             f"world size {env.world_size}, {precision}, lr drop at step {sched.resolved_drop_step}")
+    cfg = loop_config(args, precision)
+    with TrainingRun.for_loop(run, state, cfg) as tr:
         if tr.resumed.path is not None:
             objective.draws = int(tr.resumed.extra.get("draws", 0))  # keys the alpha jitter
-        n_params = sum(p.numel() for p in trainable)
-        log.info(f"{dataset_size(train_set)} training triplets, {dataset_size(val_set)} validation, "
-                 f"{image_size}px, patch_nums {vqvae.cfg.patch_nums}, {n_params / 1e6:.2f}M trainable parameters "
-                 "(the transformer with its image encoders; the tokenizer is frozen), "
-                 f"world size {env.world_size}, {precision}, lr drop at step {sched.resolved_drop_step}")
-        if tr.start == 0:
-            for line in notes:
-                log.info(line)
-            if summary is not None:
-                if env.is_main:
-                    loop.atomic_write_text(run.root / "init_summary.json", json.dumps(summary, indent=1))
-                log.log(0, {"event": "init_from_var", "source": str(args.init_var),
-                            "copied": len(summary["copied"]), "split": len(summary["split"]),
-                            "dropped": summary["dropped"], "fresh": len(summary["fresh"]),
-                            "encoders": summary["encoders"]}, prefix="init")
-        ddp.train()
-        step = tr.start
-        window = loop.MetricWindow(env)
-        while step < cfg.max_steps:
-            stats, lr = loop.objective_step(tr, trainable, cfg, step + 1, to_device)
-            step += 1
-            window.add(stats)
-            if cfg.log_due(step):
-                loop.log_objective_window(tr, cfg, step, window, lr, skipped_files=float(len(skips.all_paths())))
-            if val_set is not None and cfg.val_due(step):
-                log.log(step, validation(), prefix="val")
-                ddp.train()
-            if tr.checkpoint_due(step):
-                tr.save(step, extra={"draws": objective.draws})
-        if val_set is not None and step > tr.start:
-            log.log(step, validation(), prefix="val")
-        if sharding.is_sharded(ddp):  # the whole model on rank 0 (every rank takes part), for RUN/final
-            whole = sharding.strip_prefix(sharding.full_state_dict(ddp), "model.")
-        tr.finish(step, write_final)
-    skipped = skips.all_paths()
-    if env.is_main:
-        reasons = dict(getattr(train_set, "skipped", {}))
-        reasons.update(getattr(val_set, "skipped", {}) or {})
-        report = loop.write_skip_report(run, skipped, reasons)
-        if skipped:
-            print(f"skipped {len(skipped)} unusable image file(s); see {report}", file=sys.stderr)
+        log_start(tr, args, intro, notes, summary)
+        step = job.steps(tr, cfg)
+        tr.finish(step, job.final_writer())
+    job.skips.report(run, {**getattr(train_set, "skipped", {}), **(getattr(val_set, "skipped", {}) or {})})
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

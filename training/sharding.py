@@ -35,7 +35,8 @@ import torch.distributed as dist
 from torch import nn
 
 from stylevar.atomic import is_write_error, remove_quietly, replace_folder, temp_folder, write_failure
-from training.loop import CONFIG_NAME, SHARDED_SUFFIX, newest_checkpoint, read_checkpoint
+from training.parts.checkpoints import SHARDED_SUFFIX, newest_checkpoint, read_checkpoint
+from training.parts.rundir import CONFIG_NAME
 
 STRATEGIES = ("ddp", "fsdp")
 

@@ -34,9 +34,22 @@ from torch.utils.data import Dataset
 from stylevar.config import VQVAEConfig
 from stylevar.images import fit_square
 from stylevar.tokenizer import MultiScaleVQVAE
-from training import loop
 from training.data import ROLES, TripletDataset, open_triplets, to_unit, try_load, warn_skip
 from training.optim import ScheduleConfig, make_adamw, two_level_scheduler
+from training.parts.checkpoints import CheckpointsUnreadableError
+from training.parts.cli import FREE_KEYS, add_loop_args, loop_config, recipe_parser
+from training.parts.distributed import (DistEnv, all_reduce_sum, broadcast_, setup_distributed, teardown_distributed,
+                                        wrap_ddp)
+from training.parts.log import MetricWindow
+from training.parts.precision import autocast, make_grad_scaler, resolve_precision
+from training.parts.rng import derived_generator, process_seed, seed_everything
+from training.parts.run import TrainingRun
+from training.parts.rundir import RunConfigMismatchError, RunDir
+from training.parts.schedule import LoopConfig
+from training.parts.skips import SkipTracker
+from training.parts.state import TrainingState
+from training.parts.step import log_objective_window, objective_step
+from training.parts.streams import BatchStream, BatchStreamConfig, eval_loader, move_to
 from training.presets import load_preset, resize_tokenizer
 
 
@@ -144,7 +157,7 @@ class VQVAEObjective(nn.Module):
 class DeadCodeRestarter:
     """Tracks steps since each code was last hit (over all ranks) and re-seeds the dead ones."""
 
-    def __init__(self, objective: VQVAEObjective, optimizer: torch.optim.Optimizer, env: loop.DistEnv, *,
+    def __init__(self, objective: VQVAEObjective, optimizer: torch.optim.Optimizer, env: DistEnv, *,
                  every: int, dead_after: int, seed: int):
         self.obj, self.opt, self.env = objective, optimizer, env
         self.every, self.dead_after, self.seed = every, dead_after, seed
@@ -161,7 +174,7 @@ class DeadCodeRestarter:
 
     @torch.no_grad()
     def __call__(self, step: int, stats: dict[str, Any]) -> dict[str, float]:
-        hits = loop.all_reduce_sum(self.obj.hits_V, self.env)
+        hits = all_reduce_sum(self.obj.hits_V, self.env)
         self.obj.hits_V.zero_()
         self.since_hit_V = torch.where(hits > 0, torch.zeros_like(self.since_hit_V), self.since_hit_V + 1)
         out = {"active": float((self.since_hit_V < self.dead_after).float().mean()),
@@ -183,14 +196,14 @@ class DeadCodeRestarter:
                 [F.interpolate(f_BCnn, size=(pn, pn), mode="area").permute(0, 2, 3, 1).reshape(-1, f_BCnn.shape[1])
                  for pn in vqvae.cfg.patch_nums]
             ).cpu()
-            g = loop.derived_generator(self.seed, step, 0xDEAD)
+            g = derived_generator(self.seed, step, 0xDEAD)
             pick = torch.randint(0, pool.shape[0], (dead.numel(),), generator=g)
             noise = 0.01 * pool.std() * torch.randn(dead.numel(), pool.shape[1], generator=g)
             new = emb.detach().clone()
             new[dead.to(new.device)] = (pool[pick] + noise).to(new)
         else:
             new = torch.empty_like(emb)
-        loop.broadcast_(new, self.env)
+        broadcast_(new, self.env)
         emb.copy_(new)
         state = self.opt.state.get(emb, {})
         for key in ("exp_avg", "exp_avg_sq"):
@@ -204,16 +217,16 @@ class DeadCodeRestarter:
 
 # ------------------------------------------------------------------------------------------ validation
 @torch.no_grad()
-def validate(vqvae: MultiScaleVQVAE, dataset: Dataset | None, env: loop.DistEnv, batch_size: int,
+def validate(vqvae: MultiScaleVQVAE, dataset: Dataset | None, env: DistEnv, batch_size: int,
              precision: str) -> dict[str, float]:
     if dataset is None:
         return {}
     was_training = vqvae.training
     vqvae.eval()
     sums = torch.zeros(4, dtype=torch.float64)  # l1 sum, l2 sum, psnr sum, images
-    for batch in loop.eval_loader(dataset, batch_size, env, collate_fn=collate_images):
+    for batch in eval_loader(dataset, batch_size, env, collate_fn=collate_images):
         img = batch["image"].to(env.device)
-        with loop.autocast(precision, env.device):
+        with autocast(precision, env.device):
             out = vqvae(img)
         recon = out.recon.float().clamp(-1, 1)
         mse_B = (recon - img).square().flatten(1).mean(1)
@@ -224,7 +237,7 @@ def validate(vqvae: MultiScaleVQVAE, dataset: Dataset | None, env: loop.DistEnv,
             img.shape[0],
         ], dtype=torch.float64)
     vqvae.train(was_training)
-    total = loop.all_reduce_sum(sums, env)
+    total = all_reduce_sum(sums, env)
     n = max(float(total[3]), 1.0)
     return {"val_l1": float(total[0]) / n, "val_loss": float(total[1]) / n, "val_psnr": float(total[2]) / n,
             "val_images": int(total[3])}
@@ -232,7 +245,7 @@ def validate(vqvae: MultiScaleVQVAE, dataset: Dataset | None, env: loop.DistEnv,
 
 # ------------------------------------------------------------------------------------------ CLI
 def build_parser() -> argparse.ArgumentParser:
-    p = loop.recipe_parser("training.vqvae", __doc__,
+    p = recipe_parser("training.vqvae", __doc__,
                            data_help="triplet manifest (or folder holding manifest.jsonl); repeatable")
     p.add_argument("--preset", default="tiny", help="tiny|d16|d20|d24|d30 or a JSON preset file")
     p.add_argument("--image-size", type=int, default=None, help="train at this size (drops the finest scales)")
@@ -243,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--restart-every", type=int, default=50, help="dead-code check every N steps (0: never)")
     p.add_argument("--dead-after", type=int, default=100, help="a code unused this many steps is dead")
     p.add_argument("--val-batch-size", type=int, default=32, help="images per validation batch")
-    loop.add_loop_args(p, lr=2e-4, batch_size=32, max_grad_norm=1.0)
+    add_loop_args(p, lr=2e-4, batch_size=32, max_grad_norm=1.0)
     return p
 
 
@@ -263,98 +276,126 @@ def check_inputs(args: argparse.Namespace) -> VQVAEConfig:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     vq_cfg = check_inputs(args)
-    env = loop.setup_distributed(args.device)
+    env = setup_distributed(args.device)
     try:
         return train(args, vq_cfg, env)
-    except loop.CheckpointsUnreadableError as e:
+    except CheckpointsUnreadableError as e:
         raise SystemExit(f"error: {e}") from None
     finally:
-        loop.teardown_distributed()
+        teardown_distributed()
 
 
-def train(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: loop.DistEnv) -> int:
-    precision = loop.resolve_precision(args.precision, env.device)
+def open_run(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: DistEnv) -> RunDir:
+    """RUN/, its config written or checked against the earlier run's."""
     config = {"recipe": "vqvae", **vars(args), "tokenizer": vq_cfg.to_dict()}
     try:
-        run = loop.RunDir.prepare(args.out, config, env, free_keys=loop.FREE_KEYS)
-    except loop.RunConfigMismatchError as e:
+        return RunDir.prepare(args.out, config, env, free_keys=FREE_KEYS)
+    except RunConfigMismatchError as e:
         raise SystemExit(f"error: {e}") from None
 
-    train_triplets = open_triplets(args.data, "train", vq_cfg.image_size, None, seed=args.seed)
+
+def open_images(args: argparse.Namespace, image_size: int) -> tuple[ImageSet, ImageSet | None]:
+    """The images of the manifests' train split, and of their val split (None when there is none)."""
+    train_triplets = open_triplets(args.data, "train", image_size, None, seed=args.seed)
     if not isinstance(train_triplets, TripletDataset):
         raise SystemExit("error: training.vqvae reads manifests (not shards)")
-    train_set = ImageSet(train_triplets, vq_cfg.image_size)
+    train_set = ImageSet(train_triplets, image_size)
     try:
-        val_set = ImageSet(open_triplets(args.data, "val", vq_cfg.image_size, None), vq_cfg.image_size)
+        val_set = ImageSet(open_triplets(args.data, "val", image_size, None), image_size)
     except ValueError:
         val_set = None  # no val split
+    return train_set, val_set
 
-    loop.seed_everything(args.seed)
+
+def build_objective(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: DistEnv) -> tuple[VQVAEObjective, str]:
+    """A fresh tokenizer (seeded: the same on every rank) in its objective, and what the log says of LPIPS."""
+    seed_everything(args.seed)
     vqvae = MultiScaleVQVAE(vq_cfg).to(env.device).train()
-    loop.seed_everything(loop.process_seed(args.seed, env.rank))  # the init above is the same on every rank
+    seed_everything(process_seed(args.seed, env.rank))  # the init above is the same on every rank
     lpips_model, lpips_note = (None, "LPIPS off (--lpips-weight 0)")
     if args.lpips_weight > 0:
         lpips_model, lpips_note = build_lpips(env.device)
     weights = LossWeights(args.l1_weight, args.l2_weight, args.vq_weight, args.lpips_weight if lpips_model else 0.0)
-    objective = VQVAEObjective(vqvae, weights, lpips_model)
+    return VQVAEObjective(vqvae, weights, lpips_model), lpips_note
+
+
+@dataclass
+class VQVAERun:
+    """What the step loop of one tokenizer run works with."""
+
+    args: argparse.Namespace
+    env: DistEnv
+    precision: str
+    model: nn.Module  # the objective, DDP-wrapped when distributed
+    vqvae: MultiScaleVQVAE
+    restarter: DeadCodeRestarter
+    val_set: ImageSet | None
+    skips: SkipTracker
+
+    def to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return move_to(self.skips.take(batch), self.env.device)
+
+    def validation(self) -> dict[str, float]:
+        return validate(self.vqvae, self.val_set, self.env, self.args.val_batch_size, self.precision)
+
+    def steps(self, tr: TrainingRun, cfg: LoopConfig) -> int:
+        """The steps from ``tr.start`` to ``cfg.max_steps`` (dead-code restarts, log lines, validations,
+        checkpoints), then the final validation; returns the last step."""
+        log, params = tr.log, list(self.vqvae.parameters())
+        self.model.train()
+        step = tr.start
+        window = MetricWindow(self.env, last=("restarted_total", "active"))
+        while step < cfg.max_steps:
+            stats, lr = objective_step(tr, params, cfg, step + 1, self.to_device)
+            step += 1
+            stats.update(self.restarter(step, stats))
+            window.add(stats)
+            if cfg.log_due(step):
+                log_objective_window(tr, cfg, step, window, lr, skipped_files=float(len(self.skips.all_paths())))
+            if self.val_set is not None and cfg.val_due(step):
+                log.log(step, self.validation(), prefix="val")
+                self.model.train()
+            if tr.checkpoint_due(step):
+                tr.save(step, extra=self.restarter.state_dict())
+        if self.val_set is not None and step > tr.start:
+            log.log(step, self.validation(), prefix="val")
+        return step
+
+    def write_final(self, folder: Path) -> None:
+        args = self.args
+        self.vqvae.save_pretrained(folder, extra={"recipe": "vqvae", "steps": args.max_steps, "data": args.data})
+
+
+def train(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: DistEnv) -> int:
+    precision = resolve_precision(args.precision, env.device)
+    run = open_run(args, vq_cfg, env)
+    train_set, val_set = open_images(args, vq_cfg.image_size)
+    objective, lpips_note = build_objective(args, vq_cfg, env)
+    vqvae = objective.vqvae
     # a Phi conv that no scale uses gets no gradient: DDP must then look for unused parameters
     used_phis = {id(vqvae.quantize.phi(k)) for k in range(len(vq_cfg.patch_nums))}
-    model = loop.wrap_ddp(objective, env, find_unused_parameters=len(used_phis) < vq_cfg.share_quant_resi)
+    model = wrap_ddp(objective, env, find_unused_parameters=len(used_phis) < vq_cfg.share_quant_resi)
     optimizer = make_adamw(vqvae, args.lr, args.weight_decay, betas=(0.9, 0.95))
     sched_cfg = ScheduleConfig(max_steps=args.max_steps, warmup_steps=args.warmup_steps, drop_step=args.max_steps)
     scheduler = two_level_scheduler(optimizer, sched_cfg)
-    stream = loop.BatchStream(
-        train_set,
-        loop.BatchStreamConfig(global_batch=args.batch_size, grad_accum=args.grad_accum, seed=args.seed,
-                               num_workers=args.num_workers, collate_fn=collate_images),
-        env,
-    )
+    stream = BatchStream(train_set, BatchStreamConfig(global_batch=args.batch_size, grad_accum=args.grad_accum,
+                                                      seed=args.seed, num_workers=args.num_workers,
+                                                      collate_fn=collate_images), env)
     restarter = DeadCodeRestarter(objective, optimizer, env, every=args.restart_every,
                                   dead_after=args.dead_after, seed=args.seed)
-    skips = loop.SkipTracker(env)
-    params = list(vqvae.parameters())
-
-    def to_device(batch):
-        return loop.move_to(skips.take(batch), env.device)
-
-    def write_final(folder: Path) -> None:
-        vqvae.save_pretrained(folder, extra={"recipe": "vqvae", "steps": args.max_steps, "data": args.data})
-
-    cfg = loop.loop_config(args, precision)
-    scaler = loop.make_grad_scaler(precision, env.device)
-    state = loop.TrainingState(model, optimizer, scheduler, stream, env, scaler=scaler)
-    with loop.TrainingRun.for_loop(run, state, cfg) as tr:
-        log = tr.log
+    job = VQVAERun(args, env, precision, model, vqvae, restarter, val_set, SkipTracker(env))
+    cfg = loop_config(args, precision)
+    state = TrainingState(model, optimizer, scheduler, stream, env, scaler=make_grad_scaler(precision, env.device))
+    with TrainingRun.for_loop(run, state, cfg) as tr:
         if tr.resumed.path is not None:
             restarter.load_state_dict(tr.resumed.extra)
-        log.info(f"{len(train_set)} training images, {len(val_set) if val_set else 0} validation images, "
-                 f"{vq_cfg.image_size}px, patch_nums {vq_cfg.patch_nums}, world size {env.world_size}, {precision}")
-        log.info(lpips_note)
-        model.train()
-        step = tr.start
-        window = loop.MetricWindow(env, last=("restarted_total", "active"))
-        while step < cfg.max_steps:
-            stats, lr = loop.objective_step(tr, params, cfg, step + 1, to_device)
-            step += 1
-            stats.update(restarter(step, stats))
-            window.add(stats)
-            if cfg.log_due(step):
-                loop.log_objective_window(tr, cfg, step, window, lr, skipped_files=float(len(skips.all_paths())))
-            if val_set is not None and cfg.val_due(step):
-                log.log(step, validate(vqvae, val_set, env, args.val_batch_size, precision), prefix="val")
-                model.train()
-            if tr.checkpoint_due(step):
-                tr.save(step, extra=restarter.state_dict())
-        if val_set is not None and step > tr.start:
-            log.log(step, validate(vqvae, val_set, env, args.val_batch_size, precision), prefix="val")
-        tr.finish(step, write_final)
-    skipped = skips.all_paths()
-    if env.is_main:
-        report = loop.write_skip_report(run, skipped, {**train_set.skipped, **(val_set.skipped if val_set else {})})
-        if skipped:
-            print(f"skipped {len(skipped)} unusable image file(s); see {report}", file=sys.stderr)
+        tr.log.info(f"{len(train_set)} training images, {len(val_set) if val_set else 0} validation images, "
+                    f"{vq_cfg.image_size}px, patch_nums {vq_cfg.patch_nums}, world size {env.world_size}, {precision}")
+        tr.log.info(lpips_note)
+        step = job.steps(tr, cfg)
+        tr.finish(step, job.write_final)
+    job.skips.report(run, {**train_set.skipped, **(val_set.skipped if val_set else {})})
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,17 +11,29 @@ import io
 import json
 import mimetypes
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 from httpx_sse import SSEError, connect_sse
 from PIL import Image
 
-ResizeMode = Literal["crop", "pad", "stretch"]
+from stylevar import options
+from stylevar.options import DECLARED, FORM, Option
+
 ImageSource = str | os.PathLike | bytes
+
+
+# an absolute file path in a message (/models/demo/config.json): a UI user is shown only its last part
+_PATH = re.compile(r"(?<![\w.~:/])/(?:[^\s/:'\"(),;]+/)+([^\s/:'\"(),;]*)")
+
+
+def without_paths(text: str) -> str:
+    """`text` with every absolute path cut to its last part (the service's folders are not the user's business)."""
+    return _PATH.sub(lambda m: m.group(1) or "a folder", text)
 
 
 class ServiceError(Exception):
@@ -33,8 +45,8 @@ class ServiceError(Exception):
 
     @property
     def message(self) -> str:
-        """What went wrong, and what to do about it."""
-        detail = self.detail.rstrip(".")
+        """What went wrong, and what to do about it (no server paths: people read this in the UI)."""
+        detail = without_paths(self.detail).rstrip(".")
         if self.status is None:
             return f"Cannot reach the StyleVAR service: {detail}."
         if self.status == 401:
@@ -53,45 +65,23 @@ class ServiceError(Exception):
         return f"The service failed ({self.status} {self.code}): {detail}."
 
 
-@dataclass(frozen=True)
-class StylizeOptions:
-    """Form fields of `POST /stylize/stream` (see serve.schemas.StylizeForm for their ranges)."""
-
-    style_strength: float = 0.0
-    seed: int | None = None
-    top_k: int | None = None  # None: the model's recommended value
-    top_p: float | None = None
-    num_samples: int = 1
-    alphas: tuple[float, ...] | None = None  # one per scale; None: the model's own
-    resize: ResizeMode = "stretch"
-    preserve_color: bool = False
-    style_weights: tuple[float, ...] | None = None  # one per style image; None: equal
-    guidance: float = 0.0  # 0: off
-    upsample: str | None = None  # "guided" or "bicubic"; None: the model's setting
+class StylizeOptions(options.StylizeOptions):
+    """The options of `POST /stylize/stream` (`stylevar.options`, their declaration) with their form encoding."""
 
     def form(self) -> dict[str, str]:
-        fields = {
-            "style_strength": repr(float(self.style_strength)),
-            "num_samples": str(int(self.num_samples)),
-            "resize": self.resize,
-            "preserve_color": "true" if self.preserve_color else "false",
-            "format": "png",
-        }
-        if self.seed is not None:
-            fields["seed"] = str(int(self.seed))
-        if self.top_k is not None:
-            fields["top_k"] = str(int(self.top_k))
-        if self.top_p is not None:
-            fields["top_p"] = repr(float(self.top_p))
-        if self.alphas is not None:
-            fields["alphas"] = ",".join(repr(float(a)) for a in self.alphas)
-        if self.style_weights is not None:
-            fields["style_weights"] = ",".join(repr(float(w)) for w in self.style_weights)
-        if self.guidance:
-            fields["guidance"] = repr(float(self.guidance))
-        if self.upsample is not None:
-            fields["upsample"] = self.upsample
-        return fields
+        """The form fields of the options that are set and not the service's defaults (the same declaration)."""
+        return {name: encode(DECLARED[name], value) for name, value in self.given().items() if DECLARED[name].on(FORM)}
+
+
+def encode(option: Option, value: Any) -> str:
+    """A value as its form field: true/false, an int, a float's repr, comma-separated numbers, or the text."""
+    if option.type is bool:
+        return "true" if value else "false"
+    if option.is_list:
+        return ",".join(repr(float(v)) for v in value)
+    if option.number is not None:
+        return repr(float(value)) if option.number is float else str(int(value))
+    return str(value)
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,15 @@
 """The Gradio Blocks UI: inputs, examples, settings, a live coarse-to-fine preview, results, AdaIN, model panel.
 
 Every generation goes through the service's HTTP API (`POST /stylize/stream`) with `web.client`; the UI
-holds no model of its own. Only the optional AdaIN baseline runs in the UI's process.
+holds no model of its own. Only the optional AdaIN baseline runs in the UI's process. The controls of the
+stylize options are built from their declaration (`stylevar.options`); the handler takes their values by name.
 """
 from __future__ import annotations
 
 import io
 import random
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -17,17 +18,21 @@ from typing import Any
 import gradio as gr
 from PIL import Image, ImageChops, ImageOps
 
-from stylevar.generation import DEFAULT_GENERATION
 from stylevar.images import ACCEPTED_FORMATS
-from stylevar.pipeline import DEMO_LABEL
-from stylevar.postprocess import DEFAULT_UPSAMPLE, MAX_SEED, UPSAMPLE_MODES
+from stylevar.model_dir import DEMO_LABEL
+from stylevar.options import UI, Option, offered
+from stylevar.postprocess import MAX_SEED
 
 from .baseline import AdaINBaseline, BaselineStatus
 from .client import Preview, Result, ServiceClient, ServiceError, StylizeOptions
 
 MAX_SCALES = 16  # alpha sliders kept ready; those beyond the model's scale count stay hidden
-RESIZE_MODES = ("stretch", "crop", "pad")
-MAX_GUIDANCE = 4.0  # the slider's end (the service takes up to 10; past 4 pictures fall apart)
+UI_OPTIONS = {opt.name: opt for opt in offered(UI)}  # the options the UI offers (stylevar.options)
+CONTROLLED = [opt for opt in UI_OPTIONS.values() if not opt.is_list]  # one control each, named as the option
+# the `/stylize` endpoint's parameters after content and style, in the order they have always had (gradio_client
+# may pass them by position); an option added to the declaration comes last
+API_ORDER = ("style_strength", "seed", "top_k", "top_p", "num_samples", "preserve_color", "resize", "adain",
+             "adain_alpha", "style2", "style1_weight", "mask", "guidance", "upsample", "custom_alphas")
 MAX_MASK_PIXELS = 4096 * 4096  # a painted layer larger than this is refused before it is decoded
 CSS = """
 #preview img { image-rendering: pixelated; width: 100%; height: 100%; object-fit: contain; }
@@ -150,6 +155,27 @@ def tile(images: list[Image.Image]) -> Image.Image:
     return strip
 
 
+def control(opt: Option, **layout: Any) -> Any:
+    """The control of an option: a choice is a radio, a flag a checkbox, a number with a step a slider (to `ui_le`
+    where set), one without a number box. It starts at the option's `start`, else its default, else its fallback."""
+    value = next((v for v in (opt.start, opt.default, opt.fallback) if v is not None), None)
+    common = dict(label=opt.label, info=opt.help, elem_id=opt.name.replace("_", "-"), **layout)
+    if opt.choices:  # the one it starts at first
+        return gr.Radio(sorted(opt.choices, key=lambda choice: choice != value), value=value, **common)
+    if opt.type is bool:
+        return gr.Checkbox(value=value, **common)
+    if opt.step is not None:
+        return gr.Slider(opt.ge, opt.le if opt.ui_le is None else opt.ui_le, value=value, step=opt.step, **common)
+    return gr.Number(value=value, precision=0 if opt.number is int else None, minimum=opt.ge, maximum=opt.le,
+                     **common)
+
+
+def api_order() -> list[str]:
+    """The names of the handler's inputs after content and style (`API_ORDER`, then the alpha sliders)."""
+    late = [opt.name for opt in CONTROLLED if opt.name not in API_ORDER]
+    return [*API_ORDER, *late, *(f"alpha_{k + 1}" for k in range(MAX_SCALES))]
+
+
 class StyleVARUI:
     """Event handlers around one `ServiceClient`; `blocks()` lays out the page."""
 
@@ -168,8 +194,8 @@ class StyleVARUI:
         except ServiceError as e:
             return [f"**Model: unknown.** {e.message}", gr.update(), gr.update()] + [gr.update(visible=False)] * MAX_SCALES
         generation = info.get("config", {}).get("generation", {})
-        top_k = gr.update(value=generation.get("top_k", DEFAULT_GENERATION.top_k))
-        top_p = gr.update(value=generation.get("top_p", DEFAULT_GENERATION.top_p))
+        top_k = gr.update(value=generation.get("top_k", UI_OPTIONS["top_k"].fallback))
+        top_p = gr.update(value=generation.get("top_p", UI_OPTIONS["top_p"].fallback))
         patch_nums, defaults = info.get("patch_nums", []), info.get("default_alphas", [])
         sliders = []
         for k in range(MAX_SCALES):
@@ -181,40 +207,23 @@ class StyleVARUI:
                 sliders.append(gr.update(visible=False))
         return [model_markdown(info), top_k, top_p] + sliders
 
-    def stylize(self, content: FileInput, style: FileInput, style_strength: float, seed: float | None,
-                top_k: float, top_p: float, num_samples: float, preserve_color: bool, resize: str,
-                adain: bool, adain_alpha: float, style2: FileInput = None, style1_weight: float = 0.5,
-                mask: Any = None, guidance: float = 0.0, upsample: str = DEFAULT_UPSAMPLE, custom_alphas: bool = False,
-                *alphas: float,
-                ) -> Iterator[tuple[Any, Any, Any, Any]]:
+    def stylize(self, content: FileInput, style: FileInput, style2: FileInput = None, mask: Any = None,
+                **values: Any) -> Iterator[tuple[Any, Any, Any, Any]]:
         """Yields (preview, results gallery, status, AdaIN image) as the picture forms coarse to fine.
 
         `content`, `style` and `style2` are uploaded files: a path, or Gradio's file data (the event does not
-        preprocess its inputs). With `style2` the two styles are blended, the first at `style1_weight`;
-        strokes painted in the `mask` editor confine the first style to them (and the second, if any, to the
-        rest). `guidance` > 0 pushes away from the picture without the style."""
+        preprocess its inputs). With `style2` the two styles are blended; strokes painted in the `mask` editor
+        confine the first style to them (and the second, if any, to the rest). ``values``: the controls' values by
+        name (`api_order`): the options the UI offers, named as in `stylevar.options`, and `adain`, `adain_alpha`,
+        `style1_weight` (the first style's weight), `custom_alphas` and `alpha_1` .. `alpha_16`."""
         content, style, style2 = uploaded_path(content), uploaded_path(style), uploaded_path(style2)
         if not content or not style:
             raise gr.Error("Add a content image and a style image first (upload, paste, webcam, or pick an example).",
                            print_exception=False)
-        if resize not in RESIZE_MODES:
-            raise gr.Error(f"Resize mode must be one of {', '.join(RESIZE_MODES)}.", print_exception=False)
-        if upsample not in UPSAMPLE_MODES:
-            raise gr.Error(f"Upsampling must be one of {', '.join(UPSAMPLE_MODES)}.", print_exception=False)
-        w = min(max(float(style1_weight), 0.0), 1.0)
         painted = painted_mask(mask)
         styles = [style, style2] if style2 else [style]
         masks = None if painted is None else ([painted, inverted(painted)] if style2 else [painted])
-        try:
-            options = StylizeOptions(
-                style_strength=float(style_strength), seed=None if seed is None else int(seed), top_k=int(top_k),
-                top_p=float(top_p), num_samples=int(num_samples), resize=resize,  # type: ignore[arg-type]
-                preserve_color=bool(preserve_color),
-                alphas=self._alphas(alphas) if custom_alphas else None,
-                style_weights=(w, 1.0 - w) if style2 else None, guidance=float(guidance or 0.0), upsample=upsample,
-            )
-        except ServiceError as e:
-            raise gr.Error(e.message, print_exception=False) from None
+        options = self.options(values, two_styles=bool(style2))
         yield None, None, "Sending the images to the service…", None
         result: Result | None = None
         try:
@@ -233,16 +242,34 @@ class StyleVARUI:
         status = (f"Done: {len(result.images)} image(s) from `{result.model}` in {result.inference_ms:.0f} ms "
                   f"(seed {result.seed}).")
         yield tile([r.image for r in result.images]), gallery, status, gr.skip()
-        if adain and self.baseline_status.available:
+        if values.get("adain") and self.baseline_status.available:
             yield gr.skip(), gr.skip(), status + " Running AdaIN…", gr.skip()
             try:
-                adain_img = self.baseline.stylize(content, style, alpha=adain_alpha)
+                adain_img = self.baseline.stylize(content, style, alpha=values.get("adain_alpha", 1.0))
             except Exception as e:  # noqa: BLE001 - the StyleVAR result stands; say why AdaIN did not
                 yield gr.skip(), gr.skip(), status + f" AdaIN failed: {e}", None
                 return
             yield gr.skip(), gr.skip(), status, adain_img
 
-    def _alphas(self, alphas: tuple[float, ...]) -> tuple[float, ...]:
+    def options(self, values: Mapping[str, Any], two_styles: bool) -> StylizeOptions:
+        """The service's options from the controls' values (gr.Error for one the service would refuse)."""
+        for opt in CONTROLLED:
+            if opt.choices and values.get(opt.name) not in (None, *opt.choices):
+                raise gr.Error(f"{opt.label} must be one of {', '.join(opt.choices)}.", print_exception=False)
+        chosen = {opt.name: values.get(opt.name) for opt in CONTROLLED}
+        if two_styles:
+            w = min(max(float(values.get("style1_weight", 0.5)), 0.0), 1.0)
+            chosen["style_weights"] = (w, 1.0 - w)
+        try:
+            if values.get("custom_alphas"):
+                chosen["alphas"] = self._alphas([values.get(f"alpha_{k + 1}", 0.5) for k in range(MAX_SCALES)])
+            return StylizeOptions.of(chosen)
+        except ServiceError as e:
+            raise gr.Error(e.message, print_exception=False) from None
+        except ValueError as e:
+            raise gr.Error(f"Invalid input: {e}.", print_exception=False) from None
+
+    def _alphas(self, alphas: list[float]) -> tuple[float, ...]:
         n = len(self.client.model_info().get("patch_nums", []))
         if not 0 < n <= len(alphas):
             raise ServiceError(422, "validation_error", f"the model has {n} scales; the UI has {len(alphas)} alphas")
@@ -250,105 +277,104 @@ class StyleVARUI:
 
     # ---- layout -----------------------------------------------------------------------------------
     def blocks(self) -> gr.Blocks:
-        adain_ok = self.baseline_status.available
         cleaning = (self.config.upload_clean_every_s, self.config.upload_max_age_s)
         with gr.Blocks(title=self.config.title, analytics_enabled=False, delete_cache=cleaning) as demo:
             gr.Markdown(f"# {self.config.title}\nRe-draw a **content** picture in the look of a **style** picture. "
                         "The model draws coarse to fine, one token map per scale; watch it form in the preview.")
-            model_panel = gr.Markdown("Loading model information…", elem_id="model-panel")
+            c: dict[str, Any] = {"model_panel": gr.Markdown("Loading model information…", elem_id="model-panel")}
             with gr.Row():
                 with gr.Column(scale=3):
-                    with gr.Row(equal_height=True):
-                        content = gr.Image(label="Content", type="filepath", image_mode=None, height=260,
-                                           sources=["upload", "clipboard", "webcam"], elem_id="content-input")
-                        style = gr.Image(label="Style", type="filepath", image_mode=None, height=260,
-                                         sources=["upload", "clipboard", "webcam"], elem_id="style-input")
-                    with gr.Row(equal_height=True):
-                        strength = gr.Slider(-1.0, 1.0, value=0.0, step=0.05, label="Style strength",
-                                             info="-1 keeps more of the content, 1 takes more of the style", scale=3)
-                        seed = gr.Number(value=0, precision=0, minimum=0, maximum=MAX_SEED, label="Seed", scale=1)
-                        dice = gr.Button("Randomise seed", scale=0, min_width=110, elem_id="randomise-seed")
+                    self._inputs(c)
                     with gr.Accordion("Advanced", open=False):
-                        with gr.Row():
-                            top_k = gr.Number(value=DEFAULT_GENERATION.top_k, precision=0, minimum=0, label="Top-k",
-                                              info="0 switches it off; starts at the model's recommended value")
-                            top_p = gr.Slider(0.0, 1.0, value=DEFAULT_GENERATION.top_p, step=0.01, label="Top-p",
-                                              info="0 or 1 switches it off")
-                            samples = gr.Slider(1, 4, value=1, step=1, label="Number of samples",
-                                                info="sample i uses seed + i")
-                        with gr.Row():
-                            preserve = gr.Checkbox(value=False, label="Preserve colour",
-                                                   info="keep the content's colours, take the style's texture")
-                            resize = gr.Radio(list(RESIZE_MODES), value="stretch", label="Resize mode",
-                                              info="how the content fits the model's square; "
-                                                   "crop returns the centre square")
-                            upsample = gr.Radio(list(UPSAMPLE_MODES), value=DEFAULT_UPSAMPLE, label="Upsampling",
-                                                info="to your image's size: guided adds the content's fine detail, "
-                                                     "bicubic only resizes the model's drawing",
-                                                elem_id="upsample")
-                        with gr.Row(equal_height=True):
-                            style2 = gr.Image(label="Second style (optional)", type="filepath", image_mode=None,
-                                              height=200, sources=["upload", "clipboard"], elem_id="style2-input")
-                            with gr.Column():
-                                weight = gr.Slider(0.0, 1.0, value=0.5, step=0.05, label="Weight of the first style",
-                                                   info="with a second style: 1 = the first only, 0 = the second "
-                                                        "only", elem_id="style-weight")
-                                guidance = gr.Slider(0.0, MAX_GUIDANCE, value=0.0, step=0.25, label="Style guidance",
-                                                     info="pushes away from the picture without the style: more "
-                                                          "style, less content; 0 = off", elem_id="guidance")
-                        mask = gr.ImageEditor(label="Mask: paint where the first style applies (the second style, "
-                                                    "or the content, keeps the rest); nothing painted = everywhere",
-                                              type="filepath", sources=(), transforms=(), layers=False, height=280,
-                                              brush=gr.Brush(colors=["#ff2d75"], color_mode="fixed", default_size=10),
-                                              elem_id="mask-editor")
-                        custom = gr.Checkbox(value=False, label="Custom per-scale alphas",
-                                             info="weight of the style (1) against the content (0) guidance at "
-                                                  "each scale, coarse to fine; off: the model's own")
-                        with gr.Row():
-                            alpha_sliders = [gr.Slider(0.0, 1.0, value=0.5, step=0.05, label=f"α, scale {k + 1}",
-                                                       visible=False, min_width=120) for k in range(MAX_SCALES)]
+                        self._advanced(c)
                     with gr.Row():
-                        run = gr.Button("Stylize", variant="primary", elem_id="stylize-button", scale=3)
-                        stop = gr.Button("Stop", variant="stop", scale=1)
+                        c["run"] = gr.Button("Stylize", variant="primary", elem_id="stylize-button", scale=3)
+                        c["stop"] = gr.Button("Stop", variant="stop", scale=1)
                 pairs = example_pairs()
                 if pairs:
                     with gr.Column(scale=2):
-                        gr.Examples(pairs, inputs=[content, style], label="Examples (content, style)",
+                        gr.Examples(pairs, inputs=[c["content"], c["style"]], label="Examples (content, style)",
                                     examples_per_page=6, cache_examples=False)
-            status = gr.Markdown("", elem_id="status")
-            with gr.Row(equal_height=True):
-                preview = gr.Image(label="Coarse-to-fine preview", interactive=False, format="png", height=320,
-                                   elem_id="preview", buttons=["fullscreen"])
-                results = gr.Gallery(label="Results", format="png", columns=2, height=320, elem_id="results",
-                                     object_fit="contain",
-                                     buttons=["download", "download_all", "fullscreen"], interactive=False)
-                with gr.Column():
-                    adain_img = gr.Image(label="AdaIN (baseline)", interactive=False, format="png", height=220,
-                                         elem_id="adain-output")
-                    adain_on = gr.Checkbox(value=adain_ok, interactive=adain_ok, label="Run AdaIN beside StyleVAR")
-                    adain_alpha = gr.Slider(0.0, 1.0, value=1.0, step=0.05, label="AdaIN alpha",
-                                            interactive=adain_ok)
-                    gr.Markdown(("" if adain_ok else "**AdaIN disabled:** ") + self.baseline_status.reason,
-                                elem_id="adain-status")
-
-            demo.load(self.on_load, outputs=[model_panel, top_k, top_p, *alpha_sliders], api_visibility="private")
-            dice.click(lambda: random.randint(0, MAX_SEED), outputs=seed, api_visibility="private")
-            # the mask is painted on the content: a new content clears the strokes (no decoding here)
-            content.change(editor_background, inputs=content, outputs=mask, api_visibility="private",
-                           preprocess=False)
-            event = run.click(
-                self.stylize,
-                inputs=[content, style, strength, seed, top_k, top_p, samples, preserve, resize, adain_on,
-                        adain_alpha, style2, weight, mask, guidance, upsample, custom, *alpha_sliders],
-                outputs=[preview, results, status, adain_img],
-                api_name="stylize", concurrency_limit=self.config.concurrency_limit,
-                # the handler gets the uploads' file data (after Gradio's path checks) and never decodes them:
-                # Gradio's preprocessing would open each image with Pillow here and report a bad one as an
-                # internal error; the service decodes (bounded) and answers with its API's message
-                preprocess=False,
-            )
-            stop.click(None, cancels=[event], api_visibility="private")
+            c["status"] = gr.Markdown("", elem_id="status")
+            self._outputs(c)
+            self._wire(demo, c)
         return demo
+
+    def _inputs(self, c: dict[str, Any]) -> None:
+        """The two images, the style strength and the seed."""
+        with gr.Row(equal_height=True):
+            c["content"] = gr.Image(label="Content", type="filepath", image_mode=None, height=260,
+                                    sources=["upload", "clipboard", "webcam"], elem_id="content-input")
+            c["style"] = gr.Image(label="Style", type="filepath", image_mode=None, height=260,
+                                  sources=["upload", "clipboard", "webcam"], elem_id="style-input")
+        with gr.Row(equal_height=True):
+            c["style_strength"] = control(UI_OPTIONS["style_strength"], scale=3)
+            c["seed"] = control(UI_OPTIONS["seed"], scale=1)
+            c["dice"] = gr.Button("Randomise seed", scale=0, min_width=110, elem_id="randomise-seed")
+
+    def _advanced(self, c: dict[str, Any]) -> None:
+        """The other options' controls: every option the UI offers has one (or, a list option, a few)."""
+        placed = {"style_strength", "seed"}
+        for row in (("top_k", "top_p", "num_samples"), ("preserve_color", "resize", "upsample")):
+            with gr.Row():
+                c.update({name: control(UI_OPTIONS[name]) for name in row})
+            placed.update(row)
+        with gr.Row(equal_height=True):
+            c["style2"] = gr.Image(label="Second style (optional)", type="filepath", image_mode=None,
+                                   height=200, sources=["upload", "clipboard"], elem_id="style2-input")
+            with gr.Column():
+                weights = UI_OPTIONS["style_weights"]  # with a second style: (w, 1 - w)
+                c["style1_weight"] = gr.Slider(0.0, 1.0, value=0.5, step=0.05, label=weights.label,
+                                               info=f"{weights.help}: with a second style, 1 = the first only, 0 = "
+                                                    "the second only", elem_id="style-weight")
+                c.update({opt.name: control(opt) for opt in CONTROLLED if opt.name not in placed})
+        c["mask"] = gr.ImageEditor(label="Mask: paint where the first style applies (the second style, or the "
+                                         "content, keeps the rest); nothing painted = everywhere",
+                                   type="filepath", sources=(), transforms=(), layers=False, height=280,
+                                   brush=gr.Brush(colors=["#ff2d75"], color_mode="fixed", default_size=10),
+                                   elem_id="mask-editor")
+        alphas = UI_OPTIONS["alphas"]
+        c["custom_alphas"] = gr.Checkbox(value=False, label=alphas.label, info=alphas.describe("off"),
+                                         elem_id="custom-alphas")
+        with gr.Row():
+            for k in range(MAX_SCALES):
+                c[f"alpha_{k + 1}"] = gr.Slider(alphas.ge, alphas.le, value=0.5, step=0.05, label=f"α, scale {k + 1}",
+                                                visible=False, min_width=120)
+
+    def _outputs(self, c: dict[str, Any]) -> None:
+        adain_ok = self.baseline_status.available
+        with gr.Row(equal_height=True):
+            c["preview"] = gr.Image(label="Coarse-to-fine preview", interactive=False, format="png", height=320,
+                                    elem_id="preview", buttons=["fullscreen"])
+            c["results"] = gr.Gallery(label="Results", format="png", columns=2, height=320, elem_id="results",
+                                      object_fit="contain", buttons=["download", "download_all", "fullscreen"],
+                                      interactive=False)
+            with gr.Column():
+                c["adain_img"] = gr.Image(label="AdaIN (baseline)", interactive=False, format="png", height=220,
+                                          elem_id="adain-output")
+                c["adain"] = gr.Checkbox(value=adain_ok, interactive=adain_ok, label="Run AdaIN beside StyleVAR")
+                c["adain_alpha"] = gr.Slider(0.0, 1.0, value=1.0, step=0.05, label="AdaIN alpha", interactive=adain_ok)
+                gr.Markdown(("" if adain_ok else "**AdaIN disabled:** ") + self.baseline_status.reason,
+                            elem_id="adain-status")
+
+    def _wire(self, demo: gr.Blocks, c: dict[str, Any]) -> None:
+        alpha_sliders = [c[f"alpha_{k + 1}"] for k in range(MAX_SCALES)]
+        demo.load(self.on_load, outputs=[c["model_panel"], c["top_k"], c["top_p"], *alpha_sliders],
+                  api_visibility="private")
+        c["dice"].click(lambda: random.randint(0, MAX_SEED), outputs=c["seed"], api_visibility="private")
+        # the mask is painted on the content: a new content clears the strokes (no decoding here)
+        c["content"].change(editor_background, inputs=c["content"], outputs=c["mask"], api_visibility="private",
+                            preprocess=False)
+        event = c["run"].click(
+            self.stylize, inputs=[c["content"], c["style"]], inputs_kwargs={name: c[name] for name in api_order()},
+            outputs=[c["preview"], c["results"], c["status"], c["adain_img"]],
+            api_name="stylize", concurrency_limit=self.config.concurrency_limit,
+            # the handler gets the uploads' file data (after Gradio's path checks) and never decodes them:
+            # Gradio's preprocessing would open each image with Pillow here and report a bad one as an
+            # internal error; the service decodes (bounded) and answers with its API's message
+            preprocess=False,
+        )
+        c["stop"].click(None, cancels=[event], api_visibility="private")
 
 
 def build_ui(config: UIConfig, **kwargs: Any) -> gr.Blocks:

@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 
 from stylevar.images import ImageError, fit_of, tensor_to_pil, unfit
 from stylevar.pipeline import MAX_STYLES, StyleMix
+from stylevar.options import StylizeOptions
 from stylevar.postprocess import OutputOptions, finish, os_random_seed, sample_seeds, upscale_factor
 
 from .. import imaging
@@ -58,22 +59,44 @@ class StylizeUpload:
     content: UploadFile
     styles: list[UploadFile]
     masks: list[UploadFile] | None
-    form: StylizeForm
+    options: StylizeOptions  # the form's fields as the declaration's values (stylevar.options)
 
 
 def stylize_upload(content: ContentUpload, style: StyleUploads, form: Annotated[StylizeForm, Form()],
                    style_mask: MaskUploads = None) -> StylizeUpload:
     """The form fields both stylize routes take."""
-    return StylizeUpload(content, style, style_mask, form)
+    return StylizeUpload(content, style, style_mask, form.options())
 
 
-def check_mix(upload: StylizeUpload) -> None:
+async def decode_uploads(st: ServiceState, upload: StylizeUpload) -> list[Image.Image]:
+    """The content, the styles and the masks, in that order, decoded downscaled within the request's pixel budget.
+    The content sets the size of the result (at most max_output_side); styles and masks are only ever seen at the
+    model's resolution, so they are decoded small."""
+    settings, styles, masks = st.settings, upload.styles, upload.masks
+    max_side = max(settings.max_output_side, st.runner.pipe.image_size)
+    reference_side = min(max_side, max(REFERENCE_SIDE, st.runner.pipe.image_size))
+    several = len(styles) > 1
+    uploads = [("content", upload.content, max_side)]
+    uploads += [(f"style {i + 1}" if several else "style", u, reference_side) for i, u in enumerate(styles)]
+    uploads += [(f"style_mask {i + 1}" if several else "style_mask", u, reference_side)
+                for i, u in enumerate(masks or [])]
+    budget = imaging.PixelBudget(settings.max_request_pixels)
+    images = []
+    for name, file, side in uploads:
+        data = await file.read()
+        try:
+            images.append(await st.decoder.decode(data, max_side=side, budget=budget))
+        except ImageError as e:
+            raise ServiceError(IMAGE_ERROR_STATUS.get(e.code, 422), e.code, f"{name}: {e}") from e
+    return images
+
+
+def check_mix(upload: StylizeUpload, weights: tuple[float, ...] | None) -> None:
     """The counts of style files, weights and masks agree (422 otherwise), before anything is read."""
-    styles, masks, form = upload.styles, upload.masks, upload.form
+    styles, masks = upload.styles, upload.masks
     n = len(styles)
     if not 1 <= n <= MAX_STYLES:
         raise ServiceError(422, "validation_error", f"style: give 1 to {MAX_STYLES} style files, got {n}")
-    weights = form.weight_values()
     if weights is not None and len(weights) != n:
         raise ServiceError(422, "validation_error",
                            f"style_weights: {len(weights)} weights for {n} style file(s); give one per style")
@@ -89,38 +112,24 @@ async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
     deadline: it counts from the request's arrival, the upload and decoding included."""
     rid = request.state.request_id
     st = require_loaded(state)
-    settings, form, styles, masks = st.settings, upload.form, upload.styles, upload.masks
-    alphas = form.alpha_values()
+    settings, styles, masks = st.settings, upload.styles, upload.masks
+    form = upload.options
+    alphas = form.alphas
     n_scales = len(st.runner.pipe.config.transformer.patch_nums)
     if alphas is not None and len(alphas) != n_scales:
         raise ServiceError(422, "validation_error",
                            f"alphas: the model has {n_scales} scales, got {len(alphas)} values")
-    check_mix(upload)
+    check_mix(upload, form.style_weights)
     try:
         admission = st.batcher.admit()
     except BatchError as e:
         st.metrics.rejected.labels(e.code).inc()
         raise from_batch_error(e) from e
     with admission:
-        # the content sets the size of the result (at most max_output_side); styles and masks are only ever
-        # seen at the model's resolution, so they are decoded small
-        max_side = max(settings.max_output_side, st.runner.pipe.image_size)
-        reference_side = min(max_side, max(REFERENCE_SIDE, st.runner.pipe.image_size))
-        several = len(styles) > 1
-        uploads = [("content", upload.content, max_side)]
-        uploads += [(f"style {i + 1}" if several else "style", u, reference_side) for i, u in enumerate(styles)]
-        uploads += [(f"style_mask {i + 1}" if several else "style_mask", u, reference_side)
-                    for i, u in enumerate(masks or [])]
-        images = []
-        for name, file, side in uploads:
-            data = await file.read()
-            try:
-                images.append(await st.decoder.decode(data, max_side=side))
-            except ImageError as e:
-                raise ServiceError(IMAGE_ERROR_STATUS.get(e.code, 422), e.code, f"{name}: {e}") from e
+        images = await decode_uploads(st, upload)
         seeds = sample_seeds(form.seed if form.seed is not None else os_random_seed(), form.num_samples)
         n = len(styles)
-        mix = StyleMix(tuple(images[1:1 + n]), form.weight_values(),
+        mix = StyleMix(tuple(images[1:1 + n]), form.style_weights,
                        tuple(images[1 + n:]) if masks else None).active()
         generation = st.runner.pipe.generation_config(top_k=form.top_k, top_p=form.top_p, alphas=alphas,
                                                       style_strength=form.style_strength, guidance=form.guidance)
@@ -138,13 +147,13 @@ async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
     return job, images[0]
 
 
-def encode(content_img: Image.Image, form: StylizeForm, images: list[Image.Image]
+def encode(content_img: Image.Image, form: StylizeOptions, images: list[Image.Image]
            ) -> tuple[list[bytes], list[Image.Image]]:
     images = finish(images, content_img, OutputOptions(preserve_color=form.preserve_color))
     return [imaging.encode_image(im, form.format) for im in images], images
 
 
-def result_json(state: ServiceState, job: Job, form: StylizeForm, encoded: list[bytes],
+def result_json(state: ServiceState, job: Job, form: StylizeOptions, encoded: list[bytes],
                 images: list[Image.Image]) -> dict:
     media = imaging.MEDIA_TYPES[form.format]
     pipe = state.runner.pipe
@@ -157,7 +166,7 @@ def result_json(state: ServiceState, job: Job, form: StylizeForm, encoded: list[
     ).model_dump()
 
 
-def size_headers(state: ServiceState, form: StylizeForm, result_size: tuple[int, int]) -> dict[str, str]:
+def size_headers(state: ServiceState, form: StylizeOptions, result_size: tuple[int, int]) -> dict[str, str]:
     """What the model drew and how it reached the result's size: X-Model-Size (pixels, square),
     X-Upscale (result long side / model size), X-Upsample (the mode used)."""
     pipe = state.runner.pipe
@@ -176,7 +185,7 @@ async def stylize(request: Request, upload: Annotated[StylizeUpload, Depends(sty
                   state: Annotated[ServiceState, Depends(get_state)]) -> Response:
     """Re-draw `content` in the style of `style` (several `style` files: a blend by `style_weights`, each
     confined to its `style_mask` when masks are given)."""
-    form = upload.form
+    form = upload.options
     media = imaging.MEDIA_TYPES[form.format]
     representation = negotiate(request, media, form.num_samples)
     job, content_img = await submit(state, upload, request)
@@ -213,7 +222,7 @@ async def stylize_stream(request: Request, upload: Annotated[StylizeUpload, Depe
     def on_preview(k: int, previews_n3HW: torch.Tensor) -> None:  # called on the worker thread
         loop.call_soon_threadsafe(previews.put_nowait, (k, previews_n3HW))
 
-    form = upload.form
+    form = upload.options
     job, content_img = await submit(state, upload, request, on_preview)
     side = state.runner.pipe.image_size
     fit = fit_of(content_img.size, side, form.resize)

@@ -9,6 +9,7 @@ from torch import nn
 
 from stylevar.config import VQVAEConfig
 from stylevar.pretrained import PretrainedModel
+from stylevar.state_dict import StateDict, fit_state_dict
 from stylevar.tokenizer.autoencoder import Decoder, Encoder
 from stylevar.tokenizer.quantizer import MultiScaleQuantizer
 
@@ -43,12 +44,23 @@ class MultiScaleVQVAE(PretrainedModel, nn.Module):
         self.post_quant_conv = nn.Conv2d(cfg.z_channels, cfg.z_channels, 3, padding=1)
 
     @classmethod
+    def from_state_dict(cls, sd: StateDict, cfg: VQVAEConfig) -> "MultiScaleVQVAE":
+        """The tokenizer of ``cfg`` holding the weights ``sd`` (derived buffers recomputed), in eval mode. A
+        state dict that does not fit is one `stylevar.state_dict.CheckpointMismatchError`."""
+        model = cls(cfg)
+        own = model.state_dict()
+        hit = "quantize.ema_vocab_hit_SV"
+        if hit in sd and sd[hit].shape != own[hit].shape:  # training statistics only
+            sd = {**sd, hit: own[hit]}
+        model.load_state_dict(fit_state_dict(sd, own, f"MultiScaleVQVAE({cfg.ch}ch, V={cfg.vocab_size}, "
+                                                      f"Cvae={cfg.z_channels})"))
+        return model.eval()
+
+    @classmethod
     def from_pretrained(cls, folder: str | os.PathLike) -> "MultiScaleVQVAE":
         """The tokenizer saved in ``folder`` (eval mode, on the CPU)."""
-        from stylevar.checkpoints import load_vqvae  # it imports this module
-
         section, sd = cls.read_pretrained(folder)
-        return load_vqvae(sd, VQVAEConfig.from_dict(section))
+        return cls.from_state_dict(sd, VQVAEConfig.from_dict(section))
 
     @property
     def latent_size(self) -> int:

@@ -9,8 +9,9 @@ Every block: target -> keys/values, style and content -> queries (level-causal),
 alpha_k; AdaLN from the style embedding. With `cfg.content_injection` (an opt-in variant, off in the
 published presets) the content stream is also added to the target's inputs through a zero-initialised
 linear map (`content_in`); with `cfg.colour_stats` (likewise opt-in) the style's colour statistics join its
-AdaLN embedding through a zero-initialised linear map (`colour_in`). Read top to bottom: embeddings, block, head, teacher forcing,
-generation.
+AdaLN embedding through a zero-initialised linear map (`colour_in`). The block and the head are
+`stylevar.transformer.block`'s, `StyleBlend` and `Condition` `stylevar.transformer.condition`'s; this module
+reads top to bottom: embeddings, conditioning, teacher forcing, generation.
 
 Beyond the paper (all off by default, where the computation is the published one):
   several styles  `StyleBlend`: S style streams ask the target side by side; at token t style s gets
@@ -33,8 +34,7 @@ import dataclasses
 import math
 import os
 import warnings
-from dataclasses import dataclass
-from typing import Callable, NamedTuple, Sequence, TypeVar
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -46,177 +46,11 @@ from stylevar.encoders import NUM_COLOUR_STATS, build_image_encoder, colour_stat
 from stylevar.generation import DEFAULT_GENERATION, GenerationConfig
 from stylevar.pretrained import PretrainedModel
 from stylevar.sampling import make_generators, sample
+from stylevar.state_dict import StateDict, fit_state_dict
 from stylevar.tokenizer import MultiScaleVQVAE
-from stylevar.transformer.attention import BlendedAttention, KVCache
-
-
-class FFN(nn.Module):
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.fc2 = nn.Linear(hidden, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
-
-
-class Modulation(NamedTuple):
-    """A block's AdaLN modulations, each (B, 1, C), or (B, L, C) per token: x + attn(LN(x) * (1 + scale1) +
-    shift1) * gate1, then the same for the FFN with the 2s. Unpacks as (g1, g2, s1, s2, b1, b2)."""
-
-    gate1: torch.Tensor
-    gate2: torch.Tensor
-    scale1: torch.Tensor
-    scale2: torch.Tensor
-    shift1: torch.Tensor
-    shift2: torch.Tensor
-
-
-class HeadModulation(NamedTuple):
-    """The head's AdaLN modulations, each (B, 1, C), or (B, L, C) per token."""
-
-    scale: torch.Tensor
-    shift: torch.Tensor
-
-
-ModulationT = TypeVar("ModulationT", Modulation, HeadModulation)
-
-
-def token_rows(mod: ModulationT, start: int, end: int) -> ModulationT:
-    """Per-token modulations (B, L, C) at positions [start, end)."""
-    return type(mod)(*(m[:, start:end] for m in mod))
-
-
-def _ada_lin(lin: nn.Module, cond_BD: torch.Tensor, n: int, dim: int) -> tuple[torch.Tensor, ...]:
-    """The n modulations of an AdaLN input: (B, D) -> n x (B, 1, C), per token (B, L, D) -> n x (B, L, C)."""
-    if cond_BD.ndim == 3:
-        return lin(cond_BD).unflatten(-1, (n, dim)).unbind(2)
-    return lin(cond_BD).view(-1, 1, n, dim).unbind(2)
-
-
-class Guide(NamedTuple):
-    """What a block's queries come from, at the query positions: the guide streams, or their queries when
-    computed beforehand (generation computes every scale's before its loop: they depend on the condition only)."""
-
-    alpha_BSl1: torch.Tensor  # blend coefficient of each style stream at each position
-    style_ln_BSlC: torch.Tensor | None = None  # LayerNorm'ed tokens of the S styles
-    content_ln_BlC: torch.Tensor | None = None  # LayerNorm'ed content tokens
-    q_BHXc: torch.Tensor | None = None  # `Block.queries` of the streams, (B, H, (S + 1) * l, c)
-
-
-class Block(nn.Module):
-    def __init__(self, cfg: StyleVARConfig):
-        super().__init__()
-        C = cfg.embed_dim
-        self.dim, self.eps = C, cfg.norm_eps
-        self.attn = BlendedAttention(C, cfg.num_heads, cfg.attn_l2_norm, cfg.dropout)
-        self.ffn = FFN(C, round(C * cfg.mlp_ratio))
-        self.ada_lin = nn.Sequential(nn.SiLU(), nn.Linear(C, 6 * C))
-
-    def modulation(self, cond_BD: torch.Tensor) -> Modulation:
-        """AdaLN modulations, each (B, 1, C); constant over a generation, so computed once. A per-token
-        condition (B, L, D) (masked style blends) gives them per token, (B, L, C)."""
-        return Modulation(*_ada_lin(self.ada_lin, cond_BD, 6, self.dim))
-
-    def queries(self, style_ln_BSlC: torch.Tensor, content_ln_BlC: torch.Tensor, mod: Modulation) -> torch.Tensor:
-        """The guide streams' queries (B, H, (S + 1) * l, c): LN(stream) * (1 + s1) + b1 through the guide
-        projection, the S styles' rows then the content's. They depend on the condition only."""
-        s1, b1 = mod.scale1, mod.shift1
-        style_BSlC = style_ln_BSlC * (1 + s1.unsqueeze(1)) + b1.unsqueeze(1)
-        content_BlC = content_ln_BlC * (1 + s1) + b1
-        B, S, l, C = style_BSlC.shape
-        return self.attn.queries(torch.cat([style_BSlC.reshape(B, S * l, C), content_BlC], dim=1))
-
-    def forward(self, x_BLC: torch.Tensor, mod: Modulation, guide: Guide, mask: torch.Tensor | None = None,
-                cache: KVCache | None = None) -> torch.Tensor:
-        """``mod``: `modulation(cond)` at these positions; ``mask``: teacher forcing's; ``cache``: generation's."""
-        g1, g2, s1, s2, b1, b2 = mod
-        h = F.layer_norm(x_BLC, (self.dim,), eps=self.eps) * (1 + s1) + b1
-        q_BHXc = guide.q_BHXc
-        if q_BHXc is None:
-            q_BHXc = self.queries(guide.style_ln_BSlC, guide.content_ln_BlC, mod)
-        x_BLC = x_BLC + self.attn(h, q_BHXc, guide.alpha_BSl1, mask, cache) * g1
-        h = F.layer_norm(x_BLC, (self.dim,), eps=self.eps) * (1 + s2) + b2
-        return x_BLC + self.ffn(h) * g2
-
-
-class AdaLNHead(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.dim, self.eps = dim, eps
-        self.ada_lin = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
-
-    def modulation(self, cond_BD: torch.Tensor) -> HeadModulation:
-        return HeadModulation(*_ada_lin(self.ada_lin, cond_BD, 2, self.dim))
-
-    def forward(self, x_BLC: torch.Tensor, mod: HeadModulation) -> torch.Tensor:
-        scale, shift = mod
-        return F.layer_norm(x_BLC, (self.dim,), eps=self.eps) * (1 + scale) + shift
-
-
-@dataclass
-class StyleBlend:
-    """Several style images per row, blended by weight, each optionally confined to a region.
-
-    `styles`: S tensors (B, 3, H, W) in [-1, 1]. `weights_BS`: >= 0 with a positive sum per row, (B, S) or
-    (S,) (None: equal). `masks_BSHW`: in [0, 1], 1 = the style applies (None: everywhere); any H, W
-    (area-resized to each scale's token grid).
-    """
-
-    styles: Sequence[torch.Tensor]
-    weights_BS: torch.Tensor | None = None
-    masks_BSHW: torch.Tensor | None = None
-
-    def __post_init__(self) -> None:
-        if not self.styles:
-            raise ValueError("a style blend needs at least one style")
-        B, S = self.styles[0].shape[0], len(self.styles)
-        if any(s.shape != self.styles[0].shape for s in self.styles):
-            raise ValueError(f"the styles of a blend differ in shape: {[tuple(s.shape) for s in self.styles]}")
-        if self.weights_BS is not None:
-            w = torch.as_tensor(self.weights_BS, dtype=torch.float32, device=self.styles[0].device)
-            w = w.expand(B, S) if w.shape == (S,) else w
-            if w.shape != (B, S):
-                raise ValueError(f"style weights: expected {S} per row, got shape {tuple(w.shape)}")
-            if not torch.isfinite(w).all() or (w < 0).any() or (w.sum(1) <= 0).any():
-                raise ValueError("style weights must be finite, >= 0, and not all 0")
-            self.weights_BS = w
-        if self.masks_BSHW is not None:
-            m = self.masks_BSHW
-            if m.ndim != 4 or m.shape[:2] != (B, S):
-                raise ValueError(f"style masks: expected (B={B}, S={S}, H, W), got {tuple(m.shape)}")
-            if not torch.isfinite(m).all() or m.min() < 0 or m.max() > 1:
-                raise ValueError("style masks must lie in [0, 1]")
-
-    def normalised_weights(self) -> torch.Tensor:
-        """(B, S), each row summing to 1 (equal weights when none were given)."""
-        B, S = self.styles[0].shape[0], len(self.styles)
-        w = self.weights_BS if self.weights_BS is not None else torch.ones(B, S, device=self.styles[0].device)
-        return w / w.sum(1, keepdim=True)
-
-    def shares(self, patch_nums: Sequence[int]) -> torch.Tensor:
-        """Each style's part of the blend at every token, (B, S, L): coverage(t) * share_s(t) (module doc)."""
-        return self._shares_at(patch_nums)
-
-    def pixel_shares(self, size: int) -> torch.Tensor:
-        """The same at every pixel of a `size` x `size` image, (B, S, size, size)."""
-        return self._shares_at((size,)).unflatten(2, (size, size))
-
-    def _shares_at(self, sides: Sequence[int]) -> torch.Tensor:
-        """Shares on square grids of the given sides, flattened and concatenated: (B, S, sum of side^2)."""
-        w_BS = self.normalised_weights()
-        B, S = w_BS.shape
-        L = sum(n * n for n in sides)
-        if self.masks_BSHW is None:
-            m_BSL = torch.ones(B, S, L, device=w_BS.device)
-        else:
-            m = self.masks_BSHW.float().to(w_BS.device)
-            m_BSL = torch.cat([F.interpolate(m, size=(n, n), mode="area").flatten(2) for n in sides], 2)
-        wm_BSL = w_BS.unsqueeze(2) * m_BSL
-        total_B1L = wm_BSL.sum(1, keepdim=True)
-        share_BSL = torch.where(total_B1L > 0, wm_BSL / total_B1L.clamp_min(1e-12), torch.zeros_like(wm_BSL))
-        coverage_B1L = (m_BSL * (w_BS > 0).unsqueeze(2)).sum(1, keepdim=True).clamp_max(1.0)
-        return coverage_B1L * share_BSL
+from stylevar.transformer.attention import KVCache
+from stylevar.transformer.block import AdaLNHead, Block, Guide, HeadModulation, token_rows
+from stylevar.transformer.condition import Condition, StyleBlend
 
 
 class Generated(NamedTuple):
@@ -224,70 +58,6 @@ class Generated(NamedTuple):
 
     images: torch.Tensor  # (B, 3, H, W) in [0, 1]
     indices: list[torch.Tensor]  # the K sampled token maps, each (B, pn * pn)
-
-
-@dataclass
-class Condition:
-    """What the reference images contribute, computed once per (content, style) pair or style blend."""
-
-    cond_BD: torch.Tensor  # style embedding (the weight-blend of several): AdaLN input
-    sos_B1C: torch.Tensor  # content embedding + pos_start: the first target token (before lvl/pos)
-    style_ln_BSLC: torch.Tensor  # LayerNorm'ed token streams of the S styles
-    content_ln_BLC: torch.Tensor  # LayerNorm'ed content token stream
-    inject_BLC: torch.Tensor | None = None  # content_in(content stream), added to the target inputs (variant)
-    # each style's part of the blend at each token (StyleBlend.shares), times alpha_k; None: one style, everywhere
-    shares_BSL: torch.Tensor | None = None
-    # the content image through the style encoder: AdaLN input of the pass without the style (guidance)
-    unstyled_BD: torch.Tensor | None = None
-    # AdaLN input per token (masked blends: the styles' embeddings by share, the unstyled one for the rest);
-    # None: cond_BD at every token
-    adaln_BLD: torch.Tensor | None = None
-
-    def adaln(self) -> torch.Tensor:
-        """The AdaLN input: (B, D), or (B, L, D) per token."""
-        return self.cond_BD if self.adaln_BLD is None else self.adaln_BLD
-
-    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "Condition":
-        fields = (getattr(self, f.name) for f in dataclasses.fields(self))  # not astuple: it deep-copies tensors
-        return Condition(*(None if t is None else fn(t) for t in fields))
-
-    @property
-    def num_styles(self) -> int:
-        return self.style_ln_BSLC.shape[1]
-
-    def coverage_BL(self) -> torch.Tensor:
-        """How styled each token is, in [0, 1] (1 everywhere for a single style without a mask)."""
-        if self.shares_BSL is None:
-            return self.content_ln_BLC.new_ones(self.content_ln_BLC.shape[:2])
-        return self.shares_BSL.sum(1)
-
-    def unstyled(self) -> "Condition":
-        """The condition without the style: the content image as the style (every style stream is the
-        content's, AdaLN from the content's style embedding); what `condition(content, content)` gives."""
-        if self.unstyled_BD is None:
-            raise ValueError("this condition was made without unstyled=True: it cannot give the unstyled pass")
-        streams = self.content_ln_BLC.unsqueeze(1).expand_as(self.style_ln_BSLC)
-        per_token = None if self.adaln_BLD is None else self.unstyled_BD.unsqueeze(1).expand_as(self.adaln_BLD)
-        return Condition(self.unstyled_BD, self.sos_B1C, streams, self.content_ln_BLC, self.inject_BLC,
-                         self.shares_BSL, self.unstyled_BD, per_token)
-
-    def cat(self, other: "Condition") -> "Condition":
-        """Rows of ``self`` then rows of ``other`` (the same fields set)."""
-        pairs = [(getattr(self, f.name), getattr(other, f.name)) for f in dataclasses.fields(self)]
-        if any((a is None) != (b is None) for a, b in pairs):
-            raise ValueError("conditions with different fields cannot be batched together")
-        return Condition(*(None if a is None else torch.cat([a, b]) for a, b in pairs))
-
-    def rows(self, start: int, end: int) -> "Condition":
-        return self._map(lambda t: t[start:end])
-
-    def repeat_interleave(self, n: int) -> "Condition":
-        """Each row n times (the G rollouts of a group share their pair's condition)."""
-        return self._map(lambda t: t.repeat_interleave(n, 0))
-
-    def target_inputs(self, x_BlC: torch.Tensor, start: int, end: int) -> torch.Tensor:
-        """Target inputs at positions [start, end), plus the content injection when the model has one."""
-        return x_BlC if self.inject_BLC is None else x_BlC + self.inject_BLC[:, start:end]
 
 
 class StyleVAR(PretrainedModel, nn.Module):
@@ -393,14 +163,23 @@ class StyleVAR(PretrainedModel, nn.Module):
         return self.transformer_state_dict()
 
     @classmethod
+    def from_state_dict(cls, sd: StateDict, cfg: StyleVARConfig, tokenizer: MultiScaleVQVAE) -> "StyleVAR":
+        """The transformer of ``cfg`` holding ``tokenizer`` and the weights ``sd`` (this project's layout,
+        without the tokenizer's; derived buffers recomputed), in eval mode. A state dict that does not fit
+        is one `stylevar.state_dict.CheckpointMismatchError`."""
+        model = cls(cfg, tokenizer)
+        own = model.transformer_state_dict()
+        what = f"StyleVAR(depth={cfg.depth}, dim={cfg.embed_dim}, V={cfg.vocab_size})"
+        model.load_transformer_state_dict(fit_state_dict(sd, own, what))
+        return model.eval()
+
+    @classmethod
     def from_pretrained(cls, folder: str | os.PathLike, tokenizer: MultiScaleVQVAE | None = None) -> "StyleVAR":
         """The transformer saved in ``folder`` (eval mode, on the CPU), holding ``tokenizer`` (default: the
         one saved in the same folder)."""
-        from stylevar.checkpoints import load_stylevar  # it imports this module
-
         tokenizer = tokenizer if tokenizer is not None else MultiScaleVQVAE.from_pretrained(folder)
         section, sd = cls.read_pretrained(folder)
-        return load_stylevar(sd, StyleVARConfig.from_dict(section), tokenizer)
+        return cls.from_state_dict(sd, StyleVARConfig.from_dict(section), tokenizer)
 
     def _autocast(self, device: torch.device, dtype: torch.dtype | None = None):
         dtype = dtype or self.autocast_dtype

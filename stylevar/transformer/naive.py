@@ -16,7 +16,9 @@ import torch.nn.functional as F
 
 from stylevar.generation import DEFAULT_GENERATION
 from stylevar.sampling import make_generators, sample
-from stylevar.transformer.model import Block, Condition, StyleVAR
+from stylevar.transformer.block import Block
+from stylevar.transformer.condition import Condition
+from stylevar.transformer.model import StyleVAR
 
 
 def _full_qkv(blk: Block, h_BLC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,0 +1,67 @@
+"""What the side-by-side CPU benchmarks share: the reference-shaped configuration, seeded random inputs, a
+timer in which implementations take turns call by call, and the common timing options.
+
+`benchmarks.cpu_pipeline` (this project's stages) and `benchmarks.reference_pipeline` (the public reference)
+both stand on this module, so neither imports the other at module level.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from stylevar.config import StyleVARConfig, VQVAEConfig
+
+# the configuration in the reference's own config.json fields (as in its golden_small config, at 160 px)
+REFERENCE_CONFIG = {"patch_nums": [1, 2, 3, 4, 5, 6, 8, 10], "V": 4096, "Cvae": 32, "ch": 32, "share_quant_resi": 4,
+                    "depth": 8, "attn_l2_norm": True}
+
+
+def reference_shaped() -> tuple[VQVAEConfig, StyleVARConfig]:
+    """The reference-shaped configuration: 160 px, 8 scales up to 10 x 10, V 4096, depth 8."""
+    vq = VQVAEConfig.from_reference(REFERENCE_CONFIG)
+    assert vq.image_size == 160
+    return vq, StyleVARConfig.from_reference(REFERENCE_CONFIG)
+
+
+def images(batch: int, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded random content and style batches, (B, 3, size, size) in [-1, 1]."""
+    g = torch.Generator().manual_seed(seed)
+    content = torch.rand(batch, 3, size, size, generator=g) * 2 - 1
+    style = torch.rand(batch, 3, size, size, generator=g) * 2 - 1
+    return content, style
+
+
+# the stages of one image-to-image call, in the order they are timed (benchmarks.cpu_pipeline's doc says what each is)
+STAGES = ("encode", "encoders", "condition", "loop", "decode", "total")
+
+
+def time_turns(fns: dict[str, dict[str, Callable[[], object]]], batch: int, repeats: int, warmup: int,
+               stages: Sequence[str] = STAGES) -> dict[str, dict[str, float]]:
+    """Median ms per image of each implementation's calls of each stage (in ``stages`` order; an
+    implementation without a stage skips it), the implementations taking turns call by call, after ``warmup``
+    untimed rounds."""
+    out: dict[str, dict[str, float]] = {name: {} for name in fns}
+    for stage in stages:
+        taking_part = [name for name in fns if stage in fns[name]]
+        times: dict[str, list[float]] = {name: [] for name in taking_part}
+        for r in range(warmup + repeats):
+            for name in taking_part:
+                t0 = time.perf_counter()
+                fns[name][stage]()
+                if r >= warmup:
+                    times[name].append(time.perf_counter() - t0)
+        for name in taking_part:
+            out[name][stage] = 1000 * statistics.median(times[name]) / batch
+    return out
+
+
+def timing_arguments(p: argparse.ArgumentParser, repeats: int, warmup: int) -> None:
+    """The options every CPU timing script here shares: batch sizes, repeats, warm-up calls, threads."""
+    p.add_argument("--batch-sizes", default="1,4")
+    p.add_argument("--repeats", type=int, default=repeats)
+    p.add_argument("--warmup", type=int, default=warmup)
+    p.add_argument("--threads", type=int, default=2)

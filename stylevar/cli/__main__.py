@@ -1,0 +1,6 @@
+"""``python -m stylevar.cli``: the `stylevar` command."""
+import sys
+
+from stylevar.cli import main
+
+sys.exit(main())

@@ -1,0 +1,57 @@
+"""`stylevar bench`: generation and teacher-forcing speed of a preset with random weights (stylevar.bench)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from stylevar.cli.command import Command
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of `stylevar bench`."""
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--batch-sizes", default="1,8", help="comma-separated batch sizes for generate")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--tf-batch", type=int, default=4, help="batch size of the teacher-forcing step")
+    p.add_argument("--naive", action="store_true", help="also time the naive blend at batch 1")
+    p.add_argument("--compile", action="store_true", help="torch.compile the per-scale transformer step")
+    p.add_argument("--fp32", action="store_true", help="no bf16 autocast on CUDA")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--peak-tflops", type=float, default=None, help="device peak (bf16 dense) for the fraction")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--record", type=Path, help="append the result to this JSON-lines file")
+    p.add_argument("--table", type=Path, help="regenerate the table in this markdown file from --record")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from stylevar import bench, preflight
+    from stylevar.atomic import WriteFailedError
+
+    cfg = bench.BenchConfig(preset=args.preset, device=args.device,
+                            batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")), repeats=args.repeats,
+                            warmup=args.warmup, naive=args.naive, compile=args.compile, bf16=not args.fp32,
+                            tf_batch=args.tf_batch, threads=args.threads, peak_tflops=args.peak_tflops)
+    res = bench.run(cfg, progress=_stderr)
+    print(json.dumps(asdict(res), indent=1) if args.json else bench.format_result(res))
+    if args.record:
+        try:
+            bench.append_record(res, args.record)
+            if args.table:
+                bench.write_table(args.record, args.table)
+        except WriteFailedError as e:
+            raise preflight.InputError(str(e)) from e
+    return 0
+
+
+def _stderr(line: str) -> None:
+    print(f"bench: {line}", file=sys.stderr, flush=True)
+
+
+COMMAND = Command("bench", "speed of generation and teacher forcing (random weights)", add_arguments)

@@ -1,0 +1,27 @@
+"""What a `stylevar` sub-command declares, the parser it gets, and the command's exit codes."""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NoReturn
+
+EXIT_USAGE = 2  # a bad argument or input, found before the work
+EXIT_PARTIAL = 1  # some inputs were skipped (listed on stderr); the others were written
+
+
+@dataclass(frozen=True)
+class Command:
+    """A sub-command: its name, its one-line help, and the function that adds its arguments (and its
+    ``func``, the function that runs it) to its parser. The module that declares it imports no torch."""
+
+    name: str
+    help: str
+    arguments: Callable[[argparse.ArgumentParser], None]
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with each usage error as one line (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")

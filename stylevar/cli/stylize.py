@@ -1,0 +1,350 @@
+"""`stylevar stylize`: re-draw content images in the style of others (one file, a folder or a glob)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stylevar.cli.command import EXIT_PARTIAL, Command
+from stylevar.cli.values import float_in, int_in, number
+from stylevar.options import CLI, Option, offered  # no torch
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("content",
+                   help="content image (JPEG, PNG or WebP); or a folder, or a quoted glob such as 'photos/*.jpg', "
+                        "of content images: each is stylized into the -o folder, unreadable files are skipped "
+                        "and listed")
+    p.add_argument("style", nargs="?", default=None,
+                   help="style image (JPEG, PNG or WebP); more with --style (one of the two is needed)")
+    p.add_argument("-o", "--output", required=True,
+                   help="output image (.png, .jpg, .jpeg or .webp); a folder when CONTENT is a folder or a glob")
+    p.add_argument("--style", dest="more_styles", action="append", default=[], metavar="IMAGE",
+                   help="a style image to blend in; repeat it for several (up to 4 styles in all, with the "
+                        "positional STYLE)")
+    p.add_argument("--mask", action="append", default=None, metavar="IMAGE",
+                   help="grayscale mask of one style (white = the style applies, black = the content stays); "
+                        "repeat it once per style, in order; any size (resized to each content's)")
+    p.add_argument("--model", default=None,
+                   help="model directory, or a hub id hf:OWNER/NAME[:grpo|sft] (pulled on first use; "
+                        "default: the embedded demo model)")
+    p.add_argument("--batch-size", type=int_in(1, 256), default=8, metavar="N",
+                   help="model rows per call when stylizing several images (default 8)")
+    p.add_argument("--max-size", type=int_in(1), default=None, metavar="PIXELS",
+                   help="long side of the result, at most the content's (default: the content's size, as the "
+                        "Python API and the service)")
+    for opt in offered(CLI):
+        add_option(p, opt, **CLI_SPECIFIC.get(opt.name, {}))
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps ... (default: cuda if available)")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="on the CPU, as the service's STYLEVAR_PRECISION: fp32 (the model's weights), bf16 (fastest "
+                        "on CPUs with bf16 units), int8 (dynamic int8 linear layers, CPU only); bf16 and int8 "
+                        "sample other tokens at some positions (benchmarks/README.md)")
+    p.set_defaults(func=_stylize)
+
+
+# where the command line differs from the declaration (stylevar.options): the seed starts at the option's `start`
+CLI_SPECIFIC: dict[str, dict[str, Any]] = {
+    "num_samples": {"le": 16, "metavar": "N", "more": "; with several, OUTPUT-seed-S.EXT per sample"},  # local work
+    "top_k": {"le": None, "explain": True},  # a range error repeats the help
+    "top_p": {"explain": True},
+    "format": {"default": None, "unset": "the output file's extension; png for a folder"},
+    "style_weights": {"metavar": "W,W,..."},
+}
+
+
+def add_option(p: argparse.ArgumentParser, opt: Option, *, default: Any = ..., unset: str | None = None,
+               le: float | None = ..., metavar: str | None = None, more: str = "", explain: bool = False) -> None:
+    """The flag of a declared option: --NAME, its default (the option's `start`, else its default), its help, and a
+    type that refuses what the option's range, choices and rule refuse (one line, exit 2)."""
+    default = (opt.default if opt.start is None else opt.start) if default is ... else default
+    le = opt.le if le is ... else le
+    unset = opt.unset if unset is None else unset
+    help_text = opt.help + (f", e.g. {opt.example}" if opt.example else "")
+    if default is None and unset:
+        help_text += f"; default: {unset}"
+    elif opt.type is not bool:
+        help_text += f" (default {default:g})" if isinstance(default, float) else f" (default {default})"
+    flag = dict(dest=opt.name, default=default, help=help_text + more, metavar=metavar)
+    note = f" ({opt.help})" if explain else ""
+    if opt.type is bool:
+        flag.pop("metavar")
+        p.add_argument(f"--{opt.name.replace('_', '-')}", action="store_true", **flag)
+        return
+    if opt.choices:
+        flag["choices"] = opt.choices
+    elif opt.is_list:
+        flag["type"] = number_list(opt)
+    elif opt.number is int:
+        flag["type"] = int_in(int(opt.ge), None if le is None else int(le), note=note)
+    else:
+        flag["type"] = float_in(opt.ge, le, note=note)
+    p.add_argument(f"--{opt.name.replace('_', '-')}", **flag)
+
+
+PRECISIONS = ("fp32", "bf16", "int8")  # stylevar.inference.PRECISIONS, without importing torch for --help
+
+
+FORMAT_EXTENSIONS = {"png": ".png", "jpeg": ".jpg", "webp": ".webp"}
+
+
+def number_list(opt: Option) -> Callable[[str], tuple[float, ...]]:
+    """An argparse type: comma-separated numbers that the option's rule takes (`Option.check`)."""
+
+    def parse(text: str) -> tuple[float, ...]:
+        values = tuple(float(number(part.strip(), float)) for part in text.split(","))
+        try:
+            return opt.check(values)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{e}, got {text}") from None
+
+    return parse
+
+
+@dataclass(frozen=True)
+class StylizeJob:
+    """What `stylevar stylize` was asked to do, checked before any model loads."""
+
+    contents: list[Path]  # one file, or the files of a folder or glob
+    many: bool  # CONTENT named a folder or a glob: OUTPUT is a folder
+    output: Path  # the output image, or the output folder
+    fmt: str  # png, jpeg or webp
+    styles: list  # PIL images (with the weights and masks: a stylevar.pipeline.StyleMix once torch is in)
+    weights: tuple[float, ...] | None
+    masks: list | None
+    seeds: list[int]
+    first: object | None  # the content image (PIL), read during the checks when CONTENT is one file
+
+
+def content_files(spec: str) -> tuple[list[Path], bool]:
+    """CONTENT -> (files, many): an existing file, a folder's files (sorted, hidden ones left out) or a glob's."""
+    import glob
+
+    from stylevar import preflight
+
+    p = Path(spec)
+    if p.is_dir():
+        files = sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith("."))
+        if not files:
+            raise preflight.InputError(f"content folder {p} holds no files")
+        return files, True
+    if not p.exists() and any(c in spec for c in "*?["):
+        files = sorted(Path(f) for f in glob.glob(spec) if Path(f).is_file())
+        if not files:
+            raise preflight.InputError(f"content pattern {spec} matches no files")
+        return files, True
+    return [p], False
+
+
+def check_stylize(args: argparse.Namespace) -> StylizeJob:
+    """Every check of `stylevar stylize`'s arguments and files (InputError, one line), before any model loads."""
+    from stylevar import preflight
+    from stylevar.postprocess import MAX_SEED, MAX_STYLES
+
+    contents, many = content_files(args.content)
+    first = None if many else preflight.read_image(contents[0], "content")
+    style_paths = ([args.style] if args.style else []) + list(args.more_styles)
+    if not style_paths:
+        raise preflight.InputError("give a style image (STYLE, or --style IMAGE)")
+    if len(style_paths) > MAX_STYLES:
+        raise preflight.InputError(f"at most {MAX_STYLES} styles, got {len(style_paths)}")
+    if args.style_weights is not None and len(args.style_weights) != len(style_paths):
+        raise preflight.InputError(f"--style-weights: {len(args.style_weights)} weights for {len(style_paths)} styles")
+    if args.mask is not None and len(args.mask) != len(style_paths):
+        raise preflight.InputError(f"--mask: {len(args.mask)} masks for {len(style_paths)} styles (one per style)")
+    several = len(style_paths) > 1
+    styles = [preflight.read_image(s, f"style {i + 1}" if several else "style") for i, s in enumerate(style_paths)]
+    masks = None if args.mask is None else [
+        preflight.read_image(m, f"mask {i + 1}" if several else "mask") for i, m in enumerate(args.mask)]
+    if many:
+        output = preflight.output_folder(args.output, "output folder")
+        fmt = args.format or "png"
+    else:
+        output = preflight.output_image_path(args.output)
+        fmt = preflight.OUTPUT_EXTENSIONS[output.suffix.lower()].lower()
+        if args.format is not None and args.format != fmt:
+            raise preflight.InputError(f"--format {args.format} but the output {output} is {output.suffix}")
+    for img, role in ([(first, "content")] if first is not None else []) + [(img, "style") for img in styles]:
+        warning = preflight.small_image_warning(img, role)
+        if warning:
+            print(warning, file=sys.stderr)
+    seeds = list(range(args.seed, args.seed + args.num_samples))
+    if seeds[-1] > MAX_SEED:
+        raise preflight.InputError(f"--seed {args.seed} with --num-samples {args.num_samples} passes {MAX_SEED}")
+    return StylizeJob(contents, many, output, fmt, styles, args.style_weights, masks, seeds, first)
+
+
+def output_paths(job: StylizeJob, content: Path, taken: set[Path]) -> list[Path]:
+    """Where one content's samples go: OUTPUT itself (one file, one sample), else names with the seed."""
+    ext = FORMAT_EXTENSIONS[job.fmt]
+    if not job.many:
+        base, ext = job.output.with_suffix(""), job.output.suffix
+    else:
+        base = job.output / content.stem
+        if any(p.with_suffix("") == base for p in taken):  # a.png and a.jpg: keep both
+            base = job.output / f"{content.stem}_{content.suffix.lstrip('.')}"
+    if len(job.seeds) == 1:
+        paths = [job.output] if not job.many else [base.with_name(base.name + ext)]
+    else:
+        paths = [base.with_name(f"{base.name}-seed-{s}{ext}") for s in job.seeds]
+    taken.update(paths)
+    return paths
+
+
+def _stylize(args: argparse.Namespace) -> int:
+    from stylevar import preflight
+
+    job = check_stylize(args)
+    model_dir = check_machine(args)
+
+    from PIL import Image
+
+    pipe = load_pipeline(model_dir, args)
+    written, skipped = stylize_all(pipe, job, args)
+    if written:
+        with Image.open(written[0]) as first_out:
+            note = upscale_note(first_out.size, pipe.image_size, pipe.upsampling(args.upsample).mode)
+        if note:
+            print(note, file=sys.stderr)
+    report_skipped(skipped)
+    if not written:
+        raise preflight.InputError("no content image could be read; nothing was written")
+    if job.many:
+        print(f"wrote {len(written)} image(s) to {job.output}")
+    else:
+        for target in written:
+            with Image.open(target) as im:
+                print(f"wrote {target} ({im.size[0]}x{im.size[1]})")
+    return EXIT_PARTIAL if skipped else 0
+
+
+def check_machine(args: argparse.Namespace) -> Path:
+    """The device and precision checks, then the model directory (a hub id pulled on first use; offline and not
+    cached: one error here)."""
+    from stylevar import preflight
+    from stylevar.devices import check_device, resolve_device
+
+    check_device(args.device)
+    if args.precision == "int8" and resolve_device(args.device).type != "cpu":
+        raise preflight.InputError("--precision int8 runs on the CPU only (add --device cpu)")
+
+    from stylevar.pull import resolve_model
+
+    return resolve_model(args.model)
+
+
+def load_pipeline(model_dir: Path, args: argparse.Namespace):
+    """The pipeline on its device; on the CPU prepared as the service runs it (layouts, packed linears, precision)."""
+    from stylevar.inference import InferenceConfig, prepare
+    from stylevar.pipeline import StylePipeline  # the checks are done: from here on the work
+
+    pipe = StylePipeline.from_pretrained(model_dir, device=args.device)
+    if pipe.config.demo:
+        print(f"using the {pipe.config.label}", file=sys.stderr)
+    print(f"loaded {pipe.summary()}")  # before packing: packed linears hold their weights as buffers
+    if pipe.device.type == "cpu":
+        prepare(pipe.model, InferenceConfig(precision=args.precision))
+    return pipe
+
+
+def generation_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags that are generation settings (`GenerationConfig`'s fields; the seeds go separately)."""
+    from stylevar.generation import GenerationConfig
+
+    names = {f.name for f in dataclasses.fields(GenerationConfig)} - {"seed"}
+    return {opt.name: getattr(args, opt.name) for opt in offered(CLI) if opt.name in names}
+
+
+def stylize_all(pipe, job: StylizeJob, args: argparse.Namespace) -> tuple[list[Path], list[str]]:
+    """Every content, ``--batch-size`` model rows a call: (the files written, the inputs skipped)."""
+    from tqdm import tqdm
+
+    from stylevar.pipeline import StyleMix
+    from stylevar.postprocess import OutputOptions, finish
+
+    output = OutputOptions(max_side=args.max_size, preserve_color=args.preserve_color)  # None: the content's size
+    mix = StyleMix(tuple(job.styles), job.weights, None if job.masks is None else tuple(job.masks))
+    gen, n = generation_options(args), len(job.seeds)
+    per_call = max(1, args.batch_size // n)  # contents per model call
+    skipped: list[str] = []
+    written: list[Path] = []
+    taken: set[Path] = set()
+    bar = tqdm(total=len(job.contents), unit="image", disable=not job.many, file=sys.stderr)
+    for start in range(0, len(job.contents), per_call):
+        batch = read_batch(job, job.contents[start:start + per_call], skipped, bar)
+        if not batch:
+            continue
+        images = pipe.stylize_batch([img for _, img in batch for _ in job.seeds], [mix] * len(batch) * n,
+                                    seeds=job.seeds * len(batch), resize=args.resize, max_side=output.max_side,
+                                    upsample=args.upsample, **gen)
+        for i, (path, img) in enumerate(batch):
+            for out, target in zip(finish(images[i * n:(i + 1) * n], img, output), output_paths(job, path, taken)):
+                write_image(out, target, job.fmt, written, skipped)
+            bar.update(1)
+    bar.close()
+    return written, skipped
+
+
+def read_batch(job: StylizeJob, paths: list[Path], skipped: list[str], bar) -> list[tuple[Path, object]]:
+    """The content images of one model call; an unreadable one is listed in ``skipped`` (and counted done)."""
+    from stylevar import preflight
+
+    if job.first is not None:
+        return [(path, job.first) for path in paths]
+    batch = []
+    for path in paths:
+        try:
+            batch.append((path, preflight.read_image(path, "content")))
+        except preflight.InputError as e:
+            skipped.append(str(e))
+            bar.update(1)
+    return batch
+
+
+def write_image(img, target: Path, fmt: str, written: list[Path], skipped: list[str]) -> None:
+    """Save one result (added to ``written``); a failed write ends the command with one line."""
+    from stylevar import preflight
+    from stylevar.atomic import WriteFailedError
+
+    try:
+        save_image(img, target, fmt)
+    except OSError as e:  # a WriteFailedError names the file and why
+        report_skipped(skipped)
+        why = e if isinstance(e, WriteFailedError) else f"cannot write {target}: {e}"
+        raise preflight.InputError(f"{why} ({len(written)} image(s) written before it are complete; "
+                                   "nothing partial is left)") from e
+    written.append(target)
+
+
+def report_skipped(skipped: list[str]) -> None:
+    if skipped:
+        print(f"skipped {len(skipped)} unreadable file(s):", file=sys.stderr)
+        for line in skipped:
+            print(f"  {line}", file=sys.stderr)
+
+
+def save_image(img, target: Path, fmt: str) -> None:
+    """Write `img` to `target` whole or not at all (stylevar.atomic)."""
+    from stylevar.atomic import atomic_write_path
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_path(target, lambda tmp: img.save(tmp, format=fmt.upper()), what="image")
+
+
+def upscale_note(result_size: tuple[int, int], model_side: int, upsample: str = "bicubic") -> str | None:
+    """A line saying that the result is larger than what the model drew (None when it is not)."""
+    from stylevar.postprocess import upscale_factor
+
+    factor = upscale_factor(result_size, model_side)
+    if factor <= 1.0:
+        return None
+    w, h = result_size
+    return (f"note: the model draws {model_side}x{model_side} pixels; the result is upscaled {factor:.1f}x to "
+            f"{w}x{h} ({upsample} upsampling). --max-size {model_side} keeps the model's resolution.")
+
+
+COMMAND = Command("stylize", "re-draw a content image in the style of another", add_arguments)

@@ -1,0 +1,63 @@
+"""torchrun's process group: what torchrun set in the environment, joining the group, gathering objects.
+
+One process (plain ``python -m ...``, WORLD_SIZE unset or 1) needs no group; every helper here is then a
+no-op. The backend follows the device: nccl on CUDA, gloo on the CPU.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Torchrun:
+    """This process's place in a torchrun launch (RANK, WORLD_SIZE, LOCAL_RANK; 0, 1, 0 without one)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_env(cls) -> Torchrun:
+        return cls(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")),
+                   int(os.environ.get("LOCAL_RANK", "0")))
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def join_process_group(device: torch.device, *, timeout_s: float | None = None, bind_device: bool = False) -> bool:
+    """Join torchrun's process group (env://) with the backend for ``device``, unless this process is in one
+    already; True when it was joined here (the caller then leaves it). ``bind_device`` binds the group to
+    a CUDA ``device`` (``device_id``); ``timeout_s`` None keeps torch's default timeout."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return False
+    options: dict[str, Any] = {}
+    if timeout_s is not None:
+        options["timeout"] = datetime.timedelta(seconds=timeout_s)
+    if bind_device and device.type == "cuda":
+        options["device_id"] = device
+    dist.init_process_group(backend_for(device), init_method="env://", **options)
+    return True
+
+
+def all_gather_object(obj: Any, world_size: int) -> list[Any]:
+    """Every rank's (picklable) ``obj``, a list indexed by rank (``[obj]`` for one process)."""
+    if world_size <= 1:
+        return [obj]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * world_size
+    dist.all_gather_object(out, obj)
+    return out

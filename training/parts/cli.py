@@ -1,0 +1,65 @@
+"""The command-line options every recipe shares (``--out``, ``--max-steps``, ``--batch-size``, ...) and the
+:class:`~training.parts.schedule.LoopConfig` made from them."""
+from __future__ import annotations
+
+import argparse
+
+from training.parts.precision import PRECISIONS
+from training.parts.schedule import DEFAULT_SAVE_EVERY_MINUTES, LoopConfig
+
+# options that may change when a run is resumed (they do not change what is computed)
+FREE_KEYS = ("out", "save_every", "save_every_minutes", "keep_checkpoints", "log_every", "num_workers", "no_progress",
+             "device", "val_every", "val_batch_size", "val_max_batches")
+
+
+DATA_HELP = "triplet manifest, folder (manifest.jsonl or shards), shard tar or pattern; repeatable"
+
+
+def recipe_parser(module: str, doc: str, *, data_help: str = DATA_HELP) -> argparse.ArgumentParser:
+    """The parser of ``python -m MODULE`` (its description: the first line of ``doc``), with the repeatable
+    --data; the recipe adds its own options, then :func:`add_loop_args`."""
+    p = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", action="append", required=True, help=data_help)
+    return p
+
+
+def add_loop_args(parser, *, lr: float, batch_size: int, max_grad_norm: float = 2.0) -> None:
+    """--out --max-steps --batch-size --grad-accum --lr --warmup-steps ... (see --help)."""
+    g = parser.add_argument_group("run and loop")
+    g.add_argument("--out", required=True, help="RUN directory; re-running the same command resumes it")
+    g.add_argument("--max-steps", type=int, required=True, help="optimizer steps in all")
+    g.add_argument("--batch-size", type=int, default=batch_size,
+                   help="global batch: samples per optimizer step over all processes and accumulation steps")
+    g.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step")
+    g.add_argument("--lr", type=float, default=lr, help="peak learning rate (AdamW)")
+    g.add_argument("--warmup-steps", type=int, default=0, help="linear learning-rate warm-up steps")
+    g.add_argument("--weight-decay", type=float, default=0.05, help="AdamW weight decay")
+    g.add_argument("--max-grad-norm", type=float, default=max_grad_norm, help="0 disables clipping")
+    g.add_argument("--save-every", type=int, default=500, help="checkpoint every N steps (and at the end)")
+    g.add_argument("--save-every-minutes", type=float, default=DEFAULT_SAVE_EVERY_MINUTES, metavar="M",
+                   help="also checkpoint once M minutes have passed since the last checkpoint (0: only by steps)")
+    g.add_argument("--keep-checkpoints", type=int, default=3, help="step checkpoints kept in RUN/checkpoints (older ones deleted)")
+    g.add_argument("--log-every", type=int, default=10, help="steps between lines of RUN/log.jsonl and TensorBoard")
+    g.add_argument("--val-every", type=int, default=0, help="validate every N steps (0: only at the end)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the model initialisation, the data order and sampling")
+    g.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes per rank")
+    g.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    g.add_argument("--precision", choices=PRECISIONS, default="auto", help="auto: bf16 autocast on CUDA, fp32 on CPU")
+    g.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+
+
+def loop_config(args, precision: str) -> LoopConfig:
+    return LoopConfig(
+        max_steps=args.max_steps,
+        save_every=args.save_every,
+        save_every_minutes=args.save_every_minutes,
+        val_every=args.val_every,
+        log_every=args.log_every,
+        keep_checkpoints=args.keep_checkpoints,
+        max_grad_norm=args.max_grad_norm,
+        grad_accum=args.grad_accum,
+        precision=precision,
+        progress=not args.no_progress,
+        seed=args.seed,
+    )

@@ -1,0 +1,126 @@
+"""One invocation of a recipe on RUN/, around the recipe's own step loop (:class:`TrainingRun`)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from stylevar.atomic import DISK_FULL_ERRNOS, WriteFailedError, atomic_folder
+from training.parts.checkpoints import CheckpointManager
+from training.parts.distributed import main_rank_write
+from training.parts.log import RunLogger
+from training.parts.rundir import RunDir
+from training.parts.schedule import CheckpointSchedule, LoopConfig, Progress, format_duration
+from training.parts.state import TrainingState, resume
+
+
+class TrainingRun:
+    """One invocation of a recipe on RUN/, around its own step loop: the resume from the newest readable
+    checkpoint (said in the log), checkpoints on a :class:`CheckpointSchedule` (each with the time left,
+    :class:`Progress`), and at the end a summary line and ``RUN/final`` (written to a temp folder on rank 0,
+    then renamed). ``log`` is the run's :class:`RunLogger`; ``resumed.extra`` the recipe's own saved state.
+
+    A write that fails during the run (a checkpoint, RUN/final or the log on a full disk) ends it with one
+    line, ``SystemExit("error: cannot write checkpoint step-... in FOLDER: disk full (...); it needs about
+    N, M free. The last good checkpoint, ..., is kept: ...")`` (exit status 1), on every rank; the partial
+    file is gone and a re-run resumes from that checkpoint.
+
+        with TrainingRun(run, state, max_steps=N, save_every=..., seed=...) as tr:
+            step = tr.start
+            while step < N:
+                ...; step += 1                                    # one optimizer step
+                if tr.checkpoint_due(step):
+                    tr.save(step, extra={...})
+            tr.finish(step, write_final)                          # write_final(folder) on rank 0
+    """
+
+    def __init__(self, run: RunDir, state: TrainingState, *, max_steps: int, save_every: int,
+                 save_every_minutes: float = 0.0, keep: int = 3, seed: int = 0, progress: bool = True,
+                 clock: Callable[[], float] = time.monotonic):
+        self.run, self.state, self.env = run, state, state.env
+        self.max_steps, self.save_every, self.save_every_minutes = max_steps, save_every, save_every_minutes
+        self.seed, self.show_progress, self.clock = seed, progress, clock
+        self.ckpts = CheckpointManager(run.checkpoints, self.env, keep=keep)
+
+    @classmethod
+    def for_loop(cls, run: RunDir, state: TrainingState, cfg: LoopConfig,
+                 clock: Callable[[], float] = time.monotonic) -> "TrainingRun":
+        """The run of a loop configured by ``cfg`` (:func:`loop_config`)."""
+        return cls(run, state, max_steps=cfg.max_steps, save_every=cfg.save_every,
+                   save_every_minutes=cfg.save_every_minutes, keep=cfg.keep_checkpoints, seed=cfg.seed,
+                   progress=cfg.progress, clock=clock)
+
+    def __enter__(self) -> "TrainingRun":
+        try:
+            self._start()
+        except OSError as e:
+            stop = self._disk_exit(e)
+            if stop is None:
+                raise
+            raise stop from None
+        return self
+
+    def _start(self) -> None:
+        """Resume, open the log, and start the checkpoint schedule and the progress clock."""
+        self.resumed = resume(self.ckpts, self.state, self.seed)
+        self.start = self.resumed.step
+        self.log = RunLogger(self.run, self.env, total_steps=self.max_steps, start_step=self.start,
+                             progress=self.show_progress)
+        stream = self.state.stream
+        if self.start:
+            self.log.info(f"resumed from step {self.start} (epoch {stream.epoch}, batch {stream.index})")
+        for note in self.resumed.notes:
+            self.log.info(note)
+        if self.start >= self.max_steps:
+            self.log.info(f"already at step {self.start} >= --max-steps {self.max_steps}")
+        self.schedule = CheckpointSchedule(self.env, max_steps=self.max_steps, every_steps=self.save_every,
+                                           every_minutes=self.save_every_minutes, clock=self.clock)
+        self.progress = Progress(self.start, self.max_steps, clock=self.clock)
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> None:
+        try:
+            self.log.close()
+        except OSError:
+            if exc is None:
+                raise  # a failing close while another error propagates would only hide that one
+        stop = self._disk_exit(exc) if exc is not None else None
+        if stop is not None:
+            raise stop from None
+
+    def _disk_exit(self, exc: BaseException) -> SystemExit | None:
+        """The one-line exit for a write that failed during the run (None for any other error)."""
+        if isinstance(exc, WriteFailedError):
+            message = str(exc)
+        elif isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:  # e.g. appending to the log
+            message = f"cannot write in {self.run.root}: disk full ({exc.strerror})"
+        else:
+            return None
+        return SystemExit(f"error: {message}. {self.ckpts.last_good_note()}")
+
+    def checkpoint_due(self, step: int) -> bool:
+        """Whether ``step`` ends with a checkpoint (the same answer on every rank)."""
+        return self.schedule.due(step)
+
+    def save(self, step: int, extra: Mapping[str, Any] | None = None) -> None:
+        """The checkpoint of ``step`` (every rank calls it), and the time left."""
+        state = self.state
+        sharded = {"write_sharded": state.write_sharded} if state.sharded else {}
+        path = self.ckpts.save(step, state.state_dict(step, extra), **sharded)
+        self.schedule.saved()
+        if step < self.max_steps and path is not None:
+            self.log.info(f"checkpoint {path.name}; {self.progress.line(step)}")
+
+    def finish(self, step: int, write_final: Callable[[Path], None] | None) -> None:
+        """The summary line; then ``write_final(folder)`` on rank 0 makes ``RUN/final`` (unless a finished
+        run was only re-run)."""
+        if step > self.start:
+            self.log.info(f"trained steps {self.start + 1}-{step} in {format_duration(self.progress.elapsed_s())}")
+        if write_final is None or (self.start >= self.max_steps and self.run.final.exists()):
+            return
+
+        def write() -> None:
+            with atomic_folder(self.run.final, what="model folder") as tmp:
+                write_final(tmp)
+            self.log.info(f"wrote {self.run.final}")
+
+        main_rank_write(self.env, write)

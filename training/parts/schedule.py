@@ -1,0 +1,116 @@
+"""When a recipe logs, validates and checkpoints (:class:`LoopConfig`, :class:`CheckpointSchedule`), and
+how long is left (:class:`Progress`)."""
+from __future__ import annotations
+
+import datetime
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from training.parts.distributed import DistEnv, broadcast_
+
+DEFAULT_SAVE_EVERY_MINUTES = 5.0  # the recipes' --save-every-minutes
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """The settings of a recipe's step loop (:func:`training.parts.cli.loop_config` makes them from the options)."""
+
+    max_steps: int
+    save_every: int = 500
+    save_every_minutes: float = 0.0  # also checkpoint when this much wall time has passed (0: off)
+    val_every: int = 0  # 0: validate only at the end
+    log_every: int = 10
+    keep_checkpoints: int = 3
+    max_grad_norm: float = 2.0
+    grad_accum: int = 1
+    precision: str = "fp32"  # resolved: fp32 | bf16 | fp16
+    progress: bool = True
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.max_steps < 1:
+            raise ValueError("max_steps must be >= 1")
+        if self.save_every < 1:
+            raise ValueError("save_every must be >= 1")
+        if not self.save_every_minutes >= 0:
+            raise ValueError("save_every_minutes must be >= 0")
+        if self.log_every < 1:
+            raise ValueError("log_every must be >= 1")
+
+    def log_due(self, step: int) -> bool:
+        """Whether ``step`` ends a log window (every ``log_every`` steps, and the last step)."""
+        return step % self.log_every == 0 or step == self.max_steps
+
+    def val_due(self, step: int) -> bool:
+        """Whether to validate after ``step`` inside the loop (every ``val_every`` steps; the end is the
+        recipe's own validation after the loop)."""
+        return bool(self.val_every) and step % self.val_every == 0 and step != self.max_steps
+
+
+class CheckpointSchedule:
+    """When a recipe writes a checkpoint: every ``every_steps`` steps, once ``every_minutes`` of wall time
+    have passed since the last checkpoint (or since this process started training; 0: never by time),
+    and at ``max_steps``. Call :meth:`due` after each step and :meth:`saved` after writing.
+
+    Rank 0's clock decides the time-based ones and the decision is broadcast, so every rank checkpoints
+    at the same step. ``clock`` (seconds, monotonic) is injectable for tests.
+    """
+
+    def __init__(self, env: DistEnv, *, max_steps: int, every_steps: int, every_minutes: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic):
+        if every_steps < 1:
+            raise ValueError("save_every must be >= 1")
+        if not every_minutes >= 0:
+            raise ValueError(f"save_every_minutes must be >= 0, got {every_minutes}")
+        self.env, self.max_steps, self.every_steps = env, max_steps, every_steps
+        self.every_s, self.clock = every_minutes * 60.0, clock
+        self._last = clock()
+
+    def due(self, step: int) -> bool:
+        if step % self.every_steps == 0 or step >= self.max_steps:
+            return True
+        if self.every_s <= 0:
+            return False
+        late = self.clock() - self._last >= self.every_s
+        if self.env.distributed:
+            flag = broadcast_(torch.tensor([1.0 if late else 0.0], device=self.env.device), self.env)
+            late = bool(flag.item() > 0)
+        return late
+
+    def saved(self) -> None:
+        self._last = self.clock()
+
+
+class Progress:
+    """Steps per second since this process started training, and the time left at that rate."""
+
+    def __init__(self, start_step: int, max_steps: int, clock: Callable[[], float] = time.monotonic):
+        self.start_step, self.max_steps, self.clock = start_step, max_steps, clock
+        self._t0 = clock()
+
+    def elapsed_s(self) -> float:
+        return self.clock() - self._t0
+
+    def line(self, step: int) -> str:
+        """``step 120/600 (20%), 0.71 steps/s, about 11 min left (ends about 14:12)``."""
+        done = step - self.start_step
+        head = f"step {step}/{self.max_steps} ({100 * step // self.max_steps}%)"
+        elapsed = self.elapsed_s()
+        if done <= 0 or elapsed <= 0:
+            return head
+        rate = done / elapsed
+        left_s = (self.max_steps - step) / rate
+        ends = datetime.datetime.now() + datetime.timedelta(seconds=left_s)
+        return f"{head}, {rate:.3g} steps/s, about {format_duration(left_s)} left (ends about {ends:%H:%M})"
+
+
+def format_duration(seconds: float) -> str:
+    """``45 s``, ``12 min``, ``2.5 h``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

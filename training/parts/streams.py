@@ -1,0 +1,249 @@
+"""Resumable, sharded data order: the sampler of one rank's epoch, and the batch streams that know where
+they are (a checkpoint stores their position; a resume continues with the very next batch).
+
+The global batch (``--batch-size``) is the number of samples per optimizer step across all ranks and
+accumulation micro-steps, so the same command gives the same training on 1 or N processes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+
+from training.parts.distributed import DistEnv, all_gather_object
+from training.parts.rng import derived_generator
+from training.parts.rundir import RunConfigMismatchError
+
+
+class EpochShardSampler(Sampler[int]):
+    """The indices one rank reads in one epoch, from a given position on.
+
+    The epoch's order is a permutation seeded by (seed, epoch) (or 0..n-1 without shuffling). Rank r
+    takes every world_size-th index starting at r, so the first ``B`` indices of each rank together are
+    the first ``B * world_size`` of the permutation: a global batch is the same set of samples for any
+    number of ranks. ``drop_last`` trims the tail so every rank has the same number of samples.
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        *,
+        epoch: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = True,
+        drop_last: bool = True,
+        start: int = 0,
+    ):
+        self.num_samples = num_samples
+        self.epoch, self.seed, self.rank, self.world_size = epoch, seed, rank, world_size
+        self.shuffle, self.drop_last, self.start = shuffle, drop_last, start
+
+    def _indices(self) -> list[int]:
+        if self.shuffle:
+            order = torch.randperm(self.num_samples, generator=derived_generator(self.seed, self.epoch, 0x5A)).tolist()
+        else:
+            order = list(range(self.num_samples))
+        if self.drop_last:
+            order = order[: (self.num_samples // self.world_size) * self.world_size]
+        return order[self.rank :: self.world_size][self.start :]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._indices())
+
+    def __len__(self) -> int:
+        return len(self._indices())
+
+
+@dataclass(frozen=True)
+class BatchStreamConfig:
+    global_batch: int  # samples per optimizer step, all ranks and micro-steps together
+    grad_accum: int = 1
+    seed: int = 0
+    num_workers: int = 0
+    shuffle: bool = True
+    collate_fn: Callable[[list], Any] | None = None
+    pin_memory: bool = False
+
+
+def micro_batch_size(global_batch: int, grad_accum: int, world_size: int) -> int:
+    per = global_batch // (grad_accum * world_size)
+    if per * grad_accum * world_size != global_batch or per == 0:
+        raise ValueError(
+            f"--batch-size {global_batch} must be a positive multiple of grad_accum ({grad_accum}) x "
+            f"world size ({world_size})"
+        )
+    return per
+
+
+class BatchStream:
+    """An endless stream of micro-batches over epochs that knows where it is.
+
+    ``state_dict()`` gives {epoch, index, seed}: ``index`` is the number of global micro-batch rounds
+    already consumed in the epoch. Loading it makes the next batch exactly the one that would have come
+    next. If the dataset has ``set_epoch(epoch)`` it is called before each epoch is read (workers are
+    created per epoch, so they see it).
+    """
+
+    def __init__(self, dataset: Dataset, cfg: BatchStreamConfig, env: DistEnv):
+        self.dataset, self.cfg, self.env = dataset, cfg, env
+        self.micro_batch = micro_batch_size(cfg.global_batch, cfg.grad_accum, env.world_size)
+        n = len(dataset)  # type: ignore[arg-type]
+        self.batches_per_epoch = n // (self.micro_batch * env.world_size)
+        if self.batches_per_epoch == 0:
+            raise ValueError(
+                f"dataset has {n} samples, fewer than one global micro-batch "
+                f"({self.micro_batch} x {env.world_size} ranks)"
+            )
+        self.epoch = 0
+        self.index = 0
+        self._it: Iterator | None = None
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index, "seed": self.cfg.seed}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        if int(state["seed"]) != self.cfg.seed:
+            raise RunConfigMismatchError(f"data seed {state['seed']} in checkpoint, {self.cfg.seed} now")
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+        self._it = None
+
+    def _open(self) -> Iterator:
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(self.epoch)  # type: ignore[attr-defined]
+        sampler = EpochShardSampler(
+            len(self.dataset),  # type: ignore[arg-type]
+            epoch=self.epoch,
+            seed=self.cfg.seed,
+            rank=self.env.rank,
+            world_size=self.env.world_size,
+            shuffle=self.cfg.shuffle,
+            drop_last=True,
+            start=self.index * self.micro_batch,
+        )
+        loader = DataLoader(
+            self.dataset,
+            batch_size=self.micro_batch,
+            sampler=sampler,
+            drop_last=True,
+            num_workers=self.cfg.num_workers,
+            collate_fn=self.cfg.collate_fn,
+            pin_memory=self.cfg.pin_memory,
+            persistent_workers=False,
+        )
+        return iter(loader)
+
+    def next(self) -> Any:
+        if self.index >= self.batches_per_epoch:
+            self.epoch, self.index, self._it = self.epoch + 1, 0, None
+        if self._it is None:
+            self._it = self._open()
+        batch = next(self._it)
+        self.index += 1
+        return batch
+
+    @property
+    def epoch_progress(self) -> float:
+        """Fractional epochs consumed so far."""
+        return self.epoch + self.index / self.batches_per_epoch
+
+
+class IterableBatchStream:
+    """The :class:`BatchStream` interface over an IterableDataset (e.g. webdataset shards).
+
+    Each rank reads its own share (the dataset splits by rank and worker) and starts its next epoch
+    when its share runs out, so uneven shards never stall a step. ``state_dict()`` gathers every
+    rank's (epoch, index); a resume reopens the epoch and skips the batches already consumed (exact
+    when the dataset's order depends only on (seed, epoch), as ``training.data``'s shard reader does).
+    """
+
+    def __init__(self, dataset: IterableDataset, cfg: BatchStreamConfig, env: DistEnv,
+                 num_samples: int | None = None):
+        self.dataset, self.cfg, self.env = dataset, cfg, env
+        self.micro_batch = micro_batch_size(cfg.global_batch, cfg.grad_accum, env.world_size)
+        n = num_samples if num_samples is not None else getattr(dataset, "num_samples", None)
+        self.batches_per_epoch = max(1, n // (self.micro_batch * env.world_size)) if n else None
+        self.epoch = 0
+        self.index = 0
+        self._it: Iterator | None = None
+        self.notes: list[str] = []
+
+    def state_dict(self) -> dict[str, Any]:
+        per_rank = all_gather_object((self.epoch, self.index), self.env)
+        return {"epoch": per_rank[0][0], "index": per_rank[0][1], "seed": self.cfg.seed,
+                "per_rank": [list(p) for p in per_rank]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if int(state["seed"]) != self.cfg.seed:
+            raise RunConfigMismatchError(f"data seed {state['seed']} in checkpoint, {self.cfg.seed} now")
+        per_rank = state.get("per_rank") or [[state["epoch"], state["index"]]]
+        if len(per_rank) == self.env.world_size:
+            self.epoch, self.index = (int(v) for v in per_rank[self.env.rank])
+        else:
+            self.epoch, self.index = min(int(p[0]) for p in per_rank) + 1, 0
+            self.notes.append(f"world size changed: shard streams restart at epoch {self.epoch}")
+        self._it = None
+
+    def _open(self) -> Iterator:
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(self.epoch)  # type: ignore[attr-defined]
+        loader = DataLoader(self.dataset, batch_size=self.micro_batch, drop_last=True,
+                            num_workers=self.cfg.num_workers, collate_fn=self.cfg.collate_fn,
+                            pin_memory=self.cfg.pin_memory)
+        it = iter(loader)
+        for _ in range(self.index):  # fast-forward to the saved position
+            next(it)
+        return it
+
+    def next(self) -> Any:
+        for _ in range(2):
+            if self._it is None:
+                self._it = self._open()
+            try:
+                batch = next(self._it)
+            except StopIteration:
+                if self.index == 0:
+                    break
+                self.epoch, self.index, self._it = self.epoch + 1, 0, None
+                continue
+            self.index += 1
+            return batch
+        raise RuntimeError(f"rank {self.env.rank} got no batch of {self.micro_batch} from its share of the data "
+                           "(too few shards or samples for this many processes and workers)")
+
+    @property
+    def epoch_progress(self) -> float:
+        if not self.batches_per_epoch:
+            return float(self.epoch)
+        return self.epoch + min(self.index / self.batches_per_epoch, 1.0)
+
+
+def make_stream(dataset: Dataset, cfg: BatchStreamConfig, env: DistEnv) -> "BatchStream | IterableBatchStream":
+    """A resumable batch stream for a map-style or an iterable dataset."""
+    if isinstance(dataset, IterableDataset):
+        return IterableBatchStream(dataset, cfg, env)
+    return BatchStream(dataset, cfg, env)
+
+
+def eval_loader(dataset: Dataset, batch_size: int, env: DistEnv, *, num_workers: int = 0, collate_fn=None) -> DataLoader:
+    """Rank's share of a validation set (every sample exactly once across ranks, no padding)."""
+    sampler = EpochShardSampler(
+        len(dataset), epoch=0, seed=0, rank=env.rank, world_size=env.world_size, shuffle=False, drop_last=False  # type: ignore[arg-type]
+    )
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, collate_fn=collate_fn)
+
+
+
+
+def move_to(batch: Any, device: torch.device) -> Any:
+    """Tensors in (nested) dicts, lists and tuples moved to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, Mapping):
+        return {k: move_to(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to(v, device) for v in batch)
+    return batch
