@@ -93,7 +93,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     state.batcher = Batcher(
         [r.run for r in state.runners],
         BatchConfig(settings.max_batch_size, settings.max_wait_ms / 1000.0, settings.queue_size,
-                    settings.max_queue_wait_s or None),
+                    settings.max_queue_wait_s or None, settings.worker_nice),
         observer=state.metrics,
     )
     state.batcher.start()

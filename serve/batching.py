@@ -18,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import math
+import os
 import threading
 import time
 from collections import deque
@@ -67,6 +68,17 @@ class InferenceError(BatchError):
     code = "inference_failed"
 
 
+def lower_priority(nice: int) -> None:
+    """Lower the calling thread's CPU priority by `nice` (Linux: per thread); a no-op at 0 or where unsupported."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+    except OSError as e:
+        log.warning("could not lower the batch worker's priority (%s)", e)
+
+
 @dataclass(frozen=True)
 class BatchConfig:
     max_batch_size: int = 8  # rows per run call (a single larger job still runs, alone)
@@ -74,6 +86,9 @@ class BatchConfig:
     queue_size: int = 64  # jobs waiting, not counting the ones running
     # refuse a job whose estimated wait (queue position x measured run time) is longer; None: no bound
     max_queue_wait_s: float | None = None
+    # the workers' CPU priority (Linux nice, added to the process's; torch's threads started by a worker inherit
+    # it): above 0, the event loop answers (503s, health checks) promptly while batches use the cores
+    worker_nice: int = 0
 
 
 @dataclass(eq=False)
@@ -271,6 +286,7 @@ class Batcher:
 
     # -- worker side -------------------------------------------------------------------------------
     def _worker(self, run: RunFn) -> None:
+        lower_priority(self.config.worker_nice)
         while True:
             try:
                 jobs = self._collect()

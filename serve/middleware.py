@@ -99,11 +99,12 @@ async def discard_body(receive: Receive, limit: int, stall_s: float | None = Non
 
 
 class BeforeBody:
-    """Refuse a request to `paths` before its body is read when `check(scope)` raises a ServiceError (its JSON
+    """Refuse a request to `paths` before its body is parsed when `check(scope)` raises a ServiceError (its JSON
     answer, `Connection: close`): a keyless client cannot hold the service reading an upload it will refuse,
-    and a request the queue has no room for costs no form parsing. ``discard_bytes``: after answering, read and
-    drop up to this many bytes of the body, so that closing the connection does not reset it under a client
-    still sending (0: close at once), each part within ``stall_s`` of the last."""
+    and a request the queue has no room for costs no form parsing. ``discard_bytes``: first read and drop up to
+    this many bytes of the body (each part within ``stall_s`` of the last), so that closing the connection does
+    not reset it under a client still sending (0: answer and close at once; uvicorn reads nothing after the
+    answer)."""
 
     def __init__(self, app: ASGIApp, check: Callable[[Scope], None], paths: tuple[str, ...], discard_bytes: int = 0,
                  stall_s: float | None = None):
@@ -115,10 +116,10 @@ class BeforeBody:
             try:
                 self.check(scope)
             except ServiceError as e:
-                headers = {**e.headers, "Connection": "close"}
-                await error_response(e.status, e.code, e.detail, headers)(scope, receive, send)
                 if self.discard_bytes:
                     await discard_body(receive, self.discard_bytes, self.stall_s)
+                headers = {**e.headers, "Connection": "close"}
+                await error_response(e.status, e.code, e.detail, headers)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

@@ -50,6 +50,8 @@ class ServeSettings(BaseSettings):
     # a request is admitted only if its estimated wait (queue position x measured batch time) is at most
     # this; else 503 with a Retry-After from the same estimate. 0: no bound (only the queue size)
     max_queue_wait_s: float = Field(20.0, ge=0)
+    # the batch workers' CPU priority below the event loop's (nice): 503s and health checks stay prompt under load
+    worker_nice: int = Field(10, ge=0, le=19)
     request_timeout_s: float = Field(60.0, gt=0)
     # after SIGTERM/SIGINT: how long requests in flight may take to finish while new ones are refused
     # (serve.drain); a Kubernetes terminationGracePeriodSeconds must be longer

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 
@@ -336,3 +337,24 @@ def test_admission_bounds_the_estimated_wait_not_only_the_queue_length(metrics):
         assert results(admitted) == [2 * i for i in range(len(admitted))]
     finally:
         b.stop()
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="per-thread nice is Linux's")
+def test_workers_run_at_the_configured_lower_priority(metrics):
+    """Issue 32: worker_nice lowers the batch workers' priority (and only theirs), so the event loop stays prompt."""
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    seen = []
+
+    def run(jobs):
+        seen.append(nice())
+        return [j.payload for j in jobs]
+
+    b = make(run, metrics, worker_nice=3)
+    b.start()
+    try:
+        assert results([b.submit("a", 1, timeout_s=T)]) == [1]
+    finally:
+        b.stop()
+    assert seen == [min(19, nice() + 3)]
