@@ -8,7 +8,7 @@ tokenizer width; ch 32 is the one its stage times fit: 3.4 GFLOP per encode, 6.2
 154 at the published ch 160.)
 
     python -m benchmarks.cpu_pipeline [--batch-sizes 1,4] [--repeats 7] [--warmup 2] [--threads 2] \
-        [--precisions fp32,bf16,int8] [--reference] [--agreement-seeds 8] [--json]
+        [--precisions fp32,bf16,int8] [--reference] [--agreement-seeds 8] [--fast [--fast-keep F] [--fast-min-tokens N]] [--json]
 
 Per batch size it prints, for the plain model (as built: the path the conformance tests check) and a
 prepared copy per `--precisions` entry (`stylevar.inference.prepare`), the median ms per image of each stage
@@ -24,6 +24,11 @@ machine's changing load weighs on each alike; stages are separate medians, so `c
 is close to, not equal to, `total`. For bf16 and int8 it also prints the token agreement with the plain
 fp32 model (same inputs and seeds, `--agreement-seeds` images).
 
+`--fast` adds the row `fp32 fast`: the prepared fp32 model with fast sampling (`GenerationConfig.fast`,
+`stylevar.transformer.pruning`: the flat 2 x 2 groups of the last scales merged) in its loop and total, with
+the model's plan or `--fast-keep` / `--fast-min-tokens`; its token agreement with the plain model
+is printed too (random weights: what it says about quality is benchmarks/fast_sampling.py's on the demo model).
+
 `--reference` also times the public reference implementation (`benchmarks.reference_pipeline`; a checkout
 of it on PYTHONPATH, nothing vendored) in the same turns, at identical weights: this project's models are
 then loaded from the reference's own random state dicts through this project's checkpoint loaders, and the
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import os
 import sys
@@ -63,6 +69,9 @@ class StageBenchConfig:
     reference: bool = False  # time the public reference too, at identical weights (its checkout on PYTHONPATH)
     agreement_seeds: int = 8
     seed: int = 0
+    fast: bool = False  # also time the prepared fp32 model with fast sampling (row "fp32 fast")
+    fast_keep: float | None = None  # its plan's keep fraction; None: the model's plan's
+    fast_min_tokens: int | None = None  # its plan's smallest merged scale; None: the model's plan's
 
 
 def build(cfg: StageBenchConfig, state: tuple[dict, dict] | None = None):
@@ -83,8 +92,12 @@ def prepared_copy(plain, precision: str):
     return prepare(copy.deepcopy(plain), InferenceConfig(precision=precision))
 
 
-def stage_fns(model, content: torch.Tensor, style: torch.Tensor) -> dict:
-    """One call of each stage of this project's model (module doc), on these inputs."""
+FAST = "fp32 fast"  # the row of the prepared fp32 model sampling with `fast=True`
+
+
+def stage_fns(model, content: torch.Tensor, style: torch.Tensor, fast: bool = False) -> dict:
+    """One call of each stage of this project's model (module doc), on these inputs; ``fast``: the loop and the
+    total with fast sampling."""
     from stylevar.encoders import pooled
     from stylevar.sampling import make_generators
 
@@ -95,9 +108,9 @@ def stage_fns(model, content: torch.Tensor, style: torch.Tensor) -> dict:
         "encode": lambda: (tok.encode(content), tok.encode(style)),
         "encoders": lambda: (pooled(model.style_encoder, style), pooled(model.content_encoder, content)),
         "condition": lambda: model.condition(content, style),
-        "loop": lambda: model.sample_tokens(cond, make_generators(0, batch, content.device), alpha_K),
+        "loop": lambda: model.sample_tokens(cond, make_generators(0, batch, content.device), alpha_K, fast=fast),
         "decode": lambda: tok.decode_fhat(f_hat),
-        "total": lambda: model.generate(content, style, seed=0),
+        "total": lambda: model.generate(content, style, seed=0, fast=fast),
     }
 
 
@@ -109,7 +122,7 @@ def time_stages(models: dict, batch: int, cfg: StageBenchConfig, reference=None)
     loop is its total less its other stages."""
     size = next(iter(models.values())).tokenizer.cfg.image_size
     content, style = images(batch, size, cfg.seed + batch)
-    fns = {name: stage_fns(m, content, style) for name, m in models.items()}
+    fns = {name: stage_fns(m, content, style, fast=name == FAST) for name, m in models.items()}
     if reference is not None:
         from benchmarks.reference_pipeline import reference_stage_fns
 
@@ -122,14 +135,15 @@ def time_stages(models: dict, batch: int, cfg: StageBenchConfig, reference=None)
 
 
 @torch.inference_mode()
-def token_agreement(fp32_model, other_model, cfg: StageBenchConfig) -> float:
-    """Fraction of sampled tokens that are equal, same inputs and seed, over `agreement_seeds` seeds."""
+def token_agreement(fp32_model, other_model, cfg: StageBenchConfig, fast: bool = False) -> float:
+    """Fraction of sampled tokens that are equal, same inputs and seed, over `agreement_seeds` seeds (``fast``: the
+    other model samples with fast sampling)."""
     equal = total = 0
     size = fp32_model.tokenizer.cfg.image_size
     for s in range(cfg.agreement_seeds):
         content, style = images(1, size, 1000 + s)
         _, a = fp32_model.generate_with_indices(content, style, seed=s)
-        _, b = other_model.generate_with_indices(content, style, seed=s)
+        _, b = other_model.generate_with_indices(content, style, seed=s, fast=fast)
         a, b = torch.cat(a, 1), torch.cat(b, 1)
         equal += int((a == b).sum())
         total += a.numel()
@@ -157,6 +171,11 @@ def parse_config(argv: list[str] | None) -> tuple[StageBenchConfig, bool]:
     p.add_argument("--reference", action="store_true",
                    help="also time the public reference (a checkout of it on PYTHONPATH), at identical weights")
     p.add_argument("--agreement-seeds", type=int, default=8)
+    p.add_argument("--fast", action="store_true", help="also time the prepared fp32 model with fast sampling")
+    p.add_argument("--fast-keep", type=float, default=None, metavar="F",
+                   help="fast sampling's fraction of 2 x 2 groups computed one by one (default: the model's plan's)")
+    p.add_argument("--fast-min-tokens", type=int, default=None, metavar="N",
+                   help="fast sampling's smallest merged scale, in positions (default: the model's plan's)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     from stylevar.inference import PRECISIONS
@@ -166,7 +185,9 @@ def parse_config(argv: list[str] | None) -> tuple[StageBenchConfig, bool]:
         p.error(f"--precisions: each one of {', '.join(PRECISIONS)}")
     cfg = StageBenchConfig(batch_sizes=tuple(int(b) for b in a.batch_sizes.split(",")), repeats=a.repeats,
                            warmup=a.warmup, threads=a.threads, precisions=precisions, reference=a.reference,
-                           agreement_seeds=a.agreement_seeds)
+                           agreement_seeds=a.agreement_seeds,
+                           fast=a.fast or a.fast_keep is not None or a.fast_min_tokens is not None,
+                           fast_keep=a.fast_keep, fast_min_tokens=a.fast_min_tokens)
     return cfg, a.json
 
 
@@ -175,6 +196,12 @@ def measure(cfg: StageBenchConfig, reference=None) -> dict:
     reference (when given: its models, `benchmarks.reference_pipeline.build_reference`)."""
     plain = build(cfg, None if reference is None else (reference.vae.state_dict(), reference.model.state_dict()))
     models = {"plain": plain, **{x: prepared_copy(plain, x) for x in cfg.precisions}}
+    if cfg.fast:
+        models[FAST] = models["fp32"] if "fp32" in models else prepared_copy(plain, "fp32")
+        plan = models[FAST].fast_sampling
+        models[FAST].fast_sampling = dataclasses.replace(
+            plan, keep=plan.keep if cfg.fast_keep is None else cfg.fast_keep,
+            min_tokens=plan.min_tokens if cfg.fast_min_tokens is None else cfg.fast_min_tokens)
     out = {"config": "reference-shaped d8, 160 px, 8 scales (255 tokens), V 4096", "threads": cfg.threads,
            "repeats": cfg.repeats, "load": os.getloadavg()[0], "stages_ms_per_image": {}}
     if reference is not None:
@@ -183,6 +210,9 @@ def measure(cfg: StageBenchConfig, reference=None) -> dict:
         out["stages_ms_per_image"][B] = time_stages(models, B, cfg, reference)
     out["token_agreement_with_fp32"] = {x: token_agreement(plain, models[x], cfg)
                                         for x in cfg.precisions if x != "fp32"}
+    if cfg.fast:
+        out["token_agreement_with_fp32"][FAST] = token_agreement(plain, models[FAST], cfg, fast=True)
+        out["fast_plan"] = dataclasses.asdict(models[FAST].fast_sampling)
     out["load_after"] = os.getloadavg()[0]
     return out
 
@@ -207,6 +237,10 @@ def print_report(out: dict, cfg: StageBenchConfig) -> None:
             continue
         print(f"    vs the reference ({ref:.0f} ms/image, {basis}): "
               + ", ".join(f"{n} {ref / st['total']:.2f}x faster" for n, st in per_model.items() if n != "reference"))
+    if "fast_plan" in out:
+        plan = out["fast_plan"]
+        print(f"  {FAST}: fast sampling, {plan['keep']:g} of the 2 x 2 groups kept on every scale of at least "
+              f"{plan['min_tokens']} positions")
     for x, agreement in out["token_agreement_with_fp32"].items():
         print(f"  {x}: token agreement with fp32 (same seeds, {cfg.agreement_seeds} images): {100 * agreement:.2f}%")
 

@@ -29,13 +29,14 @@ from .engine import ModelRunner, RunnerOptions, resolve_devices
 from .errors import install_error_handlers
 from .metrics import ServiceMetrics
 from .middleware import BeforeBody, BodyTimeout, ContentLengthLimit, RequestMiddleware, bearer_token
-from .routes import model, operations, stylize
+from .routes import model, operations, stylize, video
 from .settings import ServeSettings
 from .state import ServiceState, check_key, check_room, require_key
 
 if TYPE_CHECKING:
     from web import MountConfig
 
+UPLOAD_PATHS = (*stylize.PATHS, video.PATH)  # every route that takes uploads: key and body timeout first
 log = logging.getLogger("serve.app")
 
 UI_PATH = "/ui"
@@ -167,13 +168,14 @@ def _add_middleware(app: FastAPI, state: ServiceState) -> None:
     # the UI's upload route too: the whole call (all its files) within the API's request limit
     app.add_middleware(ContentLengthLimit, max_bytes=settings.max_upload_bytes,
                        paths=(*stylize.PATHS, f"{UI_PATH}/gradio_api/upload"))
-    app.add_middleware(BodyTimeout, seconds=settings.body_timeout_s, paths=stylize.PATHS)
+    app.add_middleware(ContentLengthLimit, max_bytes=settings.max_video_upload_bytes, paths=(video.PATH,))
+    app.add_middleware(BodyTimeout, seconds=settings.body_timeout_s, paths=UPLOAD_PATHS)
     # a request the queue would refuse now costs no form parsing (the route checks again when it takes a slot)
     app.add_middleware(BeforeBody, check=functools.partial(check_room, state), paths=stylize.PATHS,
                        discard_bytes=settings.max_upload_bytes, stall_s=settings.body_timeout_s)
     # outside the length limit: a keyless request is refused for its key, whatever it declares
     app.add_middleware(BeforeBody, check=lambda scope: check_key(state, scope, bearer_token(scope)),
-                       paths=stylize.PATHS)
+                       paths=UPLOAD_PATHS)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -193,6 +195,7 @@ def _include_routers(app: FastAPI, settings: ServeSettings) -> None:
                            dependencies=[Depends(require_key)] if settings.metrics_access == "key" else None)
     app.include_router(model.router)
     app.include_router(stylize.router, max_body_size=settings.max_upload_bytes)
+    video.include(app, settings)
 
 
 def _is_loopback(host: str) -> bool:

@@ -41,7 +41,8 @@ def resolve_devices(names: Sequence[str]) -> list[torch.device]:
 class GenerationKey:
     """Settings that must be equal for requests to share one `generate` call: the generation settings
     (resolved: the request's over the model's recommended ones over the defaults, see
-    `StylePipeline.generation_config`; without a seed, each row has its own) and how inputs are fitted."""
+    `StylePipeline.generation_config`; without a seed, each row has its own; `fast` among them, so fast and
+    full requests never share a call) and how inputs are fitted."""
 
     generation: GenerationConfig = DEFAULT_GENERATION
     resize: str = "stretch"

@@ -72,6 +72,15 @@ class ServeSettings(BaseSettings):
     # content is decoded at most this large (styles and masks at 1024)
     max_output_side: int = Field(8192, ge=16)
 
+    # POST /stylize/video: short clips (longer ones belong to the command line); checked from the clip's header
+    # before any frame is decoded, and again while decoding
+    max_video_upload_bytes: int = Field(64 * 1024 * 1024, ge=1024)  # the clip and its style images together
+    max_video_duration_s: float = Field(10.0, gt=0)
+    max_video_frames: int = Field(300, ge=1)
+    max_video_pixels: int = Field(1280 * 720, ge=1)  # per frame
+    video_concurrency: int = Field(1, ge=1, le=16)  # clips stylized at once (beside the image batches)
+    video_timeout_s: float = Field(300.0, gt=0)  # a clip still running then is stopped (504)
+
     # access and observability
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list, repr=False)
     # comma-separated addresses of reverse proxies whose X-Forwarded-For / X-Forwarded-Proto are believed

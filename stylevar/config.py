@@ -14,6 +14,11 @@ TINY_PATCH_NUMS = (1, 2, 3, 4, 6, 8)
 PRESETS = ("tiny", "d16", "d20", "d24", "d30")
 
 
+def reference_drop_path_rate(depth: int) -> float:
+    """The stochastic-depth rate the reference (and VAR) train a depth-``depth`` model with: 0.1 * depth / 24."""
+    return 0.1 * depth / 24
+
+
 def _linspace(lo: float, hi: float, n: int) -> tuple[float, ...]:
     if n == 1:
         return (lo,)
@@ -120,6 +125,12 @@ class StyleVARConfig(Serializable):
     # encoders end in a GroupNorm, which removes most of an image's mean colour, and the first scale's token
     # sees the style only through AdaLN. Off, the model is the published architecture exactly.
     colour_stats: bool = False
+    # Stochastic depth, in training only: block i drops its attention and FFN branches, each row of the batch
+    # on its own, with probability linspace(0, drop_path_rate, depth)[i], the kept rows scaled by 1 / (1 - p)
+    # (timm's drop_path, as the reference trains). Eval mode and generation never drop. The published presets
+    # and converted reference checkpoints carry the reference's 0.1 * depth / 24; 0 (the default, and what a
+    # config.json without the field reads as) is off.
+    drop_path_rate: float = 0.0
 
     def __post_init__(self):
         if self.embed_dim == 0:
@@ -132,6 +143,8 @@ class StyleVARConfig(Serializable):
             raise ValueError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
         if self.image_encoder not in ("resnet18", "cnn"):
             raise ValueError(f"image_encoder must be 'resnet18' or 'cnn', not {self.image_encoder!r}")
+        if not 0.0 <= self.drop_path_rate < 1.0:
+            raise ValueError(f"drop_path_rate must lie in [0, 1), not {self.drop_path_rate}")
 
     @property
     def num_tokens(self) -> int:
@@ -140,6 +153,13 @@ class StyleVARConfig(Serializable):
     @property
     def head_dim(self) -> int:
         return self.embed_dim // self.num_heads
+
+    @property
+    def drop_path_rates(self) -> tuple[float, ...]:
+        """Each block's drop probability in training: linspace(0, drop_path_rate, depth)."""
+        if self.depth == 1:
+            return (0.0,)
+        return tuple(self.drop_path_rate * i / (self.depth - 1) for i in range(self.depth))
 
     @classmethod
     def preset(cls, name: str) -> "StyleVARConfig":
@@ -156,21 +176,25 @@ class StyleVARConfig(Serializable):
                 encoder_dim=256,
             )
         if name in ("d16", "d20", "d24", "d30"):
-            return cls(depth=int(name[1:]))
+            depth = int(name[1:])
+            return cls(depth=depth, drop_path_rate=reference_drop_path_rate(depth))
         raise ValueError(f"unknown preset {name!r}; choose from {PRESETS}")
 
     @classmethod
     def from_reference(cls, d: dict[str, Any]) -> "StyleVARConfig":
-        """From a reference config.json (patch_nums, V, Cvae, depth, attn_l2_norm, alpha_nums)."""
+        """From a reference config.json (patch_nums, V, Cvae, depth, attn_l2_norm, alpha_nums); the drop-path
+        rate is the reference's training one (`reference_drop_path_rate`)."""
         patch_nums = tuple(int(p) for p in d["patch_nums"])
         alphas = d.get("alpha_nums")
+        depth = int(d["depth"])
         return cls(
-            depth=int(d["depth"]),
+            depth=depth,
             patch_nums=patch_nums,
             vocab_size=int(d["V"]),
             z_channels=int(d["Cvae"]),
             attn_l2_norm=bool(d.get("attn_l2_norm", True)),
             alpha_nums=tuple(float(a) for a in alphas) if alphas else _linspace(0.2, 0.8, len(patch_nums)),
+            drop_path_rate=float(d.get("drop_path_rate", reference_drop_path_rate(depth))),
         )
 
 

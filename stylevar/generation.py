@@ -1,5 +1,5 @@
 """The settings of one generation, with their defaults defined once: sampling (top-k, top-p, seed) and
-the blend (style strength, per-scale alphas, guidance).
+the blend (style strength, per-scale alphas, guidance), and whether the finest scales are pruned (fast).
 
 `StyleVAR.generate` takes them as keyword arguments (`GenerationConfig.kwargs()`), its defaults are
 `DEFAULT_GENERATION`'s. A model directory's config.json may recommend some of them
@@ -23,6 +23,9 @@ class GenerationConfig:
     style_strength: float = 0.0  # -1 keeps more of the content .. 1 takes more of the style
     alphas: Sequence[float] | None = None  # the blend weight of each scale (a tensor too); None: the model's
     guidance: float = 0.0  # >= 0: push away from the prediction without the style; 0: the plain model
+    # prune the finest scales' computation (stylevar.transformer.pruning; the model's `fast_sampling` plan);
+    # False: the full sampler
+    fast: bool = False
 
     @classmethod
     def from_kwargs(cls, settings: Mapping[str, Any]) -> GenerationConfig:

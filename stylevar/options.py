@@ -147,6 +147,10 @@ class StylizeOptions:
         G.guidance, ge=0.0, le=10.0, ui_le=4.0, label="Style guidance", step=0.25,
         help="push the result away from what the model draws without the style (the content as its own style): "
              "0 = off; larger = more style, less content")
+    fast: bool = option(
+        G.fast, label="Fast sampling",
+        help="compute the finest scales' flat regions (2 x 2 positions where the content has little detail) as one "
+             "token each: fewer transformer rows, a little less of the content's detail")
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> StylizeOptions:

@@ -4,25 +4,33 @@ A model directory (`stylevar.model_dir`) holds `config.json`, `tokenizer.safeten
 `transformer.safetensors` and a `README.md` model card. Each model reads and writes its own weights file
 and config.json section (`MultiScaleVQVAE` / `StyleVAR`.save_pretrained, from_pretrained); the pipeline
 composes them with the rest of config.json (`PipelineConfig`). A hub id is pulled into a model directory
-first (`stylevar.pull`). The embedded demo model lives in `stylevar/assets/demo/`.
+first (`stylevar.pull`). The embedded demo model lives in `stylevar/assets/demo/`. Video: `stylize_frames`
+(frames in, frames out, `stylevar.coherence` across them) and `stylize_video` (a file in, an mp4 out, through
+`stylevar.video`).
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 from PIL import Image
 
+from stylevar.coherence import (DEFAULT_TEMPORAL, Coherence, FrameSampler, TemporalMode, coherence_of, gray,
+                                shift_grid)
 from stylevar.config import StyleVARConfig, VQVAEConfig, presets
 from stylevar.devices import resolve_autocast_dtype, resolve_device
 from stylevar.generation import GenerationConfig
 from stylevar.options import PYTHON, StylizeOptions, offered
-from stylevar.images import Fit, ResizeMode, fit_square, pil_to_tensor, tensor_to_pil, to_rgb, unfit
-from stylevar.postprocess import (MAX_STYLES, OutputOptions, UpsampleMode, check_style_weights, finish,
+from stylevar.images import Fit, ResizeMode, fit_of, fit_square, pil_to_tensor, tensor_to_pil, to_rgb, unfit
+from stylevar.postprocess import (MAX_SEED, MAX_STYLES, OutputOptions, UpsampleMode, check_style_weights, finish,
                                   sample_seeds)
 from stylevar.model_dir import DEMO_MODEL_DIR, PipelineConfig, check_model_dir, write_model_dir
 from stylevar.palette import match_palette
@@ -31,6 +39,9 @@ from stylevar.refine import refine
 from stylevar.upsample import Upsampling, upscale
 from stylevar.tokenizer import MultiScaleVQVAE
 from stylevar.transformer import Condition, StyleBlend, StyleVAR
+from stylevar.video import VideoLimits, VideoWriter, probe, read_frames
+
+ProgressFn = Callable[[int, "int | None"], None]  # (frames done, frames in all when the header says)
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,19 @@ class StyleMix:
         keep = [i for i, w in enumerate(self.weights) if w > 0]
         return StyleMix(tuple(self.images[i] for i in keep), tuple(self.weights[i] for i in keep),
                         None if self.masks is None else tuple(self.masks[i] for i in keep))
+
+
+@dataclass(frozen=True)
+class VideoResult:
+    """What `StylePipeline.stylize_video` wrote."""
+
+    path: Path
+    frames: int
+    fps: Fraction
+    duration_s: float  # from the first frame's start to the last one's end, in the source's timing
+    size: tuple[int, int]  # (w, h) of the frames (the mp4 drops an odd last row / column)
+    audio: bool  # the source's audio was copied
+    seconds: float  # wall-clock time of the whole call
 
 
 @dataclass(frozen=True)
@@ -285,3 +309,121 @@ class StylePipeline:
                                     upsample=given.pop("upsample", None), **given)
         images = finish(images, content, output)
         return images[0] if num_samples is None else images
+
+    # ---- video --------------------------------------------------------------------------------
+    def stylize_frames(self, frames: Iterable[Image.Image], style: Image.Image | Sequence[Image.Image] | StyleMix, *,
+                       temporal: TemporalMode | Coherence = DEFAULT_TEMPORAL, batch_size: int = 4,
+                       style_masks: Sequence[Image.Image] | None = None, max_side: int | None = None,
+                       **options: Any) -> Iterator[Image.Image]:
+        """Re-draw a clip's frames (consumed ``batch_size`` at a time, in order) in the style of ``style``; each
+        result's ``info`` keeps its frame's ``time_s`` and ``index``. ``options``: `__call__`'s but
+        ``num_samples``. ``temporal`` (`stylevar.coherence`): ``independent`` (frame i: seed + i), ``same-seed``
+        (every frame the seed), ``coherent`` (the draws follow the content's motion, on a canvas that moves
+        with it), ``coherent-reuse`` (and all but the finest scale's tokens kept where the content did not change),
+        or a `stylevar.coherence.Coherence`."""
+        given = self._video_options(options)
+        seed = sample_seeds(given.pop("seed", None), 1)[0]
+        output = OutputOptions(max_side=max_side, preserve_color=given.pop("preserve_color", False))
+        mix = StyleMix.of(style, given.pop("style_weights", None), style_masks)
+        resize, upsample = given.pop("resize", StylizeOptions.resize), given.pop("upsample", None)
+        cfg = coherence_of(temporal)
+        sampler = None if cfg is None else FrameSampler(seed, cfg, self.config.transformer.patch_nums,
+                                                        self.image_size)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        done, it = 0, iter(frames)
+        while batch := list(itertools.islice(it, batch_size)):
+            phases = [(0.0, 0.0)] * len(batch)  # model pixels each frame is moved by (the aligned canvas)
+            if sampler is not None:
+                motion = sampler.begin(self.preprocess(batch, resize)[0].add(1).mul(0.5), *_guides(batch, resize,
+                                                                                                   self.image_size))
+                phases = [tuple(p) for p in motion.phase_B2.tolist()] if sampler.quantum else phases
+            seeds = sampler if sampler is not None else [seed] * len(batch) if temporal == "same-seed" else \
+                [(seed + done + i) % (MAX_SEED + 1) for i in range(len(batch))]
+            images = self._draw_frames(batch, phases, mix, seeds, resize, output.max_side, upsample, given)
+            for i, (image, frame) in enumerate(zip(images, batch)):
+                out = finish([image], frame, output)[0]
+                out.info.update(time_s=frame.info.get("time_s"), index=frame.info.get("index", done + i))
+                yield out
+            done += len(batch)
+
+    def _draw_frames(self, frames: list[Image.Image], phases: list[tuple[float, float]], mix: StyleMix,
+                     seeds: Any, resize: ResizeMode, max_side: int | None, upsample: UpsampleMode | None,
+                     gen: dict[str, Any]) -> list[Image.Image]:
+        """`stylize_batch` of a batch of frames, each moved by its phase (model pixels) before the model sees it
+        and its drawing moved back, at the model's resolution, before it is upsampled from the frame itself."""
+        sampler = seeds if isinstance(seeds, FrameSampler) else None
+        if all(p == (0.0, 0.0) for p in phases) and (sampler is None or not sampler.cfg.settle):
+            return self.stylize_batch(frames, [mix] * len(frames), seeds=seeds, resize=resize, max_side=max_side,
+                                      upsample=upsample, **gen)
+        moved = [_move(f, p, fit_of(f.size, self.image_size, resize)) for f, p in zip(frames, phases)]
+        drawn = self.draw(moved, [mix] * len(frames), seeds=seeds, resize=resize, **gen)
+        images = drawn.images if sampler is None else sampler.settle(drawn.images)
+        back, _ = shift_grid(images, -torch.tensor(phases, dtype=torch.float32), mode="bicubic")
+        seen, fits = self.preprocess(frames, resize)
+        up = self.upsampling(upsample)
+        return [upscale(img, s, fit, f, max_side, up)
+                for img, s, fit, f in zip(back.clamp(0, 1), seen.add(1).mul(0.5), fits, frames)]
+
+    def stylize_video(self, src: str | os.PathLike, style: Image.Image | Sequence[Image.Image] | StyleMix,
+                      out: str | os.PathLike, *, limits: VideoLimits | None = None, progress: ProgressFn | None = None,
+                      **kwargs: Any) -> VideoResult:
+        """Re-draw the video ``src`` into the H.264 mp4 ``out``: frames decoded as a stream (`stylevar.video`),
+        stylized by `stylize_frames` (its keyword arguments), written with the source's timing, frame rate and
+        audio. ``limits``: refuse a longer or larger clip (a `stylevar.video.VideoError`, before any model call).
+        ``progress(done, total)`` after each frame (``total`` None when the header does not say); an exception
+        it raises stops the work and leaves ``out`` as it was."""
+        t0 = time.perf_counter()
+        info = probe(src, limits)
+        done, first_s, last_s = 0, None, 0.0
+        with VideoWriter(out, info, audio_from=src if info.has_audio else None) as writer:
+            for image in self.stylize_frames(read_frames(src, limits), style, **kwargs):
+                time_s = image.info.get("time_s")
+                writer.write(image, time_s)
+                first_s = time_s if first_s is None else first_s
+                last_s = (time_s or 0.0) - (first_s or 0.0)
+                done += 1
+                if progress is not None:
+                    progress(done, info.frames)
+        path = writer.path
+        return VideoResult(path, done, info.fps, last_s + 1 / float(info.fps), writer.size, info.has_audio,
+                           time.perf_counter() - t0)
+
+    @staticmethod
+    def _video_options(options: dict[str, Any]) -> dict[str, Any]:
+        """`__call__`'s options that are set, for a clip (one result per frame: no ``num_samples``)."""
+        unknown = set(options) - {opt.name for opt in offered(PYTHON)} | ({"num_samples"} & set(options))
+        if unknown:
+            raise TypeError(f"stylize_frames() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+        return {k: v for k, v in options.items() if v is not None}
+
+
+def _move(image: Image.Image, phase: tuple[float, float], fit: Fit) -> Image.Image:
+    """``image`` moved by ``phase`` model pixels (as ``fit`` maps them to its frame), bilinear, edges replicated;
+    the image itself when there is nothing to move."""
+    if phase == (0.0, 0.0):
+        return image
+    (w, h), (left, top, right, bottom) = fit.size, fit.box
+    fx, fy = (min(w, h) / (right - left),) * 2 if fit.mode == "crop" else (w / (right - left), h / (bottom - top))
+    d = torch.tensor([[phase[0] * fx, phase[1] * fy]])
+    moved, _ = shift_grid(pil_to_tensor(to_rgb(image))[None], d)
+    return tensor_to_pil(moved[0])
+
+
+GUIDE_SIDE = 256  # the longest side the motion between frames is estimated at (`stylevar.coherence`)
+
+
+def _guides(frames: list[Image.Image], resize: ResizeMode, side: int) -> tuple[torch.Tensor, tuple[float, float]]:
+    """The luminance of what the model sees of each frame (the centre square for ``crop``), at most `GUIDE_SIDE`
+    pixels a side: (B, H, W), and the model pixels per guide pixel (x, y)."""
+    fit = fit_of(frames[0].size, side, resize)
+    w, h = fit.size
+    box = (0, 0, w, h) if fit.mode != "crop" else ((w - min(w, h)) // 2, (h - min(w, h)) // 2,
+                                                    (w + min(w, h)) // 2, (h + min(w, h)) // 2)
+    bw, bh = box[2] - box[0], box[3] - box[1]
+    f = min(1.0, GUIDE_SIDE / max(bw, bh))
+    size = (max(1, round(bw * f)), max(1, round(bh * f)))
+    rgb = torch.stack([pil_to_tensor(to_rgb(im).crop(box).resize(size, Image.BILINEAR) if f < 1 or box != (0, 0, w, h)
+                                     else to_rgb(im)) for im in frames])
+    left, top, right, bottom = fit.box
+    return gray(rgb), ((right - left) / size[0], (bottom - top) / size[1])

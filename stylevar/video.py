@@ -12,6 +12,9 @@ PyAV 18 gives rotation metadata with decoded frames only: :func:`probe` tells th
   copies the audio of ``audio_from`` packet for packet (a remux), interleaved with the video. The mp4 is
   written under a temporary name next to the destination and renamed when complete (stylevar.atomic).
 
+:data:`TEMPORAL_MODES`: how the frames of a stylized clip share their random draws (`stylevar.coherence` draws
+them; named here, without torch, for the command line's help and the UI).
+
 Every way an input fails is a :class:`VideoError` with a ``code`` and a one-line message naming the file
 (a missing file stays ``FileNotFoundError``). Only :data:`VIDEO_FORMATS`, and only local files, are opened
 (FFmpeg's whitelists: a playlist never makes FFmpeg open other files or URLs). A decoding error (truncated
@@ -25,12 +28,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from PIL import Image
 
 from .atomic import atomic_write_path, is_write_error, remove_quietly, temp_path, write_failure
 
+TemporalMode = Literal["independent", "same-seed", "coherent", "coherent-reuse"]
+TEMPORAL_MODES: tuple[str, ...] = ("independent", "same-seed", "coherent", "coherent-reuse")
+DEFAULT_TEMPORAL: TemporalMode = "coherent"
+TEMPORAL_HELP = ("how the frames share their random draws: independent (frame i: seed + i), same-seed (every frame "
+                 "the seed), coherent (the draws follow the content's motion, on a canvas that moves with it, each "
+                 "drawing settled with the previous one), coherent-reuse (and all but the finest scale's tokens kept "
+                 "where the content did not change)")
 VIDEO_FORMATS = "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,avi,mpegts,flv,ogg,asf,mpeg"  # FFmpeg demuxer names
 # audio codecs an mp4 carries as they are (others cannot be copied and are refused before any work)
 MP4_AUDIO_CODECS = frozenset({"aac", "mp3", "mp2", "opus", "flac", "alac", "ac3", "eac3"})

@@ -99,16 +99,16 @@ def describe(component: list[str], graph: dict[str, set[str]]) -> str:
 
 # the library's layers, bottom to top (docs/architecture.md, "Layers"): a module imports only its own row and above
 LIBRARY_LAYERS = (
-    ("config", "generation", "paths", "state_dict", "atomic", "images", "devices", "manifest"),
+    ("config", "generation", "paths", "state_dict", "atomic", "images", "devices", "manifest", "video"),
     ("postprocess", "options"),
-    ("pretrained", "sampling", "encoders"),
+    ("pretrained", "sampling", "encoders", "coherence"),
     ("tokenizer", "transformer", "lora"),
     ("palette", "refine", "upsample", "inference"),
     ("convert",),
     ("hub", "weights"),
     ("model_dir", "pull"),
     ("pipeline",),
-    ("metrics", "baselines", "evaluate", "bench", "video", "distributed", "preflight"),
+    ("metrics", "baselines", "evaluate", "bench", "distributed", "preflight"),
     ("cli", "evaluate.__main__"),  # the entry points
 )
 

@@ -147,16 +147,17 @@ def test_x_forwarded_for_does_not_reset_the_failed_key_limit(tiny_model_dir, tmp
     assert codes[:3] == [401] * 3 and codes[3:] == [429] * 3, codes
 
 
-def test_a_keyless_upload_is_refused_before_its_body_is_read(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("path", ["/stylize", "/stylize/video"])
+def test_a_keyless_upload_is_refused_before_its_body_is_read(tiny_model_dir, tmp_path, path):
     """A request that declares 19 MB and sends 1 KB without a key gets its 401 at once (issue 32): the key
-    is checked before the body is read."""
+    is checked before the body is read, on every route that takes uploads."""
     from serve.testing import ServerProcess, raw_exchange
 
     srv = ServerProcess.serve(tiny_model_dir, settings={"STYLEVAR_API_KEYS": "right", "STYLEVAR_WARMUP": "false"},
                               log_dir=tmp_path)
     try:
         srv.wait_ready()
-        answer = raw_exchange(srv.url, "/stylize", "Content-Type: multipart/form-data; boundary=b\r\n"
+        answer = raw_exchange(srv.url, path, "Content-Type: multipart/form-data; boundary=b\r\n"
                               "Content-Length: 19000000\r\n", b"x" * 1024, timeout=5)
     finally:
         srv.stop()

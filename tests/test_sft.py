@@ -254,3 +254,33 @@ def test_two_level_schedule_with_warmup():
     assert ScheduleConfig(max_steps=100, drop_step=30).factor(30) == pytest.approx(0.2)
     with pytest.raises(ValueError):
         ScheduleConfig(max_steps=100, drop_fraction=1.5)
+
+
+def test_drop_path_rate_is_recorded_and_runs_from_before_it_resume(setup, tmp_path):
+    out = tmp_path / "run"
+    sft.main(_args(setup, out, 2, "--batch-size", 4, "--drop-path-rate", 0.2))
+    assert json.loads((out / "final" / "config.json").read_text())["transformer"]["drop_path_rate"] == 0.2
+    assert json.loads((out / "config.json").read_text())["drop_path_rate"] == 0.2
+
+    # a run begun before the option existed: its RUN/config.json lacks it; left at its value then, it resumes
+    old = tmp_path / "old"
+    sft.main(_args(setup, old, 2, "--batch-size", 4))
+    recorded = json.loads((old / "config.json").read_text())
+    assert recorded["transformer_config"]["drop_path_rate"] == 0.0  # the custom preset: off
+    for key in ("drop_path_rate", "token_cache"):
+        recorded.pop(key)
+    recorded["transformer_config"].pop("drop_path_rate")
+    (old / "config.json").write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
+    assert sft.main(_args(setup, old, 2, "--batch-size", 4)) == 0
+    with pytest.raises(SystemExit, match=r"drop_path_rate: None -> 0.1"):
+        sft.main(_args(setup, old, 2, "--batch-size", 4, "--drop-path-rate", 0.1))
+
+
+@pytest.mark.slow
+def test_compiled_blocks_train_as_eager_ones(setup, tmp_path):
+    common = ("--batch-size", 4, "--drop-path-rate", 0.3, "--log-every", 1)
+    sft.main(_args(setup, tmp_path / "eager", 3, *common))
+    sft.main(_args(setup, tmp_path / "compiled", 3, *common, "--compile"))
+    a, b = _weights(tmp_path / "eager"), _weights(tmp_path / "compiled")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=k)

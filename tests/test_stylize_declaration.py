@@ -35,7 +35,7 @@ def every_option_set() -> StylizeOptions:
     """A value other than the default for every option (valid for each)."""
     return StylizeOptions(style_strength=0.25, seed=5, top_k=50, top_p=0.5, num_samples=2, alphas=(0.25, 0.75),
                           resize="pad", preserve_color=True, upsample="bicubic", format="webp",
-                          style_weights=(0.5, 0.25), guidance=1.5)
+                          style_weights=(0.5, 0.25), guidance=1.5, fast=True)
 
 
 # ---- what each surface exposes ---------------------------------------------------------------------------

@@ -177,6 +177,8 @@ class TripletDataset(Dataset):
         for p in paths:  # all of them before reading any
             if not Path(p).is_file():
                 raise FileNotFoundError(f"manifest not found: {p}")
+        self.manifests = [str(Path(p).resolve()) for p in paths]
+        self.split = split
         self.entries: list[_Entry] = []
         for p in paths:
             root = Path(p).resolve().parent

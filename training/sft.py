@@ -13,7 +13,15 @@ tokenizer). AdamW (0.9, 0.95), no weight decay on embeddings, norms, biases and 
 paper's two-level lr (``--lr`` until ``--lr-drop-step`` or ``--lr-drop-fraction`` of the steps, then
 ``--lr * --lr-drop-factor``; paper: 5e-4 for epochs 1-6 of 10, then 1e-4) after a linear warmup; grad
 clipping; bf16 autocast on CUDA. ``--alpha-jitter J`` draws the per-scale blend alphas uniformly in
-``alpha +- J`` (clamped to [0.01, 0.99]) for each micro-batch, the same on every rank.
+``alpha +- J`` (clamped to [0.01, 0.99]) for each micro-batch, the same on every rank. Stochastic depth as
+the reference trains (``StyleVARConfig.drop_path_rate``: the published presets 0.1 * depth / 24, tiny 0;
+``--drop-path-rate`` overrides the model's).
+
+The step (benchmarks/train_step.py measures it against the reference's): target, style and content through
+the tokenizer in one call (`training.token_inputs`), or with ``--token-cache`` (needs ``--no-augment``) their
+token maps read back from a cache beside the data (`training.token_cache`); AdamW's fused kernel; the
+gradient norm in one foreach pass; on the CPU the convolutions in NHWC (`channels_last`); with ``--compile``
+the blocks through torch.compile (`compile_blocks`).
 
 Logged per step: ``loss`` (smoothed CE), ``ce`` (plain CE), ``acc`` (top-1 over all tokens), ``lr``;
 validation: ``val_loss`` (plain CE), ``val_acc`` and ``val_acc_s{k}`` per scale. ``RUN/final/`` is a
@@ -22,6 +30,7 @@ model directory (``StylePipeline.from_pretrained(RUN/final)``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass
@@ -42,7 +51,7 @@ from stylevar.model_dir import check_model_dir
 from stylevar.pipeline import StylePipeline
 from stylevar.pretrained import CONFIG_FILE
 from stylevar.tokenizer import MultiScaleVQVAE
-from stylevar.transformer import StyleVAR
+from stylevar.transformer import Condition, StyleVAR
 from training import sharding
 from training.data import AugmentConfig, check_data_args, collate_triplets, dataset_size, open_triplets
 from training.optim import ScheduleConfig, make_adamw, two_level_scheduler
@@ -53,6 +62,8 @@ from training.parts.log import MetricWindow
 from training.parts.precision import autocast, make_grad_scaler, resolve_precision
 from training.parts.rng import derived_generator, process_seed, seed_everything
 from training.parts.run import TrainingRun
+from training.token_cache import TokenCache, TokenCacheError, open_token_cache
+from training.token_inputs import condition_from_tokens, encode_triplets, tokens_from_indices
 from training.var_init import init_from_var
 from training.parts.rundir import RunConfigMismatchError, RunDir
 from training.parts.schedule import LoopConfig
@@ -61,6 +72,10 @@ from training.parts.state import TrainingState
 from training.parts.step import log_objective_window, objective_step
 from training.parts.streams import BatchStreamConfig, eval_loader, make_stream, move_to
 from training.presets import load_preset, match_transformer, resize_tokenizer
+
+
+# options added after runs began, with what such a run computed (it resumes when they are left so)
+ADDED_OPTIONS = {"drop_path_rate": None, "transformer_config.drop_path_rate": 0.0}
 
 
 # ------------------------------------------------------------------------------------------ model inputs
@@ -101,7 +116,34 @@ def build_model(args: argparse.Namespace, tr_preset: StyleVARConfig, vqvae: Mult
         model = StyleVAR(cfg, vqvae)
         log_lines.append("transformer initialised from scratch")
     model.tokenizer.requires_grad_(False)
+    if args.drop_path_rate is not None:
+        set_drop_path_rate(model, args.drop_path_rate)
     return model, summary
+
+
+def channels_last(model: StyleVAR) -> None:
+    """The convolutions of both image encoders and of the frozen tokenizer in NHWC (oneDNN's faster layout on
+    the CPU; the images are taken as they come): the same computation up to float rounding."""
+    for part in (model.style_encoder, model.content_encoder, model.tokenizer):
+        part.to(memory_format=torch.channels_last)
+
+
+def compile_blocks(model: StyleVAR) -> None:
+    """Each transformer block through torch.compile (Inductor fuses the elementwise work around the matrix
+    products, forward and backward); its random draws (drop path) stay torch's eager ones, so a compiled
+    run drops the rows an eager one does. The first step compiles (tens of seconds)."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.fallback_random = True
+    for block in model.blocks:
+        block.compile()
+
+
+def set_drop_path_rate(model: StyleVAR, rate: float) -> None:
+    """The model's stochastic-depth rate (its config, recorded in RUN/final, and each block's share)."""
+    model.cfg = dataclasses.replace(model.cfg, drop_path_rate=rate)
+    for block, p in zip(model.blocks, model.cfg.drop_path_rates):
+        block.drop_path = p
 
 
 # ------------------------------------------------------------------------------------------ objective
@@ -112,24 +154,42 @@ def jittered_alphas(base_K: torch.Tensor, jitter: float, g: torch.Generator) -> 
 
 
 class SFTObjective(nn.Module):
-    """One micro-batch of triplets -> (label-smoothed CE, metrics)."""
+    """One micro-batch of triplets -> (label-smoothed CE, metrics).
 
-    def __init__(self, model: StyleVAR, *, label_smoothing: float, alpha_jitter: float, seed: int):
+    The frozen tokenizer's token maps come from the batch's ``tokens_B3L`` when a token cache supplied them
+    (`training.token_cache`), else from one encode of target, style and content together
+    (``fuse_encodes``, `training.token_inputs`) or, with ``fuse_encodes=False``, from three (the target's
+    here, the style's and content's inside `StyleVAR.condition`): the same token maps either way."""
+
+    def __init__(self, model: StyleVAR, *, label_smoothing: float, alpha_jitter: float, seed: int,
+                 fuse_encodes: bool = True):
         super().__init__()
         self.model = model
         self.label_smoothing, self.alpha_jitter, self.seed = label_smoothing, alpha_jitter, seed
+        self.fuse_encodes = fuse_encodes
         self.draws = 0  # micro-batches seen: keys the alpha jitter (checkpointed)
 
+    def inputs(self, batch: dict[str, Any]) -> tuple[list[torch.Tensor], Condition | None]:
+        """The target's K token maps and the condition (None: `teacher_forcing_logits` makes it)."""
+        content, style, tokenizer = batch["content"], batch["style"], self.model.tokenizer
+        if "tokens_B3L" in batch:
+            tokens = tokens_from_indices(tokenizer, batch["tokens_B3L"])
+        elif self.fuse_encodes:
+            tokens = encode_triplets(tokenizer, batch["target"], style, content)[0]
+        else:
+            with torch.no_grad(), torch.autocast(content.device.type, enabled=False):
+                return tokenizer.encode_indices(batch["target"]), None
+        return tokens.target, condition_from_tokens(self.model, content, style, tokens)
+
     def forward(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        content, style, target = batch["content"], batch["style"], batch["target"]
-        with torch.no_grad(), torch.autocast(content.device.type, enabled=False):
-            target_idx = self.model.tokenizer.encode_indices(target)
+        content, style = batch["content"], batch["style"]
+        target_idx, cond = self.inputs(batch)
         alphas = None
         if self.alpha_jitter > 0:
             g = derived_generator(self.seed, self.draws, 0xA1FA)
             alphas = jittered_alphas(self.model.alpha_K, self.alpha_jitter, g).to(content.device)
         self.draws += 1
-        logits_BLV = self.model.teacher_forcing_logits(content, style, target_idx, alphas=alphas)
+        logits_BLV = self.model.teacher_forcing_logits(content, style, target_idx, alphas=alphas, cond=cond)
         gt_BL = torch.cat(target_idx, dim=1)
         flat = logits_BLV.reshape(-1, logits_BLV.shape[-1])
         loss = F.cross_entropy(flat, gt_BL.reshape(-1), label_smoothing=self.label_smoothing)
@@ -200,6 +260,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-batch-size", type=int, default=32, help="triplets per validation batch")
     p.add_argument("--val-max-batches", type=int, default=0, help="cap on validation batches per rank (0: all)")
     p.add_argument("--name", default="stylevar-sft", help="model name written to RUN/final/config.json")
+    p.add_argument("--drop-path-rate", type=float, default=None,
+                   help="stochastic depth: block i drops its branches with probability linspace(0, rate, depth)[i] "
+                        "(default: the model's config; the published presets 0.1 * depth / 24, tiny 0)")
+    p.add_argument("--token-cache", action="store_true",
+                   help="encode every training triplet with the frozen tokenizer once and read the token maps "
+                        "back in later epochs and runs (stored beside the data; needs --no-augment and a "
+                        "manifest; see training.token_cache)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile each transformer block (the same result to float rounding; the first step "
+                        "compiles for tens of seconds; needs a C++ compiler on the CPU)")
     p.add_argument("--activation-checkpointing", action="store_true",
                    help="recompute block activations in the backward pass (less memory, same result)")
     p.add_argument("--strategy", choices=sharding.STRATEGIES, default="ddp",
@@ -232,6 +302,11 @@ def check_inputs(args: argparse.Namespace) -> None:
         raise SystemExit("error: --label-smoothing must be in [0, 1)")
     if not 0 <= args.alpha_jitter < 1:
         raise SystemExit("error: --alpha-jitter must be in [0, 1)")
+    if args.drop_path_rate is not None and not 0 <= args.drop_path_rate < 1:
+        raise SystemExit("error: --drop-path-rate must be in [0, 1)")
+    if args.token_cache and not args.no_augment:
+        raise SystemExit("error: --token-cache needs --no-augment (augmented images, and their tokens, differ "
+                         "every epoch)")
     if args.strategy == "fsdp" and args.precision == "fp16":
         raise SystemExit("error: --strategy fsdp trains in bf16 or fp32; fp16 loss scaling is not supported with it")
 
@@ -265,7 +340,8 @@ def open_run(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleV
     config = {"recipe": "sft", **vars(args), "tokenizer_config": vqvae.cfg.to_dict(),
               "transformer_config": match_transformer(tr_preset, vqvae.cfg).to_dict()}
     try:
-        run = RunDir.prepare(args.out, config, env, free_keys=(*FREE_KEYS, "activation_checkpointing", "name"))
+        run = RunDir.prepare(args.out, config, env, free_keys=(*FREE_KEYS, "activation_checkpointing", "name",
+                                                               "token_cache", "compile"), absent_as=ADDED_OPTIONS)
     except RunConfigMismatchError as e:
         raise SystemExit(f"error: {e}") from None
     return vqvae, run
@@ -282,6 +358,22 @@ def open_datasets(args: argparse.Namespace, image_size: int) -> tuple[Dataset, D
     return train_set, val_set
 
 
+def _cache_progress(chunk: int, chunks: int) -> None:
+    if chunk % 20 == 0 or chunk == chunks - 1:
+        print(f"[sft] token cache: encoded chunk {chunk + 1} of {chunks}", file=sys.stderr, flush=True)
+
+
+def open_cache(args: argparse.Namespace, train_set: Dataset, model: StyleVAR, env: DistEnv) -> TokenCache | None:
+    """--token-cache: the train split's token maps, built where missing (module training.token_cache)."""
+    if not args.token_cache:
+        return None
+    try:
+        return open_token_cache(train_set, model.tokenizer, env, batch_size=max(1, args.batch_size // env.world_size),
+                                num_workers=args.num_workers, on_chunk=_cache_progress if env.is_main else None)
+    except TokenCacheError as e:
+        raise SystemExit(f"error: --token-cache: {e}") from None
+
+
 @dataclass
 class SFTRun:
     """What the step loop of one SFT run works with."""
@@ -294,13 +386,17 @@ class SFTRun:
     ddp: nn.Module  # the objective, DDP-wrapped or sharded (--strategy fsdp)
     val_set: Dataset | None
     skips: SkipTracker
+    cache: TokenCache | None = None  # --token-cache: the batch's token maps come from it
 
     def __post_init__(self):
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
 
     def to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
         batch = self.skips.take(batch)
-        return move_to({k: batch[k] for k in ("content", "style", "target")}, self.env.device)
+        if self.cache is None:
+            return move_to({k: batch[k] for k in ("content", "style", "target")}, self.env.device)
+        fed = {"content": batch["content"], "style": batch["style"], "tokens_B3L": self.cache.lookup(batch["index"])}
+        return move_to(fed, self.env.device)
 
     def validation(self) -> dict[str, float]:
         with sharding.gathered(self.ddp):
@@ -367,6 +463,17 @@ def log_start(tr: TrainingRun, args: argparse.Namespace, intro: str, notes: list
                     "encoders": summary["encoders"]}, prefix="init")
 
 
+def prepare_model(model: StyleVAR, args: argparse.Namespace, env: DistEnv) -> None:
+    """The model on the device in train mode, with the step's layouts: the convolutions NHWC on the CPU (not
+    under FSDP), the blocks compiled with --compile."""
+    model.activation_checkpointing = args.activation_checkpointing
+    model.to(env.device).train()
+    if env.device.type == "cpu" and args.strategy != "fsdp":
+        channels_last(model)
+    if args.compile:
+        compile_blocks(model)
+
+
 def train(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARConfig, env: DistEnv) -> int:
     precision = resolve_precision(args.precision, env.device)
     vqvae, run = open_run(args, vq_preset, tr_preset, env)
@@ -377,13 +484,14 @@ def train(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARC
     except ValueError as e:  # CheckpointError included: wrong layout or shapes for this preset
         raise SystemExit(f"error: cannot initialise the model: {e}") from None
     seed_everything(process_seed(args.seed, env.rank))  # model init above is the same on every rank
-    model.activation_checkpointing = args.activation_checkpointing
-    model.to(env.device).train()
+    fsdp = args.strategy == "fsdp"
+    prepare_model(model, args, env)
+    cache = open_cache(args, train_set, model, env)
     objective = SFTObjective(model, label_smoothing=args.label_smoothing, alpha_jitter=args.alpha_jitter,
                              seed=args.seed)
-    fsdp = args.strategy == "fsdp"
     ddp = sharding.shard_model(objective, model, env, precision) if fsdp else wrap_ddp(objective, env)
-    optimizer = make_adamw(model, args.lr, args.weight_decay, betas=(0.9, 0.95))
+    # AdamW's fused kernel, on the CPU too (FSDP's sharded parameters: torch's own choice)
+    optimizer = make_adamw(model, args.lr, args.weight_decay, betas=(0.9, 0.95), fused=None if fsdp else True)
     sched = ScheduleConfig(max_steps=args.max_steps, warmup_steps=args.warmup_steps, drop_step=args.lr_drop_step,
                            drop_fraction=args.lr_drop_fraction, drop_factor=args.lr_drop_factor)
     scheduler = two_level_scheduler(optimizer, sched)
@@ -391,19 +499,22 @@ def train(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARC
                                                       seed=args.seed, num_workers=args.num_workers,
                                                       collate_fn=collate_triplets,
                                                       pin_memory=env.device.type == "cuda"), env)
-    job = SFTRun(args, env, precision, model, objective, ddp, val_set, SkipTracker(env))
+    job = SFTRun(args, env, precision, model, objective, ddp, val_set, SkipTracker(env), cache)
     state = TrainingState(ddp, optimizer, scheduler, stream, env, scaler=make_grad_scaler(precision, env.device),
                           sharded=fsdp)
     intro = (f"{dataset_size(train_set)} training triplets, {dataset_size(val_set)} validation, "
              f"{vqvae.cfg.image_size}px, patch_nums {vqvae.cfg.patch_nums}, "
              f"{sum(p.numel() for p in job.trainable) / 1e6:.2f}M trainable parameters "
              "(the transformer with its image encoders; the tokenizer is frozen), "
-             f"world size {env.world_size}, {precision}, lr drop at step {sched.resolved_drop_step}")
+             f"world size {env.world_size}, {precision}, lr drop at step {sched.resolved_drop_step}, "
+             f"drop path {model.cfg.drop_path_rate:.4g}")
     cfg = loop_config(args, precision)
     with TrainingRun.for_loop(run, state, cfg) as tr:
         if tr.resumed.path is not None:
             objective.draws = int(tr.resumed.extra.get("draws", 0))  # keys the alpha jitter
         log_start(tr, args, intro, notes, summary)
+        if cache is not None:
+            tr.log.info(cache.describe())
         step = job.steps(tr, cfg)
         tr.finish(step, job.final_writer())
     job.skips.report(run, {**getattr(train_set, "skipped", {}), **(getattr(val_set, "skipped", {}) or {})})

@@ -1,7 +1,7 @@
 """HTTP client of the StyleVAR service (`serve/`), as the UI uses it.
 
-It talks to `GET /v1/model` and `POST /stylize/stream` (Server-Sent Events: `preview` events coarse to
-fine, then `result`, or `error`). Every failure is raised as `ServiceError`, whose `message` is a
+It talks to `GET /v1/model`, `POST /stylize/stream` (Server-Sent Events: `preview` events coarse to
+fine, then `result`, or `error`) and `POST /stylize/video` (an mp4 back). Every failure is raised as `ServiceError`, whose `message` is a
 sentence for people (the UI shows it as is).
 """
 from __future__ import annotations
@@ -36,6 +36,14 @@ def without_paths(text: str) -> str:
     return _PATH.sub(lambda m: m.group(1) or "a folder", text)
 
 
+# the service's refusals of a clip (serve.routes.video) and what to do about each
+VIDEO_CODES = {"not_a_video": "Upload a video file (MP4, MOV, MKV, WebM, AVI ...).",
+               "unsupported_codec": "Re-encode it as H.264 (or VP9 / AV1) with AAC or Opus audio.",
+               "corrupt_video": "The file is damaged or incomplete; export it again.",
+               "video_too_long": "Use a shorter clip here; the command line (stylevar stylize) takes long ones.",
+               "video_too_large": "Use a clip of smaller frames (or the command line)."}
+
+
 class ServiceError(Exception):
     """The service refused or failed a request, or could not be reached (`status` None)."""
 
@@ -51,6 +59,8 @@ class ServiceError(Exception):
             return f"Cannot reach the StyleVAR service: {detail}."
         if self.status == 401:
             return "The service needs an API key (start the UI with --api-key, or set STYLEVAR_API_KEY)."
+        if self.code in VIDEO_CODES:
+            return f"Not a usable clip: {detail}. {VIDEO_CODES[self.code]}"
         if self.status == 413:
             return f"Upload too large: {detail}. Use a smaller image."
         if self.status == 415:
@@ -147,6 +157,23 @@ def error_from_response(response: httpx.Response) -> ServiceError:
     return ServiceError(response.status_code, code, detail, _retry_after(response))
 
 
+@dataclass(frozen=True)
+class VideoResult:
+    """A stylized clip as `POST /stylize/video` returned it."""
+
+    data: bytes  # the H.264 mp4
+    model: str
+    seed: int
+    frames: int
+    fps: float
+    inference_ms: float
+    temporal: str
+    audio: bool
+
+
+VIDEO_FIELDS = ("num_samples", "format")  # image-only options: not fields of the video form
+
+
 class ServiceClient:
     """One connection pool to the service at `base_url`; safe to share between threads."""
 
@@ -215,6 +242,32 @@ class ServiceClient:
         except SSEError as e:
             raise ServiceError(502, "bad_stream", f"the service did not answer with an event stream ({e})") from e
         raise ServiceError(502, "bad_stream", "the event stream ended without a result")
+
+    def stylize_video(self, video: ImageSource, style: ImageSource | Sequence[ImageSource],
+                      options: StylizeOptions = StylizeOptions(), masks: Sequence[ImageSource] | None = None,
+                      temporal: str | None = None, timeout_s: float = 900.0) -> VideoResult:
+        """`POST /stylize/video`: the clip, its style(s) and options (``temporal``: None, the service's default);
+        waits up to ``timeout_s`` for the whole clip."""
+        styles = list(style) if isinstance(style, (list, tuple)) else [style]
+        several = len(styles) > 1
+        files = [("video", _upload("video", video))]
+        files += [("style", _upload(f"style{i + 1}" if several else "style", s)) for i, s in enumerate(styles)]
+        files += [("style_mask", _upload(f"mask{i + 1}", m)) for i, m in enumerate(masks or [])]
+        data = {k: v for k, v in options.form().items() if k not in VIDEO_FIELDS}
+        if temporal is not None:
+            data["temporal"] = temporal
+        try:
+            response = self._http.post("/stylize/video", files=files, data=data,
+                                       timeout=httpx.Timeout(timeout_s, connect=10.0))
+        except httpx.HTTPError as e:
+            raise self._unreachable(e) from e
+        if response.status_code != 200:
+            raise error_from_response(response)
+        h = response.headers
+        return VideoResult(response.content, h.get("x-model", ""), int(h.get("x-seed", 0)),
+                           int(h.get("x-frames", 0)), float(h.get("x-fps", 0)), float(h.get("x-inference-ms", 0)),
+                           h.get("x-temporal", ""), h.get("x-audio") == "1")
+
 
 
 def _result(data: dict[str, Any]) -> Result:

@@ -1,4 +1,5 @@
-"""The Gradio Blocks UI: inputs, examples, settings, a live coarse-to-fine preview, results, AdaIN, model panel.
+"""The Gradio Blocks UI: inputs, examples, settings, a live coarse-to-fine preview, results, AdaIN, model panel
+(the Image tab), and the Video tab (`web.video_tab`: a short clip through `POST /stylize/video`).
 
 Every generation goes through the service's HTTP API (`POST /stylize/stream`) with `web.client`; the UI
 holds no model of its own. Only the optional AdaIN baseline runs in the UI's process. The controls of the
@@ -25,6 +26,7 @@ from stylevar.postprocess import MAX_SEED
 
 from .baseline import AdaINBaseline, BaselineStatus
 from .client import Preview, Result, ServiceClient, ServiceError, StylizeOptions
+from .video_tab import VideoTab
 
 MAX_SCALES = 16  # alpha sliders kept ready; those beyond the model's scale count stay hidden
 UI_OPTIONS = {opt.name: opt for opt in offered(UI)}  # the options the UI offers (stylevar.options)
@@ -282,21 +284,24 @@ class StyleVARUI:
             gr.Markdown(f"# {self.config.title}\nRe-draw a **content** picture in the look of a **style** picture. "
                         "The model draws coarse to fine, one token map per scale; watch it form in the preview.")
             c: dict[str, Any] = {"model_panel": gr.Markdown("Loading model information…", elem_id="model-panel")}
-            with gr.Row():
-                with gr.Column(scale=3):
-                    self._inputs(c)
-                    with gr.Accordion("Advanced", open=False):
-                        self._advanced(c)
-                    with gr.Row():
-                        c["run"] = gr.Button("Stylize", variant="primary", elem_id="stylize-button", scale=3)
-                        c["stop"] = gr.Button("Stop", variant="stop", scale=1)
-                pairs = example_pairs()
-                if pairs:
-                    with gr.Column(scale=2):
-                        gr.Examples(pairs, inputs=[c["content"], c["style"]], label="Examples (content, style)",
-                                    examples_per_page=6, cache_examples=False)
-            c["status"] = gr.Markdown("", elem_id="status")
-            self._outputs(c)
+            with gr.Tab("Image", id="image-tab"):
+                with gr.Row():
+                    with gr.Column(scale=3):
+                        self._inputs(c)
+                        with gr.Accordion("Advanced", open=False):
+                            self._advanced(c)
+                        with gr.Row():
+                            c["run"] = gr.Button("Stylize", variant="primary", elem_id="stylize-button", scale=3)
+                            c["stop"] = gr.Button("Stop", variant="stop", scale=1)
+                    pairs = example_pairs()
+                    if pairs:
+                        with gr.Column(scale=2):
+                            gr.Examples(pairs, inputs=[c["content"], c["style"]], label="Examples (content, style)",
+                                        examples_per_page=6, cache_examples=False)
+                c["status"] = gr.Markdown("", elem_id="status")
+                self._outputs(c)
+            with gr.Tab("Video", id="video-tab"):  # a short clip through POST /stylize/video
+                VideoTab(self.client).blocks()
             self._wire(demo, c)
         return demo
 

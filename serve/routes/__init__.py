@@ -3,4 +3,5 @@
 - `operations`: /healthz, /readyz and (unless switched off) /metrics
 - `model`: /v1/model
 - `stylize`: /stylize and /stylize/stream
+- `video`: /stylize/video (short clips; `video.include` adds it with its limits)
 """

@@ -132,7 +132,8 @@ async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
         mix = StyleMix(tuple(images[1:1 + n]), form.style_weights,
                        tuple(images[1 + n:]) if masks else None).active()
         generation = st.runner.pipe.generation_config(top_k=form.top_k, top_p=form.top_p, alphas=alphas,
-                                                      style_strength=form.style_strength, guidance=form.guidance)
+                                                      style_strength=form.style_strength, guidance=form.guidance,
+                                                      fast=form.fast)
         key = GenerationKey(generation, form.resize, len(mix.images), form.upsample)
         task = StylizeTask(images[0], mix.images[0] if mix.plain else mix, seeds, on_preview)
         left_s = settings.request_timeout_s - (time.monotonic() - request.state.arrived)

@@ -1,4 +1,5 @@
-"""`stylevar stylize`: re-draw content images in the style of others (one file, a folder or a glob)."""
+"""`stylevar stylize`: re-draw content images in the style of others (one file, a folder or a glob), or a video
+(`StylePipeline.stylize_video`: frames streamed, H.264 mp4 out with the frame rate and the audio kept)."""
 from __future__ import annotations
 
 import argparse
@@ -12,17 +13,19 @@ from typing import Any
 from stylevar.cli.command import EXIT_PARTIAL, Command
 from stylevar.cli.values import float_in, int_in, number
 from stylevar.options import CLI, Option, offered  # no torch
+from stylevar.video import DEFAULT_TEMPORAL, TEMPORAL_HELP, TEMPORAL_MODES  # no torch either
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("content",
                    help="content image (JPEG, PNG or WebP); or a folder, or a quoted glob such as 'photos/*.jpg', "
                         "of content images: each is stylized into the -o folder, unreadable files are skipped "
-                        "and listed")
+                        f"and listed; or a video ({', '.join(VIDEO_EXTENSIONS)}), stylized into an -o .mp4")
     p.add_argument("style", nargs="?", default=None,
                    help="style image (JPEG, PNG or WebP); more with --style (one of the two is needed)")
     p.add_argument("-o", "--output", required=True,
-                   help="output image (.png, .jpg, .jpeg or .webp); a folder when CONTENT is a folder or a glob")
+                   help="output image (.png, .jpg, .jpeg or .webp); a folder when CONTENT is a folder or a glob; "
+                        "an .mp4 when CONTENT is a video")
     p.add_argument("--style", dest="more_styles", action="append", default=[], metavar="IMAGE",
                    help="a style image to blend in; repeat it for several (up to 4 styles in all, with the "
                         "positional STYLE)")
@@ -39,6 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "Python API and the service)")
     for opt in offered(CLI):
         add_option(p, opt, **CLI_SPECIFIC.get(opt.name, {}))
+    p.add_argument("--temporal", choices=TEMPORAL_MODES, default=DEFAULT_TEMPORAL,
+                   help=f"a video: {TEMPORAL_HELP}; docs/video.md (default {DEFAULT_TEMPORAL})")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps ... (default: cuda if available)")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="on the CPU, as the service's STYLEVAR_PRECISION: fp32 (the model's weights), bf16 (fastest "
@@ -87,6 +92,8 @@ def add_option(p: argparse.ArgumentParser, opt: Option, *, default: Any = ..., u
 
 
 PRECISIONS = ("fp32", "bf16", "int8")  # stylevar.inference.PRECISIONS, without importing torch for --help
+# a CONTENT (or an -o) with one of these is a video; the output is always an H.264 mp4
+VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".ogv", ".3gp")
 
 
 FORMAT_EXTENSIONS = {"png": ".png", "jpeg": ".jpg", "webp": ".webp"}
@@ -143,23 +150,11 @@ def content_files(spec: str) -> tuple[list[Path], bool]:
 def check_stylize(args: argparse.Namespace) -> StylizeJob:
     """Every check of `stylevar stylize`'s arguments and files (InputError, one line), before any model loads."""
     from stylevar import preflight
-    from stylevar.postprocess import MAX_SEED, MAX_STYLES
+    from stylevar.postprocess import MAX_SEED
 
     contents, many = content_files(args.content)
     first = None if many else preflight.read_image(contents[0], "content")
-    style_paths = ([args.style] if args.style else []) + list(args.more_styles)
-    if not style_paths:
-        raise preflight.InputError("give a style image (STYLE, or --style IMAGE)")
-    if len(style_paths) > MAX_STYLES:
-        raise preflight.InputError(f"at most {MAX_STYLES} styles, got {len(style_paths)}")
-    if args.style_weights is not None and len(args.style_weights) != len(style_paths):
-        raise preflight.InputError(f"--style-weights: {len(args.style_weights)} weights for {len(style_paths)} styles")
-    if args.mask is not None and len(args.mask) != len(style_paths):
-        raise preflight.InputError(f"--mask: {len(args.mask)} masks for {len(style_paths)} styles (one per style)")
-    several = len(style_paths) > 1
-    styles = [preflight.read_image(s, f"style {i + 1}" if several else "style") for i, s in enumerate(style_paths)]
-    masks = None if args.mask is None else [
-        preflight.read_image(m, f"mask {i + 1}" if several else "mask") for i, m in enumerate(args.mask)]
+    styles, masks = check_styles(args)
     if many:
         output = preflight.output_folder(args.output, "output folder")
         fmt = args.format or "png"
@@ -176,6 +171,27 @@ def check_stylize(args: argparse.Namespace) -> StylizeJob:
     if seeds[-1] > MAX_SEED:
         raise preflight.InputError(f"--seed {args.seed} with --num-samples {args.num_samples} passes {MAX_SEED}")
     return StylizeJob(contents, many, output, fmt, styles, args.style_weights, masks, seeds, first)
+
+
+def check_styles(args: argparse.Namespace) -> tuple[list, list | None]:
+    """The style images and masks (PIL), their counts agreeing with each other and with --style-weights."""
+    from stylevar import preflight
+    from stylevar.postprocess import MAX_STYLES
+
+    style_paths = ([args.style] if args.style else []) + list(args.more_styles)
+    if not style_paths:
+        raise preflight.InputError("give a style image (STYLE, or --style IMAGE)")
+    if len(style_paths) > MAX_STYLES:
+        raise preflight.InputError(f"at most {MAX_STYLES} styles, got {len(style_paths)}")
+    if args.style_weights is not None and len(args.style_weights) != len(style_paths):
+        raise preflight.InputError(f"--style-weights: {len(args.style_weights)} weights for {len(style_paths)} styles")
+    if args.mask is not None and len(args.mask) != len(style_paths):
+        raise preflight.InputError(f"--mask: {len(args.mask)} masks for {len(style_paths)} styles (one per style)")
+    several = len(style_paths) > 1
+    styles = [preflight.read_image(s, f"style {i + 1}" if several else "style") for i, s in enumerate(style_paths)]
+    masks = None if args.mask is None else [
+        preflight.read_image(m, f"mask {i + 1}" if several else "mask") for i, m in enumerate(args.mask)]
+    return styles, masks
 
 
 def output_paths(job: StylizeJob, content: Path, taken: set[Path]) -> list[Path]:
@@ -198,6 +214,8 @@ def output_paths(job: StylizeJob, content: Path, taken: set[Path]) -> list[Path]
 def _stylize(args: argparse.Namespace) -> int:
     from stylevar import preflight
 
+    if is_video(args):
+        return _stylize_video(args)
     job = check_stylize(args)
     model_dir = check_machine(args)
 
@@ -345,6 +363,83 @@ def upscale_note(result_size: tuple[int, int], model_side: int, upsample: str = 
     w, h = result_size
     return (f"note: the model draws {model_side}x{model_side} pixels; the result is upscaled {factor:.1f}x to "
             f"{w}x{h} ({upsample} upsampling). --max-size {model_side} keeps the model's resolution.")
+
+
+# ---- a video ---------------------------------------------------------------------------------------
+def is_video(args: argparse.Namespace) -> bool:
+    """CONTENT or OUTPUT names a video by its extension."""
+    return any(Path(p).suffix.lower() in VIDEO_EXTENSIONS for p in (args.content, args.output))
+
+
+@dataclass(frozen=True)
+class VideoJob:
+    """What `stylevar stylize CLIP STYLE -o OUT.mp4` was asked to do, checked before any model loads."""
+
+    content: Path
+    info: object  # the clip's stylevar.video.VideoInfo
+    output: Path
+    styles: list
+    weights: tuple[float, ...] | None
+    masks: list | None
+
+
+def check_video(args: argparse.Namespace) -> VideoJob:
+    """Every check of a video job (InputError, one line): the clip's header, the styles, the output .mp4."""
+    import os
+
+    from stylevar import preflight
+    from stylevar.video import VideoError, probe
+
+    content = preflight.input_file(args.content, "content video")
+    try:
+        info = probe(content)
+    except VideoError as e:  # its message names the file
+        raise preflight.InputError(f"content video {e}") from e
+    output = Path(args.output)
+    if output.suffix.lower() != ".mp4":
+        raise preflight.InputError(f"output {output}: a video is written as an H.264 .mp4 (give OUTPUT.mp4)")
+    if args.num_samples != 1:
+        raise preflight.InputError("--num-samples: a video gives one output video (leave it at 1)")
+    if args.format is not None:
+        raise preflight.InputError("--format: a video is written as an .mp4 (leave --format out)")
+    parent = output.absolute().parent
+    if output.is_dir() or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise preflight.InputError(f"output {output}: cannot be written (is its folder there and writable?)")
+    styles, masks = check_styles(args)
+    return VideoJob(content, info, output, styles, args.style_weights, masks)
+
+
+def _stylize_video(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from stylevar import preflight
+    from stylevar.atomic import WriteFailedError
+    from stylevar.pipeline import StyleMix
+    from stylevar.video import VideoError
+
+    job = check_video(args)
+    pipe = load_pipeline(check_machine(args), args)
+    mix = StyleMix(tuple(job.styles), job.weights, None if job.masks is None else tuple(job.masks))
+    bar = tqdm(total=job.info.frames, unit="frame", file=sys.stderr)
+
+    def progress(done: int, total: int | None) -> None:
+        bar.update(done - bar.n)
+
+    try:
+        result = pipe.stylize_video(job.content, mix, job.output, temporal=args.temporal, batch_size=args.batch_size,
+                                    max_side=args.max_size, progress=progress, seed=args.seed, resize=args.resize,
+                                    preserve_color=args.preserve_color, upsample=args.upsample,
+                                    **generation_options(args))
+    except VideoError as e:  # found while decoding: a truncated or damaged clip; nothing was written
+        raise preflight.InputError(f"content video {e} (nothing was written)") from e
+    except WriteFailedError as e:
+        raise preflight.InputError(f"{e} (nothing partial is left)") from e
+    finally:
+        bar.close()
+    w, h = result.size
+    print(f"wrote {result.path} ({w}x{h}, {result.frames} frames at {float(result.fps):g} fps, "
+          f"{result.duration_s:.2f} s{', audio copied' if result.audio else ''}; {result.seconds:.1f} s)")
+    return 0
 
 
 COMMAND = Command("stylize", "re-draw a content image in the style of another", add_arguments)

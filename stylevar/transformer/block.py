@@ -1,4 +1,5 @@
-"""A StyleVAR block and the head: AdaLN-modulated blended attention and FFN (see `stylevar.transformer.model`)."""
+"""A StyleVAR block and the head: AdaLN-modulated blended attention and FFN (see `stylevar.transformer.model`),
+with stochastic depth on both residual branches in training (`drop_path`)."""
 from __future__ import annotations
 
 from typing import NamedTuple, TypeVar
@@ -55,6 +56,19 @@ def _ada_lin(lin: nn.Module, cond_BD: torch.Tensor, n: int, dim: int) -> tuple[t
     return lin(cond_BD).view(-1, 1, n, dim).unbind(2)
 
 
+def drop_path(branch_BLC: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Stochastic depth of a residual branch (timm's drop_path with scale_by_keep, as the reference trains): in
+    training each row of the batch is zeroed with probability ``p`` and the kept rows are scaled by
+    1 / (1 - p); otherwise (or with p = 0) the branch itself, untouched. The draw is one Bernoulli per row
+    from torch's global generator, as the reference's (so a seeded run repeats its drops, and activation
+    checkpointing, which restores that generator, recomputes the same ones)."""
+    if p == 0.0 or not training:
+        return branch_BLC
+    keep = 1.0 - p
+    keep_B11 = branch_BLC.new_empty((branch_BLC.shape[0],) + (1,) * (branch_BLC.ndim - 1)).bernoulli_(keep)
+    return branch_BLC * keep_B11.div_(keep)
+
+
 class Guide(NamedTuple):
     """What a block's queries come from, at the query positions: the guide streams, or their queries when
     computed beforehand (generation computes every scale's before its loop: they depend on the condition only)."""
@@ -66,10 +80,13 @@ class Guide(NamedTuple):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: StyleVARConfig):
+    """``drop_path``: this block's stochastic-depth probability in training (`StyleVARConfig.drop_path_rates`)."""
+
+    def __init__(self, cfg: StyleVARConfig, drop_path: float = 0.0):
         super().__init__()
         C = cfg.embed_dim
         self.dim, self.eps = C, cfg.norm_eps
+        self.drop_path = float(drop_path)
         self.attn = BlendedAttention(C, cfg.num_heads, cfg.attn_l2_norm, cfg.dropout)
         self.ffn = FFN(C, round(C * cfg.mlp_ratio))
         self.ada_lin = nn.Sequential(nn.SiLU(), nn.Linear(C, 6 * C))
@@ -96,9 +113,13 @@ class Block(nn.Module):
         q_BHXc = guide.q_BHXc
         if q_BHXc is None:
             q_BHXc = self.queries(guide.style_ln_BSlC, guide.content_ln_BlC, mod)
-        x_BLC = x_BLC + self.attn(h, q_BHXc, guide.alpha_BSl1, mask, cache) * g1
+        attn_BLC = self.attn(h, q_BHXc, guide.alpha_BSl1, mask, cache) * g1
+        x_BLC = x_BLC + drop_path(attn_BLC, self.drop_path, self.training)
         h = F.layer_norm(x_BLC, (self.dim,), eps=self.eps) * (1 + s2) + b2
-        return x_BLC + self.ffn(h) * g2
+        return x_BLC + drop_path(self.ffn(h) * g2, self.drop_path, self.training)
+
+    def extra_repr(self) -> str:
+        return f"drop_path={self.drop_path:g}" if self.drop_path else ""
 
 
 class AdaLNHead(nn.Module):

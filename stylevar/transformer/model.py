@@ -51,6 +51,7 @@ from stylevar.tokenizer import MultiScaleVQVAE
 from stylevar.transformer.attention import KVCache
 from stylevar.transformer.block import AdaLNHead, Block, Guide, HeadModulation, token_rows
 from stylevar.transformer.condition import Condition, StyleBlend
+from stylevar.transformer.pruning import FastSampling, ScalePruner
 
 
 class Generated(NamedTuple):
@@ -86,7 +87,7 @@ class StyleVAR(PretrainedModel, nn.Module):
         self.pos_start = nn.Parameter(torch.zeros(1, first_l, C))
         self.pos_1LC = nn.Parameter(torch.zeros(1, L, C))
         self.lvl_embed = nn.Embedding(K, C)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
+        self.blocks = nn.ModuleList(Block(cfg, drop_path) for drop_path in cfg.drop_path_rates)
         self.head_nm = AdaLNHead(C, cfg.norm_eps)
         self.head = nn.Linear(C, cfg.vocab_size)
         self.content_in = nn.Linear(C, C) if cfg.content_injection else None
@@ -102,6 +103,7 @@ class StyleVAR(PretrainedModel, nn.Module):
         # bf16 weights, the tokenizer and image encoders stay float32)
         self.loop_autocast_dtype: torch.dtype | None = None
         self.activation_checkpointing = False  # recompute block activations in backward (training memory)
+        self.fast_sampling = FastSampling()  # what `fast=True` prunes (stylevar.transformer.pruning)
         self.reset_parameters()
 
     # ---- housekeeping -------------------------------------------------------------------------
@@ -327,6 +329,7 @@ class StyleVAR(PretrainedModel, nn.Module):
         return_indices: bool = False,
         cond: Condition | None = None,
         guidance: float = DEFAULT_GENERATION.guidance,
+        fast: bool = DEFAULT_GENERATION.fast,
     ) -> torch.Tensor:
         """Sample the target coarse to fine: images (B, 3, H, W) in [0, 1]. `generate_with_indices` also
         gives the sampled token maps.
@@ -340,7 +343,7 @@ class StyleVAR(PretrainedModel, nn.Module):
         `on_scale(k, images)` is called after each scale with the preview so far.
         `return_indices=True` is deprecated: it returns ``(images, indices)``, `generate_with_indices`'s.
         """
-        settings = GenerationConfig(top_k, top_p, seed, style_strength, alphas, guidance)
+        settings = GenerationConfig(top_k, top_p, seed, style_strength, alphas, guidance, fast=fast)
         out = self._generate(content, style, settings, on_scale, cond)
         if return_indices:
             warnings.warn("StyleVAR.generate(return_indices=True) is deprecated; use generate_with_indices",
@@ -375,7 +378,7 @@ class StyleVAR(PretrainedModel, nn.Module):
                     raise ValueError("guidance needs the content image, or a condition made with unstyled=True")
                 cond = dataclasses.replace(cond, unstyled_BD=self.style_embedding(content))
             f_hat, indices = self.sample_tokens(cond, generators, alpha_K, settings.top_k, settings.top_p, on_scale,
-                                                guidance)
+                                                guidance, fast=settings.fast)
             images = self.tokenizer.decode_fhat(f_hat).float().add(1).mul(0.5)
         return Generated(images, indices)
 
@@ -389,19 +392,22 @@ class StyleVAR(PretrainedModel, nn.Module):
         top_p: float = DEFAULT_GENERATION.top_p,
         on_scale: Callable[[int, torch.Tensor], None] | None = None,
         guidance: float = DEFAULT_GENERATION.guidance,
+        fast: bool = DEFAULT_GENERATION.fast,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The autoregressive loop: f_hat (B, Cvae, n, n) and the K sampled token maps.
 
         The KV cache is preallocated and holds each target token once; AdaLN modulations and the guide
         queries of every scale are computed once, before the loop. With `guidance` > 0 the unstyled
         condition runs as B more rows of the same batch, fed the tokens sampled from the guided logits.
+        With `fast` the scales that `self.fast_sampling` prunes merge the 2 x 2 groups of positions where
+        the content is flat into one token each (`stylevar.transformer.pruning`).
         """
         with self._autocast(cond.cond_BD.device, self.loop_autocast_dtype):
-            return self._sample_tokens(cond, generators, alpha_K, top_k, top_p, on_scale, guidance)
+            return self._sample_tokens(cond, generators, alpha_K, top_k, top_p, on_scale, guidance, fast)
 
     def _sample_tokens(self, cond: Condition, generators: list[torch.Generator], alpha_K: torch.Tensor, top_k: int,
-                       top_p: float, on_scale: Callable[[int, torch.Tensor], None] | None, guidance: float
-                       ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                       top_p: float, on_scale: Callable[[int, torch.Tensor], None] | None, guidance: float,
+                       fast: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
         B, device = cond.cond_BD.shape[0], cond.cond_BD.device
         guided = guidance > 0
         coverage_BL = cond.coverage_BL() if guided else None
@@ -417,8 +423,11 @@ class StyleVAR(PretrainedModel, nn.Module):
         head_mod = self.head_nm.modulation(run.adaln())
         per_token = run.adaln_BLD is not None  # modulations (R, L, C): each scale takes its tokens' rows
         alpha_RSL1 = None if run.shares_BSL is None else self.stream_alphas(run, alpha_K)
+        pruner = ScalePruner(self.fast_sampling, patch_nums, guided) if fast else None
+        L = self.cfg.num_tokens if pruner is None else pruner.full_until()  # a pruned scale makes its own queries
         # the guide queries of every scale, per block: (R, H, S + 1, L, c); each scale takes its columns
-        queries = [blk.queries(run.style_ln_BSLC, run.content_ln_BLC, mod).unflatten(2, (S + 1, -1))
+        queries = [blk.queries(run.style_ln_BSLC[:, :, :L], run.content_ln_BLC[:, :L],
+                               token_rows(mod, 0, L) if per_token else mod).unflatten(2, (S + 1, -1))
                    for blk, mod in zip(self.blocks, mods)]
         f_hat = torch.zeros(B, self.cfg.z_channels, n, n, device=device)
         x = run.target_inputs(run.sos_B1C.expand(R, -1, -1) + lvl_pos[:, : patch_nums[0] ** 2], 0, patch_nums[0] ** 2)
@@ -427,9 +436,12 @@ class StyleVAR(PretrainedModel, nn.Module):
             end = start + pn * pn
             alpha = (alpha_K[k].expand(R, S, pn * pn, 1) if alpha_RSL1 is None
                      else alpha_RSL1[:, :, start:end])
-            for blk, mod, cache, q_RHSLc in zip(self.blocks, mods, caches, queries):
-                guide = Guide(alpha, q_BHXc=q_RHSLc[:, :, :, start:end].flatten(2, 3))
-                x = blk(x, token_rows(mod, start, end) if per_token else mod, guide, None, cache)
+            if pruner is not None and pruner.prunes(k):
+                x = pruner.scale(k, start, x, run, self.blocks, mods, caches, alpha, per_token)
+            else:
+                for blk, mod, cache, q_RHSLc in zip(self.blocks, mods, caches, queries):
+                    guide = Guide(alpha, q_BHXc=q_RHSLc[:, :, :, start:end].flatten(2, 3))
+                    x = blk(x, token_rows(mod, start, end) if per_token else mod, guide, None, cache)
             logits_RlV = self.logits(x, token_rows(head_mod, start, end) if per_token else head_mod)
             if guided:
                 styled_BlV, plain_BlV = logits_RlV.chunk(2)

@@ -32,8 +32,23 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def config_differences(old: Mapping[str, Any], new: Mapping[str, Any], free_keys: Sequence[str]) -> str:
-    """``key: old -> new`` for each key outside ``free_keys`` whose value differs ("" when none does)."""
+def with_absent(old: Mapping[str, Any], absent_as: Mapping[str, Any]) -> dict[str, Any]:
+    """``old`` with each key of ``absent_as`` that it lacks set to that value ("section.key": inside a section
+    that it has): options added after a run began count, in that run, as what it computed without them."""
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in old.items()}
+    for dotted, value in absent_as.items():
+        section, _, key = dotted.rpartition(".")
+        where = out.get(section) if section else out
+        if isinstance(where, dict) and key not in where:
+            where[key] = value
+    return out
+
+
+def config_differences(old: Mapping[str, Any], new: Mapping[str, Any], free_keys: Sequence[str],
+                       absent_as: Mapping[str, Any] | None = None) -> str:
+    """``key: old -> new`` for each key outside ``free_keys`` whose value differs ("" when none does); keys of
+    ``absent_as`` missing from ``old`` count as their value there (`with_absent`)."""
+    old = with_absent(old, absent_as or {})
     keys = (set(old) | set(new)) - set(free_keys)
     diff = sorted(k for k in keys if old.get(k, "<absent>") != new.get(k, "<absent>"))
     return ", ".join(f"{k}: {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}" for k in diff)
@@ -73,12 +88,15 @@ class RunDir:
         env: DistEnv,
         *,
         free_keys: Sequence[str] = (),
+        absent_as: Mapping[str, Any] | None = None,
     ) -> "RunDir":
         """Create RUN/ and write its config, or check that an existing run has the same config.
 
         Keys in ``free_keys`` (output paths, logging and checkpoint cadence, worker counts) may change
         between invocations; any other difference raises :class:`RunConfigMismatchError` before any
-        work starts. Every rank checks, rank 0 writes (an unchanged config.json is not rewritten). Stale
+        work starts; ``absent_as`` names options added since older runs, with the value such a run
+        had (`with_absent`), so that it still resumes when the new option is left at that value. Every
+        rank checks, rank 0 writes (an unchanged config.json is not rewritten). Stale
         temporary files of a killed process are removed first, so they cannot keep a full disk full; a
         failed write of config.json (disk full) exits with one line (SystemExit), like the recipes'
         input errors.
@@ -92,7 +110,7 @@ class RunDir:
                 old = json.loads(old_text)
             except json.JSONDecodeError as e:
                 raise RunConfigMismatchError(f"{run.config_path} is not valid JSON ({e}); use a new --out") from e
-            lines = config_differences(old, new, free_keys)
+            lines = config_differences(old, new, free_keys, absent_as)
             if lines:
                 raise RunConfigMismatchError(
                     f"{run.root} holds a run with a different configuration ({lines}). "

@@ -20,14 +20,16 @@ def clip_and_step(
     scaler: torch.amp.GradScaler,
     scheduler: Any,
     max_grad_norm: float | None,
+    foreach: bool | None = True,
 ) -> float:
     """Unscale, clip (when max_grad_norm > 0), step the optimizer and scheduler, zero the grads.
 
-    Returns the grad norm before clipping (nan when not computed).
+    ``foreach``: the norm and the scaling of all gradients in one foreach pass (None: torch's choice, the
+    for-loop on the CPU); the same norm. Returns the grad norm before clipping (nan when not computed).
     """
     scaler.unscale_(optimizer)
     if max_grad_norm and max_grad_norm > 0:
-        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=foreach)
         norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # a DTensor when sharded
     else:
         norm = float("nan")

@@ -1,0 +1,142 @@
+"""Fast sampling's quality on the demo model: the full sampler and fast sampling side by side.
+
+    python -m benchmarks.fast_sampling [--model DIR] [--n 48] [--seed 0] [--keep F ...] [--min-tokens N] [--json]
+
+The model (default: the embedded demo model, its default pipeline: recommended top-k / top-p, palette step,
+refinement) stylizes held-out synthetic pairs (`training.demo.heldout_triplets`, a synthesis seed the demo's
+training never used) and the four bundled photographs with synthetic styles (`training.demo.photo_triplets`),
+sample i with seed + i, once with the full sampler and once per `--keep` with fast sampling
+(`stylevar.transformer.pruning.FastSampling`: the fraction of the 2 x 2 groups of every scale of at least
+`--min-tokens` positions computed position by position; without `--keep`, the model's own plan). Per row, the means of
+`training.demo.scorer`'s measures (`training.demo.generate`, as the demo's evaluation): edge correlation with
+the content, the distance of the mean colour to the style's, the colour and texture measures of
+`stylevar.metrics.style_fidelity`; the token agreement with the full sampler (same inputs and seeds) over all
+tokens and over the merged scales' tokens, and whether every coarser scale's tokens equal the full sampler's
+("coarse = full"); for scale, the full sampler's own agreement between two seeds (seed + i and
+seed + 1000 + i). Speed against the reference is `benchmarks.cpu_pipeline --fast`'s.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+import torch
+
+from stylevar.model_dir import DEMO_MODEL_DIR
+from stylevar.pipeline import StyleMix, StylePipeline
+from stylevar.transformer.pruning import FastSampling
+from training import demo
+
+MEASURES = ("edge_corr", "colour_dist_to_style", "colour_swd_to_style", "texture_dist_to_style")
+
+
+def rows_for(pipe: StylePipeline, triplets: list[demo.Triplet], seed: int, plans: dict[str, FastSampling]
+             ) -> dict[str, dict[str, float]]:
+    """The full sampler's row and one row per plan: mean measures, token agreement, seconds per image."""
+    full = demo.generate(pipe, triplets, seed)
+    rows = {"full sampler": {**demo.means(full), "sec_per_image": sum(full.seconds) / len(triplets)},
+            "full sampler, seed + 1000": seed_agreement(pipe, triplets, seed)}
+    for name, plan in plans.items():
+        pipe.model.fast_sampling = plan
+        fast = demo.generate(pipe, triplets, seed, fast=True)
+        rows[name] = {**demo.means(fast), "sec_per_image": sum(fast.seconds) / len(triplets),
+                      **token_agreement(pipe, triplets, seed, plan)}
+    return rows
+
+
+def merged_scales(plan: FastSampling, patch_nums) -> list[int]:
+    """The scales that ``plan`` merges."""
+    return [k for k, d in enumerate(plan.detail_groups(patch_nums)) if d is not None]
+
+
+def model_inputs(pipe: StylePipeline, triplets: list[demo.Triplet]):
+    """The content and style tensors the pipeline gives the model for ``triplets``."""
+    contents = [t.content for t in triplets]
+    content, _ = pipe.preprocess(contents)
+    return content, pipe.style_input(contents, [StyleMix.of(t.style) for t in triplets], "stretch")
+
+
+@torch.inference_mode()
+def seed_agreement(pipe: StylePipeline, triplets: list[demo.Triplet], seed: int) -> dict[str, float]:
+    """The full sampler's own token agreement between seeds seed + i and seed + 1000 + i: how much of the
+    agreement below the sampler's randomness alone takes away."""
+    content, style = model_inputs(pipe, triplets)
+    a, b = (pipe.model.generate_with_indices(content, style, **dataclasses.replace(
+        pipe.generation_config(), seed=[s + i for i in range(len(triplets))]).kwargs()).indices
+        for s in (seed, seed + 1000))
+    pruned = merged_scales(pipe.model.fast_sampling, pipe.model.cfg.patch_nums)
+    same = [(x == y) for x, y in zip(a, b)]
+    return {"agreement": float(torch.cat(same, 1).float().mean()),
+            "agreement_pruned": float(torch.cat([same[k] for k in pruned], 1).float().mean())}
+
+
+@torch.inference_mode()
+def token_agreement(pipe: StylePipeline, triplets: list[demo.Triplet], seed: int, plan: FastSampling
+                    ) -> dict[str, float]:
+    """Fraction of fast sampling's tokens equal to the full sampler's (same inputs and seeds): all of them and
+    those of the pruned scales; 1.0 for `coarse_identical` when every coarser scale's tokens are equal."""
+    content, style = model_inputs(pipe, triplets)
+    settings = dataclasses.replace(pipe.generation_config(), seed=[seed + i for i in range(len(triplets))])
+    model = pipe.model
+    model.fast_sampling = plan
+    full = model.generate_with_indices(content, style, **settings.kwargs()).indices
+    fast = model.generate_with_indices(content, style, **dataclasses.replace(settings, fast=True).kwargs()).indices
+    pruned = merged_scales(plan, model.cfg.patch_nums)
+    same = [(a == b) for a, b in zip(full, fast)]
+    return {"agreement": float(torch.cat(same, 1).float().mean()),
+            "agreement_pruned": float(torch.cat([same[k] for k in pruned], 1).float().mean()),
+            "coarse_identical": float(all(bool(s.all()) for s in same[:min(pruned)]))}
+
+
+def plan_name(plan: FastSampling) -> str:
+    default = FastSampling()
+    return f"fast, keep {plan.keep:g}" + ("" if plan.min_tokens == default.min_tokens else f", min {plan.min_tokens}")
+
+
+def table_markdown(rows: dict[str, dict[str, float]]) -> str:
+    cols = (*MEASURES, "agreement", "agreement_pruned", "sec_per_image")
+    lines = ["| sampler | " + " | ".join(cols) + " | coarse = full |", "| --- |" + " --- |" * (len(cols) + 1)]
+    for name, row in rows.items():
+        coarse = {1.0: "yes", 0.0: "no"}.get(row.get("coarse_identical"), "-")
+        lines.append(f"| {name} | " + " | ".join(f"{row[c]:.4f}" if c in row else "-" for c in cols)
+                     + f" | {coarse} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=str(DEMO_MODEL_DIR))
+    p.add_argument("--n", type=int, default=48, help="held-out synthetic pairs")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--keep", action="append", type=float, default=None,
+                   help="a fraction of the 2 x 2 groups computed position by position (repeatable: one row each)")
+    p.add_argument("--min-tokens", type=int, default=FastSampling().min_tokens,
+                   help="the smallest scale (in positions) that fast sampling merges")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    pipe = StylePipeline.from_pretrained(a.model, device="cpu")
+    plans = [FastSampling(keep, a.min_tokens) for keep in a.keep] if a.keep else [pipe.model.fast_sampling]
+    plans = {plan_name(plan): plan for plan in plans}
+    size = pipe.image_size
+    load = os.getloadavg()[0]
+    out = {"model": a.model, "n": a.n, "seed": a.seed, "threads": a.threads, "load": load,
+           "synthetic": rows_for(pipe, demo.heldout_triplets(a.n, size), a.seed, plans),
+           "photos": rows_for(pipe, demo.photo_triplets(size), a.seed, plans),
+           "load_after": os.getloadavg()[0]}
+    if a.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{a.model}: {a.n} held-out synthetic pairs and 4 photographs, seed {a.seed}, {a.threads} threads, "
+          f"load {load:.2f} -> {out['load_after']:.2f}", file=sys.stderr)
+    for part in ("synthetic", "photos"):
+        print(f"\n{part}\n" + table_markdown(out[part]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
