@@ -52,6 +52,9 @@ class ServeSettings(BaseSettings):
     max_queue_wait_s: float = Field(20.0, ge=0)
     # the batch workers' CPU priority below the event loop's (nice): 503s and health checks stay prompt under load
     worker_nice: int = Field(10, ge=0, le=19)
+    # after warm-up, what startup allocated (modules, the model, the UI) goes to the garbage collector's
+    # permanent generation (gc.freeze): a full collection then scans only what requests made since
+    gc_freeze: bool = True
     request_timeout_s: float = Field(60.0, gt=0)
     # after SIGTERM/SIGINT: how long requests in flight may take to finish while new ones are refused
     # (serve.drain); a Kubernetes terminationGracePeriodSeconds must be longer

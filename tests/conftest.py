@@ -14,6 +14,10 @@ import torch
 from stylevar.config import StyleVARConfig, VQVAEConfig
 from tests import reference
 
+# the service's gc.freeze after warm-up (serve.app.freeze_startup_heap) would keep every test's garbage from the
+# apps built before it; tests that want it (and servers they start) say so
+os.environ.setdefault("STYLEVAR_GC_FREEZE", "false")
+
 
 @pytest.fixture(scope="session")
 def reference_dir() -> Path:
