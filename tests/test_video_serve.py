@@ -28,11 +28,8 @@ LIMITS = {"STYLEVAR_MAX_VIDEO_FRAMES": "30", "STYLEVAR_MAX_VIDEO_DURATION_S": "4
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
     settings = {"STYLEVAR_API_KEYS": KEY, "STYLEVAR_UI": "false", **LIMITS}
-    srv = ServerProcess.serve(tiny_model_dir, settings=settings, log_dir=tmp_path_factory.mktemp("logs"))
-    try:
+    with ServerProcess.serve(tiny_model_dir, settings=settings, log_dir=tmp_path_factory.mktemp("logs")) as srv:
         yield srv.wait_ready()
-    finally:
-        srv.stop()
 
 
 @pytest.fixture

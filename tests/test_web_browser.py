@@ -12,8 +12,10 @@ flags that stop its background connections. Playwright never downloads a browser
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,6 +45,24 @@ def _playwright():
     return sync_playwright
 
 
+@contextlib.contextmanager
+def ui_page(server_url: str, profile_dir: Path, timeout_ms: int) -> Iterator:
+    """A chromium page on the service's UI, its model panel shown (the UI is up), closed afterwards."""
+    sync_playwright = _playwright()
+    with sync_playwright() as p:
+        browser = p.chromium.launch_persistent_context(
+            str(profile_dir), executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS,
+            viewport={"width": 1280, "height": 1000})
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(timeout_ms)
+            page.goto(server_url + "/ui/")
+            page.locator("#model-panel").get_by_text(DEMO_LABEL).wait_for()
+            yield page
+        finally:
+            browser.close()
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     model_dir = os.environ.get("STYLEVAR_UI_TEST_MODEL")
@@ -58,7 +78,6 @@ def server(tmp_path_factory):
 
 
 def test_stylize_in_the_browser(server, tmp_path):
-    sync_playwright = _playwright()
     pairs = example_pairs()
     content_path, style_path = tmp_path / "content.png", tmp_path / "style.png"
     Image.open(pairs[2][0]).convert("RGB").resize(CONTENT_SIZE, Image.BICUBIC).save(content_path)
@@ -66,31 +85,21 @@ def test_stylize_in_the_browser(server, tmp_path):
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "ui.png"
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS,
-            viewport={"width": 1280, "height": 1000})
-        try:
-            page = browser.new_page()
-            page.set_default_timeout(60_000)
-            page.goto(server.url + "/ui/")
-            page.locator("#model-panel").get_by_text(DEMO_LABEL).wait_for()
-            page.locator("#content-input input[type=file]").set_input_files(str(content_path))
-            page.locator("#style-input input[type=file]").set_input_files(str(style_path))
-            page.locator("#content-input img").wait_for()  # both uploads finished
-            page.locator("#style-input img").wait_for()
-            page.click("#stylize-button")
-            page.locator("#status").get_by_text("Done").wait_for()
-            result = page.locator("#results img").first
-            result.wait_for()
-            page.wait_for_function("(el) => el.complete && el.naturalWidth > 0", arg=result.element_handle())
-            size = result.evaluate("(el) => [el.naturalWidth, el.naturalHeight]")
-            assert tuple(size) == CONTENT_SIZE
-            page.locator("#preview img").wait_for()  # the coarse-to-fine preview ends on the result
-            assert "AdaIN" in page.locator("#adain-status").inner_text()
-            page.screenshot(path=str(shot), full_page=True)
-        finally:
-            browser.close()
+    with ui_page(server.url, tmp_path / "chromium-profile", 60_000) as page:
+        page.locator("#content-input input[type=file]").set_input_files(str(content_path))
+        page.locator("#style-input input[type=file]").set_input_files(str(style_path))
+        page.locator("#content-input img").wait_for()  # both uploads finished
+        page.locator("#style-input img").wait_for()
+        page.click("#stylize-button")
+        page.locator("#status").get_by_text("Done").wait_for()
+        result = page.locator("#results img").first
+        result.wait_for()
+        page.wait_for_function("(el) => el.complete && el.naturalWidth > 0", arg=result.element_handle())
+        size = result.evaluate("(el) => [el.naturalWidth, el.naturalHeight]")
+        assert tuple(size) == CONTENT_SIZE
+        page.locator("#preview img").wait_for()  # the coarse-to-fine preview ends on the result
+        assert "AdaIN" in page.locator("#adain-status").inner_text()
+        page.screenshot(path=str(shot), full_page=True)
 
     assert Image.open(shot).size[0] == 1280
     if os.environ.get("STYLEVAR_UPDATE_SCREENSHOT") == "1":
