@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
-from benchmarks.side_by_side import STAGES, images, reference_shaped, time_turns, timing_arguments
+from benchmarks.side_by_side import STAGES, images, reference_shaped, reference_weights, time_turns, timing_arguments
 from stylevar.pipeline import StylePipeline
 
 # the issue's side-by-side measurement of the reference code on this configuration (CPU, 2 threads):
@@ -77,12 +77,9 @@ class StageBenchConfig:
 def build(cfg: StageBenchConfig, state: tuple[dict, dict] | None = None):
     """The plain reference-shaped model: random weights (seed `cfg.seed`), or the reference's state dicts
     ``(vqvae_sd, stylevar_sd)`` loaded through this project's checkpoint loaders (identical weights)."""
-    from stylevar.convert import load_stylevar, load_vqvae
-
     if state is None:
         return StylePipeline.random(reference_shaped(), seed=cfg.seed).model.eval()
-    vq_cfg, tr_cfg = reference_shaped()
-    return load_stylevar(state[1], tr_cfg, load_vqvae(state[0], vq_cfg)).eval()
+    return reference_weights(*state).eval()
 
 
 def prepared_copy(plain, precision: str):

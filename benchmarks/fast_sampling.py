@@ -25,6 +25,7 @@ import sys
 
 import torch
 
+from stylevar.generation import GenerationConfig
 from stylevar.model_dir import DEMO_MODEL_DIR
 from stylevar.pipeline import StyleMix, StylePipeline
 from stylevar.transformer.pruning import FastSampling
@@ -37,13 +38,14 @@ def rows_for(pipe: StylePipeline, triplets: list[demo.Triplet], seed: int, plans
              ) -> dict[str, dict[str, float]]:
     """The full sampler's row and one row per plan: mean measures, token agreement, seconds per image."""
     full = demo.generate(pipe, triplets, seed)
+    sampled = Sampled.of(pipe, triplets, seed)
     rows = {"full sampler": {**demo.means(full), "sec_per_image": sum(full.seconds) / len(triplets)},
-            "full sampler, seed + 1000": seed_agreement(pipe, triplets, seed)}
+            "full sampler, seed + 1000": sampled.seed_agreement(pipe.model)}
     for name, plan in plans.items():
         pipe.model.fast_sampling = plan
         fast = demo.generate(pipe, triplets, seed, fast=True)
         rows[name] = {**demo.means(fast), "sec_per_image": sum(fast.seconds) / len(triplets),
-                      **token_agreement(pipe, triplets, seed, plan)}
+                      **sampled.token_agreement(pipe.model, plan)}
     return rows
 
 
@@ -52,43 +54,54 @@ def merged_scales(plan: FastSampling, patch_nums) -> list[int]:
     return [k for k, d in enumerate(plan.detail_groups(patch_nums)) if d is not None]
 
 
-def model_inputs(pipe: StylePipeline, triplets: list[demo.Triplet]):
-    """The content and style tensors the pipeline gives the model for ``triplets``."""
-    contents = [t.content for t in triplets]
-    content, _ = pipe.preprocess(contents)
-    return content, pipe.style_input(contents, [StyleMix.of(t.style) for t in triplets], "stretch")
-
-
-@torch.inference_mode()
-def seed_agreement(pipe: StylePipeline, triplets: list[demo.Triplet], seed: int) -> dict[str, float]:
-    """The full sampler's own token agreement between seeds seed + i and seed + 1000 + i: how much of the
-    agreement below the sampler's randomness alone takes away."""
-    content, style = model_inputs(pipe, triplets)
-    a, b = (pipe.model.generate_with_indices(content, style, **dataclasses.replace(
-        pipe.generation_config(), seed=[s + i for i in range(len(triplets))]).kwargs()).indices
-        for s in (seed, seed + 1000))
-    pruned = merged_scales(pipe.model.fast_sampling, pipe.model.cfg.patch_nums)
+def agreement(a: list[torch.Tensor], b: list[torch.Tensor], pruned: list[int]) -> dict[str, float]:
+    """Fraction of equal tokens of two samplings' token maps: all of them and those of the ``pruned`` scales."""
     same = [(x == y) for x, y in zip(a, b)]
     return {"agreement": float(torch.cat(same, 1).float().mean()),
             "agreement_pruned": float(torch.cat([same[k] for k in pruned], 1).float().mean())}
 
 
-@torch.inference_mode()
-def token_agreement(pipe: StylePipeline, triplets: list[demo.Triplet], seed: int, plan: FastSampling
-                    ) -> dict[str, float]:
-    """Fraction of fast sampling's tokens equal to the full sampler's (same inputs and seeds): all of them and
-    those of the pruned scales; 1.0 for `coarse_identical` when every coarser scale's tokens are equal."""
-    content, style = model_inputs(pipe, triplets)
-    settings = dataclasses.replace(pipe.generation_config(), seed=[seed + i for i in range(len(triplets))])
-    model = pipe.model
-    model.fast_sampling = plan
-    full = model.generate_with_indices(content, style, **settings.kwargs()).indices
-    fast = model.generate_with_indices(content, style, **dataclasses.replace(settings, fast=True).kwargs()).indices
-    pruned = merged_scales(plan, model.cfg.patch_nums)
-    same = [(a == b) for a, b in zip(full, fast)]
-    return {"agreement": float(torch.cat(same, 1).float().mean()),
-            "agreement_pruned": float(torch.cat([same[k] for k in pruned], 1).float().mean()),
-            "coarse_identical": float(all(bool(s.all()) for s in same[:min(pruned)]))}
+@dataclasses.dataclass
+class Sampled:
+    """The model's inputs for a set of triplets, the pipeline's settings with seed + i for triplet i, and the
+    full sampler's token maps for them (sampled once, compared with every other sampling)."""
+
+    content: torch.Tensor
+    style: torch.Tensor
+    settings: GenerationConfig
+    full: list[torch.Tensor]
+
+    @classmethod
+    @torch.inference_mode()
+    def of(cls, pipe: StylePipeline, triplets: list[demo.Triplet], seed: int) -> Sampled:
+        contents = [t.content for t in triplets]
+        content, _ = pipe.preprocess(contents)
+        style = pipe.style_input(contents, [StyleMix.of(t.style) for t in triplets], "stretch")
+        settings = dataclasses.replace(pipe.generation_config(), seed=[seed + i for i in range(len(triplets))])
+        return cls(content, style, settings, pipe.model.generate_with_indices(content, style,
+                                                                              **settings.kwargs()).indices)
+
+    def sample(self, model, **changes) -> list[torch.Tensor]:
+        return model.generate_with_indices(self.content, self.style,
+                                           **dataclasses.replace(self.settings, **changes).kwargs()).indices
+
+    @torch.inference_mode()
+    def seed_agreement(self, model) -> dict[str, float]:
+        """The full sampler's own token agreement between seeds seed + i and seed + 1000 + i: how much of the
+        agreement below the sampler's randomness alone takes away."""
+        other = self.sample(model, seed=[s + 1000 for s in self.settings.seed])
+        return agreement(self.full, other, merged_scales(model.fast_sampling, model.cfg.patch_nums))
+
+    @torch.inference_mode()
+    def token_agreement(self, model, plan: FastSampling) -> dict[str, float]:
+        """Fraction of fast sampling's tokens (``plan``) equal to the full sampler's (same inputs and seeds): all
+        of them and those of the pruned scales; 1.0 for `coarse_identical` when every coarser scale's tokens
+        are equal."""
+        model.fast_sampling = plan
+        fast = self.sample(model, fast=True)
+        pruned = merged_scales(plan, model.cfg.patch_nums)
+        coarse = all(torch.equal(a, b) for a, b in zip(self.full[:min(pruned)], fast[:min(pruned)]))
+        return {**agreement(self.full, fast, pruned), "coarse_identical": float(coarse)}
 
 
 def plan_name(plan: FastSampling) -> str:

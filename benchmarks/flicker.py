@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from PIL import Image, ImageDraw
 
 from stylevar.coherence import TEMPORAL_MODES, Coherence
-from stylevar.images import pil_to_tensor
+from stylevar.images import pil_to_tensor, tensor_to_pil
 from stylevar.inference import InferenceConfig, prepare
 from stylevar.metrics.structure import edge_correlation
 from stylevar.pipeline import StylePipeline
@@ -147,16 +147,31 @@ ABLATION = {  # the coherent sampler's parts one by one (the modes' own settings
 }
 
 
-def measure(pipe: StylePipeline, clip: Clip, src: Path, style: Image.Image, mode, seed: int, out: Path) -> dict:
-    result = pipe.stylize_video(src, style, out, temporal=mode, seed=seed)
+class ClipContent:
+    """A test clip's decoded content frames, decoded once, and its own flicker per output size (the content is
+    cropped to the stylized frames' size, the same for every mode, style and seed)."""
+
+    def __init__(self, clip: Clip, src: Path):
+        self.clip, self.src, self.frames = clip, src, tensors(src)
+        self._flicker: dict[tuple[int, int], float] = {}
+
+    def cropped(self, h: int, w: int) -> tuple[torch.Tensor, float]:
+        content = self.frames[:, :, :h, :w]
+        if (h, w) not in self._flicker:
+            self._flicker[(h, w)] = flicker(content, self.clip.warps)
+        return content, self._flicker[(h, w)]
+
+
+def measure(pipe: StylePipeline, clip: ClipContent, style: Image.Image, mode, seed: int, out: Path) -> dict:
+    result = pipe.stylize_video(clip.src, style, out, temporal=mode, seed=seed)
     frames = tensors(out)
-    content = tensors(src)[:, :, :frames.shape[2], :frames.shape[3]]
+    content, content_flicker = clip.cropped(frames.shape[2], frames.shape[3])
     style_t = pil_to_tensor(style)[None]
-    return {"flicker": flicker(frames, clip.warps),
+    return {"flicker": flicker(frames, clip.clip.warps),
             "edge_corr": float(edge_correlation(frames, content).mean()),
             "colour_dist": float(mean_colour_distance(frames, style_t.expand(len(frames), -1, -1, -1)).mean()),
             "sec_per_frame": result.seconds / result.frames,
-            "content_flicker": flicker(content, clip.warps)}
+            "content_flicker": content_flicker}
 
 
 def run(pipe: StylePipeline, n: int, seeds: list[int], styles: list[str], modes: dict, work: Path,
@@ -164,14 +179,14 @@ def run(pipe: StylePipeline, n: int, seeds: list[int], styles: list[str], modes:
     """rows[clip][mode] = the metrics' means over styles and seeds; the modes take turns per (clip, style, seed)."""
     rows: dict[str, dict[str, dict[str, list[float]]]] = {}
     for clip in (c for c in clips(n) if names is None or c.name in names):
-        src = write_clip(clip, work / f"{clip.name.replace(' ', '_')}.mp4")
+        content = ClipContent(clip, write_clip(clip, work / f"{clip.name.replace(' ', '_')}.mp4"))
         acc = rows.setdefault(clip.name, {})
         for style_name in styles:
             style = Image.open(STYLES / f"{style_name}.png").convert("RGB")
             for seed in seeds:
                 for name, mode in modes.items():
                     out = work / "out.mp4"
-                    m = measure(pipe, clip, src, style, mode, seed, out)
+                    m = measure(pipe, content, style, mode, seed, out)
                     for key, value in m.items():
                         acc.setdefault(name, {}).setdefault(key, []).append(value)
                     print(f"{clip.name:12s} {style_name:12s} seed {seed} {name:28s} "
@@ -229,17 +244,13 @@ def frames_png(pipe: StylePipeline, n: int, style_name: str, modes: list[str], s
         draw.text((4, y + H // 2 - 6), name, fill=(0, 0, 0))
         for c, t in enumerate(columns):
             x = label_w + c * 2 * (W + gap)
-            sheet.paste(to_pil(frames[t]), (x, y))
+            sheet.paste(tensor_to_pil(frames[t]), (x, y))
             moved, valid = clip.warps[t](frames[t - 1:t, :, :H, :W])
             diff = ((frames[t:t + 1] - moved).abs() * 4).clamp(0, 1) * valid
-            sheet.paste(to_pil(diff[0]), (x + W + gap, y))
+            sheet.paste(tensor_to_pil(diff[0]), (x + W + gap, y))
     path.parent.mkdir(parents=True, exist_ok=True)
     sheet.save(path, optimize=True)
     return path
-
-
-def to_pil(x_3HW: torch.Tensor) -> Image.Image:
-    return Image.fromarray((x_3HW.clamp(0, 1).permute(1, 2, 0).numpy() * 255).round().astype(np.uint8))
 
 
 def parse_seeds(text: str) -> list[int]:

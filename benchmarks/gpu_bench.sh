@@ -9,7 +9,8 @@
 # the memory a step needs, written to TRAIN_OUT (JSON) and printed.
 #
 #   bash benchmarks/gpu_bench.sh
-#   PRESET=tiny DEVICE=cpu BATCHES=1 MODES=eager RECORD=/tmp/r.jsonl TABLE=/tmp/t.md bash benchmarks/gpu_bench.sh
+#   PRESET=tiny DEVICE=cpu BATCHES=1 MODES=eager RECORD=/tmp/r.jsonl TABLE=/tmp/t.md TRAIN_OUT=/tmp/s.json \
+#     bash benchmarks/gpu_bench.sh
 #   INFERENCE=0 TRAIN_BATCHES=16 bash benchmarks/gpu_bench.sh        # the training step alone
 set -euo pipefail
 cd "$(dirname "$0")/.."

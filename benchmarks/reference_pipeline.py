@@ -74,6 +74,10 @@ def import_reference() -> types.ModuleType:
         dist = types.ModuleType("dist")
         dist.get_device = lambda: torch.device("cpu")  # type: ignore[attr-defined]
         dist.initialized = lambda: False  # type: ignore[attr-defined]
+        # what the reference's trainer asks of it (benchmarks/train_step.py), as one CPU process
+        dist.get_world_size, dist.get_rank = (lambda: 1), (lambda: 0)  # type: ignore[attr-defined]
+        dist.is_master, dist.barrier = (lambda: True), (lambda: None)  # type: ignore[attr-defined]
+        dist.allreduce = lambda *a, **k: None  # type: ignore[attr-defined]
         sys.modules["dist"] = dist
     try:
         import models  # the reference's package

@@ -27,6 +27,15 @@ def reference_shaped() -> tuple[VQVAEConfig, StyleVARConfig]:
     return vq, StyleVARConfig.from_reference(REFERENCE_CONFIG)
 
 
+def reference_weights(vqvae_sd: dict, stylevar_sd: dict):
+    """This project's reference-shaped StyleVAR loaded from the reference's state dicts through its own checkpoint
+    loaders (`stylevar.convert`): the same weights as the reference's models."""
+    from stylevar.convert import load_stylevar, load_vqvae
+
+    vq_cfg, tr_cfg = reference_shaped()
+    return load_stylevar(stylevar_sd, tr_cfg, load_vqvae(vqvae_sd, vq_cfg))
+
+
 def images(batch: int, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Seeded random content and style batches, (B, 3, size, size) in [-1, 1]."""
     g = torch.Generator().manual_seed(seed)
@@ -39,6 +48,21 @@ def images(batch: int, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor
 STAGES = ("encode", "encoders", "condition", "loop", "decode", "total")
 
 
+def take_turns(fns: dict[str, Callable[[], object]], repeats: int, warmup: int,
+               clocks: Sequence[Callable[[], float]] = (time.perf_counter,)) -> dict[str, list[float]]:
+    """Median seconds of each function's calls on each clock (one entry per clock), the functions taking
+    turns call by call after ``warmup`` untimed rounds."""
+    times: dict[str, list[list[float]]] = {name: [[] for _ in clocks] for name in fns}
+    for r in range(warmup + repeats):
+        for name, fn in fns.items():
+            t0 = [clock() for clock in clocks]
+            fn()
+            if r >= warmup:
+                for per_clock, clock, start in zip(times[name], clocks, t0):
+                    per_clock.append(clock() - start)
+    return {name: [statistics.median(t) for t in per_clock] for name, per_clock in times.items()}
+
+
 def time_turns(fns: dict[str, dict[str, Callable[[], object]]], batch: int, repeats: int, warmup: int,
                stages: Sequence[str] = STAGES) -> dict[str, dict[str, float]]:
     """Median ms per image of each implementation's calls of each stage (in ``stages`` order; an
@@ -46,16 +70,9 @@ def time_turns(fns: dict[str, dict[str, Callable[[], object]]], batch: int, repe
     untimed rounds."""
     out: dict[str, dict[str, float]] = {name: {} for name in fns}
     for stage in stages:
-        taking_part = [name for name in fns if stage in fns[name]]
-        times: dict[str, list[float]] = {name: [] for name in taking_part}
-        for r in range(warmup + repeats):
-            for name in taking_part:
-                t0 = time.perf_counter()
-                fns[name][stage]()
-                if r >= warmup:
-                    times[name].append(time.perf_counter() - t0)
-        for name in taking_part:
-            out[name][stage] = 1000 * statistics.median(times[name]) / batch
+        medians = take_turns({name: f[stage] for name, f in fns.items() if stage in f}, repeats, warmup)
+        for name, (seconds,) in medians.items():
+            out[name][stage] = 1000 * seconds / batch
     return out
 
 

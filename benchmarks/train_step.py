@@ -44,7 +44,6 @@ import copy
 import dataclasses
 import json
 import os
-import statistics
 import sys
 import time
 import types
@@ -54,7 +53,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from benchmarks.side_by_side import images, reference_shaped
+from benchmarks.side_by_side import images, reference_shaped, reference_weights, take_turns, timing_arguments
+from stylevar.bench import flops_of as step_flops
+from stylevar.bench import sync
+from stylevar.config import presets
+from stylevar.inference import native_cpu_bf16
 from training.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.parts.precision import autocast, make_grad_scaler
 from training.parts.step import clip_and_step
@@ -102,11 +105,6 @@ def import_reference_trainer():
 
     if "dist" not in sys.modules:
         import_reference()  # registers the `dist` stand-in when none is importable
-    dist = sys.modules["dist"]
-    for name, value in (("get_world_size", lambda: 1), ("get_rank", lambda: 0), ("is_master", lambda: True),
-                        ("barrier", lambda: None), ("allreduce", lambda *a, **k: None)):
-        if not hasattr(dist, name):
-            setattr(dist, name, value)
     if "utils.misc" not in sys.modules:
         misc = types.ModuleType("utils.misc")
         misc.MetricLogger = misc.TensorboardLogger = object  # type: ignore[attr-defined]
@@ -166,8 +164,8 @@ def our_batch(model, batch: dict[str, torch.Tensor], levers: Levers) -> dict[str
     """``batch`` as training.sft feeds it: with the token cache, the token maps it holds (made once, here)."""
     out = dict(batch)
     if levers.token_cache:
-        out["tokens_B3L"] = encode_triplets(model.tokenizer, batch["target"], batch["style"], batch["content"])[1]
-        out["tokens_B3L"] = out["tokens_B3L"].to(torch.int16)  # as stored
+        indices_3BL = encode_triplets(model.tokenizer, batch["target"], batch["style"], batch["content"])[1]
+        out["tokens_B3L"] = indices_3BL.to(torch.int16)  # as stored
     return out
 
 
@@ -232,24 +230,15 @@ class StepBenchConfig:
 
 def build_models(cfg: StepBenchConfig):
     """(reference bundle or None, our model): identical weights when the reference is built."""
-    from stylevar.convert import load_stylevar, load_vqvae
     from stylevar.pipeline import StylePipeline
 
     if not cfg.reference:
-        shapes = reference_shaped() if cfg.preset == "reference" else _preset(cfg.preset)
+        shapes = reference_shaped() if cfg.preset == "reference" else presets(cfg.preset)
         return None, StylePipeline.random(shapes, seed=cfg.seed).model
     from benchmarks.reference_pipeline import build_reference
 
     bundle = build_reference(cfg.seed)
-    vq_cfg, tr_cfg = reference_shaped()
-    ours = load_stylevar(bundle.model.state_dict(), tr_cfg, load_vqvae(bundle.vae.state_dict(), vq_cfg))
-    return bundle, ours
-
-
-def _preset(name: str):
-    from stylevar.config import presets
-
-    return presets(name)
+    return bundle, reference_weights(bundle.vae.state_dict(), bundle.model.state_dict())
 
 
 def agreement(bundle, ours, cfg: StepBenchConfig) -> dict[str, float]:
@@ -272,6 +261,8 @@ def lever_agreement(ours, batch_size: int, cfg: StepBenchConfig,
     every = {**LEVERS, **VARIANTS}
     runs = {}
     for name, levers in {"today": TODAY, **{n: every[n] for n in (names or every) if n != "today"}}.items():
+        if levers.compile:  # compiled afresh: graphs left by an earlier compile in this process do not carry over
+            torch._dynamo.reset()
         model = copy.deepcopy(ours).to(cfg.device)
         step = our_step(model, batch, levers, "fp32")
         torch.manual_seed(cfg.seed)  # the same rows dropped in every run
@@ -288,34 +279,17 @@ def lever_agreement(ours, batch_size: int, cfg: StepBenchConfig,
             for name, (losses, w) in runs.items() if name != "today"}
 
 
-def step_flops(step: Callable[[], float]) -> float:
-    """The FLOPs of one call of ``step`` (torch's FlopCounterMode: matrix products, convolutions, attention)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with FlopCounterMode(display=False) as counter:
-        step()
-    return float(counter.get_total_flops())
-
-
 def _synced(fn: Callable[[], object], device: str) -> Callable[[], object]:
-    if device != "cuda":
-        return fn
-    return lambda: (fn(), torch.cuda.synchronize())
+    return lambda: (fn(), sync(torch.device(device)))
 
 
 def time_steps(fns: dict[str, Callable[[], object]], repeats: int, warmup: int) -> dict[str, dict[str, float]]:
     """Median wall-clock and CPU seconds (this process, all its threads) of each function's calls, the functions
-    taking turns call by call after ``warmup`` untimed rounds. On a shared machine the CPU time is the steadier
-    measure of the work (run with OMP_WAIT_POLICY=PASSIVE, or idle OpenMP threads spinning count as work)."""
-    times: dict[str, dict[str, list[float]]] = {name: {"wall": [], "cpu": []} for name in fns}
-    for r in range(warmup + repeats):
-        for name, fn in fns.items():
-            w0, c0 = time.perf_counter(), time.process_time()
-            fn()
-            if r >= warmup:
-                times[name]["wall"].append(time.perf_counter() - w0)
-                times[name]["cpu"].append(time.process_time() - c0)
-    return {name: {k: statistics.median(v) for k, v in t.items()} for name, t in times.items()}
+    taking turns call by call after ``warmup`` untimed rounds (`side_by_side.take_turns`). On a shared machine
+    the CPU time is the steadier measure of the work (run with OMP_WAIT_POLICY=PASSIVE, or idle OpenMP threads
+    spinning count as work)."""
+    medians = take_turns(fns, repeats, warmup, (time.perf_counter, time.process_time))
+    return {name: {"wall": wall, "cpu": cpu} for name, (wall, cpu) in medians.items()}
 
 
 def time_variants(bundle, ours, variants: dict[str, Levers], batch_size: int, precision: str,
@@ -330,10 +304,9 @@ def time_variants(bundle, ours, variants: dict[str, Levers], batch_size: int, pr
         variants = {k: v for k, v in variants.items() if v.fuse_encodes or v.token_cache}
     if any(v.compile for v in variants.values()):
         torch._dynamo.reset()  # each batch size compiles afresh
-    models = {}
-    for name, levers in variants.items():
-        models[name] = copy.deepcopy(ours).to(cfg.device)
-        fns[name] = _synced(our_step(models[name], batch, levers, precision), cfg.device)
+    steps = {name: our_step(copy.deepcopy(ours).to(cfg.device), batch, levers, precision)
+             for name, levers in variants.items()}
+    fns.update({name: _synced(step, cfg.device) for name, step in steps.items()})
     timed = time_steps(fns, cfg.repeats, cfg.warmup)
     out = {name: {"ms_per_step": 1000 * t["wall"], "samples_per_s": batch_size / t["wall"],
                   "cpu_ms_per_step": 1000 * t["cpu"]} for name, t in timed.items()}
@@ -346,7 +319,7 @@ def time_variants(bundle, ours, variants: dict[str, Levers], batch_size: int, pr
             out[name]["held_gib"] = held / 2 ** 30
     if cfg.peak_tflops > 0:
         for name in variants:
-            flops = step_flops(our_step(models[name], batch, variants[name], precision))
+            flops = step_flops(steps[name])
             out[name]["tflop_per_step"] = flops / 1e12
             out[name]["mfu"] = flops / (out[name]["ms_per_step"] / 1000) / (cfg.peak_tflops * 1e12)
     return out
@@ -369,7 +342,7 @@ def measure(cfg: StepBenchConfig) -> dict:
     bundle, ours = build_models(cfg)
     out: dict = {"config": "reference-shaped d8, 160 px, 8 scales (255 tokens), V 4096" if cfg.preset == "reference"
                  else f"preset {cfg.preset}", "threads": cfg.threads, "repeats": cfg.repeats,
-                 "device": cfg.device, "loadavg_before": os.getloadavg(), "bf16_units": bf16_units(),
+                 "device": cfg.device, "loadavg_before": os.getloadavg(), "bf16_units": native_cpu_bf16(),
                  "steps": {}}
     if bundle is not None:
         out["agreement"] = agreement(bundle, ours, cfg)
@@ -386,13 +359,6 @@ def measure(cfg: StepBenchConfig) -> dict:
                                                    cfg.repeats)
     out["loadavg_after"] = os.getloadavg()
     return out
-
-
-def bf16_units() -> bool:
-    """Whether this CPU multiplies bf16 natively (AVX-512 BF16 or AMX), as stylevar.inference decides."""
-    from stylevar.inference import native_cpu_bf16
-
-    return native_cpu_bf16()
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -433,11 +399,9 @@ def print_report(out: dict) -> None:
 
 def parse_config(argv: list[str] | None) -> tuple[StepBenchConfig, bool]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch-sizes", default="1,4,8")
+    timing_arguments(p, repeats=5, warmup=2)
+    p.set_defaults(batch_sizes="1,4,8")
     p.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16 (autocast)")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=2)
     p.add_argument("--no-reference", action="store_true", help="time this project's step alone")
     p.add_argument("--levers", action="store_true", help="also each lever alone (fp32, --lever-batch)")
     p.add_argument("--lever-batch", type=int, default=4)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 from pydantic.json_schema import SkipJsonSchema
@@ -19,11 +19,13 @@ class FormOptions(BaseModel):
     """What `StylizeForm` does beyond its fields (those are derived from `stylevar.options`)."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    OPTIONS: ClassVar[list[Option]] = FORM_OPTIONS  # the declaration's options this form has (a route's own subset)
 
     def options(self) -> StylizeOptions:
         """The form as the declaration's values (list options parsed)."""
-        values = {opt.name: getattr(self, opt.name) for opt in FORM_OPTIONS}
-        values.update({name: parse_list(name, values[name]) for name in FORM_LIST if values[name] is not None})
+        values = {opt.name: getattr(self, opt.name) for opt in self.OPTIONS}
+        values.update({opt.name: parse_list(opt.name, values[opt.name]) for opt in self.OPTIONS
+                       if opt.is_list and values[opt.name] is not None})
         return StylizeOptions.of(values)
 
     def alpha_values(self) -> tuple[float, ...] | None:

@@ -57,7 +57,8 @@ class BenchResult:
     naive: dict | None = None
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA); nothing elsewhere."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -65,17 +66,18 @@ def _sync(device: torch.device) -> None:
 def _timed(fn, device, repeats: int, warmup: int) -> float:
     for _ in range(warmup):
         fn()
-    _sync(device)
+    sync(device)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
-        _sync(device)
+        sync(device)
         times.append(time.perf_counter() - t0)
     return sorted(times)[len(times) // 2]  # median
 
 
-def _flops(fn) -> int:
+def flops_of(fn) -> int:
+    """The FLOPs of one call of ``fn`` (torch's FlopCounterMode: matrix products, convolutions, attention)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False) as counter:
@@ -168,7 +170,7 @@ def _probe(bench: _Bench) -> None:
     probe_img = probe_img.to(bench.device)
     t0 = time.perf_counter()
     bench.model.generate(probe_img, probe_img, seed=0)
-    _sync(bench.device)
+    sync(bench.device)
     probe = time.perf_counter() - t0
     bench.say(f"probe took {_fmt_seconds(probe)}; the whole run will take about "
               f"{_fmt_seconds(estimate_seconds(cfg, probe))}")
@@ -204,7 +206,7 @@ def _generate_at(bench: _Bench, batch: int, count_flops: bool) -> tuple[float, f
         torch.cuda.reset_peak_memory_stats(device)
     sec = bench.timed(lambda: bench.model.generate(content, style, seed=0))
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    flops = _flops(lambda: bench.model.generate(content, style, seed=0)) if count_flops else None
+    flops = flops_of(lambda: bench.model.generate(content, style, seed=0)) if count_flops else None
     return sec, peak, flops
 
 

@@ -194,6 +194,7 @@ def _declared() -> Mapping[str, Option]:
 
 
 DECLARED: Mapping[str, Option] = _declared()  # name -> Option, in the declaration's order
+IMAGE_ONLY = ("num_samples", "format")  # what a clip does not take (one mp4 out, one result per frame)
 
 
 def offered(surface: str) -> list[Option]:

@@ -39,7 +39,7 @@ from stylevar.refine import refine
 from stylevar.upsample import Upsampling, upscale
 from stylevar.tokenizer import MultiScaleVQVAE
 from stylevar.transformer import Condition, StyleBlend, StyleVAR
-from stylevar.video import VideoLimits, VideoWriter, probe, read_frames
+from stylevar.video import VideoInfo, VideoLimits, VideoWriter, probe, read_frames
 
 ProgressFn = Callable[[int, "int | None"], None]  # (frames done, frames in all when the header says)
 
@@ -334,13 +334,14 @@ class StylePipeline:
         done, it = 0, iter(frames)
         while batch := list(itertools.islice(it, batch_size)):
             phases = [(0.0, 0.0)] * len(batch)  # model pixels each frame is moved by (the aligned canvas)
+            seen = None  # what the model sees of each frame and its fit (the coherent modes need them twice)
             if sampler is not None:
-                motion = sampler.begin(self.preprocess(batch, resize)[0].add(1).mul(0.5), *_guides(batch, resize,
-                                                                                                   self.image_size))
+                seen = self.preprocess(batch, resize)
+                motion = sampler.begin(seen[0].add(1).mul(0.5), *_guides(batch, resize, self.image_size))
                 phases = [tuple(p) for p in motion.phase_B2.tolist()] if sampler.quantum else phases
             seeds = sampler if sampler is not None else [seed] * len(batch) if temporal == "same-seed" else \
                 [(seed + done + i) % (MAX_SEED + 1) for i in range(len(batch))]
-            images = self._draw_frames(batch, phases, mix, seeds, resize, output.max_side, upsample, given)
+            images = self._draw_frames(batch, phases, mix, seeds, resize, output.max_side, upsample, given, seen)
             for i, (image, frame) in enumerate(zip(images, batch)):
                 out = finish([image], frame, output)[0]
                 out.info.update(time_s=frame.info.get("time_s"), index=frame.info.get("index", done + i))
@@ -349,32 +350,34 @@ class StylePipeline:
 
     def _draw_frames(self, frames: list[Image.Image], phases: list[tuple[float, float]], mix: StyleMix,
                      seeds: Any, resize: ResizeMode, max_side: int | None, upsample: UpsampleMode | None,
-                     gen: dict[str, Any]) -> list[Image.Image]:
+                     gen: dict[str, Any], seen: tuple[torch.Tensor, list[Fit]] | None) -> list[Image.Image]:
         """`stylize_batch` of a batch of frames, each moved by its phase (model pixels) before the model sees it
-        and its drawing moved back, at the model's resolution, before it is upsampled from the frame itself."""
+        and its drawing moved back, at the model's resolution, before it is upsampled from the frame itself.
+        ``seen``: the frames' `preprocess` (given with a `FrameSampler` as ``seeds``, the only case that moves or
+        settles)."""
         sampler = seeds if isinstance(seeds, FrameSampler) else None
-        if all(p == (0.0, 0.0) for p in phases) and (sampler is None or not sampler.cfg.settle):
+        if sampler is None or (all(p == (0.0, 0.0) for p in phases) and not sampler.cfg.settle):
             return self.stylize_batch(frames, [mix] * len(frames), seeds=seeds, resize=resize, max_side=max_side,
                                       upsample=upsample, **gen)
-        moved = [_move(f, p, fit_of(f.size, self.image_size, resize)) for f, p in zip(frames, phases)]
+        x_B3SS, fits = seen
+        moved = [_move(f, p, fit) for f, p, fit in zip(frames, phases, fits)]
         drawn = self.draw(moved, [mix] * len(frames), seeds=seeds, resize=resize, **gen)
-        images = drawn.images if sampler is None else sampler.settle(drawn.images)
-        back, _ = shift_grid(images, -torch.tensor(phases, dtype=torch.float32), mode="bicubic")
-        seen, fits = self.preprocess(frames, resize)
+        back, _ = shift_grid(sampler.settle(drawn.images), -torch.tensor(phases, dtype=torch.float32), mode="bicubic")
         up = self.upsampling(upsample)
         return [upscale(img, s, fit, f, max_side, up)
-                for img, s, fit, f in zip(back.clamp(0, 1), seen.add(1).mul(0.5), fits, frames)]
+                for img, s, fit, f in zip(back.clamp(0, 1), x_B3SS.add(1).mul(0.5), fits, frames)]
 
     def stylize_video(self, src: str | os.PathLike, style: Image.Image | Sequence[Image.Image] | StyleMix,
                       out: str | os.PathLike, *, limits: VideoLimits | None = None, progress: ProgressFn | None = None,
-                      **kwargs: Any) -> VideoResult:
+                      info: VideoInfo | None = None, **kwargs: Any) -> VideoResult:
         """Re-draw the video ``src`` into the H.264 mp4 ``out``: frames decoded as a stream (`stylevar.video`),
         stylized by `stylize_frames` (its keyword arguments), written with the source's timing, frame rate and
         audio. ``limits``: refuse a longer or larger clip (a `stylevar.video.VideoError`, before any model call).
         ``progress(done, total)`` after each frame (``total`` None when the header does not say); an exception
-        it raises stops the work and leaves ``out`` as it was."""
+        it raises stops the work and leaves ``out`` as it was. ``info``: ``src``'s `probe` when the caller has
+        it already (checked against ``limits``), so the clip is not opened for it twice."""
         t0 = time.perf_counter()
-        info = probe(src, limits)
+        info = probe(src, limits) if info is None else info
         done, first_s, last_s = 0, None, 0.0
         with VideoWriter(out, info, audio_from=src if info.has_audio else None) as writer:
             for image in self.stylize_frames(read_frames(src, limits), style, **kwargs):

@@ -25,13 +25,13 @@ CONFIG_FILE = "config.json"
 
 
 def save_safetensors(sd: Mapping[str, torch.Tensor], path: str | os.PathLike, dtype: torch.dtype | None = None,
-                     metadata: dict[str, str] | None = None) -> None:
+                     metadata: dict[str, str] | None = None, what: str = "weights") -> None:
     """Write a state dict atomically; floating tensors are cast to `dtype` when given. A failed write (disk
-    full) raises :class:`stylevar.atomic.WriteFailedError`, ``path`` left as it was."""
+    full) raises :class:`stylevar.atomic.WriteFailedError` naming ``what``, ``path`` left as it was."""
     out = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().contiguous().cpu()
            for k, v in sd.items()}
     size = sum(v.numel() * v.element_size() for v in out.values())
-    atomic_write_path(path, lambda tmp: save_file(out, str(tmp), metadata=metadata), size=size, what="weights")
+    atomic_write_path(path, lambda tmp: save_file(out, str(tmp), metadata=metadata), size=size, what=what)
 
 
 def load_safetensors(path: str | os.PathLike) -> StateDict:

@@ -28,14 +28,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from PIL import Image
 
 from .atomic import atomic_write_path, is_write_error, remove_quietly, temp_path, write_failure
 
 TemporalMode = Literal["independent", "same-seed", "coherent", "coherent-reuse"]
-TEMPORAL_MODES: tuple[str, ...] = ("independent", "same-seed", "coherent", "coherent-reuse")
+TEMPORAL_MODES: tuple[str, ...] = get_args(TemporalMode)
 DEFAULT_TEMPORAL: TemporalMode = "coherent"
 TEMPORAL_HELP = ("how the frames share their random draws: independent (frame i: seed + i), same-seed (every frame "
                  "the seed), coherent (the draws follow the content's motion, on a canvas that moves with it, each "

@@ -49,7 +49,7 @@ def test_gpu_bench_script_records_rows_and_regenerates_the_table(tmp_path):
     shutil.copy(REPO / "benchmarks" / "README.md", table)
     record = tmp_path / "results.jsonl"
     env = {**os.environ, "PRESET": "tiny", "DEVICE": "cpu", "BATCHES": "1", "MODES": "eager", "PYTHON": sys.executable,
-           "RECORD": str(record), "TABLE": str(table)}
+           "RECORD": str(record), "TABLE": str(table), "TRAIN_OUT": str(tmp_path / "train_step.json")}
     r = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_bench.sh")], env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr

@@ -29,10 +29,9 @@ from typing import Callable
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch.utils.data import DataLoader, Subset
 
-from stylevar.atomic import atomic_write_path
+from stylevar.pretrained import save_safetensors
 from stylevar.tokenizer import MultiScaleVQVAE
 from training.data import TripletDataset, collate_triplets
 from training.parts.distributed import DistEnv
@@ -143,23 +142,24 @@ def open_token_cache(dataset: TripletDataset, tokenizer: MultiScaleVQVAE, env: D
     chunks = math.ceil(len(dataset) / CHUNK)
     count = lambda c: min(CHUNK, len(dataset) - c * CHUNK)  # noqa: E731
     built, t0 = 0, time.perf_counter()
+    mine: dict[int, torch.Tensor] = {}  # this rank's chunks, as read or built (not read again below)
     for c in range(env.rank, chunks, env.world_size):
         fingerprint = chunk_fingerprint(dataset, c)
-        if _read_chunk(_chunk_path(folder, c), fingerprint, count(c)) is not None:
-            continue
-        tokens = _encode_chunk(dataset, tokenizer, c, batch_size, num_workers, dtype)
-        folder.mkdir(parents=True, exist_ok=True)
-        meta = {"format": FORMAT, "fingerprint": fingerprint}
-        atomic_write_path(_chunk_path(folder, c), lambda tmp: save_file({"tokens_n3L": tokens}, str(tmp), meta),
-                          what="token cache chunk")
-        built += 1
-        if on_chunk is not None:
-            on_chunk(c, chunks)
+        tokens = _read_chunk(_chunk_path(folder, c), fingerprint, count(c))
+        if tokens is None:
+            tokens = _encode_chunk(dataset, tokenizer, c, batch_size, num_workers, dtype)
+            folder.mkdir(parents=True, exist_ok=True)
+            save_safetensors({"tokens_n3L": tokens}, _chunk_path(folder, c),
+                             metadata={"format": FORMAT, "fingerprint": fingerprint}, what="token cache chunk")
+            built += 1
+            if on_chunk is not None:
+                on_chunk(c, chunks)
+        mine[c] = tokens
     seconds = time.perf_counter() - t0
     env.barrier()
     parts = []
     for c in range(chunks):
-        t = _read_chunk(_chunk_path(folder, c), chunk_fingerprint(dataset, c), count(c))
+        t = mine[c] if c in mine else _read_chunk(_chunk_path(folder, c), chunk_fingerprint(dataset, c), count(c))
         if t is None:
             raise TokenCacheError(f"token cache chunk {_chunk_path(folder, c)} is missing or stale after the build")
         parts.append(t)

@@ -13,9 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from stylevar.encoders import pooled
 from stylevar.tokenizer import MultiScaleVQVAE
 from stylevar.transformer import Condition, StyleVAR
 
@@ -65,17 +63,11 @@ def tokens_from_indices(tokenizer: MultiScaleVQVAE, idx_B3L: torch.Tensor) -> Tr
     return TripletTokens(target, tokens_2BLc[:B], tokens_2BLc[B:])
 
 
-def _stream_ln(model: StyleVAR, tokens_BLc: torch.Tensor) -> torch.Tensor:
-    """A token stream as the blocks see it: LayerNorm(word_embed(tokens) + level and position embeddings)."""
-    return F.layer_norm(model.word_embed(tokens_BLc) + model.lvl_pos(), (model.cfg.embed_dim,), eps=model.cfg.norm_eps)
-
-
 def condition_from_tokens(model: StyleVAR, content: torch.Tensor, style: torch.Tensor,
                           tokens: TripletTokens) -> Condition:
-    """`model.condition(content, style)` (one style image per row, no blend) with the token streams given."""
+    """`model.condition(content, style)` (one style image per row, no blend) with the token streams given:
+    the model's own parts (`style_embedding`, `token_stream_ln`, `content_parts`), fed these tokens."""
     cond_BD = model.style_embedding(style)
-    style_ln_B1LC = _stream_ln(model, tokens.style_BLc).unsqueeze(1)
-    content_ln_BLC = _stream_ln(model, tokens.content_BLc)
-    sos_B1C = model.feat_emb(pooled(model.content_encoder, content)).unsqueeze(1) + model.pos_start
-    inject = model.content_in(content_ln_BLC) if model.content_in is not None else None
+    style_ln_B1LC = model.token_stream_ln(tokens.style_BLc).unsqueeze(1)
+    sos_B1C, content_ln_BLC, inject, _ = model.content_parts(content, tokens_BLc=tokens.content_BLc)
     return Condition(cond_BD, sos_B1C, style_ln_B1LC, content_ln_BLC, inject)

@@ -22,7 +22,7 @@ from httpx_sse import SSEError, connect_sse
 from PIL import Image
 
 from stylevar import options
-from stylevar.options import DECLARED, FORM, Option
+from stylevar.options import DECLARED, FORM, IMAGE_ONLY, Option
 
 ImageSource = str | os.PathLike | bytes
 
@@ -138,6 +138,15 @@ def _upload(name: str, source: ImageSource) -> tuple[str, bytes, str]:
     return path.name, data, mimetypes.guess_type(path.name)[0] or "application/octet-stream"
 
 
+def _style_files(style: ImageSource | Sequence[ImageSource], masks: Sequence[ImageSource] | None
+                 ) -> list[tuple[str, tuple[str, bytes, str]]]:
+    """The form's `style` files (one, or several for a blend) and their `style_mask` files."""
+    styles = list(style) if isinstance(style, (list, tuple)) else [style]
+    several = len(styles) > 1
+    files = [("style", _upload(f"style{i + 1}" if several else "style", s)) for i, s in enumerate(styles)]
+    return files + [("style_mask", _upload(f"mask{i + 1}", m)) for i, m in enumerate(masks or [])]
+
+
 def _retry_after(response: httpx.Response) -> float | None:
     value = response.headers.get("retry-after")
     try:
@@ -169,9 +178,6 @@ class VideoResult:
     inference_ms: float
     temporal: str
     audio: bool
-
-
-VIDEO_FIELDS = ("num_samples", "format")  # image-only options: not fields of the video form
 
 
 class ServiceClient:
@@ -216,11 +222,7 @@ class ServiceClient:
         ``style``: one image, or several (blended by ``options.style_weights``); ``masks``: one per style.
         Closing the iterator early closes the connection; the service then drops the job.
         """
-        styles = list(style) if isinstance(style, (list, tuple)) else [style]
-        files = [("content", _upload("content", content))]
-        several = len(styles) > 1
-        files += [("style", _upload(f"style{i + 1}" if several else "style", s)) for i, s in enumerate(styles)]
-        files += [("style_mask", _upload(f"mask{i + 1}", m)) for i, m in enumerate(masks or [])]
+        files = [("content", _upload("content", content)), *_style_files(style, masks)]
         try:
             with connect_sse(self._http, "POST", "/stylize/stream", files=files, data=options.form()) as source:
                 if source.response.status_code != 200:
@@ -248,12 +250,8 @@ class ServiceClient:
                       temporal: str | None = None, timeout_s: float = 900.0) -> VideoResult:
         """`POST /stylize/video`: the clip, its style(s) and options (``temporal``: None, the service's default);
         waits up to ``timeout_s`` for the whole clip."""
-        styles = list(style) if isinstance(style, (list, tuple)) else [style]
-        several = len(styles) > 1
-        files = [("video", _upload("video", video))]
-        files += [("style", _upload(f"style{i + 1}" if several else "style", s)) for i, s in enumerate(styles)]
-        files += [("style_mask", _upload(f"mask{i + 1}", m)) for i, m in enumerate(masks or [])]
-        data = {k: v for k, v in options.form().items() if k not in VIDEO_FIELDS}
+        files = [("video", _upload("video", video)), *_style_files(style, masks)]
+        data = {k: v for k, v in options.form().items() if k not in IMAGE_ONLY}
         if temporal is not None:
             data["temporal"] = temporal
         try:

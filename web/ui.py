@@ -26,6 +26,7 @@ from stylevar.postprocess import MAX_SEED
 
 from .baseline import AdaINBaseline, BaselineStatus
 from .client import Preview, Result, ServiceClient, ServiceError, StylizeOptions
+from .inputs import FileInput, uploaded_path
 from .video_tab import VideoTab
 
 MAX_SCALES = 16  # alpha sliders kept ready; those beyond the model's scale count stay hidden
@@ -66,16 +67,6 @@ def example_pairs() -> list[list[str]]:
     return [[c, s] for c, s in zip(contents, styles)]
 
 
-FileInput = str | dict[str, Any] | None  # a path, or Gradio's FileData of an upload
-
-
-def uploaded_path(value: FileInput) -> str | None:
-    """The file behind an image input: Gradio's file data has it as `path` (always an upload by then:
-    Gradio refuses file data naming any other server file before the handler runs, see web.files)."""
-    if isinstance(value, dict):
-        path = value.get("path")
-        return path if isinstance(path, str) and path else None
-    return value or None
 
 
 def painted_mask(value: Any) -> bytes | None:

@@ -15,19 +15,13 @@ from stylevar.options import DECLARED
 from stylevar.video import DEFAULT_TEMPORAL, TEMPORAL_HELP, TEMPORAL_MODES
 
 from .client import ServiceClient, ServiceError, StylizeOptions
-
-FileInput = str | dict[str, Any] | None
-
+from .inputs import FileInput, uploaded_path
 
 def uploaded_file(value: Any) -> str | None:
-    """The file behind an input: a path, Gradio's file data (``path``), or a video's data (``video``: file data).
-    Always an upload by then: Gradio refuses file data naming any other server file (web.files)."""
+    """The file behind an input: `uploaded_path`'s, or a video's data (``video``: file data) unwrapped first."""
     if isinstance(value, dict) and isinstance(value.get("video"), dict):
         value = value["video"]
-    if isinstance(value, dict):
-        path = value.get("path")
-        return path if isinstance(path, str) and path else None
-    return value or None
+    return uploaded_path(value)
 
 
 class VideoTab:

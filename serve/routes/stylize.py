@@ -91,9 +91,15 @@ async def decode_uploads(st: ServiceState, upload: StylizeUpload) -> list[Image.
     return images
 
 
-def check_mix(upload: StylizeUpload, weights: tuple[float, ...] | None) -> None:
+def check_alphas(alphas: tuple[float, ...] | None, n_scales: int) -> None:
+    """One alpha per scale of the model, when alphas are given (422 otherwise)."""
+    if alphas is not None and len(alphas) != n_scales:
+        raise ServiceError(422, "validation_error",
+                           f"alphas: the model has {n_scales} scales, got {len(alphas)} values")
+
+
+def check_mix(styles: list[UploadFile], masks: list[UploadFile] | None, weights: tuple[float, ...] | None) -> None:
     """The counts of style files, weights and masks agree (422 otherwise), before anything is read."""
-    styles, masks = upload.styles, upload.masks
     n = len(styles)
     if not 1 <= n <= MAX_STYLES:
         raise ServiceError(422, "validation_error", f"style: give 1 to {MAX_STYLES} style files, got {n}")
@@ -115,11 +121,8 @@ async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
     settings, styles, masks = st.settings, upload.styles, upload.masks
     form = upload.options
     alphas = form.alphas
-    n_scales = len(st.runner.pipe.config.transformer.patch_nums)
-    if alphas is not None and len(alphas) != n_scales:
-        raise ServiceError(422, "validation_error",
-                           f"alphas: the model has {n_scales} scales, got {len(alphas)} values")
-    check_mix(upload, form.style_weights)
+    check_alphas(alphas, len(st.runner.pipe.config.transformer.patch_nums))
+    check_mix(styles, masks, form.style_weights)
     try:
         admission = st.batcher.admit()
     except BatchError as e:

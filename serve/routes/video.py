@@ -16,43 +16,41 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
 from fastapi.responses import Response
 from pydantic import Field, create_model, field_validator
 from pydantic.json_schema import SkipJsonSchema
+from starlette.concurrency import run_in_threadpool
 
 from stylevar.images import ImageError
-from stylevar.options import FORM, StylizeOptions, offered
+from stylevar.options import FORM, IMAGE_ONLY, Option, offered
 from stylevar.pipeline import MAX_STYLES, StyleMix
 from stylevar.postprocess import os_random_seed
-from stylevar.video import DEFAULT_TEMPORAL, TEMPORAL_HELP, TEMPORAL_MODES, VideoError, VideoLimits
+from stylevar.video import DEFAULT_TEMPORAL, TEMPORAL_HELP, TEMPORAL_MODES, VideoError, VideoInfo, VideoLimits, probe
 
 from .. import imaging
 from ..errors import ERROR_RESPONSES, IMAGE_ERROR_STATUS, ServiceError
-from ..schemas import FormOptions, blank_or_parsed, form_field, parse_list
+from ..schemas import FormOptions, blank_or_parsed, form_field
 from ..state import ServiceState, get_state, require_key, require_loaded
-from .stylize import REFERENCE_SIDE, header_safe
+from .stylize import REFERENCE_SIDE, check_alphas, check_mix, header_safe
 
 log = logging.getLogger("serve.video")
 
 PATH = "/stylize/video"
 VIDEO_ERROR_STATUS = {"not_a_video": 415, "unsupported_codec": 415, "corrupt_video": 422, "video_too_long": 413,
                       "video_too_large": 413, "bad_video": 422}
-VIDEO_OPTIONS = [opt for opt in offered(FORM) if opt.name not in ("num_samples", "format")]  # one mp4 out
+VIDEO_OPTIONS = [opt for opt in offered(FORM) if opt.name not in IMAGE_ONLY]
 VIDEO_LIST = [opt.name for opt in VIDEO_OPTIONS if opt.is_list]
 
 router = APIRouter(dependencies=[Depends(require_key)])
 
 
 class VideoOptions(FormOptions):
-    """What `VideoForm` does beyond its fields."""
+    """What `VideoForm` does beyond its fields: `FormOptions`'s, over this route's options."""
 
-    def options(self) -> StylizeOptions:
-        values = {opt.name: getattr(self, opt.name) for opt in VIDEO_OPTIONS}
-        values.update({name: parse_list(name, values[name]) for name in VIDEO_LIST if values[name] is not None})
-        return StylizeOptions.of(values)
+    OPTIONS: ClassVar[list[Option]] = VIDEO_OPTIONS
 
 
 VideoForm = create_model(
@@ -125,21 +123,6 @@ async def decode_styles(st: ServiceState, styles: list[UploadFile], masks: list[
     return out[:len(styles)], out[len(styles):] or None
 
 
-def check_counts(styles: list[UploadFile], masks: list[UploadFile] | None, options: StylizeOptions,
-                 n_scales: int) -> None:
-    n = len(styles)
-    if not 1 <= n <= MAX_STYLES:
-        raise ServiceError(422, "validation_error", f"style: give 1 to {MAX_STYLES} style files, got {n}")
-    if options.style_weights is not None and len(options.style_weights) != n:
-        raise ServiceError(422, "validation_error", f"style_weights: {len(options.style_weights)} weights for {n} "
-                                                    "style file(s); give one per style")
-    if masks is not None and len(masks) != n:
-        raise ServiceError(422, "validation_error", f"style_mask: {len(masks)} mask(s) for {n} style file(s)")
-    if options.alphas is not None and len(options.alphas) != n_scales:
-        raise ServiceError(422, "validation_error", f"alphas: the model has {n_scales} scales, got "
-                                                    f"{len(options.alphas)} values")
-
-
 @router.post(
     PATH, response_class=Response,
     responses={200: {"content": {"video/mp4": {"schema": {"type": "string", "format": "binary"}}},
@@ -152,7 +135,8 @@ async def stylize_video(request: Request, video: VideoUpload, style: StyleUpload
     """Re-draw every frame of `video` in the style of `style`: a short clip, within the limits below."""
     st = require_loaded(state)
     options = form.options()
-    check_counts(style, style_mask, options, len(st.runner.pipe.config.transformer.patch_nums))
+    check_mix(style, style_mask, options.style_weights)
+    check_alphas(options.alphas, len(st.runner.pipe.config.transformer.patch_nums))
     gate: VideoGate = request.app.state.video_gate
     if not gate.take():
         raise ServiceError(503, "busy", "the service is stylizing as many clips as it takes at once; try again "
@@ -161,12 +145,14 @@ async def stylize_video(request: Request, video: VideoUpload, style: StyleUpload
     try:
         src, out = work / "input", work / "output.mp4"
         await save_upload(video, src)
-        info = await _probe(src, limits_of(st))
+        limits = limits_of(st)
+        info = await _probe(src, limits)
         styles, masks = await decode_styles(st, style, style_mask)
         seed = options.seed if options.seed is not None else os_random_seed()
         mix = StyleMix(tuple(styles), options.style_weights, None if masks is None else tuple(masks))
         kwargs = {**options.given(), "seed": seed, "style_weights": None, "temporal": form.temporal,
-                  "batch_size": st.settings.max_batch_size, "max_side": st.settings.max_output_side}
+                  "batch_size": st.settings.max_batch_size, "max_side": st.settings.max_output_side,
+                  "limits": limits, "info": info}
         result, seconds = await _run(request, st, src, mix, out, kwargs)
         headers = {"X-Seed": str(seed), "X-Frames": str(result.frames), "X-Fps": f"{float(result.fps):g}",
                    "X-Inference-Ms": f"{seconds * 1000:.1f}", "X-Temporal": form.temporal,
@@ -178,11 +164,7 @@ async def stylize_video(request: Request, video: VideoUpload, style: StyleUpload
         shutil.rmtree(work, ignore_errors=True)
 
 
-async def _probe(src: Path, limits: VideoLimits) -> Any:
-    from starlette.concurrency import run_in_threadpool
-
-    from stylevar.video import probe
-
+async def _probe(src: Path, limits: VideoLimits) -> VideoInfo:
     try:
         return await run_in_threadpool(probe, src, limits)
     except VideoError as e:
@@ -199,7 +181,7 @@ async def _run(request: Request, st: ServiceState, src: Path, mix: StyleMix, out
             raise Stopped()
 
     def work():
-        return st.runner.pipe.stylize_video(src, mix, out, limits=limits_of(st), progress=progress, **kwargs)
+        return st.runner.pipe.stylize_video(src, mix, out, progress=progress, **kwargs)
 
     t0 = time.perf_counter()
     task = asyncio.get_running_loop().run_in_executor(None, work)
@@ -219,7 +201,8 @@ async def _run(request: Request, st: ServiceState, src: Path, mix: StyleMix, out
         raise video_error(e) from e
     except ServiceError:
         await asyncio.wait({task})  # the thread stops at the next frame; its output is removed with the folder
-        task.exception() if not task.cancelled() else None  # retrieved: Stopped, or whatever ended it
+        if not task.cancelled():
+            task.exception()  # retrieved: Stopped, or whatever ended it
         raise
 
 

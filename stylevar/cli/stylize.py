@@ -427,7 +427,8 @@ def _stylize_video(args: argparse.Namespace) -> int:
 
     try:
         result = pipe.stylize_video(job.content, mix, job.output, temporal=args.temporal, batch_size=args.batch_size,
-                                    max_side=args.max_size, progress=progress, seed=args.seed, resize=args.resize,
+                                    max_side=args.max_size, progress=progress, info=job.info, seed=args.seed,
+                                    resize=args.resize,
                                     preserve_color=args.preserve_color, upsample=args.upsample,
                                     **generation_options(args))
     except VideoError as e:  # found while decoding: a truncated or damaged clip; nothing was written

@@ -240,7 +240,13 @@ class StyleVAR(PretrainedModel, nn.Module):
         """An image's LayerNorm'ed token stream (B, L, C)."""
         with torch.no_grad():
             tok = self.tokenizer.quantize.condition_tokens(self.tokenizer.encode(img_B3HW)[1])
-        return F.layer_norm(self.word_embed(tok) + self.lvl_pos(), (self.cfg.embed_dim,), eps=self.cfg.norm_eps)
+        return self.token_stream_ln(tok)
+
+    def token_stream_ln(self, tokens_BLc: torch.Tensor) -> torch.Tensor:
+        """Condition tokens (B, L, Cvae) as the blocks see them: LayerNorm(word_embed + level and position
+        embeddings), (B, L, C)."""
+        return F.layer_norm(self.word_embed(tokens_BLc) + self.lvl_pos(), (self.cfg.embed_dim,),
+                            eps=self.cfg.norm_eps)
 
     def style_parts(self, style: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """What each style image contributes on its own: its embedding (B, C) and token stream (B, L, C)."""
@@ -254,11 +260,13 @@ class StyleVAR(PretrainedModel, nn.Module):
             emb_BC = emb_BC + self.colour_in(colour_statistics(img_B3HW))
         return emb_BC
 
-    def content_parts(self, content: torch.Tensor, unstyled: bool = False
+    def content_parts(self, content: torch.Tensor, unstyled: bool = False, tokens_BLc: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """What each content image contributes: start token (B, 1, C), token stream (B, L, C), the
-        injection (variant, else None) and, with ``unstyled``, its style-encoder embedding (B, C)."""
-        content_ln = self._stream_ln(content)
+        injection (variant, else None) and, with ``unstyled``, its style-encoder embedding (B, C).
+        ``tokens_BLc``: the content's condition tokens when already at hand (training's fused encode or token
+        cache), else the tokenizer encodes the content."""
+        content_ln = self._stream_ln(content) if tokens_BLc is None else self.token_stream_ln(tokens_BLc)
         sos = self.feat_emb(pooled(self.content_encoder, content)).unsqueeze(1) + self.pos_start
         inject = self.content_in(content_ln) if self.content_in is not None else None
         unstyled_BD = self.style_embedding(content) if unstyled else None

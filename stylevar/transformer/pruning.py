@@ -142,7 +142,7 @@ class ScalePruner:
         R, l, _ = x_RlC.shape
         end, pn, B = start + l, self.patch_nums[k], R // 2 if self.guided else R
         split = GroupSplit(detail_scores(run.content_ln_BLC[:B, start:end], pn), pn, self.detail[k], R)
-        x_RmC = split.tokens(x_RlC, 1)
+        x_RmC = x_in_RmC = split.tokens(x_RlC, 1)
         style_RSmC = split.tokens(run.style_ln_BSLC[:, :, start:end], 2)
         content_RmC = split.tokens(run.content_ln_BLC[:, start:end], 1)
         alpha_RSm1 = split.tokens(alpha_RSl1, 2)
@@ -152,4 +152,4 @@ class ScalePruner:
             guide = Guide(alpha_RSm1, q_BHXc=blk.queries(style_RSmC, content_RmC, mod))
             x_RmC = blk(x_RmC, mod, guide, None, cache)
         # a merged group's positions: its hidden state plus each one's own input less the group's mean input
-        return split.positions(x_RmC) + (x_RlC - split.positions(split.tokens(x_RlC, 1)))
+        return split.positions(x_RmC) + (x_RlC - split.positions(x_in_RmC))
