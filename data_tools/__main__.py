@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-TOOLS = ("synth", "index", "shards")
+TOOLS = ("synth", "index", "shards", "teach")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,8 +17,10 @@ def main(argv: list[str] | None = None) -> int:
         from data_tools.synth import main as run
     elif tool == "index":
         from data_tools.index import main as run
-    else:
+    elif tool == "shards":
         from data_tools.shards import main as run
+    else:
+        from data_tools.teach import main as run
     return run(rest)
 
 

@@ -249,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
                            data_help="triplet manifest (or folder holding manifest.jsonl); repeatable")
     p.add_argument("--preset", default="tiny", help="tiny|d16|d20|d24|d30 or a JSON preset file")
     p.add_argument("--image-size", type=int, default=None, help="train at this size (drops the finest scales)")
+    p.add_argument("--init", default=None, metavar="DIR",
+                   help="start from this tokenizer's weights (a model directory or RUN/final; same config)")
     p.add_argument("--l1-weight", type=float, default=1.0, help="weight of the L1 reconstruction loss")
     p.add_argument("--l2-weight", type=float, default=1.0, help="weight of the L2 reconstruction loss")
     p.add_argument("--vq-weight", type=float, default=1.0, help="weight of the codebook/commitment loss")
@@ -310,13 +312,28 @@ def open_images(args: argparse.Namespace, image_size: int) -> tuple[ImageSet, Im
 def build_objective(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: DistEnv) -> tuple[VQVAEObjective, str]:
     """A fresh tokenizer (seeded: the same on every rank) in its objective, and what the log says of LPIPS."""
     seed_everything(args.seed)
-    vqvae = MultiScaleVQVAE(vq_cfg).to(env.device).train()
+    vqvae = MultiScaleVQVAE(vq_cfg)
+    if args.init:
+        init_from(vqvae, Path(args.init))
+    vqvae = vqvae.to(env.device).train()
     seed_everything(process_seed(args.seed, env.rank))  # the init above is the same on every rank
     lpips_model, lpips_note = (None, "LPIPS off (--lpips-weight 0)")
     if args.lpips_weight > 0:
         lpips_model, lpips_note = build_lpips(env.device)
     weights = LossWeights(args.l1_weight, args.l2_weight, args.vq_weight, args.lpips_weight if lpips_model else 0.0)
     return VQVAEObjective(vqvae, weights, lpips_model), lpips_note
+
+
+def init_from(vqvae: MultiScaleVQVAE, folder: Path) -> None:
+    """Copy a saved tokenizer's weights into `vqvae`; its config must be the run's."""
+    try:
+        src = MultiScaleVQVAE.from_pretrained(folder)
+    except (FileNotFoundError, OSError, ValueError) as e:
+        raise SystemExit(f"error: --init {folder}: {e}") from None
+    if src.cfg.to_dict() != vqvae.cfg.to_dict():
+        diff = {k: (v, vqvae.cfg.to_dict().get(k)) for k, v in src.cfg.to_dict().items() if vqvae.cfg.to_dict().get(k) != v}
+        raise SystemExit(f"error: --init {folder}: its tokenizer config differs from the preset's (theirs, ours): {diff}")
+    vqvae.load_state_dict(src.state_dict())
 
 
 @dataclass

@@ -1,0 +1,185 @@
+"""Real pictures that install by name from package registries, sorted into content photographs and styles.
+
+    python -m data_tools.pictures --out DIR [--cache DIR]
+
+Downloads the Debian packages below with `apt-get download` (no installation, no root needed beyond that),
+unpacks them into the cache and copies the chosen files into `DIR/contents` and `DIR/styles`, each folder
+with a `SOURCES.json` giving every file's package, path, copyright holder and licence (read from the
+package's machine-readable `debian/copyright` where it is one, else the package-wide statement below).
+scikit-image's bundled sample photographs are added when scikit-image is importable. Nothing here is
+committed to the repository: these pictures train and tune the demo model; the held-out pictures that
+judge it (`heldout` below) are never used for either.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Package:
+    name: str
+    folder: str                  # where its pictures lie inside the package
+    contents: tuple[str, ...]    # glob patterns (file names) of photographs
+    styles: tuple[str, ...]      # glob patterns of style pictures
+    licence: str = ""            # package-wide statement when debian/copyright is not machine-readable
+    heldout: tuple[str, ...] = field(default=())
+
+
+MATE = "usr/share/backgrounds/mate"
+PACKAGES = (
+    Package("mate-backgrounds", MATE,
+            contents=("nature/*.jpg",),
+            styles=("abstract/Elephants.jpg", "abstract/Flow.png", "abstract/Gulp.png", "desktop/Float-into-MATE.png")),
+    Package("lomiri-wallpapers-16.04", "usr/share/backgrounds",
+            contents=("Bridge_*", "Dragonfly_*", "Wine_*", "aitzgorri_*", "friends_*", "life_*", "picosdeeuropa_*",
+                      "seeding_*", "sunset_*", "free_*", "Picture_0B_*", "Picture_1A_*"),
+            styles=("analogpattern_*", "greentock_*", "umang_*")),
+    Package("lomiri-wallpapers-20.04", "usr/share/backgrounds",
+            contents=("Kleiber_*",), styles=("Fossa_*", "Infinite-Sea_*", "Painting-Colors_*")),
+    Package("gnome-backgrounds", "usr/share/backgrounds/gnome", contents=(),
+            styles=("pixels-l.webp", "wood-d.webp", "truchet-l.webp", "truchet-d.webp", "adwaita-d.webp",
+                    "licorice-l.webp", "grid-d.webp", "grid-l.webp", "wood-l.webp"),
+            licence="CC-BY-SA-3.0 or GPL-2+ (Jakub Steiner and the GNOME artists; see the package's copyright file)"),
+)
+
+HELD_OUT = (  # judge the demo model only; never train or tune on them
+    Package("plasma-workspace-wallpapers", "usr/share/wallpapers", contents=(), styles=(),
+            licence="see the package's copyright file"),
+    Package("ukui-wallpapers", "usr/share/backgrounds", contents=(), styles=(),
+            licence="see the package's copyright file"),
+)
+
+SKIMAGE_PHOTOS = {  # file in skimage/data: (author / source, licence as scikit-image states it)
+    "astronaut.png": ("NASA (Eileen Collins)", "public domain"),
+    "chelsea.png": ("Stefan van der Walt", "CC0"),
+    "coffee.png": ("Rachel Michetti", "CC0"),
+    "rocket.jpg": ("SpaceX", "CC0"),
+    "motorcycle_left.png": ("Middlebury stereo data set (Scharstein et al.)", "free use with citation"),
+}
+SKIMAGE_STYLES = {
+    "brick.png": ("scikit-image (Stefan van der Walt)", "CC0"),
+    "grass.png": ("scikit-image (Stefan van der Walt)", "CC0"),
+    "gravel.png": ("scikit-image (Stefan van der Walt)", "CC0"),
+}
+
+
+def dep5_licences(copyright_text: str) -> list[tuple[list[str], str, str]]:
+    """(file patterns, copyright holder, licence) per stanza of a machine-readable debian/copyright."""
+    stanzas = []
+    for block in copyright_text.split("\n\n"):
+        fields: dict[str, str] = {}
+        key = None
+        for line in block.splitlines():
+            if line[:1] in (" ", "\t") and key:
+                fields[key] += "\n" + line.strip()
+            elif ":" in line:
+                key, _, value = line.partition(":")
+                fields[key] = value.strip()
+        if "Files" in fields and "License" in fields:
+            stanzas.append((fields["Files"].split(), fields.get("Copyright", "").replace("\n", "; "),
+                            fields["License"].splitlines()[0]))
+    return stanzas
+
+
+def licence_of(relpath: str, stanzas: list[tuple[list[str], str, str]], fallback: str) -> dict:
+    """The last matching stanza wins, as the copyright format specifies."""
+    found = {"copyright": "", "licence": fallback}
+    for patterns, holder, licence in stanzas:
+        if any(fnmatch.fnmatch(relpath, p) or relpath.endswith("/" + p) or Path(relpath).name == p for p in patterns):
+            found = {"copyright": holder, "licence": licence}
+    return found
+
+
+def unpack(package: str, cache: Path) -> Path:
+    """apt-get download + dpkg-deb -x into cache/<package>; reused when already there."""
+    root = cache / package
+    if (root / ".unpacked").exists():
+        return root
+    debs = cache / "debs"
+    debs.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["apt-get", "download", package], cwd=debs, check=True, capture_output=True)
+    deb = max(debs.glob(f"{package}_*.deb"), key=lambda p: p.stat().st_mtime)
+    root.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+    (root / ".unpacked").touch()
+    return root
+
+
+def _copy(src: Path, dest_dir: Path, name: str, record: dict, sources: dict) -> None:
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dest_dir / name)
+    sources[name] = record
+
+
+def collect(out: Path, cache: Path, held_out: bool = False) -> dict[str, int]:
+    sources: dict[str, dict] = {"contents": {}, "styles": {}}
+    for pkg in HELD_OUT if held_out else PACKAGES:
+        root = unpack(pkg.name, cache)
+        copyright_files = list((root / "usr/share/doc").glob("*/copyright"))
+        text = copyright_files[0].read_text(encoding="utf-8", errors="replace") if copyright_files else ""
+        stanzas = dep5_licences(text) if text.startswith("Format:") else []
+        base = root / pkg.folder
+        files = sorted(p for p in base.rglob("*") if p.is_file())
+        for role, patterns in (("contents", pkg.contents), ("styles", pkg.styles)):
+            if held_out:
+                patterns = ("*.jpg", "*.jpeg", "*.png", "*.webp")
+                role = "contents"
+            for f in files:
+                rel = f.relative_to(base).as_posix()
+                if not any(fnmatch.fnmatch(rel, p) or fnmatch.fnmatch(f.name, p) for p in patterns):
+                    continue
+                if held_out and f.stat().st_size < 50_000:
+                    continue  # thumbnails and previews
+                record = {"package": pkg.name, "path": f"/{pkg.folder}/{rel}",
+                          **licence_of(rel, stanzas, pkg.licence or "see the package's copyright file")}
+                _copy(f, out / role, f"{pkg.name}--{rel.replace('/', '--')}", record, sources[role])
+            if held_out:
+                break
+    if not held_out:
+        _add_skimage(out, sources)
+    for role, recs in sources.items():
+        if recs:
+            (out / role / "SOURCES.json").write_text(json.dumps(recs, indent=1, ensure_ascii=False) + "\n")
+    return {role: len(recs) for role, recs in sources.items()}
+
+
+def _add_skimage(out: Path, sources: dict) -> None:
+    try:
+        import skimage
+    except ModuleNotFoundError:
+        print("[pictures] scikit-image is not importable: its sample photographs are left out", file=sys.stderr)
+        return
+    data = Path(skimage.__file__).parent / "data"
+    for role, table in (("contents", SKIMAGE_PHOTOS), ("styles", SKIMAGE_STYLES)):
+        for name, (author, licence) in table.items():
+            if (data / name).is_file():
+                record = {"package": f"scikit-image {skimage.__version__} (PyPI)", "path": f"skimage/data/{name}",
+                          "copyright": author, "licence": licence}
+                _copy(data / name, out / role, f"skimage--{name}", record, sources[role])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m data_tools.pictures", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="writes OUT/contents and OUT/styles (required)")
+    p.add_argument("--cache", type=Path, default=None, help="where packages are downloaded (default OUT/.cache)")
+    p.add_argument("--held-out", action="store_true",
+                   help="collect the held-out judging pictures instead (into OUT/contents; used as both roles)")
+    a = p.parse_args(argv)
+    try:
+        counts = collect(a.out, a.cache or a.out / ".cache", held_out=a.held_out)
+    except (subprocess.CalledProcessError, OSError) as e:
+        print(f"pictures: {e}", file=sys.stderr)
+        return 2
+    print(f"[pictures] {counts} into {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
