@@ -23,6 +23,7 @@ from PIL import Image
 
 from data_tools.teach import TeachConfig, Teacher
 from stylevar.baselines.reinhard import reinhard_transfer
+from stylevar.evaluate.real_pairs import ceiling_markdown
 from stylevar.images import fit_square, pil_to_tensor, tensor_to_pil
 from stylevar.metrics.structure import edge_correlation
 from stylevar.metrics.style_fidelity import colour_swd, texture_distance
@@ -81,14 +82,6 @@ def ceilings(args: argparse.Namespace) -> dict[str, dict]:
     return rows
 
 
-def markdown(rows: dict[str, dict]) -> str:
-    lines = ["| at 256 px | edge corr. with content ↑ | colour SWD to style ↓ | texture dist. to style ↓ |",
-             "| --- | --- | --- | --- |"]
-    lines += [f"| {k} | {v['edge_corr']:.3f} | {v['colour_swd_to_style']:.3f} | {v['texture_dist_to_style']:.3f} |"
-              for k, v in rows.items()]
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--contents", type=Path, required=True)
@@ -98,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None)
     a = p.parse_args(argv)
     rows = ceilings(a)
-    print(markdown(rows))
+    print(ceiling_markdown(rows))
     if a.out:
         a.out.write_text(json.dumps({"n": a.n, "rows": rows}, indent=1) + "\n")
     return 0

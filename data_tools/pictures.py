@@ -97,6 +97,20 @@ def licence_of(relpath: str, stanzas: list[tuple[list[str], str, str]], fallback
     return found
 
 
+def largest_per_picture(base: Path, files: list[Path]) -> list[Path]:
+    """One file per picture: a wallpaper folder (`Name/contents/images/WxH.jpg`) ships several sizes of
+    the same picture and a screenshot; keep its largest file. Loose files are pictures of their own."""
+    best: dict[str, Path] = {}
+    for f in files:
+        rel = f.relative_to(base)
+        if "screenshot" in f.name or f.suffix.lower() not in (".jpg", ".jpeg", ".png", ".webp"):
+            continue
+        key = rel.parts[0] if len(rel.parts) > 1 else rel.name
+        if key not in best or f.stat().st_size > best[key].stat().st_size:
+            best[key] = f
+    return sorted(best.values())
+
+
 def unpack(package: str, cache: Path) -> Path:
     """apt-get download + dpkg-deb -x into cache/<package>; reused when already there."""
     root = cache / package
@@ -127,6 +141,8 @@ def collect(out: Path, cache: Path, held_out: bool = False) -> dict[str, int]:
         stanzas = dep5_licences(text) if text.startswith("Format:") else []
         base = root / pkg.folder
         files = sorted(p for p in base.rglob("*") if p.is_file())
+        if held_out:
+            files = largest_per_picture(base, files)
         for role, patterns in (("contents", pkg.contents), ("styles", pkg.styles)):
             if held_out:
                 patterns = ("*.jpg", "*.jpeg", "*.png", "*.webp")
@@ -135,8 +151,6 @@ def collect(out: Path, cache: Path, held_out: bool = False) -> dict[str, int]:
                 rel = f.relative_to(base).as_posix()
                 if not any(fnmatch.fnmatch(rel, p) or fnmatch.fnmatch(f.name, p) for p in patterns):
                     continue
-                if held_out and f.stat().st_size < 50_000:
-                    continue  # thumbnails and previews
                 record = {"package": pkg.name, "path": f"/{pkg.folder}/{rel}",
                           **licence_of(rel, stanzas, pkg.licence or "see the package's copyright file")}
                 _copy(f, out / role, f"{pkg.name}--{rel.replace('/', '--')}", record, sources[role])

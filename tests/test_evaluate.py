@@ -136,7 +136,7 @@ def test_same_seed_same_numbers(data, micro_model_dir, cache, tmp_path):
 def test_bad_arguments(data, micro_model_dir, cache, tmp_path, capsys):
     assert main(["evaluate", "--method", str(tmp_path / "nope"), "--benchmark", f"p={data['paired']}",
                  "--out", str(tmp_path / "o")]) == 2
-    assert "neither one of adain, adain-paper, reinhard nor a model directory" in capsys.readouterr().err
+    assert "neither one of adain, adain-paper, reinhard, magenta nor a model directory" in capsys.readouterr().err
     assert main(["evaluate", "--method", "reinhard", "--benchmark", f"p={tmp_path}", "--out", str(tmp_path / "o")]) == 2
     assert "has no manifest.jsonl" in capsys.readouterr().err
     mixed = tmp_path / "mixed"

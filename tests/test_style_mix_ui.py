@@ -46,7 +46,7 @@ def files(tmp_path) -> Path:
 def ui(tmp_path, monkeypatch):
     use_weight_cache(monkeypatch, tmp_path / "weights")
     client = RecordingClient()
-    return StyleVARUI(UIConfig(api_url="http://127.0.0.1:9"), client=client, baseline=AdaINBaseline()), client
+    return StyleVARUI(UIConfig(api_url="http://127.0.0.1:9"), client=client, baselines=(AdaINBaseline(),)), client
 
 
 def editor(files: Path, *layers: str) -> dict:

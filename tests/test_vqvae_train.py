@@ -149,3 +149,29 @@ def test_image_size_drops_the_finest_scales():
     assert resize_tokenizer(tiny, None) == tiny
     with pytest.raises(ValueError, match="not available"):
         resize_tokenizer(tiny, 64 + tiny.downsample // 2)
+
+
+def test_init_starts_from_a_saved_tokenizer_and_refuses_another_config(data, tmp_path):
+    first = tmp_path / "first"
+    common = ["--data", str(data["manifest"]), "--batch-size", "6", "--no-progress", "--restart-every", "0"]
+    vqvae.main([*common, "--preset", str(data["preset"]), "--out", str(first), "--max-steps", "2"])
+    saved = MultiScaleVQVAE.from_pretrained(first / "final")
+    fresh = MultiScaleVQVAE(VQVAEConfig.from_dict(TOK))
+    vqvae.init_from(fresh, first / "final")
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v, saved.state_dict()[k]), k
+    vqvae.main([*common, "--preset", str(data["preset"]), "--out", str(tmp_path / "second"), "--max-steps", "1",
+                "--lr", "1e-12", "--init", str(first / "final")])  # a tiny step: it starts where the first ended
+    after = MultiScaleVQVAE.from_pretrained(tmp_path / "second" / "final")
+    moved = {k: float((v - saved.state_dict()[k]).abs().max()) for k, v in after.state_dict().items()
+             if v.is_floating_point() and "ema_vocab_hit" not in k}  # usage statistics, not weights
+    assert max(moved.values()) < 1e-6
+
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"tokenizer": {**TOK, "vocab_size": TOK["vocab_size"] * 2}}))
+    with pytest.raises(SystemExit, match="tokenizer config differs"):
+        vqvae.main([*common, "--preset", str(other), "--out", str(tmp_path / "third"), "--max-steps", "1",
+                    "--init", str(first / "final")])
+    with pytest.raises(SystemExit, match="--init"):
+        vqvae.main([*common, "--preset", str(data["preset"]), "--out", str(tmp_path / "fourth"), "--max-steps", "1",
+                    "--init", str(tmp_path / "nowhere")])

@@ -21,6 +21,7 @@ from PIL import Image
 
 from serve.settings import ServeSettings
 from serve.testing import ServerProcess, free_port
+from stylevar.baselines.magenta import magenta_available
 from stylevar.pipeline import StylePipeline
 from tests.conftest import use_weight_cache
 from web.baseline import AdaINBaseline
@@ -211,7 +212,7 @@ def test_options_become_form_fields():
 # ---- the UI's handlers ----------------------------------------------------------------------------
 @pytest.fixture
 def ui(server, tmp_path, monkeypatch):
-    return StyleVARUI(UIConfig(api_url=server.url, api_key=KEY), baseline=no_adain(tmp_path, monkeypatch))
+    return StyleVARUI(UIConfig(api_url=server.url, api_key=KEY), baselines=(no_adain(tmp_path, monkeypatch),))
 
 
 def stylize_args(images, *, custom=False, alphas=(), **over):
@@ -261,7 +262,7 @@ def test_on_load_fills_the_model_panel_and_alpha_sliders(ui, patch_nums):
 
 def test_model_panel_of_an_unreachable_service(tmp_path, monkeypatch):
     ui = StyleVARUI(UIConfig(api_url=f"http://127.0.0.1:{free_port()}", timeout_s=5),
-                    baseline=no_adain(tmp_path, monkeypatch))
+                    baselines=(no_adain(tmp_path, monkeypatch),))
     panel, _, _, *sliders = ui.on_load()
     assert "Cannot reach the StyleVAR service" in panel and not any(s["visible"] for s in sliders)
 
@@ -295,7 +296,7 @@ def test_adain_beside_stylevar_with_standin_weights(server, images, tmp_path, mo
     write_adain_standins(tmp_path / "sv")
     status = baseline.status()
     assert status.available and "decoder.pth" in status.reason
-    ui = StyleVARUI(UIConfig(api_url=server.url, api_key=KEY), baseline=baseline)
+    ui = StyleVARUI(UIConfig(api_url=server.url, api_key=KEY), baselines=(baseline,))
     outs = list(ui.stylize(**stylize_args(images, adain=True, adain_alpha=0.8)))
     assert "Running AdaIN" in outs[-2][2]
     adain_img = outs[-1][3]
@@ -314,12 +315,14 @@ def test_examples_are_the_projects_own_pairs():
 # ---- Gradio endpoint, mounting, standalone --------------------------------------------------------
 def test_gradio_client_gets_an_image(server, images):
     client = Client(server.url + "/ui/", auth=("anyone", KEY), verbose=False)  # the key is the password
-    preview, gallery, status, _ = client.predict(
+    preview, gallery, status, baseline = client.predict(
         handle_file(str(images / "content.png")), handle_file(str(images / "style.png")),
         style_strength=0.0, seed=5, api_name="/stylize")
     assert status.startswith("Done") and "seed 5" in status
     assert Image.open(gallery[0]["image"]).size == CONTENT_SIZE
     assert Image.open(preview).size == CONTENT_SIZE
+    if magenta_available():  # the panel's default on a machine with the teacher extra: Magenta, on by default
+        assert Image.open(baseline).size == CONTENT_SIZE
 
 
 def test_loopback_url():

@@ -22,6 +22,7 @@ import pytest
 from PIL import Image
 
 from serve.testing import ServerProcess
+from stylevar.baselines.magenta import magenta_available
 from stylevar.pipeline import StylePipeline
 from web.ui import DEMO_LABEL, example_pairs
 
@@ -99,6 +100,11 @@ def test_stylize_in_the_browser(server, tmp_path):
         assert tuple(size) == CONTENT_SIZE
         page.locator("#preview img").wait_for()  # the coarse-to-fine preview ends on the result
         assert "AdaIN" in page.locator("#adain-status").inner_text()
+        if magenta_available():  # the baseline panel's default on a machine with the teacher extra
+            baseline = page.locator("#adain-output img")
+            baseline.wait_for()
+            page.wait_for_function("(el) => el.complete && el.naturalWidth > 0", arg=baseline.element_handle())
+            assert tuple(baseline.evaluate("(el) => [el.naturalWidth, el.naturalHeight]")) == CONTENT_SIZE
         page.screenshot(path=str(shot), full_page=True)
 
     assert Image.open(shot).size[0] == 1280

