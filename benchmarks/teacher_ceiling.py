@@ -23,24 +23,14 @@ from PIL import Image
 
 from data_tools.teach import TeachConfig, Teacher
 from stylevar.baselines.reinhard import reinhard_transfer
-from stylevar.evaluate.real_pairs import ceiling_markdown
+from stylevar.evaluate.real_pairs import SCORE_SIZE, ceiling_markdown, score as score_pairs, score_batch as batch
 from stylevar.images import fit_square, pil_to_tensor, tensor_to_pil
-from stylevar.metrics.structure import edge_correlation
-from stylevar.metrics.style_fidelity import colour_swd, texture_distance
 from stylevar.upsample import Upsampling, upscale
 
-SCORE_SIZE = 256
-
-
-def batch(images: list[Image.Image], size: int = SCORE_SIZE) -> torch.Tensor:
-    return torch.stack([pil_to_tensor(im.convert("RGB").resize((size, size), Image.BICUBIC)) for im in images])
 
 
 def score(images: list[Image.Image], contents: torch.Tensor, styles: torch.Tensor) -> dict[str, float]:
-    x = batch(images)
-    return {"edge_corr": float(edge_correlation(x, contents).mean()),
-            "colour_swd_to_style": float(colour_swd(x, styles).mean()),
-            "texture_dist_to_style": float(texture_distance(x, styles).mean())}
+    return {k: float(v.mean()) for k, v in score_pairs(images, contents, styles).items()}
 
 
 def guided(drawing: Image.Image, content: Image.Image) -> Image.Image:

@@ -31,13 +31,14 @@ MEASURES = ("edge_corr", "colour_swd_to_style", "texture_dist_to_style")
 MODEL_ROW, RAW_ROW, TEACHER_ROW = "model", "transformer alone", "teacher (magenta)"
 
 
-def _batch(images: list[Image.Image]) -> torch.Tensor:
-    return torch.stack([pil_to_tensor(im.convert("RGB").resize((SCORE_SIZE, SCORE_SIZE), Image.BICUBIC))
+def score_batch(images: list[Image.Image], size: int = SCORE_SIZE) -> torch.Tensor:
+    """(B, 3, size, size) in [0, 1], bicubic."""
+    return torch.stack([pil_to_tensor(im.convert("RGB").resize((size, size), Image.BICUBIC))
                         for im in images])
 
 
 def score(images: list[Image.Image], contents: torch.Tensor, styles: torch.Tensor) -> dict[str, torch.Tensor]:
-    x = _batch(images)
+    x = score_batch(images)
     return {"edge_corr": edge_correlation(x, contents), "colour_swd_to_style": colour_swd(x, styles),
             "texture_dist_to_style": texture_distance(x, styles)}
 
@@ -93,7 +94,7 @@ def evaluate(pipe: StylePipeline, spec: RealPairs, seed: int = 0, grid_path: Pat
              grid_rows: int = 8) -> dict:
     """Means of the measures per method (`rows`), wins against the teacher per pair, and a sample grid."""
     pairs = spec.load()
-    contents, styles = _batch([c for c, _ in pairs]), _batch([s for _, s in pairs])
+    contents, styles = score_batch([c for c, _ in pairs]), score_batch([s for _, s in pairs])
     images, seconds = {}, {}
     images[MODEL_ROW], seconds[MODEL_ROW] = run_model(pipe, pairs, seed)
     images[RAW_ROW], seconds[RAW_ROW] = run_model(raw_pipeline(pipe), pairs, seed)
