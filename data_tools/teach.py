@@ -68,6 +68,7 @@ class Picture:
     path: Path
     name: str      # relative to its folder: the key of sources.json
     source: dict
+    image: Image.Image  # decoded once, when the folder is scanned
 
 
 def _sources(folder: Path) -> dict:
@@ -86,17 +87,17 @@ def listed_pictures(folder: Path, role: str) -> list[tuple[str, Path, dict]]:
 
 
 def scan_pictures(folder: Path, role: str) -> list[Picture]:
-    """Every decodable picture under `folder` (sorted), one stderr line per file that is not."""
+    """Every decodable picture under `folder` (sorted), decoded; one stderr line per file that is not."""
     from stylevar.images import load_image
 
     pictures = []
     for name, path, source in listed_pictures(folder, role):
         try:
-            load_image(path)
+            image = load_image(path)
         except Exception as e:  # a corrupt picture costs one line, never the run
             print(f"[teach] skipped {role} {path}: {e}", file=sys.stderr)
             continue
-        pictures.append(Picture(path, name, source))
+        pictures.append(Picture(path, name, source, image))
     if not pictures:
         raise FileNotFoundError(f"no readable {role} pictures in {folder}")
     return pictures
@@ -136,27 +137,19 @@ class Teacher:
 
     def __init__(self, cfg: TeachConfig) -> None:
         from stylevar.baselines.magenta import MagentaConfig, MagentaStylizer
-        from stylevar.images import load_image
 
         self.cfg = cfg
         self.contents = scan_pictures(cfg.contents, "content")
         self.styles = scan_pictures(cfg.styles, "style")
         self.stylizer = MagentaStylizer(MagentaConfig(threads=cfg.threads))
-        self._load = load_image
-        self._cache: dict[Path, Image.Image] = {}
-
-    def _picture(self, p: Picture) -> Image.Image:
-        if p.path not in self._cache:
-            self._cache[p.path] = self._load(p.path)
-        return self._cache[p.path]
 
     def triplet(self, i: int, size: int) -> tuple[Image.Image, Image.Image, Image.Image, dict]:
         """Triplet i at `size` px (content, style, target) and the names of its two pictures."""
         rng = np.random.default_rng([self.cfg.seed, i])
         content_p = self.contents[int(rng.integers(len(self.contents)))]
         style_p = self.styles[int(rng.integers(len(self.styles)))]
-        content_crop = _square_crop(self._picture(content_p), rng, self.cfg.content_crop)
-        style_crop = _square_crop(self._picture(style_p), rng, self.cfg.style_crop)
+        content_crop = _square_crop(content_p.image, rng, self.cfg.content_crop)
+        style_crop = _square_crop(style_p.image, rng, self.cfg.style_crop)
         painted = self.stylizer.transform(_shrink(content_crop, self.stylizer.config.content_size),
                                           self.stylizer.style_vector(style_crop))
         content, style, target = (_shrink(x, size) for x in (content_crop, style_crop, painted))

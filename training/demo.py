@@ -44,7 +44,7 @@ from stylevar.palette import Palette, match_palette
 from stylevar.model_dir import DEMO_LABEL
 from stylevar.pipeline import StylePipeline
 from stylevar.refine import Refinement, refine
-from stylevar.evaluate.real_pairs import RAW_ROW, TEACHER_ROW, RealPairs, ceiling_markdown
+from stylevar.evaluate.real_pairs import RAW_ROW, TEACHER_ROW, RealPairs, ceiling_markdown, measure_cells
 from stylevar.evaluate.real_pairs import evaluate as evaluate_real, markdown as real_markdown
 
 BASE_METRICS = ("ssim", "ssim_standard")
@@ -413,8 +413,7 @@ score, and what this model's tokenizer keeps of the teacher's 64 px picture.
                  "| --- | --- | --- | --- | --- |"]
         for name, res in r.variants.items():
             m, raw = res["rows"]["model"], res["rows"].get(RAW_ROW, {})
-            lines.append(f"| {name} | {m['edge_corr']:.3f} | {m['colour_swd_to_style']:.3f} | "
-                         f"{m['texture_dist_to_style']:.3f} | {raw.get('colour_swd_to_style', float('nan')):.3f} |")
+            lines.append(f"| {name} | {measure_cells(m)} | {raw.get('colour_swd_to_style', float('nan')):.3f} |")
         text += "\n**Variants side by side** (the same held-out pairs):\n\n" + "\n".join(lines) + "\n"
     return text + "\n"
 

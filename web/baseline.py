@@ -124,13 +124,12 @@ class MagentaBaseline:
         self._lock = threading.Lock()
 
     def status(self) -> BaselineStatus:
-        from stylevar.baselines.magenta import ATTRIBUTION, MagentaStylizer, TeacherUnavailable, magenta_available
+        from stylevar.baselines.magenta import ATTRIBUTION, TeacherUnavailable, models_dir
 
-        if not magenta_available():
-            try:
-                MagentaStylizer()  # raises TeacherUnavailable: the one line naming the extra
-            except TeacherUnavailable as e:
-                return BaselineStatus(False, str(e))
+        try:
+            models_dir()
+        except TeacherUnavailable as e:  # the one line naming the extra
+            return BaselineStatus(False, str(e))
         return BaselineStatus(True, f"{ATTRIBUTION}, on onnxruntime (CPU): content at 384 px on its longer side, "
                                     "style as a 256 px centre square.")
 

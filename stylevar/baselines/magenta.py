@@ -37,7 +37,9 @@ class TeacherUnavailable(RuntimeError):
     """The optional stylizer (or its runtime) is not installed."""
 
 
-def _models_dir() -> Path:
+def models_dir() -> Path:
+    """The folder of the installed networks; TeacherUnavailable (one line naming the extra) when the package
+    or onnxruntime is missing. Nothing is loaded."""
     try:
         import onnxruntime  # noqa: F401
         root = resources.files(PACKAGE)
@@ -61,7 +63,7 @@ class MagentaStylizer:
     name = "magenta"
 
     def __init__(self, config: MagentaConfig = MagentaConfig()) -> None:
-        models = _models_dir()  # first: a missing onnxruntime is TeacherUnavailable too, not ModuleNotFoundError
+        models = models_dir()  # first: a missing onnxruntime is TeacherUnavailable too, not ModuleNotFoundError
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
@@ -115,7 +117,7 @@ class MagentaStylizer:
 
 def magenta_available() -> bool:
     try:
-        _models_dir()
+        models_dir()
     except TeacherUnavailable:
         return False
     return True

@@ -68,9 +68,7 @@ class ReinhardMethod:
     def __call__(self, content_B3HW, style_B3HW, seeds):
         from stylevar.baselines.reinhard import reinhard_transfer
 
-        out = [pil_to_tensor(reinhard_transfer(tensor_to_pil(c), tensor_to_pil(s)))
-               for c, s in zip(content_B3HW.cpu(), style_B3HW.cpu())]
-        return torch.stack(out).to(content_B3HW.device)
+        return per_pair(reinhard_transfer, content_B3HW, style_B3HW)
 
 
 @dataclass
@@ -82,10 +80,9 @@ class MagentaMethod:
     stylizer: object | None = None
 
     def __post_init__(self) -> None:
-        from stylevar.baselines.magenta import MagentaStylizer, magenta_available
+        from stylevar.baselines.magenta import models_dir
 
-        if not magenta_available():  # not installed: one line naming the extra, before any other work
-            MagentaStylizer()  # raises TeacherUnavailable
+        models_dir()  # not installed: TeacherUnavailable, one line naming the extra, before any other work
 
     def load(self, device: torch.device) -> None:
         from stylevar.baselines.magenta import MagentaStylizer
@@ -95,9 +92,14 @@ class MagentaMethod:
 
     def __call__(self, content_B3HW, style_B3HW, seeds):
         assert self.stylizer is not None
-        out = [pil_to_tensor(self.stylizer(tensor_to_pil(c), tensor_to_pil(s)))  # type: ignore[operator]
-               for c, s in zip(content_B3HW.cpu(), style_B3HW.cpu())]
-        return torch.stack(out).to(content_B3HW.device)
+        return per_pair(self.stylizer, content_B3HW, style_B3HW)  # type: ignore[arg-type]
+
+
+def per_pair(stylize, content_B3HW: torch.Tensor, style_B3HW: torch.Tensor) -> torch.Tensor:
+    """A PIL-image method `stylize(content, style)` applied pair by pair to (B, 3, H, W) batches in [0, 1]."""
+    out = [pil_to_tensor(stylize(tensor_to_pil(c), tensor_to_pil(s)))
+           for c, s in zip(content_B3HW.cpu(), style_B3HW.cpu())]
+    return torch.stack(out).to(content_B3HW.device)
 
 
 @dataclass
