@@ -22,6 +22,7 @@ from training.optim import make_adamw
 from training.parts.checkpoints import CheckpointManager
 from training.parts.distributed import DistEnv
 from training.parts.log import read_log
+from training.parts.scale_weights import panw_weights
 from training.rewards import Reward, RewardConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,16 +66,16 @@ def _trainer(setup, cfg: grpo.GRPOConfig, merge: MergeConfig | None = None, lr: 
 # ------------------------------------------------------------------------------------------ math
 def test_panw_weights_match_the_paper_table_and_sum_to_one():
     pns = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)
-    w = grpo.panw_weights(pns, 0.7)
+    w = panw_weights(pns, 0.7)
     assert w.shape == (sum(p * p for p in pns),) == (680,)
     per_scale = [float(x[0]) for x in w.split([p * p for p in pns])]
     assert [round(x, 4) for x in per_scale] == list(PAPER_TABLE)
     assert float(w.double().sum()) == pytest.approx(1.0, abs=1e-6)
     for x, p in zip(w.split([p * p for p in pns]), pns):  # constant within a scale
         assert torch.all(x == x[0])
-    tiny = grpo.panw_weights((1, 2, 3, 4, 6, 8), 0.7)
+    tiny = panw_weights((1, 2, 3, 4, 6, 8), 0.7)
     assert float(tiny.double().sum()) == pytest.approx(1.0, abs=1e-6)
-    assert torch.allclose(grpo.panw_weights(pns, 0.0), torch.full((680,), 1 / 680))  # gamma 0: plain mean
+    assert torch.allclose(panw_weights(pns, 0.0), torch.full((680,), 1 / 680))  # gamma 0: plain mean
 
 
 def test_group_advantages():
@@ -185,7 +186,7 @@ def test_loss_and_gradients_follow_the_formula(setup):
     a = r.advantages[:, None]
     pol = -torch.minimum(rho * a, rho.clamp(0.8, 1.2) * a)
     kl = torch.exp(r.ref - new) - 1 - (r.ref - new)
-    w = grpo.panw_weights(t.model.cfg.patch_nums, 0.7)
+    w = panw_weights(t.model.cfg.patch_nums, 0.7)
     loss = (w * (pol + 0.3 * kl)).sum(1).mean()
     loss.backward()
     assert d["loss"] == pytest.approx(float(loss.detach()), rel=1e-5, abs=1e-7)

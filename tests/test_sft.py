@@ -284,3 +284,49 @@ def test_compiled_blocks_train_as_eager_ones(setup, tmp_path):
     a, b = _weights(tmp_path / "eager"), _weights(tmp_path / "compiled")
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=k)
+
+
+def test_scale_weighted_loss_and_added_variants(setup, tmp_path):
+    """--scale-gamma weighs the coarse scales' tokens up (gamma 0 is the plain mean); --add-variants grows an
+    --init model by zero-initialised variant modules: it computes what it did until training moves them."""
+    from training.parts.scale_weights import panw_weights
+
+    first = tmp_path / "first"
+    sft.main(_args(setup, first, 4, "--batch-size", 4, "--no-augment", "--save-every", 4))
+    model = StylePipeline.from_pretrained(first / "final", device="cpu").model
+    grown = sft.with_variants(model, ["colour_stats"])
+    assert grown.colour_in is not None and grown.cfg.colour_stats and not model.cfg.colour_stats
+    g = torch.Generator().manual_seed(0)
+    c, s = torch.rand(2, 3, 16, 16, generator=g) * 2 - 1, torch.rand(2, 3, 16, 16, generator=g) * 2 - 1
+    idx = model.tokenizer.encode_indices(c)
+    with torch.no_grad():
+        torch.testing.assert_close(grown.teacher_forcing_logits(c, s, idx), model.teacher_forcing_logits(c, s, idx))
+    with pytest.raises(SystemExit, match="unknown"):
+        sft.with_variants(model, ["sparkle"])
+
+    # the weighted loss by hand, from the objective's own logits
+    batch = {"content": c, "style": s, "target": c}
+    plain = sft.SFTObjective(model, label_smoothing=0.0, alpha_jitter=0.0, seed=0)
+    weighted = sft.SFTObjective(model, label_smoothing=0.0, alpha_jitter=0.0, seed=0, scale_gamma=1.0)
+    with torch.no_grad():
+        loss_plain, _ = plain(batch)
+        loss_weighted, metrics = weighted(batch)
+        logits = model.teacher_forcing_logits(c, s, idx)
+        ce_BL = torch.nn.functional.cross_entropy(logits.flatten(0, 1), torch.cat(idx, 1).flatten(),
+                                                  reduction="none").view(2, -1)
+    w_L = panw_weights(model.cfg.patch_nums, 1.0)
+    per_scale = [x.mean() for x in ce_BL.split([1, 4, 16], dim=1)]
+    torch.testing.assert_close(w_L.split([1, 4, 16])[0].sum(), torch.tensor(1 / 3))  # each scale a third
+    torch.testing.assert_close(loss_weighted, torch.stack(per_scale).mean(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(loss_plain, ce_BL.mean(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(metrics["ce"], ce_BL.mean(), rtol=1e-5, atol=1e-5)  # logged CE stays the plain one
+
+    # through the recipe: both flags together, recorded in the model it writes
+    out = tmp_path / "grown"
+    sft.main(_args(setup, out, 4, "--batch-size", 4, "--no-augment", "--init", first / "final",
+                   "--add-variants", "colour_stats", "--scale-gamma", 1.0))
+    assert StylePipeline.from_pretrained(out / "final", device="cpu").config.transformer.colour_stats
+    with pytest.raises(SystemExit, match="--add-variants needs --init"):
+        sft.main(_args(setup, tmp_path / "x", 2, "--add-variants", "colour_stats"))
+    with pytest.raises(SystemExit, match="--scale-gamma"):
+        sft.main(_args(setup, tmp_path / "x", 2, "--scale-gamma", -1))

@@ -77,20 +77,13 @@ from training.parts.rng import derived_generator
 from training.parts.run import TrainingRun
 from training.parts.rundir import RunDir
 from training.parts.schedule import LoopConfig
+from training.parts.scale_weights import panw_weights
 from training.parts.state import TrainingState
 from training.parts.streams import BatchStreamConfig, make_stream, move_to
 from training.rewards import REWARDS, Reward, RewardConfig
 
 
 # ------------------------------------------------------------------------------------------ math
-def panw_weights(patch_nums: Sequence[int], gamma: float = 0.7) -> torch.Tensor:
-    """Per-token PANW weights (L,): a token of scale k weighs (h_k * w_k)^-gamma / Z, sum 1 over all tokens."""
-    if gamma < 0:
-        raise ValueError(f"PANW gamma must be >= 0, got {gamma}")
-    per_token = torch.cat([torch.full((pn * pn,), float(pn * pn) ** -gamma, dtype=torch.float64) for pn in patch_nums])
-    return (per_token / per_token.sum()).float()
-
-
 def group_advantages(rewards_BG: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
     """(R - mean_G R) / (std_G R + eps) within each group (row); std is the unbiased sample std."""
     if rewards_BG.ndim != 2 or rewards_BG.shape[1] < 2:

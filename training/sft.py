@@ -62,6 +62,7 @@ from training.parts.log import MetricWindow
 from training.parts.precision import autocast, make_grad_scaler, resolve_precision
 from training.parts.rng import derived_generator, process_seed, seed_everything
 from training.parts.run import TrainingRun
+from training.parts.scale_weights import panw_weights
 from training.token_cache import TokenCache, TokenCacheError, open_token_cache
 from training.token_inputs import condition_from_tokens, encode_triplets, tokens_from_indices
 from training.var_init import init_from_var
@@ -112,6 +113,9 @@ def build_model(args: argparse.Namespace, tr_preset: StyleVARConfig, vqvae: Mult
         else:
             model = load_stylevar(init, cfg, vqvae)
         log_lines.append(f"initialised from StyleVAR weights {args.init}")
+        if args.add_variants:
+            model = with_variants(model, args.add_variants)
+            log_lines.append(f"variants added (zero-initialised, the same computation at step 0): {args.add_variants}")
     else:
         model = StyleVAR(cfg, vqvae)
         log_lines.append("transformer initialised from scratch")
@@ -119,6 +123,24 @@ def build_model(args: argparse.Namespace, tr_preset: StyleVARConfig, vqvae: Mult
     if args.drop_path_rate is not None:
         set_drop_path_rate(model, args.drop_path_rate)
     return model, summary
+
+
+VARIANT_MODULES = {"content_injection": "content_in", "colour_stats": "colour_in"}
+
+
+def with_variants(model: StyleVAR, variants: list[str]) -> StyleVAR:
+    """``model`` with opt-in variants turned on: their modules start at zero, so the model computes what it did;
+    every other tensor is the model's own."""
+    unknown = sorted(set(variants) - set(VARIANT_MODULES))
+    if unknown:
+        raise SystemExit(f"error: --add-variants: unknown {unknown} (known: {sorted(VARIANT_MODULES)})")
+    grown = StyleVAR(dataclasses.replace(model.cfg, **{v: True for v in variants}), model.tokenizer)
+    missing, unexpected = grown.load_state_dict(model.state_dict(), strict=False)
+    added = tuple(f"{VARIANT_MODULES[v]}." for v in variants)
+    if unexpected or any(not k.startswith(added) for k in missing):
+        raise SystemExit(f"error: --add-variants {variants}: the weights do not fit (missing {missing[:4]}, "
+                         f"unexpected {unexpected[:4]})")
+    return grown
 
 
 def channels_last(model: StyleVAR) -> None:
@@ -162,10 +184,12 @@ class SFTObjective(nn.Module):
     here, the style's and content's inside `StyleVAR.condition`): the same token maps either way."""
 
     def __init__(self, model: StyleVAR, *, label_smoothing: float, alpha_jitter: float, seed: int,
-                 fuse_encodes: bool = True):
+                 fuse_encodes: bool = True, scale_gamma: float = 0.0):
         super().__init__()
         self.model = model
         self.label_smoothing, self.alpha_jitter, self.seed = label_smoothing, alpha_jitter, seed
+        # gamma 0: the plain mean over tokens (the reference's loss); > 0: coarse scales weigh more (PANW)
+        self.weights_L = panw_weights(model.cfg.patch_nums, scale_gamma) if scale_gamma > 0 else None
         self.fuse_encodes = fuse_encodes
         self.draws = 0  # micro-batches seen: keys the alpha jitter (checkpointed)
 
@@ -192,9 +216,15 @@ class SFTObjective(nn.Module):
         logits_BLV = self.model.teacher_forcing_logits(content, style, target_idx, alphas=alphas, cond=cond)
         gt_BL = torch.cat(target_idx, dim=1)
         flat = logits_BLV.reshape(-1, logits_BLV.shape[-1])
-        loss = F.cross_entropy(flat, gt_BL.reshape(-1), label_smoothing=self.label_smoothing)
+        if self.weights_L is None:
+            loss = F.cross_entropy(flat, gt_BL.reshape(-1), label_smoothing=self.label_smoothing)
+        else:
+            ce_BL = F.cross_entropy(flat, gt_BL.reshape(-1), label_smoothing=self.label_smoothing,
+                                    reduction="none").view_as(gt_BL)
+            loss = (ce_BL * self.weights_L.to(ce_BL.device)).sum(1).mean()
         with torch.no_grad():
-            ce = F.cross_entropy(flat, gt_BL.reshape(-1)) if self.label_smoothing else loss.detach()
+            plain = self.label_smoothing or self.weights_L is not None
+            ce = F.cross_entropy(flat, gt_BL.reshape(-1)) if plain else loss.detach()
             acc = (logits_BLV.argmax(-1) == gt_BL).float().mean()
         return loss, {"ce": ce.detach(), "acc": acc}
 
@@ -252,6 +282,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="initialise from StyleVAR weights (model dir, checkpoint, or hub id hf:OWNER/NAME[:variant])")
     p.add_argument("--image-size", type=int, default=None, help="default: the tokenizer's")
     p.add_argument("--label-smoothing", type=float, default=0.1, help="label smoothing of the cross-entropy")
+    p.add_argument("--add-variants", type=lambda v: [x for x in v.split(",") if x], default=[],
+                   help="with --init: turn on opt-in variants the initial model lacks, comma-separated "
+                        "(content_injection, colour_stats); their modules start at zero")
+    p.add_argument("--scale-gamma", type=float, default=0.0,
+                   help="weigh a token of scale k by (h_k w_k)^-gamma in the loss (PANW's weights; 0: the plain "
+                        "mean over tokens, the reference's; 1: every scale the same share)")
     p.add_argument("--alpha-jitter", type=float, default=0.0, help="random +- jitter of the per-scale alphas during training (0: off)")
     p.add_argument("--lr-drop-step", type=int, default=None, help="step at which the lr drops (overrides the fraction)")
     p.add_argument("--lr-drop-fraction", type=float, default=0.6, help="fraction of --max-steps at which the lr drops")
@@ -300,6 +336,10 @@ def check_inputs(args: argparse.Namespace) -> None:
             raise SystemExit(f"error: {flag} {value}: not found")
     if not 0 <= args.label_smoothing < 1:
         raise SystemExit("error: --label-smoothing must be in [0, 1)")
+    if args.add_variants and not args.init:
+        raise SystemExit("error: --add-variants needs --init (the model the variants are added to)")
+    if not 0 <= args.scale_gamma <= 2:
+        raise SystemExit("error: --scale-gamma must be in [0, 2]")
     if not 0 <= args.alpha_jitter < 1:
         raise SystemExit("error: --alpha-jitter must be in [0, 1)")
     if args.drop_path_rate is not None and not 0 <= args.drop_path_rate < 1:
@@ -488,7 +528,7 @@ def train(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARC
     prepare_model(model, args, env)
     cache = open_cache(args, train_set, model, env)
     objective = SFTObjective(model, label_smoothing=args.label_smoothing, alpha_jitter=args.alpha_jitter,
-                             seed=args.seed)
+                             seed=args.seed, scale_gamma=args.scale_gamma)
     ddp = sharding.shard_model(objective, model, env, precision) if fsdp else wrap_ddp(objective, env)
     # AdamW's fused kernel, on the CPU too (FSDP's sharded parameters: torch's own choice)
     optimizer = make_adamw(model, args.lr, args.weight_decay, betas=(0.9, 0.95), fused=None if fsdp else True)

@@ -1,0 +1,21 @@
+"""How much each scale's tokens weigh in a loss over all K token maps.
+
+A plain mean over the L = sum(h_k * w_k) tokens gives the finest scale almost all of the gradient (256 of
+341 tokens in the demo model, 256 of 680 in the published one) and the first scale, which sets the
+picture's overall colour, one token's worth. Per-action normalization weighting (PANW, the paper's GRPO
+stage) weighs a token of scale k by (h_k * w_k)^-gamma: gamma 0 is the plain mean, gamma 1 gives every scale
+the same share.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def panw_weights(patch_nums: Sequence[int], gamma: float = 0.7) -> torch.Tensor:
+    """Per-token weights (L,): a token of scale k weighs (h_k * w_k)^-gamma / Z, sum 1 over all tokens."""
+    if gamma < 0:
+        raise ValueError(f"PANW gamma must be >= 0, got {gamma}")
+    per_token = torch.cat([torch.full((pn * pn,), float(pn * pn) ** -gamma, dtype=torch.float64) for pn in patch_nums])
+    return (per_token / per_token.sum()).float()
