@@ -5,6 +5,7 @@ and `ServiceError` that body; `ERROR_RESPONSES` documents them in the OpenAPI sc
 """
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -70,11 +71,45 @@ async def http_error_handler(request: Request, exc: StarletteHTTPException) -> J
     return error_response(exc.status_code, code, str(exc.detail), getattr(exc, "headers", None))
 
 
+def form_fields(request: Request) -> set[str]:
+    """The multipart fields the request's route declares, read from the app's own OpenAPI schema."""
+    route = request.scope.get("route")
+    operation = request.app.openapi().get("paths", {}).get(getattr(route, "path", None), {}).get(request.method.lower(), {})
+    schemas = request.app.openapi().get("components", {}).get("schemas", {})
+
+    def properties(schema: dict[str, Any]) -> set[str]:  # its own and those of what it refers to or extends
+        if "$ref" in schema:
+            return properties(schemas.get(schema["$ref"].rsplit("/", 1)[1], {}))
+        return set(schema.get("properties", {})).union(*(properties(part) for part in schema.get("allOf", ())))
+
+    return properties(operation.get("requestBody", {}).get("content", {}).get("multipart/form-data", {})
+                      .get("schema", {}))
+
+
+def field_hints(request: Request, body: Any) -> list[str]:
+    """'unknown field NAME; did you mean ...?' for each form field the route does not declare."""
+    if not hasattr(body, "keys"):
+        return []
+    known = form_fields(request)
+    hints = []
+    for name in sorted(set(body.keys()) - known) if known else ():
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        hints.append(f"unknown field {name!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
+    return hints
+
+
+def error_message(err: dict[str, Any]) -> str:
+    """One validation error as `field: message`, with a hint where the mistake is a common one."""
+    loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+    msg = str(err.get("msg", "invalid"))
+    if "Expected UploadFile" in msg:  # text where a file belongs: curl's -F name=path without the @
+        field = loc.split(".")[0] or "content"
+        msg = f"send a file, not text (curl: -F {field}=@photo.jpg)"
+    return f"{loc}: {msg}" if loc else msg
+
+
 async def validation_error_handler(request: Request, exc: RequestValidationError) -> JSONResponse:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
-        parts.append(f"{loc}: {err.get('msg', 'invalid')}" if loc else str(err.get("msg", "invalid")))
+    parts = field_hints(request, exc.body) + [error_message(err) for err in exc.errors()]
     return error_response(422, "validation_error", "; ".join(parts) or "invalid request")
 
 

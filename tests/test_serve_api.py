@@ -237,6 +237,19 @@ def test_bad_input_gets_its_4xx_and_a_json_error(client, case):
     assert set(body) == {"error", "detail"}
 
 
+def test_common_mistakes_get_hints(client):
+    """Text where a file belongs (curl's -F content=photo.jpg, no @) and a misspelled field."""
+    r = client.post("/stylize", data={"content": "photo.jpg"}, files={"style": ("s.png", STYLE, "image/png")})
+    assert r.status_code == 422
+    assert r.json()["detail"] == "content: send a file, not text (curl: -F content=@photo.jpg)"
+    r = client.post("/stylize", files={"content": ("c.jpg", CONTENT, "image/jpeg"), "styles": ("s.png", STYLE, "image/png")})
+    assert r.status_code == 422
+    assert r.json()["detail"] == "unknown field 'styles'; did you mean 'style'?; style: Field required"
+    r = client.post("/stylize/stream", files=files(), data={"seeed": "3", "top_k": "x"})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"].startswith("unknown field 'seeed'; did you mean 'seed'?; top_k"), r.text
+
+
 def test_upload_limit_applies_to_the_stream_route_too(client):
     r = client.post("/stylize/stream", files=files(b"\x00" * (MAX_UPLOAD + 10)))
     assert r.status_code == 413 and r.json()["error"] == "payload_too_large"

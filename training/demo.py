@@ -153,7 +153,13 @@ def choose_refinement(pipe: StylePipeline, triplets: list[Triplet], seed: int = 
     return best, scores
 
 
-PALETTE_CANDIDATES = tuple(Palette(s) for s in (0.0, 0.25, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0))
+PALETTE_CANDIDATES = (Palette(0.0), *(Palette(v) for v in (0.25, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)),
+                      *(Palette(v, "distribution") for v in (0.5, 0.75, 1.0)))
+
+
+def palette_label(cfg: Palette) -> str:
+    """"off", "moments 0.6", "distribution 1": the key of a candidate in the selection's scores."""
+    return f"{cfg.method} {cfg.strength:g}" if cfg.enabled else "off"
 
 
 def mean_colour_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -163,10 +169,12 @@ def mean_colour_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def choose_palette(pipe: StylePipeline, triplets: list[Triplet], refinement: Refinement, seed: int = 0
                    ) -> tuple[Palette, dict]:
-    """The palette strength (`PALETTE_CANDIDATES`) whose outputs on `triplets` (training ones) are as far
-    from the style's mean colour as the triplets' own targets are: the style taken as much as the data's
-    rule takes it, no more. One model call (the pipeline's palette and refinement must be off): each
-    candidate is applied to the same outputs, then `refinement`, in the pipeline's order."""
+    """The palette step (`PALETTE_CANDIDATES`) that brings the outputs on `triplets` (training ones) closest
+    to the style's colours (sliced Wasserstein, Lab) while they keep at least as much of the content's edges
+    as the triplets' own targets do: the style taken as far as the data's rule keeps the content. (No
+    candidate keeps that much: the one that keeps the most.) One model call (the pipeline's palette and
+    refinement must be off): each candidate is applied to the same outputs, then `refinement`, in the
+    pipeline's order."""
     from stylevar.metrics import compute
 
     if pipe.config.palette.enabled or pipe.config.refine.enabled:
@@ -174,15 +182,20 @@ def choose_palette(pipe: StylePipeline, triplets: list[Triplet], refinement: Ref
     size = pipe.image_size
     raw = outputs(generate(pipe, triplets, seed))
     content, style, target = (image_batch([getattr(t, k) for t in triplets], size) for k in ("content", "style", "target"))
-    goal = float(mean_colour_distance(target, style).mean())
+    goal = float(edge_correlation(target, content).mean())
     scores = {}
     for cand in PALETTE_CANDIDATES:
         out = refine(match_palette(raw, style.mul(2).sub(1), cand), content, refinement)
-        scores[f"{cand.strength:g}"] = {"colour_dist_to_style": float(mean_colour_distance(out, style).mean()),
-                                        "ssim": float(compute("ssim", out, content, target, target).mean()),
-                                        "edge_corr": float(edge_correlation(out, content).mean())}
-    best = min(PALETTE_CANDIDATES, key=lambda c: abs(scores[f"{c.strength:g}"]["colour_dist_to_style"] - goal))
-    return best, {"n": len(triplets), "target_colour_dist": goal, "scores": scores}
+        scores[palette_label(cand)] = {"colour_swd_to_style": float(colour_swd(out, style).mean()),
+                                       "colour_dist_to_style": float(mean_colour_distance(out, style).mean()),
+                                       "ssim": float(compute("ssim", out, content, target, target).mean()),
+                                       "edge_corr": float(edge_correlation(out, content).mean())}
+    keeping = [c for c in PALETTE_CANDIDATES if scores[palette_label(c)]["edge_corr"] >= goal]
+    if keeping:
+        best = min(keeping, key=lambda c: scores[palette_label(c)]["colour_swd_to_style"])
+    else:
+        best = max(PALETTE_CANDIDATES, key=lambda c: scores[palette_label(c)]["edge_corr"])
+    return best, {"n": len(triplets), "target_edge_corr": goal, "scores": scores}
 
 
 def refinement_label(cfg: Refinement) -> str:
@@ -241,8 +254,8 @@ def evaluate_model(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0, 
             "seed_spread": seed_spread(outputs(scored), outputs(generate(pipe, triplets, seed + 1000)))}
 
 
-def palette_row(strength: float) -> str:
-    return f"content + palette step {strength:g}"
+def palette_row(cfg: Palette) -> str:
+    return f"content + palette step ({palette_label(cfg)})"
 
 
 def score_baselines(triplets: list[Triplet], size: int, suite=None, palette: Palette = Palette()) -> dict[str, dict]:
@@ -254,7 +267,7 @@ def score_baselines(triplets: list[Triplet], size: int, suite=None, palette: Pal
     images = {"copy-content": content,
               "reinhard": image_batch([reinhard_transfer(t.content, t.style) for t in triplets], size)}
     if palette.enabled:
-        images[palette_row(palette.strength)] = match_palette(content, style.mul(2).sub(1), palette)
+        images[palette_row(palette)] = match_palette(content, style.mul(2).sub(1), palette)
     if all(t.target is not None for t in triplets):
         images["target"] = image_batch([t.target for t in triplets], size)
     return {method: {k: float(v.mean()) for k, v in score(ims, slice(0, len(triplets))).items()}
@@ -318,7 +331,7 @@ class Report:
     n: int
     sampling: dict  # {"n": calibration triplets, "scores": candidate -> {"ssim", "seed_spread"}}
     refinement: dict  # {"scores": candidate -> {"ssim", "edge_corr"}}
-    palette: dict  # `choose_palette`'s {"n", "target_colour_dist", "scores": strength -> metrics}
+    palette: dict  # `choose_palette`'s {"n", "target_edge_corr", "scores": candidate -> metrics}
     timings: dict
     dtype: str
     experiments: str = ""  # markdown from benchmarks/fidelity.py, if given
@@ -426,8 +439,12 @@ def card_model(pipe: StylePipeline, r: Report) -> str:
                  "inputs through a zero-initialised linear map; an opt-in variant, not the published architecture)"
                  if tr.content_injection else "published architecture")
     ref, pal = pipe.config.refine, pipe.config.palette
-    palette_row_text = (f"strength {pal.strength:g} (`stylevar.palette`): the output's Lab mean and standard deviation "
-                        f"moved {pal.strength:.0%} of the way to the style's" if pal.enabled else "none")
+    palette_row_text = ("none" if not pal.enabled else
+                        f"{palette_label(pal)} (`stylevar.palette`): the output's Lab mean and standard deviation "
+                        f"moved {pal.strength:.0%} of the way to the style's" if pal.method == "moments" else
+                        f"{palette_label(pal)} (`stylevar.palette`): the output's Lab colour distribution moved "
+                        f"{pal.strength:.0%} of the way to the style's ({pal.iterations} rounds of iterative "
+                        f"distribution transfer)")
     refinement_row = (f"guided filter with the content as the guide (`stylevar.refine`), radius {ref.radius} px, "
                       f"eps {ref.eps:g}: the content's edges put back into the output, colours unchanged"
                       if ref.enabled else "none")
@@ -452,7 +469,8 @@ def card_evaluation(pipe: StylePipeline, r: Report) -> str:
     sampling_rows = "\n".join(f"| {k} | {v['ssim']:.4f} | {v['seed_spread']:.4f} |" for k, v in r.sampling["scores"].items())
     refine_rows = "\n".join(f"| {k} | {v['ssim']:.4f} | {v['edge_corr']:.4f} |"
                              for k, v in r.refinement.get("scores", {}).items())
-    palette_rows = "\n".join(f"| {k} | {v['colour_dist_to_style']:.4f} | {v['ssim']:.4f} | {v['edge_corr']:.4f} |"
+    palette_rows = "\n".join(f"| {k} | {v.get('colour_swd_to_style', float('nan')):.4f} | "
+                              f"{v['colour_dist_to_style']:.4f} | {v['ssim']:.4f} | {v['edge_corr']:.4f} |"
                               for k, v in r.palette.get("scores", {}).items())
     return f"""## Evaluation
 {r.n} held-out synthetic triplets drawn from a synthesis seed the recipe never trains on (`HELDOUT_SEED` in
@@ -493,12 +511,14 @@ transformer's output without it):
 | --- | --- | --- |
 {refine_rows}
 
-The palette step's strength was chosen last, on the same training triplets, with the refinement above:
-the candidate whose outputs are as far from the style's mean colour as the triplets' own targets are
-({r.palette.get("target_colour_dist", float("nan")):.4f}), so the output takes the style's palette as much as the data's rule does:
+The palette step was chosen last, on the same training triplets, with the refinement above: of the
+candidates whose outputs keep at least the targets' own edge correlation with the content
+({r.palette.get("target_edge_corr", float("nan")):.4f}), the one closest to the style's colours (sliced
+Wasserstein, Lab), so the output takes the style's palette as far as the data's rule keeps the content
+("moments": Reinhard's mean and spread; "distribution": the whole colour distribution, `stylevar.palette`):
 
-| strength | colour_dist_to_style | ssim | edge correlation |
-| --- | --- | --- | --- |
+| candidate | colour_swd_to_style | colour_dist_to_style | ssim | edge correlation |
+| --- | --- | --- | --- | --- |
 {palette_rows}
 """
 
@@ -570,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen, refine_scores = choose_refinement(pipe, calibration, args.seed)
     print(f"refinement: {refinement_label(chosen)} ({refine_scores})")
     palette, palette_selection = choose_palette(pipe, calibration, chosen, args.seed)
-    print(f"palette: strength {palette.strength:g} ({palette_selection})")
+    print(f"palette: {palette_label(palette)} ({palette_selection})")
     triplets, photos = heldout_triplets(args.n, pipe.image_size), photo_triplets(pipe.image_size)
     suite = make_suite()
     raw = {"synthetic": evaluate_model(pipe, triplets, args.seed, suite), "photos": evaluate_model(pipe, photos, args.seed)}
