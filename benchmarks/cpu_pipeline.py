@@ -8,7 +8,7 @@ tokenizer width; ch 32 is the one its stage times fit: 3.4 GFLOP per encode, 6.2
 154 at the published ch 160.)
 
     python -m benchmarks.cpu_pipeline [--batch-sizes 1,4] [--repeats 7] [--warmup 2] [--threads 2] \
-        [--precisions fp32,bf16,int8] [--reference] [--agreement-seeds 8] [--fast [--fast-keep F] [--fast-min-tokens N]] [--json]
+        [--precisions fp32,bf16] [--reference] [--agreement-seeds 8] [--fast [--fast-keep F] [--fast-min-tokens N]] [--json]
 
 Per batch size it prints, for the plain model (as built: the path the conformance tests check) and a
 prepared copy per `--precisions` entry (`stylevar.inference.prepare`), the median ms per image of each stage
@@ -21,8 +21,8 @@ and of the whole `generate` call:
   total     `StyleVAR.generate` end to end (what a caller waits for)
 Each stage is timed with the models' calls taking turns in one process (same inputs), so a shared
 machine's changing load weighs on each alike; stages are separate medians, so `condition + loop + decode`
-is close to, not equal to, `total`. For bf16 and int8 it also prints the token agreement with the plain
-fp32 model (same inputs and seeds, `--agreement-seeds` images).
+is close to, not equal to, `total`. For bf16 it also prints the token agreement with the plain fp32 model
+(same inputs and seeds, `--agreement-seeds` images). (int8 was removed: stylevar.precisions.)
 
 `--fast` adds the row `fp32 fast`: the prepared fp32 model with fast sampling (`GenerationConfig.fast`,
 `stylevar.transformer.pruning`: the flat 2 x 2 groups of the last scales merged) in its loop and total, with
@@ -164,7 +164,7 @@ def parse_config(argv: list[str] | None) -> tuple[StageBenchConfig, bool]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     timing_arguments(p, repeats=7, warmup=2)
     p.add_argument("--precisions", default="fp32",
-                   help="comma-separated prepared models to time beside the plain one: fp32, bf16, int8")
+                   help="comma-separated prepared models to time beside the plain one: fp32, bf16")
     p.add_argument("--reference", action="store_true",
                    help="also time the public reference (a checkout of it on PYTHONPATH), at identical weights")
     p.add_argument("--agreement-seeds", type=int, default=8)
@@ -175,11 +175,12 @@ def parse_config(argv: list[str] | None) -> tuple[StageBenchConfig, bool]:
                    help="fast sampling's smallest merged scale, in positions (default: the model's plan's)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
-    from stylevar.inference import PRECISIONS
+    from stylevar.precisions import precision_error
 
     precisions = tuple(x for x in a.precisions.split(",") if x)
-    if any(x not in PRECISIONS for x in precisions):
-        p.error(f"--precisions: each one of {', '.join(PRECISIONS)}")
+    for x in precisions:
+        if precision_error(x):  # a removed one (int8) says why
+            p.error(f"--precisions: {precision_error(x)}")
     cfg = StageBenchConfig(batch_sizes=tuple(int(b) for b in a.batch_sizes.split(",")), repeats=a.repeats,
                            warmup=a.warmup, threads=a.threads, precisions=precisions, reference=a.reference,
                            agreement_seeds=a.agreement_seeds,

@@ -1,4 +1,4 @@
-"""What the inference precisions do to the demo model's pictures: fp32 against bf16 and int8.
+"""What the inference precisions do to the demo model's pictures: fp32 against bf16.
 
     python -m benchmarks.precision_quality [--n 32] [--seed 0] [--threads 2] [--json]
 

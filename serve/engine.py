@@ -97,8 +97,8 @@ class ModelRunner:
         pipe = StylePipeline.from_pretrained(model_dir, device=device,
                                              autocast_dtype=resolve_autocast_dtype(options.dtype, device))
         inference = options.inference
-        # CPU layouts, packing and precision; elsewhere a precision or compile asked for (int8 off the CPU:
-        # prepare's clear error at start-up rather than a setting silently ignored)
+        # CPU layouts, packing and precision; elsewhere a precision or compile asked for (applied, rather than a
+        # setting silently ignored)
         if device.type == "cpu" or inference.compile or inference.precision != "fp32":
             prepare(pipe.model, inference)
         log.info("model loaded", extra={"model_dir": str(model_dir), "device": str(device),

@@ -10,6 +10,8 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from stylevar.precisions import REMOVED_PRECISIONS, precision_error  # no torch
+
 
 def demo_model_dir() -> Path:
     """The embedded demo model, `stylevar.model_dir.DEMO_MODEL_DIR` (imported when first asked for: it loads torch)."""
@@ -37,9 +39,9 @@ class ServeSettings(BaseSettings):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     torch_threads: int = Field(0, ge=0)  # 0: leave torch's default
     # the transformer's linear layers (stylevar.inference): "fp32" the model's own weights; "bf16" bfloat16
-    # weights and sampling loop (fastest where the CPU has bf16 units); "int8" dynamic int8 quantisation
-    # (CPU only). bf16 and int8 tokens differ from fp32's at some positions (benchmarks/README.md)
-    precision: Literal["fp32", "bf16", "int8"] = "fp32"
+    # weights and sampling loop (fastest where the CPU has bf16 units); bf16 tokens differ from fp32's at some
+    # positions (benchmarks/README.md). "int8" was removed: refused with why (stylevar.precisions)
+    precision: Literal["fp32", "bf16"] = "fp32"
     compile: bool = False  # torch.compile the transformer blocks; compiled at warm-up, before /readyz is 200
     condition_cache_mb: float = Field(256.0, ge=0)  # LRU cache of style/content conditions; 0: off
 
@@ -105,6 +107,13 @@ class ServeSettings(BaseSettings):
     @classmethod
     def _lists_from_commas(cls, value: object) -> object:
         return _split_commas(value)
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _removed_precision_says_why(cls, value: object) -> object:
+        if isinstance(value, str) and value in REMOVED_PRECISIONS:
+            raise ValueError(precision_error(value))
+        return value
 
     @field_validator("device")
     @classmethod

@@ -1,4 +1,4 @@
-"""Inference-only preparation of a loaded model: CPU speed settings, opt-in int8 and compilation.
+"""Inference-only preparation of a loaded model: CPU speed settings, opt-in bf16 and compilation.
 
 `prepare(model, InferenceConfig(...))` changes a model in place for serving; nothing here is used by
 training, and a plain model (never prepared) is the exact path the conformance tests check.
@@ -22,10 +22,10 @@ training, and a plain model (never prepared) is the exact path the conformance t
   stay float32. Half the weight traffic of fp32 and the CPU's bf16 units (AVX512-BF16, AMX); on a CPU
   without them bf16 is emulated and slower than fp32, so `prepare` warns. Off the CPU (no packing) the
   blocks and head are cast to bf16 instead.
-- `precision="int8"` (opt-in, CPU): dynamic int8 quantisation (weights int8 per tensor, activations
-  quantised per call) of the same linear layers, instead of packing.
-Tokens of bf16 and int8 differ from fp32's at some positions; benchmarks/cpu_pipeline.py measures how
-many and how much faster each is.
+  Tokens of bf16 differ from fp32's at some positions; benchmarks/cpu_pipeline.py measures how many and
+  how much faster it is.
+- `precision="int8"` was removed (stylevar.precisions: its non-deprecated implementation, torchao, is slower
+  than fp32 on the CPU); asking for it is a ValueError that says so.
 - `compile`: `torch.compile` of every block (stylevar.transformer.fast); it pays off in a long-running
   service (compiled once, at warm-up), not for one-off calls.
 - `threads`: torch's intra-op thread count (None: leave it).
@@ -43,12 +43,12 @@ from typing import Literal
 import torch
 from torch import nn
 
-PRECISIONS = ("fp32", "bf16", "int8")
+from stylevar.precisions import PRECISIONS, check_precision  # noqa: F401 (PRECISIONS: re-exported)
 
 
 @dataclass(frozen=True)
 class InferenceConfig:
-    precision: Literal["fp32", "bf16", "int8"] = "fp32"
+    precision: Literal["fp32", "bf16"] = "fp32"  # stylevar.precisions.PRECISIONS
     fuse_batchnorm: bool = True
     channels_last: bool = True
     pack_linears: bool = True
@@ -56,8 +56,7 @@ class InferenceConfig:
     threads: int | None = None
 
     def __post_init__(self):
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, not {self.precision!r}")
+        check_precision(self.precision)  # a removed precision (int8) says why
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, not {self.threads}")
 
@@ -167,12 +166,6 @@ def _replace_linears(model, make) -> None:
         setattr(holder, attr, make(getattr(holder, attr)))
 
 
-def _int8(linear: nn.Linear) -> nn.Module:
-    from torch.ao.quantization import quantize_dynamic
-
-    return quantize_dynamic(nn.Sequential(linear), {nn.Linear}, dtype=torch.qint8)[0]
-
-
 @torch.no_grad()
 def prepare(model, cfg: InferenceConfig = InferenceConfig()):
     """Make a StyleVAR (with its tokenizer) faster for inference, in place (module doc). Returns it."""
@@ -182,32 +175,27 @@ def prepare(model, cfg: InferenceConfig = InferenceConfig()):
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     on_cpu = model.pos_1LC.device.type == "cpu"
-    if cfg.precision == "int8" and not on_cpu:  # before anything changes
-        raise ValueError("precision 'int8' (dynamic quantisation) runs on the CPU only")
     if cfg.fuse_batchnorm:
         for enc in (model.style_encoder, model.content_encoder):
             fuse_conv_bn(enc)
     if cfg.channels_last:
         for part in (model.tokenizer, model.style_encoder, model.content_encoder):
             part.to(memory_format=torch.channels_last)
-    if cfg.precision == "int8":
-        _replace_linears(model, _int8)
-    else:
-        dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
-        if dtype == torch.bfloat16:
-            if on_cpu and not native_cpu_bf16():
-                warnings.warn("precision 'bf16': this CPU has no native bfloat16 arithmetic (AVX512-BF16 or "
-                              "AMX); bf16 is emulated here and slower than 'fp32'", RuntimeWarning, stacklevel=2)
-            model.loop_autocast_dtype = dtype
-            tok = model.tokenizer
-            tok.encoder, tok.decoder = InDtype(tok.encoder, dtype), InDtype(tok.decoder, dtype)
-            model.style_encoder = InDtype(model.style_encoder, dtype)
-            model.content_encoder = InDtype(model.content_encoder, dtype)
-        if on_cpu and cfg.pack_linears and not cfg.compile and packing_available():
-            _replace_linears(model, lambda lin: PackedLinear(lin, dtype))
-        elif dtype == torch.bfloat16:
-            model.blocks.to(dtype)
-            model.head.to(dtype)
+    dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
+    if dtype == torch.bfloat16:
+        if on_cpu and not native_cpu_bf16():
+            warnings.warn("precision 'bf16': this CPU has no native bfloat16 arithmetic (AVX512-BF16 or "
+                          "AMX); bf16 is emulated here and slower than 'fp32'", RuntimeWarning, stacklevel=2)
+        model.loop_autocast_dtype = dtype
+        tok = model.tokenizer
+        tok.encoder, tok.decoder = InDtype(tok.encoder, dtype), InDtype(tok.decoder, dtype)
+        model.style_encoder = InDtype(model.style_encoder, dtype)
+        model.content_encoder = InDtype(model.content_encoder, dtype)
+    if on_cpu and cfg.pack_linears and not cfg.compile and packing_available():
+        _replace_linears(model, lambda lin: PackedLinear(lin, dtype))
+    elif dtype == torch.bfloat16:
+        model.blocks.to(dtype)
+        model.head.to(dtype)
     if cfg.compile:
         from stylevar.transformer.fast import compile_model
 

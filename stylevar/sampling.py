@@ -4,7 +4,7 @@
 the top-p nucleus, as an exponential race: every vocabulary entry i gets a uniform number u_i, in
 vocabulary order, and the token is the candidate with the largest p_i / -log(u_i) (the -log(u_i) are
 independent Exp(1) draws, so candidate i wins with probability p_i / sum p). A token's draw does not depend
-on the other tokens' logits, so a small change of the logits (bf16 or int8 against fp32) rarely changes
+on the other tokens' logits, so a small change of the logits (bf16 against fp32) rarely changes
 the token. It costs one uniform per entry (`torch.multinomial` draws an exponential per entry, about six
 times slower on the CPU), and the filtering works on the k best candidates only: `topk` gives them sorted,
 so the nucleus needs no sort of the whole vocabulary.

@@ -17,14 +17,14 @@ from tests.test_sft import REPO
 
 
 def test_stage_benchmark_times_every_precision_and_measures_agreement(capsys):
-    rc = cpu_pipeline.main(["--batch-sizes", "1", "--repeats", "1", "--warmup", "0", "--precisions", "fp32,bf16,int8",
+    rc = cpu_pipeline.main(["--batch-sizes", "1", "--repeats", "1", "--warmup", "0", "--precisions", "fp32,bf16",
                             "--agreement-seeds", "1", "--json"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     stages = out["stages_ms_per_image"]["1"]
-    assert set(stages) == {"plain", "fp32", "bf16", "int8"}
+    assert set(stages) == {"plain", "fp32", "bf16"}
     assert all(set(st) == set(cpu_pipeline.STAGES) and all(v > 0 for v in st.values()) for st in stages.values())
-    assert set(out["token_agreement_with_fp32"]) == {"bf16", "int8"}
+    assert set(out["token_agreement_with_fp32"]) == {"bf16"}
     assert all(0.5 < a <= 1 for a in out["token_agreement_with_fp32"].values())
 
 
@@ -33,6 +33,11 @@ def test_unknown_precision_is_refused(capsys):
         cpu_pipeline.main(["--precisions", "fp32,int4"])
     assert e.value.code == 2
     assert "--precisions" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # removed: refused saying why
+        cpu_pipeline.main(["--precisions", "fp32,int8"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "int8 was removed" in err and "torchao" in err and "fp32, bf16" in err
 
 
 def test_reference_missing_exits_2_naming_the_repository():

@@ -190,7 +190,7 @@ def test_output_checks(tmp_path):
         preflight.output_folder(tmp_path / "file" / "sub")
 
 
-def test_precision_is_the_service_setting_and_each_one_runs(micro_model_dir, files, tmp_path):
+def test_precision_is_the_service_setting_and_each_one_runs(micro_model_dir, files, tmp_path, capsys):
     import typing
 
     from serve.settings import ServeSettings
@@ -206,3 +206,9 @@ def test_precision_is_the_service_setting_and_each_one_runs(micro_model_dir, fil
     with pytest.raises(SystemExit) as bad:
         cli.build_parser(["stylize"]).parse_args(["stylize", "c", "s", "-o", "o.png", "--precision", "int4"])
     assert bad.value.code == 2
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as bad:  # removed: refused saying why, before any work
+        cli.build_parser(["stylize"]).parse_args(["stylize", "c", "s", "-o", "o.png", "--precision", "int8"])
+    assert bad.value.code == 2
+    err = capsys.readouterr().err
+    assert "int8 was removed" in err and "slower than fp32" in err and "fp32, bf16" in err

@@ -132,7 +132,7 @@ def test_generate_cache_matches_teacher_forcing(golden, ref_models):
     g = golden["data"]
     content = torch.cat([g["content"], g["content"][:1]])
     style = torch.cat([g["style"], g["style"][1:]])
-    images, idx = model.generate(content, style, top_k=1, seed=0, return_indices=True)
+    images, idx = model.generate_with_indices(content, style, top_k=1, seed=0)
     assert images.shape == (3, 3, 128, 128) and 0 <= images.min() and images.max() <= 1
     with torch.no_grad():
         logits = model.teacher_forcing_logits(content, style, idx)
@@ -171,8 +171,8 @@ def test_generate_options(micro_pipeline):
     model = micro_pipeline.model
     c = torch.zeros(2, 3, 32, 32)
     seen = []
-    out, idx = model.generate(c, c, seed=0, on_scale=lambda k, img: seen.append((k, tuple(img.shape))),
-                              return_indices=True, alphas=[0.1, 0.2, 0.3, 0.4], style_strength=0.5)
+    out, idx = model.generate_with_indices(c, c, seed=0, on_scale=lambda k, img: seen.append((k, tuple(img.shape))),
+                                           alphas=[0.1, 0.2, 0.3, 0.4], style_strength=0.5)
     assert [k for k, _ in seen] == [0, 1, 2, 3] and all(sh == (2, 3, 32, 32) for _, sh in seen)
     assert [t.shape for t in idx] == [(2, 1), (2, 4), (2, 16), (2, 64)]
     torch.testing.assert_close(model.blend_alphas([0.1, 0.2, 0.3, 0.98], 0.5), torch.tensor([0.35, 0.45, 0.55, 0.99]))
@@ -180,6 +180,15 @@ def test_generate_options(micro_pipeline):
         model.generate(c, c, alphas=[0.5])
     with pytest.raises(ValueError, match="style_strength"):
         model.generate(c, c, style_strength=2)
+
+
+def test_generate_return_indices_is_deprecated_and_still_gives_the_indices(micro_pipeline):
+    model = micro_pipeline.model
+    c = torch.zeros(2, 3, 32, 32)
+    with pytest.warns(DeprecationWarning, match="use generate_with_indices"):
+        images, idx = model.generate(c, c, seed=0, return_indices=True)
+    want = model.generate_with_indices(c, c, seed=0)
+    assert torch.equal(images, want.images) and all(torch.equal(a, b) for a, b in zip(idx, want.indices))
 
 
 def test_save_load_roundtrip(micro_pipeline, tmp_path):

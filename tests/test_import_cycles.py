@@ -99,7 +99,8 @@ def describe(component: list[str], graph: dict[str, set[str]]) -> str:
 
 # the library's layers, bottom to top (docs/architecture.md, "Layers"): a module imports only its own row and above
 LIBRARY_LAYERS = (
-    ("config", "generation", "paths", "state_dict", "atomic", "images", "devices", "manifest", "video"),
+    ("config", "generation", "paths", "state_dict", "atomic", "images", "devices", "manifest", "video",
+     "precisions"),
     ("postprocess", "options"),
     ("pretrained", "sampling", "encoders", "coherence"),
     ("tokenizer", "transformer", "lora"),

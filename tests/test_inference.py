@@ -1,6 +1,6 @@
 """stylevar.inference: the prepared fp32 model computes what the plain one does (up to float rounding),
-BatchNorm folding is exact in eval, packed linears equal plain ones, bf16 and int8 run and stay close to
-fp32, and a prepared model is never saved as a model directory."""
+BatchNorm folding is exact in eval, packed linears equal plain ones, bf16 runs and stays close to fp32,
+int8 (removed) is refused saying why, and a prepared model is never saved as a model directory."""
 from __future__ import annotations
 
 import copy
@@ -82,10 +82,14 @@ def test_a_packed_model_refuses_to_move_off_the_cpu_with_a_clear_error():
     assert {k: v.dtype for k, v in bf16.state_dict().items()} == before
 
 
-def test_int8_off_the_cpu_is_refused_with_a_clear_error():
-    model = _resnet_micro().model.to("meta")
-    with pytest.raises(ValueError, match="int8.*CPU only"):
-        prepare(model, InferenceConfig(precision="int8"))
+def test_int8_is_refused_naming_the_valid_precisions_and_why_it_went():
+    from stylevar.inference import PRECISIONS
+
+    assert PRECISIONS == ("fp32", "bf16")
+    with pytest.raises(ValueError, match=r"int8 was removed: .*torchao.* slower than fp32 .*use bf16.*fp32, bf16"):
+        InferenceConfig(precision="int8")
+    with pytest.raises(ValueError, match=r"one of fp32, bf16, not 'int4'"):
+        InferenceConfig(precision="int4")
 
 
 def test_bf16_warns_on_a_cpu_without_bf16_units(monkeypatch):
@@ -117,24 +121,6 @@ def test_bf16_runs_the_loop_in_bf16_and_keeps_the_tokens_close():
     assert images.dtype == torch.float32 and images.shape == plain_images.shape
     agreement = torch.cat([(a == b).flatten() for a, b in zip(idx, plain_idx)]).float().mean()
     assert agreement > 0.9, agreement
-
-
-def test_int8_runs_and_quantises_the_transformer_linears():
-    plain = _resnet_micro().model
-    q = prepare(copy.deepcopy(plain), InferenceConfig(precision="int8"))
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
-
-    blk = q.blocks[0]
-    assert all(isinstance(m, DynamicLinear) for m in (blk.ffn.fc1, blk.ffn.fc2, blk.attn.q_guide, blk.attn.kv_target,
-                                                      blk.attn.proj, q.head))
-    c, s = _inputs()
-    with torch.no_grad():
-        images, idx = q.generate_with_indices(c, s, seed=0)
-        plain_idx = plain.generate_with_indices(c, s, seed=0)[1]
-    assert images.shape == (2, 3, 32, 32) and torch.isfinite(images).all()
-    assert 0 <= images.min() and images.max() <= 1
-    assert [t.shape for t in idx] == [t.shape for t in plain_idx]
-    assert all(int(t.min()) >= 0 and int(t.max()) < 64 for t in idx)
 
 
 def test_prepared_models_are_not_saved_and_not_prepared_twice(tmp_path):

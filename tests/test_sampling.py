@@ -56,7 +56,7 @@ def test_one_generator_per_row_makes_rows_independent_of_each_other():
 
 def test_a_small_change_of_the_logits_rarely_changes_the_token():
     """Each vocabulary entry has its own random number, so a perturbation far below the logits' spread
-    (bf16 or int8 against fp32) changes a draw only where two candidates were nearly tied."""
+    (bf16 against fp32) changes a draw only where two candidates were nearly tied."""
     g = torch.Generator().manual_seed(5)
     logits = torch.randn(1, 4000, 512, generator=g)
     noisy = logits + 1e-3 * torch.randn(logits.shape, generator=g)

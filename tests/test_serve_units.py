@@ -59,6 +59,10 @@ def test_settings_defaults_and_validation(monkeypatch):
     monkeypatch.setenv("STYLEVAR_DEVICE", " , ")
     with pytest.raises(ValidationError):
         ServeSettings()
+    monkeypatch.delenv("STYLEVAR_DEVICE")
+    monkeypatch.setenv("STYLEVAR_PRECISION", "int8")  # removed: refused at start-up saying why
+    with pytest.raises(ValidationError, match=r"int8 was removed: .*torchao.*use bf16.*fp32, bf16"):
+        ServeSettings()
 
 
 # ---- form -----------------------------------------------------------------------------------------

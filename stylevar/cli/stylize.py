@@ -13,6 +13,7 @@ from typing import Any
 from stylevar.cli.command import EXIT_PARTIAL, Command
 from stylevar.cli.values import float_in, int_in, number
 from stylevar.options import CLI, Option, offered  # no torch
+from stylevar.precisions import PRECISIONS, REMOVED_PRECISIONS, precision_error  # no torch
 from stylevar.video import DEFAULT_TEMPORAL, TEMPORAL_HELP, TEMPORAL_MODES  # no torch either
 
 
@@ -45,10 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temporal", choices=TEMPORAL_MODES, default=DEFAULT_TEMPORAL,
                    help=f"a video: {TEMPORAL_HELP}; docs/video.md (default {DEFAULT_TEMPORAL})")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps ... (default: cuda if available)")
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+    p.add_argument("--precision", type=precision_argument, choices=PRECISIONS, default="fp32",
                    help="on the CPU, as the service's STYLEVAR_PRECISION: fp32 (the model's weights), bf16 (fastest "
-                        "on CPUs with bf16 units), int8 (dynamic int8 linear layers, CPU only); bf16 and int8 "
-                        "sample other tokens at some positions (benchmarks/README.md)")
+                        "on CPUs with bf16 units; samples other tokens at some positions, benchmarks/README.md)")
     p.set_defaults(func=_stylize)
 
 
@@ -91,7 +91,13 @@ def add_option(p: argparse.ArgumentParser, opt: Option, *, default: Any = ..., u
     p.add_argument(f"--{opt.name.replace('_', '-')}", **flag)
 
 
-PRECISIONS = ("fp32", "bf16", "int8")  # stylevar.inference.PRECISIONS, without importing torch for --help
+def precision_argument(value: str) -> str:
+    """--precision's type: a removed precision (int8) is refused saying why; the rest is left to its choices."""
+    if value in REMOVED_PRECISIONS:
+        raise argparse.ArgumentTypeError(precision_error(value))
+    return value
+
+
 # a CONTENT (or an -o) with one of these is a video; the output is always an H.264 mp4
 VIDEO_EXTENSIONS = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".ogv", ".3gp")
 
@@ -241,14 +247,11 @@ def _stylize(args: argparse.Namespace) -> int:
 
 
 def check_machine(args: argparse.Namespace) -> Path:
-    """The device and precision checks, then the model directory (a hub id pulled on first use; offline and not
-    cached: one error here)."""
-    from stylevar import preflight
-    from stylevar.devices import check_device, resolve_device
+    """The device check, then the model directory (a hub id pulled on first use; offline and not cached: one
+    error here)."""
+    from stylevar.devices import check_device
 
     check_device(args.device)
-    if args.precision == "int8" and resolve_device(args.device).type != "cpu":
-        raise preflight.InputError("--precision int8 runs on the CPU only (add --device cpu)")
 
     from stylevar.pull import resolve_model
 

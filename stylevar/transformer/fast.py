@@ -9,7 +9,7 @@ from stylevar.transformer.model import StyleVAR
 def compile_model(model: StyleVAR, mode: str | None = None, dynamic: bool = False) -> StyleVAR:
     """torch.compile every block in place. Generation calls a block with K token counts and teacher
     forcing with one more, so each block compiles K + 1 static graphs, once per batch size."""
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 4 * len(model.cfg.patch_nums))
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * len(model.cfg.patch_nums))
     for blk in model.blocks:
         blk.compile(mode=mode, dynamic=dynamic)
     return model
