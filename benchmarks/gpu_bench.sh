@@ -45,7 +45,7 @@ if [ -n "$TRAIN_BATCHES" ]; then
     --peak-tflops "$PEAK_TFLOPS" --json > "$TRAIN_OUT"
   "$PYTHON" - "$TRAIN_OUT" <<'PYEOF'
 import json, sys
-from benchmarks.train_step import print_report
+from benchmarks.measures.train_step import print_report
 print_report(json.load(open(sys.argv[1])))
 PYEOF
 fi

@@ -21,6 +21,8 @@ import httpx
 import numpy as np
 from PIL import Image
 
+from stylevar.helptext import RawDescriptionHelpFormatter
+
 
 @dataclass(frozen=True)
 class LoadConfig:
@@ -105,7 +107,8 @@ def parse_fields(items: list[str]) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.load_test", description=__doc__,
+                                formatter_class=RawDescriptionHelpFormatter)
     p.add_argument("--url", required=True, help="service base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--concurrency", type=int, default=8, help="clients sending back to back")
     p.add_argument("--seconds", type=float, default=30.0, help="test duration")

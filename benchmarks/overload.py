@@ -23,7 +23,7 @@ import numpy as np
 
 from benchmarks.load_test import demo_image
 from serve.testing import ServerProcess
-from stylevar.model_dir import DEMO_MODEL_DIR
+from stylevar.helptext import RawDescriptionHelpFormatter
 
 
 def rss_mb(pid: int) -> float:
@@ -106,13 +106,17 @@ def markdown(rows: list[dict], settings: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.overload", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=RawDescriptionHelpFormatter)
     p.add_argument("--rate", type=float, default=40.0, help="requests per second sent, whatever the answers")
     p.add_argument("--seconds", type=float, default=120.0, help="length of each run")
     p.add_argument("--runs", type=int, default=2, help="runs one after the other against the same server")
-    p.add_argument("--model", type=Path, default=DEMO_MODEL_DIR, help="model directory (default: the demo model)")
+    p.add_argument("--model", type=Path, default=None, help="model directory (default: the demo model)")
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args(argv)
+    if args.model is None:
+        from stylevar.model_dir import DEMO_MODEL_DIR  # torch: once the options are parsed
+
+        args.model = DEMO_MODEL_DIR
     files = {"content": ("c.png", demo_image(256, 192, 0), "image/png"),
              "style": ("s.png", demo_image(128, 128, 1), "image/png")}
     srv = ServerProcess.serve(args.model, settings={"STYLEVAR_TORCH_THREADS": "0"})

@@ -1,6 +1,6 @@
 """A model beside the teacher on real photographs x real styles (`stylevar.evaluate.real_pairs`).
 
-    python benchmarks/real_pairs.py [--model DIR] --contents DIR --styles DIR [--photos A,B,..] [--art X,Y,..]
+    python -m benchmarks.real_pairs [--model DIR] --contents DIR --styles DIR [--photos A,B,..] [--art X,Y,..]
         [--max-side 1024] [--out PREFIX]
 
 `--photos` / `--art` pick pictures by parts of their file names (default: all in the folder). Writes
@@ -13,22 +13,25 @@ import argparse
 import json
 from pathlib import Path
 
-from stylevar.evaluate.real_pairs import RealPairs, evaluate, markdown
-from stylevar.pipeline import StylePipeline
+from stylevar.helptext import HelpFormatter
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.real_pairs", description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpFormatter)
     p.add_argument("--model", default=None, help="model directory (default: the demo model)")
-    p.add_argument("--contents", type=Path, required=True)
-    p.add_argument("--styles", type=Path, required=True)
+    p.add_argument("--contents", type=Path, required=True, help="folder of content photographs")
+    p.add_argument("--styles", type=Path, required=True, help="folder of style pictures")
     p.add_argument("--photos", default=None, help="comma-separated parts of file names (default: all)")
     p.add_argument("--art", default=None, help="comma-separated parts of style file names (default: all)")
-    p.add_argument("--max-side", type=int, default=1024)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--grid-rows", type=int, default=8)
+    p.add_argument("--max-side", type=int, default=1024, help="long side the photographs are shrunk to, at most")
+    p.add_argument("--seed", type=int, default=0, help="seed of the model's sampling")
+    p.add_argument("--grid-rows", type=int, default=8, help="pairs shown in PREFIX.png")
     p.add_argument("--out", type=Path, default=None, help="PREFIX for .json, .md and .png")
     a = p.parse_args(argv)
+    from stylevar.evaluate.real_pairs import RealPairs, evaluate, markdown  # torch: once the options are parsed
+    from stylevar.pipeline import StylePipeline
+
     spec = RealPairs.from_folders(a.contents, a.styles, a.photos, a.art, a.max_side)
     pipe = StylePipeline.from_pretrained(a.model, device="cpu")
     if a.out:

@@ -38,176 +38,22 @@ scaled_dot_product_attention path, as it would on any CPU). What this adapter su
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib.util
-import json
-import os
-import sys
-import tempfile
-import types
-from collections.abc import Callable
-from dataclasses import dataclass
 
-import torch
-import torchvision
-from torch import nn
-
-from benchmarks.side_by_side import REFERENCE_CONFIG, images, time_turns, timing_arguments
-from stylevar.config import StyleVARConfig
-
-REFERENCE_URL = "https://github.com/Senfier-LiqiJing/StyleVAR"
-IMAGE_SIZE = 160
-TOP_K, TOP_P = 900, 0.96  # the reference's inference defaults (eval/infer_grpo.py, eval/eval_pipeline.py)
-
-# PyTorch's own initialisers, kept before the reference's builder replaces them with no-ops
-_DEFAULT_RESET = {cls: cls.reset_parameters for cls in (nn.Linear, nn.LayerNorm, nn.BatchNorm2d, nn.Conv1d,
-                                                        nn.Conv2d, nn.ConvTranspose1d, nn.ConvTranspose2d)}
-
-
-class ReferenceMissing(RuntimeError):
-    pass
-
-
-def import_reference() -> types.ModuleType:
-    """The reference's `models` package, with a stand-in `dist` module when none is importable."""
-    if importlib.util.find_spec("dist") is None:
-        dist = types.ModuleType("dist")
-        dist.get_device = lambda: torch.device("cpu")  # type: ignore[attr-defined]
-        dist.initialized = lambda: False  # type: ignore[attr-defined]
-        # what the reference's trainer asks of it (benchmarks/train_step.py), as one CPU process
-        dist.get_world_size, dist.get_rank = (lambda: 1), (lambda: 0)  # type: ignore[attr-defined]
-        dist.is_master, dist.barrier = (lambda: True), (lambda: None)  # type: ignore[attr-defined]
-        dist.allreduce = lambda *a, **k: None  # type: ignore[attr-defined]
-        sys.modules["dist"] = dist
-    try:
-        import models  # the reference's package
-    except ImportError as e:
-        raise ReferenceMissing(str(e)) from e
-    if not hasattr(models, "build_vae_stylevar"):
-        raise ReferenceMissing(f"'models' at {getattr(models, '__file__', '?')} has no build_vae_stylevar")
-    return models
-
-
-@dataclass
-class ReferenceBundle:
-    vae: nn.Module
-    model: nn.Module
-
-
-@contextlib.contextmanager
-def _random_resnet18_weights(seed: int):
-    """A temporary TORCH_HOME whose hub cache holds a random resnet18 under the IMAGENET1K_V1 file name."""
-    url = torchvision.models.ResNet18_Weights.IMAGENET1K_V1.url
-    old = os.environ.get("TORCH_HOME")
-    with tempfile.TemporaryDirectory() as home:
-        ckpt_dir = os.path.join(home, "hub", "checkpoints")
-        os.makedirs(ckpt_dir)
-        torch.manual_seed(seed)
-        torch.save(torchvision.models.resnet18(weights=None).state_dict(),
-                   os.path.join(ckpt_dir, os.path.basename(url)))
-        os.environ["TORCH_HOME"] = home
-        try:
-            yield
-        finally:
-            if old is None:
-                os.environ.pop("TORCH_HOME", None)
-            else:
-                os.environ["TORCH_HOME"] = old
-
-
-def _default_init(module: nn.Module) -> None:
-    for m in module.modules():
-        reset = next((_DEFAULT_RESET[c] for c in type(m).__mro__ if c in _DEFAULT_RESET), None)
-        if reset is not None:
-            reset(m)
-
-
-def build_reference(seed: int = 0) -> ReferenceBundle:
-    """The reference's VQ-VAE + StyleVAR at REFERENCE_CONFIG: random weights (seeded), eval, fp32, CPU."""
-    models = import_reference()
-    cfg = REFERENCE_CONFIG
-    with _random_resnet18_weights(seed), contextlib.redirect_stdout(sys.stderr):
-        torch.manual_seed(seed)
-        vae, model = models.build_vae_stylevar(
-            device=torch.device("cpu"), patch_nums=tuple(cfg["patch_nums"]), V=cfg["V"], Cvae=cfg["Cvae"],
-            ch=cfg["ch"], share_quant_resi=cfg["share_quant_resi"], depth=cfg["depth"], shared_aln=False,
-            attn_l2_norm=cfg["attn_l2_norm"], flash_if_available=True, fused_if_available=True,
-            init_adaln=0.5, init_adaln_gamma=1e-5, init_head=0.02, init_std=-1, style_enc_dim=512,
-            alpha_nums=StyleVARConfig.from_reference(cfg).alpha_nums)
-    for cls, reset in _DEFAULT_RESET.items():  # the builder replaced them process-wide: put them back
-        cls.reset_parameters = reset
-    torch.manual_seed(seed)
-    _default_init(vae)
-    return ReferenceBundle(vae.float().eval(), model.float().eval())
-
-
-def reference_generate(bundle: ReferenceBundle, content_B3HW: torch.Tensor, style_B3HW: torch.Tensor,
-                       seed: int, top_k: int = TOP_K, top_p: float = TOP_P) -> torch.Tensor:
-    """The reference's whole inference call, as eval/infer_grpo.py makes it: images in [-1, 1] in, [0, 1] out."""
-    return bundle.model.autoregressive_infer(B=content_B3HW.shape[0], style_img=style_B3HW,
-                                             content_img=content_B3HW, top_k=top_k, top_p=top_p, g_seed=seed)
-
-
-def missing_message(e: ReferenceMissing) -> str:
-    return f"cannot import the reference StyleVAR ({e}); put a checkout of {REFERENCE_URL} on PYTHONPATH"
-
-
-def reference_stage_fns(bundle: ReferenceBundle, content: torch.Tensor, style: torch.Tensor) -> dict[str, Callable]:
-    """One call of each stage the reference has as a function of its own (encode, encoders, decode) and of
-    the whole inference (total), named as `benchmarks.cpu_pipeline.STAGES`; the decode of a random f_hat."""
-    vae, m = bundle.vae, bundle.model
-    f_hat = torch.randn(content.shape[0], m.Cvae, m.patch_nums[-1], m.patch_nums[-1],
-                        generator=torch.Generator().manual_seed(0))
-    return {
-        "encode": lambda: (vae.img_to_idxBl(content), vae.img_to_idxBl(style)),
-        "encoders": lambda: (m.feat_emb(m.content_encoder(content).squeeze(-1).squeeze(-1)),
-                             m.feat_emb(m.style_encoder(style).squeeze(-1).squeeze(-1))),
-        "decode": lambda: vae.fhat_to_img(f_hat),
-        "total": lambda: reference_generate(bundle, content, style, seed=0),
-    }
-
-
-@torch.inference_mode()
-def time_reference(bundle: ReferenceBundle, batch: int, repeats: int, warmup: int, stages: bool,
-                   seed: int = 0) -> dict[str, float]:
-    """Median ms per image of the whole call (and, with `stages`, of the reference's stage functions)."""
-    content, style = images(batch, IMAGE_SIZE, seed + batch)
-    fns = reference_stage_fns(bundle, content, style)
-    if not stages:
-        fns = {"total": fns["total"]}
-    out = time_turns({"reference": fns}, batch, repeats, warmup)["reference"]
-    if stages:
-        out["loop (rest)"] = out["total"] - out["encode"] - out["encoders"] - out["decode"]
-    return out
+from benchmarks.side_by_side import timing_arguments
+from stylevar.helptext import HelpFormatter
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.reference_pipeline", description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpFormatter)
     timing_arguments(p, repeats=5, warmup=1)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
     p.add_argument("--stages", action="store_true", help="also time encode, encoders and decode alone")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
     a = p.parse_args(argv)
-    torch.set_num_threads(a.threads)
-    try:
-        bundle = build_reference(a.seed)
-    except ReferenceMissing as e:
-        print(f"reference_pipeline: {missing_message(e)}", file=sys.stderr)
-        return 2
-    out = {"implementation": f"reference ({REFERENCE_URL})", "config": "reference-shaped d8, 160 px, 8 scales, V 4096",
-           "threads": a.threads, "repeats": a.repeats, "warmup": a.warmup, "loadavg_before": os.getloadavg(),
-           "ms_per_image": {}}
-    for b in (int(s) for s in a.batch_sizes.split(",")):
-        out["ms_per_image"][b] = time_reference(bundle, b, a.repeats, a.warmup, a.stages, a.seed)
-    out["loadavg_after"] = os.getloadavg()
-    if a.json:
-        print(json.dumps(out))
-        return 0
-    print(f"{out['implementation']}, {out['config']}; {a.threads} threads; median of {a.repeats}; "
-          f"load {out['loadavg_before'][0]:.2f} -> {out['loadavg_after'][0]:.2f}")
-    for b, st in out["ms_per_image"].items():
-        print(f"  batch {b}: ms/image  " + "  ".join(f"{k} {v:7.1f}" for k, v in st.items()))
-    return 0
+    from benchmarks.measures.reference_pipeline import execute  # torch: once the options are parsed
+
+    return execute(a)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 timer in which implementations take turns call by call, and the common timing options.
 
 `benchmarks.cpu_pipeline` (this project's stages) and `benchmarks.reference_pipeline` (the public reference)
-both stand on this module, so neither imports the other at module level.
+both stand on this module, so neither imports the other at module level. Importing it does not import torch
+(the scripts' --help reads `timing_arguments`).
 """
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable, Sequence
-
-import torch
+from typing import TYPE_CHECKING
 
 from stylevar.config import StyleVARConfig, VQVAEConfig
+
+if TYPE_CHECKING:
+    import torch
 
 # the configuration in the reference's own config.json fields (as in its golden_small config, at 160 px)
 REFERENCE_CONFIG = {"patch_nums": [1, 2, 3, 4, 5, 6, 8, 10], "V": 4096, "Cvae": 32, "ch": 32, "share_quant_resi": 4,
@@ -38,6 +41,8 @@ def reference_weights(vqvae_sd: dict, stylevar_sd: dict):
 
 def images(batch: int, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Seeded random content and style batches, (B, 3, size, size) in [-1, 1]."""
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     content = torch.rand(batch, 3, size, size, generator=g) * 2 - 1
     style = torch.rand(batch, 3, size, size, generator=g) * 2 - 1
@@ -78,7 +83,7 @@ def time_turns(fns: dict[str, dict[str, Callable[[], object]]], batch: int, repe
 
 def timing_arguments(p: argparse.ArgumentParser, repeats: int, warmup: int) -> None:
     """The options every CPU timing script here shares: batch sizes, repeats, warm-up calls, threads."""
-    p.add_argument("--batch-sizes", default="1,4")
-    p.add_argument("--repeats", type=int, default=repeats)
-    p.add_argument("--warmup", type=int, default=warmup)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch-sizes", default="1,4", help="images per call, comma-separated: one measurement each")
+    p.add_argument("--repeats", type=int, default=repeats, help="timed calls per stage (their median is reported)")
+    p.add_argument("--warmup", type=int, default=warmup, help="untimed rounds before the timed ones")
+    p.add_argument("--threads", type=int, default=2, help="torch's CPU threads")

@@ -32,6 +32,7 @@ import httpx
 
 from serve.settings import demo_model_dir
 from serve.testing import ServerProcess
+from stylevar.helptext import HelpFormatter
 
 
 def solid_png(side: int, rgb: tuple[int, int, int]) -> bytes:
@@ -130,12 +131,13 @@ async def run(url: str, pid: int, args: argparse.Namespace) -> Report:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.upload_pressure", description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpFormatter)
     p.add_argument("--model", default=None, help="model directory (default: the embedded demo model)")
-    p.add_argument("--requests", type=int, default=8, help="concurrent uploads, also the queue size (default 8)")
-    p.add_argument("--side", type=int, default=6000, help="side of the square PNGs (default 6000: 36 MP)")
-    p.add_argument("--probes", type=int, default=10, help="refused requests to time (default 10)")
-    p.add_argument("--probe-delay-s", type=float, default=0.5, help="wait before the first probe (default 0.5)")
+    p.add_argument("--requests", type=int, default=8, help="concurrent uploads, also the queue size")
+    p.add_argument("--side", type=int, default=6000, help="side of the square PNGs (6000: 36 MP)")
+    p.add_argument("--probes", type=int, default=10, help="refused requests to time")
+    p.add_argument("--probe-delay-s", type=float, default=0.5, help="wait before the first probe, seconds")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
     model = args.model or demo_model_dir()

@@ -22,185 +22,36 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
-import torch
-from PIL import Image
-
-from data_tools import synth
-from stylevar.baselines.reinhard import reinhard_transfer
-from stylevar.images import pil_to_tensor
-from stylevar.metrics.structure import edge_correlation
-from stylevar.metrics.style_fidelity import colour_swd
-from stylevar.pipeline import StylePipeline
-from stylevar.upsample import Upsampling, upscale
-from training import demo
-
-ROWS = ("bicubic", "guided", "reinhard")
-METRICS = ("edge_corr", "colour_dist_to_style", "colour_swd_to_style")
-
-
-# ------------------------------------------------------------------------------------------ inputs
-def synthetic_pairs(n: int, size: int, seed: int = demo.HELDOUT_SEED) -> list[tuple[Image.Image, Image.Image]]:
-    """Held-out contents drawn at `size` (the synthesis is resolution-free) with 64 px styles."""
-    styles = [t.style for t in demo.heldout_triplets(n, 64, seed)]
-    contents = [Image.fromarray(np.round(synth.make_content(np.random.default_rng([seed, i]), size)).astype(np.uint8))
-                for i in range(n)]
-    return list(zip(contents, styles))
-
-
-def photo_pairs(size: int) -> list[tuple[Image.Image, Image.Image]]:
-    out = []
-    for t in demo.photo_triplets(64):
-        w, h = t.content.size
-        s = size / max(w, h)
-        out.append((t.content.convert("RGB").resize((round(w * s), round(h * s)), Image.LANCZOS), t.style))
-    return out
-
-
-# ------------------------------------------------------------------------------------------ quality
-SWD_SIDE = 256  # the colour distribution is read from a strided sample of about this many pixels a side
-
-
-def scores(out: Image.Image, content: Image.Image, style: Image.Image) -> dict[str, float]:
-    o, c, s = (pil_to_tensor(im.convert("RGB"))[None] for im in (out, content, style))
-    step = max(1, max(o.shape[-2:]) // SWD_SIDE)  # every step-th pixel: the same distribution, fewer points
-    return {"edge_corr": float(edge_correlation(o, c)), "colour_dist_to_style": float(demo.mean_colour_distance(o, s)),
-            "colour_swd_to_style": float(colour_swd(o[..., ::step, ::step], s))}
-
-
-@torch.no_grad()
-def drawings(pipe: StylePipeline, pairs) -> list[tuple[torch.Tensor, torch.Tensor, object]]:
-    """The model's drawing of each pair (`StylePipeline.draw`, seed 0) and what it saw, with its fit."""
-    out = []
-    for content, style in pairs:
-        d = pipe.draw([content], [style], seeds=[0])
-        out.append((d.images[0], d.seen[0], d.fits[0]))
-    return out
-
-
-def quality(n: int, sizes: list[int]) -> dict:
-    torch.manual_seed(0)
-    pipe = StylePipeline.from_pretrained(device="cpu")
-    result: dict = {"model": pipe.config.label, "n": n, "sizes": {}}
-    for size in sizes:
-        per_set = {}
-        for name, pairs in (("synthetic", synthetic_pairs(n, size)), ("photos", photo_pairs(size))):
-            rows: dict[str, list[dict]] = {r: [] for r in ROWS}
-            seconds: dict[str, list[float]] = {"bicubic": [], "guided": []}
-            for (content, style), (img, seen, fit) in zip(pairs, drawings(pipe, pairs)):
-                for mode in ("bicubic", "guided"):
-                    t0 = time.perf_counter()
-                    out = upscale(img, seen, fit, content, None, Upsampling(mode=mode))
-                    seconds[mode].append(time.perf_counter() - t0)
-                    rows[mode].append(scores(out, content, style))
-                rows["reinhard"].append(scores(reinhard_transfer(content, style), content, style))
-            per_set[name] = {r: {m: statistics.fmean(x[m] for x in v) for m in METRICS} for r, v in rows.items()}
-            for mode, s in seconds.items():
-                per_set[name][mode]["upsample_s"] = statistics.fmean(s)
-        result["sizes"][str(size)] = per_set
-        print(f"{size} px done", file=sys.stderr)
-    return result
-
-
-def quality_markdown(result: dict) -> str:
-    lines = ["| long side | set | method | edge corr. with content ↑ | colour dist. to style ↓ | colour SWD to style ↓ "
-             "| upsampling s/image |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for size, sets in result["sizes"].items():
-        for name, rows in sets.items():
-            for r, v in rows.items():
-                sec = f"{v['upsample_s']:.3f}" if "upsample_s" in v else "-"
-                lines.append(f"| {size} | {name} | {r} | {v['edge_corr']:.3f} | {v['colour_dist_to_style']:.3f} | "
-                             f"{v['colour_swd_to_style']:.3f} | {sec} |")
-    return "\n".join(lines)
-
-
-# ------------------------------------------------------------------------------------------ cost
-def status_bytes(key: str) -> int:
-    """A /proc/self/status figure (VmRSS: now; VmHWM: this process's peak since exec) in bytes."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
-
-
-def cost_once(megapixels: float, mode: str, repeats: int) -> dict:
-    """In this process: a 3:2 content of `megapixels`, the upsampling step timed `repeats` times."""
-    torch.set_num_threads(2)
-    w = round((megapixels * 1e6 * 1.5) ** 0.5)
-    h = round(w / 1.5)
-    content = synthetic_pairs(1, 512)[0][0].resize((w, h), Image.BICUBIC)
-    g = torch.Generator().manual_seed(0)
-    drawing, seen = torch.rand(3, 64, 64, generator=g), pil_to_tensor(content.resize((64, 64), Image.BICUBIC))
-    from stylevar.images import fit_of
-
-    fit = fit_of(content.size, 64, "stretch")
-    before = status_bytes("VmRSS")
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = upscale(drawing, seen, fit, content, None, Upsampling(mode=mode))
-        times.append(time.perf_counter() - t0)
-        del out
-    peak = status_bytes("VmHWM")  # not ru_maxrss: that counts the parent this process was forked from
-    return {"megapixels": w * h / 1e6, "size": [w, h], "mode": mode, "seconds": statistics.median(times),
-            "peak_added_mb": (peak - before) / 2**20}
-
-
-def cost(megapixels: list[float], repeats: int) -> list[dict]:
-    rows = []
-    for mp in megapixels:
-        for mode in ("bicubic", "guided"):
-            cmd = [sys.executable, "-m", "benchmarks.upsample", "_cost", str(mp), mode, str(repeats)]
-            rows.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout))
-    return rows
-
-
-def cost_markdown(rows: list[dict]) -> str:
-    lines = ["| content | mode | upsampling s (median) | peak added RSS MB |", "| --- | --- | --- | --- |"]
-    lines += [f"| {r['size'][0]} x {r['size'][1]} ({r['megapixels']:.1f} MP) | {r['mode']} | {r['seconds']:.2f} | "
-              f"{r['peak_added_mb']:.0f} |" for r in rows]
-    return "\n".join(lines)
-
-
-# ------------------------------------------------------------------------------------------ grid
-def crop_grid(out: Path, size: int = 1024, crop: int = 256) -> Path:
-    """bicubic | guided | content, a `crop`-pixel window at full size from a photograph at `size` px."""
-    pipe = StylePipeline.from_pretrained(device="cpu")
-    content, style = photo_pairs(size)[0]
-    (img, seen, fit), = drawings(pipe, [(content, style)])
-    outs = [upscale(img, seen, fit, content, None, Upsampling(mode=m)) for m in ("bicubic", "guided")] + [content]
-    box = (int(content.width * 0.3), int(content.height * 0.15))
-    box = (*box, box[0] + crop, box[1] + crop)
-    grid = Image.new("RGB", (3 * crop + 2 * 8, crop), "white")
-    for i, im in enumerate(outs):
-        grid.paste(im.crop(box), (i * (crop + 8), 0))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    grid.save(out)
-    return out
+from stylevar.helptext import HelpFormatter, RawDescriptionHelpFormatter
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.upsample", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    q = sub.add_parser("quality", help="edge correlation and colour at the returned size")
+    q = sub.add_parser("quality", help="edge correlation and colour at the returned size",
+                       formatter_class=HelpFormatter)
     q.add_argument("--n", type=int, default=48, help="held-out synthetic pairs")
     q.add_argument("--sizes", default="512,2048", help="long sides of the results, comma-separated")
     q.add_argument("--out", type=Path, help="also write the results here (JSON)")
-    c = sub.add_parser("cost", help="time and peak added memory of the upsampling step")
+    c = sub.add_parser("cost", help="time and peak added memory of the upsampling step",
+                       formatter_class=HelpFormatter)
     c.add_argument("--megapixels", default="2,12,24", help="content sizes, comma-separated")
     c.add_argument("--repeats", type=int, default=3, help="timed calls per size and mode")
-    g = sub.add_parser("grid", help="a before/after crop at full size")
+    g = sub.add_parser("grid", help="a before/after crop at full size", formatter_class=HelpFormatter)
     g.add_argument("--out", type=Path, required=True, help="PNG to write")
-    once = sub.add_parser("_cost", help="one measurement in this process (what `cost` runs in a fresh one)")
+    once = sub.add_parser("_cost", help="one measurement in this process (what `cost` runs in a fresh one)",
+                          formatter_class=HelpFormatter)
     once.add_argument("mp", type=float, help="content megapixels")
     once.add_argument("mode", help="guided or bicubic")
     once.add_argument("repeats", type=int, help="timed calls")
     args = p.parse_args(argv)
+    # torch: once the options are parsed
+    from benchmarks.measures.upsample import cost, cost_markdown, cost_once, crop_grid, quality, quality_markdown
+
     if args.command == "quality":
         result = quality(args.n, [int(s) for s in args.sizes.split(",")])
         if args.out:
@@ -213,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(json.dumps(cost_once(args.mp, args.mode, args.repeats)))
     return 0
+
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from stylevar.helptext import HelpFormatter
 from stylevar.images import ImageError, load_image
 from stylevar.manifest import SPLITS, ManifestEntry, read_manifest, write_manifest  # noqa: F401 (re-exported)
 
@@ -310,13 +311,14 @@ def build_index(cfg: IndexConfig) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_tools.index", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m data_tools.index", description=__doc__.split("\n")[0],
+                                formatter_class=HelpFormatter)
     p.add_argument("--layout", required=True, choices=LAYOUTS, help="how the dataset is laid out on disk (module doc)")
     p.add_argument("--root", required=True, help="dataset root (pairs: the content image folder)")
     p.add_argument("--styles", help="pairs only: the style image folder")
     p.add_argument("--out", required=True, help="manifest path (JSON lines)")
     p.add_argument("--seed", type=int, default=42, help="seed of the train/validation split")
-    p.add_argument("--val-fraction", type=float, default=None, help="default 0.05 (1.0 for pairs)")
+    p.add_argument("--val-fraction", type=float, default=None, help="share of the entries in the validation split (default: 0.05; 1.0 for pairs)")
     p.add_argument("--workers", type=int, default=0, help="decoding threads (default: CPU count)")
     p.add_argument("--count", type=int, default=None, help="pairs only: number of pairs (default: one per content)")
     args = p.parse_args(argv)

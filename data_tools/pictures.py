@@ -21,6 +21,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stylevar.helptext import HelpFormatter
+
 
 @dataclass(frozen=True)
 class Package:
@@ -180,9 +182,10 @@ def _add_skimage(out: Path, sources: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_tools.pictures", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True, help="writes OUT/contents and OUT/styles (required)")
-    p.add_argument("--cache", type=Path, default=None, help="where packages are downloaded (default OUT/.cache)")
+    p = argparse.ArgumentParser(prog="python -m data_tools.pictures", description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpFormatter)
+    p.add_argument("--out", type=Path, required=True, help="writes OUT/contents and OUT/styles")
+    p.add_argument("--cache", type=Path, default=None, help="where packages are downloaded (default: OUT/.cache)")
     p.add_argument("--held-out", action="store_true",
                    help="collect the held-out judging pictures instead (into OUT/contents; used as both roles)")
     a = p.parse_args(argv)

@@ -29,10 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import webdataset as wds
 from PIL import Image
 
 from data_tools.index import SPLITS, ManifestEntry, read_manifest
+from stylevar.helptext import HelpFormatter
 from stylevar.images import ImageError, load_image
 
 KEEP_FORMATS = {"PNG": "png", "JPEG": "jpg", "WEBP": "webp"}
@@ -90,6 +90,8 @@ def _build_sample(args: tuple[ManifestEntry, int, Path]) -> dict | str:
 
 def write_shards(cfg: ShardConfig) -> dict:
     """Write the shards and `DIR/shards.json`; returns that summary."""
+    import webdataset as wds  # it imports torch: only here, so that --help stays fast
+
     start = time.perf_counter()
     manifest = Path(cfg.manifest)
     entries = read_manifest(manifest)
@@ -131,7 +133,8 @@ def write_shards(cfg: ShardConfig) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_tools.shards", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m data_tools.shards", description=__doc__.split("\n")[0],
+                                formatter_class=HelpFormatter)
     p.add_argument("--manifest", required=True, help="the manifest (JSON lines) whose samples go into the shards")
     p.add_argument("--out", required=True, help="output folder for {split}-NNNNNN.tar and shards.json")
     p.add_argument("--shard-size", type=int, default=1000, help="samples per shard")

@@ -21,7 +21,7 @@ A triplet is drawn from one `numpy.random.Generator`:
      base *= 1 + 0.15 * (T - mean(T)) (the style's pattern shows through, mean brightness kept);
   4. target = round(clip(base, 0, 255)) as 8-bit RGB.
 
-  Measured on 96 random 64 px triplets (`python benchmarks/fidelity.py ceiling`): the Pearson
+  Measured on 96 random 64 px triplets (`python -m benchmarks.fidelity ceiling`): the Pearson
   correlation between the Sobel magnitudes of target and content (`stylevar.metrics.structure`) is
   0.81; the earlier rule (equal-area posterisation, texture 0.4, darkened outlines) gave 0.51 because
   posterisation merges neighbouring regions and outlines draw two edges where the content has one.
@@ -47,6 +47,7 @@ import numpy as np
 from PIL import Image
 
 from data_tools.index import ManifestEntry, assign_splits, write_manifest
+from stylevar.helptext import HelpFormatter
 
 CONTENT_KINDS = ("shapes", "horizon", "skyline", "sun", "mountains", "gradient")
 STYLE_KINDS = ("stripes", "dots", "noise", "brush", "checker", "waves")
@@ -479,13 +480,14 @@ def write_examples(out: str | Path, size: int = 256, seed: int = 2024) -> list[P
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_tools.synth", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m data_tools.synth", description=__doc__.split("\n")[0],
+                                formatter_class=HelpFormatter)
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--out", help="output folder for triplets and manifest.jsonl")
     where.add_argument("--examples", metavar="DIR", help="write the example gallery (content_*, style_*) here")
     p.add_argument("--count", type=int, default=1000, help="triplets to write")
-    p.add_argument("--size", type=int, default=None, help="side in pixels (default 128; 256 for --examples)")
-    p.add_argument("--seed", type=int, default=None, help="default 0 (2024 for --examples)")
+    p.add_argument("--size", type=int, default=None, help="side in pixels (default: 128; 256 for --examples)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the drawing (default: 0; 2024 for --examples)")
     p.add_argument("--val-fraction", type=float, default=0.05, help="share of triplets in the validation split")
     args = p.parse_args(argv)
     start = time.perf_counter()

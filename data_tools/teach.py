@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from stylevar.helptext import HelpFormatter
+
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 SOURCES_FILE = "SOURCES.json"
 UNKNOWN_SOURCE = {"source": "unknown", "licence": "unknown"}
@@ -233,26 +235,27 @@ def _fraction_range(text: str) -> tuple[float, float]:
 
 def parse_args(argv: list[str] | None = None) -> tuple[TeachConfig, argparse.Namespace]:
     p = argparse.ArgumentParser(prog="python -m data_tools.teach", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--contents", type=Path, required=True, help="folder of content photographs (required)")
-    p.add_argument("--styles", type=Path, required=True, help="folder of style pictures (required)")
-    p.add_argument("--out", type=Path, required=True, help="output folder (required)")
+                                formatter_class=HelpFormatter)
+    p.add_argument("--contents", type=Path, required=True, help="folder of content photographs")
+    p.add_argument("--styles", type=Path, required=True, help="folder of style pictures")
+    p.add_argument("--out", type=Path, required=True, help="output folder")
     p.add_argument("--size", type=int, default=64, help="side of the stored square images, px")
     p.add_argument("--count", type=int, default=1000, help="triplets to attempt (before filtering)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--val-fraction", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=0, help="triplet i draws its pictures, crops and split from (seed, i)")
+    p.add_argument("--val-fraction", type=float, default=0.05, help="share of the triplets in the validation split")
     p.add_argument("--min-edge-corr", type=float, default=0.3,
                    help="drop targets whose edge correlation with the content is lower")
     p.add_argument("--content-crop", type=_fraction_range, default=(0.45, 1.0), metavar="LO,HI",
                    help="content crop side as a fraction of the shorter side")
-    p.add_argument("--style-crop", type=_fraction_range, default=(0.35, 1.0), metavar="LO,HI")
+    p.add_argument("--style-crop", type=_fraction_range, default=(0.35, 1.0), metavar="LO,HI",
+                   help="style crop side as a fraction of the shorter side")
     p.add_argument("--rank", type=int, default=int(os.environ.get("RANK", os.environ.get("JOB_COMPLETION_INDEX", 0))),
                    help="this worker's rank (env RANK or JOB_COMPLETION_INDEX)")
     p.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)),
                    help="number of workers (env WORLD_SIZE)")
     p.add_argument("--threads", type=int, default=1, help="onnxruntime threads")
     p.add_argument("--merge", action="store_true", help="only write the manifest from the logs so far")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
     cfg = TeachConfig(contents=a.contents, styles=a.styles, out=a.out, size=a.size, count=a.count, seed=a.seed,
                       val_fraction=a.val_fraction, min_edge_corr=a.min_edge_corr, content_crop=a.content_crop,

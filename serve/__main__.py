@@ -12,19 +12,40 @@ import sys
 
 from pydantic import ValidationError
 
+from stylevar.helptext import HelpFormatter
+
 from .logs import configure_logging
 from .settings import ServeSettings
 
+SETTINGS_DOC = "docs/serving.md#settings"  # every setting, its default and what it does
+FLAGS = {"host": "--host", "port": "--port", "model_dir": "--model", "device": "--device", "ui": "--no-ui"}
+
+
+def env_name(field: str) -> str:
+    """The environment variable of a setting: ``model_dir`` -> ``STYLEVAR_MODEL_DIR``."""
+    return f"{ServeSettings.model_config['env_prefix']}{field.upper()}"
+
+
+def _default(field: str) -> object:
+    return ServeSettings.model_fields[field].default
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m serve", description="StyleVAR inference service (API + UI)")
-    p.add_argument("--host", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port (default 8000)")
+    others = ", ".join(env_name(f) for f in ServeSettings.model_fields if f not in FLAGS)
+    p = argparse.ArgumentParser(
+        prog="python -m serve", description="StyleVAR inference service (API + UI)", formatter_class=HelpFormatter,
+        epilog=f"Every option is also a setting, an environment variable STYLEVAR_<NAME> (an option given here wins); "
+               f"the others are settings only: {others}. Every setting, its default and what it does: {SETTINGS_DOC}.")
+    p.add_argument("--host", help=f"bind address ({env_name('host')}; default: {_default('host')})")
+    p.add_argument("--port", type=int, help=f"port ({env_name('port')}; default: {_default('port')})")
     p.add_argument("--model", dest="model_dir",
                    help="model directory, or a hub id hf:OWNER/NAME[:grpo|sft] (pulled on first use; "
-                        "default: the embedded demo model)")
-    p.add_argument("--device", help="'auto', 'cpu', 'cuda:0' or a comma-separated list (one worker each)")
-    p.add_argument("--no-ui", dest="ui", action="store_false", default=None, help="do not mount the web UI at /ui")
+                        f"{env_name('model_dir')}; default: the embedded demo model)")
+    p.add_argument("--device", help="auto, cpu, cuda:0 or a comma-separated list, one model copy and worker each "
+                                    f"({env_name('device')}; default: {','.join(_default('device'))}: every visible "
+                                    "CUDA device, else the CPU)")
+    p.add_argument("--no-ui", dest="ui", action="store_false", default=None,
+                   help=f"do not mount the web UI at /ui ({env_name('ui')}=false)")
     return p
 
 

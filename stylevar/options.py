@@ -127,10 +127,14 @@ class StylizeOptions:
              "in [0, 1] per scale", example="0.2,0.3,0.4,0.5,0.6,0.7", label="Custom per-scale alphas")
     resize: ResizeMode = option(
         "stretch", label="Resize mode",
-        help="how the content is fitted into the model's square: stretch and pad keep its aspect ratio, crop "
-             "returns the centre square")
+        help="how the content is fitted into the model's square: stretch squeezes it into the square (the model "
+             "draws it distorted) and stretches the result back to the content's shape; pad letterboxes it "
+             "undistorted (bands of its mean colour, cut off the result again); crop draws only its centre square "
+             "and returns that square")
     preserve_color: bool = option(
-        False, help="keep the content's colours, take the style's texture", label="Preserve colour")
+        False, label="Preserve colour",
+        help="keep the content's colours: the result's brightness (luminance) with the content's hue and saturation "
+             "(chroma), so the style changes only light and dark")
     upsample: UpsampleMode | None = option(
         None, fallback=DEFAULT_UPSAMPLE, label="Upsampling",
         unset=f"the model's setting, {DEFAULT_UPSAMPLE} unless its config.json says otherwise",

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from benchmarks import cpu_pipeline
+from benchmarks.side_by_side import STAGES
 from tests.test_sft import REPO
 
 
@@ -23,7 +24,7 @@ def test_stage_benchmark_times_every_precision_and_measures_agreement(capsys):
     out = json.loads(capsys.readouterr().out)
     stages = out["stages_ms_per_image"]["1"]
     assert set(stages) == {"plain", "fp32", "bf16"}
-    assert all(set(st) == set(cpu_pipeline.STAGES) and all(v > 0 for v in st.values()) for st in stages.values())
+    assert all(set(st) == set(STAGES) and all(v > 0 for v in st.values()) for st in stages.values())
     assert set(out["token_agreement_with_fp32"]) == {"bf16"}
     assert all(0.5 < a <= 1 for a in out["token_agreement_with_fp32"].values())
 

@@ -24,8 +24,8 @@ from stylevar.atomic import WriteFailedError, atomic_folder, atomic_write, forma
 from stylevar.config import VQVAEConfig
 from stylevar.tokenizer import MultiScaleVQVAE
 from tests.conftest import single_thread_env
-from training import sft, sharding
-from training.parts import rundir
+from training import sft
+from training.parts import fsdp, rundir
 from training.parts.checkpoints import read_checkpoint
 from training.parts.distributed import DistEnv, setup_distributed, teardown_distributed, wrap_ddp
 from training.parts.precision import make_grad_scaler
@@ -125,7 +125,7 @@ def test_a_failed_sharded_checkpoint_removes_its_temp_folder(tmp_path, monkeypat
     model = nn.Linear(4, 4)
     folder = tmp_path / "step-00000004.dcp"
     with pytest.raises(WriteFailedError, match=rf"sharded checkpoint step-00000004.dcp in {tmp_path}: disk full"):
-        sharding.save_sharded(folder, model, torch.optim.AdamW(model.parameters()), CPU1)
+        fsdp.save_sharded(folder, model, torch.optim.AdamW(model.parameters()), CPU1)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -15,7 +15,7 @@ from stylevar.lora import LoRAConfig, attach_lora, lora_modules, lora_parameters
 from stylevar.pipeline import StylePipeline
 from tests.conftest import micro_configs, run_recipe, single_thread_env
 from tests.test_lora import lively
-from training import grpo
+from training import grpo, grpo_objective, grpo_trainer
 from training.data import collate_triplets, open_triplets
 from training.merge_control import MergeConfig, MergeController
 from training.optim import make_adamw
@@ -52,7 +52,7 @@ def _batch(setup, n: int = 2):
     return {k: b[k] for k in ("content", "style", "target")}
 
 
-def _trainer(setup, cfg: grpo.GRPOConfig, merge: MergeConfig | None = None, lr: float = 1e-2):
+def _trainer(setup, cfg: grpo_trainer.GRPOConfig, merge: MergeConfig | None = None, lr: float = 1e-2):
     model = StylePipeline.from_pretrained(setup["model"], device="cpu").model
     attach_lora(model, LoRAConfig(rank=4, alpha=8), seed=0)
     model.eval()
@@ -60,7 +60,7 @@ def _trainer(setup, cfg: grpo.GRPOConfig, merge: MergeConfig | None = None, lr: 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     env = DistEnv(0, 1, 0, torch.device("cpu"))
     reward = Reward(RewardConfig("ssim", 5.0, image_size=32))
-    return grpo.GRPOTrainer(model, reward, cfg, merge or MergeConfig(), opt, sched, env)
+    return grpo_trainer.GRPOTrainer(model, reward, cfg, merge or MergeConfig(), opt, sched, env)
 
 
 # ------------------------------------------------------------------------------------------ math
@@ -80,26 +80,26 @@ def test_panw_weights_match_the_paper_table_and_sum_to_one():
 
 def test_group_advantages():
     r = torch.tensor([[1.0, 2.0, 3.0, 4.0], [5.0, 5.0, 5.0, 5.0]])
-    a = grpo.group_advantages(r, eps=1e-4)
+    a = grpo_objective.group_advantages(r, eps=1e-4)
     std = torch.tensor([1.0, 2.0, 3.0, 4.0]).std()
     torch.testing.assert_close(a[0], (r[0] - 2.5) / (std + 1e-4))
     assert torch.equal(a[1], torch.zeros(4))  # a group with equal rewards teaches nothing
     with pytest.raises(ValueError):
-        grpo.group_advantages(torch.ones(3, 1))
+        grpo_objective.group_advantages(torch.ones(3, 1))
 
 
 def test_clipped_policy_loss_and_k3_by_hand():
     new = torch.log(torch.tensor([[1.5, 0.5, 1.1, 0.7]]))
     old = torch.zeros(1, 4)
-    pg, rho = grpo.clipped_policy_loss(new, old, torch.tensor([1.0]), 0.2)
+    pg, rho = grpo_objective.clipped_policy_loss(new, old, torch.tensor([1.0]), 0.2)
     torch.testing.assert_close(rho, torch.tensor([[1.5, 0.5, 1.1, 0.7]]))
     torch.testing.assert_close(pg, torch.tensor([[-1.2, -0.5, -1.1, -0.7]]))  # A > 0: gains capped at 1 + eps
-    pg, _ = grpo.clipped_policy_loss(new, old, torch.tensor([-1.0]), 0.2)
+    pg, _ = grpo_objective.clipped_policy_loss(new, old, torch.tensor([-1.0]), 0.2)
     torch.testing.assert_close(pg, torch.tensor([[1.5, 0.8, 1.1, 0.8]]))  # A < 0: the pessimistic side
     ref, pol = torch.tensor([0.3, -0.2, 0.0]), torch.tensor([0.1, 0.4, 0.0])
     d = ref - pol
-    torch.testing.assert_close(grpo.k3_kl(ref, pol), torch.exp(d) - 1 - d)
-    assert float(grpo.k3_kl(torch.tensor([0.0]), torch.tensor([1e-4]))) > 0  # no cancellation to 0 in fp32
+    torch.testing.assert_close(grpo_objective.k3_kl(ref, pol), torch.exp(d) - 1 - d)
+    assert float(grpo_objective.k3_kl(torch.tensor([0.0]), torch.tensor([1e-4]))) > 0  # no cancellation to 0 in fp32
 
 
 def test_grpo_loss_by_hand():
@@ -108,7 +108,7 @@ def test_grpo_loss_by_hand():
     ref = [[0.1, -0.2], [0.3, 0.0]]
     adv, w, eps, beta = [1.0, -2.0], [0.25, 0.75], 0.2, 0.5
     new = torch.log(torch.tensor(rho, dtype=torch.float64)).requires_grad_()
-    loss, parts = grpo.grpo_loss(new, torch.zeros(2, 2, dtype=torch.float64), torch.tensor(ref, dtype=torch.float64),
+    loss, parts = grpo_objective.grpo_loss(new, torch.zeros(2, 2, dtype=torch.float64), torch.tensor(ref, dtype=torch.float64),
                                  torch.tensor(adv, dtype=torch.float64), torch.tensor(w, dtype=torch.float64),
                                  clip_eps=eps, kl_beta=beta)
     expected, grads = 0.0, [[0.0, 0.0], [0.0, 0.0]]
@@ -126,48 +126,48 @@ def test_grpo_loss_by_hand():
     loss.backward()
     torch.testing.assert_close(new.grad, torch.tensor(grads, dtype=torch.float64))
     # a chunk of a larger step is divided by the step's row count
-    half, _ = grpo.grpo_loss(new, torch.zeros(2, 2, dtype=torch.float64), torch.tensor(ref, dtype=torch.float64),
+    half, _ = grpo_objective.grpo_loss(new, torch.zeros(2, 2, dtype=torch.float64), torch.tensor(ref, dtype=torch.float64),
                              torch.tensor(adv, dtype=torch.float64), torch.tensor(w, dtype=torch.float64),
                              clip_eps=eps, kl_beta=beta, num_rows=4)
     assert float(half.detach()) == pytest.approx(expected / 2, rel=1e-12)
 
 
 def test_rollout_seeds_are_derived_and_rank_independent():
-    a = [grpo.rollout_seed(0, 3, i) for i in range(8)]
-    assert a == [grpo.rollout_seed(0, 3, i) for i in range(8)] and len(set(a)) == 8
-    assert a != [grpo.rollout_seed(0, 4, i) for i in range(8)] and a != [grpo.rollout_seed(1, 3, i) for i in range(8)]
-    one = grpo.rollout_indices(4, 3)
+    a = [grpo_trainer.rollout_seed(0, 3, i) for i in range(8)]
+    assert a == [grpo_trainer.rollout_seed(0, 3, i) for i in range(8)] and len(set(a)) == 8
+    assert a != [grpo_trainer.rollout_seed(0, 4, i) for i in range(8)] and a != [grpo_trainer.rollout_seed(1, 3, i) for i in range(8)]
+    one = grpo_trainer.rollout_indices(4, 3)
     assert one == list(range(12))
-    two = sorted(grpo.rollout_indices(2, 3, 0, 2) + grpo.rollout_indices(2, 3, 1, 2))
+    two = sorted(grpo_trainer.rollout_indices(2, 3, 0, 2) + grpo_trainer.rollout_indices(2, 3, 1, 2))
     assert two == one
 
 
 # ------------------------------------------------------------------------------------------ the step
 def test_step_zero_old_equals_new_and_every_ratio_is_one(setup):
-    t = _trainer(setup, grpo.GRPOConfig(group_size=3, top_k=0, top_p=0.0))
+    t = _trainer(setup, grpo_trainer.GRPOConfig(group_size=3, top_k=0, top_p=0.0))
     g = torch.Generator().manual_seed(4)
     with torch.no_grad():  # a policy that differs from the reference, so `ref` differs from `old`
         for p in lora_parameters(t.model):
             p.copy_(torch.randn(p.shape, generator=g) * 0.05)
     r = t.rollout(_batch(setup), step=1)
     t.reference_logprobs(r)
-    with grpo.fp32_policy(t.model):
+    with grpo_objective.fp32_policy(t.model):
         logits = t.model.teacher_forcing_logits(r.content, r.style, r.tokens, cond=r.cond)
-    new = grpo.token_logprobs(logits, torch.cat(r.tokens, 1))
+    new = grpo_objective.token_logprobs(logits, torch.cat(r.tokens, 1))
     assert new.requires_grad
     assert torch.equal(new.detach(), r.old)
-    _, ratio = grpo.clipped_policy_loss(new, r.old, r.advantages, 0.2)
+    _, ratio = grpo_objective.clipped_policy_loss(new, r.old, r.advantages, 0.2)
     assert torch.equal(ratio, torch.ones_like(ratio))
     assert (r.ref - r.old).abs().max() > 1e-4  # LoRA on vs off really differ
     stats = t.step(_batch(setup), step=1)  # the same through the full step, chunked teacher forcing too
     assert stats["ratio_dev"] == 0.0 and stats["clip_frac"] == 0.0 and stats["skipped"] == 0
-    t2 = _trainer(setup, grpo.GRPOConfig(group_size=3, tf_chunk=2, rollout_chunk=4))
+    t2 = _trainer(setup, grpo_trainer.GRPOConfig(group_size=3, tf_chunk=2, rollout_chunk=4))
     assert t2.step(_batch(setup), step=1)["ratio_dev"] == 0.0
 
 
 def test_loss_and_gradients_follow_the_formula(setup):
     """policy_pass == the loss written out; a second PPO epoch sees ratios != 1 (old stays fixed)."""
-    cfg = grpo.GRPOConfig(group_size=3, kl_beta=0.3, tf_chunk=4, ppo_epochs=2)
+    cfg = grpo_trainer.GRPOConfig(group_size=3, kl_beta=0.3, tf_chunk=4, ppo_epochs=2)
     t = _trainer(setup, cfg)
     g = torch.Generator().manual_seed(5)
     with torch.no_grad():
@@ -179,9 +179,9 @@ def test_loss_and_gradients_follow_the_formula(setup):
     d = t.policy_pass(r, want_entropy=True)
     grads = [p.grad.clone() for p in t.params]
     t.optimizer.zero_grad(set_to_none=True)
-    with grpo.fp32_policy(t.model):
+    with grpo_objective.fp32_policy(t.model):
         logits = t.model.teacher_forcing_logits(r.content, r.style, r.tokens)
-    new = grpo.token_logprobs(logits, torch.cat(r.tokens, 1))
+    new = grpo_objective.token_logprobs(logits, torch.cat(r.tokens, 1))
     rho = torch.exp(new - r.old)
     a = r.advantages[:, None]
     pol = -torch.minimum(rho * a, rho.clamp(0.8, 1.2) * a)
@@ -203,14 +203,14 @@ def test_loss_and_gradients_follow_the_formula(setup):
 
 def test_batched_rollouts_equal_a_loop_of_single_generates(setup):
     batch = _batch(setup)
-    a = _trainer(setup, grpo.GRPOConfig(group_size=4)).rollout(batch, step=3)
-    b = _trainer(setup, grpo.GRPOConfig(group_size=4, batched_rollouts=False)).rollout(batch, step=3)
-    c = _trainer(setup, grpo.GRPOConfig(group_size=4, rollout_chunk=3)).rollout(batch, step=3)
+    a = _trainer(setup, grpo_trainer.GRPOConfig(group_size=4)).rollout(batch, step=3)
+    b = _trainer(setup, grpo_trainer.GRPOConfig(group_size=4, batched_rollouts=False)).rollout(batch, step=3)
+    c = _trainer(setup, grpo_trainer.GRPOConfig(group_size=4, rollout_chunk=3)).rollout(batch, step=3)
     for x, y, z in zip(a.tokens, b.tokens, c.tokens):
         assert torch.equal(x, y) and torch.equal(x, z)
     torch.testing.assert_close(a.images, b.images, atol=1e-5, rtol=0)
     torch.testing.assert_close(a.rewards, b.rewards, atol=1e-5, rtol=0)
-    d = _trainer(setup, grpo.GRPOConfig(group_size=4)).rollout(batch, step=4)
+    d = _trainer(setup, grpo_trainer.GRPOConfig(group_size=4)).rollout(batch, step=4)
     assert any(not torch.equal(x, y) for x, y in zip(a.tokens, d.tokens))  # another step, other samples
     assert a.content.shape[0] == 8 and torch.equal(a.content[0], a.content[3])  # triplet-major rows
     assert torch.allclose(a.advantages.view(2, 4).sum(1), torch.zeros(2), atol=1e-4)
@@ -247,7 +247,7 @@ def test_merge_controller_schedule():
 
 
 def test_merge_bakes_the_peak_snapshot(setup):
-    t = _trainer(setup, grpo.GRPOConfig(group_size=3))
+    t = _trainer(setup, grpo_trainer.GRPOConfig(group_size=3))
     g = torch.Generator().manual_seed(6)
     batch = _batch(setup)
     r = t.rollout(batch, step=1)
@@ -271,7 +271,7 @@ def test_merge_bakes_the_peak_snapshot(setup):
 
 
 def test_high_kl_skips_or_merges(setup):
-    t = _trainer(setup, grpo.GRPOConfig(group_size=3), MergeConfig(emergency_kl=1e-9, emergency_cooldown=10,
+    t = _trainer(setup, grpo_trainer.GRPOConfig(group_size=3), MergeConfig(emergency_kl=1e-9, emergency_cooldown=10,
                                                                         skip_kl=1e-9))
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():

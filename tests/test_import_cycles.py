@@ -100,7 +100,7 @@ def describe(component: list[str], graph: dict[str, set[str]]) -> str:
 # the library's layers, bottom to top (docs/architecture.md, "Layers"): a module imports only its own row and above
 LIBRARY_LAYERS = (
     ("config", "generation", "paths", "state_dict", "atomic", "images", "devices", "manifest", "video",
-     "precisions"),
+     "precisions", "helptext"),
     ("postprocess", "options"),
     ("pretrained", "sampling", "encoders", "coherence"),
     ("tokenizer", "transformer", "lora"),
@@ -109,7 +109,7 @@ LIBRARY_LAYERS = (
     ("hub", "weights"),
     ("model_dir", "pull"),
     ("pipeline",),
-    ("metrics", "baselines", "evaluate", "bench", "distributed", "preflight"),
+    ("metric_definitions", "metrics", "baselines", "evaluate", "bench", "distributed", "preflight"),
     ("cli", "evaluate.__main__"),  # the entry points
 )
 

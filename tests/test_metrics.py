@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from stylevar import metrics, weights
+from stylevar.metric_definitions import NAMES
 from stylevar.metrics.ssim import gaussian_window, ssim, ssim_standard
 from stylevar.metrics.vgg import CONTENT_LAYER, STYLE_LAYERS, VGGLosses, gram_matrix
 from stylevar.state_dict import WeightMismatchError, read_state_dict
@@ -394,6 +395,6 @@ def test_layout_errors_list_the_bad_keys(full_cache, tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_cpu(full_cache):
     gen, content, style = fixed_images()
-    out = metrics.MetricSuite(metrics.NAMES, device="cuda", image_size=SIZE)(gen, content, style)
-    for name in metrics.NAMES:
+    out = metrics.MetricSuite(NAMES, device="cuda", image_size=SIZE)(gen, content, style)
+    for name in NAMES:
         assert out[name].item() == pytest.approx(PINNED[name], rel=2e-3, abs=1e-5), name

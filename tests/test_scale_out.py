@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from stylevar import StylePipeline
 from tests.conftest import single_thread_env
 from tests.test_sft import REPO, _args, _weights, setup  # noqa: F401 - setup is the module's fixture
-from training import sharding
+from training.parts import fsdp
 from training.parts.log import read_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
@@ -128,7 +128,7 @@ def test_fsdp_checkpoints_export_to_the_final_model_and_match_ddp(setup, tmp_pat
     assert "model" not in torch.load(ckpts / "step-00000004.pt", weights_only=True)  # the weights are in the shards
 
     # the sharded checkpoint, exported in this process (no process group), computes RUN/final's logits
-    sharding.export_model_dir(tmp_path / "fsdp", tmp_path / "exported")
+    fsdp.export_model_dir(tmp_path / "fsdp", tmp_path / "exported")
     data = open_triplets([str(setup["manifest"])], "val", 16, None, seed=0)
     batch = collate_triplets([data[i] for i in range(4)])
     torch.testing.assert_close(_logits(tmp_path / "exported", batch), _logits(tmp_path / "fsdp" / "final", batch),

@@ -17,6 +17,8 @@ from stylevar.tokenizer import MultiScaleVQVAE
 from tests import reference
 from tests.conftest import run_recipe, single_thread_env
 from training import sft
+from training.sft_model import with_variants
+from training.sft_objective import SFTObjective
 from training.parts.log import read_log
 
 REPO = Path(__file__).resolve().parents[1]
@@ -294,7 +296,7 @@ def test_scale_weighted_loss_and_added_variants(setup, tmp_path):
     first = tmp_path / "first"
     sft.main(_args(setup, first, 4, "--batch-size", 4, "--no-augment", "--save-every", 4))
     model = StylePipeline.from_pretrained(first / "final", device="cpu").model
-    grown = sft.with_variants(model, ["colour_stats"])
+    grown = with_variants(model, ["colour_stats"])
     assert grown.colour_in is not None and grown.cfg.colour_stats and not model.cfg.colour_stats
     g = torch.Generator().manual_seed(0)
     c, s = torch.rand(2, 3, 16, 16, generator=g) * 2 - 1, torch.rand(2, 3, 16, 16, generator=g) * 2 - 1
@@ -302,12 +304,12 @@ def test_scale_weighted_loss_and_added_variants(setup, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(grown.teacher_forcing_logits(c, s, idx), model.teacher_forcing_logits(c, s, idx))
     with pytest.raises(SystemExit, match="unknown"):
-        sft.with_variants(model, ["sparkle"])
+        with_variants(model, ["sparkle"])
 
     # the weighted loss by hand, from the objective's own logits
     batch = {"content": c, "style": s, "target": c}
-    plain = sft.SFTObjective(model, label_smoothing=0.0, alpha_jitter=0.0, seed=0)
-    weighted = sft.SFTObjective(model, label_smoothing=0.0, alpha_jitter=0.0, seed=0, scale_gamma=1.0)
+    plain = SFTObjective(model, label_smoothing=0.0, alpha_jitter=0.0, seed=0)
+    weighted = SFTObjective(model, label_smoothing=0.0, alpha_jitter=0.0, seed=0, scale_gamma=1.0)
     with torch.no_grad():
         loss_plain, _ = plain(batch)
         loss_weighted, metrics = weighted(batch)

@@ -18,7 +18,7 @@ from tests.conftest import micro_configs
 from training import sft, token_cache
 from training.data import AugmentConfig, TripletDataset
 from training.parts.distributed import DistEnv
-from training.sft import SFTObjective
+from training.sft_objective import SFTObjective
 from training.token_inputs import condition_from_tokens, encode_triplets, tokens_from_indices
 
 pytestmark = pytest.mark.usefixtures("one_thread")

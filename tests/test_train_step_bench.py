@@ -12,6 +12,9 @@ import pytest
 import torch
 
 from benchmarks import train_step
+from benchmarks.measures import train_step as measures
+from benchmarks.train_step_config import DEFAULT, StepBenchConfig
+from stylevar.bench import flops_of
 from tests.conftest import micro_configs, single_thread_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,8 +38,8 @@ def _check(agreement: dict) -> None:
 
 
 def test_each_lever_learns_what_todays_step_learns():
-    cfg = train_step.StepBenchConfig(reference=False)
-    agreement = train_step.lever_agreement(_micro(), 2, cfg, EAGER)
+    cfg = StepBenchConfig(reference=False)
+    agreement = measures.lever_agreement(_micro(), 2, cfg, EAGER)
     assert set(agreement) == set(EAGER)
     _check(agreement)
 
@@ -56,18 +59,18 @@ def test_compiled_blocks_learn_what_eager_ones_learn():
     with torch.no_grad():  # open the blocks' gates, so that a drop shows in the loss
         for blk in model.blocks:
             blk.ada_lin[1].bias[: 2 * tr.embed_dim].fill_(1.0)
-    agreement = train_step.lever_agreement(model, 4, train_step.StepBenchConfig(reference=False),
+    agreement = measures.lever_agreement(model, 4, StepBenchConfig(reference=False),
                                            ("compiled blocks", "cached+compiled"))
     _check(agreement)
 
 
 def test_the_step_trains_and_flops_are_counted():
     model = _micro()
-    batch = train_step.triplets(2, model.tokenizer.cfg.image_size, 0)
-    step = train_step.our_step(model, batch, train_step.DEFAULT, "fp32")
+    batch = measures.triplets(2, model.tokenizer.cfg.image_size, 0)
+    step = measures.our_step(model, batch, DEFAULT, "fp32")
     losses = [step() for _ in range(4)]
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
-    assert train_step.step_flops(step) > 0
+    assert flops_of(step) > 0
 
 
 def test_the_command_reports_samples_per_second_and_mfu(capsys):

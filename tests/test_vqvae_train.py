@@ -12,7 +12,7 @@ from data_tools.synth import SynthConfig, generate
 from stylevar.convert import load_vqvae
 from stylevar.config import VQVAEConfig
 from stylevar.tokenizer import MultiScaleVQVAE
-from training import vqvae
+from training import vqvae, vqvae_objective, vqvae_run
 from training.optim import make_adamw
 from training.parts.distributed import DistEnv
 from training.parts.log import read_log
@@ -64,13 +64,13 @@ def test_vqvae_trains_logs_and_final_loads(data, tmp_path, capsys):
 def test_dead_codes_restart_from_encoder_outputs():
     torch.manual_seed(0)
     model = MultiScaleVQVAE(VQVAEConfig.from_dict(TOK)).train()
-    obj = vqvae.VQVAEObjective(model, vqvae.LossWeights())
+    obj = vqvae_objective.VQVAEObjective(model, vqvae_objective.LossWeights())
     opt = make_adamw(model, 1e-3, 0.0)
     img = torch.rand(4, 3, 16, 16) * 2 - 1
     loss, _ = obj({"image": img})
     loss.backward()
     opt.step()
-    restarter = vqvae.DeadCodeRestarter(obj, opt, CPU1, every=1, dead_after=1, seed=0)
+    restarter = vqvae_objective.DeadCodeRestarter(obj, opt, CPU1, every=1, dead_after=1, seed=0)
     hit = obj.hits_V > 0
     before = model.quantize.embedding.weight.detach().clone()
     out = restarter(1, {})
@@ -88,19 +88,19 @@ def test_dead_codes_restart_from_encoder_outputs():
     assert torch.all(emb_state["exp_avg"][~hit] == 0) and torch.all(emb_state["exp_avg_sq"][~hit] == 0)
     assert torch.all(restarter.since_hit_V == 0)
     saved = restarter.state_dict()
-    other = vqvae.DeadCodeRestarter(obj, opt, CPU1, every=1, dead_after=1, seed=0)
+    other = vqvae_objective.DeadCodeRestarter(obj, opt, CPU1, every=1, dead_after=1, seed=0)
     other.load_state_dict(saved)
     assert other.restarted_total == restarter.restarted_total
 
 
 def test_lpips_uses_local_vgg_weights(weight_homes):
     _, th = weight_homes
-    model, note = vqvae.build_lpips(torch.device("cpu"))
+    model, note = vqvae_objective.build_lpips(torch.device("cpu"))
     assert model is None and "LPIPS off" in note and "vgg16" in note
     bad = th / "hub" / "checkpoints" / "vgg16-397923af.pth"
     bad.parent.mkdir(parents=True)
     torch.save({"features.0.weight": torch.zeros(3)}, bad)
-    model, note = vqvae.build_lpips(torch.device("cpu"))
+    model, note = vqvae_objective.build_lpips(torch.device("cpu"))
     assert model is None and "not usable" in note and "WeightMismatchError" in note
     torch.manual_seed(0)
     # random weights in torchvision's VGG-16 layout; the classifier (not used by LPIPS) is stored as
@@ -110,7 +110,7 @@ def test_lpips_uses_local_vgg_weights(weight_homes):
     stand_in = {k: 0.05 * torch.randn(v.shape) if k.startswith("features.") else torch.zeros(1).expand(v.shape)
                 for k, v in layout.items()}
     torch.save(stand_in, bad)
-    model, note = vqvae.build_lpips(torch.device("cpu"))
+    model, note = vqvae_objective.build_lpips(torch.device("cpu"))
     assert model is not None and "LPIPS on" in note
     net_sd = model.net.state_dict()
     assert torch.equal(net_sd["slice1.0.weight"], stand_in["features.0.weight"])
@@ -119,7 +119,7 @@ def test_lpips_uses_local_vgg_weights(weight_homes):
     assert float(model(x, x).max()) == pytest.approx(0.0, abs=1e-6)
     assert float(model(x, y).min()) > 0
     tok = MultiScaleVQVAE(VQVAEConfig.from_dict(TOK))
-    obj = vqvae.VQVAEObjective(tok, vqvae.LossWeights(lpips=0.5), model)
+    obj = vqvae_objective.VQVAEObjective(tok, vqvae_objective.LossWeights(lpips=0.5), model)
     loss, metrics = obj({"image": torch.rand(2, 3, 16, 16) * 2 - 1})
     assert metrics["lpips"] > 0
     assert float(loss) == pytest.approx(float(metrics["l1"] + metrics["l2"] + metrics["vq_loss"] + 0.5 * metrics["lpips"]),
@@ -157,7 +157,7 @@ def test_init_starts_from_a_saved_tokenizer_and_refuses_another_config(data, tmp
     vqvae.main([*common, "--preset", str(data["preset"]), "--out", str(first), "--max-steps", "2"])
     saved = MultiScaleVQVAE.from_pretrained(first / "final")
     fresh = MultiScaleVQVAE(VQVAEConfig.from_dict(TOK))
-    vqvae.init_from(fresh, first / "final")
+    vqvae_run.init_from(fresh, first / "final")
     for k, v in fresh.state_dict().items():
         assert torch.equal(v, saved.state_dict()[k]), k
     vqvae.main([*common, "--preset", str(data["preset"]), "--out", str(tmp_path / "second"), "--max-steps", "1",

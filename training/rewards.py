@@ -18,15 +18,17 @@ computed at ``image_size`` (default 256, the evaluation resolution); L1 at the i
 Missing weights raise ``MissingWeightError`` when the reward is built, before any training starts.
 Group-relative advantages do not depend on the scale or an offset of R; ``lambda`` matters for the
 reward EMA that drives LoRA merging (``--merge-min-gain`` is in reward units).
+
+Importing this module does not import torch (``python -m training.grpo --help`` reads :data:`REWARDS`).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from stylevar.metrics.style_fidelity import colour_swd
+if TYPE_CHECKING:
+    import torch
 
 REWARDS = ("dreamsim", "lpips", "clip", "ssim", "l1")
 _SUITE_METRIC = {"dreamsim": "dreamsim", "lpips": "lpips", "clip": "clip", "ssim": "ssim"}
@@ -56,6 +58,8 @@ class Reward:
     """``reward(generated, content, style, target) -> (N,)`` float32 on the CPU."""
 
     def __init__(self, cfg: RewardConfig, device: str | torch.device | None = None):
+        import torch
+
         self.cfg = cfg
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.suite = None
@@ -71,6 +75,8 @@ class Reward:
         """The distance to the target (plus the weighted style term), (N,): 0 for a perfect match."""
         dist = self.target_distance(generated, content, style, target)
         if self.cfg.style_weight > 0:
+            from stylevar.metrics.style_fidelity import colour_swd
+
             dist = dist + self.cfg.style_weight * colour_swd(generated.float(), style.float()).cpu()
         return dist
 

@@ -6,16 +6,19 @@ import logging
 import os
 import sys
 
+from stylevar.helptext import HelpFormatter
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m web", description="StyleVAR web UI against a running service")
+    p = argparse.ArgumentParser(prog="python -m web", description="StyleVAR web UI against a running service",
+                                formatter_class=HelpFormatter)
     p.add_argument("--api", required=True, metavar="URL", help="base URL of the service, e.g. http://gpu-box:8000")
-    p.add_argument("--host", default="127.0.0.1", help="bind address of the UI (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=7860, help="port of the UI (default 7860)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address of the UI")
+    p.add_argument("--port", type=int, default=7860, help="port of the UI")
     p.add_argument("--api-key", default=os.environ.get("STYLEVAR_API_KEY"),
-                   help="the service's API key, sent as a Bearer token (env STYLEVAR_API_KEY)")
+                   help="the service's API key, sent as a Bearer token (default: the environment's STYLEVAR_API_KEY)")
     p.add_argument("--timeout", type=float, default=120.0, metavar="S",
-                   help="longest wait for the service's next stream event, seconds (default 120)")
+                   help="longest wait for the service's next stream event, seconds")
     return p
 
 

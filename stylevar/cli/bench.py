@@ -7,20 +7,21 @@ import sys
 from pathlib import Path
 
 from stylevar.cli.command import Command
+from stylevar.config import PRESETS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of `stylevar bench`."""
-    p.add_argument("--preset", default="tiny")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--preset", default="tiny", help=f"{', '.join(PRESETS)}: the model's shapes (its weights are random)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
     p.add_argument("--batch-sizes", default="1,8", help="comma-separated batch sizes for generate")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=3, help="timed calls per measurement (their median is reported)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed calls before the timed ones")
     p.add_argument("--tf-batch", type=int, default=4, help="batch size of the teacher-forcing step")
     p.add_argument("--naive", action="store_true", help="also time the naive blend at batch 1")
     p.add_argument("--compile", action="store_true", help="torch.compile the per-scale transformer step")
     p.add_argument("--fp32", action="store_true", help="no bf16 autocast on CUDA")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="torch's CPU threads (default: torch's own choice)")
     p.add_argument("--peak-tflops", type=float, default=None, help="device peak (bf16 dense) for the fraction")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--record", type=Path, help="append the result to this JSON-lines file")

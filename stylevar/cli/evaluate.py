@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from stylevar.cli.command import EXIT_USAGE, Command
+from stylevar.helptext import DEVICE_AUTO
 
 EXIT_MISSING_WEIGHTS = 3
 
@@ -22,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     from stylevar.baselines.magenta import TeacherUnavailable
     from stylevar.evaluate.config import MISSING, EvalConfig
     from stylevar.evaluate import runner
-    from stylevar.metrics import NAMES
+    from stylevar.metric_definitions import NAMES
 
     metrics = tuple(NAMES) if args.metrics == ["all"] else tuple(args.metrics)
     cfg = EvalConfig(
@@ -54,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of `stylevar evaluate`."""
     import stylevar.evaluate
     from stylevar.evaluate.config import SPLITS
-    from stylevar.metrics import NAMES, PAPER_METRICS
+    from stylevar.metric_definitions import NAMES, PAPER_METRICS
 
     p.description = stylevar.evaluate.__doc__.split("\n\n")[0]
     p.add_argument("--method", action="append", required=True,
@@ -63,15 +64,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--benchmark", action="append", required=True, type=_parse_benchmark,
                    metavar="NAME=MANIFEST_OR_ROOT", help="a triplet manifest, or a folder holding manifest.jsonl (repeat)")
     p.add_argument("--n", "--rows", type=int, default=50,
-                   help="rows drawn per benchmark (default 50; under torchrun write --rows: it reads --n as its own)")
-    p.add_argument("--seed", type=int, default=42, help="row drawing and generation seeds (default 42)")
+                   help="rows drawn per benchmark (under torchrun write --rows: it reads --n as its own)")
+    p.add_argument("--seed", type=int, default=42, help="row drawing and generation seeds")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--metrics", nargs="+", default=list(PAPER_METRICS), metavar="METRIC",
                    help=f"'all' or any of {', '.join(NAMES)} (default: the paper's six)")
-    p.add_argument("--split", choices=SPLITS, default="val", help="manifest split to draw from (default val)")
+    p.add_argument("--split", choices=SPLITS, default="val", help="manifest split to draw from")
     p.add_argument("--allow-missing", action="store_true",
                    help="skip (and mark) metrics and methods whose weights are not present")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    p.add_argument("--device", default=None, help=f"cpu, cuda, cuda:1 ... (default: {DEVICE_AUTO})")
     p.add_argument("--batch-size", type=int, default=4, help="triplets per model call")
     p.add_argument("--lpips-net", choices=("vgg", "alex"), default="vgg", help="LPIPS backbone")
     p.add_argument("--image-size", type=int, default=256, help="evaluation resolution (the paper: 256)")

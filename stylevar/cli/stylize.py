@@ -12,6 +12,7 @@ from typing import Any
 
 from stylevar.cli.command import EXIT_PARTIAL, Command
 from stylevar.cli.values import float_in, int_in, number
+from stylevar.helptext import DEVICE_AUTO
 from stylevar.options import CLI, Option, offered  # no torch
 from stylevar.precisions import PRECISIONS, REMOVED_PRECISIONS, precision_error  # no torch
 from stylevar.video import DEFAULT_TEMPORAL, TEMPORAL_HELP, TEMPORAL_MODES  # no torch either
@@ -37,15 +38,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="model directory, or a hub id hf:OWNER/NAME[:grpo|sft] (pulled on first use; "
                         "default: the embedded demo model)")
     p.add_argument("--batch-size", type=int_in(1, 256), default=8, metavar="N",
-                   help="model rows per call when stylizing several images (default 8)")
+                   help="model rows per call when stylizing several images")
     p.add_argument("--max-size", type=int_in(1), default=None, metavar="PIXELS",
                    help="long side of the result, at most the content's (default: the content's size, as the "
                         "Python API and the service)")
     for opt in offered(CLI):
         add_option(p, opt, **CLI_SPECIFIC.get(opt.name, {}))
     p.add_argument("--temporal", choices=TEMPORAL_MODES, default=DEFAULT_TEMPORAL,
-                   help=f"a video: {TEMPORAL_HELP}; docs/video.md (default {DEFAULT_TEMPORAL})")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps ... (default: cuda if available)")
+                   help=f"a video: {TEMPORAL_HELP}; docs/video.md")
+    p.add_argument("--device", default=None, help=f"cpu, cuda, cuda:1, mps ... (default: {DEVICE_AUTO})")
     p.add_argument("--precision", type=precision_argument, choices=PRECISIONS, default="fp32",
                    help="on the CPU, as the service's STYLEVAR_PRECISION: fp32 (the model's weights), bf16 (fastest "
                         "on CPUs with bf16 units; samples other tokens at some positions, benchmarks/README.md)")
@@ -73,7 +74,7 @@ def add_option(p: argparse.ArgumentParser, opt: Option, *, default: Any = ..., u
     if default is None and unset:
         help_text += f"; default: {unset}"
     elif opt.type is not bool:
-        help_text += f" (default {default:g})" if isinstance(default, float) else f" (default {default})"
+        help_text += f" (default: {default:g})" if isinstance(default, float) else f" (default: {default})"
     flag = dict(dest=opt.name, default=default, help=help_text + more, metavar=metavar)
     note = f" ({opt.help})" if explain else ""
     if opt.type is bool:

@@ -92,7 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p_fetch.add_argument("names", nargs="+", metavar="NAME", help=f"'all' or any of: {', '.join(REGISTRY)}")
     p_fetch.add_argument("--mirror", default=os.environ.get("STYLEVAR_WEIGHTS_MIRROR"),
                          help="base URL serving the files under their own names, written below STYLEVAR_HOME or "
-                              "TORCH_HOME (env STYLEVAR_WEIGHTS_MIRROR); without it Hugging Face files come through "
+                              "TORCH_HOME (default: the environment's STYLEVAR_WEIGHTS_MIRROR); without it Hugging Face files come through "
                               "huggingface_hub into its cache (a mirror of the Hub: HF_ENDPOINT)")
     p_fetch.add_argument("--force", action="store_true", help="download again even if present")
     p_fetch.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -20,7 +20,8 @@ from stylevar.evaluate.methods import Method, make_method, unique_names
 from stylevar.evaluate.report import write_outputs
 from stylevar.evaluate.scoring import Scored, device_name, score_batches
 from stylevar.evaluate.sharding import Shard, start_shard
-from stylevar.metrics import MetricSuite, weights_for
+from stylevar.metric_definitions import weights_for
+from stylevar.metrics import MetricSuite
 from stylevar.preflight import output_folder
 
 

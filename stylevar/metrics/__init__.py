@@ -2,16 +2,15 @@
 
 Images are float tensors (B, 3, H, W) in [0, 1], resized to 256 x 256. See docs/metrics.md for the
 exact definitions. `compute` loads the model it needs on every call; use `MetricSuite` to load each
-model once and evaluate many batches.
+model once and evaluate many batches. Their names, references and weights: `stylevar.metric_definitions`.
 """
 from __future__ import annotations
 
 import torch
 
-from stylevar.metrics.definitions import METRICS, NAMES, PAPER_METRICS, MetricInfo, weights_for
 from stylevar.metrics.suite import MetricSuite
 
-__all__ = ["METRICS", "NAMES", "PAPER_METRICS", "MetricInfo", "MetricSuite", "compute", "weights_for"]
+__all__ = ["MetricSuite", "compute"]
 
 
 def compute(

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from stylevar import metric_definitions as defs
 from stylevar import weights
-from stylevar.metrics import definitions as defs
 from stylevar.metrics.ssim import ssim, ssim_standard
 
 IMAGE_SIZE = 256

@@ -1,16 +1,23 @@
 """The command-line options every recipe shares (``--out``, ``--max-steps``, ``--batch-size``, ...) and the
-:class:`~training.parts.schedule.LoopConfig` made from them."""
+:class:`~training.parts.schedule.LoopConfig` made from them.
+
+Importing this module does not import torch: a recipe's ``--help`` is its parser alone."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
+from stylevar.helptext import DEVICE_AUTO, HelpFormatter
 from training.parts.precision import PRECISIONS
-from training.parts.schedule import DEFAULT_SAVE_EVERY_MINUTES, LoopConfig
+
+if TYPE_CHECKING:
+    from training.parts.schedule import LoopConfig
 
 # options that may change when a run is resumed (they do not change what is computed)
 FREE_KEYS = ("out", "save_every", "save_every_minutes", "keep_checkpoints", "log_every", "num_workers", "no_progress",
              "device", "val_every", "val_batch_size", "val_max_batches")
 
+DEFAULT_SAVE_EVERY_MINUTES = 5.0  # the recipes' --save-every-minutes
 
 DATA_HELP = "triplet manifest, folder (manifest.jsonl or shards), shard tar or pattern; repeatable"
 
@@ -19,7 +26,7 @@ def recipe_parser(module: str, doc: str, *, data_help: str = DATA_HELP) -> argpa
     """The parser of ``python -m MODULE`` (its description: the first line of ``doc``), with the repeatable
     --data; the recipe adds its own options, then :func:`add_loop_args`."""
     p = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=HelpFormatter)
     p.add_argument("--data", action="append", required=True, help=data_help)
     return p
 
@@ -44,12 +51,14 @@ def add_loop_args(parser, *, lr: float, batch_size: int, max_grad_norm: float = 
     g.add_argument("--val-every", type=int, default=0, help="validate every N steps (0: only at the end)")
     g.add_argument("--seed", type=int, default=0, help="seed of the model initialisation, the data order and sampling")
     g.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes per rank")
-    g.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    g.add_argument("--device", choices=("cpu", "cuda"), default=None, help=f"where to train (default: {DEVICE_AUTO})")
     g.add_argument("--precision", choices=PRECISIONS, default="auto", help="auto: bf16 autocast on CUDA, fp32 on CPU")
     g.add_argument("--no-progress", action="store_true", help="no tqdm bar")
 
 
 def loop_config(args, precision: str) -> LoopConfig:
+    from training.parts.schedule import LoopConfig  # with torch: once the options are parsed
+
     return LoopConfig(
         max_steps=args.max_steps,
         save_every=args.save_every,

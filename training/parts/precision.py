@@ -1,11 +1,15 @@
-"""The numeric precision of a run: ``--precision`` resolved for the device, autocast and loss scaling."""
+"""The numeric precision of a run: ``--precision`` resolved for the device, autocast and loss scaling.
+
+Importing this module does not import torch (the recipes' ``--help`` reads :data:`PRECISIONS`)."""
 from __future__ import annotations
 
 import contextlib
-
-import torch
+from typing import TYPE_CHECKING
 
 from stylevar.devices import parse_dtype
+
+if TYPE_CHECKING:
+    import torch
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
@@ -24,9 +28,13 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
     """Autocast context for a resolved precision ("fp32" -> no autocast)."""
     if precision == "fp32":
         return contextlib.nullcontext()
+    import torch
+
     return torch.autocast(device_type=device.type, dtype=parse_dtype(precision))
 
 
 def make_grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
     """A GradScaler, enabled only for fp16."""
+    import torch
+
     return torch.amp.GradScaler(device.type, enabled=precision == "fp16")

@@ -11,8 +11,6 @@ import torch
 
 from training.parts.distributed import DistEnv, broadcast_
 
-DEFAULT_SAVE_EVERY_MINUTES = 5.0  # the recipes' --save-every-minutes
-
 
 @dataclass(frozen=True)
 class LoopConfig:

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 import torch
 
-from training import sharding
+from training.parts import fsdp
 from training.parts.checkpoints import CheckpointManager
 from training.parts.distributed import DistEnv, unwrap
 from training.parts.rng import gather_rng_states, restore_rng_state, seed_everything
@@ -31,7 +31,7 @@ class TrainingState:
     env: DistEnv
     scaler: torch.amp.GradScaler | None = None  # a recipe without loss scaling (GRPO) has none
     generators: Mapping[str, torch.Generator] | None = None
-    # model and optimizer in a sharded part (training.sharding, DCP) instead of the .pt: --strategy fsdp
+    # model and optimizer in a sharded part (training.parts.fsdp, DCP) instead of the .pt: --strategy fsdp
     sharded: bool = False
 
     def state_dict(self, step: int, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -58,7 +58,7 @@ class TrainingState:
             raise RunConfigMismatchError("the checkpoint's model and optimizer are " +
                                          ("sharded (--strategy fsdp)" if "sharded" in state else "whole (--strategy ddp)"))
         if self.sharded:
-            sharding.load_sharded(state["sharded"], self.model, self.optimizer)
+            fsdp.load_sharded(state["sharded"], self.model, self.optimizer)
         else:
             unwrap(self.model).load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -78,7 +78,7 @@ class TrainingState:
 
     def write_sharded(self, folder: Path) -> None:
         """The model's and optimizer's shards into ``folder`` (every rank)."""
-        sharding.save_sharded(folder, self.model, self.optimizer, self.env)
+        fsdp.save_sharded(folder, self.model, self.optimizer, self.env)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The metric names, what each is compared against, which way is better and which weights it needs."""
+"""The metrics of `stylevar.metrics`: their names, what each is compared against, which way is better and which
+weights it needs. Importing it does not import torch: `stylevar evaluate --help` reads it."""
 from __future__ import annotations
 
 from dataclasses import dataclass

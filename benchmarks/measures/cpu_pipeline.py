@@ -1,0 +1,175 @@
+"""The measurements of `python -m benchmarks.cpu_pipeline` (its docstring says what each stage is): the plain,
+prepared and fast-sampling models built at the reference's shape, their stages timed taking turns (with the
+reference's when built), token agreement and the report."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from dataclasses import dataclass
+
+import torch
+
+from benchmarks.side_by_side import STAGES, images, reference_shaped, reference_weights, time_turns
+from stylevar.pipeline import StylePipeline
+
+# the issue's side-by-side measurement of the reference code on this configuration (CPU, 2 threads):
+# 1001 ms per image at batch 1, and 1.49x this project's batch-4 time of then
+REFERENCE_MS_BATCH1 = 1001.0
+OURS_MS_BATCH1_THEN = 715.0
+# the reference's time over this project's plain model, as the issue measured them side by side
+REFERENCE_OVER_PLAIN = {1: REFERENCE_MS_BATCH1 / OURS_MS_BATCH1_THEN, 4: 1.49}
+
+
+@dataclass(frozen=True)
+class StageBenchConfig:
+    batch_sizes: tuple[int, ...] = (1, 4)
+    repeats: int = 7
+    warmup: int = 2
+    threads: int = 2
+    precisions: tuple[str, ...] = ("fp32",)  # prepared models timed beside the plain one
+    reference: bool = False  # time the public reference too, at identical weights (its checkout on PYTHONPATH)
+    agreement_seeds: int = 8
+    seed: int = 0
+    fast: bool = False  # also time the prepared fp32 model with fast sampling (row "fp32 fast")
+    fast_keep: float | None = None  # its plan's keep fraction; None: the model's plan's
+    fast_min_tokens: int | None = None  # its plan's smallest merged scale; None: the model's plan's
+
+
+def build(cfg: StageBenchConfig, state: tuple[dict, dict] | None = None):
+    """The plain reference-shaped model: random weights (seed `cfg.seed`), or the reference's state dicts
+    ``(vqvae_sd, stylevar_sd)`` loaded through this project's checkpoint loaders (identical weights)."""
+    if state is None:
+        return StylePipeline.random(reference_shaped(), seed=cfg.seed).model.eval()
+    return reference_weights(*state).eval()
+
+
+def prepared_copy(plain, precision: str):
+    """A copy of the plain model, prepared for inference (`stylevar.inference.prepare`) at ``precision``."""
+    from stylevar.inference import InferenceConfig, prepare
+
+    return prepare(copy.deepcopy(plain), InferenceConfig(precision=precision))
+
+
+FAST = "fp32 fast"  # the row of the prepared fp32 model sampling with `fast=True`
+
+
+def stage_fns(model, content: torch.Tensor, style: torch.Tensor, fast: bool = False) -> dict:
+    """One call of each stage of this project's model (module doc), on these inputs; ``fast``: the loop and the
+    total with fast sampling."""
+    from stylevar.encoders import pooled
+    from stylevar.sampling import make_generators
+
+    batch, tok, alpha_K = content.shape[0], model.tokenizer, model.blend_alphas()
+    cond = model.condition(content, style)
+    f_hat, _ = model.sample_tokens(cond, make_generators(0, batch, content.device), alpha_K)
+    return {
+        "encode": lambda: (tok.encode(content), tok.encode(style)),
+        "encoders": lambda: (pooled(model.style_encoder, style), pooled(model.content_encoder, content)),
+        "condition": lambda: model.condition(content, style),
+        "loop": lambda: model.sample_tokens(cond, make_generators(0, batch, content.device), alpha_K, fast=fast),
+        "decode": lambda: tok.decode_fhat(f_hat),
+        "total": lambda: model.generate(content, style, seed=0, fast=fast),
+    }
+
+
+@torch.inference_mode()
+def time_stages(models: dict, batch: int, cfg: StageBenchConfig, reference=None) -> dict[str, dict[str, float]]:
+    """Median ms per image of every stage for each model (same weights), stage by stage with the models'
+    calls taking turns, so a shared machine's changing load weighs on each alike. ``reference``: the public
+    reference's models (`benchmarks.reference_pipeline`), timed in the same turns on the stages it has; its
+    loop is its total less its other stages."""
+    size = next(iter(models.values())).tokenizer.cfg.image_size
+    content, style = images(batch, size, cfg.seed + batch)
+    fns = {name: stage_fns(m, content, style, fast=name == FAST) for name, m in models.items()}
+    if reference is not None:
+        from benchmarks.measures.reference_pipeline import reference_stage_fns
+
+        fns = {"reference": reference_stage_fns(reference, content, style), **fns}
+    out = time_turns(fns, batch, cfg.repeats, cfg.warmup)
+    if reference is not None:
+        ref = out["reference"]
+        ref["loop"] = ref["total"] - ref["encode"] - ref["encoders"] - ref["decode"]
+    return out
+
+
+@torch.inference_mode()
+def token_agreement(fp32_model, other_model, cfg: StageBenchConfig, fast: bool = False) -> float:
+    """Fraction of sampled tokens that are equal, same inputs and seed, over `agreement_seeds` seeds (``fast``: the
+    other model samples with fast sampling)."""
+    equal = total = 0
+    size = fp32_model.tokenizer.cfg.image_size
+    for s in range(cfg.agreement_seeds):
+        content, style = images(1, size, 1000 + s)
+        _, a = fp32_model.generate_with_indices(content, style, seed=s)
+        _, b = other_model.generate_with_indices(content, style, seed=s, fast=fast)
+        a, b = torch.cat(a, 1), torch.cat(b, 1)
+        equal += int((a == b).sum())
+        total += a.numel()
+    return equal / total
+
+
+@torch.inference_mode()
+def greedy_difference(reference, model) -> float:
+    """Largest pixel difference (in [0, 1]) between the reference's and this model's greedy (top-k 1)
+    images at identical weights: the two compute the same thing, so this is float rounding."""
+    from benchmarks.measures.reference_pipeline import reference_generate
+
+    content, style = images(1, model.tokenizer.cfg.image_size, 7)
+    ours = model.generate(content, style, top_k=1, seed=0)
+    theirs = reference_generate(reference, content, style, seed=0, top_k=1, top_p=0.0)
+    return float((ours - theirs).abs().max())
+
+
+def measure(cfg: StageBenchConfig, reference=None) -> dict:
+    """Every figure of one run: stage times per batch size, token agreement, and the greedy difference to the
+    reference (when given: its models, `benchmarks.measures.reference_pipeline.build_reference`)."""
+    plain = build(cfg, None if reference is None else (reference.vae.state_dict(), reference.model.state_dict()))
+    models = {"plain": plain, **{x: prepared_copy(plain, x) for x in cfg.precisions}}
+    if cfg.fast:
+        models[FAST] = models["fp32"] if "fp32" in models else prepared_copy(plain, "fp32")
+        plan = models[FAST].fast_sampling
+        models[FAST].fast_sampling = dataclasses.replace(
+            plan, keep=plan.keep if cfg.fast_keep is None else cfg.fast_keep,
+            min_tokens=plan.min_tokens if cfg.fast_min_tokens is None else cfg.fast_min_tokens)
+    out = {"config": "reference-shaped d8, 160 px, 8 scales (255 tokens), V 4096", "threads": cfg.threads,
+           "repeats": cfg.repeats, "load": os.getloadavg()[0], "stages_ms_per_image": {}}
+    if reference is not None:
+        out["reference_greedy_max_pixel_difference"] = greedy_difference(reference, plain)
+    for B in cfg.batch_sizes:
+        out["stages_ms_per_image"][B] = time_stages(models, B, cfg, reference)
+    out["token_agreement_with_fp32"] = {x: token_agreement(plain, models[x], cfg)
+                                        for x in cfg.precisions if x != "fp32"}
+    if cfg.fast:
+        out["token_agreement_with_fp32"][FAST] = token_agreement(plain, models[FAST], cfg, fast=True)
+        out["fast_plan"] = dataclasses.asdict(models[FAST].fast_sampling)
+    out["load_after"] = os.getloadavg()[0]
+    return out
+
+
+def print_report(out: dict, cfg: StageBenchConfig) -> None:
+    """The figures of `measure` as a table, with the ratio to the reference per batch size."""
+    print(f"{out['config']}; {cfg.threads} threads; median of {cfg.repeats}; load {out['load']:.2f} -> "
+          f"{out['load_after']:.2f}")
+    if "reference_greedy_max_pixel_difference" in out:
+        print(f"  identical weights: greedy images of the reference and this project differ by at most "
+              f"{out['reference_greedy_max_pixel_difference']:.2e}")
+    for B, per_model in out["stages_ms_per_image"].items():
+        for name, st in per_model.items():
+            cells = "  ".join(f"{k} {st[k]:7.1f}" if k in st else f"{k} {'-':>7}" for k in STAGES)
+            print(f"  batch {B} {name:>9}: ms/image  {cells}")
+        if "reference" in per_model:
+            ref, basis = per_model["reference"]["total"], "measured in the same turns"
+        elif B in REFERENCE_OVER_PLAIN:  # the issue's side-by-side ratio applied to the plain model's time
+            ref = REFERENCE_OVER_PLAIN[B] * per_model["plain"]["total"]
+            basis = f"the issue's {REFERENCE_OVER_PLAIN[B]:.2f} x plain"
+        else:
+            continue
+        print(f"    vs the reference ({ref:.0f} ms/image, {basis}): "
+              + ", ".join(f"{n} {ref / st['total']:.2f}x faster" for n, st in per_model.items() if n != "reference"))
+    if "fast_plan" in out:
+        plan = out["fast_plan"]
+        print(f"  {FAST}: fast sampling, {plan['keep']:g} of the 2 x 2 groups kept on every scale of at least "
+              f"{plan['min_tokens']} positions")
+    for x, agreement in out["token_agreement_with_fp32"].items():
+        print(f"  {x}: token agreement with fp32 (same seeds, {cfg.agreement_seeds} images): {100 * agreement:.2f}%")

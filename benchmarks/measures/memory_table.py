@@ -1,0 +1,61 @@
+"""The computation of `python -m benchmarks.memory_table` (its docstring gives the formulas): parameter counts
+of each preset built on the meta device, and the estimated peak memory per GPU under ddp and fsdp."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from stylevar.config import presets
+from stylevar.tokenizer import MultiScaleVQVAE
+from stylevar.transformer import StyleVAR
+
+GiB = 2**30
+ACT_BYTES_PER_TOKEN_WIDTH = 34 * 1.5  # per block, bf16, fused attention, three streams
+
+
+@functools.lru_cache
+def tokenizer(cfg) -> MultiScaleVQVAE:
+    with torch.device("cpu"):
+        return MultiScaleVQVAE(cfg)
+
+
+def count(preset: str) -> dict[str, float]:
+    vq, tr = presets(preset)
+    with torch.device("meta"):  # the tokenizer is built for real: its quantizer computes on construction
+        model = StyleVAR(tr, tokenizer(vq))
+    tok = sum(p.numel() for p in model.tokenizer.parameters())
+    total = sum(p.numel() for p in model.parameters())
+    blocks = [sum(p.numel() for p in b.parameters()) for b in model.blocks]
+    return {"P": total - tok, "P_t": tok, "P_blk": max(blocks), "P_root": total - tok - sum(blocks),
+            "L": tr.num_tokens, "C": tr.embed_dim, "depth": tr.depth, "V": tr.vocab_size}
+
+
+def estimate(c: dict[str, float], strategy: str, gpus: int, micro_batch: int, checkpointing: bool) -> dict[str, float]:
+    P, Pt, Pb, Pr = c["P"], c["P_t"], c["P_blk"], c["P_root"]
+    if strategy == "ddp":
+        static = 4 * P + 4 * P + 4 * P + 8 * P + 4 * Pt
+    else:
+        static = 16 * P / gpus + 4 * Pt + 2 * Pr + 2 * 2 * Pb + 4 * Pb
+    per_block = ACT_BYTES_PER_TOKEN_WIDTH * c["L"] * c["C"]
+    if checkpointing:
+        act = 4 * c["L"] * c["C"] * c["depth"] + per_block
+    else:
+        act = per_block * c["depth"]
+    logits = 4 * c["L"] * c["V"] * 2  # float32 logits and their gradient
+    return {"static": static, "act": (act + logits) * micro_batch, "peak": static + (act + logits) * micro_batch}
+
+
+def table(gpus: int, micro_batch: int) -> str:
+    rows = ["| preset | trainable params | tokenizer params | strategy | weights+grads+AdamW per GPU | "
+            f"activations (micro-batch {micro_batch}) | peak per GPU | peak, activation checkpointing |",
+            "|---|---|---|---|---|---|---|---|"]
+    for preset in ("d16", "d20", "d24", "d30"):
+        c = count(preset)
+        for strategy in ("ddp", "fsdp"):
+            e = estimate(c, strategy, gpus, micro_batch, False)
+            ec = estimate(c, strategy, gpus, micro_batch, True)
+            rows.append(f"| {preset} | {c['P'] / 1e6:,.1f}M | {c['P_t'] / 1e6:,.1f}M | {strategy} x{gpus} | "
+                        f"{e['static'] / GiB:.1f} GiB | {e['act'] / GiB:.1f} GiB | {e['peak'] / GiB:.1f} GiB | "
+                        f"{ec['peak'] / GiB:.1f} GiB |")
+    return "\n".join(rows)

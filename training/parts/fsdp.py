@@ -1,0 +1,164 @@
+"""Fully sharded data parallel training (FSDP2) for the large presets: ``training.sft --strategy fsdp``.
+
+    torchrun --nproc-per-node 8 -m training.sft --strategy fsdp --preset d30 ... --out RUN
+    python -m training.sharding RUN --out MODEL_DIR     # a model directory from RUN's newest sharded checkpoint
+
+``--strategy ddp`` (the default) keeps a whole copy of the weights, gradients and AdamW state on every
+process. ``--strategy fsdp`` shards all three over the processes (``torch.distributed.fsdp.fully_shard``):
+one unit per transformer block (with the block's AdaLN projection ``ada_lin`` a unit of its own, because
+``Block.modulation`` runs before ``Block.forward``), and the root (the objective: embeddings, encoders,
+head). The frozen tokenizer is left out of the sharding (``ignored_params``): it stays whole, in float32,
+on every process. Mixed precision (:class:`MixedPrecisionPolicy`): with bf16 precision the gathered
+parameters are bfloat16 and gradients are reduced in float32; otherwise (fp32, the CPU) everything is
+float32. The optimizer is built over the sharded parameters, so its state is sharded too.
+
+Checkpoints of an fsdp run are written with ``torch.distributed.checkpoint`` (DCP): every process writes
+its shards of the model and optimizer into ``RUN/checkpoints/step-XXXXXXXX.dcp/`` and rank 0 then writes
+``step-XXXXXXXX.pt`` with the rest (step, scheduler, data position, RNG states, the recipe's state) and
+the folder's name, last, so a checkpoint is complete once its ``.pt`` exists. A DCP checkpoint loads at
+any world size (DCP reshards on load), also into one process without a process group. ``RUN/final`` is a
+plain model directory: at the end the full state dict is gathered to rank 0
+(``get_model_state_dict(full_state_dict=True)``), and :func:`export_model_dir` makes one from a checkpoint
+(``python -m training.sharding``).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from stylevar.atomic import is_write_error, remove_quietly, replace_folder, temp_folder, write_failure
+from training.parts.checkpoints import SHARDED_SUFFIX, newest_checkpoint, read_checkpoint
+from training.parts.rundir import CONFIG_NAME
+
+
+def shard_model(root: nn.Module, model: nn.Module, env, precision: str) -> nn.Module:
+    """``root`` (whose forward runs ``model``, a StyleVAR) sharded in place over the process group; one
+    process: ``root`` unchanged (there is nothing to shard over)."""
+    if not env.distributed:
+        return root
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    param_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block.ada_lin, mp_policy=policy)
+        fully_shard(block, mp_policy=policy)
+    # the root's inputs are images the frozen float32 tokenizer encodes: not cast to param_dtype
+    root_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32,
+                                       cast_forward_inputs=False)
+    fully_shard(root, mp_policy=root_policy, ignored_params=set(model.tokenizer.parameters()))
+    return root
+
+
+def is_sharded(module: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+@contextlib.contextmanager
+def gathered(module: nn.Module) -> Iterator[None]:
+    """The root's own parameters whole for the duration (to call methods other than ``forward``, e.g. a
+    validation pass; the blocks gather theirs when called). A no-op for an unsharded module."""
+    if not is_sharded(module):
+        yield
+        return
+    module.unshard()
+    try:
+        yield
+    finally:
+        module.reshard()
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+def _state_dicts(module: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    out = {"model": get_model_state_dict(module)}
+    if optimizer is not None:
+        out["optimizer"] = get_optimizer_state_dict(module, optimizer)
+    return out
+
+
+def save_sharded(folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, env) -> None:
+    """Every rank writes its shards to ``folder`` (through a temp folder renamed by rank 0 at the end).
+
+    A failed write (disk full on any rank: DCP reports it on every rank) raises
+    :class:`stylevar.atomic.WriteFailedError` on every rank, the temp folder removed by rank 0.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import CheckpointException
+
+    tmp = temp_folder(folder)
+    if env.is_main:
+        remove_quietly(tmp)
+    env.barrier()
+    try:
+        dcp.save(_state_dicts(module, optimizer), checkpoint_id=str(tmp), no_dist=not env.distributed)
+    except (Exception, CheckpointException) as e:
+        if not is_write_error(e):
+            raise
+        failure = write_failure(folder, e, what="sharded checkpoint", partial=tmp if env.is_main else None)
+        env.barrier()  # every rank has its failure before any leaves the process group
+        raise failure from e
+    env.barrier()
+    if env.is_main:
+        replace_folder(tmp, folder)
+    env.barrier()
+
+
+def load_sharded(folder: str | os.PathLike, module: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Load a :func:`save_sharded` folder into ``module`` (sharded at any world size, or whole in one
+    process) and ``optimizer`` (when given)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    state = _state_dicts(module, optimizer)
+    dcp.load(state, checkpoint_id=str(folder), no_dist=not (dist.is_available() and dist.is_initialized()))
+    set_model_state_dict(module, state["model"])
+    if optimizer is not None:
+        set_optimizer_state_dict(module, optimizer, state["optimizer"])
+
+
+def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole state dict on the CPU of rank 0 (every rank calls it; the others get an empty dict)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def strip_prefix(state: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+# ------------------------------------------------------------------------------------------ export
+def export_model_dir(checkpoint: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """A model directory from a training.sft checkpoint written with ``--strategy fsdp``, in this process
+    (no process group): the model is built from RUN/config.json and its shards loaded whole."""
+    from stylevar.config import StyleVARConfig, VQVAEConfig
+    from stylevar.pipeline import StylePipeline
+    from stylevar.tokenizer import MultiScaleVQVAE
+    from stylevar.transformer import StyleVAR
+
+    pt = newest_checkpoint(checkpoint, sharded=True)
+    run_root = pt.parent.parent
+    config = json.loads((run_root / CONFIG_NAME).read_text())
+    if config.get("recipe") != "sft":
+        raise ValueError(f"{run_root} is not a training.sft run")
+    model = StyleVAR(StyleVARConfig.from_dict(config["transformer_config"]),
+                     MultiScaleVQVAE(VQVAEConfig.from_dict(config["tokenizer_config"])))
+    holder = nn.Module()
+    holder.model = model  # the checkpoint's names are the objective's: "model.<name>"
+    load_sharded(pt.with_suffix(SHARDED_SUFFIX), holder)
+    step = int(read_checkpoint(pt)["step"])
+    extra = {"recipe": "sft", "steps": step, "data": config.get("data"), "batch_size": config.get("batch_size"),
+             "lr": config.get("lr"), "exported_from": str(pt)}
+    return StylePipeline.from_models(model.eval(), name=config.get("name", "stylevar-sft"),
+                                     extra=extra).save_pretrained(out)
