@@ -13,7 +13,7 @@ the photograph's centre) and a cut (a pan over one photograph, then a pan over a
   averaged over the frame pairs (the cut's pair left out); the same figure for the decoded content frames
   (compression and, for the zoom, resampling: what a perfectly coherent result would still show);
 - edge correlation of each result with its content frame (`stylevar.metrics.structure.edge_correlation`) and
-  the distance of its mean colour to the style's (`training.demo.mean_colour_distance`), frame means;
+  the distance of its mean colour to the style's (`training.demo_export.mean_colour_distance`), frame means;
 - seconds per frame of the whole call (decode, stylize, encode), the modes taking turns clip by clip.
 
 Rows: the four temporal modes; ``--ablation`` adds the coherent sampler's parts one by one (`stylevar.coherence`).

@@ -34,7 +34,8 @@ TEACH_MIN_EDGE=${TEACH_MIN_EDGE:-0.35}  # OmniStyle-like filter: drop targets th
 TEACH_BATCH=${TEACH_BATCH:-16}
 TEACH_VQ_STEPS=${TEACH_VQ_STEPS:-400}
 TEACH_SFT_STEPS=${TEACH_SFT_STEPS:-1000}
-TEACH_SCALE_GAMMA=${TEACH_SCALE_GAMMA:-1.0}  # SFT on teacher triplets: PANW weights of the scales in the loss
+TEACH_SCALE_GAMMA=${TEACH_SCALE_GAMMA:-1.0}
+PALETTE=${PALETTE:-distribution:1}  # the export's palette step (training.demo --palette)  # SFT on teacher triplets: PANW weights of the scales in the loss
 CEILING_N=${CEILING_N:-16}          # pairs of the ceiling table
 PICTURES=${PICTURES:-$ROOT/pictures}  # training pictures: contents/ and styles/, each with SOURCES.json
 HELDOUT=${HELDOUT:-$ROOT/heldout}     # the judges: contents/ with SOURCES.json (photographs and styles)
@@ -102,11 +103,14 @@ stage sft_teach "$ROOT/sft_teach/final/transformer.safetensors" \
   --max-steps "$TEACH_SFT_STEPS" --batch-size "$TEACH_BATCH" --lr 4e-4 --warmup-steps 30 --save-every 100 \
   --val-every 250 --val-max-batches 2 --no-augment --token-cache --seed "$SEED" --device "$DEVICE" --no-progress
 stage ceiling "$ROOT/ceiling.json" \
-  "$PY" benchmarks/teacher_ceiling.py --contents "$PICTURES/contents" --styles "$PICTURES/styles" \
+  "$PY" -m benchmarks.teacher_ceiling --contents "$PICTURES/contents" --styles "$PICTURES/styles" \
   --tokenizer "$ROOT/tokenizer/final" --tokenizer "$ROOT/tokenizer_teach/final" --n "$CEILING_N" --out "$ROOT/ceiling.json"
 # the held-out judges: pictures from two packages no stage above reads
 stage heldout "$HELDOUT/contents/SOURCES.json" "$PY" -m data_tools.pictures --out "$HELDOUT" --held-out
+# the palette step: the whole colour distribution (chosen on tuning pairs of training pictures at the returned
+# size, docs/training.md; the 64 px rule's choice and every candidate stay in the card)
 "$PY" -m training.demo --model "$ROOT/sft_teach/final" --data "$ROOT/teach/manifest.jsonl" --out "$OUT" \
+  --palette "$PALETTE" \
   --timings "$TIMINGS" --n "$EVAL_N" --calibration "$CALIBRATION_N" --experiments benchmarks/fidelity.md \
   --ceiling "$ROOT/ceiling.json" --real-contents "$HELDOUT/contents" --real-photos "$HELDOUT_PHOTOS" \
   --real-art "$HELDOUT_ART"

@@ -26,8 +26,6 @@ ENTRY_POINTS = ("stylevar.cli", "serve.__main__", "web.__main__", "data_tools.sy
                 "benchmarks.real_pairs", "benchmarks.reference_pipeline", "benchmarks.style_mix",
                 "benchmarks.teacher_ceiling", "benchmarks.train_step", "benchmarks.upload_pressure",
                 "benchmarks.upsample")
-# training.demo imports torch (and the models) before it parses; its owner converts it, then this exclusion goes
-SLOW_HELP = {"training.demo"}
 HELP_SECONDS = 3.0
 
 
@@ -101,7 +99,7 @@ def test_every_module_with_a_command_is_an_entry_point():
 def help_commands() -> list[tuple[str, list[str]]]:
     python, stylevar = sys.executable, str(Path(sys.executable).with_name("stylevar"))
     out = [(module, [python, "-m", module.removesuffix(".__main__"), "--help"])
-           for module in ENTRY_POINTS if module not in SLOW_HELP]
+           for module in ENTRY_POINTS]
     return out + [(f"stylevar {name}", [stylevar, name, "--help"]) for name in subcommands()]
 
 

@@ -72,3 +72,28 @@ def test_the_parser_reads_marks_and_blocks(tmp_path, monkeypatch):
     got = blocks("d.md")
     assert [(b.lang, b.code, b.mark) for b in got] == [("bash", "stylevar pull\n", "not run: downloads"),
                                                        ("python", "x = 1\n", None)]
+
+
+def test_the_tour_command_gives_the_tour_s_picture(tmp_path):
+    """The shell command the tour says does the same as its first Python block writes the same picture."""
+    import os
+
+    import numpy as np
+    from PIL import Image
+
+    python = runnable("README.md")[0]
+    shell = next(b for b in blocks("README.md") if b.mark and "its result compared with the Python block" in b.mark)
+    assert 'out.save("outputs/out.png")' in python.code and "-o outputs/out_shell.png" in shell.code
+    (tmp_path / "stylevar").symlink_to(REPO / "stylevar")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run([sys.executable, "-c", python.code], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    done = subprocess.run(["bash", "-c", shell.code], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    a, b = (np.asarray(Image.open(tmp_path / "outputs" / f), dtype=np.int16) for f in ("out.png", "out_shell.png"))
+    assert a.shape == b.shape
+    # the command runs the model prepared for inference (fused, the service's path): float rounding may move a
+    # pixel by a level; the options must agree (a different style strength moved them by ~10 levels on average)
+    assert np.abs(a - b).max() <= 2 and (a != b).mean() < 1e-3, (np.abs(a - b).mean(), (a != b).mean())

@@ -12,7 +12,7 @@ from stylevar.generation import GenerationConfig
 from stylevar.model_dir import DEMO_MODEL_DIR
 from stylevar.pipeline import StyleMix, StylePipeline
 from stylevar.transformer.pruning import FastSampling
-from training import demo
+from training import demo_export as demo
 
 MEASURES = ("edge_corr", "colour_dist_to_style", "colour_swd_to_style", "texture_dist_to_style")
 

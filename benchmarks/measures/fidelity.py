@@ -18,7 +18,7 @@ from stylevar.config import StyleVARConfig, VQVAEConfig
 from stylevar.metrics.ssim import ssim_standard
 from stylevar.metrics.structure import edge_correlation
 from stylevar.pipeline import StylePipeline
-from training import demo
+from training import demo_export as demo
 from stylevar.transformer import StyleVAR
 from training.parts.checkpoints import checkpoint_paths, read_checkpoint
 from training.presets import match_transformer

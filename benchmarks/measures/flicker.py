@@ -23,7 +23,7 @@ from stylevar.inference import InferenceConfig, prepare
 from stylevar.metrics.structure import edge_correlation
 from stylevar.pipeline import StylePipeline
 from stylevar.video import VideoWriter, read_frames
-from training.demo import mean_colour_distance
+from training.demo_export import mean_colour_distance
 
 REPO = Path(__file__).resolve().parents[2]
 PHOTOS = REPO / "stylevar" / "assets" / "photos"

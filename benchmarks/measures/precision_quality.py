@@ -12,7 +12,7 @@ from stylevar.inference import PRECISIONS, InferenceConfig, prepare
 from stylevar.model_dir import DEMO_MODEL_DIR
 from stylevar.pipeline import StylePipeline
 from stylevar.transformer import Generated
-from training import demo
+from training import demo_export as demo
 
 
 @torch.inference_mode()

@@ -16,7 +16,7 @@ from stylevar.metrics.ssim import ssim_standard
 from stylevar.metrics.structure import edge_correlation
 from stylevar.pipeline import StyleMix, StylePipeline
 from stylevar.refine import Refinement
-from training.demo import Triplet, heldout_triplets, photo_triplets
+from training.demo_export import Triplet, heldout_triplets, photo_triplets
 
 WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 GUIDANCE = (0.0, 0.25, 0.5, 1.0, 2.0)

@@ -20,7 +20,7 @@ from stylevar.metrics.structure import edge_correlation
 from stylevar.metrics.style_fidelity import colour_swd
 from stylevar.pipeline import StylePipeline
 from stylevar.upsample import Upsampling, upscale
-from training import demo
+from training import demo_export as demo
 
 ROWS = ("bicubic", "guided", "reinhard")
 METRICS = ("edge_corr", "colour_dist_to_style", "colour_swd_to_style")
