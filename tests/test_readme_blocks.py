@@ -97,3 +97,14 @@ def test_the_tour_command_gives_the_tour_s_picture(tmp_path):
     # the command runs the model prepared for inference (fused, the service's path): float rounding may move a
     # pixel by a level; the options must agree (a different style strength moved them by ~10 levels on average)
     assert np.abs(a - b).max() <= 2 and (a != b).mean() < 1e-3, (np.abs(a - b).mean(), (a != b).mean())
+
+
+def test_the_package_wins_over_a_folder_named_stylevar(tmp_path):
+    """From a folder that holds a directory named `stylevar` (the clone, seen from its parent), the installed
+    package is imported, not that directory as an empty namespace (the editable install puts the repository
+    on the path: backend/editable_backend.py)."""
+    (tmp_path / "stylevar").mkdir()
+    done = subprocess.run([sys.executable, "-c", "from stylevar import StylePipeline; import stylevar; print(stylevar.__file__)"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert Path(done.stdout.strip()) == REPO / "stylevar" / "__init__.py"
