@@ -74,8 +74,9 @@ async def http_error_handler(request: Request, exc: StarletteHTTPException) -> J
 def form_fields(request: Request) -> set[str]:
     """The multipart fields the request's route declares, read from the app's own OpenAPI schema."""
     route = request.scope.get("route")
-    operation = request.app.openapi().get("paths", {}).get(getattr(route, "path", None), {}).get(request.method.lower(), {})
-    schemas = request.app.openapi().get("components", {}).get("schemas", {})
+    spec = request.app.openapi()  # built once by FastAPI, then cached on the app
+    operation = spec.get("paths", {}).get(getattr(route, "path", None), {}).get(request.method.lower(), {})
+    schemas = spec.get("components", {}).get("schemas", {})
 
     def properties(schema: dict[str, Any]) -> set[str]:  # its own and those of what it refers to or extends
         if "$ref" in schema:

@@ -29,6 +29,7 @@ recipe chooses the strength on its training split (`training.demo_export.choose_
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -89,10 +90,11 @@ def _interp(x_BN: torch.Tensor, knots_BQ: torch.Tensor, values_BQ: torch.Tensor)
     return y0 + t * (y1 - y0)
 
 
-def _rotations(iterations: int) -> list[torch.Tensor]:
-    """The transfer's bases (3, 3): the Lab axes, then fixed random orthonormal ones."""
+@functools.cache
+def _rotations(iterations: int) -> tuple[torch.Tensor, ...]:
+    """The transfer's bases (3, 3): the Lab axes, then fixed random orthonormal ones (made once per count)."""
     g = torch.Generator().manual_seed(_ROTATION_SEED)
-    return [torch.eye(3)] + [torch.linalg.qr(torch.randn(3, 3, generator=g))[0] for _ in range(iterations - 1)]
+    return (torch.eye(3), *(torch.linalg.qr(torch.randn(3, 3, generator=g))[0] for _ in range(iterations - 1)))
 
 
 def _distribution_matched(lab_B3HW: torch.Tensor, style_lab_B3HW: torch.Tensor, strength: float,
