@@ -132,3 +132,19 @@ def test_prepared_models_are_not_saved_and_not_prepared_twice(tmp_path):
         prepare(pipe.model)
     with pytest.raises(ValueError, match="precision"):
         InferenceConfig(precision="int4")
+
+
+def test_bf16_autocast_on_the_cpu_runs_the_whole_pipeline(tmp_path):
+    """`from_pretrained(autocast_dtype="bf16")` on the CPU: the tokenizer's nearest-code search gets bf16 latents
+    under autocast and compares them in float32 with the codebook (it used to fail with a dtype mismatch)."""
+    from PIL import Image
+
+    pipe = StylePipeline.random(micro_configs(), seed=3)
+    pipe.save_pretrained(tmp_path / "m")
+    bf16 = StylePipeline.from_pretrained(tmp_path / "m", device="cpu", autocast_dtype="bf16")
+    assert bf16.model.autocast_dtype == torch.bfloat16
+    content, style = Image.new("RGB", (40, 30), (200, 40, 10)), Image.new("RGB", (32, 32), (10, 90, 200))
+    out = bf16(content, style, seed=0)
+    assert out.size == (40, 30)
+    codes = bf16.model.tokenizer.quantize.nearest(torch.randn(5, bf16.config.tokenizer.z_channels).bfloat16())
+    assert codes.dtype == torch.int64 and codes.shape == (5,)

@@ -54,8 +54,10 @@ class MultiScaleQuantizer(nn.Module):
         return self.quant_resi.for_scale(k, self.num_scales)
 
     def nearest(self, z_NC: torch.Tensor) -> torch.Tensor:
-        """Index of the nearest codebook entry (squared L2) for each row of z_NC."""
-        emb_VC = self.embedding.weight.detach()
+        """Index of the nearest codebook entry (squared L2) for each row of z_NC, in float32 (under bf16
+        autocast z_NC arrives in bf16; the distances are computed in the codebook's precision)."""
+        emb_VC = self.embedding.weight.detach().float()
+        z_NC = z_NC.float()
         d_NV = torch.sum(z_NC.square(), dim=1, keepdim=True) + torch.sum(emb_VC.square(), dim=1)
         d_NV.addmm_(z_NC, emb_VC.T, alpha=-2, beta=1)
         return torch.argmin(d_NV, dim=1)
