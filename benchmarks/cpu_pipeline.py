@@ -11,7 +11,7 @@ tokenizer width; ch 32 is the one its stage times fit: 3.4 GFLOP per encode, 6.2
         [--precisions fp32,bf16] [--reference] [--agreement-seeds 8] [--fast [--fast-keep F] [--fast-min-tokens N]] [--json]
 
 Per batch size it prints, for the plain model (as built: the path the conformance tests check) and a
-prepared copy per `--precisions` entry (`stylevar.inference.prepare`), the median ms per image of each stage
+prepared copy per `--precisions` entry (`stylevar.runtime.inference.prepare`), the median ms per image of each stage
 and of the whole `generate` call:
   encode    two VQ-VAE encodes (content and style: encoder, quant_conv, multi-scale quantisation)
   encoders  the two ResNet-18 image encoders (pooled)
@@ -22,10 +22,10 @@ and of the whole `generate` call:
 Each stage is timed with the models' calls taking turns in one process (same inputs), so a shared
 machine's changing load weighs on each alike; stages are separate medians, so `condition + loop + decode`
 is close to, not equal to, `total`. For bf16 it also prints the token agreement with the plain fp32 model
-(same inputs and seeds, `--agreement-seeds` images). (int8 was removed: stylevar.precisions.)
+(same inputs and seeds, `--agreement-seeds` images). (int8 was removed: stylevar.utils.precisions.)
 
 `--fast` adds the row `fp32 fast`: the prepared fp32 model with fast sampling (`GenerationConfig.fast`,
-`stylevar.transformer.pruning`: the flat 2 x 2 groups of the last scales merged) in its loop and total, with
+`stylevar.models.transformer.pruning`: the flat 2 x 2 groups of the last scales merged) in its loop and total, with
 the model's plan or `--fast-keep` / `--fast-min-tokens`; its token agreement with the plain model
 is printed too (random weights: what it says about quality is benchmarks/fast_sampling.py's on the demo model).
 
@@ -44,7 +44,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from benchmarks.side_by_side import timing_arguments
-from stylevar.helptext import HelpFormatter
+from stylevar.utils.helptext import HelpFormatter
 
 if TYPE_CHECKING:
     from benchmarks.measures.cpu_pipeline import StageBenchConfig
@@ -68,7 +68,7 @@ def parse_config(argv: list[str] | None) -> tuple[StageBenchConfig, bool]:
                    help="fast sampling's smallest merged scale, in positions (default: the model's plan's)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     a = p.parse_args(argv)
-    from stylevar.precisions import precision_error
+    from stylevar.utils.precisions import precision_error
 
     precisions = tuple(x for x in a.precisions.split(",") if x)
     for x in precisions:

@@ -3,12 +3,12 @@
     python -m benchmarks.fast_sampling [--model DIR] [--n 48] [--seed 0] [--keep F ...] [--min-tokens N] [--json]
 
 The model (default: the embedded demo model, its default pipeline: recommended top-k / top-p, palette step,
-refinement) stylizes held-out synthetic pairs (`training.demo_export.heldout_triplets`, a synthesis seed the demo's
-training never used) and the four bundled photographs with synthetic styles (`training.demo_export.photo_triplets`),
+refinement) stylizes held-out synthetic pairs (`training.parts.demo_export.heldout_triplets`, a synthesis seed the demo's
+training never used) and the four bundled photographs with synthetic styles (`training.parts.demo_export.photo_triplets`),
 sample i with seed + i, once with the full sampler and once per `--keep` with fast sampling
-(`stylevar.transformer.pruning.FastSampling`: the fraction of the 2 x 2 groups of every scale of at least
+(`stylevar.models.transformer.pruning.FastSampling`: the fraction of the 2 x 2 groups of every scale of at least
 `--min-tokens` positions computed position by position; without `--keep`, the model's own plan). Per row, the means of
-`training.demo_export.scorer`'s measures (`training.demo_export.generate`, as the demo's evaluation): edge correlation with
+`training.parts.demo_export.scorer`'s measures (`training.parts.demo_export.generate`, as the demo's evaluation): edge correlation with
 the content, the distance of the mean colour to the style's, the colour and texture measures of
 `stylevar.metrics.style_fidelity`; the token agreement with the full sampler (same inputs and seeds) over all
 tokens and over the merged scales' tokens, and whether every coarser scale's tokens equal the full sampler's
@@ -21,7 +21,7 @@ import argparse
 import json
 import sys
 
-from stylevar.helptext import HelpFormatter
+from stylevar.utils.helptext import HelpFormatter
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,7 @@ Three commands:
         without refinement, sampled (top-k 5, top-p 0.7) on held-out pairs and photographs: edge
         correlation, colour distance and the style measures against the step, one table row per step.
 
-Metrics are `training.demo_export.scorer`: edge correlation with the content at the model's resolution
+Metrics are `training.parts.demo_export.scorer`: edge correlation with the content at the model's resolution
 (`stylevar.metrics.structure`), SSIM to the target (paper and standard), L1, the colour distance to the
 style, and the seed spread (how much two seeds' outputs differ).
 """
@@ -35,7 +35,7 @@ import argparse
 import json
 from pathlib import Path
 
-from stylevar.helptext import HelpFormatter, RawDescriptionHelpFormatter
+from stylevar.utils.helptext import HelpFormatter, RawDescriptionHelpFormatter
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,10 +1,10 @@
 """Flicker of stylized video: clips with known motion made from the bundled photographs, stylized by the demo
-model with each temporal mode of `StylePipeline.stylize_video` (`stylevar.coherence`).
+model with each temporal mode of `StylePipeline.stylize_video` (`stylevar.pipelines.coherence`).
 
     python -m benchmarks.flicker [--frames 24] [--seeds 0-7] [--ablation] [--out benchmarks/flicker.json]
                                  [--markdown benchmarks/flicker.md] [--png docs/video_frames.png]
 
-Clips (12 fps, written as H.264 mp4 through `stylevar.video.VideoWriter`, then read back): three pans (a
+Clips (12 fps, written as H.264 mp4 through `stylevar.processing.video.VideoWriter`, then read back): three pans (a
 window moving over a photograph by a whole number of pixels per frame), a zoom (the window shrinking about
 the photograph's centre) and a cut (a pan over one photograph, then a pan over another). Per clip and mode:
 
@@ -13,10 +13,10 @@ the photograph's centre) and a cut (a pan over one photograph, then a pan over a
   averaged over the frame pairs (the cut's pair left out); the same figure for the decoded content frames
   (compression and, for the zoom, resampling: what a perfectly coherent result would still show);
 - edge correlation of each result with its content frame (`stylevar.metrics.structure.edge_correlation`) and
-  the distance of its mean colour to the style's (`training.demo_export.mean_colour_distance`), frame means;
+  the distance of its mean colour to the style's (`training.parts.demo_export.mean_colour_distance`), frame means;
 - seconds per frame of the whole call (decode, stylize, encode), the modes taking turns clip by clip.
 
-Rows: the four temporal modes; ``--ablation`` adds the coherent sampler's parts one by one (`stylevar.coherence`).
+Rows: the four temporal modes; ``--ablation`` adds the coherent sampler's parts one by one (`stylevar.pipelines.coherence`).
 Colour distance varies much from seed to seed (one coarse token sets a clip's palette): use several seeds.
 """
 from __future__ import annotations
@@ -24,8 +24,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from stylevar.helptext import HelpFormatter
-from stylevar.video import TEMPORAL_MODES
+from stylevar.utils.helptext import HelpFormatter
+from stylevar.processing.video import TEMPORAL_MODES
 
 
 def main(argv: list[str] | None = None) -> int:

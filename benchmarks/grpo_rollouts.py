@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 
-from stylevar.helptext import DEVICE_AUTO, HelpFormatter
+from stylevar.utils.helptext import DEVICE_AUTO, HelpFormatter
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,7 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from stylevar.helptext import RawDescriptionHelpFormatter
+from stylevar.utils.helptext import RawDescriptionHelpFormatter
 
 
 @dataclass(frozen=True)

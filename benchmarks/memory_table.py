@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from stylevar.helptext import HelpFormatter
+from stylevar.utils.helptext import HelpFormatter
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,7 @@ import numpy as np
 
 from benchmarks.load_test import demo_image
 from serve.testing import ServerProcess
-from stylevar.helptext import RawDescriptionHelpFormatter
+from stylevar.utils.helptext import RawDescriptionHelpFormatter
 
 
 def rss_mb(pid: int) -> float:
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args(argv)
     if args.model is None:
-        from stylevar.model_dir import DEMO_MODEL_DIR  # torch: once the options are parsed
+        from stylevar.loaders.model_dir import DEMO_MODEL_DIR  # torch: once the options are parsed
 
         args.model = DEMO_MODEL_DIR
     files = {"content": ("c.png", demo_image(256, 192, 0), "image/png"),

@@ -2,10 +2,10 @@
 
     python -m benchmarks.precision_quality [--n 32] [--seed 0] [--threads 2] [--json]
 
-The demo model (stylevar/assets/demo) is prepared once per precision (`stylevar.inference.prepare`) and
-run on the same held-out synthetic pairs (`training.demo_export.heldout_triplets`, a synthesis seed no training
+The demo model (stylevar/assets/demo) is prepared once per precision (`stylevar.runtime.inference.prepare`) and
+run on the same held-out synthetic pairs (`training.parts.demo_export.heldout_triplets`, a synthesis seed no training
 data uses) and the bundled photographs, with the model's recommended sampling settings and the same seeds.
-Per precision it prints the demo's evaluation metrics (`training.demo_export.evaluate_model` with the demo's
+Per precision it prints the demo's evaluation metrics (`training.parts.demo_export.evaluate_model` with the demo's
 metric suite: edge correlation with the content, SSIM and L1 to the target where there is one, colour
 distance to the style, seed spread, seconds per image; LPIPS, DreamSim, CLIP only where cached),
 the share of sampled tokens equal to the plain fp32 model's, and the mean absolute pixel difference from
@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from stylevar.helptext import HelpFormatter
+from stylevar.utils.helptext import HelpFormatter
 
 
 def main(argv: list[str] | None = None) -> int:

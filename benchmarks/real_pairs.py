@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from stylevar.helptext import HelpFormatter
+from stylevar.utils.helptext import HelpFormatter
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="PREFIX for .json, .md and .png")
     a = p.parse_args(argv)
     from stylevar.evaluate.real_pairs import RealPairs, evaluate, markdown  # torch: once the options are parsed
-    from stylevar.pipeline import StylePipeline
+    from stylevar.pipelines.pipeline import StylePipeline
 
     spec = RealPairs.from_folders(a.contents, a.styles, a.photos, a.art, a.max_side)
     pipe = StylePipeline.from_pretrained(a.model, device="cpu")

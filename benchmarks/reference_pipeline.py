@@ -40,7 +40,7 @@ from __future__ import annotations
 import argparse
 
 from benchmarks.side_by_side import timing_arguments
-from stylevar.helptext import HelpFormatter
+from stylevar.utils.helptext import HelpFormatter
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,8 +32,8 @@ def reference_shaped() -> tuple[VQVAEConfig, StyleVARConfig]:
 
 def reference_weights(vqvae_sd: dict, stylevar_sd: dict):
     """This project's reference-shaped StyleVAR loaded from the reference's state dicts through its own checkpoint
-    loaders (`stylevar.convert`): the same weights as the reference's models."""
-    from stylevar.convert import load_stylevar, load_vqvae
+    loaders (`stylevar.loaders.convert`): the same weights as the reference's models."""
+    from stylevar.loaders.convert import load_stylevar, load_vqvae
 
     vq_cfg, tr_cfg = reference_shaped()
     return load_stylevar(stylevar_sd, tr_cfg, load_vqvae(vqvae_sd, vq_cfg))

@@ -5,9 +5,9 @@
 
 Inputs: `--n` held-out synthetic pairs (a synthesis seed no training data uses) and the four bundled
 photographs, each content with style A = its own pair's style and style B = the next pair's style
-(`training.demo_export.heldout_triplets`, `photo_triplets`). Every number is a mean over the contents and
+(`training.parts.demo_export.heldout_triplets`, `photo_triplets`). Every number is a mean over the contents and
 `--seeds` seeds, computed at the model's resolution; "colour distance" is the distance between mean
-RGB colours in [0, 1] (`training.demo_export.scorer`'s colour_dist_to_style), "edge correlation" is
+RGB colours in [0, 1] (`training.parts.demo_export.scorer`'s colour_dist_to_style), "edge correlation" is
 `stylevar.metrics.structure.edge_correlation` with the content (content fidelity).
 
 Three measurements:
@@ -29,7 +29,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from stylevar.helptext import HelpFormatter
+from stylevar.utils.helptext import HelpFormatter
 
 ROOT = Path(__file__).resolve().parents[1]
 

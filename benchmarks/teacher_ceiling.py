@@ -8,7 +8,7 @@ project's measures (edge correlation with the content, colour SWD and texture di
 
 - copy-content, Reinhard, the teacher at 256 px (what a perfect student would return at full size);
 - the teacher shrunk to S px (S = 64, 128) and brought back to 256 px, bicubic or content-guided
-  (`stylevar.upsample`, the pipeline's default): the ceiling of any model drawing S px;
+  (`stylevar.processing.upsample`, the pipeline's default): the ceiling of any model drawing S px;
 - each `--tokenizer`'s reconstruction of the teacher's S px target (S its own size), guided to 256 px:
   the ceiling of a transformer over that tokenizer.
 """
@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from stylevar.helptext import HelpFormatter
+from stylevar.utils.helptext import HelpFormatter
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,11 +20,11 @@ embeddings. The configuration is `benchmarks.side_by_side.REFERENCE_CONFIG` (dep
   it = g_it = 1); the parameter groups by its `filter_params` rule (1-d, bias or a no-decay key: no decay),
   made here because that function prints through VAR's patched `print(force=)`. Its bf16 is its own
   `amp_ctx` replaced by CPU autocast (its amp_ctx is CUDA-only).
-- **ours**: `training.sft_objective.SFTObjective` and `training.parts.step.clip_and_step` with the optimizer of
-  `training.optim.make_adamw`, the model loaded from the reference's state dicts through
-  `stylevar.convert` (identical weights). ``today`` is the step before issue 31 (three tokenizer calls,
+- **ours**: `training.parts.sft_objective.SFTObjective` and `training.parts.step.clip_and_step` with the optimizer of
+  `training.parts.optim.make_adamw`, the model loaded from the reference's state dicts through
+  `stylevar.loaders.convert` (identical weights). ``today`` is the step before issue 31 (three tokenizer calls,
   the for-loop AdamW and clipping); ``default`` is training.sft's step now; ``cached`` adds the token cache
-  (`training.token_cache`: the token maps read back, no image encoded). `--levers` also times each lever
+  (`training.parts.token_cache`: the token maps read back, no image encoded). `--levers` also times each lever
   alone on top of ``today`` (`LEVERS`).
 
   In bf16 ``today`` is left out: that step encoded style and content under the step's autocast, which the
@@ -45,7 +45,7 @@ import sys
 
 from benchmarks.side_by_side import timing_arguments
 from benchmarks.train_step_config import VARIANTS, StepBenchConfig
-from stylevar.helptext import HelpFormatter
+from stylevar.utils.helptext import HelpFormatter
 
 
 def parse_config(argv: list[str] | None) -> tuple[StepBenchConfig, bool]:

@@ -12,7 +12,7 @@ class Levers:
     """How this project's step is run (each one changes speed, not what is learned beyond float rounding)."""
 
     fuse_encodes: bool = True  # target, style and content through the tokenizer in one call
-    token_cache: bool = False  # the token maps read back (training.token_cache): no image encoded
+    token_cache: bool = False  # the token maps read back (training.parts.token_cache): no image encoded
     fused_adamw: bool = True  # AdamW's fused kernel (one pass over all parameters) on the CPU as on CUDA
     foreach_clip: bool = True  # the grad norm of all gradients in one foreach pass
     channels_last: bool = False  # the image encoders' and the tokenizer's convolutions in NHWC

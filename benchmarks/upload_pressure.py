@@ -32,7 +32,7 @@ import httpx
 
 from serve.settings import demo_model_dir
 from serve.testing import ServerProcess
-from stylevar.helptext import HelpFormatter
+from stylevar.utils.helptext import HelpFormatter
 
 
 def solid_png(side: int, rgb: tuple[int, int, int]) -> bytes:

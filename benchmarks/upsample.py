@@ -1,4 +1,4 @@
-"""Full-size results: bicubic against content-guided upsampling (`stylevar.upsample`), measured at the
+"""Full-size results: bicubic against content-guided upsampling (`stylevar.processing.upsample`), measured at the
 size a user gets back.
 
     python -m benchmarks.upsample quality [--n 48] [--sizes 512,2048] [--out benchmarks/upsample.json]
@@ -25,7 +25,7 @@ import json
 import sys
 from pathlib import Path
 
-from stylevar.helptext import HelpFormatter, RawDescriptionHelpFormatter
+from stylevar.utils.helptext import HelpFormatter, RawDescriptionHelpFormatter
 
 
 def main(argv: list[str] | None = None) -> int:

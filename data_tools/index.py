@@ -14,7 +14,7 @@ with paths relative to the manifest's folder; `target` is absent for unpaired ev
   content image) are drawn with the seed; each content is used once per pass, styles are reshuffled
   every pass. No target. Only the images a pair needs are checked, in seeded order.
 
-Every image is decoded (with `stylevar.images.load_image`) in a thread pool. Files that do not decode
+Every image is decoded (with `stylevar.processing.images.load_image`) in a thread pool. Files that do not decode
 and triplets that cannot be completed are left out and listed in `<out>.report.json` with reasons.
 The split is seeded: `round(n * val_fraction)` items (at least one when the fraction is positive and
 n >= 2) go to `val`. `--val-fraction` defaults to 0.05, and to 1.0 (all `val`) for `pairs`.
@@ -32,9 +32,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from stylevar.helptext import HelpFormatter
-from stylevar.images import ImageError, load_image
-from stylevar.manifest import SPLITS, ManifestEntry, read_manifest, write_manifest  # noqa: F401 (re-exported)
+from stylevar.utils.helptext import HelpFormatter
+from stylevar.processing.images import ImageError, load_image
+from stylevar.loaders.manifest import SPLITS, ManifestEntry, read_manifest, write_manifest  # noqa: F401 (re-exported)
 
 LAYOUTS = ("omnistyle", "imagepulse", "pairs")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")

@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stylevar.helptext import HelpFormatter
+from stylevar.utils.helptext import HelpFormatter
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ sample per manifest entry, in manifest order:
   the source files' bytes unchanged, `<ext>` from the decoded format (`png`, `jpg` or `webp`; other
   formats are re-encoded as PNG, so synthetic PNG triplets are stored as `content.png` etc.);
 - `<key>.json`: `{"split", "id", "index", "content", "style", "target"}`, where `index` is the entry's
-  position among its split's entries in the manifest (what `training.data.TripletDataset` calls
+  position among its split's entries in the manifest (what `training.parts.data.TripletDataset` calls
   the item's index, so augmentations match between the two readers) and the paths are the
   manifest's.
 
@@ -32,8 +32,8 @@ from pathlib import Path
 from PIL import Image
 
 from data_tools.index import SPLITS, ManifestEntry, read_manifest
-from stylevar.helptext import HelpFormatter
-from stylevar.images import ImageError, load_image
+from stylevar.utils.helptext import HelpFormatter
+from stylevar.processing.images import ImageError, load_image
 
 KEEP_FORMATS = {"PNG": "png", "JPEG": "jpg", "WEBP": "webp"}
 SHARD_RE = re.compile(r"^(train|val)-\d{6}\.tar$")

@@ -47,7 +47,7 @@ import numpy as np
 from PIL import Image
 
 from data_tools.index import ManifestEntry, assign_splits, write_manifest
-from stylevar.helptext import HelpFormatter
+from stylevar.utils.helptext import HelpFormatter
 
 CONTENT_KINDS = ("shapes", "horizon", "skyline", "sun", "mountains", "gradient")
 STYLE_KINDS = ("stripes", "dots", "noise", "brush", "checker", "waves")

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from stylevar.helptext import HelpFormatter
+from stylevar.utils.helptext import HelpFormatter
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 SOURCES_FILE = "SOURCES.json"
@@ -90,7 +90,7 @@ def listed_pictures(folder: Path, role: str) -> list[tuple[str, Path, dict]]:
 
 def scan_pictures(folder: Path, role: str) -> list[Picture]:
     """Every decodable picture under `folder` (sorted), decoded; one stderr line per file that is not."""
-    from stylevar.images import load_image
+    from stylevar.processing.images import load_image
 
     pictures = []
     for name, path, source in listed_pictures(folder, role):
@@ -158,7 +158,7 @@ class Teacher:
         return content, style, target, {"content": content_p.name, "style": style_p.name}
 
     def make(self, i: int) -> dict:
-        from stylevar.images import pil_to_tensor
+        from stylevar.processing.images import pil_to_tensor
         from stylevar.metrics.structure import edge_correlation
 
         cfg = self.cfg
@@ -168,7 +168,7 @@ class Teacher:
                "sources": names}
         if edge < cfg.min_edge_corr:
             return {**rec, "kept": False}
-        from stylevar.atomic import atomic_write_path
+        from stylevar.utils.atomic import atomic_write_path
 
         for role, img in (("content", content), ("style", style), ("target", target)):
             path = cfg.out / role / f"{rec['id']}.png"
@@ -186,7 +186,7 @@ def _append(path: Path, rec: dict) -> None:
 
 def merge(cfg: TeachConfig) -> Path:
     """Write OUT/manifest.jsonl and OUT/sources.json from every rank's log (kept items, in index order)."""
-    from stylevar.atomic import atomic_write_text
+    from stylevar.utils.atomic import atomic_write_text
 
     records: dict[int, dict] = {}
     for log in sorted((cfg.out / "parts").glob("rank-*.jsonl")):

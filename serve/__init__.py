@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .settings import ServeSettings
+from serve.settings import ServeSettings
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -12,7 +12,7 @@ __all__ = ["ServeSettings", "create_app"]
 
 
 def create_app(settings: ServeSettings | None = None, **kwargs) -> "FastAPI":
-    """Build the FastAPI app (see `serve.app.create_app`); imported lazily because it loads torch."""
-    from .app import create_app as _create_app
+    """Build the FastAPI app (see `serve.http.app.create_app`); imported lazily because it loads torch."""
+    from serve.http.app import create_app as _create_app
 
     return _create_app(settings, **kwargs)

@@ -2,7 +2,7 @@
 
 Every option also has an environment variable (`STYLEVAR_HOST`, `STYLEVAR_PORT`, `STYLEVAR_MODEL_DIR`,
 `STYLEVAR_DEVICE`, `STYLEVAR_UI`, ...); options given on the command line win. SIGTERM or SIGINT drains
-the service (`serve.drain`, `STYLEVAR_DRAIN_TIMEOUT_S`) and exits with 0.
+the service (`serve.http.drain`, `STYLEVAR_DRAIN_TIMEOUT_S`) and exits with 0.
 """
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import sys
 
 from pydantic import ValidationError
 
-from stylevar.helptext import HelpFormatter
+from stylevar.utils.helptext import HelpFormatter
 
-from .logs import configure_logging
-from .settings import ServeSettings
+from serve.http.logs import configure_logging
+from serve.settings import ServeSettings
 
 SETTINGS_DOC = "docs/serving.md#settings"  # every setting, its default and what it does
 FLAGS = {"host": "--host", "port": "--port", "model_dir": "--model", "device": "--device", "ui": "--no-ui"}
@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(settings.log_json, settings.log_level)
     log = logging.getLogger("serve")
 
-    from stylevar.hub import HubError, is_hub_id
-    from stylevar.pull import resolve_model
+    from stylevar.loaders.hub import HubError, is_hub_id
+    from stylevar.loaders.pull import resolve_model
 
     if is_hub_id(settings.model_dir):  # pulled on first use; offline and not cached: one error before any work
         try:
@@ -73,10 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import uvicorn
 
-    from stylevar.model_dir import ModelDirError
+    from stylevar.loaders.model_dir import ModelDirError
 
-    from .app import create_app
-    from .drain import DrainingServer
+    from serve.http.app import create_app
+    from serve.http.drain import DrainingServer
 
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)

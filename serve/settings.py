@@ -10,12 +10,12 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from stylevar.precisions import REMOVED_PRECISIONS, precision_error  # no torch
+from stylevar.utils.precisions import REMOVED_PRECISIONS, precision_error  # no torch
 
 
 def demo_model_dir() -> Path:
-    """The embedded demo model, `stylevar.model_dir.DEMO_MODEL_DIR` (imported when first asked for: it loads torch)."""
-    from stylevar.model_dir import DEMO_MODEL_DIR
+    """The embedded demo model, `stylevar.loaders.model_dir.DEMO_MODEL_DIR` (imported when first asked for: it loads torch)."""
+    from stylevar.loaders.model_dir import DEMO_MODEL_DIR
 
     return DEMO_MODEL_DIR
 
@@ -38,9 +38,9 @@ class ServeSettings(BaseSettings):
     device: Annotated[list[str], NoDecode] = ["auto"]
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     torch_threads: int = Field(0, ge=0)  # 0: leave torch's default
-    # the transformer's linear layers (stylevar.inference): "fp32" the model's own weights; "bf16" bfloat16
+    # the transformer's linear layers (stylevar.runtime.inference): "fp32" the model's own weights; "bf16" bfloat16
     # weights and sampling loop (fastest where the CPU has bf16 units); bf16 tokens differ from fp32's at some
-    # positions (benchmarks/README.md). "int8" was removed: refused with why (stylevar.precisions)
+    # positions (benchmarks/README.md). "int8" was removed: refused with why (stylevar.utils.precisions)
     precision: Literal["fp32", "bf16"] = "fp32"
     compile: bool = False  # torch.compile the transformer blocks; compiled at warm-up, before /readyz is 200
     condition_cache_mb: float = Field(256.0, ge=0)  # LRU cache of style/content conditions; 0: off
@@ -59,7 +59,7 @@ class ServeSettings(BaseSettings):
     gc_freeze: bool = True
     request_timeout_s: float = Field(60.0, gt=0)
     # after SIGTERM/SIGINT: how long requests in flight may take to finish while new ones are refused
-    # (serve.drain); a Kubernetes terminationGracePeriodSeconds must be longer
+    # (serve.http.drain); a Kubernetes terminationGracePeriodSeconds must be longer
     drain_timeout_s: float = Field(30.0, gt=0, le=3600)
 
     # input limits

@@ -7,7 +7,7 @@ __all__ = ["StyleVARConfig", "VQVAEConfig", "StylePipeline", "presets", "__versi
 
 def __getattr__(name):  # the pipeline pulls in torch models: import it on first use
     if name == "StylePipeline":
-        from stylevar.pipeline import StylePipeline
+        from stylevar.pipelines.pipeline import StylePipeline
 
         return StylePipeline
     raise AttributeError(f"module 'stylevar' has no attribute {name!r}")

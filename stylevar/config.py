@@ -120,7 +120,7 @@ class StyleVARConfig(Serializable):
     # the published architecture exactly (no extra weights).
     content_injection: bool = False
     # Opt-in variant (never part of a published preset): explicit colour statistics of the style image
-    # (`stylevar.encoders.colour_statistics`: per-channel moments and a luminance-ordered palette) are added
+    # (`stylevar.models.encoders.colour_statistics`: per-channel moments and a luminance-ordered palette) are added
     # to the style embedding that drives AdaLN, through a zero-initialised linear map. The pooled image
     # encoders end in a GroupNorm, which removes most of an image's mean colour, and the first scale's token
     # sees the style only through AdaLN. Off, the model is the published architecture exactly.

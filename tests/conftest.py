@@ -14,7 +14,7 @@ import torch
 from stylevar.config import StyleVARConfig, VQVAEConfig
 from tests import reference
 
-# the service's gc.freeze after warm-up (serve.app.freeze_startup_heap) would keep every test's garbage from the
+# the service's gc.freeze after warm-up (serve.http.app.freeze_startup_heap) would keep every test's garbage from the
 # apps built before it; tests that want it (and servers they start) say so
 os.environ.setdefault("STYLEVAR_GC_FREEZE", "false")
 
@@ -59,7 +59,7 @@ def micro_configs() -> tuple[VQVAEConfig, StyleVARConfig]:
 
 @pytest.fixture(scope="session")
 def micro_pipeline():
-    from stylevar.pipeline import StylePipeline
+    from stylevar.pipelines.pipeline import StylePipeline
 
     return StylePipeline.random(micro_configs(), seed=0)
 
@@ -128,7 +128,7 @@ def run_recipe(module: str, args: list, run_dir: Path, *, kill_at_step: int | No
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A random `tiny` model directory named "tiny-test" (the service tests' model)."""
-    from stylevar.pipeline import StylePipeline
+    from stylevar.pipelines.pipeline import StylePipeline
 
     d = tmp_path_factory.mktemp("tiny-model")
     StylePipeline.random("tiny", name="tiny-test").save_pretrained(d)

@@ -5,7 +5,7 @@
 
 The recommended sampling settings (top-k, top-p) are chosen first, on training triplets: the best SSIM
 to the target among the candidates whose samples still differ from seed to seed (`MIN_SEED_SPREAD`),
-and stored in config.json; then, on the same triplets, the content-guided refinement (`stylevar.refine`:
+and stored in config.json; then, on the same triplets, the content-guided refinement (`stylevar.processing.refine`:
 its radius and eps, or none) with the best SSIM to the target. Evaluation: held-out synthetic triplets drawn from a synthesis seed the recipe
 never trains on (`HELDOUT_SEED`), and real photographs (`stylevar/assets/photos`) with synthetic styles;
 methods: the model, copy-content (the content image itself) and Reinhard colour transfer; metrics: edge
@@ -18,14 +18,14 @@ With `--real-contents` the card also gives the held-out real photographs x real 
 (`stylevar.evaluate.real_pairs`: results at the content's size, scored at 256 px) and a sample grid of
 them (`real_pairs.png`); `--ceiling` and `--compare` add the ceilings and other models' rows.
 
-This module is the command (its options; ``--help`` imports no torch); the work is `training.demo_export`.
+This module is the command (its options; ``--help`` imports no torch); the work is `training.parts.demo_export`.
 """
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from stylevar.helptext import HelpFormatter, plain
+from stylevar.utils.helptext import HelpFormatter, plain
 
 
 def palette_choice(text: str) -> tuple[str, float]:
@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from training.demo_export import export
+    from training.parts.demo_export import export
 
     return export(args)
 

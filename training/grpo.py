@@ -8,7 +8,7 @@ One step, for B triplets (content, style, target):
 1. Rollouts: G samples per triplet from the current policy (LoRA on; top-k 900, top-p 0.96) in one
    batched ``generate`` call for all B * G rows (``--rollout-chunk`` rows at a time if memory needs it);
    row i of step s uses the seed derived from (seed, s, i), so a step is reproducible.
-2. Reward R = -lambda * dist(generated, target) (training.rewards); advantage per group
+2. Reward R = -lambda * dist(generated, target) (training.parts.rewards); advantage per group
    A = (R - mean_G R) / (std_G R + eps).
 3. Log-probabilities of the sampled tokens by teacher forcing, in fp32 whatever ``--precision`` says
    (it only affects the rollouts): ``old`` (rollout policy, no grad), ``ref`` (LoRA disabled, no grad),
@@ -16,7 +16,7 @@ One step, for B triplets (content, style, target):
 4. Per token: policy term -min(rho A, clip(rho, 1 - eps, 1 + eps) A) with rho = exp(new - old); KL k3 with
    d = ref - new: beta (exp(d) - 1 - d). PANW token weights w = (h_k w_k)^-gamma / Z (sum 1 over the L
    tokens). Loss = mean over rollouts of sum over tokens of w (policy + KL). AdamW on the LoRA matrices.
-5. Iterative merge (``training.merge_control``): a reward EMA and the LoRA snapshot at its peak; when the
+5. Iterative merge (``training.parts.merge_control``): a reward EMA and the LoRA snapshot at its peak; when the
    EMA has beaten the last merge baseline by ``--merge-min-gain`` for ``--merge-patience`` steps and
    ``--merge-cooldown`` steps have passed since the last merge, the peak snapshot is baked into the
    base weights and LoRA restarts at zero (B = 0, A redrawn from (seed, merge count)), the optimizer
@@ -38,17 +38,17 @@ training.parts, the same parts SFT uses; ``RUN/final/`` is a plain model directo
 merged (any checkpoint: ``python -m training.merge_lora RUN``, also ``stylevar merge-lora RUN``).
 
 This module is the command (its options; ``--help`` imports no torch); the run is made of
-`training.grpo_objective` (the loss's terms), `training.grpo_trainer` (one step: rollouts, rewards, the update,
-merges) and `training.grpo_run` (the checks, RUN/, the step loop, RUN/final).
+`training.parts.grpo_objective` (the loss's terms), `training.parts.grpo_trainer` (one step: rollouts, rewards, the update,
+merges) and `training.parts.grpo_run` (the checks, RUN/, the step loop, RUN/final).
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from stylevar.generation import DEFAULT_GENERATION
+from stylevar.models.generation import DEFAULT_GENERATION
 from training.parts.cli import add_loop_args, recipe_parser
-from training.rewards import REWARDS
+from training.parts.rewards import REWARDS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model directory to start from (e.g. an SFT RUN/final), or a hub id hf:OWNER/NAME[:variant]")
     p.add_argument("--name", default="stylevar-grpo", help="model name written to RUN/final/config.json")
     g = p.add_argument_group("rollouts and reward")
-    g.add_argument("--reward", choices=REWARDS, default="dreamsim", help="distance to the target the reward is made of (training.rewards)")
+    g.add_argument("--reward", choices=REWARDS, default="dreamsim", help="distance to the target the reward is made of (training.parts.rewards)")
     g.add_argument("--reward-scale", type=float, default=5.0, help="lambda in R = -lambda * dist")
     g.add_argument("--reward-image-size", type=int, default=256, help="metric resolution (not for l1)")
     g.add_argument("--reward-style-weight", type=float, default=0.0,
@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from training.grpo_run import execute  # torch and the models: once the options are parsed
+    from training.parts.grpo_run import execute  # torch and the models: once the options are parsed
 
     return execute(args)
 

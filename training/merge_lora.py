@@ -39,14 +39,14 @@ COMMAND = Command("merge-lora", "bake the LoRA adapters of a GRPO checkpoint int
 def merge_command(args: argparse.Namespace) -> int:
     import torch  # here, not at the top: `stylevar --help` imports this module for COMMAND
 
-    from stylevar.convert import load_stylevar, load_vqvae, read_state
-    from stylevar.state_dict import CheckpointError
-    from stylevar.lora import LoRAConfig
-    from stylevar.model_dir import PipelineConfig, check_model_dir
-    from stylevar.pipeline import StylePipeline
-    from stylevar.pretrained import load_safetensors
-    from stylevar.state_dict import read_file
-    from stylevar.tokenizer import MultiScaleVQVAE
+    from stylevar.loaders.convert import load_stylevar, load_vqvae, read_state
+    from stylevar.models.state_dict import CheckpointError
+    from stylevar.models.lora import LoRAConfig
+    from stylevar.loaders.model_dir import PipelineConfig, check_model_dir
+    from stylevar.pipelines.pipeline import StylePipeline
+    from stylevar.models.pretrained import load_safetensors
+    from stylevar.models.state_dict import read_file
+    from stylevar.models.tokenizer import MultiScaleVQVAE
     from training.parts.checkpoints import newest_checkpoint
 
     path = newest_checkpoint(args.checkpoint)

@@ -18,14 +18,14 @@ the reference trains (``StyleVARConfig.drop_path_rate``: the published presets 0
 ``--drop-path-rate`` overrides the model's).
 
 The step (benchmarks/train_step.py measures it against the reference's): target, style and content through
-the tokenizer in one call (`training.token_inputs`), or with ``--token-cache`` (needs ``--no-augment``) their
-token maps read back from a cache beside the data (`training.token_cache`); AdamW's fused kernel; the
+the tokenizer in one call (`training.parts.token_inputs`), or with ``--token-cache`` (needs ``--no-augment``) their
+token maps read back from a cache beside the data (`training.parts.token_cache`); AdamW's fused kernel; the
 gradient norm in one foreach pass; on the CPU the convolutions in NHWC (`channels_last`); with ``--compile``
 the blocks through torch.compile (`compile_blocks`).
 
 This module is the command (its options; ``--help`` imports no torch); the run is made of
-`training.sft_model` (the tokenizer, the initial model, variants, stochastic depth, layouts),
-`training.sft_objective` (the loss and the validation) and `training.sft_run` (the checks, RUN/, the data,
+`training.parts.sft_model` (the tokenizer, the initial model, variants, stochastic depth, layouts),
+`training.parts.sft_objective` (the loss and the validation) and `training.parts.sft_run` (the checks, RUN/, the data,
 the step loop, RUN/final).
 
 Logged per step: ``loss`` (smoothed CE), ``ce`` (plain CE), ``acc`` (top-1 over all tokens), ``lr``;
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token-cache", action="store_true",
                    help="encode every training triplet with the frozen tokenizer once and read the token maps "
                         "back in later epochs and runs (stored beside the data; needs --no-augment and a "
-                        "manifest; see training.token_cache)")
+                        "manifest; see training.parts.token_cache)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile each transformer block (the same result to float rounding; the first step "
                         "compiles for tens of seconds; needs a C++ compiler on the CPU)")
@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from training.sft_run import execute  # torch and the models: once the options are parsed
+    from training.parts.sft_run import execute  # torch and the models: once the options are parsed
 
     return execute(args)
 

@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from stylevar.helptext import HelpFormatter
+from stylevar.utils.helptext import HelpFormatter
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,7 +19,7 @@ loadable with ``MultiScaleVQVAE.from_pretrained(RUN/final)`` and usable as
 ``training.sft --tokenizer RUN/final``.
 
 This module is the command (its options; ``--help`` imports no torch); the run is made of
-`training.vqvae_objective` (the loss and the dead-code restarts) and `training.vqvae_run` (the checks, RUN/,
+`training.parts.vqvae_objective` (the loss and the dead-code restarts) and `training.parts.vqvae_run` (the checks, RUN/,
 the images, the step loop, the validation, RUN/final).
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from training.vqvae_run import execute  # torch and the models: once the options are parsed
+    from training.parts.vqvae_run import execute  # torch and the models: once the options are parsed
 
     return execute(args)
 

@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 
-from stylevar.helptext import HelpFormatter
+from stylevar.utils.helptext import HelpFormatter
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
-    from .mount import standalone_app
-    from .ui import UIConfig
+    from web.mount import standalone_app
+    from web.ui import UIConfig
 
     app = standalone_app(UIConfig(api_url=args.api, api_key=args.api_key, timeout_s=args.timeout))
     logging.getLogger("web").info("UI on http://%s:%d, service at %s", args.host, args.port, args.api)

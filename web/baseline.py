@@ -5,7 +5,7 @@
   only the `teacher` extra (`pip install 'stylevar[teacher]'`, in `[all]`), so it runs on a fresh machine; the
   UI's default whenever it is installed.
 - `adain` (`AdaINBaseline`): `stylevar.baselines.adain` with two registered weights, `adain_vgg`
-  (vgg_normalised.pth) and `adain_decoder` (decoder.pth), found through `stylevar.weights` (nothing is
+  (vgg_normalised.pth) and `adain_decoder` (decoder.pth), found through `stylevar.loaders.weights` (nothing is
   downloaded).
 
 Each `status()` only looks for what its baseline needs (nothing is loaded); a baseline that is missing
@@ -66,7 +66,7 @@ class AdaINBaseline:
             from stylevar.baselines import adain  # noqa: F401
         except ImportError as e:
             return BaselineStatus(False, f"the AdaIN baseline is not installed (`stylevar.baselines.adain`: {e})")
-        from stylevar import weights
+        from stylevar.loaders import weights
 
         absent = weights.missing(WEIGHTS)
         if absent:
@@ -91,7 +91,7 @@ class AdaINBaseline:
         """Content and style image files -> the AdaIN result, at the content's aspect ratio."""
         import torch
 
-        from stylevar.images import pil_to_tensor, tensor_to_pil
+        from stylevar.processing.images import pil_to_tensor, tensor_to_pil
 
         cfg = self.config
         content, style = (_cap(decoded(path, cfg), cfg.max_side) for path in (content_path, style_path))
@@ -150,7 +150,7 @@ class MagentaBaseline:
 
 def decoded(path: str, cfg: AdaINConfig | MagentaBaselineConfig) -> Image.Image:
     """An input file as RGB, decoded downscaled to `cfg.max_side` within the config's pixel limits."""
-    from stylevar.images import ACCEPTED_FORMATS, load_image
+    from stylevar.processing.images import ACCEPTED_FORMATS, load_image
 
     return load_image(path, max_pixels=cfg.max_pixels, formats=ACCEPTED_FORMATS, max_side=cfg.max_side,
                       max_whole_pixels=cfg.max_whole_pixels)

@@ -21,8 +21,8 @@ import httpx
 from httpx_sse import SSEError, connect_sse
 from PIL import Image
 
-from stylevar import options
-from stylevar.options import DECLARED, FORM, IMAGE_ONLY, Option
+from stylevar.pipelines import options
+from stylevar.pipelines.options import DECLARED, FORM, IMAGE_ONLY, Option
 
 ImageSource = str | os.PathLike | bytes
 
@@ -36,7 +36,7 @@ def without_paths(text: str) -> str:
     return _PATH.sub(lambda m: m.group(1) or "a folder", text)
 
 
-# the service's refusals of a clip (serve.routes.video) and what to do about each
+# the service's refusals of a clip (serve.http.routes.video) and what to do about each
 VIDEO_CODES = {"not_a_video": "Upload a video file (MP4, MOV, MKV, WebM, AVI ...).",
                "unsupported_codec": "Re-encode it as H.264 (or VP9 / AV1) with AAC or Opus audio.",
                "corrupt_video": "The file is damaged or incomplete; export it again.",
@@ -76,7 +76,7 @@ class ServiceError(Exception):
 
 
 class StylizeOptions(options.StylizeOptions):
-    """The options of `POST /stylize/stream` (`stylevar.options`, their declaration) with their form encoding."""
+    """The options of `POST /stylize/stream` (`stylevar.pipelines.options`, their declaration) with their form encoding."""
 
     def form(self) -> dict[str, str]:
         """The form fields of the options that are set and not the service's defaults (the same declaration)."""

@@ -18,7 +18,7 @@ from pathlib import Path
 import gradio as gr
 from gradio.utils import get_upload_folder
 
-from .ui import examples_dir
+from web.ui import examples_dir
 
 # system folders a UI never needs to read from (those holding the upload folder, e.g. /var on macOS, stay open)
 SYSTEM_FOLDERS = ("/etc", "/proc", "/sys", "/dev", "/root", "/boot", "/run", "/var", "/srv", "/home")

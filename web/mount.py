@@ -15,9 +15,9 @@ from typing import Any
 import gradio as gr
 from fastapi import FastAPI
 
-from .config import MountConfig
-from .files import enforce_file_checks, file_policy
-from .ui import CSS, StyleVARUI, UIConfig
+from web.config import MountConfig
+from web.files import enforce_file_checks, file_policy
+from web.ui import CSS, StyleVARUI, UIConfig
 
 log = logging.getLogger("web")
 
@@ -37,7 +37,7 @@ def loopback_url(host: str, port: int) -> str:
 
 def _key_auth(keys: list[str]) -> Callable[[str, str], bool]:
     """Gradio login for a service with API keys: any user name, an API key as the password, compared in
-    constant time with every key. (The service limits failed logins per client: serve.access.)"""
+    constant time with every key. (The service limits failed logins per client: serve.http.access.)"""
     encoded = [k.encode() for k in keys]
 
     def check(_user: str, password: str) -> bool:
@@ -66,7 +66,7 @@ def mount(app: FastAPI, ui: StyleVARUI, path: str, *, max_file_size: int | None 
 
 
 def mount_ui(app: FastAPI, config: MountConfig) -> None:
-    """The service's hook (serve.app.create_app): the UI at `config.path`, calling this server's API on loopback.
+    """The service's hook (serve.http.app.create_app): the UI at `config.path`, calling this server's API on loopback.
 
     With API keys set, the UI asks for a key at login and then calls the API with the service's first key.
     """

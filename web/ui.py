@@ -4,7 +4,7 @@
 
 Every generation goes through the service's HTTP API (`POST /stylize/stream`) with `web.client`; the UI
 holds no model of its own. Only the optional baselines (`web.baseline`) run in the UI's process. The controls
-of the stylize options are built from their declaration (`stylevar.options`); the handler takes their values by
+of the stylize options are built from their declaration (`stylevar.pipelines.options`); the handler takes their values by
 name.
 """
 from __future__ import annotations
@@ -21,18 +21,18 @@ from typing import Any
 import gradio as gr
 from PIL import Image, ImageChops, ImageOps
 
-from stylevar.images import ACCEPTED_FORMATS
-from stylevar.model_dir import DEMO_LABEL
-from stylevar.options import UI, Option, offered
-from stylevar.postprocess import MAX_SEED
+from stylevar.processing.images import ACCEPTED_FORMATS
+from stylevar.loaders.model_dir import DEMO_LABEL
+from stylevar.pipelines.options import UI, Option, offered
+from stylevar.processing.postprocess import MAX_SEED
 
-from .baseline import Baseline, BaselineStatus, default_baselines
-from .client import Preview, Result, ServiceClient, ServiceError, StylizeOptions
-from .inputs import FileInput, uploaded_path
-from .video_tab import VideoTab
+from web.baseline import Baseline, BaselineStatus, default_baselines
+from web.client import Preview, Result, ServiceClient, ServiceError, StylizeOptions
+from web.inputs import FileInput, uploaded_path
+from web.video_tab import VideoTab
 
 MAX_SCALES = 16  # alpha sliders kept ready; those beyond the model's scale count stay hidden
-UI_OPTIONS = {opt.name: opt for opt in offered(UI)}  # the options the UI offers (stylevar.options)
+UI_OPTIONS = {opt.name: opt for opt in offered(UI)}  # the options the UI offers (stylevar.pipelines.options)
 CONTROLLED = [opt for opt in UI_OPTIONS.values() if not opt.is_list]  # one control each, named as the option
 # the `/stylize` endpoint's parameters after content and style, in the order they have always had (gradio_client
 # may pass them by position); an option added to the declaration comes last
@@ -224,7 +224,7 @@ class StyleVARUI:
         `content`, `style` and `style2` are uploaded files: a path, or Gradio's file data (the event does not
         preprocess its inputs). With `style2` the two styles are blended; strokes painted in the `mask` editor
         confine the first style to them (and the second, if any, to the rest). ``values``: the controls' values by
-        name (`api_order`): the options the UI offers, named as in `stylevar.options`, and `adain` (run the
+        name (`api_order`): the options the UI offers, named as in `stylevar.pipelines.options`, and `adain` (run the
         baseline), `adain_alpha` (its strength), `baseline` (which: `magenta` or `adain`; default the panel's),
         `style1_weight` (the first style's weight), `custom_alphas` and `alpha_1` .. `alpha_16`."""
         content, style, style2 = uploaded_path(content), uploaded_path(style), uploaded_path(style2)

@@ -11,11 +11,11 @@ from typing import Any
 import gradio as gr
 from gradio.utils import get_upload_folder
 
-from stylevar.options import DECLARED
-from stylevar.video import DEFAULT_TEMPORAL, TEMPORAL_HELP, TEMPORAL_MODES
+from stylevar.pipelines.options import DECLARED
+from stylevar.processing.video import DEFAULT_TEMPORAL, TEMPORAL_HELP, TEMPORAL_MODES
 
-from .client import ServiceClient, ServiceError, StylizeOptions
-from .inputs import FileInput, uploaded_path
+from web.client import ServiceClient, ServiceError, StylizeOptions
+from web.inputs import FileInput, uploaded_path
 
 def uploaded_file(value: Any) -> str | None:
     """The file behind an input: `uploaded_path`'s, or a video's data (``video``: file data) unwrapped first."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from benchmarks.side_by_side import STAGES, images, reference_shaped, reference_weights, time_turns
-from stylevar.pipeline import StylePipeline
+from stylevar.pipelines.pipeline import StylePipeline
 
 # the issue's side-by-side measurement of the reference code on this configuration (CPU, 2 threads):
 # 1001 ms per image at batch 1, and 1.49x this project's batch-4 time of then
@@ -45,8 +45,8 @@ def build(cfg: StageBenchConfig, state: tuple[dict, dict] | None = None):
 
 
 def prepared_copy(plain, precision: str):
-    """A copy of the plain model, prepared for inference (`stylevar.inference.prepare`) at ``precision``."""
-    from stylevar.inference import InferenceConfig, prepare
+    """A copy of the plain model, prepared for inference (`stylevar.runtime.inference.prepare`) at ``precision``."""
+    from stylevar.runtime.inference import InferenceConfig, prepare
 
     return prepare(copy.deepcopy(plain), InferenceConfig(precision=precision))
 
@@ -57,8 +57,8 @@ FAST = "fp32 fast"  # the row of the prepared fp32 model sampling with `fast=Tru
 def stage_fns(model, content: torch.Tensor, style: torch.Tensor, fast: bool = False) -> dict:
     """One call of each stage of this project's model (module doc), on these inputs; ``fast``: the loop and the
     total with fast sampling."""
-    from stylevar.encoders import pooled
-    from stylevar.sampling import make_generators
+    from stylevar.models.encoders import pooled
+    from stylevar.models.sampling import make_generators
 
     batch, tok, alpha_K = content.shape[0], model.tokenizer, model.blend_alphas()
     cond = model.condition(content, style)

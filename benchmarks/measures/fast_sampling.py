@@ -8,11 +8,11 @@ import os
 
 import torch
 
-from stylevar.generation import GenerationConfig
-from stylevar.model_dir import DEMO_MODEL_DIR
-from stylevar.pipeline import StyleMix, StylePipeline
-from stylevar.transformer.pruning import FastSampling
-from training import demo_export as demo
+from stylevar.models.generation import GenerationConfig
+from stylevar.loaders.model_dir import DEMO_MODEL_DIR
+from stylevar.pipelines.pipeline import StyleMix, StylePipeline
+from stylevar.models.transformer.pruning import FastSampling
+from training.parts import demo_export as demo
 
 MEASURES = ("edge_corr", "colour_dist_to_style", "colour_swd_to_style", "texture_dist_to_style")
 

@@ -17,12 +17,12 @@ import torch
 from stylevar.config import StyleVARConfig, VQVAEConfig
 from stylevar.metrics.ssim import ssim_standard
 from stylevar.metrics.structure import edge_correlation
-from stylevar.pipeline import StylePipeline
-from training import demo_export as demo
-from stylevar.transformer import StyleVAR
+from stylevar.pipelines.pipeline import StylePipeline
+from training.parts import demo_export as demo
+from stylevar.models.transformer import StyleVAR
 from training.parts.checkpoints import checkpoint_paths, read_checkpoint
-from training.presets import match_transformer
-from training.sft_model import read_tokenizer
+from training.parts.presets import match_transformer
+from training.parts.sft_model import read_tokenizer
 
 
 DEFAULT_VARIANTS = {"published": {}, "injection": {"content_injection": True}}

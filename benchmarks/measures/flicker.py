@@ -17,13 +17,13 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw
 
-from stylevar.coherence import Coherence
-from stylevar.images import pil_to_tensor, tensor_to_pil
-from stylevar.inference import InferenceConfig, prepare
+from stylevar.pipelines.coherence import Coherence
+from stylevar.processing.images import pil_to_tensor, tensor_to_pil
+from stylevar.runtime.inference import InferenceConfig, prepare
 from stylevar.metrics.structure import edge_correlation
-from stylevar.pipeline import StylePipeline
-from stylevar.video import VideoWriter, read_frames
-from training.demo_export import mean_colour_distance
+from stylevar.pipelines.pipeline import StylePipeline
+from stylevar.processing.video import VideoWriter, read_frames
+from training.parts.demo_export import mean_colour_distance
 
 REPO = Path(__file__).resolve().parents[2]
 PHOTOS = REPO / "stylevar" / "assets" / "photos"
@@ -115,7 +115,7 @@ def flicker(frames_T3HW: torch.Tensor, warps: list[Warp | None]) -> float:
     return float(np.mean(values))
 
 
-ABLATION = {  # the coherent sampler's parts one by one (the modes' own settings: stylevar.coherence.coherence_of)
+ABLATION = {  # the coherent sampler's parts one by one (the modes' own settings: stylevar.pipelines.coherence.coherence_of)
     "keyed noise, not anchored": Coherence(anchor=False),
     "anchored noise": Coherence(anchor=True),
     "anchored + blend 0.5": Coherence(anchor=True, blend=0.5),

@@ -11,16 +11,16 @@ from pathlib import Path
 import torch
 
 from data_tools.synth import SynthConfig, generate
-from stylevar.lora import LoRAConfig, attach_lora
+from stylevar.models.lora import LoRAConfig, attach_lora
 from stylevar.config import presets
-from stylevar.model_dir import PipelineConfig
-from stylevar.pipeline import StylePipeline
-from training.data import collate_triplets, open_triplets
-from training.grpo_trainer import GRPOConfig, GRPOTrainer
-from training.merge_control import MergeConfig
-from training.optim import make_adamw
+from stylevar.loaders.model_dir import PipelineConfig
+from stylevar.pipelines.pipeline import StylePipeline
+from training.parts.data import collate_triplets, open_triplets
+from training.parts.grpo_trainer import GRPOConfig, GRPOTrainer
+from training.parts.merge_control import MergeConfig
+from training.parts.optim import make_adamw
 from training.parts.distributed import DistEnv
-from training.rewards import Reward, RewardConfig
+from training.parts.rewards import Reward, RewardConfig
 
 
 def build_trainer(args: argparse.Namespace, batched: bool, device: torch.device) -> GRPOTrainer:

@@ -7,8 +7,8 @@ import functools
 import torch
 
 from stylevar.config import presets
-from stylevar.tokenizer import MultiScaleVQVAE
-from stylevar.transformer import StyleVAR
+from stylevar.models.tokenizer import MultiScaleVQVAE
+from stylevar.models.transformer import StyleVAR
 
 GiB = 2**30
 ACT_BYTES_PER_TOKEN_WIDTH = 34 * 1.5  # per block, bf16, fused attention, three streams

@@ -8,11 +8,11 @@ import os
 
 import torch
 
-from stylevar.inference import PRECISIONS, InferenceConfig, prepare
-from stylevar.model_dir import DEMO_MODEL_DIR
-from stylevar.pipeline import StylePipeline
-from stylevar.transformer import Generated
-from training import demo_export as demo
+from stylevar.runtime.inference import PRECISIONS, InferenceConfig, prepare
+from stylevar.loaders.model_dir import DEMO_MODEL_DIR
+from stylevar.pipelines.pipeline import StylePipeline
+from stylevar.models.transformer import Generated
+from training.parts import demo_export as demo
 
 
 @torch.inference_mode()

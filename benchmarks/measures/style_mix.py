@@ -11,12 +11,12 @@ from pathlib import Path
 import torch
 from PIL import Image, ImageDraw
 
-from stylevar.images import pil_to_tensor
+from stylevar.processing.images import pil_to_tensor
 from stylevar.metrics.ssim import ssim_standard
 from stylevar.metrics.structure import edge_correlation
-from stylevar.pipeline import StyleMix, StylePipeline
-from stylevar.refine import Refinement
-from training.demo_export import Triplet, heldout_triplets, photo_triplets
+from stylevar.pipelines.pipeline import StyleMix, StylePipeline
+from stylevar.processing.refine import Refinement
+from training.parts.demo_export import Triplet, heldout_triplets, photo_triplets
 
 WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 GUIDANCE = (0.0, 0.25, 0.5, 1.0, 2.0)

@@ -11,8 +11,8 @@ from PIL import Image
 from data_tools.teach import TeachConfig, Teacher
 from stylevar.baselines.reinhard import reinhard_transfer
 from stylevar.evaluate.real_pairs import SCORE_SIZE, score as score_pairs, score_batch as batch
-from stylevar.images import fit_square, pil_to_tensor, tensor_to_pil
-from stylevar.upsample import Upsampling, upscale
+from stylevar.processing.images import fit_square, pil_to_tensor, tensor_to_pil
+from stylevar.processing.upsample import Upsampling, upscale
 
 
 
@@ -28,7 +28,7 @@ def guided(drawing: Image.Image, content: Image.Image) -> Image.Image:
 
 @torch.no_grad()
 def reconstruct(tokenizer_dir: Path, images: list[Image.Image]) -> list[Image.Image]:
-    from training.sft_model import read_tokenizer
+    from training.parts.sft_model import read_tokenizer
     from stylevar.config import VQVAEConfig
 
     tok = read_tokenizer(str(tokenizer_dir), VQVAEConfig.preset("tiny"), None).eval()

@@ -15,16 +15,16 @@ import torch.nn.functional as F
 
 from benchmarks.side_by_side import images, reference_shaped, reference_weights, take_turns
 from benchmarks.train_step_config import LEVERS, TODAY, VARIANTS, Levers, StepBenchConfig
-from stylevar.bench import flops_of as step_flops
-from stylevar.bench import sync
+from stylevar.runtime.bench import flops_of as step_flops
+from stylevar.runtime.bench import sync
 from stylevar.config import presets
-from stylevar.inference import native_cpu_bf16
-from training.optim import ScheduleConfig, make_adamw, two_level_scheduler
+from stylevar.runtime.inference import native_cpu_bf16
+from training.parts.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.parts.precision import autocast, make_grad_scaler
 from training.parts.step import clip_and_step
-from training.sft_model import channels_last, compile_blocks
-from training.sft_objective import SFTObjective
-from training.token_inputs import encode_triplets
+from training.parts.sft_model import channels_last, compile_blocks
+from training.parts.sft_objective import SFTObjective
+from training.parts.token_inputs import encode_triplets
 
 LABEL_SMOOTHING, LR, WEIGHT_DECAY, MAX_GRAD_NORM = 0.1, 1e-4, 0.05, 2.0
 # the reference's no-weight-decay name fragments (train/train_sft.py's filter_params call)
@@ -147,7 +147,7 @@ def triplets(batch: int, size: int, seed: int, device: str = "cpu") -> dict[str,
 # ------------------------------------------------------------------------------------------ measuring
 def build_models(cfg: StepBenchConfig):
     """(reference bundle or None, our model): identical weights when the reference is built."""
-    from stylevar.pipeline import StylePipeline
+    from stylevar.pipelines.pipeline import StylePipeline
 
     if not cfg.reference:
         shapes = reference_shaped() if cfg.preset == "reference" else presets(cfg.preset)

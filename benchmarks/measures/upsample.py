@@ -15,12 +15,12 @@ from PIL import Image
 
 from data_tools import synth
 from stylevar.baselines.reinhard import reinhard_transfer
-from stylevar.images import pil_to_tensor
+from stylevar.processing.images import pil_to_tensor
 from stylevar.metrics.structure import edge_correlation
 from stylevar.metrics.style_fidelity import colour_swd
-from stylevar.pipeline import StylePipeline
-from stylevar.upsample import Upsampling, upscale
-from training import demo_export as demo
+from stylevar.pipelines.pipeline import StylePipeline
+from stylevar.processing.upsample import Upsampling, upscale
+from training.parts import demo_export as demo
 
 ROWS = ("bicubic", "guided", "reinhard")
 METRICS = ("edge_corr", "colour_dist_to_style", "colour_swd_to_style")
@@ -116,7 +116,7 @@ def cost_once(megapixels: float, mode: str, repeats: int) -> dict:
     content = synthetic_pairs(1, 512)[0][0].resize((w, h), Image.BICUBIC)
     g = torch.Generator().manual_seed(0)
     drawing, seen = torch.rand(3, 64, 64, generator=g), pil_to_tensor(content.resize((64, 64), Image.BICUBIC))
-    from stylevar.images import fit_of
+    from stylevar.processing.images import fit_of
 
     fit = fit_of(content.size, 64, "stretch")
     before = status_bytes("VmRSS")

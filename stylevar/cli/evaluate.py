@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from stylevar.cli.command import EXIT_USAGE, Command
-from stylevar.helptext import DEVICE_AUTO
+from stylevar.utils.helptext import DEVICE_AUTO
 
 EXIT_MISSING_WEIGHTS = 3
 
@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     from stylevar.baselines.magenta import TeacherUnavailable
     from stylevar.evaluate.config import MISSING, EvalConfig
     from stylevar.evaluate import runner
-    from stylevar.metric_definitions import NAMES
+    from stylevar.metrics.definitions import NAMES
 
     metrics = tuple(NAMES) if args.metrics == ["all"] else tuple(args.metrics)
     cfg = EvalConfig(
@@ -55,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of `stylevar evaluate`."""
     import stylevar.evaluate
     from stylevar.evaluate.config import SPLITS
-    from stylevar.metric_definitions import NAMES, PAPER_METRICS
+    from stylevar.metrics.definitions import NAMES, PAPER_METRICS
 
     p.description = stylevar.evaluate.__doc__.split("\n\n")[0]
     p.add_argument("--method", action="append", required=True,

@@ -1,4 +1,4 @@
-"""`stylevar pull`: a published model from the Hugging Face Hub -> a model directory (stylevar.hub)."""
+"""`stylevar pull`: a published model from the Hugging Face Hub -> a model directory (stylevar.loaders.hub)."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +9,7 @@ from stylevar.cli.command import Command
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments of `stylevar pull`."""
-    from stylevar.hub import DEFAULT_PRESET, DEFAULT_REPO, DEFAULT_REVISION, SHAPE_FILE, VARIANTS  # no torch
+    from stylevar.loaders.hub import DEFAULT_PRESET, DEFAULT_REPO, DEFAULT_REVISION, SHAPE_FILE, VARIANTS  # no torch
 
     p.description = ("Download a published StyleVAR model from the Hugging Face Hub (through huggingface_hub: its "
                      "cache, HF_TOKEN, HF_HUB_OFFLINE, HF_ENDPOINT) and convert it into a model directory. "
@@ -32,10 +32,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stylevar import preflight
+    from stylevar.loaders import preflight
     from stylevar.config import PRESETS
-    from stylevar.hub import DEFAULT_REVISION, PREFIX, HubModel, Shape
-    from stylevar.pull import pull
+    from stylevar.loaders.hub import DEFAULT_REVISION, PREFIX, HubModel, Shape
+    from stylevar.loaders.pull import pull
 
     model = HubModel.parse(args.repo_id.removeprefix(PREFIX), prefix=False)  # a hub id is taken too
     model = HubModel(model.repo_id, args.variant or model.variant,

@@ -12,10 +12,10 @@ from typing import Any
 
 from stylevar.cli.command import EXIT_PARTIAL, Command
 from stylevar.cli.values import float_in, int_in, number
-from stylevar.helptext import DEVICE_AUTO
-from stylevar.options import CLI, Option, offered  # no torch
-from stylevar.precisions import PRECISIONS, REMOVED_PRECISIONS, precision_error  # no torch
-from stylevar.video import DEFAULT_TEMPORAL, TEMPORAL_HELP, TEMPORAL_MODES  # no torch either
+from stylevar.utils.helptext import DEVICE_AUTO
+from stylevar.pipelines.options import CLI, Option, offered  # no torch
+from stylevar.utils.precisions import PRECISIONS, REMOVED_PRECISIONS, precision_error  # no torch
+from stylevar.processing.video import DEFAULT_TEMPORAL, TEMPORAL_HELP, TEMPORAL_MODES  # no torch either
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_stylize)
 
 
-# where the command line differs from the declaration (stylevar.options): the seed starts at the option's `start`
+# where the command line differs from the declaration (stylevar.pipelines.options): the seed starts at the option's `start`
 CLI_SPECIFIC: dict[str, dict[str, Any]] = {
     "num_samples": {"le": 16, "metavar": "N", "more": "; with several, OUTPUT-seed-S.EXT per sample"},  # local work
     "top_k": {"le": None, "explain": True},  # a range error repeats the help
@@ -127,7 +127,7 @@ class StylizeJob:
     many: bool  # CONTENT named a folder or a glob: OUTPUT is a folder
     output: Path  # the output image, or the output folder
     fmt: str  # png, jpeg or webp
-    styles: list  # PIL images (with the weights and masks: a stylevar.pipeline.StyleMix once torch is in)
+    styles: list  # PIL images (with the weights and masks: a stylevar.pipelines.pipeline.StyleMix once torch is in)
     weights: tuple[float, ...] | None
     masks: list | None
     seeds: list[int]
@@ -138,7 +138,7 @@ def content_files(spec: str) -> tuple[list[Path], bool]:
     """CONTENT -> (files, many): an existing file, a folder's files (sorted, hidden ones left out) or a glob's."""
     import glob
 
-    from stylevar import preflight
+    from stylevar.loaders import preflight
 
     p = Path(spec)
     if p.is_dir():
@@ -156,8 +156,8 @@ def content_files(spec: str) -> tuple[list[Path], bool]:
 
 def check_stylize(args: argparse.Namespace) -> StylizeJob:
     """Every check of `stylevar stylize`'s arguments and files (InputError, one line), before any model loads."""
-    from stylevar import preflight
-    from stylevar.postprocess import MAX_SEED
+    from stylevar.loaders import preflight
+    from stylevar.processing.postprocess import MAX_SEED
 
     contents, many = content_files(args.content)
     first = None if many else preflight.read_image(contents[0], "content")
@@ -182,8 +182,8 @@ def check_stylize(args: argparse.Namespace) -> StylizeJob:
 
 def check_styles(args: argparse.Namespace) -> tuple[list, list | None]:
     """The style images and masks (PIL), their counts agreeing with each other and with --style-weights."""
-    from stylevar import preflight
-    from stylevar.postprocess import MAX_STYLES
+    from stylevar.loaders import preflight
+    from stylevar.processing.postprocess import MAX_STYLES
 
     style_paths = ([args.style] if args.style else []) + list(args.more_styles)
     if not style_paths:
@@ -219,7 +219,7 @@ def output_paths(job: StylizeJob, content: Path, taken: set[Path]) -> list[Path]
 
 
 def _stylize(args: argparse.Namespace) -> int:
-    from stylevar import preflight
+    from stylevar.loaders import preflight
 
     if is_video(args):
         return _stylize_video(args)
@@ -250,19 +250,19 @@ def _stylize(args: argparse.Namespace) -> int:
 def check_machine(args: argparse.Namespace) -> Path:
     """The device check, then the model directory (a hub id pulled on first use; offline and not cached: one
     error here)."""
-    from stylevar.devices import check_device
+    from stylevar.utils.devices import check_device
 
     check_device(args.device)
 
-    from stylevar.pull import resolve_model
+    from stylevar.loaders.pull import resolve_model
 
     return resolve_model(args.model)
 
 
 def load_pipeline(model_dir: Path, args: argparse.Namespace):
     """The pipeline on its device; on the CPU prepared as the service runs it (layouts, packed linears, precision)."""
-    from stylevar.inference import InferenceConfig, prepare
-    from stylevar.pipeline import StylePipeline  # the checks are done: from here on the work
+    from stylevar.runtime.inference import InferenceConfig, prepare
+    from stylevar.pipelines.pipeline import StylePipeline  # the checks are done: from here on the work
 
     pipe = StylePipeline.from_pretrained(model_dir, device=args.device)
     if pipe.config.demo:
@@ -275,7 +275,7 @@ def load_pipeline(model_dir: Path, args: argparse.Namespace):
 
 def generation_options(args: argparse.Namespace) -> dict[str, Any]:
     """The flags that are generation settings (`GenerationConfig`'s fields; the seeds go separately)."""
-    from stylevar.generation import GenerationConfig
+    from stylevar.models.generation import GenerationConfig
 
     names = {f.name for f in dataclasses.fields(GenerationConfig)} - {"seed"}
     return {opt.name: getattr(args, opt.name) for opt in offered(CLI) if opt.name in names}
@@ -285,8 +285,8 @@ def stylize_all(pipe, job: StylizeJob, args: argparse.Namespace) -> tuple[list[P
     """Every content, ``--batch-size`` model rows a call: (the files written, the inputs skipped)."""
     from tqdm import tqdm
 
-    from stylevar.pipeline import StyleMix
-    from stylevar.postprocess import OutputOptions, finish
+    from stylevar.pipelines.pipeline import StyleMix
+    from stylevar.processing.postprocess import OutputOptions, finish
 
     output = OutputOptions(max_side=args.max_size, preserve_color=args.preserve_color)  # None: the content's size
     mix = StyleMix(tuple(job.styles), job.weights, None if job.masks is None else tuple(job.masks))
@@ -313,7 +313,7 @@ def stylize_all(pipe, job: StylizeJob, args: argparse.Namespace) -> tuple[list[P
 
 def read_batch(job: StylizeJob, paths: list[Path], skipped: list[str], bar) -> list[tuple[Path, object]]:
     """The content images of one model call; an unreadable one is listed in ``skipped`` (and counted done)."""
-    from stylevar import preflight
+    from stylevar.loaders import preflight
 
     if job.first is not None:
         return [(path, job.first) for path in paths]
@@ -329,8 +329,8 @@ def read_batch(job: StylizeJob, paths: list[Path], skipped: list[str], bar) -> l
 
 def write_image(img, target: Path, fmt: str, written: list[Path], skipped: list[str]) -> None:
     """Save one result (added to ``written``); a failed write ends the command with one line."""
-    from stylevar import preflight
-    from stylevar.atomic import WriteFailedError
+    from stylevar.loaders import preflight
+    from stylevar.utils.atomic import WriteFailedError
 
     try:
         save_image(img, target, fmt)
@@ -350,8 +350,8 @@ def report_skipped(skipped: list[str]) -> None:
 
 
 def save_image(img, target: Path, fmt: str) -> None:
-    """Write `img` to `target` whole or not at all (stylevar.atomic)."""
-    from stylevar.atomic import atomic_write_path
+    """Write `img` to `target` whole or not at all (stylevar.utils.atomic)."""
+    from stylevar.utils.atomic import atomic_write_path
 
     target.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_path(target, lambda tmp: img.save(tmp, format=fmt.upper()), what="image")
@@ -359,7 +359,7 @@ def save_image(img, target: Path, fmt: str) -> None:
 
 def upscale_note(result_size: tuple[int, int], model_side: int, upsample: str = "bicubic") -> str | None:
     """A line saying that the result is larger than what the model drew (None when it is not)."""
-    from stylevar.postprocess import upscale_factor
+    from stylevar.processing.postprocess import upscale_factor
 
     factor = upscale_factor(result_size, model_side)
     if factor <= 1.0:
@@ -380,7 +380,7 @@ class VideoJob:
     """What `stylevar stylize CLIP STYLE -o OUT.mp4` was asked to do, checked before any model loads."""
 
     content: Path
-    info: object  # the clip's stylevar.video.VideoInfo
+    info: object  # the clip's stylevar.processing.video.VideoInfo
     output: Path
     styles: list
     weights: tuple[float, ...] | None
@@ -391,8 +391,8 @@ def check_video(args: argparse.Namespace) -> VideoJob:
     """Every check of a video job (InputError, one line): the clip's header, the styles, the output .mp4."""
     import os
 
-    from stylevar import preflight
-    from stylevar.video import VideoError, probe
+    from stylevar.loaders import preflight
+    from stylevar.processing.video import VideoError, probe
 
     content = preflight.input_file(args.content, "content video")
     try:
@@ -416,10 +416,10 @@ def check_video(args: argparse.Namespace) -> VideoJob:
 def _stylize_video(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from stylevar import preflight
-    from stylevar.atomic import WriteFailedError
-    from stylevar.pipeline import StyleMix
-    from stylevar.video import VideoError
+    from stylevar.loaders import preflight
+    from stylevar.utils.atomic import WriteFailedError
+    from stylevar.pipelines.pipeline import StyleMix
+    from stylevar.processing.video import VideoError
 
     job = check_video(args)
     pipe = load_pipeline(check_machine(args), args)

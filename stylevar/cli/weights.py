@@ -1,4 +1,4 @@
-"""`stylevar weights status|path|fetch`: the external weights of stylevar.weights."""
+"""`stylevar weights status|path|fetch`: the external weights of stylevar.loaders.weights."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,7 @@ from stylevar.cli.command import Command
 
 def status_rows() -> list[dict[str, str]]:
     """One row per registered weight: name, present or missing, where, who uses it, where it comes from."""
-    from stylevar.weights import REGISTRY
+    from stylevar.loaders.weights import REGISTRY
 
     rows = []
     for w in REGISTRY.values():
@@ -26,9 +26,9 @@ def status_rows() -> list[dict[str, str]]:
 
 
 def status(args: argparse.Namespace) -> int:
-    from stylevar import hub
-    from stylevar.paths import home
-    from stylevar.weights import torch_hub_dir
+    from stylevar.loaders import hub
+    from stylevar.loaders.paths import home
+    from stylevar.loaders.weights import torch_hub_dir
 
     rows = status_rows()
     print(f"STYLEVAR_HOME = {home()}\ntorch hub dir = {torch_hub_dir()}\nHF hub cache  = {hub.cache_dir()}\n")
@@ -41,7 +41,7 @@ def status(args: argparse.Namespace) -> int:
 
 
 def fetch(args: argparse.Namespace) -> int:
-    from stylevar.weights import REGISTRY, fetch_weight
+    from stylevar.loaders.weights import REGISTRY, fetch_weight
 
     names = list(REGISTRY) if args.names == ["all"] else args.names
     unknown = [n for n in names if n not in REGISTRY]
@@ -65,7 +65,7 @@ def fetch(args: argparse.Namespace) -> int:
 
 
 def path(args: argparse.Namespace) -> int:
-    from stylevar.weights import REGISTRY, MissingWeightError, resolve
+    from stylevar.loaders.weights import REGISTRY, MissingWeightError, resolve
 
     if args.name not in REGISTRY:
         print(f"error: unknown weight {args.name}; registered: {', '.join(REGISTRY)}", file=sys.stderr)
@@ -80,7 +80,7 @@ def path(args: argparse.Namespace) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of `stylevar weights status|path|fetch`."""
-    from stylevar.weights import REGISTRY  # no torch
+    from stylevar.loaders.weights import REGISTRY  # no torch
 
     sub = parser.add_subparsers(dest="weights_command", required=True)
     p_status = sub.add_parser("status", help="list every registered weight and whether it is present")

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from stylevar.images import load_image, pil_to_tensor
-from stylevar.manifest import manifest_path, read_manifest
+from stylevar.processing.images import load_image, pil_to_tensor
+from stylevar.loaders.manifest import manifest_path, read_manifest
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ from pathlib import Path
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from stylevar.atomic import atomic_write_path
+from stylevar.utils.atomic import atomic_write_path
 from stylevar.evaluate.config import higher_better, label
-from stylevar.images import tensor_to_pil
+from stylevar.processing.images import tensor_to_pil
 
 
 def _font(size: int) -> ImageFont.ImageFont:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stylevar.metric_definitions import METRICS, NAMES, PAPER_METRICS
+from stylevar.metrics.definitions import METRICS, NAMES, PAPER_METRICS
 
 SPLITS = ("val", "train", "all")
 TIME = "seconds_per_image"  # the column of each method's own inference time

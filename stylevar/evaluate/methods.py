@@ -9,9 +9,9 @@ from typing import Protocol
 import torch
 from PIL import Image
 
-from stylevar import hub
-from stylevar.images import pil_to_tensor, tensor_to_pil
-from stylevar.pull import resolve_model
+from stylevar.loaders import hub
+from stylevar.processing.images import pil_to_tensor, tensor_to_pil
+from stylevar.loaders.pull import resolve_model
 
 BUILTIN_METHODS = ("adain", "adain-paper", "reinhard", "magenta")
 
@@ -111,14 +111,14 @@ class PipelineMethod:
     pipe: object | None = None
 
     def __post_init__(self) -> None:
-        from stylevar.pipeline import check_model_dir
+        from stylevar.pipelines.pipeline import check_model_dir
 
         config = check_model_dir(self.model_dir)  # an incomplete folder: one error naming what it lacks
         self.name = config.label
         self.description = f"StyleVAR model directory {self.model_dir}"
 
     def load(self, device: torch.device) -> None:
-        from stylevar.pipeline import StylePipeline
+        from stylevar.pipelines.pipeline import StylePipeline
 
         if self.pipe is None:
             self.pipe = StylePipeline.from_pretrained(self.model_dir, device=device)

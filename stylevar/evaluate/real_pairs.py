@@ -19,12 +19,12 @@ import torch
 from PIL import Image
 
 from stylevar.baselines.reinhard import reinhard_transfer
-from stylevar.images import capped_size, load_image, pil_to_tensor
+from stylevar.processing.images import capped_size, load_image, pil_to_tensor
 from stylevar.metrics.structure import edge_correlation
 from stylevar.metrics.style_fidelity import colour_swd, texture_distance
-from stylevar.palette import Palette
-from stylevar.pipeline import StylePipeline
-from stylevar.refine import Refinement
+from stylevar.processing.palette import Palette
+from stylevar.pipelines.pipeline import StylePipeline
+from stylevar.processing.refine import Refinement
 
 SCORE_SIZE = 256
 MEASURES = ("edge_corr", "colour_swd_to_style", "texture_dist_to_style")

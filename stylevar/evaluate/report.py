@@ -1,6 +1,6 @@
 """The files of an evaluation: results.csv, results.md, per_sample.jsonl, the sample grids and the charts.
 
-Every file is written whole or not at all (stylevar.atomic).
+Every file is written whole or not at all (stylevar.utils.atomic).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from stylevar.atomic import atomic_write_text
+from stylevar.utils.atomic import atomic_write_text
 from stylevar.evaluate.benchmarks import Benchmark
 from stylevar.evaluate.charts import draw_grid, save_bar_chart, save_png
 from stylevar.evaluate.config import MISSING, TIME, EvalConfig, RunResult, higher_better, label

@@ -12,17 +12,17 @@ from typing import Any
 
 import torch
 
-from stylevar import weights
-from stylevar.devices import resolve_device
+from stylevar.loaders import weights
+from stylevar.utils.devices import resolve_device
 from stylevar.evaluate.benchmarks import Benchmark, Triplets, load_benchmark
 from stylevar.evaluate.config import MISSING, TIME, EvalConfig, RunResult
 from stylevar.evaluate.methods import Method, make_method, unique_names
 from stylevar.evaluate.report import write_outputs
 from stylevar.evaluate.scoring import Scored, device_name, score_batches
 from stylevar.evaluate.sharding import Shard, start_shard
-from stylevar.metric_definitions import weights_for
+from stylevar.metrics.definitions import weights_for
 from stylevar.metrics import MetricSuite
-from stylevar.preflight import output_folder
+from stylevar.loaders.preflight import output_folder
 
 
 class MissingWeightsError(RuntimeError):

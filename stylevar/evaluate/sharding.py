@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from stylevar.distributed import Torchrun, all_gather_object, join_process_group
+from stylevar.runtime.distributed import Torchrun, all_gather_object, join_process_group
 from stylevar.evaluate.scoring import batch_slices
 
 

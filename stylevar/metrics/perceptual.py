@@ -1,6 +1,6 @@
 """Learned perceptual metrics: LPIPS, DreamSim and CLIP similarity, loaded offline from the weight cache.
 
-Every loader resolves its files through `stylevar.weights` first (a missing file raises
+Every loader resolves its files through `stylevar.loaders.weights` first (a missing file raises
 `MissingWeightError` before any library could try a download) and checks keys and shapes.
 
 - LPIPS (`lpips` package): backbone VGG-16 (default) or AlexNet from the torchvision file, the package's
@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stylevar import weights
-from stylevar.state_dict import WeightMismatchError, read_checked
+from stylevar.loaders import weights
+from stylevar.models.state_dict import WeightMismatchError, read_checked
 
 LpipsNet = Literal["vgg", "alex"]
 LPIPS_WEIGHTS = {"vgg": "vgg16", "alex": "alexnet"}

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stylevar.upsample import luminance
+from stylevar.processing.upsample import luminance
 
 QUANTILES = 256
 PROJECTIONS = 64

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from stylevar import metric_definitions as defs
-from stylevar import weights
+from stylevar.metrics import definitions as defs
+from stylevar.loaders import weights
 from stylevar.metrics.ssim import ssim, ssim_standard
 
 IMAGE_SIZE = 256
@@ -140,3 +140,18 @@ class MetricSuite:
             for m in self.metrics:
                 chunks[m].append(res[m])
         return {m: torch.cat(chunks[m]) for m in self.metrics}
+
+
+def compute(
+    name: str,
+    generated: torch.Tensor,
+    content: torch.Tensor,
+    style: torch.Tensor,
+    target: torch.Tensor | None = None,
+    *,
+    device: str | torch.device | None = None,
+    lpips_net: str = "vgg",
+) -> torch.Tensor:
+    """One metric per image: (B,). With `target` the pairwise metrics compare to it, else to `content`."""
+    suite = MetricSuite((name,), device=device, lpips_net=lpips_net)
+    return suite(generated, content, style, target)[name]

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stylevar import weights
-from stylevar.state_dict import read_checked
+from stylevar.loaders import weights
+from stylevar.models.state_dict import read_checked
 
 STYLE_LAYERS = (0, 5, 10, 19, 28)  # conv1_1, conv2_1, conv3_1, conv4_1, conv5_1
 CONTENT_LAYER = 21  # conv4_2

@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from stylevar.atomic import WriteFailedError, atomic_write, fsync_dir, remove_quietly
+from stylevar.utils.atomic import WriteFailedError, atomic_write, fsync_dir, remove_quietly
 from training.parts.distributed import DistEnv, main_rank_write
 
 
@@ -191,7 +191,7 @@ class CheckpointManager:
             return
         self.env.barrier()
         if self.env.is_main:
-            for b in bad:  # a rename of a file already there, not a write: nothing for stylevar.atomic to do
+            for b in bad:  # a rename of a file already there, not a write: nothing for stylevar.utils.atomic to do
                 os.replace(b.path, b.set_aside_as)
             fsync_dir(self.dir)
         self.env.barrier()

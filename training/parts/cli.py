@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from stylevar.helptext import DEVICE_AUTO, HelpFormatter
+from stylevar.utils.helptext import DEVICE_AUTO, HelpFormatter
 from training.parts.precision import PRECISIONS
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """The process group of a run: torchrun setup and teardown, collectives, rank-0 writes, DDP wrapping.
 
-Joining torchrun's group is ``stylevar.distributed``'s (shared with the sharded evaluation)."""
+Joining torchrun's group is ``stylevar.runtime.distributed``'s (shared with the sharded evaluation)."""
 from __future__ import annotations
 
 import contextlib
@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from stylevar import distributed as launch
+from stylevar.runtime import distributed as launch
 TEARDOWN_WAIT_S = 60.0  # how long a rank waits at teardown for the others before it gives up waiting
 
 
@@ -61,7 +61,7 @@ def setup_distributed(device: str | None = None, timeout_s: float = 1800.0) -> D
 
 def teardown_distributed() -> None:
     """Leave the process group once every rank has reached here (gloo aborts a rank whose peer destroyed the
-    group while it was still finishing, e.g. rank 0 writing a file: SIGABRT seen in tests/test_loop.py). A
+    group while it was still finishing, e.g. rank 0 writing a file: SIGABRT seen in tests/training/test_loop.py). A
     rank that never comes (it failed) is waited for at most TEARDOWN_WAIT_S; the group is destroyed anyway."""
     if not (dist.is_available() and dist.is_initialized()):
         return

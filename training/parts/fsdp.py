@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from stylevar.atomic import is_write_error, remove_quietly, replace_folder, temp_folder, write_failure
+from stylevar.utils.atomic import is_write_error, remove_quietly, replace_folder, temp_folder, write_failure
 from training.parts.checkpoints import SHARDED_SUFFIX, newest_checkpoint, read_checkpoint
 from training.parts.rundir import CONFIG_NAME
 
@@ -91,7 +91,7 @@ def save_sharded(folder: Path, module: nn.Module, optimizer: torch.optim.Optimiz
     """Every rank writes its shards to ``folder`` (through a temp folder renamed by rank 0 at the end).
 
     A failed write (disk full on any rank: DCP reports it on every rank) raises
-    :class:`stylevar.atomic.WriteFailedError` on every rank, the temp folder removed by rank 0.
+    :class:`stylevar.utils.atomic.WriteFailedError` on every rank, the temp folder removed by rank 0.
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import CheckpointException
@@ -143,9 +143,9 @@ def export_model_dir(checkpoint: str | os.PathLike, out: str | os.PathLike) -> P
     """A model directory from a training.sft checkpoint written with ``--strategy fsdp``, in this process
     (no process group): the model is built from RUN/config.json and its shards loaded whole."""
     from stylevar.config import StyleVARConfig, VQVAEConfig
-    from stylevar.pipeline import StylePipeline
-    from stylevar.tokenizer import MultiScaleVQVAE
-    from stylevar.transformer import StyleVAR
+    from stylevar.pipelines.pipeline import StylePipeline
+    from stylevar.models.tokenizer import MultiScaleVQVAE
+    from stylevar.models.transformer import StyleVAR
 
     pt = newest_checkpoint(checkpoint, sharded=True)
     run_root = pt.parent.parent

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
-from stylevar.devices import parse_dtype
+from stylevar.utils.devices import parse_dtype
 
 if TYPE_CHECKING:
     import torch

@@ -5,7 +5,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from stylevar.atomic import DISK_FULL_ERRNOS, WriteFailedError, atomic_folder
+from stylevar.utils.atomic import DISK_FULL_ERRNOS, WriteFailedError, atomic_folder
 from training.parts.checkpoints import CheckpointManager
 from training.parts.distributed import main_rank_write
 from training.parts.log import RunLogger

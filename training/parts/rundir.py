@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from stylevar.atomic import WriteFailedError, atomic_write_text, write_failure
+from stylevar.utils.atomic import WriteFailedError, atomic_write_text, write_failure
 from training.parts.checkpoints import remove_stale_temps
 from training.parts.distributed import DistEnv, main_rank_write
 

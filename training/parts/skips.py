@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from stylevar.atomic import atomic_write_text
+from stylevar.utils.atomic import atomic_write_text
 from training.parts.distributed import DistEnv, all_gather_object
 from training.parts.rundir import RunDir
 

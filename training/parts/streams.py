@@ -157,7 +157,7 @@ class IterableBatchStream:
     Each rank reads its own share (the dataset splits by rank and worker) and starts its next epoch
     when its share runs out, so uneven shards never stall a step. ``state_dict()`` gathers every
     rank's (epoch, index); a resume reopens the epoch and skips the batches already consumed (exact
-    when the dataset's order depends only on (seed, epoch), as ``training.data``'s shard reader does).
+    when the dataset's order depends only on (seed, epoch), as ``training.parts.data``'s shard reader does).
     """
 
     def __init__(self, dataset: IterableDataset, cfg: BatchStreamConfig, env: DistEnv,

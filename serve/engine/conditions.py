@@ -1,0 +1,150 @@
+"""An LRU cache of what each reference image contributes to generation, bounded in bytes.
+
+A style image's part of the condition (its ResNet-18 embedding and its VQ-VAE token stream) and a content
+image's part (start token, token stream, and the rest `StyleVAR.content_parts` gives) depend only on the
+image as the model sees it (after resizing to the model's square) and on the model. Entries are keyed by
+a hash of that input tensor's bytes (so the resize mode and the image content are both in the key), the
+part's kind and the content options; the model is fixed per `ModelRunner`, which owns one cache. A repeated
+style (the UI's examples, a user's favourite) or content skips the VQ-VAE encode and the image encoder.
+
+Rows are computed per image: a batch's distinct missing images are encoded together, then each row's
+part is stored on its own. `stats()` and the optional observer give hits, misses and size.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+Part = tuple[torch.Tensor | None, ...]  # one image's tensors (no batch dimension), None where a field is unset
+
+
+class CacheObserver(Protocol):
+    def cache_lookup(self, kind: str, hits: int, misses: int) -> None: ...
+
+    def cache_size(self, entries: int, nbytes: int) -> None: ...
+
+
+@dataclass
+class CacheStats:
+    hits: dict[str, int]
+    misses: dict[str, int]
+    entries: int
+    bytes: int
+    max_bytes: int
+
+
+def image_digest(img_3HW: torch.Tensor) -> str:
+    """Hash of one model input (its shape, dtype and bytes)."""
+    t = img_3HW.detach().to("cpu").contiguous()
+    h = hashlib.blake2b(digest_size=16)
+    h.update(repr((tuple(t.shape), str(t.dtype))).encode())
+    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def _nbytes(part: Part) -> int:
+    return sum(t.numel() * t.element_size() for t in part if t is not None)
+
+
+class ConditionCache:
+    """Thread-safe LRU map from (kind, options, image digest) to an image's part; `max_bytes` 0 disables it."""
+
+    def __init__(self, max_bytes: int, observer: CacheObserver | None = None):
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self.observer = observer
+        self._entries: OrderedDict[tuple, Part] = OrderedDict()
+        self._bytes = 0
+        self._hits: dict[str, int] = {}
+        self._misses: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_bytes > 0
+
+    def stats(self) -> CacheStats:
+        with self._lock:
+            return CacheStats(dict(self._hits), dict(self._misses), len(self._entries), self._bytes, self.max_bytes)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+        self._report_size()
+
+    def _get(self, key: tuple) -> Part | None:
+        with self._lock:
+            part = self._entries.get(key)
+            if part is not None:
+                self._entries.move_to_end(key)
+            return part
+
+    def _put(self, key: tuple, part: Part) -> None:
+        size = _nbytes(part)
+        if size > self.max_bytes:
+            return  # larger than the whole cache: never stored
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= _nbytes(old)
+            self._entries[key] = part
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, evicted = self._entries.popitem(last=False)
+                self._bytes -= _nbytes(evicted)
+
+    def _count(self, kind: str, hits: int, misses: int) -> None:
+        with self._lock:
+            self._hits[kind] = self._hits.get(kind, 0) + hits
+            self._misses[kind] = self._misses.get(kind, 0) + misses
+        if self.observer is not None:
+            self.observer.cache_lookup(kind, hits, misses)
+
+    def _report_size(self) -> None:
+        if self.observer is not None:
+            s = self.stats()
+            self.observer.cache_size(s.entries, s.bytes)
+
+    def rows(self, kind: str, options: tuple, images_B3HW: torch.Tensor,
+             compute: Callable[[torch.Tensor], Sequence[torch.Tensor | None]]) -> list[torch.Tensor | None]:
+        """``compute(images)`` (a tuple of (N, ...) tensors or None) for a batch, each distinct image
+        computed at most once and looked up in the cache first. Returns the batch's tensors (B, ...)."""
+        digests = [image_digest(img) for img in images_B3HW]
+        parts: dict[str, Part] = {}
+        for d in dict.fromkeys(digests):
+            part = self._get((kind, options, d)) if self.enabled else None
+            if part is not None:
+                parts[d] = part
+        missing = [d for d in dict.fromkeys(digests) if d not in parts]
+        if missing:
+            first = {d: digests.index(d) for d in missing}
+            fresh = compute(images_B3HW[[first[d] for d in missing]])
+            for i, d in enumerate(missing):
+                parts[d] = tuple(None if t is None else t[i] for t in fresh)
+                if self.enabled:
+                    self._put((kind, options, d), parts[d])
+        self._count(kind, hits=len(parts) - len(missing), misses=len(missing))
+        if missing and self.enabled:
+            self._report_size()
+        n_fields = len(parts[digests[0]])
+        return [None if parts[digests[0]][f] is None else torch.stack([parts[d][f] for d in digests])
+                for f in range(n_fields)]
+
+
+def cached_condition(model, cache: ConditionCache, content_B3HW: torch.Tensor, style_B3HW: torch.Tensor,
+                     unstyled: bool = False):
+    """`model.condition(content, style, unstyled=...)` for one style image per row, from cached parts."""
+    from stylevar.models.transformer.condition import Condition
+
+    cond_BD, style_ln_BLC = cache.rows("style", (), style_B3HW, model.style_parts)
+    sos, content_ln, inject, unstyled_BD = cache.rows(
+        "content", (unstyled,), content_B3HW, lambda x: model.content_parts(x, unstyled))
+    return Condition(cond_BD, sos, style_ln_BLC.unsqueeze(1), content_ln, inject, None, unstyled_BD)

@@ -1,0 +1,166 @@
+"""The model side of the service: loading a pipeline per device and running batches of jobs on it."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from stylevar.utils.devices import resolve_autocast_dtype
+from stylevar.models.generation import DEFAULT_GENERATION, GenerationConfig
+from stylevar.runtime.inference import InferenceConfig, prepare
+from stylevar.pipelines.pipeline import StyleMix, StylePipeline
+
+from serve.engine.batching import Job
+from serve.engine.conditions import CacheObserver, ConditionCache, cached_condition
+
+log = logging.getLogger("serve.engine.runner")
+
+PreviewFn = Callable[[int, torch.Tensor], None]  # (scale index k, previews (n, 3, S, S) in [0, 1] on the CPU)
+
+
+def resolve_devices(names: Sequence[str]) -> list[torch.device]:
+    """'auto' -> every visible CUDA device, else the CPU; otherwise the listed devices."""
+    if list(names) == ["auto"]:
+        if torch.cuda.is_available():
+            return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+        return [torch.device("cpu")]
+    devices = [torch.device(n) for n in names]
+    for d in devices:
+        if d.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {d} requested but CUDA is not available")
+    return devices
+
+
+@dataclass(frozen=True)
+class GenerationKey:
+    """Settings that must be equal for requests to share one `generate` call: the generation settings
+    (resolved: the request's over the model's recommended ones over the defaults, see
+    `StylePipeline.generation_config`; without a seed, each row has its own; `fast` among them, so fast and
+    full requests never share a call) and how inputs are fitted."""
+
+    generation: GenerationConfig = DEFAULT_GENERATION
+    resize: str = "stretch"
+    num_styles: int = 1
+    upsample: str | None = None  # None: the model's setting (stylevar.processing.upsample)  # styles of weight > 0: rows of one call need as many
+
+    def __post_init__(self) -> None:  # hashable: no seed, alphas a tuple
+        alphas = self.generation.alphas
+        object.__setattr__(self, "generation", dataclasses.replace(
+            self.generation, seed=None, alphas=None if alphas is None else tuple(float(a) for a in alphas)))
+
+
+@dataclass
+class StylizeTask:
+    """One request: one content image and its style (one image, or a blend), one row per seed."""
+
+    content: Image.Image
+    style: Image.Image | StyleMix
+    seeds: list[int]
+    on_preview: PreviewFn | None = None
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    """How a runner loads and runs its model (from `ServeSettings`)."""
+
+    dtype: str = "auto"
+    max_output_side: int = 1024
+    inference: InferenceConfig = InferenceConfig()
+    condition_cache_bytes: int = 0  # 0: no cache
+
+    @classmethod
+    def from_settings(cls, settings) -> "RunnerOptions":
+        return cls(dtype=settings.dtype, max_output_side=settings.max_output_side,
+                   inference=InferenceConfig(precision=settings.precision, compile=settings.compile),
+                   condition_cache_bytes=int(settings.condition_cache_mb * 2**20))
+
+
+class ModelRunner:
+    """A pipeline on one device. `run` is the batcher's run function for that device. Conditions of the
+    reference images come through a `ConditionCache` (serve.engine.conditions) when one is given."""
+
+    def __init__(self, pipe: StylePipeline, max_output_side: int, cache: ConditionCache | None = None):
+        self.pipe = pipe
+        self.max_output_side = max_output_side
+        self.cache = cache
+
+    @classmethod
+    def load(cls, model_dir: Path, device: torch.device, options: RunnerOptions = RunnerOptions(),
+             observer: CacheObserver | None = None) -> "ModelRunner":
+        t0 = time.perf_counter()
+        pipe = StylePipeline.from_pretrained(model_dir, device=device,
+                                             autocast_dtype=resolve_autocast_dtype(options.dtype, device))
+        inference = options.inference
+        # CPU layouts, packing and precision; elsewhere a precision or compile asked for (applied, rather than a
+        # setting silently ignored)
+        if device.type == "cpu" or inference.compile or inference.precision != "fp32":
+            prepare(pipe.model, inference)
+        log.info("model loaded", extra={"model_dir": str(model_dir), "device": str(device),
+                                        "precision": options.inference.precision, "compile": options.inference.compile,
+                                        "seconds": round(time.perf_counter() - t0, 3)})
+        cache = ConditionCache(options.condition_cache_bytes, observer) if options.condition_cache_bytes else None
+        return cls(pipe, options.max_output_side, cache)
+
+    def condition(self, content_B3HW: torch.Tensor, style, unstyled: bool = False):
+        """The batch's condition through the cache (one style image per row), else the model's own."""
+        if self.cache is None or not isinstance(style, torch.Tensor):
+            return self.pipe.model.condition(content_B3HW, style, unstyled=unstyled)
+        return cached_condition(self.pipe.model, self.cache, content_B3HW, style, unstyled)
+
+    @property
+    def device(self) -> torch.device:
+        return self.pipe.device
+
+    @property
+    def dtype_name(self) -> str:
+        dt = self.pipe.model.autocast_dtype
+        return "float32" if dt is None else str(dt).removeprefix("torch.")
+
+    def run(self, jobs: Sequence[Job]) -> list[list[Image.Image]]:
+        """All jobs share `jobs[0].key`; returns each job's images, one per seed."""
+        key: GenerationKey = jobs[0].key
+        tasks: list[StylizeTask] = [j.payload for j in jobs]
+        contents = [t.content for t in tasks for _ in t.seeds]
+        styles = [t.style for t in tasks for _ in t.seeds]
+        seeds = [s for t in tasks for s in t.seeds]
+        on_scale = self._preview_router(tasks) if any(t.on_preview for t in tasks) else None
+        with torch.inference_mode():
+            images = self.pipe.stylize_batch(
+                contents, styles, seeds=seeds, resize=key.resize, on_scale=on_scale,
+                max_side=self.max_output_side, upsample=key.upsample, condition=self.condition, **key.generation.kwargs(),
+            )
+        out, start = [], 0
+        for t in tasks:
+            out.append(images[start:start + len(t.seeds)])
+            start += len(t.seeds)
+        return out
+
+    @staticmethod
+    def _preview_router(tasks: list[StylizeTask]) -> Callable[[int, torch.Tensor], None]:
+        def on_scale(k: int, previews_B3HW: torch.Tensor) -> None:
+            cpu = previews_B3HW.detach().float().cpu()
+            start = 0
+            for t in tasks:
+                n = len(t.seeds)
+                if t.on_preview is not None:
+                    t.on_preview(k, cpu[start:start + n])
+                start += n
+        return on_scale
+
+    def warmup(self) -> float:
+        """One small generate call through the same path as requests; returns its seconds."""
+        t0 = time.perf_counter()
+        img = Image.new("RGB", (self.pipe.image_size, self.pipe.image_size), (128, 96, 64))
+        cfg = self.pipe.config.transformer
+        key = GenerationKey(self.pipe.generation_config())
+        job = Job(key=key, rows=1, payload=StylizeTask(img, img, [0]), deadline=float("inf"))
+        self.run([job])
+        log.info("warm-up done", extra={"device": str(self.device), "scales": len(cfg.patch_nums),
+                                        "seconds": round(time.perf_counter() - t0, 3)})
+        return time.perf_counter() - t0

@@ -1,0 +1,175 @@
+"""Graceful drain: on SIGTERM or SIGINT stop taking work, finish what is in flight, then exit.
+
+`DrainingServer` (uvicorn's server) begins the drain at the first signal, within one tick (0.1 s):
+`/readyz` answers 503 and every new request gets 503 `shutting_down` (JSON, `Retry-After: 1`,
+`Connection: close`) while the port stays open, so a client that still reaches this replica is told to
+go elsewhere instead of meeting a closed port. Requests already in flight, queued or running, go on;
+`DrainMiddleware` counts them. When none is left, or `STYLEVAR_DRAIN_TIMEOUT_S` after the signal,
+uvicorn's own shutdown runs with what is left of that time, at most `CLOSE_GRACE_S` (for connections that
+never end by themselves, such as the mounted UI's event streams). A request uvicorn then cancels is
+answered 503 `shutting_down` in JSON. The process exits with 0.
+
+The probes and `/metrics` (`always_open`) are answered throughout and not counted; paths under
+`untracked_prefixes` (the UI) are refused during the drain but not waited for. A second signal ends the
+drain at once; a third SIGINT skips the rest of the shutdown.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import time
+from collections.abc import Callable, Collection, Sequence
+from types import FrameType
+
+import uvicorn
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from serve.http.errors import error_response
+from serve.http.middleware import discard_body
+
+log = logging.getLogger("serve.http.drain")
+
+CLOSE_GRACE_S = 1.0  # what uvicorn may wait, after the drain, for connections the drain does not count
+
+
+class Drain:
+    """The drain of one service: when it began, what is still in flight, what it refused.
+
+    Only touched from the event loop (the middleware, the server's tick), so it needs no lock.
+    """
+
+    def __init__(self, timeout_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self.started_at: float | None = None
+        self.in_flight = 0  # counted requests being served now
+        self.in_flight_at_start = 0
+        self.completed = 0  # counted requests that ended during the drain with their own answer
+        self.cut = 0  # counted requests answered 503 because the shutdown cancelled them
+        self.refused = 0  # requests refused during the drain
+
+    @property
+    def draining(self) -> bool:
+        return self.started_at is not None
+
+    def begin(self) -> None:
+        """Start draining now (a second call changes nothing)."""
+        if self.started_at is None:
+            self.started_at = self._clock()
+            self.in_flight_at_start = self.in_flight
+
+    def elapsed_s(self) -> float:
+        return 0.0 if self.started_at is None else self._clock() - self.started_at
+
+    def time_left_s(self) -> float:
+        """Seconds left of the drain timeout (all of it before the drain begins)."""
+        return max(0.0, self.timeout_s - self.elapsed_s())
+
+    def done(self) -> bool:
+        """Draining, and nothing counted is in flight or the time is up."""
+        return self.draining and (self.in_flight == 0 or self.time_left_s() == 0.0)
+
+    def close_budget_s(self) -> float:
+        """uvicorn's graceful shutdown timeout once the drain is over (the whole timeout without a drain)."""
+        return min(self.time_left_s(), CLOSE_GRACE_S) if self.draining else self.timeout_s
+
+    def summary(self) -> dict[str, float | int]:
+        return {"drain_s": round(self.elapsed_s(), 3), "in_flight_at_signal": self.in_flight_at_start,
+                "completed": self.completed, "cut": self.cut, "refused": self.refused,
+                "still_in_flight": self.in_flight}
+
+
+class DrainMiddleware:
+    """ASGI middleware: counts requests in flight; while draining, refuses new ones and closes
+    each connection after its answer."""
+
+    def __init__(self, app: ASGIApp, drain: Drain, always_open: Collection[str],
+                 untracked_prefixes: Sequence[str] = (), max_discard_bytes: int = 20 * 1024 * 1024) -> None:
+        self.app, self.drain = app, drain
+        self.always_open = frozenset(always_open)
+        self.untracked_prefixes = tuple(untracked_prefixes)
+        self.max_discard_bytes = max_discard_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = str(scope.get("path", ""))
+        drain = self.drain
+        if drain.draining and path not in self.always_open:
+            drain.refused += 1
+            await discard_body(receive, self.max_discard_bytes)
+            await self._refuse(scope, receive, send, "the service is shutting down; retry on another replica")
+            return
+        counted = path not in self.always_open and not path.startswith(self.untracked_prefixes)
+        started = False
+
+        async def send_closing(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                if drain.draining:
+                    message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            await send(message)
+
+        if counted:
+            drain.in_flight += 1
+        try:
+            await self.app(scope, receive, send_closing)
+            if counted and drain.draining:
+                drain.completed += 1
+        except asyncio.CancelledError:
+            if started or not drain.draining:
+                raise
+            drain.cut += counted  # the shutdown gave up on this request: answer it (the cancellation ends here)
+            await self._refuse(scope, receive, send, "the service stopped before this request finished")
+        finally:
+            if counted:
+                drain.in_flight -= 1
+
+    @staticmethod
+    async def _refuse(scope: Scope, receive: Receive, send: Send, detail: str) -> None:
+        response = error_response(503, "shutting_down", detail, {"Retry-After": "1", "Connection": "close"})
+        await response(scope, receive, send)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server with a drain (see the module) between the first signal and its own shutdown.
+
+    `on_drain` is called on the event loop when the drain begins (the service marks itself not ready).
+    """
+
+    def __init__(self, config: uvicorn.Config, drain: Drain, on_drain: Callable[[], None] | None = None) -> None:
+        super().__init__(config)
+        self.drain = drain
+        self._on_drain = on_drain
+        self._signal: int | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """The signal handler: it only sets flags (the tick acts on them). Signals are not re-raised after
+        the shutdown, as uvicorn's own handler does, so a drained process exits with 0."""
+        if self._signal is None:
+            self._signal = sig
+        elif self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        else:
+            self.should_exit = True
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._signal is not None and not self.drain.draining:
+            self.drain.begin()
+            if self._on_drain is not None:
+                self._on_drain()
+            log.info("draining", extra={"signal": signal.Signals(self._signal).name,
+                                        "in_flight": self.drain.in_flight, "timeout_s": self.drain.timeout_s})
+        if self.drain.done():
+            return True
+        return await super().on_tick(counter)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.config.timeout_graceful_shutdown = self.drain.close_budget_s()  # type: ignore[assignment]
+        await super().shutdown(sockets)
+        if self.drain.draining:
+            log.info("drained", extra=self.drain.summary())

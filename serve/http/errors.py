@@ -1,0 +1,120 @@
+"""Errors of the HTTP API: every one is answered as `{"error": code, "detail": detail}` (`ErrorBody`).
+
+`install_error_handlers(app)` registers the handlers that give FastAPI's own errors (404, 405, 422 ...)
+and `ServiceError` that body; `ERROR_RESPONSES` documents them in the OpenAPI schema.
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from serve.engine.batching import BatchError, OverloadedError, QueueFullError, StoppedError
+from serve.http.schemas import ErrorBody
+
+IMAGE_ERROR_STATUS = {"not_an_image": 415, "corrupt_image": 422, "image_too_large": 413, "bad_image": 422}
+BATCH_ERROR_STATUS = {"queue_full": 503, "out_of_memory": 503, "shutting_down": 503, "deadline_exceeded": 504,
+                      "inference_failed": 500}
+HTTP_ERROR_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+                    405: "method_not_allowed", 406: "not_acceptable", 413: "payload_too_large",
+                    415: "unsupported_media_type", 422: "validation_error", 429: "too_many_attempts",
+                    503: "unavailable"}
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": text}
+    for status, text in {
+        401: "missing or wrong API key", 429: "too many wrong API keys from this client (see Retry-After)",
+        406: "the requested media type cannot be produced",
+        413: "upload too large (bytes or pixels)", 415: "not a JPEG, PNG or WebP image",
+        422: "invalid field or corrupt image", 503: "queue full or not ready (see Retry-After)",
+        504: "deadline exceeded",
+    }.items()
+}
+
+
+class ServiceError(Exception):
+    """An error answered as `{"error": code, "detail": detail}` with `status`."""
+
+    def __init__(self, status: int, code: str, detail: str, headers: dict[str, str] | None = None):
+        super().__init__(detail)
+        self.status, self.code, self.detail, self.headers = status, code, detail, headers or {}
+
+
+class ClientGone(Exception):
+    """The client disconnected while its job waited."""
+
+
+def error_response(status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": code, "detail": detail}, status_code=status, headers=headers)
+
+
+def from_batch_error(e: BatchError) -> ServiceError:
+    """The answer to a batcher's refusal or failure (503 with Retry-After when trying again may work)."""
+    headers = {}
+    if isinstance(e, QueueFullError):
+        headers["Retry-After"] = str(e.retry_after_s)
+    elif isinstance(e, (OverloadedError, StoppedError)):
+        headers["Retry-After"] = "1"
+    return ServiceError(BATCH_ERROR_STATUS.get(e.code, 500), e.code, str(e), headers)
+
+
+async def service_error_handler(request: Request, exc: ServiceError) -> JSONResponse:
+    return error_response(exc.status, exc.code, exc.detail, exc.headers)
+
+
+async def http_error_handler(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    code = HTTP_ERROR_CODES.get(exc.status_code, f"http_{exc.status_code}")
+    return error_response(exc.status_code, code, str(exc.detail), getattr(exc, "headers", None))
+
+
+def form_fields(request: Request) -> set[str]:
+    """The multipart fields the request's route declares, read from the app's own OpenAPI schema."""
+    route = request.scope.get("route")
+    spec = request.app.openapi()  # built once by FastAPI, then cached on the app
+    operation = spec.get("paths", {}).get(getattr(route, "path", None), {}).get(request.method.lower(), {})
+    schemas = spec.get("components", {}).get("schemas", {})
+
+    def properties(schema: dict[str, Any]) -> set[str]:  # its own and those of what it refers to or extends
+        if "$ref" in schema:
+            return properties(schemas.get(schema["$ref"].rsplit("/", 1)[1], {}))
+        return set(schema.get("properties", {})).union(*(properties(part) for part in schema.get("allOf", ())))
+
+    return properties(operation.get("requestBody", {}).get("content", {}).get("multipart/form-data", {})
+                      .get("schema", {}))
+
+
+def field_hints(request: Request, body: Any) -> list[str]:
+    """'unknown field NAME; did you mean ...?' for each form field the route does not declare."""
+    if not hasattr(body, "keys"):
+        return []
+    known = form_fields(request)
+    hints = []
+    for name in sorted(set(body.keys()) - known) if known else ():
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        hints.append(f"unknown field {name!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
+    return hints
+
+
+def error_message(err: dict[str, Any]) -> str:
+    """One validation error as `field: message`, with a hint where the mistake is a common one."""
+    loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+    msg = str(err.get("msg", "invalid"))
+    if "Expected UploadFile" in msg:  # text where a file belongs: curl's -F name=path without the @
+        field = loc.split(".")[0] or "content"
+        msg = f"send a file, not text (curl: -F {field}=@photo.jpg)"
+    return f"{loc}: {msg}" if loc else msg
+
+
+async def validation_error_handler(request: Request, exc: RequestValidationError) -> JSONResponse:
+    parts = field_hints(request, exc.body) + [error_message(err) for err in exc.errors()]
+    return error_response(422, "validation_error", "; ".join(parts) or "invalid request")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ServiceError, service_error_handler)
+    app.add_exception_handler(StarletteHTTPException, http_error_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)

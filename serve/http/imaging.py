@@ -1,0 +1,101 @@
+"""Images at the service's edge: decoding uploads, encoding responses (one image, or a zip of several).
+
+Colour preservation and the other post-processing shared with the Python API live in
+`stylevar.processing.postprocess`."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import zipfile
+from collections.abc import Sequence
+from typing import Literal
+
+from PIL import Image
+from starlette.concurrency import run_in_threadpool
+
+from stylevar.processing.images import ACCEPTED_FORMATS, ImageTooLargeError, load_image
+
+UPLOAD_FORMATS = ACCEPTED_FORMATS
+OutputFormat = Literal["png", "jpeg", "webp"]
+MEDIA_TYPES: dict[str, str] = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
+EXTENSIONS: dict[str, str] = {"png": "png", "jpeg": "jpg", "webp": "webp"}
+
+
+def decode_upload(data: bytes, *, max_pixels: int, max_side: int | None = None,
+                  max_whole_pixels: int | None = None) -> Image.Image:
+    """Uploaded bytes -> 8-bit RGB, EXIF orientation applied, long side at most `max_side` (decoded
+    downscaled, see `stylevar.processing.images.load_image`); raises `stylevar.processing.images.ImageError`."""
+    return load_image(data, max_pixels=max_pixels, formats=UPLOAD_FORMATS, max_side=max_side,
+                      max_whole_pixels=max_whole_pixels)
+
+
+def header_pixels(data: bytes) -> int | None:
+    """Width x height from an image's header (no pixel decoded); None when the header cannot be read (the
+    decoder then says why)."""
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            w, h = img.size
+    except Exception:  # noqa: BLE001 - any unreadable header: `decode_upload` names the problem
+        return None
+    return w * h
+
+
+class PixelBudget:
+    """The pixels one request may still decode, all its files together (`ServeSettings.max_request_pixels`)."""
+
+    def __init__(self, pixels: int):
+        self.limit = self.left = pixels
+
+    def charge(self, data: bytes) -> None:
+        """Count one upload's pixels before it is decoded; `ImageTooLargeError` once the request is over."""
+        pixels = header_pixels(data)
+        if pixels is None:
+            return
+        if pixels > self.left:
+            raise ImageTooLargeError(f"the request's images have more than {self.limit} pixels in all "
+                                     f"({self.limit - self.left} before this one, which has {pixels})")
+        self.left -= pixels
+
+
+class UploadDecoder:
+    """Decodes uploads in worker threads, at most `concurrency` at once, so that the memory and CPU
+    decoding takes are bounded whatever the number of requests in flight."""
+
+    def __init__(self, *, max_pixels: int, max_whole_pixels: int, concurrency: int):
+        self.max_pixels, self.max_whole_pixels = max_pixels, max_whole_pixels
+        self._slots = asyncio.Semaphore(concurrency)
+
+    async def decode(self, data: bytes, *, max_side: int, budget: PixelBudget | None = None) -> Image.Image:
+        if budget is not None:
+            budget.charge(data)
+        async with self._slots:
+            return await run_in_threadpool(decode_upload, data, max_pixels=self.max_pixels, max_side=max_side,
+                                           max_whole_pixels=self.max_whole_pixels)
+
+
+def encode_image(img: Image.Image, fmt: OutputFormat) -> bytes:
+    buf = io.BytesIO()
+    if fmt == "png":
+        img.save(buf, format="PNG", optimize=False)
+    elif fmt == "jpeg":
+        img.convert("RGB").save(buf, format="JPEG", quality=92)
+    elif fmt == "webp":
+        img.save(buf, format="WEBP", quality=92)
+    else:
+        raise ValueError(f"unknown output format {fmt!r}")
+    return buf.getvalue()
+
+
+def to_base64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def zip_images(encoded: Sequence[bytes], seeds: Sequence[int], fmt: OutputFormat) -> bytes:
+    """Encoded images in one zip archive, one file per sample, named by its seed (`seed-40.png`), in
+    sample order. Stored, not deflated: the images are compressed already."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as archive:
+        for seed, data in zip(seeds, encoded, strict=True):
+            archive.writestr(f"seed-{seed}.{EXTENSIONS[fmt]}", data)
+    return buf.getvalue()

@@ -1,0 +1,200 @@
+"""The request envelope: request id, access log, HTTP metrics and a JSON 500 for anything unexpected.
+
+A plain ASGI middleware (not `BaseHTTPMiddleware`) so streamed responses and client disconnects pass
+through untouched.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from serve.http.errors import ServiceError, error_response
+from serve.http.logs import new_request_id, request_id_var
+from serve.http.metrics import ServiceMetrics
+
+log = logging.getLogger("serve.http.access")
+REQUEST_ID_HEADER = "X-Request-ID"
+
+
+def route_label(scope: Scope) -> str:
+    """The matched route's path template (bounded label values), or 'unmatched'."""
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) and path else "unmatched"
+
+
+class RequestMiddleware:
+    def __init__(self, app: ASGIApp, metrics: ServiceMetrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        offered = None
+        for name, value in scope.get("headers", []):
+            if name == b"x-request-id":
+                offered = value.decode("latin-1")
+        rid = new_request_id(offered)
+        token = request_id_var.set(rid)
+        scope.setdefault("state", {})["request_id"] = rid
+        scope["state"]["arrived"] = time.monotonic()  # the request deadline counts from here (serve.http.routes)
+        t0 = time.perf_counter()
+        status = 0
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                MutableHeaders(scope=message)[REQUEST_ID_HEADER] = rid
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            log.exception("unhandled error")
+            if status == 0:  # nothing sent yet: answer in the API's error shape
+                status = 500
+                body = json.dumps({"error": "internal", "detail": "internal server error"}).encode()
+                await send({"type": "http.response.start", "status": 500, "headers": [
+                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                    (REQUEST_ID_HEADER.lower().encode(), rid.encode())]})
+                await send({"type": "http.response.body", "body": body})
+            else:
+                raise
+        finally:
+            seconds = time.perf_counter() - t0
+            route = route_label(scope)
+            method = scope.get("method", "")
+            self.metrics.observe_request(route, method, status or 499, seconds)
+            log.info(
+                "request",
+                extra={"method": method, "path": scope.get("path", ""), "route": route,
+                       "status": status or 499, "duration_ms": round(seconds * 1000, 2)},
+            )
+            request_id_var.reset(token)
+
+
+async def discard_body(receive: Receive, limit: int, stall_s: float | None = None) -> None:
+    """Read and drop up to `limit` bytes of the request body, so closing the connection does not reset it;
+    with `stall_s`, give up when nothing arrives for that long (a client that declared more than it sends)."""
+    seen = 0
+    while seen <= limit:
+        try:
+            message = await asyncio.wait_for(receive(), stall_s)
+        except asyncio.TimeoutError:
+            return
+        if message["type"] != "http.request":
+            return
+        seen += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
+
+
+class BeforeBody:
+    """Refuse a request to `paths` before its body is parsed when `check(scope)` raises a ServiceError (its JSON
+    answer, `Connection: close`): a keyless client cannot hold the service reading an upload it will refuse,
+    and a request the queue has no room for costs no form parsing. ``discard_bytes``: first read and drop up to
+    this many bytes of the body (each part within ``stall_s`` of the last), so that closing the connection does
+    not reset it under a client still sending (0: answer and close at once; uvicorn reads nothing after the
+    answer)."""
+
+    def __init__(self, app: ASGIApp, check: Callable[[Scope], None], paths: tuple[str, ...], discard_bytes: int = 0,
+                 stall_s: float | None = None):
+        self.app, self.check, self.paths = app, check, paths
+        self.discard_bytes, self.stall_s = discard_bytes, stall_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("path") in self.paths:
+            try:
+                self.check(scope)
+            except ServiceError as e:
+                if self.discard_bytes:
+                    await discard_body(receive, self.discard_bytes, self.stall_s)
+                headers = {**e.headers, "Connection": "close"}
+                await error_response(e.status, e.code, e.detail, headers)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def bearer_token(scope: Scope) -> str | None:
+    """The token of an `Authorization: Bearer TOKEN` header, else None."""
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token.strip() or None if scheme.lower() == "bearer" else None
+    return None
+
+
+class BodyTimeout:
+    """Close a request to `paths` whose body stalls: every part of it must arrive within `seconds` of the
+    last (JSON 408, `Connection: close`), so a slow or lying client (a Content-Length larger than what it
+    sends) cannot hold a connection and a decode slot for long."""
+
+    class _Stalled(Exception):
+        pass
+
+    def __init__(self, app: ASGIApp, seconds: float, paths: tuple[str, ...]):
+        self.app, self.seconds, self.paths = app, seconds, paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") not in self.paths:
+            await self.app(scope, receive, send)
+            return
+
+        body_done = False
+
+        async def timed_receive() -> Message:
+            nonlocal body_done
+            if body_done:  # the body is in: what follows (a disconnect, while the answer streams) may take long
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.seconds)
+                body_done = message["type"] != "http.request" or not message.get("more_body", False)
+                return message
+            except asyncio.TimeoutError:
+                detail = f"the request body stalled: nothing arrived for {self.seconds:g} s"
+                await error_response(408, "body_timeout", detail, {"Connection": "close"})(scope, receive, send)
+                raise self._Stalled from None
+
+        try:
+            await self.app(scope, timed_receive, send)
+        except self._Stalled:
+            pass
+
+
+class ContentLengthLimit:
+    """Refuse, before reading it, a body whose declared Content-Length exceeds the limit (JSON 413).
+
+    Bodies without a Content-Length are counted as they stream in by the routes' own `max_body_size`.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int, paths: tuple[str, ...]):
+        self.app, self.max_bytes, self.paths = app, max_bytes, paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("path") in self.paths:
+            declared = None
+            for name, value in scope.get("headers", []):
+                if name == b"content-length":
+                    try:
+                        declared = int(value)
+                    except ValueError:
+                        declared = None
+            if declared is not None and declared > self.max_bytes:
+                body = json.dumps({"error": "payload_too_large",
+                                   "detail": f"request body of {declared} bytes is over the limit of "
+                                             f"{self.max_bytes} bytes"}).encode()
+                await send({"type": "http.response.start", "status": 413, "headers": [
+                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close")]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)

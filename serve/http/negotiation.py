@@ -1,0 +1,43 @@
+"""What `/stylize` answers, from the request's Accept header (docs/serving.md, "Response format").
+
+The header is parsed by werkzeug (RFC 9110: quoted strings, `q` weights, a more specific range before a
+wildcard); the rule on top of it is the service's own.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from starlette.requests import Request
+from werkzeug.datastructures import MIMEAccept
+from werkzeug.http import parse_accept_header, parse_options_header
+
+from serve.http.errors import ServiceError
+
+JSON_MEDIA_TYPE = "application/json"
+ZIP_MEDIA_TYPE = "application/zip"
+Representation = Literal["image", "json", "zip"]
+
+
+def accepted(request: Request) -> MIMEAccept:
+    """The Accept header's media ranges without their parameters (`application/json; charset=utf-8`
+    names JSON); a missing header accepts anything."""
+    ranges = parse_accept_header(request.headers.get("accept") or "*/*")
+    return MIMEAccept((parse_options_header(media)[0], q) for media, q in ranges)
+
+
+def negotiate(request: Request, media_type: str, num_samples: int) -> Representation:
+    """JSON only when the client names `application/json` (a wildcard never selects it); otherwise one
+    sample is the image (`media_type`) and several are a zip archive with one image per sample. Of
+    the acceptable ones the highest q wins; a tie goes to JSON (it was named)."""
+    accepts = accepted(request)
+    named = MIMEAccept((media, q) for media, q in accepts if "*" not in media)
+    offers: dict[Representation, float] = {
+        "json": named.quality(JSON_MEDIA_TYPE),
+        "image": accepts.quality(media_type) if num_samples == 1 else 0.0,
+        "zip": accepts.quality(ZIP_MEDIA_TYPE) if num_samples > 1 else 0.0,
+    }
+    best = max(offers, key=lambda name: offers[name])  # dict order breaks ties: json first
+    if offers[best] > 0:
+        return best
+    produced = media_type if num_samples == 1 else f"{ZIP_MEDIA_TYPE} (several samples)"
+    raise ServiceError(406, "not_acceptable", f"this request returns {produced} or {JSON_MEDIA_TYPE}")

@@ -1,0 +1,44 @@
+"""Operations routes: liveness, readiness and Prometheus metrics.
+
+`metrics_router` is a router of its own: `create_app` leaves it out (`STYLEVAR_METRICS_ACCESS=off`) or
+includes it behind `require_key` (`key`). All of them keep answering while the service drains
+(`ALWAYS_OPEN_PATHS`, see `serve.http.drain`); `/readyz` then answers 503.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Response
+
+from serve.http.errors import error_response
+from serve.http.schemas import ErrorBody, Health
+from serve.http.state import ServiceState, get_state
+
+router = APIRouter(tags=["operations"])
+metrics_router = APIRouter(tags=["operations"])
+
+
+@router.get("/healthz", response_model=Health)
+async def healthz() -> Health:
+    """The process is alive."""
+    return Health(status="ok")
+
+
+@router.get("/readyz", response_model=Health, responses={503: {"model": ErrorBody}})
+async def readyz(state: ServiceState = Depends(get_state)) -> Any:  # noqa: B008
+    """The model is loaded and warmed up, and the service is not draining."""
+    if state.drain.draining:
+        return error_response(503, "shutting_down", "draining: finishing the requests in flight", {"Retry-After": "5"})
+    if not state.ready:
+        return error_response(503, "not_ready", state.status, {"Retry-After": "5"})
+    return Health(status="ready")
+
+
+@metrics_router.get("/metrics", response_class=Response,
+                    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
+async def metrics(state: ServiceState = Depends(get_state)) -> Response:  # noqa: B008
+    """Prometheus metrics."""
+    return Response(state.metrics.render(), media_type=state.metrics.content_type)
+
+
+ALWAYS_OPEN_PATHS: tuple[str, ...] = tuple(r.path for r in (*router.routes, *metrics_router.routes))

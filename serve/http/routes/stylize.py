@@ -1,0 +1,269 @@
+"""`POST /stylize` (one answer: image, zip or JSON) and `POST /stylize/stream` (Server-Sent Events).
+
+Both check the form, take a queue slot, decode the uploads and queue one job (`submit`), then wait for
+it with `serve.http.jobs.follow_job`. `create_app` includes `router` with the service's body size limit.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated
+
+import torch
+from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from PIL import Image
+from starlette.concurrency import run_in_threadpool
+
+from stylevar.processing.images import ImageError, fit_of, tensor_to_pil, unfit
+from stylevar.pipelines.pipeline import MAX_STYLES, StyleMix
+from stylevar.pipelines.options import StylizeOptions
+from stylevar.processing.postprocess import OutputOptions, finish, os_random_seed, sample_seeds, upscale_factor
+
+from serve.http import imaging
+from serve.engine.batching import BatchError, Job
+from serve.engine.runner import GenerationKey, PreviewFn, StylizeTask
+from serve.http.errors import ERROR_RESPONSES, IMAGE_ERROR_STATUS, ClientGone, ServiceError, from_batch_error
+from serve.http.jobs import follow_job, job_result, wait_for_job
+from serve.http.negotiation import ZIP_MEDIA_TYPE, negotiate
+from serve.http.schemas import ImageOut, StylizeForm, StylizeResult
+from serve.http.state import ServiceState, get_state, require_key, require_loaded
+
+REFERENCE_SIDE = 1024  # long side style images and masks are decoded at (they are used at the model's size)
+
+log = logging.getLogger("serve.stylize")
+
+ContentUpload = Annotated[UploadFile, File(description="content image (JPEG, PNG, WebP)")]
+StyleUploads = Annotated[list[UploadFile], File(
+    description=f"style image (JPEG, PNG, WebP); repeat the field for a blend of up to {MAX_STYLES} styles "
+                "(weights: `style_weights`)")]
+MaskUploads = Annotated[list[UploadFile] | None, File(
+    description="optional: one grayscale mask per `style` file, in their order (white = the style applies, black = "
+                "the content stays, grey = partly); any size, resized to the content's; an image of any "
+                "accepted format")]
+IMAGE_CONTENT = {m: {"schema": {"type": "string", "format": "binary"}}
+                 for m in (*imaging.MEDIA_TYPES.values(), ZIP_MEDIA_TYPE)}
+PATHS = ("/stylize", "/stylize/stream")  # the routes that take uploads (the service's upload limit)
+
+router = APIRouter(dependencies=[Depends(require_key)])
+
+
+@dataclass(frozen=True)
+class StylizeUpload:
+    """The form of a stylize request: its files (not read yet) and fields."""
+
+    content: UploadFile
+    styles: list[UploadFile]
+    masks: list[UploadFile] | None
+    options: StylizeOptions  # the form's fields as the declaration's values (stylevar.pipelines.options)
+
+
+def stylize_upload(content: ContentUpload, style: StyleUploads, form: Annotated[StylizeForm, Form()],
+                   style_mask: MaskUploads = None) -> StylizeUpload:
+    """The form fields both stylize routes take."""
+    return StylizeUpload(content, style, style_mask, form.options())
+
+
+async def decode_uploads(st: ServiceState, upload: StylizeUpload) -> list[Image.Image]:
+    """The content, the styles and the masks, in that order, decoded downscaled within the request's pixel budget.
+    The content sets the size of the result (at most max_output_side); styles and masks are only ever seen at the
+    model's resolution, so they are decoded small."""
+    settings, styles, masks = st.settings, upload.styles, upload.masks
+    max_side = max(settings.max_output_side, st.runner.pipe.image_size)
+    reference_side = min(max_side, max(REFERENCE_SIDE, st.runner.pipe.image_size))
+    several = len(styles) > 1
+    uploads = [("content", upload.content, max_side)]
+    uploads += [(f"style {i + 1}" if several else "style", u, reference_side) for i, u in enumerate(styles)]
+    uploads += [(f"style_mask {i + 1}" if several else "style_mask", u, reference_side)
+                for i, u in enumerate(masks or [])]
+    budget = imaging.PixelBudget(settings.max_request_pixels)
+    images = []
+    for name, file, side in uploads:
+        data = await file.read()
+        try:
+            images.append(await st.decoder.decode(data, max_side=side, budget=budget))
+        except ImageError as e:
+            raise ServiceError(IMAGE_ERROR_STATUS.get(e.code, 422), e.code, f"{name}: {e}") from e
+    return images
+
+
+def check_alphas(alphas: tuple[float, ...] | None, n_scales: int) -> None:
+    """One alpha per scale of the model, when alphas are given (422 otherwise)."""
+    if alphas is not None and len(alphas) != n_scales:
+        raise ServiceError(422, "validation_error",
+                           f"alphas: the model has {n_scales} scales, got {len(alphas)} values")
+
+
+def check_mix(styles: list[UploadFile], masks: list[UploadFile] | None, weights: tuple[float, ...] | None) -> None:
+    """The counts of style files, weights and masks agree (422 otherwise), before anything is read."""
+    n = len(styles)
+    if not 1 <= n <= MAX_STYLES:
+        raise ServiceError(422, "validation_error", f"style: give 1 to {MAX_STYLES} style files, got {n}")
+    if weights is not None and len(weights) != n:
+        raise ServiceError(422, "validation_error",
+                           f"style_weights: {len(weights)} weights for {n} style file(s); give one per style")
+    if masks is not None and len(masks) != n:
+        raise ServiceError(422, "validation_error",
+                           f"style_mask: {len(masks)} mask(s) for {n} style file(s); give one per style")
+
+
+async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
+                 on_preview: PreviewFn | None = None) -> tuple[Job, Image.Image]:
+    """Check the fields, take a queue slot (503 at once when the queue is full), then decode the
+    images (downscaled, a bounded number at a time) and queue the job with what is left of the request's
+    deadline: it counts from the request's arrival, the upload and decoding included."""
+    rid = request.state.request_id
+    st = require_loaded(state)
+    settings, styles, masks = st.settings, upload.styles, upload.masks
+    form = upload.options
+    alphas = form.alphas
+    check_alphas(alphas, len(st.runner.pipe.config.transformer.patch_nums))
+    check_mix(styles, masks, form.style_weights)
+    try:
+        admission = st.batcher.admit()
+    except BatchError as e:
+        st.metrics.rejected.labels(e.code).inc()
+        raise from_batch_error(e) from e
+    with admission:
+        images = await decode_uploads(st, upload)
+        seeds = sample_seeds(form.seed if form.seed is not None else os_random_seed(), form.num_samples)
+        n = len(styles)
+        mix = StyleMix(tuple(images[1:1 + n]), form.style_weights,
+                       tuple(images[1 + n:]) if masks else None).active()
+        generation = st.runner.pipe.generation_config(top_k=form.top_k, top_p=form.top_p, alphas=alphas,
+                                                      style_strength=form.style_strength, guidance=form.guidance,
+                                                      fast=form.fast)
+        key = GenerationKey(generation, form.resize, len(mix.images), form.upsample)
+        task = StylizeTask(images[0], mix.images[0] if mix.plain else mix, seeds, on_preview)
+        left_s = settings.request_timeout_s - (time.monotonic() - request.state.arrived)
+        if left_s <= 0:
+            raise ServiceError(504, "deadline_exceeded", "the request took longer than the service's deadline "
+                                                         "(its upload and decoding took all of it)")
+        try:
+            job = admission.submit(key, task, rows=len(seeds), timeout_s=left_s, request_id=rid)
+        except BatchError as e:
+            st.metrics.rejected.labels(e.code).inc()
+            raise from_batch_error(e) from e
+    return job, images[0]
+
+
+def encode(content_img: Image.Image, form: StylizeOptions, images: list[Image.Image]
+           ) -> tuple[list[bytes], list[Image.Image]]:
+    images = finish(images, content_img, OutputOptions(preserve_color=form.preserve_color))
+    return [imaging.encode_image(im, form.format) for im in images], images
+
+
+def result_json(state: ServiceState, job: Job, form: StylizeOptions, encoded: list[bytes],
+                images: list[Image.Image]) -> dict:
+    media = imaging.MEDIA_TYPES[form.format]
+    pipe = state.runner.pipe
+    return StylizeResult(
+        model=pipe.config.name, seed=job.payload.seeds[0], inference_ms=inference_ms(job),
+        model_size=pipe.image_size, upsample=pipe.upsampling(form.upsample).mode,
+        images=[ImageOut(seed=s, media_type=media, width=im.width, height=im.height, data=imaging.to_base64(b),
+                         upscale=round(upscale_factor(im.size, pipe.image_size), 3))
+                for s, b, im in zip(job.payload.seeds, encoded, images)],
+    ).model_dump()
+
+
+def size_headers(state: ServiceState, form: StylizeOptions, result_size: tuple[int, int]) -> dict[str, str]:
+    """What the model drew and how it reached the result's size: X-Model-Size (pixels, square),
+    X-Upscale (result long side / model size), X-Upsample (the mode used)."""
+    pipe = state.runner.pipe
+    return {"X-Model-Size": str(pipe.image_size), "X-Upscale": f"{upscale_factor(result_size, pipe.image_size):.3f}",
+            "X-Upsample": pipe.upsampling(form.upsample).mode}
+
+
+@router.post(
+    "/stylize", response_class=Response,
+    responses={200: {"model": StylizeResult, "content": IMAGE_CONTENT,
+                     "description": "the image (several samples: a zip of images), or JSON with base64 images "
+                                    "when the Accept header names application/json"},
+               **ERROR_RESPONSES},
+)
+async def stylize(request: Request, upload: Annotated[StylizeUpload, Depends(stylize_upload)],
+                  state: Annotated[ServiceState, Depends(get_state)]) -> Response:
+    """Re-draw `content` in the style of `style` (several `style` files: a blend by `style_weights`, each
+    confined to its `style_mask` when masks are given)."""
+    form = upload.options
+    media = imaging.MEDIA_TYPES[form.format]
+    representation = negotiate(request, media, form.num_samples)
+    job, content_img = await submit(state, upload, request)
+    try:
+        images = await wait_for_job(job, request)
+    except ClientGone:
+        log.info("client went away; job dropped")
+        return Response(status_code=499)
+    encoded, images = await run_in_threadpool(encode, content_img, form, images)
+    headers = {"X-Seed": str(job.payload.seeds[0]), "X-Inference-Ms": f"{inference_ms(job):.1f}",
+               "X-Model": header_safe(state.runner.pipe.config.name), "Vary": "Accept",
+               **size_headers(state, form, images[0].size)}
+    if representation == "json":
+        return JSONResponse(result_json(state, job, form, encoded, images), headers=headers)
+    if representation == "zip":
+        headers["Content-Disposition"] = f'attachment; filename="stylevar-seed-{job.payload.seeds[0]}.zip"'
+        archive = imaging.zip_images(encoded, job.payload.seeds, form.format)
+        return Response(archive, media_type=ZIP_MEDIA_TYPE, headers=headers)
+    return Response(encoded[0], media_type=media, headers=headers)
+
+
+@router.post(
+    "/stylize/stream", response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+                     "description": "`preview` events (one per scale, coarse to fine), then `result`"},
+               **ERROR_RESPONSES},
+)
+async def stylize_stream(request: Request, upload: Annotated[StylizeUpload, Depends(stylize_upload)],
+                         state: Annotated[ServiceState, Depends(get_state)]) -> StreamingResponse:
+    """Server-Sent Events: a `preview` event per scale, then a `result` event (as the JSON of /stylize)."""
+    loop = asyncio.get_running_loop()
+    previews: asyncio.Queue[tuple[int, torch.Tensor]] = asyncio.Queue()
+
+    def on_preview(k: int, previews_n3HW: torch.Tensor) -> None:  # called on the worker thread
+        loop.call_soon_threadsafe(previews.put_nowait, (k, previews_n3HW))
+
+    form = upload.options
+    job, content_img = await submit(state, upload, request, on_preview)
+    side = state.runner.pipe.image_size
+    fit = fit_of(content_img.size, side, form.resize)
+    patch_nums = list(state.runner.pipe.config.transformer.patch_nums)
+
+    def preview_event(k: int, previews_n3HW: torch.Tensor) -> str:
+        shots = [unfit(tensor_to_pil(p), fit, max_side=side) for p in previews_n3HW]
+        data = {"scale": k, "num_scales": len(patch_nums), "patch_num": patch_nums[k],
+                "images": [imaging.to_base64(imaging.encode_image(s, "png")) for s in shots]}
+        return sse("preview", data)
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            async for preview in follow_job(job, previews=previews):
+                yield await run_in_threadpool(preview_event, *preview)
+            images = job_result(job)
+        except ServiceError as err:  # past the deadline, or the batch failed
+            yield sse("error", {"error": err.code, "detail": err.detail})
+            return
+        encoded, images = await run_in_threadpool(encode, content_img, form, images)
+        yield sse("result", result_json(state, job, form, encoded, images))
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                      "X-Seed": str(job.payload.seeds[0]),
+                                      "X-Model": header_safe(state.runner.pipe.config.name)})
+
+
+def sse(event: str, data: dict) -> str:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def inference_ms(job: Job) -> float:
+    if job.started_at is None or job.finished_at is None:
+        return 0.0
+    return (job.finished_at - job.started_at) * 1000.0
+
+
+def header_safe(text: str) -> str:
+    return "".join(c if 32 <= ord(c) < 127 else "?" for c in text)

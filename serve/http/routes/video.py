@@ -1,0 +1,232 @@
+"""`POST /stylize/video`: a short clip re-drawn in the style of one image (or a blend), answered as an H.264 mp4.
+
+The clip goes to a temporary file (the route's body limit is `max_video_upload_bytes`), its header is checked
+against the service's limits (`max_video_duration_s`, `max_video_frames`, `max_video_pixels`; again while
+decoding, as a header may lie), then `StylePipeline.stylize_video` runs on a thread beside the batcher's
+workers, `video_concurrency` clips at a time (one more is 503 with Retry-After). The frame rate, the timing
+and the audio are kept. A clip past `video_timeout_s`, or whose client went away, is stopped between two
+frames. Longer clips belong to the command line (`stylevar stylize clip.mp4 style.png -o out.mp4`).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal, Union
+
+from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
+from fastapi.responses import Response
+from pydantic import Field, create_model, field_validator
+from pydantic.json_schema import SkipJsonSchema
+from starlette.concurrency import run_in_threadpool
+
+from stylevar.processing.images import ImageError
+from stylevar.pipelines.options import FORM, IMAGE_ONLY, Option, offered
+from stylevar.pipelines.pipeline import MAX_STYLES, StyleMix
+from stylevar.processing.postprocess import os_random_seed
+from stylevar.processing.video import DEFAULT_TEMPORAL, TEMPORAL_HELP, TEMPORAL_MODES, VideoError, VideoInfo, VideoLimits, probe
+
+from serve.http import imaging
+from serve.http.errors import ERROR_RESPONSES, IMAGE_ERROR_STATUS, ServiceError
+from serve.http.schemas import FormOptions, blank_or_parsed, form_field
+from serve.http.state import ServiceState, get_state, require_key, require_loaded
+from serve.http.routes.stylize import REFERENCE_SIDE, check_alphas, check_mix, header_safe
+
+log = logging.getLogger("serve.video")
+
+PATH = "/stylize/video"
+VIDEO_ERROR_STATUS = {"not_a_video": 415, "unsupported_codec": 415, "corrupt_video": 422, "video_too_long": 413,
+                      "video_too_large": 413, "bad_video": 422}
+VIDEO_OPTIONS = [opt for opt in offered(FORM) if opt.name not in IMAGE_ONLY]
+VIDEO_LIST = [opt.name for opt in VIDEO_OPTIONS if opt.is_list]
+
+router = APIRouter(dependencies=[Depends(require_key)])
+
+
+class VideoOptions(FormOptions):
+    """What `VideoForm` does beyond its fields: `FormOptions`'s, over this route's options."""
+
+    OPTIONS: ClassVar[list[Option]] = VIDEO_OPTIONS
+
+
+VideoForm = create_model(
+    "VideoForm", __base__=VideoOptions, __module__=__name__,
+    __doc__="Options of `POST /stylize/video` (form fields): those of `/stylize` but the sample count and format.",
+    __validators__={"lists_parse": field_validator(*VIDEO_LIST)(blank_or_parsed)},
+    temporal=(Literal[TEMPORAL_MODES], Field(DEFAULT_TEMPORAL, description=TEMPORAL_HELP)),  # type: ignore[valid-type]
+    **{opt.name: form_field(opt) for opt in VIDEO_OPTIONS},
+)
+
+VideoUpload = Annotated[UploadFile, File(description="the clip: MP4/MOV, MKV/WebM, AVI, MPEG-TS ... within the "
+                                                     "limits in this route's description")]
+StyleUploads = Annotated[list[UploadFile], File(
+    description=f"style image (JPEG, PNG, WebP); repeat the field for a blend of up to {MAX_STYLES} styles")]
+MaskUploads = Annotated[Union[list[UploadFile], SkipJsonSchema[None]], File(
+    description="optional: one grayscale mask per `style` file (white = the style applies), resized to each frame")]
+
+
+class VideoGate:
+    """At most `slots` clips at a time in one service (`app.state.video_gate`)."""
+
+    def __init__(self, slots: int):
+        self._free = threading.BoundedSemaphore(slots)
+
+    def take(self) -> bool:
+        return self._free.acquire(blocking=False)
+
+    def give(self) -> None:
+        self._free.release()
+
+
+class Stopped(Exception):
+    """The clip was stopped between two frames (deadline or disconnect)."""
+
+
+def limits_of(state: ServiceState) -> VideoLimits:
+    s = state.settings
+    return VideoLimits(max_duration_s=s.max_video_duration_s, max_frames=s.max_video_frames,
+                       max_pixels=s.max_video_pixels)
+
+
+def video_error(e: VideoError, name: str = "video") -> ServiceError:
+    """A clip's refusal: 415 not a video or an unsupported codec, 413 over a limit, 422 corrupt. The message
+    names the upload, not the temporary file."""
+    detail = str(e).split(": ", 1)[-1]
+    return ServiceError(VIDEO_ERROR_STATUS.get(e.code, 422), e.code, f"{name}: {detail}")
+
+
+async def save_upload(upload: UploadFile, path: Path) -> None:
+    """The upload's bytes into ``path`` (the body is spooled by then; its size was bounded on the way in)."""
+    await upload.seek(0)
+    with open(path, "wb") as f:
+        while chunk := await upload.read(1 << 20):
+            f.write(chunk)
+
+
+async def decode_styles(st: ServiceState, styles: list[UploadFile], masks: list[UploadFile] | None):
+    """The style images and masks, decoded small (they are only seen at the model's resolution)."""
+    side = max(REFERENCE_SIDE, st.runner.pipe.image_size)
+    budget = imaging.PixelBudget(st.settings.max_request_pixels)
+    several = len(styles) > 1
+    named = [(f"style {i + 1}" if several else "style", u) for i, u in enumerate(styles)]
+    named += [(f"style_mask {i + 1}" if several else "style_mask", u) for i, u in enumerate(masks or [])]
+    out = []
+    for name, upload in named:
+        try:
+            out.append(await st.decoder.decode(await upload.read(), max_side=side, budget=budget))
+        except ImageError as e:
+            raise ServiceError(IMAGE_ERROR_STATUS.get(e.code, 422), e.code, f"{name}: {e}") from e
+    return out[:len(styles)], out[len(styles):] or None
+
+
+@router.post(
+    PATH, response_class=Response,
+    responses={200: {"content": {"video/mp4": {"schema": {"type": "string", "format": "binary"}}},
+                     "description": "the stylized clip, H.264 mp4, with the source's frame rate, timing and audio"},
+               **ERROR_RESPONSES},
+)
+async def stylize_video(request: Request, video: VideoUpload, style: StyleUploads,
+                        form: Annotated[VideoForm, Form()], state: Annotated[ServiceState, Depends(get_state)],
+                        style_mask: MaskUploads = None) -> Response:
+    """Re-draw every frame of `video` in the style of `style`: a short clip, within the limits below."""
+    st = require_loaded(state)
+    options = form.options()
+    check_mix(style, style_mask, options.style_weights)
+    check_alphas(options.alphas, len(st.runner.pipe.config.transformer.patch_nums))
+    gate: VideoGate = request.app.state.video_gate
+    if not gate.take():
+        raise ServiceError(503, "busy", "the service is stylizing as many clips as it takes at once; try again "
+                                        "shortly", {"Retry-After": "5"})
+    work = Path(tempfile.mkdtemp(prefix="stylevar-video-"))
+    try:
+        src, out = work / "input", work / "output.mp4"
+        await save_upload(video, src)
+        limits = limits_of(st)
+        info = await _probe(src, limits)
+        styles, masks = await decode_styles(st, style, style_mask)
+        seed = options.seed if options.seed is not None else os_random_seed()
+        mix = StyleMix(tuple(styles), options.style_weights, None if masks is None else tuple(masks))
+        kwargs = {**options.given(), "seed": seed, "style_weights": None, "temporal": form.temporal,
+                  "batch_size": st.settings.max_batch_size, "max_side": st.settings.max_output_side,
+                  "limits": limits, "info": info}
+        result, seconds = await _run(request, st, src, mix, out, kwargs)
+        headers = {"X-Seed": str(seed), "X-Frames": str(result.frames), "X-Fps": f"{float(result.fps):g}",
+                   "X-Inference-Ms": f"{seconds * 1000:.1f}", "X-Temporal": form.temporal,
+                   "X-Model": header_safe(st.runner.pipe.config.name), "X-Audio": "1" if result.audio else "0"}
+        log.info("video done", extra={"frames": result.frames, "seconds": round(seconds, 3), "codec": info.codec})
+        return Response(out.read_bytes(), media_type="video/mp4", headers=headers)
+    finally:
+        gate.give()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+async def _probe(src: Path, limits: VideoLimits) -> VideoInfo:
+    try:
+        return await run_in_threadpool(probe, src, limits)
+    except VideoError as e:
+        raise video_error(e) from e
+
+
+async def _run(request: Request, st: ServiceState, src: Path, mix: StyleMix, out: Path, kwargs: dict):
+    """`stylize_video` on a thread, stopped between frames past the deadline or when the client goes away."""
+    stop = threading.Event()
+    deadline = request.state.arrived + st.settings.video_timeout_s
+
+    def progress(done: int, total: int | None) -> None:
+        if stop.is_set():
+            raise Stopped()
+
+    def work():
+        return st.runner.pipe.stylize_video(src, mix, out, progress=progress, **kwargs)
+
+    t0 = time.perf_counter()
+    task = asyncio.get_running_loop().run_in_executor(None, work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.25)
+            if done:
+                return task.result(), time.perf_counter() - t0
+            if time.monotonic() > deadline:
+                stop.set()
+                raise ServiceError(504, "deadline_exceeded", f"the clip took longer than the service's video "
+                                                             f"deadline of {st.settings.video_timeout_s:g} s")
+            if await request.is_disconnected():
+                stop.set()
+                raise ServiceError(499, "client_gone", "the client went away")
+    except VideoError as e:  # found while decoding (a truncated clip, a header that lied about its length)
+        raise video_error(e) from e
+    except ServiceError:
+        await asyncio.wait({task})  # the thread stops at the next frame; its output is removed with the folder
+        if not task.cancelled():
+            task.exception()  # retrieved: Stopped, or whatever ended it
+        raise
+
+
+def limits_text(settings: Any) -> str:
+    return (f"Limits of this service: at most {settings.max_video_duration_s:g} s, {settings.max_video_frames} frames, "
+            f"{settings.max_video_pixels} pixels a frame, {settings.max_video_upload_bytes} bytes uploaded "
+            f"(STYLEVAR_MAX_VIDEO_DURATION_S, _FRAMES, _PIXELS, _UPLOAD_BYTES); {settings.video_concurrency} clip(s) "
+            f"at a time, each within {settings.video_timeout_s:g} s (STYLEVAR_VIDEO_CONCURRENCY, _TIMEOUT_S).")
+
+
+def include(app: Any, settings: Any) -> None:
+    """Add the route to ``app`` with its body limit and gate; the app's OpenAPI schema states the service's limits
+    in the route's description and as ``x-limits`` (routers are shared between apps: the schema is the app's)."""
+    app.include_router(router, max_body_size=settings.max_video_upload_bytes)
+    app.state.video_gate = VideoGate(settings.video_concurrency)
+    schema_of = app.openapi
+    limits = {"max_duration_s": settings.max_video_duration_s, "max_frames": settings.max_video_frames,
+              "max_pixels": settings.max_video_pixels, "max_upload_bytes": settings.max_video_upload_bytes}
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            op = schema_of()["paths"][PATH]["post"]  # builds and caches app.openapi_schema
+            op["description"] = f"{op.get('description', '')}\n\n{limits_text(settings)}"
+            op["x-limits"] = limits
+        return app.openapi_schema
+
+    app.openapi = openapi

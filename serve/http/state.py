@@ -1,0 +1,100 @@
+"""The state of one service app (`app.state.service`) and the route dependencies that read it.
+
+The dependencies are module-level functions of the request, so a test can replace them with
+`app.dependency_overrides[get_state] = ...` (or `require_key`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from serve.http import imaging
+from serve.http.access import FailureLimiter, KeyRing, client_of, too_many_attempts
+from serve.engine.batching import Batcher, BatchError
+from serve.http.drain import Drain
+from serve.engine.runner import ModelRunner
+from serve.http.errors import ServiceError, from_batch_error
+from serve.http.metrics import ServiceMetrics
+from serve.settings import ServeSettings
+
+
+@dataclass
+class ServiceState:
+    settings: ServeSettings
+    metrics: ServiceMetrics
+    keys: KeyRing
+    auth_failures: FailureLimiter
+    decoder: imaging.UploadDecoder
+    devices: list[torch.device] = field(default_factory=list)  # one runner each, loaded at startup
+    runners: list[ModelRunner] = field(default_factory=list)
+    batcher: Batcher | None = None
+    ready: bool = False
+    status: str = "starting"
+    drain: Drain = field(default_factory=lambda: Drain(ServeSettings.model_fields["drain_timeout_s"].default))
+
+    @property
+    def runner(self) -> ModelRunner:
+        return self.runners[0]
+
+    def begin_drain(self) -> None:
+        """Stop taking work (SIGTERM): /readyz turns 503 and new requests are refused (see `serve.http.drain`)."""
+        self.drain.begin()
+        self.ready = False
+        self.status = "draining"
+        self.metrics.ready.set(0)
+
+
+def get_state(request: Request) -> ServiceState:
+    """The state of the app serving `request`."""
+    return request.app.state.service
+
+
+def check_room(state: ServiceState, scope) -> None:
+    """Refuse (ServiceError 503 with Retry-After) a request the queue would refuse now, before its body is read
+    (`serve.http.middleware.BeforeBody`); nothing to check before the model is loaded (the route answers that)."""
+    if state.batcher is None:
+        return
+    try:
+        state.batcher.check_room()
+    except BatchError as e:
+        state.metrics.rejected.labels(e.code).inc()
+        raise from_batch_error(e) from e
+
+
+def require_loaded(state: ServiceState) -> ServiceState:
+    """`state` once the model is loaded; 503 (Retry-After: 5) before."""
+    if state.batcher is None or not state.runners:
+        raise ServiceError(503, "not_ready", f"the model is not loaded ({state.status})", {"Retry-After": "5"})
+    return state
+
+
+bearer = HTTPBearer(auto_error=False, description="API key, when the service sets STYLEVAR_API_KEYS")
+UNAUTHORIZED = "a valid API key is required (Authorization: Bearer KEY)"
+
+
+def check_key(state: ServiceState, scope, key: str | None) -> None:
+    """With API keys set, `key` must be one (ServiceError 401), unless the scope's client has failed too often
+    lately (429, before the key is looked at: no answer tells a guess is right). Counts a wrong key."""
+    if not state.keys:
+        return
+    if not key:
+        raise ServiceError(401, "unauthorized", UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})
+    client = client_of(scope)
+    wait = state.auth_failures.retry_after(client)
+    if wait is not None:
+        body, headers = too_many_attempts(wait)
+        raise ServiceError(429, body["error"], body["detail"], headers)
+    if not state.keys.matches(key):
+        state.auth_failures.failed(client)
+        raise ServiceError(401, "unauthorized", UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})
+
+
+def require_key(request: Request,
+                credentials: HTTPAuthorizationCredentials | None = Depends(bearer),  # noqa: B008
+                state: ServiceState = Depends(get_state)) -> None:  # noqa: B008
+    """A route dependency: `check_key` on the request's Bearer token. (The upload routes are checked before
+    their body is read, by `serve.http.middleware.BeforeBody`; this is the same check, for every route.)"""
+    check_key(state, request.scope, credentials.credentials if credentials is not None else None)

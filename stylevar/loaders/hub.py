@@ -1,0 +1,275 @@
+"""Files on the Hugging Face Hub: hub ids, the cache, downloads. This module fetches files only; turning
+a published model into a model directory (`stylevar pull`, `resolve_model`) is `stylevar.loaders.pull`'s.
+
+Every download goes through `huggingface_hub`, so its cache (`HF_HOME` / `HF_HUB_CACHE`), its token
+(`HF_TOKEN`), its offline switch (`HF_HUB_OFFLINE=1`) and its endpoint (`HF_ENDPOINT`, for a mirror of the
+Hub) apply. The cache folder and the offline switch are read on each call, not once at import.
+
+A hub id names a published StyleVAR model: `hf:OWNER/NAME[@REVISION][:VARIANT]` (variant `grpo`, the
+default, or `sft`). Its repository holds the reference checkpoints (`vae_ch160v4096z32.pth` and
+`StyleVAR-GRPO.pth` or `StyleVAR_SFT.pth`) and, optionally, `stylevar_config.json` (the reference config
+fields of its weights, as `stylevar convert --config` takes). Offline with files missing from the cache,
+`check_cached` raises `HubError` before any other work, naming the repository, the files and the
+`stylevar pull` command.
+
+This module imports neither torch nor huggingface_hub until it needs them.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stylevar.loaders.paths import home
+
+PREFIX = "hf:"
+DEFAULT_REPO = "Senfier-LiqiJing/StyleVAR"
+VAE_FILE = "vae_ch160v4096z32.pth"
+VARIANTS = {"grpo": "StyleVAR-GRPO.pth", "sft": "StyleVAR_SFT.pth"}
+DEFAULT_VARIANT = "grpo"
+DEFAULT_PRESET = "d20"
+SHAPE_FILE = "stylevar_config.json"  # optional, in the repository: the reference config fields of its weights
+DEFAULT_REVISION = "main"
+
+_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_TRUE = {"1", "on", "yes", "true"}
+
+
+class HubError(FileNotFoundError):
+    """A hub model or file that cannot be had: not cached while offline, not on the Hub, no access."""
+
+
+# ------------------------------------------------------------------------------------------------ ids
+@dataclass(frozen=True)
+class HubFile:
+    """One file of a Hub repository at a revision."""
+
+    repo_id: str
+    filename: str
+    revision: str = DEFAULT_REVISION
+
+    @property
+    def url(self) -> str:
+        """Where huggingface_hub downloads it from (its endpoint: `HF_ENDPOINT`)."""
+        from huggingface_hub import hf_hub_url
+
+        return hf_hub_url(self.repo_id, self.filename, revision=self.revision)
+
+
+@dataclass(frozen=True)
+class HubModel:
+    """A published StyleVAR model: a repository, a variant (which checkpoint) and a revision."""
+
+    repo_id: str = DEFAULT_REPO
+    variant: str = DEFAULT_VARIANT
+    revision: str = DEFAULT_REVISION
+
+    def __post_init__(self) -> None:
+        if not _REPO_RE.match(self.repo_id):
+            raise ValueError(f"{self.repo_id!r} is not a Hub repository id (OWNER/NAME)")
+        if self.variant not in VARIANTS:
+            raise ValueError(f"unknown variant {self.variant!r}; choose from {', '.join(VARIANTS)}")
+        if not self.revision or any(c.isspace() for c in self.revision):
+            raise ValueError(f"bad revision {self.revision!r}")
+
+    @classmethod
+    def parse(cls, text: str, *, prefix: bool = True) -> "HubModel":
+        """`hf:OWNER/NAME[@REVISION][:VARIANT]` (without `hf:` when `prefix` is False)."""
+        body = str(text)
+        if prefix:
+            if not body.startswith(PREFIX):
+                raise ValueError(f"{text!r} is not a hub id (hf:OWNER/NAME[:variant])")
+            body = body[len(PREFIX):]
+        body, _, variant = body.partition(":")
+        repo, _, revision = body.partition("@")
+        return cls(repo, variant or DEFAULT_VARIANT, revision or DEFAULT_REVISION)
+
+    @property
+    def id(self) -> str:
+        rev = f"@{self.revision}" if self.revision != DEFAULT_REVISION else ""
+        return f"{PREFIX}{self.repo_id}{rev}:{self.variant}"
+
+    @property
+    def checkpoint(self) -> str:
+        return VARIANTS[self.variant]
+
+    def files(self) -> tuple[HubFile, HubFile]:
+        """The tokenizer and the transformer checkpoints."""
+        return (HubFile(self.repo_id, VAE_FILE, self.revision), HubFile(self.repo_id, self.checkpoint, self.revision))
+
+    def default_dir(self, shape: "Shape") -> Path:
+        """`STYLEVAR_HOME/models/OWNER--NAME/VARIANT[@REVISION][-SHAPE]`."""
+        name = self.variant
+        if self.revision != DEFAULT_REVISION:
+            name += "@" + re.sub(r"[^A-Za-z0-9_.-]", "_", self.revision)
+        if shape.tag:
+            name += "-" + shape.tag
+        return home() / "models" / self.repo_id.replace("/", "--") / name
+
+
+def is_hub_id(value: object) -> bool:
+    return isinstance(value, (str, os.PathLike)) and os.fspath(value).startswith(PREFIX)
+
+
+# ------------------------------------------------------------------------------------------------ shapes
+@dataclass(frozen=True)
+class Shape:
+    """Which configuration the checkpoints are read with: the repository's default, a preset, or reference fields."""
+
+    preset: str | None = None  # a named preset (explicit)
+    reference: dict[str, Any] | None = field(default=None, hash=False)  # reference config fields (explicit)
+
+    @property
+    def key(self) -> str:
+        if self.reference is not None:
+            return "config:" + self._digest()
+        return f"preset:{self.preset}" if self.preset else "default"
+
+    @property
+    def tag(self) -> str:
+        """Suffix of the default folder: empty for the repository's default shape."""
+        if self.reference is not None:
+            return "config-" + self._digest()[:10]
+        return self.preset or ""
+
+    def _digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.reference, sort_keys=True).encode()).hexdigest()
+
+
+# ------------------------------------------------------------------------------------------------ the cache
+# huggingface_hub.constants reads HF_HUB_CACHE, HF_HOME and HF_HUB_OFFLINE once, when huggingface_hub is first
+# imported; a process that sets them later (a test, a service configured after start-up) must still be
+# obeyed, so these two read them now, falling back on constants for huggingface_hub's own defaults.
+def cache_dir() -> Path:
+    """huggingface_hub's cache folder by its own variables: HF_HUB_CACHE, else HF_HOME/hub, else its default."""
+    env = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if env:
+        return Path(env).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def offline() -> bool:
+    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE), now or when huggingface_hub was imported."""
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_OFFLINE or any(
+        os.environ.get(v, "").strip().lower() in _TRUE for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def cached_path(f: HubFile) -> Path | None:
+    """The file in the local cache, or None (never touches the network)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(f.repo_id, f.filename, cache_dir=cache_dir(), revision=f.revision)
+    return Path(found) if isinstance(found, str) else None
+
+
+def _cached_absent(f: HubFile) -> bool:
+    """True when the cache knows that the file does not exist in the repository at that revision."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(f.repo_id, f.filename, cache_dir=cache_dir(), revision=f.revision)
+    return found is not None and not isinstance(found, str)  # the documented "cached as absent" marker
+
+
+def pull_command(model: HubModel, shape: Shape | None = None) -> str:
+    cmd = f"stylevar pull {model.repo_id} --variant {model.variant}"
+    if model.revision != DEFAULT_REVISION:
+        cmd += f" --revision {model.revision}"
+    if shape is not None and shape.preset:
+        cmd += f" --preset {shape.preset}"
+    elif shape is not None and shape.reference is not None:
+        cmd += " --config CONFIG.json"
+    return cmd
+
+
+def _unavailable(what: str, repo_id: str, revision: str, files: list[str], why: str, fix: str) -> HubError:
+    return HubError(
+        f"{what}: {why}\n"
+        f"  repository {repo_id} (revision {revision}), files: {', '.join(files)}\n"
+        f"  Hugging Face cache: {cache_dir()}\n"
+        f"{fix}")
+
+
+def check_cached(model: HubModel, shape: Shape | None = None) -> None:
+    """Offline: raise one `HubError` naming every file of `model` the cache lacks (online: nothing to check)."""
+    if not offline():
+        return
+    absent = [f.filename for f in model.files() if cached_path(f) is None]
+    if absent:
+        raise _unavailable(
+            model.id, model.repo_id, model.revision, absent,
+            "not in the Hugging Face cache, and downloads are off (HF_HUB_OFFLINE=1)",
+            f"fetch it on a machine with internet access with:\n  {pull_command(model, shape)}\n"
+            "then copy the Hugging Face cache (or the model folder it writes) here, or unset HF_HUB_OFFLINE")
+
+
+def download(f: HubFile, *, progress: bool = True, missing_ok: bool = False) -> Path | None:
+    """The file through huggingface_hub (its cache, token, offline switch, endpoint); `HubError` if it cannot
+    be had. With `missing_ok`, None when the repository has no such file (or, offline, the cache has none)."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub import errors as hf_errors
+
+    is_offline = offline()
+    try:
+        return Path(hf_hub_download(f.repo_id, f.filename, revision=f.revision, cache_dir=cache_dir(),
+                                    local_files_only=is_offline, tqdm_class=None if progress else _silent_bar()))
+    except hf_errors.LocalEntryNotFoundError:
+        if missing_ok:  # not cached, and the Hub cannot be asked: treated as absent
+            return None
+        why = ("not in the Hugging Face cache, and downloads are off (HF_HUB_OFFLINE=1)" if is_offline else
+               "not in the Hugging Face cache, and the Hub cannot be reached")
+        fix = "fetch it on a machine with internet access, or unset HF_HUB_OFFLINE"
+    except hf_errors.RemoteEntryNotFoundError:
+        if missing_ok:
+            return None
+        why, fix = "the repository has no such file at that revision", "check the repository's file list"
+    except hf_errors.GatedRepoError as e:
+        why, fix = f"the repository is gated ({e})", "accept its terms on the Hub and set HF_TOKEN"
+    except hf_errors.RepositoryNotFoundError:
+        why, fix = "no such repository, or it is private", "check the name; for a private repository set HF_TOKEN"
+    except hf_errors.RevisionNotFoundError:
+        why, fix = f"no revision {f.revision!r} in the repository", "check --revision"
+    except OSError as e:  # HfHubHTTPError, connection errors, a full disk
+        why, fix = f"download failed: {e}", "check the network (HF_ENDPOINT for a mirror) and try again"
+    raise _unavailable(f.filename, f.repo_id, f.revision, [f.filename], why, fix)
+
+
+def _silent_bar():
+    from tqdm.auto import tqdm
+
+    class Silent(tqdm):  # huggingface_hub's progress bar, switched off for this call only
+        def __init__(self, *args, **kwargs):
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+    return Silent
+
+
+def optional_file(f: HubFile) -> Path | None:
+    """An optional file of the repository: its path, or None when the repository has none."""
+    found = cached_path(f)
+    if found is not None or _cached_absent(f):
+        return found
+    return download(f, progress=False, missing_ok=True)
+
+
+def sha256_of(path: Path, *, progress: bool = True) -> str:
+    from tqdm.auto import tqdm
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh, tqdm(total=path.stat().st_size, unit="B", unit_scale=True, file=sys.stderr,
+                                      desc=f"sha256 {path.name}", disable=not progress, leave=False) as bar:
+        while chunk := fh.read(1 << 22):
+            digest.update(chunk)
+            bar.update(len(chunk))
+    return digest.hexdigest()

@@ -1,0 +1,136 @@
+"""A StyleVAR block and the head: AdaLN-modulated blended attention and FFN (see `stylevar.models.transformer.model`),
+with stochastic depth on both residual branches in training (`drop_path`)."""
+from __future__ import annotations
+
+from typing import NamedTuple, TypeVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stylevar.config import StyleVARConfig
+from stylevar.models.transformer.attention import BlendedAttention, KVCache
+
+
+class FFN(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class Modulation(NamedTuple):
+    """A block's AdaLN modulations, each (B, 1, C), or (B, L, C) per token: x + attn(LN(x) * (1 + scale1) +
+    shift1) * gate1, then the same for the FFN with the 2s. Unpacks as (g1, g2, s1, s2, b1, b2)."""
+
+    gate1: torch.Tensor
+    gate2: torch.Tensor
+    scale1: torch.Tensor
+    scale2: torch.Tensor
+    shift1: torch.Tensor
+    shift2: torch.Tensor
+
+
+class HeadModulation(NamedTuple):
+    """The head's AdaLN modulations, each (B, 1, C), or (B, L, C) per token."""
+
+    scale: torch.Tensor
+    shift: torch.Tensor
+
+
+ModulationT = TypeVar("ModulationT", Modulation, HeadModulation)
+
+
+def token_rows(mod: ModulationT, start: int, end: int) -> ModulationT:
+    """Per-token modulations (B, L, C) at positions [start, end)."""
+    return type(mod)(*(m[:, start:end] for m in mod))
+
+
+def _ada_lin(lin: nn.Module, cond_BD: torch.Tensor, n: int, dim: int) -> tuple[torch.Tensor, ...]:
+    """The n modulations of an AdaLN input: (B, D) -> n x (B, 1, C), per token (B, L, D) -> n x (B, L, C)."""
+    if cond_BD.ndim == 3:
+        return lin(cond_BD).unflatten(-1, (n, dim)).unbind(2)
+    return lin(cond_BD).view(-1, 1, n, dim).unbind(2)
+
+
+def drop_path(branch_BLC: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Stochastic depth of a residual branch (timm's drop_path with scale_by_keep, as the reference trains): in
+    training each row of the batch is zeroed with probability ``p`` and the kept rows are scaled by
+    1 / (1 - p); otherwise (or with p = 0) the branch itself, untouched. The draw is one Bernoulli per row
+    from torch's global generator, as the reference's (so a seeded run repeats its drops, and activation
+    checkpointing, which restores that generator, recomputes the same ones)."""
+    if p == 0.0 or not training:
+        return branch_BLC
+    keep = 1.0 - p
+    keep_B11 = branch_BLC.new_empty((branch_BLC.shape[0],) + (1,) * (branch_BLC.ndim - 1)).bernoulli_(keep)
+    return branch_BLC * keep_B11.div_(keep)
+
+
+class Guide(NamedTuple):
+    """What a block's queries come from, at the query positions: the guide streams, or their queries when
+    computed beforehand (generation computes every scale's before its loop: they depend on the condition only)."""
+
+    alpha_BSl1: torch.Tensor  # blend coefficient of each style stream at each position
+    style_ln_BSlC: torch.Tensor | None = None  # LayerNorm'ed tokens of the S styles
+    content_ln_BlC: torch.Tensor | None = None  # LayerNorm'ed content tokens
+    q_BHXc: torch.Tensor | None = None  # `Block.queries` of the streams, (B, H, (S + 1) * l, c)
+
+
+class Block(nn.Module):
+    """``drop_path``: this block's stochastic-depth probability in training (`StyleVARConfig.drop_path_rates`)."""
+
+    def __init__(self, cfg: StyleVARConfig, drop_path: float = 0.0):
+        super().__init__()
+        C = cfg.embed_dim
+        self.dim, self.eps = C, cfg.norm_eps
+        self.drop_path = float(drop_path)
+        self.attn = BlendedAttention(C, cfg.num_heads, cfg.attn_l2_norm, cfg.dropout)
+        self.ffn = FFN(C, round(C * cfg.mlp_ratio))
+        self.ada_lin = nn.Sequential(nn.SiLU(), nn.Linear(C, 6 * C))
+
+    def modulation(self, cond_BD: torch.Tensor) -> Modulation:
+        """AdaLN modulations, each (B, 1, C); constant over a generation, so computed once. A per-token
+        condition (B, L, D) (masked style blends) gives them per token, (B, L, C)."""
+        return Modulation(*_ada_lin(self.ada_lin, cond_BD, 6, self.dim))
+
+    def queries(self, style_ln_BSlC: torch.Tensor, content_ln_BlC: torch.Tensor, mod: Modulation) -> torch.Tensor:
+        """The guide streams' queries (B, H, (S + 1) * l, c): LN(stream) * (1 + s1) + b1 through the guide
+        projection, the S styles' rows then the content's. They depend on the condition only."""
+        s1, b1 = mod.scale1, mod.shift1
+        style_BSlC = style_ln_BSlC * (1 + s1.unsqueeze(1)) + b1.unsqueeze(1)
+        content_BlC = content_ln_BlC * (1 + s1) + b1
+        B, S, l, C = style_BSlC.shape
+        return self.attn.queries(torch.cat([style_BSlC.reshape(B, S * l, C), content_BlC], dim=1))
+
+    def forward(self, x_BLC: torch.Tensor, mod: Modulation, guide: Guide, mask: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:
+        """``mod``: `modulation(cond)` at these positions; ``mask``: teacher forcing's; ``cache``: generation's."""
+        g1, g2, s1, s2, b1, b2 = mod
+        h = F.layer_norm(x_BLC, (self.dim,), eps=self.eps) * (1 + s1) + b1
+        q_BHXc = guide.q_BHXc
+        if q_BHXc is None:
+            q_BHXc = self.queries(guide.style_ln_BSlC, guide.content_ln_BlC, mod)
+        attn_BLC = self.attn(h, q_BHXc, guide.alpha_BSl1, mask, cache) * g1
+        x_BLC = x_BLC + drop_path(attn_BLC, self.drop_path, self.training)
+        h = F.layer_norm(x_BLC, (self.dim,), eps=self.eps) * (1 + s2) + b2
+        return x_BLC + drop_path(self.ffn(h) * g2, self.drop_path, self.training)
+
+    def extra_repr(self) -> str:
+        return f"drop_path={self.drop_path:g}" if self.drop_path else ""
+
+
+class AdaLNHead(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.dim, self.eps = dim, eps
+        self.ada_lin = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
+
+    def modulation(self, cond_BD: torch.Tensor) -> HeadModulation:
+        return HeadModulation(*_ada_lin(self.ada_lin, cond_BD, 2, self.dim))
+
+    def forward(self, x_BLC: torch.Tensor, mod: HeadModulation) -> torch.Tensor:
+        scale, shift = mod
+        return F.layer_norm(x_BLC, (self.dim,), eps=self.eps) * (1 + scale) + shift

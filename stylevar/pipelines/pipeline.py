@@ -1,0 +1,432 @@
+"""StylePipeline: a model directory in, PIL images in and out.
+
+A model directory (`stylevar.loaders.model_dir`) holds `config.json`, `tokenizer.safetensors`,
+`transformer.safetensors` and a `README.md` model card. Each model reads and writes its own weights file
+and config.json section (`MultiScaleVQVAE` / `StyleVAR`.save_pretrained, from_pretrained); the pipeline
+composes them with the rest of config.json (`PipelineConfig`). A hub id is pulled into a model directory
+first (`stylevar.loaders.pull`). The embedded demo model lives in `stylevar/assets/demo/`. Video: `stylize_frames`
+(frames in, frames out, `stylevar.pipelines.coherence` across them) and `stylize_video` (a file in, an mp4 out, through
+`stylevar.processing.video`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from PIL import Image
+
+from stylevar.pipelines.coherence import (DEFAULT_TEMPORAL, Coherence, FrameSampler, TemporalMode, coherence_of, gray,
+                                shift_grid)
+from stylevar.config import StyleVARConfig, VQVAEConfig, presets
+from stylevar.utils.devices import resolve_autocast_dtype, resolve_device
+from stylevar.models.generation import GenerationConfig
+from stylevar.pipelines.options import PYTHON, StylizeOptions, offered
+from stylevar.processing.images import Fit, ResizeMode, fit_of, fit_square, pil_to_tensor, tensor_to_pil, to_rgb, unfit
+from stylevar.processing.postprocess import (MAX_SEED, MAX_STYLES, OutputOptions, UpsampleMode, check_style_weights, finish,
+                                  sample_seeds)
+from stylevar.loaders.model_dir import DEMO_MODEL_DIR, PipelineConfig, check_model_dir, write_model_dir
+from stylevar.processing.palette import match_palette
+from stylevar.loaders.pull import resolve_model
+from stylevar.processing.refine import refine
+from stylevar.processing.upsample import Upsampling, upscale
+from stylevar.models.tokenizer import MultiScaleVQVAE
+from stylevar.models.transformer import Condition, StyleBlend, StyleVAR
+from stylevar.processing.video import VideoInfo, VideoLimits, VideoWriter, probe, read_frames
+
+ProgressFn = Callable[[int, "int | None"], None]  # (frames done, frames in all when the header says)
+
+
+@dataclass(frozen=True)
+class StyleMix:
+    """Several style images for one content image, blended by weight, each optionally confined to a region.
+
+    ``weights``: one per image, >= 0, not all 0 (None: equal; they are normalised to sum to 1).
+    ``masks``: one grayscale image per style, white = the style applies, black = the content stays
+    (grey: partly); any size (resized to the content's, then fitted into the model's square as the
+    content is). None: every style everywhere. See `stylevar.models.transformer.model` for the blend.
+    """
+
+    images: tuple[Image.Image, ...]
+    weights: tuple[float, ...] | None = None
+    masks: tuple[Image.Image, ...] | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.images)
+        if not 1 <= n <= MAX_STYLES:
+            raise ValueError(f"give 1 to {MAX_STYLES} style images, got {n}")
+        if self.weights is not None:
+            if len(self.weights) != n:
+                raise ValueError(f"style_weights: {len(self.weights)} weights for {n} style images")
+            check_style_weights(self.weights)
+        if self.masks is not None and len(self.masks) != n:
+            raise ValueError(f"style_masks: {len(self.masks)} masks for {n} style images")
+
+    @classmethod
+    def of(cls, style: Image.Image | Sequence[Image.Image] | StyleMix, weights: Sequence[float] | None = None,
+           masks: Sequence[Image.Image] | None = None) -> StyleMix:
+        """A mix from one style image or a list (or a mix, when no weights or masks are given)."""
+        if isinstance(style, StyleMix):
+            if weights is not None or masks is not None:
+                raise ValueError("give weights and masks inside the StyleMix, not beside it")
+            return style
+        images = (style,) if isinstance(style, Image.Image) else tuple(style)
+        return cls(images, None if weights is None else tuple(float(w) for w in weights),
+                   None if masks is None else tuple(masks))
+
+    @property
+    def plain(self) -> bool:
+        """One style without a mask: the published model's computation."""
+        return len(self.images) == 1 and self.masks is None
+
+    def active(self) -> StyleMix:
+        """The styles of weight > 0 (a style of weight 0 contributes nothing, so it is not computed)."""
+        if self.weights is None or all(w > 0 for w in self.weights):
+            return self
+        keep = [i for i, w in enumerate(self.weights) if w > 0]
+        return StyleMix(tuple(self.images[i] for i in keep), tuple(self.weights[i] for i in keep),
+                        None if self.masks is None else tuple(self.masks[i] for i in keep))
+
+
+@dataclass(frozen=True)
+class VideoResult:
+    """What `StylePipeline.stylize_video` wrote."""
+
+    path: Path
+    frames: int
+    fps: Fraction
+    duration_s: float  # from the first frame's start to the last one's end, in the source's timing
+    size: tuple[int, int]  # (w, h) of the frames (the mp4 drops an odd last row / column)
+    audio: bool  # the source's audio was copied
+    seconds: float  # wall-clock time of the whole call
+
+
+@dataclass(frozen=True)
+class Drawings:
+    """What the model drew for a batch, at its own resolution, before the result's size is reached."""
+
+    images: torch.Tensor  # (B, 3, S, S) in [0, 1]
+    seen: torch.Tensor  # (B, 3, S, S) in [0, 1]: the contents as the model saw them
+    fits: list[Fit]  # how each content was fitted into the square
+
+
+class StylePipeline:
+    def __init__(self, model: StyleVAR, config: PipelineConfig):
+        self.model = model.eval()
+        self.config = config
+
+    # ---- construction ------------------------------------------------------------------------
+    @classmethod
+    def from_models(cls, model: StyleVAR, **config_kwargs) -> "StylePipeline":
+        return cls(model, PipelineConfig(model.tokenizer.cfg, model.cfg, **config_kwargs))
+
+    @classmethod
+    def random(cls, preset: str | tuple[VQVAEConfig, StyleVARConfig] = "tiny", seed: int = 0,
+               name: str = "random-init") -> "StylePipeline":
+        """An untrained pipeline (for tests and benchmarks)."""
+        vq_cfg, tr_cfg = presets(preset) if isinstance(preset, str) else preset
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = StyleVAR(tr_cfg, MultiScaleVQVAE(vq_cfg))
+        return cls.from_models(model, name=name)
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | os.PathLike | None = None, device: str | torch.device | None = None,
+                        autocast_dtype: torch.dtype | str | None = "auto") -> "StylePipeline":
+        """Load a model directory (default: the embedded demo model), or a hub id ``hf:OWNER/NAME[:variant]``
+        (pulled on first use, see `stylevar.loaders.pull`). ``autocast_dtype``: "auto" = bf16 on CUDA and none on the
+        CPU; None = float32 everywhere; or a dtype or its name ("bf16", "float16", ...; see
+        `stylevar.utils.devices.resolve_autocast_dtype`)."""
+        d = resolve_model(model_dir) if model_dir is not None else DEMO_MODEL_DIR
+        config = check_model_dir(d)
+        model = StyleVAR.from_pretrained(d)
+        device = torch.device(device) if device is not None else resolve_device(None)
+        model.to(device)
+        model.autocast_dtype = resolve_autocast_dtype(autocast_dtype, device)
+        return cls(model, config)
+
+    def save_pretrained(self, model_dir: str | os.PathLike, dtype: torch.dtype | None = None,
+                        model_card: str | None = None) -> Path:
+        """The model directory (`stylevar.loaders.model_dir.write_model_dir`): the models' files, config.json from
+        `config`, the model card when given."""
+        return write_model_dir(self.model, self.config, model_dir, dtype, model_card)
+
+    # ---- properties ---------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.model.pos_1LC.device
+
+    @property
+    def image_size(self) -> int:
+        return self.config.tokenizer.image_size
+
+    def summary(self) -> str:
+        """What is loaded, in one line: ``NAME: 64 px, 6 scales, 9.12 M parameters (transformer with its image
+        encoders 5.88 M: what training.sft trains; tokenizer 3.24 M)``. Counted on the model's parameters:
+        call it before `stylevar.runtime.inference.prepare`, whose packed layers hold their weights as buffers."""
+        total = sum(p.numel() for p in self.model.parameters())
+        tok = sum(p.numel() for p in self.model.tokenizer.parameters())
+        scales = len(self.config.transformer.patch_nums)
+        return (f"{self.config.label}: {self.image_size} px, {scales} scales, {total / 1e6:.2f} M parameters "
+                f"(transformer with its image encoders {(total - tok) / 1e6:.2f} M: what training.sft trains; "
+                f"tokenizer {tok / 1e6:.2f} M)")
+
+    def to(self, device: str | torch.device) -> "StylePipeline":
+        self.model.to(device)
+        return self
+
+    # ---- images -------------------------------------------------------------------------------
+    def preprocess(self, images: Sequence[Image.Image], resize: ResizeMode = "stretch"
+                   ) -> tuple[torch.Tensor, list[Fit]]:
+        """PIL images -> (B, 3, S, S) in [-1, 1] on the model's device, and how each was fitted. An image
+        object repeated in ``images`` (one request, several seeds) is resized once."""
+        done: dict[int, tuple[torch.Tensor, Fit]] = {}
+        for im in images:
+            if id(im) not in done:
+                sq, fit = fit_square(to_rgb(im), self.image_size, resize)
+                done[id(im)] = (pil_to_tensor(sq), fit)
+        x = torch.stack([done[id(im)][0] for im in images]).to(self.device)
+        return x.mul(2).sub(1), [done[id(im)][1] for im in images]
+
+    def mask_tensor(self, mask: Image.Image, content: Image.Image, resize: ResizeMode = "stretch") -> torch.Tensor:
+        """A style mask (any mode, any size) -> (S, S) in [0, 1]: resized to the content's size, then
+        fitted into the model's square as the content is."""
+        gray = mask.convert("L")
+        if gray.size != content.size:
+            gray = gray.resize(content.size, Image.BILINEAR)
+        sq, _ = fit_square(gray.convert("RGB"), self.image_size, resize)
+        return pil_to_tensor(sq)[0]
+
+    def style_input(self, contents: Sequence[Image.Image], mixes: Sequence[StyleMix], resize: ResizeMode
+                    ) -> torch.Tensor | StyleBlend:
+        """The model's style input for a batch: one image tensor when every row is one style without a mask
+        (the published computation), else a `StyleBlend`. Every row must have as many styles of weight > 0."""
+        mixes = [m.active() for m in mixes]
+        counts = {len(m.images) for m in mixes}
+        if len(counts) != 1:
+            raise ValueError(f"rows of one batch need as many styles each, got {sorted(counts)}")
+        if all(m.plain for m in mixes):
+            return self.preprocess([m.images[0] for m in mixes], "crop")[0]
+        (S,) = counts
+        styles = [self.preprocess([m.images[s] for m in mixes], "crop")[0] for s in range(S)]
+        weights = torch.tensor([m.weights or (1.0,) * S for m in mixes], dtype=torch.float32, device=self.device)
+        masks = None
+        if any(m.masks is not None for m in mixes):
+            ones = torch.ones(self.image_size, self.image_size)
+            masks = torch.stack([
+                torch.stack([ones if m.masks is None else self.mask_tensor(m.masks[s], c, resize) for s in range(S)])
+                for m, c in zip(mixes, contents)]).to(self.device)
+        return StyleBlend(styles, weights, masks)
+
+    def stylize_batch(
+        self,
+        contents: Sequence[Image.Image],
+        styles: Sequence[Image.Image | StyleMix],
+        *,
+        max_side: int | None = None,
+        upsample: UpsampleMode | None = None,
+        **draw_kwargs,
+    ) -> list[Image.Image]:
+        """One `generate` call for a batch (`draw`); each result has its content's aspect ratio (see `unfit`),
+        its long side at most ``max_side``. ``upsample``: how the drawing reaches the result's size
+        (`stylevar.processing.upsample`; None: the model's setting)."""
+        drawn = self.draw(contents, styles, **draw_kwargs)
+        up = self.upsampling(upsample)
+        return [upscale(img, seen, fit, c, max_side, up)
+                for img, seen, fit, c in zip(drawn.images, drawn.seen, drawn.fits, contents)]
+
+    def draw(
+        self,
+        contents: Sequence[Image.Image],
+        styles: Sequence[Image.Image | StyleMix],
+        *,
+        seeds: Sequence[int] | int | None = None,
+        resize: ResizeMode = "stretch",
+        on_scale: Callable[[int, torch.Tensor], None] | None = None,
+        condition: Callable[[torch.Tensor, torch.Tensor | StyleBlend, bool], Condition] | None = None,
+        **gen_kwargs,
+    ) -> Drawings:
+        """The model's drawings at its own resolution, one `generate` call for the batch, with the model
+        directory's palette step and refinement.
+
+        A row's style is one image or a `StyleMix` (every row as many styles of weight > 0). ``condition``
+        (content, style inputs, unstyled -> `Condition`) replaces `StyleVAR.condition`, e.g. the service's cache."""
+        if len(contents) != len(styles):
+            raise ValueError(f"{len(contents)} content images but {len(styles)} style images")
+        content, fits = self.preprocess(contents, resize)
+        style = self.style_input(contents, [StyleMix.of(s) for s in styles], resize)
+        gen = dataclasses.replace(self.generation_config(**gen_kwargs), seed=seeds)
+        cond = condition(content, style, gen.guidance > 0) if condition is not None else None
+        out = self.model.generate(content, style, on_scale=on_scale, cond=cond, **gen.kwargs())
+        out = match_palette(out, style, self.config.palette)  # (B, 3, S, S) in [0, 1]
+        seen = content.add(1).mul(0.5)  # (B, 3, S, S) in [0, 1]
+        if self.config.refine.enabled:  # guided by the content
+            out = refine(out, seen, self.config.refine)
+        return Drawings(out, seen, fits)
+
+    def upsampling(self, mode: UpsampleMode | None = None) -> Upsampling:
+        """The model's upsampling settings with the caller's mode (None: the model's)."""
+        return self.config.upsample if mode is None else dataclasses.replace(self.config.upsample, mode=mode)
+
+    def generation_kwargs(self, **gen_kwargs) -> dict[str, Any]:
+        """`generate` keyword arguments: the caller's (None = unset) over the model's recommended ones."""
+        return {**self.config.generation, **{k: v for k, v in gen_kwargs.items() if v is not None}}
+
+    def generation_config(self, **gen_kwargs) -> GenerationConfig:
+        """The settings a call runs with: the caller's (None = unset) over the model's recommended ones over
+        `GenerationConfig`'s defaults."""
+        return GenerationConfig.from_kwargs(self.generation_kwargs(**gen_kwargs))
+
+    def __call__(self, content: Image.Image, style: Image.Image | Sequence[Image.Image] | StyleMix, *,
+                 style_masks: Sequence[Image.Image] | None = None, max_side: int | None = None,
+                 **options: Any) -> Image.Image | list[Image.Image]:
+        """Re-draw ``content`` in the style of ``style``, as ``POST /stylize`` does.
+
+        ``options``: the fields of `stylevar.pipelines.options.StylizeOptions` but ``format`` (their help is there); left out
+        or None: the model's ``style_strength``, ``top_k``, ``top_p``, ``alphas``, ``guidance`` and ``upsample``, a
+        random ``seed`` (torch's global generator), equal ``style_weights``. ``style``: one image, or a list blended
+        by ``style_weights``, each confined to its ``style_masks`` image when given (grayscale, white = apply; see
+        `StyleMix`). ``num_samples`` left out returns one image, ``n`` a list of n (seeds ``seed .. seed+n-1``, one
+        model call). ``max_side``: long side of the result (None: the content's size).
+        """
+        unknown = set(options) - {opt.name for opt in offered(PYTHON)}
+        if unknown:
+            raise TypeError(f"StylePipeline() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+        given = {k: v for k, v in options.items() if v is not None}
+        num_samples = given.pop("num_samples", None)
+        seeds = sample_seeds(given.pop("seed", None), 1 if num_samples is None else num_samples)
+        output = OutputOptions(max_side=max_side, preserve_color=given.pop("preserve_color", False))
+        mix = StyleMix.of(style, given.pop("style_weights", None), style_masks)
+        images = self.stylize_batch([content] * len(seeds), [mix] * len(seeds), seeds=seeds,
+                                    resize=given.pop("resize", StylizeOptions.resize), max_side=output.max_side,
+                                    upsample=given.pop("upsample", None), **given)
+        images = finish(images, content, output)
+        return images[0] if num_samples is None else images
+
+    # ---- video --------------------------------------------------------------------------------
+    def stylize_frames(self, frames: Iterable[Image.Image], style: Image.Image | Sequence[Image.Image] | StyleMix, *,
+                       temporal: TemporalMode | Coherence = DEFAULT_TEMPORAL, batch_size: int = 4,
+                       style_masks: Sequence[Image.Image] | None = None, max_side: int | None = None,
+                       **options: Any) -> Iterator[Image.Image]:
+        """Re-draw a clip's frames (consumed ``batch_size`` at a time, in order) in the style of ``style``; each
+        result's ``info`` keeps its frame's ``time_s`` and ``index``. ``options``: `__call__`'s but
+        ``num_samples``. ``temporal`` (`stylevar.pipelines.coherence`): ``independent`` (frame i: seed + i), ``same-seed``
+        (every frame the seed), ``coherent`` (the draws follow the content's motion, on a canvas that moves
+        with it), ``coherent-reuse`` (and all but the finest scale's tokens kept where the content did not change),
+        or a `stylevar.pipelines.coherence.Coherence`."""
+        given = self._video_options(options)
+        seed = sample_seeds(given.pop("seed", None), 1)[0]
+        output = OutputOptions(max_side=max_side, preserve_color=given.pop("preserve_color", False))
+        mix = StyleMix.of(style, given.pop("style_weights", None), style_masks)
+        resize, upsample = given.pop("resize", StylizeOptions.resize), given.pop("upsample", None)
+        cfg = coherence_of(temporal)
+        sampler = None if cfg is None else FrameSampler(seed, cfg, self.config.transformer.patch_nums,
+                                                        self.image_size)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        done, it = 0, iter(frames)
+        while batch := list(itertools.islice(it, batch_size)):
+            phases = [(0.0, 0.0)] * len(batch)  # model pixels each frame is moved by (the aligned canvas)
+            seen = None  # what the model sees of each frame and its fit (the coherent modes need them twice)
+            if sampler is not None:
+                seen = self.preprocess(batch, resize)
+                motion = sampler.begin(seen[0].add(1).mul(0.5), *_guides(batch, resize, self.image_size))
+                phases = [tuple(p) for p in motion.phase_B2.tolist()] if sampler.quantum else phases
+            seeds = sampler if sampler is not None else [seed] * len(batch) if temporal == "same-seed" else \
+                [(seed + done + i) % (MAX_SEED + 1) for i in range(len(batch))]
+            images = self._draw_frames(batch, phases, mix, seeds, resize, output.max_side, upsample, given, seen)
+            for i, (image, frame) in enumerate(zip(images, batch)):
+                out = finish([image], frame, output)[0]
+                out.info.update(time_s=frame.info.get("time_s"), index=frame.info.get("index", done + i))
+                yield out
+            done += len(batch)
+
+    def _draw_frames(self, frames: list[Image.Image], phases: list[tuple[float, float]], mix: StyleMix,
+                     seeds: Any, resize: ResizeMode, max_side: int | None, upsample: UpsampleMode | None,
+                     gen: dict[str, Any], seen: tuple[torch.Tensor, list[Fit]] | None) -> list[Image.Image]:
+        """`stylize_batch` of a batch of frames, each moved by its phase (model pixels) before the model sees it
+        and its drawing moved back, at the model's resolution, before it is upsampled from the frame itself.
+        ``seen``: the frames' `preprocess` (given with a `FrameSampler` as ``seeds``, the only case that moves or
+        settles)."""
+        sampler = seeds if isinstance(seeds, FrameSampler) else None
+        if sampler is None or (all(p == (0.0, 0.0) for p in phases) and not sampler.cfg.settle):
+            return self.stylize_batch(frames, [mix] * len(frames), seeds=seeds, resize=resize, max_side=max_side,
+                                      upsample=upsample, **gen)
+        x_B3SS, fits = seen
+        moved = [_move(f, p, fit) for f, p, fit in zip(frames, phases, fits)]
+        drawn = self.draw(moved, [mix] * len(frames), seeds=seeds, resize=resize, **gen)
+        back, _ = shift_grid(sampler.settle(drawn.images), -torch.tensor(phases, dtype=torch.float32), mode="bicubic")
+        up = self.upsampling(upsample)
+        return [upscale(img, s, fit, f, max_side, up)
+                for img, s, fit, f in zip(back.clamp(0, 1), x_B3SS.add(1).mul(0.5), fits, frames)]
+
+    def stylize_video(self, src: str | os.PathLike, style: Image.Image | Sequence[Image.Image] | StyleMix,
+                      out: str | os.PathLike, *, limits: VideoLimits | None = None, progress: ProgressFn | None = None,
+                      info: VideoInfo | None = None, **kwargs: Any) -> VideoResult:
+        """Re-draw the video ``src`` into the H.264 mp4 ``out``: frames decoded as a stream (`stylevar.processing.video`),
+        stylized by `stylize_frames` (its keyword arguments), written with the source's timing, frame rate and
+        audio. ``limits``: refuse a longer or larger clip (a `stylevar.processing.video.VideoError`, before any model call).
+        ``progress(done, total)`` after each frame (``total`` None when the header does not say); an exception
+        it raises stops the work and leaves ``out`` as it was. ``info``: ``src``'s `probe` when the caller has
+        it already (checked against ``limits``), so the clip is not opened for it twice."""
+        t0 = time.perf_counter()
+        info = probe(src, limits) if info is None else info
+        done, first_s, last_s = 0, None, 0.0
+        with VideoWriter(out, info, audio_from=src if info.has_audio else None) as writer:
+            for image in self.stylize_frames(read_frames(src, limits), style, **kwargs):
+                time_s = image.info.get("time_s")
+                writer.write(image, time_s)
+                first_s = time_s if first_s is None else first_s
+                last_s = (time_s or 0.0) - (first_s or 0.0)
+                done += 1
+                if progress is not None:
+                    progress(done, info.frames)
+        path = writer.path
+        return VideoResult(path, done, info.fps, last_s + 1 / float(info.fps), writer.size, info.has_audio,
+                           time.perf_counter() - t0)
+
+    @staticmethod
+    def _video_options(options: dict[str, Any]) -> dict[str, Any]:
+        """`__call__`'s options that are set, for a clip (one result per frame: no ``num_samples``)."""
+        unknown = set(options) - {opt.name for opt in offered(PYTHON)} | ({"num_samples"} & set(options))
+        if unknown:
+            raise TypeError(f"stylize_frames() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+        return {k: v for k, v in options.items() if v is not None}
+
+
+def _move(image: Image.Image, phase: tuple[float, float], fit: Fit) -> Image.Image:
+    """``image`` moved by ``phase`` model pixels (as ``fit`` maps them to its frame), bilinear, edges replicated;
+    the image itself when there is nothing to move."""
+    if phase == (0.0, 0.0):
+        return image
+    (w, h), (left, top, right, bottom) = fit.size, fit.box
+    fx, fy = (min(w, h) / (right - left),) * 2 if fit.mode == "crop" else (w / (right - left), h / (bottom - top))
+    d = torch.tensor([[phase[0] * fx, phase[1] * fy]])
+    moved, _ = shift_grid(pil_to_tensor(to_rgb(image))[None], d)
+    return tensor_to_pil(moved[0])
+
+
+GUIDE_SIDE = 256  # the longest side the motion between frames is estimated at (`stylevar.pipelines.coherence`)
+
+
+def _guides(frames: list[Image.Image], resize: ResizeMode, side: int) -> tuple[torch.Tensor, tuple[float, float]]:
+    """The luminance of what the model sees of each frame (the centre square for ``crop``), at most `GUIDE_SIDE`
+    pixels a side: (B, H, W), and the model pixels per guide pixel (x, y)."""
+    fit = fit_of(frames[0].size, side, resize)
+    w, h = fit.size
+    box = (0, 0, w, h) if fit.mode != "crop" else ((w - min(w, h)) // 2, (h - min(w, h)) // 2,
+                                                    (w + min(w, h)) // 2, (h + min(w, h)) // 2)
+    bw, bh = box[2] - box[0], box[3] - box[1]
+    f = min(1.0, GUIDE_SIDE / max(bw, bh))
+    size = (max(1, round(bw * f)), max(1, round(bh * f)))
+    rgb = torch.stack([pil_to_tensor(to_rgb(im).crop(box).resize(size, Image.BILINEAR) if f < 1 or box != (0, 0, w, h)
+                                     else to_rgb(im)) for im in frames])
+    left, top, right, bottom = fit.box
+    return gray(rgb), ((right - left) / size[0], (bottom - top) / size[1])

@@ -1,0 +1,100 @@
+"""What is done to a request around the model call: the seeds of several samples, the output size
+limit and colour preservation.
+
+One implementation for every entry point: ``StylePipeline.__call__``, the service (``serve.http.app`` and
+``serve.engine.runner``) and ``stylevar stylize`` all go through these functions, so the Python API returns
+what ``POST /stylize`` returns for the same inputs, seed and options.
+"""
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from PIL import Image, ImageOps
+
+MAX_SEED = 2**32 - 1  # seeds are 32-bit (the service's form field and the command line's --seed)
+# how a drawing reaches the result's size (stylevar.processing.upsample); declared here, where no torch is needed
+UpsampleMode = Literal["guided", "bicubic"]
+UPSAMPLE_MODES: tuple[str, ...] = ("guided", "bicubic")
+DEFAULT_UPSAMPLE: UpsampleMode = "guided"
+MAX_STYLES = 4  # style images per request (a blend): each adds a query stream to every attention call
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """How a stylized image is finished.
+
+    ``max_side``: long side of the result (None: the content's size); the result keeps the content's
+    aspect ratio (``crop``: its centre square). ``preserve_color``: the result's luminance with the
+    content's chroma.
+    """
+
+    max_side: int | None = None
+    preserve_color: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_side is not None and self.max_side < 1:
+            raise ValueError(f"max_side must be >= 1, got {self.max_side}")
+
+
+def check_style_weights(weights: Sequence[float]) -> tuple[float, ...]:
+    """Style weights as the model computes with them: each finite and >= 0 in float32 (1e39 is not), their
+    float32 sum finite and > 0 (1e-320 and 0 are all zero), so that normalising them is defined. The one
+    rule for every surface (the service checks it before a request is admitted). Returns them as floats."""
+    values = tuple(float(w) for w in weights)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        w32 = np.asarray(values, dtype=np.float32)
+        total = w32.sum(dtype=np.float32)
+    if not values or not np.isfinite(w32).all() or (w32 < 0).any() or not (np.isfinite(total) and total > 0):
+        raise ValueError("style weights must be finite numbers >= 0 (in float32, the model's precision: at most "
+                         "about 3.4e38), not all 0 (nor all below about 1e-45)")
+    return values
+
+
+def sample_seeds(seed: int | None, num_samples: int) -> list[int]:
+    """The seeds of ``num_samples`` samples: ``seed, seed + 1, ...``; without a seed the first is drawn
+    from torch's global generator (so ``torch.manual_seed`` makes it repeatable)."""
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    if seed is None:
+        import torch
+
+        seed = int(torch.randint(0, MAX_SEED + 1, (1,)).item())
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed must be in [0, {MAX_SEED}], got {seed}")
+    return [seed + i for i in range(num_samples)]
+
+
+def os_random_seed() -> int:
+    """A seed from the operating system's randomness: what the service draws for a request without one (torch's
+    global generator starts from the same seed in every process, so replicas would repeat each other)."""
+    return secrets.randbelow(MAX_SEED + 1)
+
+
+def preserve_color(result: Image.Image, content: Image.Image) -> Image.Image:
+    """Keep the content's colours and the result's texture.
+
+    The luminance (Y of YCbCr) comes from the stylized result, the chroma (Cb, Cr) from the content
+    image resampled onto the result's frame.
+    """
+    content = ImageOps.fit(content.convert("RGB"), result.size, Image.BICUBIC)
+    y, _, _ = result.convert("YCbCr").split()
+    _, cb, cr = content.convert("YCbCr").split()
+    return Image.merge("YCbCr", (y, cb, cr)).convert("RGB")
+
+
+def finish(images: Sequence[Image.Image], content: Image.Image, options: OutputOptions) -> list[Image.Image]:
+    """The model's results for one content image, finished as ``options`` ask (the size limit is
+    applied when the square result is mapped back, in ``StylePipeline.stylize_batch``)."""
+    if options.preserve_color:
+        return [preserve_color(im, content) for im in images]
+    return list(images)
+
+
+def upscale_factor(result_size: tuple[int, int], model_side: int) -> float:
+    """How much larger than the model's own resolution a result is (1.0 or less: not upscaled): the
+    model draws ``model_side`` pixels across the result's long side in every resize mode."""
+    return max(result_size) / model_side

@@ -1,0 +1,159 @@
+"""From the model's resolution to the size the user gets back: bicubic, or content-guided detail transfer.
+
+Every model draws a small square (the demo 64 px, the published d20 256 px); the result is returned at the
+content's size (or `max_side`). Stretched on its own, a 64 px drawing is a blur at 512 px. The content is
+there at full size, and it holds exactly what the drawing lacks: the fine edges.
+
+``mode="bicubic"``: the drawing resized (Pillow's bicubic), what every release before this one returned.
+
+``mode="guided"``: the bicubic result plus the content's own fine detail, in the amount the drawing's
+local relation to the content asks for. At the model's resolution, in every (2r+1) x (2r+1) window, each
+colour channel p_c of the drawing is fitted as a linear function of the content's luminance Y,
+p_c ~ a_c * Y + b_c (least squares with a ridge ``eps`` on a_c; the coefficients of the guided filter of
+He, Sun and Tang, ECCV 2010, averaged over the windows that cover a pixel). At the output size:
+
+    out_c = bicubic(p)_c + strength * a_c(x) * (Y_full(x) - Y_low(x))
+
+where Y_full is the content's luminance at the output size, Y_low the luminance the model saw (the
+content at the model's resolution), both brought to the output size, and a_c is interpolated
+bilinearly. Y_full - Y_low is the detail that downscaling took from the content; a_c says how the
+drawing follows the content there (0 where the drawing is flat or unrelated to it, so the style's own
+texture is left alone; negative where the drawing inverts the content's brightness). The low
+frequencies, hence the colours, are the drawing's: this is the fast guided filter's upsampling (He and
+Sun, 2015, arXiv:1505.00996) applied to the detail only. At the model's own size Y_full = Y_low and the
+drawing is returned unchanged.
+
+Memory stays bounded: the coefficients live at the model's resolution, and the output is computed in
+strips of about ``strip_pixels`` pixels (each strip's bilinear weights computed for its own rows, so
+strips give what one piece gives); beyond the returned image and the content it holds a few float
+strips. It runs on the drawing's device (CPU or GPU).
+
+This is post-processing after the model: the model's output at its own resolution (published-model
+conformance) is untouched. `stylevar.processing.refine` is a different step: a guided filter *at the model's
+resolution*, part of the demo model's own output (its config.json); this one only adds what lies beyond
+that resolution.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image, ImageOps
+
+from stylevar.config import Serializable
+from stylevar.processing.images import Fit, tensor_to_pil, unfit
+from stylevar.processing.postprocess import DEFAULT_UPSAMPLE, UPSAMPLE_MODES, UpsampleMode
+
+_LUMA = (0.299, 0.587, 0.114)
+
+
+@dataclass(frozen=True)
+class Upsampling(Serializable):
+    mode: UpsampleMode = DEFAULT_UPSAMPLE
+    strength: float = 1.0  # how much of the content's fine detail; 0 is bicubic
+    radius: int = 2  # window radius at the model's resolution
+    eps: float = 1e-3  # ridge on a_c, in squared [0, 1] intensity units: larger = less detail in low contrast
+    strip_pixels: int = 1 << 20  # output pixels computed at once (memory bound, not the result)
+
+    def __post_init__(self) -> None:
+        if self.mode not in UPSAMPLE_MODES:
+            raise ValueError(f"upsample must be one of {UPSAMPLE_MODES}, not {self.mode!r}")
+        if not (math.isfinite(self.strength) and 0.0 <= self.strength <= 2.0):
+            raise ValueError(f"upsample strength must lie in [0, 2], got {self.strength}")
+        if self.radius < 1:
+            raise ValueError(f"upsample radius must be >= 1, got {self.radius}")
+        if not (math.isfinite(self.eps) and self.eps > 0):
+            raise ValueError(f"upsample eps must be > 0, got {self.eps}")
+        if self.strip_pixels < 1:
+            raise ValueError(f"strip_pixels must be >= 1, got {self.strip_pixels}")
+
+    @property
+    def guided(self) -> bool:
+        return self.mode == "guided" and self.strength > 0
+
+
+def luminance(img_B3HW: torch.Tensor) -> torch.Tensor:
+    """(B, 1, H, W) luma (Rec. 601) of RGB images."""
+    w = img_B3HW.new_tensor(_LUMA).view(1, 3, 1, 1)
+    return (img_B3HW * w).sum(1, keepdim=True)
+
+
+def _box(x_BCHW: torch.Tensor, radius: int) -> torch.Tensor:
+    """Mean over (2r+1) x (2r+1) windows, edges replicated."""
+    k = 2 * radius + 1
+    return F.avg_pool2d(F.pad(x_BCHW, (radius,) * 4, mode="replicate"), k, stride=1)
+
+
+def detail_slopes(drawing_B3hw: torch.Tensor, guide_B1hw: torch.Tensor, radius: int, eps: float) -> torch.Tensor:
+    """a_c of the module doc, (B, 3, h, w): the window-averaged least-squares slope of each drawing channel
+    on the guide's luminance (edges replicated, so any image size works)."""
+    r = radius
+    mean_i, mean_p = _box(guide_B1hw, r), _box(drawing_B3hw, r)
+    cov = _box(guide_B1hw * drawing_B3hw, r) - mean_i * mean_p
+    var = _box(guide_B1hw * guide_B1hw, r) - mean_i * mean_i
+    return _box(cov / (var.clamp_min(0) + eps), r)
+
+
+def _axis_weights(n_out: int, n_in: int, start: int, stop: int, device: torch.device
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Bilinear sampling of output positions [start, stop) of an `n_in` -> `n_out` resize (half-pixel
+    centres, edges clamped: torch's `align_corners=False`): (lower index, upper index, upper weight)."""
+    pos = (torch.arange(start, stop, device=device, dtype=torch.float64) + 0.5) * (n_in / n_out) - 0.5
+    pos = pos.clamp(0, n_in - 1)
+    lo = pos.floor().long()
+    hi = (lo + 1).clamp(max=n_in - 1)
+    return lo, hi, (pos - lo).float()
+
+
+def _resample_rows(x_CHW: torch.Tensor, size: tuple[int, int], rows: tuple[int, int]) -> torch.Tensor:
+    """Rows [rows) of `x` resized bilinearly to `size` (H, W): (C, rows, W), exactly those rows of the whole."""
+    H, W = size
+    y0, y1, wy = _axis_weights(H, x_CHW.shape[1], *rows, x_CHW.device)
+    x0, x1, wx = _axis_weights(W, x_CHW.shape[2], 0, W, x_CHW.device)
+    r = x_CHW[:, y0] * (1 - wy)[:, None] + x_CHW[:, y1] * wy[:, None]  # (C, rows, w)
+    return r[:, :, x0] * (1 - wx) + r[:, :, x1] * wx
+
+
+def guide_image(content: Image.Image, fit: Fit, size: tuple[int, int]) -> Image.Image:
+    """The content on the result's frame at `size` (w, h): the centre square for `crop`, else all of it."""
+    content = content.convert("RGB") if content.mode != "RGB" else content
+    if fit.mode == "crop":
+        return content if content.size == size else ImageOps.fit(content, size, Image.BICUBIC)
+    return content if content.size == size else content.resize(size, Image.BICUBIC)
+
+
+def _crop_box(x_CSS: torch.Tensor, fit: Fit) -> torch.Tensor:
+    left, top, right, bottom = fit.box
+    return x_CSS[:, top:bottom, left:right]
+
+
+@torch.no_grad()
+def upscale(drawing_3SS: torch.Tensor, seen_3SS: torch.Tensor, fit: Fit, content: Image.Image,
+            max_side: int | None, cfg: Upsampling) -> Image.Image:
+    """The drawing (in [0, 1], the model's square) at the result's size (`stylevar.processing.images.unfit`'s rules),
+    upsampled as `cfg` says. `seen_3SS`: the content as the model saw it (the same square, in [0, 1]);
+    `content`: the content image at its own size."""
+    base = unfit(tensor_to_pil(drawing_3SS), fit, max_side)
+    low_h, low_w = fit.box[3] - fit.box[1], fit.box[2] - fit.box[0]
+    if not cfg.guided or (base.width <= low_w and base.height <= low_h):
+        return base
+    drawing = _crop_box(drawing_3SS.float(), fit).unsqueeze(0)
+    seen_y = luminance(_crop_box(seen_3SS.float().to(drawing.device), fit).unsqueeze(0))
+    slopes = detail_slopes(drawing, seen_y, cfg.radius, cfg.eps)[0]  # (3, h, w)
+    guide = guide_image(content, fit, base.size)
+    out = np.array(base)  # (H, W, 3) uint8, written strip by strip
+    W, H = base.size
+    step = max(1, cfg.strip_pixels // W)
+    for top in range(0, H, step):
+        rows = (top, min(H, top + step))
+        strip = guide.crop((0, rows[0], W, rows[1]))
+        full_y = luminance(torch.from_numpy(np.array(strip)).to(drawing.device).permute(2, 0, 1)
+                           .unsqueeze(0).float().div_(255))[0]  # (1, rows, W)
+        detail = full_y - _resample_rows(seen_y[0], (H, W), rows)
+        base_strip = torch.from_numpy(out[rows[0]:rows[1]]).to(drawing.device).permute(2, 0, 1).float().div_(255)
+        new = base_strip + cfg.strength * _resample_rows(slopes, (H, W), rows) * detail
+        out[rows[0]:rows[1]] = new.clamp_(0, 1).mul_(255).round_().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+    return Image.fromarray(out, "RGB")

@@ -1,0 +1,204 @@
+"""Inference-only preparation of a loaded model: CPU speed settings, opt-in bf16 and compilation.
+
+`prepare(model, InferenceConfig(...))` changes a model in place for serving; nothing here is used by
+training, and a plain model (never prepared) is the exact path the conformance tests check.
+
+- `fuse_batchnorm`: each eval-mode BatchNorm of the ResNet-18 image encoders is folded into the conv
+  before it (one conv instead of conv + normalisation; equal up to float rounding).
+- `channels_last`: the convolutional parts (tokenizer, image encoders) hold their weights in NHWC, the
+  layout oneDNN's CPU convolutions work in, so no layout conversion runs around every conv.
+- `pack_linears` (CPU): the transformer's linear layers (every block's guide queries, target keys/values,
+  output projection and FFN, and the head) hold their weights in oneDNN's blocked layout, packed once
+  (`PackedLinear`), instead of a plain matrix that the matrix product re-packs at every call. The sampling
+  loop multiplies few rows (1 to 100 tokens per scale) by these matrices, so per-call packing weighed;
+  packed once, the loop's products took 94 ms instead of 151 on the 2-core development CPU
+  (benchmarks/README.md).
+  Results equal the plain layers' up to float rounding (tests/runtime/test_inference.py). Not with `compile`
+  (inductor packs its own), nor where torch has no oneDNN (`packing_available`).
+- `precision="bf16"` (opt-in): the packed linears hold bfloat16 weights and take bfloat16 inputs, and the
+  sampling loop runs under bf16 autocast (LayerNorm and the residual stream stay float32); the
+  convolutional stacks (the tokenizer's encoder and decoder, both ResNet-18s) run in bfloat16 too
+  (`InDtype`), while the quantizer's codebook search, quant_conv/post_quant_conv and everything between
+  stay float32. Half the weight traffic of fp32 and the CPU's bf16 units (AVX512-BF16, AMX); on a CPU
+  without them bf16 is emulated and slower than fp32, so `prepare` warns. Off the CPU (no packing) the
+  blocks and head are cast to bf16 instead.
+  Tokens of bf16 differ from fp32's at some positions; benchmarks/cpu_pipeline.py measures how many and
+  how much faster it is.
+- `precision="int8"` was removed (stylevar.utils.precisions: its non-deprecated implementation, torchao, is slower
+  than fp32 on the CPU); asking for it is a ValueError that says so.
+- `compile`: `torch.compile` of every block (stylevar.models.transformer.fast); it pays off in a long-running
+  service (compiled once, at warm-up), not for one-off calls.
+- `threads`: torch's intra-op thread count (None: leave it).
+
+A prepared model cannot be saved as a model directory (its state dict no longer has the published
+layout): `prepared(model)` tells, and `StylePipeline.save_pretrained` refuses.
+"""
+from __future__ import annotations
+
+import copy
+import warnings
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from stylevar.utils.precisions import PRECISIONS, check_precision  # noqa: F401 (PRECISIONS: re-exported)
+
+
+@dataclass(frozen=True)
+class InferenceConfig:
+    precision: Literal["fp32", "bf16"] = "fp32"  # stylevar.utils.precisions.PRECISIONS
+    fuse_batchnorm: bool = True
+    channels_last: bool = True
+    pack_linears: bool = True
+    compile: bool = False
+    threads: int | None = None
+
+    def __post_init__(self):
+        check_precision(self.precision)  # a removed precision (int8) says why
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, not {self.threads}")
+
+
+def native_cpu_bf16() -> bool:
+    """Whether this CPU computes bfloat16 matrix products natively (AVX512-BF16 or AMX)."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def packing_available() -> bool:
+    """Whether this torch build has oneDNN's packed linear operators (x86 builds do; others may not)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def prepared(model: nn.Module) -> InferenceConfig | None:
+    """The config a model was prepared with, or None for a plain model."""
+    return getattr(model, "inference_config", None)
+
+
+@torch.no_grad()
+def fold_batchnorm(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
+    """A conv computing conv followed by the eval-mode `bn` (running statistics)."""
+    fused = copy.deepcopy(conv)
+    inv_std = torch.rsqrt(bn.running_var + bn.eps)
+    gamma = bn.weight if bn.weight is not None else torch.ones_like(inv_std)
+    beta = bn.bias if bn.bias is not None else torch.zeros_like(inv_std)
+    scale = gamma * inv_std
+    fused.weight.copy_(conv.weight * scale.view(-1, 1, 1, 1))
+    bias = conv.bias if conv.bias is not None else torch.zeros_like(bn.running_mean)
+    fused.bias = nn.Parameter((bias - bn.running_mean) * scale + beta, requires_grad=False)
+    return fused
+
+
+def fuse_conv_bn(module: nn.Module) -> int:
+    """Fold every BatchNorm2d that directly follows a Conv2d among a module's children (recursively;
+    torchvision's BasicBlock order conv1/bn1, conv2/bn2 and downsample's Sequential(conv, bn)). The
+    BatchNorm becomes Identity. Returns how many were folded."""
+    folded = 0
+    children = list(module.named_children())
+    for (name_a, a), (name_b, b) in zip(children, children[1:]):
+        if isinstance(a, nn.Conv2d) and isinstance(b, nn.BatchNorm2d) and b.track_running_stats:
+            setattr(module, name_a, fold_batchnorm(a, b))
+            setattr(module, name_b, nn.Identity())
+            folded += 1
+    for _, child in module.named_children():
+        folded += fuse_conv_bn(child)
+    return folded
+
+
+class PackedLinear(nn.Module):
+    """A linear layer whose weight is packed once in oneDNN's blocked layout (CPU only), in ``dtype``:
+    inputs are cast to it, and so is the output. The packed weight is an opaque tensor, kept out of the
+    state dict (a prepared model is not saved)."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.in_features, self.out_features, self.dtype = linear.in_features, linear.out_features, dtype
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().to(dtype))
+        self.bias = None if linear.bias is None else linear.bias.detach().to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed_weight, self.bias, "none", [], "")
+
+    @staticmethod
+    def check_move(fn) -> None:
+        """`.to()`, `.half()` ... : the packed weight cannot follow, so a move off the CPU or to another dtype
+        is refused with a clear error (StyleVAR asks before anything moves) instead of failing later."""
+        probe = fn(torch.zeros(1))
+        if probe.device.type != "cpu" or probe.dtype != torch.float32:
+            raise ValueError(f"this model was prepared for CPU inference (packed linear layers) and cannot move to "
+                             f"{probe.device.type}/{probe.dtype}: load it there and prepare it again")
+
+    def _apply(self, fn, recurse: bool = True):
+        self.check_move(fn)
+        return self
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, dtype={self.dtype}, packed"
+
+
+class InDtype(nn.Module):
+    """``module`` with its weights in ``dtype``, run on inputs cast to ``dtype``; returns float32."""
+
+    def __init__(self, module: nn.Module, dtype: torch.dtype):
+        super().__init__()
+        self.module, self.dtype = module.to(dtype), dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module(x.to(self.dtype)).float()
+
+    def check_move(self, fn) -> None:
+        """A move may change the device, not the dtype the wrapped module runs in (StyleVAR asks first)."""
+        if fn(torch.zeros(1, dtype=self.dtype)).dtype != self.dtype:
+            raise ValueError(f"this model was prepared to run its convolutions in {self.dtype} and cannot change "
+                             f"dtype: load it again and prepare it with the precision wanted")
+
+
+# the linear layers of each block that run at every scale of the sampling loop (and the model's head)
+LOOP_LINEARS = ("attn.q_guide", "attn.kv_target", "attn.proj", "ffn.fc1", "ffn.fc2")
+
+
+def _replace_linears(model, make) -> None:
+    """Every loop linear of every block, and the head, replaced by ``make(linear)``."""
+    for owner, name in [(blk, n) for blk in model.blocks for n in LOOP_LINEARS] + [(model, "head")]:
+        parent, _, attr = name.rpartition(".")
+        holder = owner.get_submodule(parent) if parent else owner
+        setattr(holder, attr, make(getattr(holder, attr)))
+
+
+@torch.no_grad()
+def prepare(model, cfg: InferenceConfig = InferenceConfig()):
+    """Make a StyleVAR (with its tokenizer) faster for inference, in place (module doc). Returns it."""
+    if prepared(model) is not None:
+        raise ValueError(f"this model was already prepared ({prepared(model)})")
+    model.eval().requires_grad_(False)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    on_cpu = model.pos_1LC.device.type == "cpu"
+    if cfg.fuse_batchnorm:
+        for enc in (model.style_encoder, model.content_encoder):
+            fuse_conv_bn(enc)
+    if cfg.channels_last:
+        for part in (model.tokenizer, model.style_encoder, model.content_encoder):
+            part.to(memory_format=torch.channels_last)
+    dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
+    if dtype == torch.bfloat16:
+        if on_cpu and not native_cpu_bf16():
+            warnings.warn("precision 'bf16': this CPU has no native bfloat16 arithmetic (AVX512-BF16 or "
+                          "AMX); bf16 is emulated here and slower than 'fp32'", RuntimeWarning, stacklevel=2)
+        model.loop_autocast_dtype = dtype
+        tok = model.tokenizer
+        tok.encoder, tok.decoder = InDtype(tok.encoder, dtype), InDtype(tok.decoder, dtype)
+        model.style_encoder = InDtype(model.style_encoder, dtype)
+        model.content_encoder = InDtype(model.content_encoder, dtype)
+    if on_cpu and cfg.pack_linears and not cfg.compile and packing_available():
+        _replace_linears(model, lambda lin: PackedLinear(lin, dtype))
+    elif dtype == torch.bfloat16:
+        model.blocks.to(dtype)
+        model.head.to(dtype)
+    if cfg.compile:
+        from stylevar.models.transformer.fast import compile_model
+
+        compile_model(model)
+    model.inference_config = cfg
+    return model

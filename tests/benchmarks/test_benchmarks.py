@@ -1,0 +1,82 @@
+"""Issue 18's benchmark scripts: benchmarks/cpu_pipeline.py (stage by stage on the CPU) runs end to end
+on its reference-shaped configuration, benchmarks/reference_pipeline.py says how to get the reference when
+no checkout of it is importable, and benchmarks/gpu_bench.sh (the GPU figures) records its rows and
+regenerates the table (run here on the CPU with the tiny preset)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import cpu_pipeline
+from benchmarks.side_by_side import STAGES
+from tests.training.test_sft import REPO
+
+
+def test_stage_benchmark_times_every_precision_and_measures_agreement(capsys):
+    rc = cpu_pipeline.main(["--batch-sizes", "1", "--repeats", "1", "--warmup", "0", "--precisions", "fp32,bf16",
+                            "--agreement-seeds", "1", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    stages = out["stages_ms_per_image"]["1"]
+    assert set(stages) == {"plain", "fp32", "bf16"}
+    assert all(set(st) == set(STAGES) and all(v > 0 for v in st.values()) for st in stages.values())
+    assert set(out["token_agreement_with_fp32"]) == {"bf16"}
+    assert all(0.5 < a <= 1 for a in out["token_agreement_with_fp32"].values())
+
+
+def test_unknown_precision_is_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        cpu_pipeline.main(["--precisions", "fp32,int4"])
+    assert e.value.code == 2
+    assert "--precisions" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # removed: refused saying why
+        cpu_pipeline.main(["--precisions", "fp32,int8"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "int8 was removed" in err and "torchao" in err and "fp32, bf16" in err
+
+
+def test_reference_missing_exits_2_naming_the_repository():
+    # no checkout of the reference on the path: one line naming where to get it, before any model is built
+    for module in ("benchmarks.reference_pipeline", "benchmarks.cpu_pipeline"):
+        args = [sys.executable, "-m", module, "--batch-sizes", "1"] + (["--reference"] if "cpu" in module else [])
+        r = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, (module, r.stderr)
+        assert "github.com/Senfier-LiqiJing/StyleVAR" in r.stderr and "PYTHONPATH" in r.stderr
+
+
+def test_gpu_bench_script_records_rows_and_regenerates_the_table(tmp_path):
+    table = tmp_path / "README.md"
+    shutil.copy(REPO / "benchmarks" / "README.md", table)
+    record = tmp_path / "results.jsonl"
+    env = {**os.environ, "PRESET": "tiny", "DEVICE": "cpu", "BATCHES": "1", "MODES": "eager", "PYTHON": sys.executable,
+           "RECORD": str(record), "TABLE": str(table), "TRAIN_OUT": str(tmp_path / "train_step.json")}
+    r = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_bench.sh")], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in record.read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["preset"] == "tiny" and rows[0]["generate"][0]["batch"] == 1
+    assert "| tiny | cpu |" in table.read_text()
+    bad = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_bench.sh")], env={**env, "MODES": "graphs"},
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown mode" in bad.stderr
+
+
+def test_overload_benchmark_runs_and_reports_every_figure(tiny_model_dir, tmp_path, capsys):
+    from benchmarks import overload
+
+    out = tmp_path / "overload.json"
+    assert overload.main(["--rate", "4", "--seconds", "1.5", "--runs", "2", "--model", str(tiny_model_dir),
+                          "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert len(result["runs"]) == 2 and not result["tracebacks_in_log"]
+    for run in result["runs"]:
+        assert run["sent"] == 6 and sum(run["status"].values()) + run["connection_errors"] == 6
+        assert set(run["rss_mb"]) == {"start", "peak", "end"} and run["rss_mb"]["peak"] >= run["rss_mb"]["start"]
+    table = capsys.readouterr().out
+    assert "| run | sent | 200 | 503 |" in table and table.count("\n| 1 |") == 1

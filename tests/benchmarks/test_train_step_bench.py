@@ -1,0 +1,104 @@
+"""benchmarks/train_step.py at a micro size, without the reference: every variant steps, the levers leave what
+is learned unchanged (float rounding), the report and the JSON have their fields, gpu_bench.sh runs it."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import train_step
+from benchmarks.measures import train_step as measures
+from benchmarks.train_step_config import DEFAULT, StepBenchConfig
+from stylevar.runtime.bench import flops_of
+from tests.conftest import micro_configs, single_thread_env
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _micro():
+    from stylevar.pipelines.pipeline import StylePipeline
+
+    return StylePipeline.random(micro_configs(), seed=0).model
+
+
+EAGER = ("fused encodes", "token cache", "fused AdamW", "foreach clip", "channels-last encoders", "default", "cached")
+
+
+def _check(agreement: dict) -> None:
+    for name, a in agreement.items():
+        assert a["first_loss_difference"] < 1e-5, name
+        assert a["third_loss_difference"] < 1e-4, name
+        assert a["max_weight_difference"] < 1e-4, name
+
+
+def test_each_lever_learns_what_todays_step_learns():
+    cfg = StepBenchConfig(reference=False)
+    agreement = measures.lever_agreement(_micro(), 2, cfg, EAGER)
+    assert set(agreement) == set(EAGER)
+    _check(agreement)
+
+
+@pytest.mark.slow
+def test_compiled_blocks_learn_what_eager_ones_learn():
+    """Compiled, the drop-path draws stay eager's (fallback_random): the same rows dropped, the same steps."""
+    import dataclasses
+
+    from stylevar.pipelines.pipeline import StylePipeline
+    from stylevar.models.transformer import StyleVAR
+
+    vq, tr = micro_configs()
+    plain = StylePipeline.random((vq, tr), seed=0).model
+    model = StyleVAR(dataclasses.replace(tr, drop_path_rate=0.5), plain.tokenizer)
+    model.load_state_dict(plain.state_dict())
+    with torch.no_grad():  # open the blocks' gates, so that a drop shows in the loss
+        for blk in model.blocks:
+            blk.ada_lin[1].bias[: 2 * tr.embed_dim].fill_(1.0)
+    agreement = measures.lever_agreement(model, 4, StepBenchConfig(reference=False),
+                                           ("compiled blocks", "cached+compiled"))
+    _check(agreement)
+
+
+def test_the_step_trains_and_flops_are_counted():
+    model = _micro()
+    batch = measures.triplets(2, model.tokenizer.cfg.image_size, 0)
+    step = measures.our_step(model, batch, DEFAULT, "fp32")
+    losses = [step() for _ in range(4)]
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
+    assert flops_of(step) > 0
+
+
+def test_the_command_reports_samples_per_second_and_mfu(capsys):
+    argv = ["--no-reference", "--preset", "tiny", "--batch-sizes", "1", "--precisions", "fp32", "--repeats", "1",
+            "--warmup", "0", "--variants", "today,default", "--peak-tflops", "1"]
+    assert train_step.main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = out["steps"]["fp32 batch 1"]
+    assert set(rows) == {"today", "default"}
+    for r in rows.values():
+        assert r["ms_per_step"] > 0 and r["samples_per_s"] == pytest.approx(1000 / r["ms_per_step"])
+        assert 0 < r["mfu"] < 1 and r["tflop_per_step"] > 0
+    assert train_step.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "fp32 batch 1" in text and "samples/s" in text and "MFU" in text
+    with pytest.raises(SystemExit):
+        train_step.main(["--preset", "tiny"])  # the reference runs at its own shape only
+
+
+@pytest.mark.slow
+def test_gpu_bench_script_runs_the_training_step(tmp_path):
+    env = {**single_thread_env(), "PRESET": "tiny", "DEVICE": "cpu", "BATCHES": "1", "MODES": "eager",
+           "RECORD": str(tmp_path / "r.jsonl"), "TABLE": str(tmp_path / "t.md"), "TRAIN_BATCHES": "1",
+           "TRAIN_PRECISION": "fp32", "TRAIN_OUT": str(tmp_path / "train.json"), "PYTHON": sys.executable,
+           "INFERENCE": "0"}
+    done = subprocess.run(["bash", "benchmarks/gpu_bench.sh"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "train.json").read_text())
+    assert result["steps"]["fp32 batch 1"]["default"]["samples_per_s"] > 0
+    assert os.path.getsize(tmp_path / "train.json") > 0

@@ -1,0 +1,154 @@
+"""Every command's `--help`: every option says what it does (no bare option), each default is shown once and
+none as "(default: None)", required options say so, and the help prints within 3 s (no torch before parsing).
+The service's help points to its settings."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stylevar.utils.helptext import HelpFormatter, plain
+from tests.conftest import single_thread_env
+
+REPO = Path(__file__).resolve().parents[2]
+ENTRY_POINTS = ("stylevar.cli", "serve.__main__", "web.__main__", "data_tools.synth", "data_tools.index",
+                "data_tools.shards", "data_tools.teach", "data_tools.pictures", "training.vqvae", "training.sft",
+                "training.grpo", "training.demo", "training.merge_lora", "training.sharding",
+                "stylevar.evaluate.__main__", "benchmarks.cpu_pipeline", "benchmarks.fast_sampling",
+                "benchmarks.fidelity", "benchmarks.flicker", "benchmarks.grpo_rollouts", "benchmarks.load_test",
+                "benchmarks.memory_table", "benchmarks.overload", "benchmarks.precision_quality",
+                "benchmarks.real_pairs", "benchmarks.reference_pipeline", "benchmarks.style_mix",
+                "benchmarks.teacher_ceiling", "benchmarks.train_step", "benchmarks.upload_pressure",
+                "benchmarks.upsample")
+HELP_SECONDS = 3.0
+
+
+def subcommands() -> list[str]:
+    from stylevar.cli import commands
+
+    return [cmd.name for cmd in commands()]
+
+
+class Captured(Exception):
+    def __init__(self, parser: argparse.ArgumentParser):
+        self.parser = parser
+
+
+def parser_of(module: str, monkeypatch, argv: tuple[str, ...] = ("--help",)) -> argparse.ArgumentParser:
+    """The parser `module.main` builds, caught when it first parses (nothing else runs)."""
+    def capture(self, *args, **kwargs):
+        raise Captured(self)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", capture)
+    with pytest.raises(Captured) as caught:
+        importlib.import_module(module).main(list(argv))
+    return caught.value.parser
+
+
+def bare_options(parser: argparse.ArgumentParser, where: str) -> list[str]:
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out += bare_options(sub, f"{where} {name}")
+            continue
+        if not (action.help or "").strip() and action.help != argparse.SUPPRESS:
+            out.append(f"{where}: {'/'.join(action.option_strings) or action.dest}")
+    return out
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_every_option_has_help_text(module, monkeypatch):
+    missing = bare_options(parser_of(module, monkeypatch), module)
+    assert not missing, "options without help text:\n" + "\n".join(missing)
+
+
+@pytest.mark.parametrize("name", subcommands())
+def test_every_option_of_each_stylevar_command_has_help_text(name, monkeypatch):
+    missing = bare_options(parser_of("stylevar.cli", monkeypatch, (name, "--help")), f"stylevar {name}")
+    assert not missing, "options without help text:\n" + "\n".join(missing)
+
+
+def test_the_check_sees_a_bare_option():
+    p = argparse.ArgumentParser()
+    p.add_argument("--told", help="says what")
+    p.add_argument("--bare")
+    sub = p.add_subparsers().add_parser("run")
+    sub.add_argument("--inner")
+    assert bare_options(p, "x") == ["x: --bare", "x run: --inner"]
+
+
+def test_every_module_with_a_command_is_an_entry_point():
+    """A new `python -m` tool (a module with a main()) is listed here, so its --help is checked too."""
+    found = set()
+    for folder in ("training", "data_tools", "benchmarks"):
+        for path in (REPO / folder).glob("*.py"):
+            if re.search(r"^def main\(", path.read_text(encoding="utf-8"), re.M):
+                found.add(f"{folder}.{path.stem}")
+    assert found - {"data_tools.__main__"} <= set(ENTRY_POINTS), sorted(found - set(ENTRY_POINTS))
+
+
+def help_commands() -> list[tuple[str, list[str]]]:
+    python, stylevar = sys.executable, str(Path(sys.executable).with_name("stylevar"))
+    out = [(module, [python, "-m", module.removesuffix(".__main__"), "--help"])
+           for module in ENTRY_POINTS]
+    return out + [(f"stylevar {name}", [stylevar, name, "--help"]) for name in subcommands()]
+
+
+@pytest.mark.parametrize("command", [argv for _, argv in help_commands()], ids=[name for name, _ in help_commands()])
+def test_help_is_quick_and_shows_no_empty_default(command):
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=REPO, env=single_thread_env(), capture_output=True, text=True, timeout=60)
+    seconds = time.perf_counter() - start
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert seconds < HELP_SECONDS, f"{' '.join(command[1:])} took {seconds:.1f} s"
+    assert "options:" in done.stdout
+    assert "(default: None)" not in done.stdout
+
+
+def test_the_formatter_shows_each_default_once_and_says_required():
+    p = argparse.ArgumentParser(prog="x", formatter_class=HelpFormatter,
+                                description="Train ``it``: see :class:`~training.parts.schedule.LoopConfig`.")
+    p.add_argument("--steps", type=int, default=3, help="how many")
+    p.add_argument("--size", type=int, default=None, help="side (default: the tokenizer's)")
+    p.add_argument("--rate", type=float, default=0.5, help="0 or 1 switches it off; default: the model's")
+    p.add_argument("--out", required=True, help="where")
+    p.add_argument("--tag", default=None, help="a name")
+    p.add_argument("--quiet", action="store_true", help="say less")
+    p.add_argument("--crop", type=str, default=(0.4, 1.0), help="LO,HI")
+    p.add_argument("--names", nargs="+", default=["a", "b"], help="some names")
+    text = " ".join(p.format_help().split())
+    assert "how many (default: 3)" in text
+    assert "side (default: the tokenizer's) --rate" in text and "default: the model's --out" in text
+    assert "where (required)" in text and "a name --quiet" in text and "say less --crop" in text
+    assert "LO,HI (default: 0.4,1.0)" in text and "some names (default: a b)" in text
+    assert "Train `it`: see `LoopConfig`." in text and "None" not in text and "``" not in text
+    assert plain(":func:`training.parts.cli.loop_config`") == "`training.parts.cli.loop_config`"
+
+
+def test_the_service_help_names_every_setting_and_where_each_is_described():
+    from serve.__main__ import SETTINGS_DOC, build_parser, env_name
+    from serve.settings import ServeSettings
+
+    parser = build_parser()
+    text = " ".join(parser.format_help().split())
+    doc, anchor = SETTINGS_DOC.split("#")
+    markdown = (REPO / doc).read_text(encoding="utf-8")
+    heading = next(line for line in markdown.splitlines() if line.startswith("#") and
+                   re.sub(r"[^a-z0-9 -]", "", line.lstrip("#").strip().lower()).replace(" ", "-") == anchor)
+    section = markdown.split(heading + "\n", 1)[1].split("\n## ", 1)[0]
+    assert SETTINGS_DOC in text
+    for field in ServeSettings.model_fields:
+        assert env_name(field) in text, field
+        assert f"`{env_name(field)}`" in section, f"{env_name(field)} is not in {SETTINGS_DOC}"
+    for action in parser._actions:
+        if action.dest != "help":
+            assert "STYLEVAR_" in action.help, action.option_strings

@@ -1,0 +1,1 @@
+"""Tests of the data tools (data_tools)."""

@@ -1,0 +1,1 @@
+"""Tests of the container and Kubernetes manifests (Dockerfile, deploy/)."""

@@ -1,0 +1,1 @@
+"""Tests of the README's blocks and the package structure."""

@@ -1,0 +1,1 @@
+"""Tests of stylevar.loaders."""

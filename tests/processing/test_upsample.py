@@ -1,0 +1,167 @@
+"""Content-guided upsampling (stylevar.processing.upsample): known answers, strips equal to one piece, every surface."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from stylevar.processing.images import fit_of, fit_square, pil_to_tensor
+from stylevar.metrics.structure import edge_correlation
+from stylevar.processing.upsample import Upsampling, detail_slopes, luminance, upscale
+
+SIDE = 32
+
+
+def photo_like(size: tuple[int, int], seed: int = 0) -> Image.Image:
+    """A picture with edges at every scale: rectangles, a disc and fine stripes, in colour."""
+    w, h = size
+    g = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    img = np.zeros((h, w, 3), np.float32) + g.uniform(0.2, 0.5, 3)
+    for _ in range(6):
+        x0, y0 = g.uniform(0, w * 0.8), g.uniform(0, h * 0.8)
+        box = (xx > x0) & (xx < x0 + g.uniform(0.1, 0.4) * w) & (yy > y0) & (yy < y0 + g.uniform(0.1, 0.4) * h)
+        img[box] = g.uniform(0, 1, 3)
+    disc = (xx - w / 2) ** 2 + (yy - h / 2) ** 2 < (min(w, h) / 4) ** 2
+    img[disc] *= 0.5 + 0.5 * (np.sin(xx[disc] / 1.5) > 0)[:, None]  # stripes finer than the model's pixels
+    return Image.fromarray((img.clip(0, 1) * 255).astype(np.uint8), "RGB")
+
+
+def low_res(content: Image.Image, mode: str = "stretch") -> tuple[torch.Tensor, object]:
+    sq, fit = fit_square(content, SIDE, mode)
+    return pil_to_tensor(sq), fit
+
+
+def test_a_constant_drawing_stays_constant():
+    content = photo_like((200, 150))
+    seen, fit = low_res(content)
+    flat = torch.full((3, SIDE, SIDE), 0.25)
+    flat[1] = 0.6
+    out = np.asarray(upscale(flat, seen, fit, content, None, Upsampling()))
+    assert out.shape == (150, 200, 3)
+    assert np.abs(out.astype(int) - np.array([64, 153, 64])).max() <= 1
+
+
+def test_a_drawing_equal_to_the_downscaled_content_upsamples_to_nearly_the_content():
+    content = photo_like((256, 192)).convert("L").convert("RGB")  # grey: every channel follows the luminance
+    seen, fit = low_res(content)
+    target = pil_to_tensor(content)[None]
+
+    def error(mode: str) -> float:
+        out = upscale(seen, seen, fit, content, None, Upsampling(mode=mode, radius=1, eps=1e-4))
+        return float((pil_to_tensor(out)[None] - target).abs().mean())
+
+    assert error("guided") < 0.35 * error("bicubic")
+    out = pil_to_tensor(upscale(seen, seen, fit, content, None, Upsampling()))[None]
+    assert float(edge_correlation(out, target)) > 0.9
+
+
+def test_at_the_model_size_the_drawing_is_returned_as_it_is():
+    content = photo_like((SIDE, SIDE))
+    seen, fit = low_res(content)
+    drawing = torch.rand(3, SIDE, SIDE, generator=torch.Generator().manual_seed(0))
+    for mode in ("guided", "bicubic"):
+        out = upscale(drawing, seen, fit, content, None, Upsampling(mode=mode))
+        torch.testing.assert_close(pil_to_tensor(out), drawing, atol=1 / 255, rtol=0)
+
+
+@pytest.mark.parametrize("mode", ["stretch", "pad", "crop"])
+def test_strips_give_what_one_piece_gives(mode):
+    content = photo_like((301, 187), seed=2)
+    seen, fit = low_res(content, mode)
+    drawing = torch.rand(3, SIDE, SIDE, generator=torch.Generator().manual_seed(1)) * 0.5 + seen * 0.5
+    whole = np.asarray(upscale(drawing, seen, fit, content, None, Upsampling(strip_pixels=10**9)))
+    for strip in (1, 300, 4096):
+        strips = np.asarray(upscale(drawing, seen, fit, content, None, Upsampling(strip_pixels=strip)))
+        assert np.abs(strips.astype(int) - whole.astype(int)).max() <= 1  # float rounding at most
+    assert whole.shape[:2] == ((187, 301) if mode != "crop" else (187, 187))
+
+
+def test_max_side_and_the_guide_frame_follow_unfit():
+    content = photo_like((400, 200))
+    for mode, size in (("stretch", (120, 60)), ("pad", (120, 60)), ("crop", (120, 120))):
+        seen, fit = low_res(content, mode)
+        assert upscale(seen, seen, fit, content, 120, Upsampling()).size == size
+
+
+def test_slopes_of_known_relations():
+    g = torch.Generator().manual_seed(0)
+    y = torch.rand(1, 1, 16, 16, generator=g)
+    drawing = torch.cat([2 * y, -y + 1, torch.full_like(y, 0.3)], 1)  # follows, inverts, ignores the content
+    a = detail_slopes(drawing, y, radius=2, eps=1e-6)
+    torch.testing.assert_close(a[0, 0], torch.full((16, 16), 2.0), atol=2e-3, rtol=0)
+    torch.testing.assert_close(a[0, 1], torch.full((16, 16), -1.0), atol=2e-3, rtol=0)
+    torch.testing.assert_close(a[0, 2], torch.zeros(16, 16), atol=1e-4, rtol=0)
+    assert luminance(torch.ones(1, 3, 2, 2)).allclose(torch.ones(1, 1, 2, 2))
+
+
+@pytest.mark.parametrize("bad", [{"mode": "nearest"}, {"strength": -0.1}, {"strength": float("nan")},
+                                 {"radius": 0}, {"eps": 0.0}, {"strip_pixels": 0}])
+def test_bad_settings_are_refused(bad):
+    with pytest.raises(ValueError):
+        Upsampling(**bad)
+
+
+def test_config_round_trip_and_unknown_fields():
+    cfg = Upsampling(mode="bicubic", strength=0.5, radius=3, eps=1e-2)
+    assert Upsampling.from_dict(cfg.to_dict()) == cfg
+    assert Upsampling.from_dict(None) == Upsampling()
+    with pytest.raises(ValueError, match="unknown fields"):
+        Upsampling.from_dict({"sigma": 1})
+
+
+# ------------------------------------------------------------------------------------------ surfaces
+@pytest.fixture(scope="module")
+def pipe():
+    from stylevar.pipelines.pipeline import StylePipeline
+    from tests.conftest import micro_configs
+
+    return StylePipeline.random(micro_configs(), seed=0)
+
+
+def test_the_python_api_passes_the_option_and_refuses_bad_values(pipe):
+    content, style = photo_like((160, 120)), photo_like((40, 40), seed=5)
+    guided = pipe(content, style, seed=0)
+    bicubic = pipe(content, style, seed=0, upsample="bicubic")
+    assert guided.size == bicubic.size == (160, 120)
+    assert np.asarray(guided).tobytes() != np.asarray(bicubic).tobytes()
+    assert np.asarray(pipe(content, style, seed=0, upsample="guided")).tobytes() == np.asarray(guided).tobytes()
+    with pytest.raises(ValueError, match="upsample"):
+        pipe(content, style, seed=0, upsample="lanczos")
+
+
+def test_a_model_directory_can_set_its_upsampling(pipe, tmp_path):
+    import dataclasses
+
+    from stylevar.loaders.model_dir import PipelineConfig
+
+    cfg = dataclasses.replace(pipe.config, upsample=Upsampling(mode="bicubic"))
+    assert PipelineConfig.from_dict(cfg.to_dict()).upsample == Upsampling(mode="bicubic")
+    assert "upsample" not in pipe.config.to_dict()  # the default is not written: model directories unchanged
+
+
+def test_cli_option(tiny_model_dir, tmp_path):
+    from stylevar.cli import main
+
+    content, style = tmp_path / "c.png", tmp_path / "s.png"
+    photo_like((128, 96)).save(content)
+    photo_like((40, 40), seed=3).save(style)
+    outs = {}
+    for mode in ("guided", "bicubic"):
+        out = tmp_path / f"{mode}.png"
+        assert main(["stylize", str(content), str(style), "-o", str(out), "--upsample", mode, "--max-size", "128",
+                     "--model", str(tiny_model_dir)]) == 0
+        outs[mode] = np.asarray(Image.open(out))
+    assert outs["guided"].shape == outs["bicubic"].shape == (96, 128, 3)
+    assert outs["guided"].tobytes() != outs["bicubic"].tobytes()
+    with pytest.raises(SystemExit) as e:
+        main(["stylize", str(content), str(style), "-o", str(tmp_path / "x.png"), "--upsample", "nearest"])
+    assert e.value.code == 2
+
+
+def test_web_client_sends_the_option():
+    from web.client import StylizeOptions
+
+    assert StylizeOptions(upsample="bicubic").form()["upsample"] == "bicubic"
+    assert "upsample" not in StylizeOptions().form()

@@ -1,0 +1,119 @@
+"""The service's condition cache (serve.engine.conditions): a repeated reference image is encoded once, and the
+cached path produces exactly what the uncached pipeline produces."""
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from serve.engine.batching import Job
+from serve.engine.conditions import ConditionCache, cached_condition
+from serve.engine.runner import GenerationKey, ModelRunner, StylizeTask
+from serve.http.metrics import ServiceMetrics
+from stylevar.pipelines.pipeline import StylePipeline
+from tests.conftest import micro_configs
+
+KEY = GenerationKey()
+
+
+def _image(seed: int, size=(40, 28)) -> Image.Image:
+    g = torch.Generator().manual_seed(seed)
+    arr = (torch.rand(size[1], size[0], 3, generator=g) * 255).to(torch.uint8).numpy()
+    return Image.fromarray(arr, "RGB")
+
+
+def _job(content: Image.Image, style: Image.Image, seeds=(0,)) -> Job:
+    return Job(key=KEY, rows=len(seeds), payload=StylizeTask(content, style, list(seeds)), deadline=float("inf"))
+
+
+@pytest.fixture
+def pipe():
+    return StylePipeline.random(micro_configs(), seed=3)
+
+
+def _count_calls(monkeypatch, model, name: str) -> list[int]:
+    calls: list[int] = []
+    original = getattr(model, name)
+
+    def counted(x, *a, **kw):
+        calls.append(x.shape[0])
+        return original(x, *a, **kw)
+
+    monkeypatch.setattr(model, name, counted)
+    return calls
+
+
+def test_repeated_style_is_encoded_once_and_gives_the_uncached_output(pipe, monkeypatch):
+    metrics = ServiceMetrics()
+    runner = ModelRunner(pipe, 1024, ConditionCache(64 * 2**20, metrics))
+    style_calls = _count_calls(monkeypatch, pipe.model, "style_parts")
+    style, c1, c2 = _image(1), _image(2), _image(3)
+
+    first = runner.run([_job(c1, style)])[0][0]
+    second = runner.run([_job(c2, style)])[0][0]
+    assert style_calls == [1]  # the second request found the style in the cache
+    stats = runner.cache.stats()
+    assert stats.misses == {"style": 1, "content": 2} and stats.hits == {"style": 1, "content": 0}
+    assert 0 < stats.bytes <= stats.max_bytes and stats.entries == 3
+
+    for content, cached in ((c1, first), (c2, second)):
+        uncached = pipe.stylize_batch([content], [style], seeds=[0], max_side=1024)[0]
+        assert cached.tobytes() == uncached.tobytes()
+
+    text = metrics.render().decode()
+    assert 'stylevar_condition_cache_hits_total{kind="style"} 1.0' in text
+    assert 'stylevar_condition_cache_misses_total{kind="content"} 2.0' in text
+    assert "stylevar_condition_cache_entries 3.0" in text
+
+
+def test_a_batch_encodes_each_distinct_image_once(pipe, monkeypatch):
+    runner = ModelRunner(pipe, 1024, ConditionCache(64 * 2**20))
+    style_calls = _count_calls(monkeypatch, pipe.model, "style_parts")
+    content_calls = _count_calls(monkeypatch, pipe.model, "content_parts")
+    style, c1, c2 = _image(4), _image(5), _image(6)
+    out = runner.run([_job(c1, style, seeds=(0, 1)), _job(c2, style), _job(c1, style, seeds=(2,))])
+    assert [len(o) for o in out] == [2, 1, 1]
+    assert style_calls == [1] and content_calls == [2]  # one style, two distinct contents, 5 rows
+    assert runner.cache.stats().misses == {"style": 1, "content": 2}
+
+
+def test_cached_condition_equals_the_model_condition(pipe):
+    g = torch.Generator().manual_seed(0)
+    content, style = (torch.rand(3, 3, 32, 32, generator=g) * 2 - 1 for _ in range(2))
+    style[2] = style[0]
+    cache = ConditionCache(2**20)
+    with torch.no_grad():
+        ref = pipe.model.condition(content, style, unstyled=True)
+        for _ in range(2):  # cold, then warm
+            got = cached_condition(pipe.model, cache, content, style, unstyled=True)
+            for name in ("cond_BD", "sos_B1C", "style_ln_BSLC", "content_ln_BLC", "unstyled_BD"):
+                torch.testing.assert_close(getattr(got, name), getattr(ref, name), atol=1e-6, rtol=0, msg=name)
+
+
+def test_cache_is_bounded_in_bytes_and_evicts_the_least_recently_used():
+    entry = 4 * 1000  # 1000 float32
+    cache = ConditionCache(max_bytes=2 * entry + 10)
+    images = torch.arange(4, dtype=torch.float32).view(4, 1, 1, 1).expand(4, 3, 2, 2)
+    computed: list[int] = []
+
+    def compute(x):
+        computed.append(x.shape[0])
+        return (x[:, :1, :1, :1].reshape(-1, 1).expand(-1, 1000).contiguous(),)
+
+    cache.rows("style", (), images[0:1], compute)
+    cache.rows("style", (), images[1:2], compute)
+    cache.rows("style", (), images[0:1], compute)  # hit: image 0 becomes the most recent
+    cache.rows("style", (), images[2:3], compute)  # evicts image 1
+    s = cache.stats()
+    assert s.entries == 2 and s.bytes == 2 * entry <= s.max_bytes
+    cache.rows("style", (), images[0:1], compute)
+    assert computed == [1, 1, 1] and cache.stats().hits == {"style": 2}
+    cache.rows("style", (), images[1:2], compute)  # evicted earlier: encoded again
+    assert computed == [1, 1, 1, 1]
+
+
+def test_zero_bytes_disables_the_cache(pipe):
+    cache = ConditionCache(0)
+    x = torch.zeros(2, 3, 32, 32)
+    out = cache.rows("style", (), x, lambda t: (t.mean((1, 2, 3)),))
+    assert out[0].shape == (2,) and cache.stats().entries == 0 and cache.stats().misses == {"style": 1}

@@ -1,0 +1,235 @@
+"""Settings, form parsing, image helpers, logging, metrics isolation, UI mounting and start-up errors."""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from fastapi import FastAPI
+from PIL import Image
+from pydantic import ValidationError
+
+from serve.http import imaging
+from serve.http.logs import JsonFormatter, new_request_id, request_id_var
+from serve.http.metrics import ServiceMetrics
+from serve.http.schemas import StylizeForm, parse_alphas
+from serve.settings import ServeSettings
+from stylevar.processing.images import CorruptImageError, ImageTooLargeError, NotAnImageError
+from stylevar.loaders.model_dir import DEMO_MODEL_DIR, ModelDirError
+from stylevar.pipelines.pipeline import StylePipeline
+from stylevar.processing.postprocess import preserve_color
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny-model")
+    StylePipeline.random("tiny").save_pretrained(d)
+    return d
+
+
+# ---- settings -------------------------------------------------------------------------------------
+def test_settings_come_from_stylevar_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("STYLEVAR_API_KEYS", "a, b ,c")
+    monkeypatch.setenv("STYLEVAR_CORS_ORIGINS", "https://x.example")
+    monkeypatch.setenv("STYLEVAR_MAX_BATCH_SIZE", "4")
+    monkeypatch.setenv("STYLEVAR_DEVICE", "cuda:0,cuda:1")
+    monkeypatch.setenv("STYLEVAR_MODEL_DIR", str(tmp_path))
+    monkeypatch.setenv("STYLEVAR_WARMUP", "false")
+    s = ServeSettings()
+    assert s.api_keys == ["a", "b", "c"] and s.cors_origins == ["https://x.example"]
+    assert s.max_batch_size == 4 and s.device == ["cuda:0", "cuda:1"] and s.model_dir == tmp_path
+    assert s.warmup is False
+    assert "api_keys" not in repr(s), "keys stay out of repr"
+    assert ServeSettings(max_batch_size=2).max_batch_size == 2  # explicit values win over the environment
+
+
+def test_settings_defaults_and_validation(monkeypatch):
+    for var in ("STYLEVAR_API_KEYS", "STYLEVAR_MODEL_DIR", "STYLEVAR_DEVICE"):
+        monkeypatch.delenv(var, raising=False)
+    s = ServeSettings()
+    assert s.api_keys == [] and s.device == ["auto"] and s.model_dir.resolve() == DEMO_MODEL_DIR.resolve()
+    monkeypatch.setenv("STYLEVAR_MAX_BATCH_SIZE", "0")
+    with pytest.raises(ValidationError):
+        ServeSettings()
+    monkeypatch.setenv("STYLEVAR_MAX_BATCH_SIZE", "8")
+    monkeypatch.setenv("STYLEVAR_DEVICE", " , ")
+    with pytest.raises(ValidationError):
+        ServeSettings()
+    monkeypatch.delenv("STYLEVAR_DEVICE")
+    monkeypatch.setenv("STYLEVAR_PRECISION", "int8")  # removed: refused at start-up saying why
+    with pytest.raises(ValidationError, match=r"int8 was removed: .*torchao.*use bf16.*fp32, bf16"):
+        ServeSettings()
+
+
+# ---- form -----------------------------------------------------------------------------------------
+def test_alphas_accept_commas_or_json_and_reject_the_rest():
+    assert parse_alphas("0.1, 0.2,0.3") == (0.1, 0.2, 0.3)
+    assert parse_alphas("[0, 1]") == (0.0, 1.0)
+    for bad in ("", "a,b", "[]", '{"a": 1}', "0.1,,0.2", "nan,0.1", "1.5", "[-0.1]"):
+        with pytest.raises(ValueError):
+            parse_alphas(bad)
+    assert StylizeForm(alphas=" ").alpha_values() is None
+    with pytest.raises(ValidationError):
+        StylizeForm(alphas="x")
+    with pytest.raises(ValidationError):
+        StylizeForm(top_p=float("nan"))
+
+
+# ---- images ---------------------------------------------------------------------------------------
+def png(img: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def test_decode_upload_checks_pixels_before_decoding_and_rejects_other_formats():
+    with pytest.raises(ImageTooLargeError):
+        imaging.decode_upload(png(Image.new("RGB", (20, 20))), max_pixels=399)
+    assert imaging.decode_upload(png(Image.new("RGB", (20, 20))), max_pixels=400).size == (20, 20)
+    gif = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(gif, "GIF")
+    with pytest.raises(NotAnImageError) as e:
+        imaging.decode_upload(gif.getvalue(), max_pixels=1000)
+    assert e.value.code == "not_an_image"
+    with pytest.raises(CorruptImageError):
+        imaging.decode_upload(png(Image.new("RGB", (64, 64), (1, 2, 3)))[:60], max_pixels=10_000)
+
+
+def test_preserve_color_takes_luminance_from_the_result_and_chroma_from_the_content():
+    rng = np.random.default_rng(0)
+    result = Image.fromarray(rng.integers(0, 255, (30, 40, 3), dtype=np.uint8), "RGB")
+    content = Image.new("RGB", (80, 60), (60, 140, 200))
+    out = preserve_color(result, content)
+    assert out.size == result.size and out.mode == "RGB"
+    y_out = np.asarray(out.convert("YCbCr"), np.float32)
+    y_res = np.asarray(result.convert("YCbCr"), np.float32)
+    c_con = np.asarray(content.convert("YCbCr"), np.float32)[0, 0]
+    inside = (y_res[..., 0] > 60) & (y_res[..., 0] < 190)  # away from RGB clipping
+    assert np.abs(y_out[..., 0] - y_res[..., 0])[inside].mean() < 3
+    assert np.abs(y_out[..., 1:] - c_con[1:])[inside].mean() < 4
+
+
+def test_encode_image_formats():
+    img = Image.new("RGB", (12, 10), (5, 6, 7))
+    for fmt in ("png", "jpeg", "webp"):
+        assert Image.open(io.BytesIO(imaging.encode_image(img, fmt))).format == fmt.upper()
+    with pytest.raises(ValueError):
+        imaging.encode_image(img, "gif")
+
+
+# ---- logging and metrics --------------------------------------------------------------------------
+def test_json_log_lines_carry_the_request_id():
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "hello %s", ("you",), None)
+    record.status = 200
+    token = request_id_var.set("rid-1")
+    try:
+        line = json.loads(JsonFormatter().format(record))
+    finally:
+        request_id_var.reset(token)
+    assert line["msg"] == "hello you" and line["request_id"] == "rid-1" and line["status"] == 200
+    assert json.loads(JsonFormatter().format(record))["request_id"] is None
+    assert new_request_id("ok-id_1.2") == "ok-id_1.2"
+    assert new_request_id("no spaces") != "no spaces" and len(new_request_id(None)) == 32
+
+
+def test_each_app_has_its_own_metrics_registry():
+    a, b = ServiceMetrics(), ServiceMetrics()
+    a.observe_request("/stylize", "POST", 200, 0.1)
+    assert a.registry.get_sample_value("stylevar_http_requests_total",
+                                       {"route": "/stylize", "method": "POST", "status": "200"}) == 1
+    assert b.registry.get_sample_value("stylevar_http_requests_total",
+                                       {"route": "/stylize", "method": "POST", "status": "200"}) is None
+
+
+# ---- app construction -----------------------------------------------------------------------------
+def test_ui_mounting_is_optional(model_dir, caplog):
+    from serve.http.app import create_app, mount_optional_ui
+
+    calls = []
+
+    def mounter(app: FastAPI, settings: ServeSettings) -> None:
+        calls.append(settings)
+
+    create_app(ServeSettings(model_dir=model_dir, device=["cpu"], ui=True), ui_mounter=mounter)
+    create_app(ServeSettings(model_dir=model_dir, device=["cpu"], ui=False), ui_mounter=mounter)
+    assert len(calls) == 1
+
+    def without_gradio(app: FastAPI, settings: ServeSettings) -> None:
+        raise ModuleNotFoundError("No module named 'gradio'", name="gradio")
+
+    def broken(app: FastAPI, settings: ServeSettings) -> None:
+        raise ModuleNotFoundError("No module named 'typo_module'", name="typo_module")
+
+    app = FastAPI()
+    with caplog.at_level(logging.WARNING, logger="serve.http.app"):
+        assert mount_optional_ui(without_gradio, app, ServeSettings(model_dir=model_dir)) is False
+    assert "UI not mounted" in caplog.text
+    with pytest.raises(ModuleNotFoundError):  # other import errors are bugs, not a missing extra
+        mount_optional_ui(broken, app, ServeSettings(model_dir=model_dir))
+
+
+def test_the_web_ui_is_mounted_at_ui(model_dir):
+    from serve.http.app import create_app
+
+    app = create_app(ServeSettings(model_dir=model_dir, device=["cpu"], ui=True, port=8123))
+    assert any(getattr(r, "path", None) == "/ui" for r in app.routes)
+
+
+def test_two_apps_live_in_one_process(model_dir):
+    from fastapi.testclient import TestClient
+
+    from serve.http.app import create_app
+
+    apps = [create_app(ServeSettings(model_dir=model_dir, device=["cpu"], ui=False, warmup=False)) for _ in range(2)]
+    with TestClient(apps[0]) as c0, TestClient(apps[1]) as c1:
+        c0.get("/healthz")
+        c0.get("/healthz")
+        c1.get("/healthz")
+        m0, m1 = c0.get("/metrics").text, c1.get("/metrics").text
+    assert 'stylevar_http_requests_total{method="GET",route="/healthz",status="200"} 2.0' in m0
+    assert 'stylevar_http_requests_total{method="GET",route="/healthz",status="200"} 1.0' in m1
+
+
+def test_routes_read_the_app_state_through_dependencies_a_test_can_override(model_dir):
+    from dataclasses import replace
+
+    from fastapi.testclient import TestClient
+
+    from serve.http.app import create_app
+    from serve.http.state import get_state, require_key
+
+    app = create_app(ServeSettings(model_dir=model_dir, device=["cpu"], ui=False, api_keys=["k-1"]))
+    http = TestClient(app)  # no lifespan: the model is not loaded
+    assert http.get("/readyz").status_code == 503 and http.get("/v1/model").status_code == 401
+    app.dependency_overrides[get_state] = lambda: replace(app.state.service, ready=True)
+    app.dependency_overrides[require_key] = lambda: None
+    assert http.get("/readyz").json() == {"status": "ready"}
+    r = http.get("/v1/model")
+    assert r.status_code == 503 and r.json()["error"] == "not_ready"
+
+
+def test_missing_model_fails_at_start_naming_the_path(tmp_path):
+    from serve.http.app import create_app
+
+    with pytest.raises(ModelDirError) as e:
+        create_app(ServeSettings(model_dir=tmp_path, device=["cpu"]))
+    assert str(tmp_path) in str(e.value) and "config.json" in str(e.value)
+    run = subprocess.run([sys.executable, "-m", "serve", "--model", str(tmp_path / "nope"), "--no-ui"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert str(tmp_path / "nope") in run.stderr and "cannot start" in run.stderr
+
+
+def test_missing_demo_model_says_how_to_make_it():
+    from stylevar.loaders.model_dir import check_model_dir
+
+    if (DEMO_MODEL_DIR / "config.json").is_file():
+        check_model_dir(DEMO_MODEL_DIR)  # shipped: it must be complete
+        return
+    with pytest.raises(ModelDirError) as e:
+        check_model_dir(DEMO_MODEL_DIR)
+    assert "scripts/train_demo_model.sh" in str(e.value) and str(DEMO_MODEL_DIR) in str(e.value)

@@ -1,0 +1,1 @@
+"""Tests of the training recipes and their parts (training)."""

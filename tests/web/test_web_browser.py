@@ -1,0 +1,112 @@
+"""The UI in a real browser: Debian chromium, driven by Playwright, against `python -m serve`.
+
+Starts the service (UI at /ui) on a free loopback port with a tiny random demo model, uploads a content
+and a style image, presses Stylize, waits for the result and checks its size (the content's), and
+saves a screenshot to `test-artifacts/ui.png`. With `STYLEVAR_UPDATE_SCREENSHOT=1` it also writes the
+README's `docs/ui.png`; `STYLEVAR_UI_TEST_MODEL=DIR` runs it on another model directory (one marked
+as the demo model, such as `stylevar/assets/demo`), e.g. to refresh that picture.
+
+Chromium is kept off the network and away from any profile: headless, fresh --user-data-dir, and the
+flags that stop its background connections. Playwright never downloads a browser here: it drives
+/usr/bin/chromium (`apt-get install chromium`).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from serve.testing import ServerProcess
+from stylevar.baselines.magenta import magenta_available
+from stylevar.pipelines.pipeline import StylePipeline
+from web.ui import DEMO_LABEL, example_pairs
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts"
+CONTENT_SIZE = (240, 160)  # 3:2, not the model's square
+
+pytestmark = pytest.mark.browser
+
+
+def _playwright():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("playwright is not installed (pip install playwright; it drives Debian chromium)")
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip(f"{CHROMIUM} is absent (apt-get install -y chromium)")
+    return sync_playwright
+
+
+@contextlib.contextmanager
+def ui_page(server_url: str, profile_dir: Path, timeout_ms: int) -> Iterator:
+    """A chromium page on the service's UI, its model panel shown (the UI is up), closed afterwards."""
+    sync_playwright = _playwright()
+    with sync_playwright() as p:
+        browser = p.chromium.launch_persistent_context(
+            str(profile_dir), executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS,
+            viewport={"width": 1280, "height": 1000})
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(timeout_ms)
+            page.goto(server_url + "/ui/")
+            page.locator("#model-panel").get_by_text(DEMO_LABEL).wait_for()
+            yield page
+        finally:
+            browser.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    model_dir = os.environ.get("STYLEVAR_UI_TEST_MODEL")
+    if not model_dir:
+        pipe = StylePipeline.random("tiny", name="stylevar-demo")
+        pipe.config.demo = True
+        model_dir = pipe.save_pretrained(tmp_path_factory.mktemp("demo-model"))
+    srv = ServerProcess.serve(model_dir, extra_args=(), log_dir=tmp_path_factory.mktemp("logs"))
+    try:
+        yield srv.wait_ready()
+    finally:
+        srv.stop()
+
+
+def test_stylize_in_the_browser(server, tmp_path):
+    pairs = example_pairs()
+    content_path, style_path = tmp_path / "content.png", tmp_path / "style.png"
+    Image.open(pairs[2][0]).convert("RGB").resize(CONTENT_SIZE, Image.BICUBIC).save(content_path)
+    shutil.copy(pairs[2][1], style_path)
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "ui.png"
+
+    with ui_page(server.url, tmp_path / "chromium-profile", 60_000) as page:
+        page.locator("#content-input input[type=file]").set_input_files(str(content_path))
+        page.locator("#style-input input[type=file]").set_input_files(str(style_path))
+        page.locator("#content-input img").wait_for()  # both uploads finished
+        page.locator("#style-input img").wait_for()
+        page.click("#stylize-button")
+        page.locator("#status").get_by_text("Done").wait_for()
+        result = page.locator("#results img").first
+        result.wait_for()
+        page.wait_for_function("(el) => el.complete && el.naturalWidth > 0", arg=result.element_handle())
+        size = result.evaluate("(el) => [el.naturalWidth, el.naturalHeight]")
+        assert tuple(size) == CONTENT_SIZE
+        page.locator("#preview img").wait_for()  # the coarse-to-fine preview ends on the result
+        assert "AdaIN" in page.locator("#adain-status").inner_text()
+        if magenta_available():  # the baseline panel's default on a machine with the teacher extra
+            baseline = page.locator("#adain-output img")
+            baseline.wait_for()
+            page.wait_for_function("(el) => el.complete && el.naturalWidth > 0", arg=baseline.element_handle())
+            assert tuple(baseline.evaluate("(el) => [el.naturalWidth, el.naturalHeight]")) == CONTENT_SIZE
+        page.screenshot(path=str(shot), full_page=True)
+
+    assert Image.open(shot).size[0] == 1280
+    if os.environ.get("STYLEVAR_UPDATE_SCREENSHOT") == "1":
+        shutil.copy(shot, REPO / "docs" / "ui.png")

@@ -1,0 +1,121 @@
+"""The model an SFT run trains (``python -m training.sft``): the frozen tokenizer it reads, the StyleVAR it
+starts from (fresh, from a class-conditional VAR checkpoint, or from StyleVAR weights, optionally grown by
+opt-in variants), its stochastic depth, and the step's layouts (NHWC convolutions on the CPU, compiled
+blocks)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stylevar.config import StyleVARConfig, VQVAEConfig
+from stylevar.loaders.convert import load_stylevar, load_vqvae
+from stylevar.loaders.model_dir import check_model_dir
+from stylevar.models.tokenizer import MultiScaleVQVAE
+from stylevar.models.transformer import StyleVAR
+from training.parts.distributed import DistEnv
+from training.parts.rng import seed_everything
+from training.parts.presets import match_transformer, resize_tokenizer
+from training.parts.var_init import init_from_var
+
+
+def read_tokenizer(src: str, preset_cfg: VQVAEConfig, image_size: int | None) -> MultiScaleVQVAE:
+    """The frozen tokenizer from a folder (``config.json`` + ``tokenizer.safetensors``: a training.vqvae
+    RUN/final or a model directory) or a weights file (.pth / .safetensors) with the preset's config."""
+    path = Path(src)
+    if path.is_dir():
+        vqvae = MultiScaleVQVAE.from_pretrained(path)
+        if image_size is not None and image_size != vqvae.cfg.image_size:
+            raise ValueError(f"--image-size {image_size} differs from the tokenizer's {vqvae.cfg.image_size}")
+        return vqvae
+    return load_vqvae(path, resize_tokenizer(preset_cfg, image_size))
+
+
+def build_model(args: argparse.Namespace, tr_preset: StyleVARConfig, vqvae: MultiScaleVQVAE,
+                log_lines: list[str]) -> tuple[StyleVAR, dict[str, Any] | None]:
+    """A fresh, VAR-initialised or --init-loaded StyleVAR (seeded: the same on every rank)."""
+    cfg = match_transformer(tr_preset, vqvae.cfg)
+    summary = None
+    seed_everything(args.seed)
+    if args.init_var:
+        model, summary = init_from_var(args.init_var, cfg, vqvae)
+        log_lines.append(
+            f"initialised from class-conditional VAR {args.init_var}: {len(summary['copied'])} tensors copied, "
+            f"{len(summary['split'])} split into guide/target projections, {len(summary['dropped'])} dropped "
+            f"({', '.join(summary['dropped'][:6])}), {len(summary['fresh'])} fresh, encoders {summary['encoders']}"
+        )
+    elif args.init:
+        init = Path(args.init)
+        if init.is_dir():
+            check_model_dir(init)
+            model = StyleVAR.from_pretrained(init, vqvae)
+        else:
+            model = load_stylevar(init, cfg, vqvae)
+        log_lines.append(f"initialised from StyleVAR weights {args.init}")
+        if args.add_variants:
+            model = with_variants(model, args.add_variants)
+            log_lines.append(f"variants added (zero-initialised, the same computation at step 0): {args.add_variants}")
+    else:
+        model = StyleVAR(cfg, vqvae)
+        log_lines.append("transformer initialised from scratch")
+    model.tokenizer.requires_grad_(False)
+    if args.drop_path_rate is not None:
+        set_drop_path_rate(model, args.drop_path_rate)
+    return model, summary
+
+
+VARIANT_MODULES = {"content_injection": "content_in", "colour_stats": "colour_in"}
+
+
+def with_variants(model: StyleVAR, variants: list[str]) -> StyleVAR:
+    """``model`` with opt-in variants turned on: their modules start at zero, so the model computes what it did;
+    every other tensor is the model's own."""
+    unknown = sorted(set(variants) - set(VARIANT_MODULES))
+    if unknown:
+        raise SystemExit(f"error: --add-variants: unknown {unknown} (known: {sorted(VARIANT_MODULES)})")
+    grown = StyleVAR(dataclasses.replace(model.cfg, **{v: True for v in variants}), model.tokenizer)
+    missing, unexpected = grown.load_state_dict(model.state_dict(), strict=False)
+    added = tuple(f"{VARIANT_MODULES[v]}." for v in variants)
+    if unexpected or any(not k.startswith(added) for k in missing):
+        raise SystemExit(f"error: --add-variants {variants}: the weights do not fit (missing {missing[:4]}, "
+                         f"unexpected {unexpected[:4]})")
+    return grown
+
+
+def channels_last(model: StyleVAR) -> None:
+    """The convolutions of both image encoders and of the frozen tokenizer in NHWC (oneDNN's faster layout on
+    the CPU; the images are taken as they come): the same computation up to float rounding."""
+    for part in (model.style_encoder, model.content_encoder, model.tokenizer):
+        part.to(memory_format=torch.channels_last)
+
+
+def compile_blocks(model: StyleVAR) -> None:
+    """Each transformer block through torch.compile (Inductor fuses the elementwise work around the matrix
+    products, forward and backward); its random draws (drop path) stay torch's eager ones, so a compiled
+    run drops the rows an eager one does. The first step compiles (tens of seconds)."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.fallback_random = True
+    for block in model.blocks:
+        block.compile()
+
+
+def set_drop_path_rate(model: StyleVAR, rate: float) -> None:
+    """The model's stochastic-depth rate (its config, recorded in RUN/final, and each block's share)."""
+    model.cfg = dataclasses.replace(model.cfg, drop_path_rate=rate)
+    for block, p in zip(model.blocks, model.cfg.drop_path_rates):
+        block.drop_path = p
+
+
+def prepare_model(model: StyleVAR, args: argparse.Namespace, env: DistEnv) -> None:
+    """The model on the device in train mode, with the step's layouts: the convolutions NHWC on the CPU (not
+    under FSDP), the blocks compiled with --compile."""
+    model.activation_checkpointing = args.activation_checkpointing
+    model.to(env.device).train()
+    if env.device.type == "cpu" and args.strategy != "fsdp":
+        channels_last(model)
+    if args.compile:
+        compile_blocks(model)

@@ -1,0 +1,132 @@
+"""What a tokenizer run optimises (``python -m training.vqvae``): L1 + L2 reconstruction, the quantizer's VQ
+loss and LPIPS when its weights are present (:class:`VQVAEObjective`), and the dead-code restarts
+(:class:`DeadCodeRestarter`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stylevar.models.tokenizer import MultiScaleVQVAE
+from training.parts.distributed import DistEnv, all_reduce_sum, broadcast_
+from training.parts.rng import derived_generator
+
+
+def build_lpips(device: torch.device) -> tuple[nn.Module | None, str]:
+    """The LPIPS network (VGG-16, differentiable, inputs in [-1, 1]) from the local weight cache, or
+    (None, why not). Loading goes through ``stylevar.metrics.perceptual.LPIPSMetric``."""
+    try:
+        from stylevar.loaders import weights
+        from stylevar.metrics.perceptual import LPIPSMetric
+
+        path = weights.resolve("vgg16")
+        metric = LPIPSMetric.from_weights("vgg", backbone=path)
+    except ImportError as e:
+        return None, f"LPIPS off: {e}"
+    except (LookupError, FileNotFoundError, ValueError) as e:  # MissingWeightError, WeightMismatchError
+        return None, f"LPIPS off: VGG-16 weights not usable ({type(e).__name__}: {str(e).splitlines()[0]})"
+    return metric.model.requires_grad_(False).eval().to(device), f"LPIPS on (VGG-16 from {path})"
+
+
+# ------------------------------------------------------------------------------------------ objective
+@dataclass(frozen=True)
+class LossWeights:
+    l1: float = 1.0
+    l2: float = 1.0
+    vq: float = 1.0
+    lpips: float = 0.0
+
+
+class VQVAEObjective(nn.Module):
+    """One micro-batch -> (loss, metrics); remembers the batch's codebook hits and last images."""
+
+    def __init__(self, vqvae: MultiScaleVQVAE, weights: LossWeights, lpips_model: nn.Module | None = None):
+        super().__init__()
+        self.vqvae = vqvae
+        self.weights = weights
+        self.lpips = [lpips_model]  # a list: not a submodule (not trained, not checkpointed, not DDP-synced)
+        self.hits_V = torch.zeros(vqvae.cfg.vocab_size, dtype=torch.float64)
+        self.last_images: torch.Tensor | None = None
+
+    def forward(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        img = batch["image"]
+        out = self.vqvae(img)
+        l1 = (out.recon - img).abs().mean()
+        l2 = F.mse_loss(out.recon, img)
+        loss = self.weights.l1 * l1 + self.weights.l2 * l2 + self.weights.vq * out.vq_loss
+        metrics = {"l1": l1.detach(), "l2": l2.detach(), "vq_loss": out.vq_loss.detach(), "usage": out.usage.detach()}
+        if self.lpips[0] is not None and self.weights.lpips > 0:
+            p = self.lpips[0](out.recon.float(), img.float()).mean()
+            loss = loss + self.weights.lpips * p
+            metrics["lpips"] = p.detach()
+        with torch.no_grad():
+            if self.hits_V.device != img.device:
+                self.hits_V = self.hits_V.to(img.device)
+            for idx in out.indices:
+                self.hits_V += torch.bincount(idx.flatten(), minlength=self.hits_V.numel()).to(self.hits_V)
+            self.last_images = img.detach()
+        return loss, metrics
+
+
+class DeadCodeRestarter:
+    """Tracks steps since each code was last hit (over all ranks) and re-seeds the dead ones."""
+
+    def __init__(self, objective: VQVAEObjective, optimizer: torch.optim.Optimizer, env: DistEnv, *,
+                 every: int, dead_after: int, seed: int):
+        self.obj, self.opt, self.env = objective, optimizer, env
+        self.every, self.dead_after, self.seed = every, dead_after, seed
+        self.since_hit_V = torch.zeros(objective.vqvae.cfg.vocab_size, dtype=torch.long)
+        self.restarted_total = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"since_hit_V": self.since_hit_V.clone(), "restarted_total": self.restarted_total}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "since_hit_V" in state:
+            self.since_hit_V = state["since_hit_V"].clone()
+            self.restarted_total = int(state["restarted_total"])
+
+    @torch.no_grad()
+    def __call__(self, step: int, stats: dict[str, Any]) -> dict[str, float]:
+        hits = all_reduce_sum(self.obj.hits_V, self.env)
+        self.obj.hits_V.zero_()
+        self.since_hit_V = torch.where(hits > 0, torch.zeros_like(self.since_hit_V), self.since_hit_V + 1)
+        out = {"active": float((self.since_hit_V < self.dead_after).float().mean()),
+               "restarted_total": float(self.restarted_total)}
+        if self.every <= 0 or step % self.every != 0:
+            return out
+        dead = torch.nonzero(self.since_hit_V >= self.dead_after).flatten()
+        if dead.numel() == 0:
+            return out
+        vqvae = self.obj.vqvae
+        emb = vqvae.quantize.embedding.weight
+        if self.env.is_main:
+            assert self.obj.last_images is not None
+            was_training = vqvae.training
+            vqvae.eval()
+            f_BCnn = vqvae.latent(self.obj.last_images).float()
+            vqvae.train(was_training)
+            pool = torch.cat(
+                [F.interpolate(f_BCnn, size=(pn, pn), mode="area").permute(0, 2, 3, 1).reshape(-1, f_BCnn.shape[1])
+                 for pn in vqvae.cfg.patch_nums]
+            ).cpu()
+            g = derived_generator(self.seed, step, 0xDEAD)
+            pick = torch.randint(0, pool.shape[0], (dead.numel(),), generator=g)
+            noise = 0.01 * pool.std() * torch.randn(dead.numel(), pool.shape[1], generator=g)
+            new = emb.detach().clone()
+            new[dead.to(new.device)] = (pool[pick] + noise).to(new)
+        else:
+            new = torch.empty_like(emb)
+        broadcast_(new, self.env)
+        emb.copy_(new)
+        state = self.opt.state.get(emb, {})
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in state:
+                state[key][dead.to(state[key].device)] = 0
+        self.since_hit_V[dead] = 0
+        self.restarted_total += int(dead.numel())
+        out["restarted_total"] = float(self.restarted_total)
+        return out

@@ -1,0 +1,257 @@
+"""A tokenizer run (``python -m training.vqvae``, whose options it takes): the checks of its inputs, RUN/ (its
+config written or checked, to resume), the images of the manifests (:class:`ImageSet`), the step loop with
+its dead-code restarts, log lines, validations and checkpoints, and RUN/final (``tokenizer.safetensors`` +
+``config.json``)."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from stylevar.config import VQVAEConfig
+from stylevar.processing.images import fit_square
+from stylevar.models.tokenizer import MultiScaleVQVAE
+from training.parts.data import ROLES, TripletDataset, open_triplets, to_unit, try_load, warn_skip
+from training.parts.optim import ScheduleConfig, make_adamw, two_level_scheduler
+from training.parts.checkpoints import CheckpointsUnreadableError
+from training.parts.cli import FREE_KEYS, loop_config
+from training.parts.distributed import DistEnv, all_reduce_sum, setup_distributed, teardown_distributed, wrap_ddp
+from training.parts.log import MetricWindow
+from training.parts.precision import autocast, make_grad_scaler, resolve_precision
+from training.parts.rng import process_seed, seed_everything
+from training.parts.run import TrainingRun
+from training.parts.rundir import RunConfigMismatchError, RunDir
+from training.parts.schedule import LoopConfig
+from training.parts.skips import SkipTracker
+from training.parts.state import TrainingState
+from training.parts.step import log_objective_window, objective_step
+from training.parts.streams import BatchStream, BatchStreamConfig, eval_loader, move_to
+from training.parts.presets import load_preset, resize_tokenizer
+from training.parts.vqvae_objective import DeadCodeRestarter, LossWeights, VQVAEObjective, build_lpips
+
+
+class ImageSet(Dataset):
+    """Every distinct image of the given triplet datasets' entries, centre-cropped to S x S in [-1, 1].
+
+    A missing or undecodable file is skipped (a warning names it): the next valid image is returned
+    and the item's ``skipped`` list names the files passed over (as in ``training.parts.data``).
+    """
+
+    def __init__(self, triplets: TripletDataset, image_size: int, max_skips: int = 100):
+        seen: dict[str, None] = {}
+        for entry in triplets.entries:
+            for role in ROLES:
+                if role in entry.paths:
+                    seen.setdefault(entry.paths[role], None)
+        self.paths = list(seen)
+        self.image_size = image_size
+        self.max_skips = max_skips
+        self.skipped: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        n = len(self.paths)
+        passed: list[str] = []
+        for k in range(min(self.max_skips, n)):
+            path = self.paths[(index + k) % n]
+            if path in self.skipped:
+                passed.append(path)
+                continue
+            loaded = try_load(path)
+            if not isinstance(loaded, str):
+                return {"image": to_unit(fit_square(loaded, self.image_size, "crop")[0]), "skipped": passed}
+            self.skipped[path] = loaded
+            warn_skip(path, loaded)
+            passed.append(path)
+        raise RuntimeError(f"{len(passed)} consecutive unusable images from index {index}; check the data")
+
+
+def collate_images(batch: list[dict]) -> dict[str, Any]:
+    return {"image": torch.stack([b["image"] for b in batch]), "skipped": [p for b in batch for p in b["skipped"]]}
+
+
+@torch.no_grad()
+def validate(vqvae: MultiScaleVQVAE, dataset: Dataset | None, env: DistEnv, batch_size: int,
+             precision: str) -> dict[str, float]:
+    if dataset is None:
+        return {}
+    was_training = vqvae.training
+    vqvae.eval()
+    sums = torch.zeros(4, dtype=torch.float64)  # l1 sum, l2 sum, psnr sum, images
+    for batch in eval_loader(dataset, batch_size, env, collate_fn=collate_images):
+        img = batch["image"].to(env.device)
+        with autocast(precision, env.device):
+            out = vqvae(img)
+        recon = out.recon.float().clamp(-1, 1)
+        mse_B = (recon - img).square().flatten(1).mean(1)
+        sums += torch.tensor([
+            float((recon - img).abs().flatten(1).mean(1).sum()),
+            float(mse_B.sum()),
+            float((10 * torch.log10(4.0 / mse_B.clamp_min(1e-10))).sum()),  # range [-1, 1]: peak^2 = 4
+            img.shape[0],
+        ], dtype=torch.float64)
+    vqvae.train(was_training)
+    total = all_reduce_sum(sums, env)
+    n = max(float(total[3]), 1.0)
+    return {"val_l1": float(total[0]) / n, "val_loss": float(total[1]) / n, "val_psnr": float(total[2]) / n,
+            "val_images": int(total[3])}
+
+
+def check_inputs(args: argparse.Namespace) -> VQVAEConfig:
+    """Fail fast (before any work) on missing inputs and impossible settings."""
+    for d in args.data:
+        path = Path(d)
+        if not (path.is_file() or (path / "manifest.jsonl").is_file()):
+            raise SystemExit(f"error: --data {d}: manifest not found")
+    try:
+        vq_cfg, _ = load_preset(args.preset)
+        return resize_tokenizer(vq_cfg, args.image_size)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def execute(args: argparse.Namespace) -> int:
+    """``python -m training.vqvae`` once its options are parsed: the checks, then the run (on every process)."""
+    vq_cfg = check_inputs(args)
+    env = setup_distributed(args.device)
+    try:
+        return train(args, vq_cfg, env)
+    except CheckpointsUnreadableError as e:
+        raise SystemExit(f"error: {e}") from None
+    finally:
+        teardown_distributed()
+
+
+def open_run(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: DistEnv) -> RunDir:
+    """RUN/, its config written or checked against the earlier run's."""
+    config = {"recipe": "vqvae", **vars(args), "tokenizer": vq_cfg.to_dict()}
+    try:
+        return RunDir.prepare(args.out, config, env, free_keys=FREE_KEYS)
+    except RunConfigMismatchError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def open_images(args: argparse.Namespace, image_size: int) -> tuple[ImageSet, ImageSet | None]:
+    """The images of the manifests' train split, and of their val split (None when there is none)."""
+    train_triplets = open_triplets(args.data, "train", image_size, None, seed=args.seed)
+    if not isinstance(train_triplets, TripletDataset):
+        raise SystemExit("error: training.vqvae reads manifests (not shards)")
+    train_set = ImageSet(train_triplets, image_size)
+    try:
+        val_set = ImageSet(open_triplets(args.data, "val", image_size, None), image_size)
+    except ValueError:
+        val_set = None  # no val split
+    return train_set, val_set
+
+
+def build_objective(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: DistEnv) -> tuple[VQVAEObjective, str]:
+    """A fresh tokenizer (seeded: the same on every rank) in its objective, and what the log says of LPIPS."""
+    seed_everything(args.seed)
+    vqvae = MultiScaleVQVAE(vq_cfg)
+    if args.init:
+        init_from(vqvae, Path(args.init))
+    vqvae = vqvae.to(env.device).train()
+    seed_everything(process_seed(args.seed, env.rank))  # the init above is the same on every rank
+    lpips_model, lpips_note = (None, "LPIPS off (--lpips-weight 0)")
+    if args.lpips_weight > 0:
+        lpips_model, lpips_note = build_lpips(env.device)
+    weights = LossWeights(args.l1_weight, args.l2_weight, args.vq_weight, args.lpips_weight if lpips_model else 0.0)
+    return VQVAEObjective(vqvae, weights, lpips_model), lpips_note
+
+
+def init_from(vqvae: MultiScaleVQVAE, folder: Path) -> None:
+    """Copy a saved tokenizer's weights into `vqvae`; its config must be the run's."""
+    try:
+        src = MultiScaleVQVAE.from_pretrained(folder)
+    except (FileNotFoundError, OSError, ValueError) as e:
+        raise SystemExit(f"error: --init {folder}: {e}") from None
+    if src.cfg.to_dict() != vqvae.cfg.to_dict():
+        diff = {k: (v, vqvae.cfg.to_dict().get(k)) for k, v in src.cfg.to_dict().items() if vqvae.cfg.to_dict().get(k) != v}
+        raise SystemExit(f"error: --init {folder}: its tokenizer config differs from the preset's (theirs, ours): {diff}")
+    vqvae.load_state_dict(src.state_dict())
+
+
+@dataclass
+class VQVAERun:
+    """What the step loop of one tokenizer run works with."""
+
+    args: argparse.Namespace
+    env: DistEnv
+    precision: str
+    model: nn.Module  # the objective, DDP-wrapped when distributed
+    vqvae: MultiScaleVQVAE
+    restarter: DeadCodeRestarter
+    val_set: ImageSet | None
+    skips: SkipTracker
+
+    def to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return move_to(self.skips.take(batch), self.env.device)
+
+    def validation(self) -> dict[str, float]:
+        return validate(self.vqvae, self.val_set, self.env, self.args.val_batch_size, self.precision)
+
+    def steps(self, tr: TrainingRun, cfg: LoopConfig) -> int:
+        """The steps from ``tr.start`` to ``cfg.max_steps`` (dead-code restarts, log lines, validations,
+        checkpoints), then the final validation; returns the last step."""
+        log, params = tr.log, list(self.vqvae.parameters())
+        self.model.train()
+        step = tr.start
+        window = MetricWindow(self.env, last=("restarted_total", "active"))
+        while step < cfg.max_steps:
+            stats, lr = objective_step(tr, params, cfg, step + 1, self.to_device)
+            step += 1
+            stats.update(self.restarter(step, stats))
+            window.add(stats)
+            if cfg.log_due(step):
+                log_objective_window(tr, cfg, step, window, lr, skipped_files=float(len(self.skips.all_paths())))
+            if self.val_set is not None and cfg.val_due(step):
+                log.log(step, self.validation(), prefix="val")
+                self.model.train()
+            if tr.checkpoint_due(step):
+                tr.save(step, extra=self.restarter.state_dict())
+        if self.val_set is not None and step > tr.start:
+            log.log(step, self.validation(), prefix="val")
+        return step
+
+    def write_final(self, folder: Path) -> None:
+        args = self.args
+        self.vqvae.save_pretrained(folder, extra={"recipe": "vqvae", "steps": args.max_steps, "data": args.data})
+
+
+def train(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: DistEnv) -> int:
+    precision = resolve_precision(args.precision, env.device)
+    run = open_run(args, vq_cfg, env)
+    train_set, val_set = open_images(args, vq_cfg.image_size)
+    objective, lpips_note = build_objective(args, vq_cfg, env)
+    vqvae = objective.vqvae
+    # a Phi conv that no scale uses gets no gradient: DDP must then look for unused parameters
+    used_phis = {id(vqvae.quantize.phi(k)) for k in range(len(vq_cfg.patch_nums))}
+    model = wrap_ddp(objective, env, find_unused_parameters=len(used_phis) < vq_cfg.share_quant_resi)
+    optimizer = make_adamw(vqvae, args.lr, args.weight_decay, betas=(0.9, 0.95))
+    sched_cfg = ScheduleConfig(max_steps=args.max_steps, warmup_steps=args.warmup_steps, drop_step=args.max_steps)
+    scheduler = two_level_scheduler(optimizer, sched_cfg)
+    stream = BatchStream(train_set, BatchStreamConfig(global_batch=args.batch_size, grad_accum=args.grad_accum,
+                                                      seed=args.seed, num_workers=args.num_workers,
+                                                      collate_fn=collate_images), env)
+    restarter = DeadCodeRestarter(objective, optimizer, env, every=args.restart_every,
+                                  dead_after=args.dead_after, seed=args.seed)
+    job = VQVAERun(args, env, precision, model, vqvae, restarter, val_set, SkipTracker(env))
+    cfg = loop_config(args, precision)
+    state = TrainingState(model, optimizer, scheduler, stream, env, scaler=make_grad_scaler(precision, env.device))
+    with TrainingRun.for_loop(run, state, cfg) as tr:
+        if tr.resumed.path is not None:
+            restarter.load_state_dict(tr.resumed.extra)
+        tr.log.info(f"{len(train_set)} training images, {len(val_set) if val_set else 0} validation images, "
+                    f"{vq_cfg.image_size}px, patch_nums {vq_cfg.patch_nums}, world size {env.world_size}, {precision}")
+        tr.log.info(lpips_note)
+        step = job.steps(tr, cfg)
+        tr.finish(step, job.write_final)
+    job.skips.report(run, {**train_set.skipped, **(val_set.skipped if val_set else {})})
+    return 0
