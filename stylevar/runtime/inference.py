@@ -66,9 +66,13 @@ def native_cpu_bf16() -> bool:
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
-def packing_available() -> bool:
-    """Whether this torch build has oneDNN's packed linear operators (x86 builds do; others may not)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+def packing_available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch build has oneDNN's packed linear operators (x86 builds do; others may not), and for
+    bfloat16 whether this CPU can run them (oneDNN's bf16 path needs AVX512BW/VL/DQ or AVX-NE-CONVERT; on an
+    AVX2-only CPU the loop's linears are cast to bf16 instead)."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    return dtype != torch.bfloat16 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def prepared(model: nn.Module) -> InferenceConfig | None:
@@ -191,7 +195,7 @@ def prepare(model, cfg: InferenceConfig = InferenceConfig()):
         tok.encoder, tok.decoder = InDtype(tok.encoder, dtype), InDtype(tok.decoder, dtype)
         model.style_encoder = InDtype(model.style_encoder, dtype)
         model.content_encoder = InDtype(model.content_encoder, dtype)
-    if on_cpu and cfg.pack_linears and not cfg.compile and packing_available():
+    if on_cpu and cfg.pack_linears and not cfg.compile and packing_available(dtype):
         _replace_linears(model, lambda lin: PackedLinear(lin, dtype))
     elif dtype == torch.bfloat16:
         model.blocks.to(dtype)

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from stylevar.models.encoders import resnet18_trunk
-from stylevar.runtime.inference import InferenceConfig, PackedLinear, fuse_conv_bn, prepare, prepared
+from stylevar.runtime.inference import (InferenceConfig, PackedLinear, fuse_conv_bn, packing_available, prepare,
+                                        prepared)
 from stylevar.pipelines.pipeline import StylePipeline
 from tests.conftest import micro_configs
 
@@ -61,10 +62,19 @@ def test_packed_linear_equals_the_linear_it_packs():
     x = torch.randn(3, 7, 48)
     with torch.no_grad():
         torch.testing.assert_close(PackedLinear(lin)(x), lin(x), atol=1e-5, rtol=1e-5)
+    assert "packed_weight" not in dict(PackedLinear(lin).named_buffers())
+
+
+@pytest.mark.skipif(not packing_available(torch.bfloat16), reason="oneDNN's bf16 linear needs AVX512BW/VL/DQ or "
+                    "AVX-NE-CONVERT; prepare() casts the linears instead on this CPU")
+def test_packed_bf16_linear_stays_close_to_the_linear_it_packs():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(48, 80)
+    x = torch.randn(3, 7, 48)
+    with torch.no_grad():
         got = PackedLinear(lin, torch.bfloat16)(x)
         assert got.dtype == torch.bfloat16
         torch.testing.assert_close(got.float(), lin(x), atol=0.05, rtol=0.02)
-    assert "packed_weight" not in dict(PackedLinear(lin).named_buffers())
 
 
 def test_a_packed_model_refuses_to_move_off_the_cpu_with_a_clear_error():
@@ -112,7 +122,10 @@ def test_prepared_fp32_packs_every_loop_linear():
 def test_bf16_runs_the_loop_in_bf16_and_keeps_the_tokens_close():
     plain = _resnet_micro().model
     fast = prepare(copy.deepcopy(plain), InferenceConfig(precision="bf16"))
-    assert fast.loop_autocast_dtype == torch.bfloat16 and fast.blocks[0].ffn.fc1.dtype == torch.bfloat16
+    fc1 = fast.blocks[0].ffn.fc1  # packed where oneDNN runs bf16 on this CPU, else a linear cast to bf16
+    assert isinstance(fc1, PackedLinear) == packing_available(torch.bfloat16)
+    assert fast.loop_autocast_dtype == torch.bfloat16
+    assert (fc1.dtype if isinstance(fc1, PackedLinear) else fc1.weight.dtype) == torch.bfloat16
     assert fast.tokenizer.quantize.embedding.weight.dtype == torch.float32  # the codebook search stays fp32
     c, s = _inputs()
     with torch.no_grad():
