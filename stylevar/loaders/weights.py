@@ -40,6 +40,7 @@ from stylevar.loaders import hub
 from stylevar.utils.atomic import atomic_write_path, replace_folder
 from stylevar.loaders.hub import HubFile
 from stylevar.loaders.paths import home
+from stylevar.utils.errors import CodedError
 
 Location = Literal["torch", "stylevar", "hf"]
 Unpack = Literal["file", "zip", "zip-folder"]
@@ -47,8 +48,10 @@ Unpack = Literal["file", "zip", "zip-folder"]
 FETCH_COMMAND = "stylevar weights fetch {name}"
 
 
-class MissingWeightError(FileNotFoundError):
+class MissingWeightError(CodedError, FileNotFoundError):
     """A registered weight is not on disk. The message names the file, the paths searched and the fix."""
+
+    code = "missing_weight"
 
     def __init__(self, weight: "Weight", searched: list[Path], detail: str = ""):
         self.weight = weight
