@@ -69,13 +69,26 @@ def micro_model_dir(tmp_path_factory, micro_pipeline):
     return micro_pipeline.save_pretrained(tmp_path_factory.mktemp("micro_model"))
 
 
+def set_hf_env(mp: pytest.MonkeyPatch, *, cache: Path | None = None, offline: bool | None = None) -> None:
+    """HF_HUB_CACHE / HF_HUB_OFFLINE for subprocesses (the environment) and for this process, where
+    huggingface_hub read them at import (its `constants`, which stylevar.loaders.hub asks)."""
+    from huggingface_hub import constants
+
+    if cache is not None:
+        mp.setenv("HF_HUB_CACHE", str(cache))
+        mp.setattr(constants, "HF_HUB_CACHE", str(cache))
+    if offline is not None:
+        mp.setenv("HF_HUB_OFFLINE", "1" if offline else "0")
+        mp.setattr(constants, "HF_HUB_OFFLINE", offline)
+
+
 def use_weight_cache(mp: pytest.MonkeyPatch, root: Path) -> tuple[Path, Path]:
     """Point the weight cache at ``root``: STYLEVAR_HOME = root/sv, TORCH_HOME = root/th, and the Hugging Face
     cache (where Hub-hosted weights are looked for first) at root/hf (none created)."""
     sv, th = root / "sv", root / "th"
     mp.setenv("STYLEVAR_HOME", str(sv))
     mp.setenv("TORCH_HOME", str(th))
-    mp.setenv("HF_HUB_CACHE", str(root / "hf"))
+    set_hf_env(mp, cache=root / "hf")
     return sv, th
 
 

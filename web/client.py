@@ -23,6 +23,7 @@ from PIL import Image
 
 from stylevar.pipelines import options
 from stylevar.pipelines.options import DECLARED, FORM, IMAGE_ONLY, Option
+from stylevar.utils.errors import CodedError
 
 ImageSource = str | os.PathLike | bytes
 
@@ -44,7 +45,7 @@ VIDEO_CODES = {"not_a_video": "Upload a video file (MP4, MOV, MKV, WebM, AVI ...
                "video_too_large": "Use a clip of smaller frames (or the command line)."}
 
 
-class ServiceError(Exception):
+class ServiceError(CodedError):
     """The service refused or failed a request, or could not be reached (`status` None)."""
 
     def __init__(self, status: int | None, code: str, detail: str, retry_after_s: float | None = None):

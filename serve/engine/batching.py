@@ -28,13 +28,15 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
+from stylevar.utils.errors import CodedError
+
 P = TypeVar("P")  # what a job asks for
 R = TypeVar("R")  # what the run function returns for one job
 
 log = logging.getLogger("serve.engine.batching")
 
 
-class BatchError(Exception):
+class BatchError(CodedError):
     """A job that could not be served. `code` is the short reason given to the client."""
 
     code = "batch_error"

@@ -21,12 +21,13 @@ from starlette.concurrency import run_in_threadpool
 
 import stylevar
 from stylevar.loaders.model_dir import check_model_dir
+from stylevar.utils.devices import resolve_devices
 
 from serve.http import imaging
 from serve.http.access import FailureLimiter, KeyRing, LoginAttemptLimit
 from serve.engine.batching import BatchConfig, Batcher
 from serve.http.drain import Drain, DrainMiddleware
-from serve.engine.runner import ModelRunner, RunnerOptions, resolve_devices
+from serve.engine.runner import ModelRunner, RunnerOptions
 from serve.http.errors import install_error_handlers
 from serve.http.metrics import ServiceMetrics
 from serve.http.middleware import BeforeBody, BodyTimeout, ContentLengthLimit, RequestMiddleware, bearer_token

@@ -1,7 +1,9 @@
 """Errors of the HTTP API: every one is answered as `{"error": code, "detail": detail}` (`ErrorBody`).
 
-`install_error_handlers(app)` registers the handlers that give FastAPI's own errors (404, 405, 422 ...)
-and `ServiceError` that body; `ERROR_RESPONSES` documents them in the OpenAPI schema.
+`install_error_handlers(app)` registers the handlers that give FastAPI's own errors (404, 405, 422 ...),
+`ServiceError` and every other `CodedError` (an image's, a clip's or the batcher's refusal) that body;
+`ERROR_STATUS` is the one table from a code to its HTTP status; `ERROR_RESPONSES` documents them in the
+OpenAPI schema.
 """
 from __future__ import annotations
 
@@ -15,10 +17,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve.engine.batching import BatchError, OverloadedError, QueueFullError, StoppedError
 from serve.http.schemas import ErrorBody
+from stylevar.utils.errors import CodedError
 
 IMAGE_ERROR_STATUS = {"not_an_image": 415, "corrupt_image": 422, "image_too_large": 413, "bad_image": 422}
 BATCH_ERROR_STATUS = {"queue_full": 503, "out_of_memory": 503, "shutting_down": 503, "deadline_exceeded": 504,
                       "inference_failed": 500}
+VIDEO_ERROR_STATUS = {"not_a_video": 415, "unsupported_codec": 415, "corrupt_video": 422, "video_too_long": 413,
+                      "video_too_large": 413, "bad_video": 422}
+ERROR_STATUS = {**IMAGE_ERROR_STATUS, **VIDEO_ERROR_STATUS, **BATCH_ERROR_STATUS}  # any other code: 500
 HTTP_ERROR_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
                     405: "method_not_allowed", 406: "not_acceptable", 413: "payload_too_large",
                     415: "unsupported_media_type", 422: "validation_error", 429: "too_many_attempts",
@@ -36,12 +42,12 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-class ServiceError(Exception):
+class ServiceError(CodedError):
     """An error answered as `{"error": code, "detail": detail}` with `status`."""
 
     def __init__(self, status: int, code: str, detail: str, headers: dict[str, str] | None = None):
-        super().__init__(detail)
-        self.status, self.code, self.detail, self.headers = status, code, detail, headers or {}
+        super().__init__(detail, code=code)
+        self.status, self.detail, self.headers = status, detail, headers or {}
 
 
 class ClientGone(Exception):
@@ -52,18 +58,30 @@ def error_response(status: int, code: str, detail: str, headers: dict[str, str] 
     return JSONResponse({"error": code, "detail": detail}, status_code=status, headers=headers)
 
 
-def from_batch_error(e: BatchError) -> ServiceError:
-    """The answer to a batcher's refusal or failure (503 with Retry-After when trying again may work)."""
+def from_coded_error(e: CodedError, detail: str | None = None) -> ServiceError:
+    """The answer to any coded error: the status its code has in `ERROR_STATUS` (a code not there: 422 for a
+    refused input, a ValueError, else 500), `detail` (default: its message), Retry-After where trying again may
+    work."""
+    if isinstance(e, ServiceError):
+        return e
     headers = {}
     if isinstance(e, QueueFullError):
         headers["Retry-After"] = str(e.retry_after_s)
     elif isinstance(e, (OverloadedError, StoppedError)):
         headers["Retry-After"] = "1"
-    return ServiceError(BATCH_ERROR_STATUS.get(e.code, 500), e.code, str(e), headers)
+    default = 422 if isinstance(e, ValueError) else 500  # an input refused (ImageError, VideoError), else a failure
+    return ServiceError(ERROR_STATUS.get(e.code, default), e.code, str(e) if detail is None else detail, headers)
 
 
-async def service_error_handler(request: Request, exc: ServiceError) -> JSONResponse:
-    return error_response(exc.status, exc.code, exc.detail, exc.headers)
+def from_batch_error(e: BatchError) -> ServiceError:
+    """The answer to a batcher's refusal or failure (503 with Retry-After when trying again may work)."""
+    return from_coded_error(e)
+
+
+async def coded_error_handler(request: Request, exc: CodedError) -> JSONResponse:
+    """A `ServiceError` as it says; any other coded error that leaves a route by `from_coded_error`."""
+    answer = from_coded_error(exc)
+    return error_response(answer.status, answer.code, answer.detail, answer.headers)
 
 
 async def http_error_handler(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -115,6 +133,6 @@ async def validation_error_handler(request: Request, exc: RequestValidationError
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(ServiceError, service_error_handler)
+    app.add_exception_handler(CodedError, coded_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)

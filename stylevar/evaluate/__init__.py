@@ -18,7 +18,7 @@ Missing weights stop the run before any work (exit status 3) unless `--allow-mis
 metrics (and methods) that need them and marks them `missing`.
 
 Modules, bottom to top: `config` (EvalConfig, column names), `benchmarks` (manifests -> triplets),
-`methods` (what is compared), `scoring` (timed batches -> per-sample scores), `sharding` (torchrun),
-`runner` (`run`), `report` (tables) and `charts` (sample grids, bar charts). `python -m stylevar.evaluate`
-is `stylevar evaluate` (stylevar.cli.evaluate).
+`methods` (what is compared), `scoring` (timed batches -> per-sample scores), `ranks` (torchrun: each
+process's batches, the merge), `runner` (`run`), `report` (tables) and `charts` (sample grids, bar
+charts). `python -m stylevar.evaluate` is `stylevar evaluate` (stylevar.cli.evaluate).
 """

@@ -1,7 +1,7 @@
 """`run`: every method on every benchmark, scored per sample, averaged per benchmark and method.
 
 The checks (the output folder, the methods, the benchmarks' files, the weights) run before any model or
-metric loads. Under torchrun the batches are shared out among the processes (`sharding.Shard`) and process
+metric loads. Under torchrun the batches are shared out among the processes (`ranks.Shard`) and process
 0 merges the per-sample records and writes the files; every process returns the merged result.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from stylevar.evaluate.config import MISSING, TIME, EvalConfig, RunResult
 from stylevar.evaluate.methods import Method, make_method, unique_names
 from stylevar.evaluate.report import write_outputs
 from stylevar.evaluate.scoring import Scored, device_name, score_batches
-from stylevar.evaluate.sharding import Shard, start_shard
+from stylevar.evaluate.ranks import Shard, start_shard
 from stylevar.metrics.definitions import weights_for
 from stylevar.metrics import MetricSuite
 from stylevar.loaders.preflight import output_folder

@@ -3,7 +3,7 @@ a published model into a model directory (`stylevar pull`, `resolve_model`) is `
 
 Every download goes through `huggingface_hub`, so its cache (`HF_HOME` / `HF_HUB_CACHE`), its token
 (`HF_TOKEN`), its offline switch (`HF_HUB_OFFLINE=1`) and its endpoint (`HF_ENDPOINT`, for a mirror of the
-Hub) apply. The cache folder and the offline switch are read on each call, not once at import.
+Hub) apply, as huggingface_hub read them when it was imported (`cache_dir`, `offline` ask it).
 
 A hub id names a published StyleVAR model: `hf:OWNER/NAME[@REVISION][:VARIANT]` (variant `grpo`, the
 default, or `sft`). Its repository holds the reference checkpoints (`vae_ch160v4096z32.pth` and
@@ -37,7 +37,6 @@ SHAPE_FILE = "stylevar_config.json"  # optional, in the repository: the referenc
 DEFAULT_REVISION = "main"
 
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_TRUE = {"1", "on", "yes", "true"}
 
 
 class HubError(FileNotFoundError):
@@ -142,27 +141,20 @@ class Shape:
 
 
 # ------------------------------------------------------------------------------------------------ the cache
-# huggingface_hub.constants reads HF_HUB_CACHE, HF_HOME and HF_HUB_OFFLINE once, when huggingface_hub is first
-# imported; a process that sets them later (a test, a service configured after start-up) must still be
-# obeyed, so these two read them now, falling back on constants for huggingface_hub's own defaults.
+# huggingface_hub reads its variables (HF_HUB_CACHE, HF_HOME, HF_HUB_OFFLINE, ...) once, when it is first imported;
+# these two ask it, so this module and huggingface_hub's own calls always agree.
 def cache_dir() -> Path:
-    """huggingface_hub's cache folder by its own variables: HF_HUB_CACHE, else HF_HOME/hub, else its default."""
-    env = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
-    if env:
-        return Path(env).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    """huggingface_hub's cache folder (HF_HUB_CACHE, else HF_HOME/hub, else its default)."""
     from huggingface_hub import constants
 
     return Path(constants.HF_HUB_CACHE)
 
 
 def offline() -> bool:
-    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE), now or when huggingface_hub was imported."""
-    from huggingface_hub import constants
+    """huggingface_hub's offline switch (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE)."""
+    from huggingface_hub import is_offline_mode
 
-    return constants.HF_HUB_OFFLINE or any(
-        os.environ.get(v, "").strip().lower() in _TRUE for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return is_offline_mode()
 
 
 def cached_path(f: HubFile) -> Path | None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from PIL import Image
 
 from stylevar.processing.images import ACCEPTED_FORMATS, ImageError, load_image
+from stylevar.utils.errors import CodedError
 
 # output file extensions: the formats the service returns (and accepts)
 OUTPUT_EXTENSIONS: dict[str, str] = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP"}
@@ -21,8 +22,10 @@ OUTPUT_EXTENSIONS: dict[str, str] = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JP
 SMALL_SIDE = 16
 
 
-class InputError(ValueError):
+class InputError(CodedError, ValueError):
     """A path or file given on the command line that cannot be used."""
+
+    code = "invalid_input"
 
 
 def read_image(path: str | os.PathLike, role: str) -> Image.Image:

@@ -16,6 +16,10 @@ Where files are looked for, and how `fetch` gets them:
   `$XDG_CACHE_HOME/torch`, else `~/.cache/torch`); `fetch` downloads them, and every other file from a
   plain URL, with torch's `torch.hub.download_url_to_file` (temporary file, sha256 prefix check, rename).
 
+Not pooch: its `fetch` downloads whatever is absent (no look-up-only mode), keeps one folder per registry (here
+torch's, huggingface_hub's and STYLEVAR_HOME are searched), compares whole digests (torchvision publishes a prefix)
+and would hash every large file at each look-up; torch's downloader does the rest.
+
 Reading a weight file and checking it against a model (`weights_only=True`, every missing, unexpected
 and wrongly shaped key in one error) is `stylevar.models.state_dict`'s: `read_state_dict`, `check_state_dict`,
 `load_into`.
@@ -36,6 +40,7 @@ from stylevar.loaders import hub
 from stylevar.utils.atomic import atomic_write_path, replace_folder
 from stylevar.loaders.hub import HubFile
 from stylevar.loaders.paths import home
+from stylevar.utils.errors import CodedError
 
 Location = Literal["torch", "stylevar", "hf"]
 Unpack = Literal["file", "zip", "zip-folder"]
@@ -43,8 +48,10 @@ Unpack = Literal["file", "zip", "zip-folder"]
 FETCH_COMMAND = "stylevar weights fetch {name}"
 
 
-class MissingWeightError(FileNotFoundError):
+class MissingWeightError(CodedError, FileNotFoundError):
     """A registered weight is not on disk. The message names the file, the paths searched and the fix."""
+
+    code = "missing_weight"
 
     def __init__(self, weight: "Weight", searched: list[Path], detail: str = ""):
         self.weight = weight

@@ -31,7 +31,19 @@ def save_safetensors(sd: Mapping[str, torch.Tensor], path: str | os.PathLike, dt
     out = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().contiguous().cpu()
            for k, v in sd.items()}
     size = sum(v.numel() * v.element_size() for v in out.values())
-    atomic_write_path(path, lambda tmp: save_file(out, str(tmp), metadata=metadata), size=size, what=what)
+    atomic_write_path(path, lambda tmp: _save_file(out, Path(tmp), metadata), size=size, what=what)
+
+
+def _save_file(sd: Mapping[str, torch.Tensor], tmp: Path, metadata: dict[str, str] | None) -> None:
+    """safetensors' writer, its failures raised as OSError (it gives no errno: the file is opened here first,
+    so a folder that cannot be written says why; a full disk is told by the space left)."""
+    from safetensors import SafetensorError
+
+    open(tmp, "wb").close()
+    try:
+        save_file(sd, str(tmp), metadata=metadata)
+    except SafetensorError as e:
+        raise OSError(str(e)) from e
 
 
 def load_safetensors(path: str | os.PathLike) -> StateDict:

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from stylevar.utils.errors import CodedError
+
 if TYPE_CHECKING:  # torch is imported where tensors are made: decoding alone (the CLI's checks) stays light
     import torch
 
@@ -33,7 +35,7 @@ RESIZE_MODES = ("crop", "pad", "stretch")
 DEFAULT_MAX_PIXELS = 40_000_000
 
 
-class ImageError(ValueError):
+class ImageError(CodedError, ValueError):
     """Base class for input images that cannot be used. `code` is a short machine-readable reason."""
 
     code = "bad_image"

@@ -33,6 +33,7 @@ from typing import Any, Literal, get_args
 from PIL import Image
 
 from stylevar.utils.atomic import atomic_write_path, is_write_error, remove_quietly, temp_path, write_failure
+from stylevar.utils.errors import CodedError
 
 TemporalMode = Literal["independent", "same-seed", "coherent", "coherent-reuse"]
 TEMPORAL_MODES: tuple[str, ...] = get_args(TemporalMode)
@@ -53,7 +54,7 @@ _VIDEO_MAGIC = ((b"\x1a\x45\xdf\xa3", "Matroska/WebM"), (b"OggS", "Ogg"), (b"FLV
                 (b"\x30\x26\xb2\x75", "ASF"), (b"\x00\x00\x01\xba", "MPEG"))
 
 
-class VideoError(ValueError):
+class VideoError(CodedError, ValueError):
     """Base class for input videos that cannot be used. ``code`` is a short machine-readable reason."""
 
     code = "bad_video"

@@ -13,15 +13,15 @@ folder, so a listing can skip them and a resume can remove the stale ones a kill
 
 ``torch.save`` into a file reports a failed ``write`` as its own RuntimeError ("unexpected pos ..."),
 which no longer says why; :func:`atomic_write` keeps the OSError from the file's ``write`` as the
-RuntimeError's cause. Writers that report only words (safetensors: "... (os error 28)") are read for an
-errno, and a failure without one on a filesystem left with under 1 MiB free is taken as a full disk.
+RuntimeError's cause. The errno is ``OSError.errno`` (ENOSPC and EDQUOT are a full disk, EROFS, EACCES, EIO
+say themselves), never read out of a message: a writer that raises without an OSError behind it (safetensors'
+Rust writer) gives none, and such a failure with under 1 MiB free, or less than the write needed, is a full disk.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
 import os
-import re
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,7 +29,6 @@ from typing import Any, BinaryIO
 
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 _NEARLY_FULL = 1 << 20  # free bytes under which a write failure that gives no errno is a full disk
-_ERRNO_IN_TEXT = re.compile(r"\[Errno (\d+)\]|os error (\d+)")
 
 
 class WriteFailedError(OSError):
@@ -133,11 +132,11 @@ def replace_folder(tmp: Path, dest: Path) -> None:
 
 def is_write_error(exc: BaseException) -> bool:
     """Whether ``exc`` from a writer means the write failed (an OSError or RuntimeError, itself or behind
-    it, or an errno in its words), rather than that the writer was given something it cannot write or
-    that the process is being stopped."""
+    it), rather than that the writer was given something it cannot write or that the process is being
+    stopped."""
     if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
         return False
-    return any(isinstance(e, (OSError, RuntimeError)) for e in _chain(exc)) or _errno_of(exc) is not None
+    return any(isinstance(e, (OSError, RuntimeError)) for e in _chain(exc))
 
 
 def write_failure(path: Path, exc: BaseException, *, size: int | None = None, what: str = "",
@@ -149,13 +148,19 @@ def write_failure(path: Path, exc: BaseException, *, size: int | None = None, wh
     if isinstance(exc, WriteFailedError):  # a file of the folder being written: its verdict stands
         full = exc.disk_full
     else:
-        full = code in DISK_FULL_ERRNOS or (code is None and free_left is not None and free_left < _NEARLY_FULL)
+        full = code in DISK_FULL_ERRNOS or (code is None and _no_room(free_left, size))
     if partial is not None:
         remove_quietly(partial)
     free = free_bytes(path.parent)
     label = f"{what} {path.name}" if what else path.name
     message = f"cannot write {label} in {path.parent}: {_reason(exc, code, full)}{_amounts(size, free)}"
     return WriteFailedError(message, path=path, code=code, disk_full=full, needed=size, free=free)
+
+
+def _no_room(free: int | None, size: int | None) -> bool:
+    """Whether a failure that gave no errno is a full disk: under 1 MiB free, or fewer bytes than the write needed
+    (safetensors' writer reserves the whole file first)."""
+    return free is not None and (free < _NEARLY_FULL or (size is not None and free < size))
 
 
 def _amounts(size: int | None, free: int | None) -> str:
@@ -196,12 +201,8 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 
 def _errno_of(exc: BaseException) -> int | None:
-    """The errno behind ``exc``: its own or its causes' (:func:`_chain`), or one in its words."""
-    for e in _chain(exc):
-        if isinstance(e, OSError) and e.errno:
-            return e.errno
-    match = _ERRNO_IN_TEXT.search(str(exc))
-    return int(match.group(1) or match.group(2)) if match else None
+    """The ``OSError.errno`` behind ``exc``: its own or its causes' (:func:`_chain`); None without one."""
+    return next((e.errno for e in _chain(exc) if isinstance(e, OSError) and e.errno), None)
 
 
 def free_bytes(folder: Path) -> int | None:

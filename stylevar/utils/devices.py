@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import re
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -69,6 +70,18 @@ def resolve_device(name: str | None) -> "torch.device":
     if available is None or not available():
         raise DeviceError(f"device {name!r} is not available on this machine (use --device cpu)")
     return device
+
+
+def resolve_devices(names: Sequence[str]) -> "list[torch.device]":
+    """Several devices (the service's workers): ``["auto"]`` -> every visible CUDA device, else the CPU; otherwise
+    each name by :func:`resolve_device` (checked to exist here; DeviceError, a ValueError, if not)."""
+    import torch
+
+    if list(names) == ["auto"]:
+        if torch.cuda.is_available():
+            return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+        return [torch.device("cpu")]
+    return [resolve_device(n) for n in names]
 
 
 # every spelling of a dtype the project's settings accept (the service: float32/bfloat16/float16;

@@ -137,6 +137,13 @@ def test_device_names_are_checked():
     with pytest.raises(devices.DeviceError, match="'cuda:99' is not available"):
         devices.resolve_device("cuda:99")
     assert devices.resolve_device("cpu").type == "cpu"
+    import torch
+
+    assert devices.resolve_devices(["cpu", "cpu"]) == [torch.device("cpu")] * 2  # the service's workers
+    expected = [torch.device("cuda", i) for i in range(torch.cuda.device_count())] or [torch.device("cpu")]
+    assert devices.resolve_devices(["auto"]) == expected
+    with pytest.raises(devices.DeviceError, match="'cuda:99' is not available"):
+        devices.resolve_devices(["cpu", "cuda:99"])
 
 
 @pytest.mark.parametrize("name", ["c.gif", "c.tif", "c.bmp", "garbage.png"])

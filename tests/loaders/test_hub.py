@@ -23,6 +23,7 @@ from stylevar.loaders import weights
 from stylevar.cli import main
 from stylevar.pipelines.pipeline import StylePipeline
 from stylevar.loaders.pull import resolve_model
+from tests.conftest import set_hf_env
 
 REPO = "stand-in/StyleVAR-small"
 WRONG_REPO = "stand-in/wrong-layout"  # its GRPO file is a class-conditional VAR checkpoint
@@ -76,6 +77,7 @@ def hub_cache(published, golden, tmp_path_factory) -> tuple[Path, dict[str, Path
 
 
 def _offline(monkeypatch, tmp_path: Path, hf_cache: Path) -> dict[str, str]:
+    set_hf_env(monkeypatch, cache=hf_cache, offline=True)
     env = {"HF_HUB_CACHE": str(hf_cache), "HF_HUB_OFFLINE": "1", "STYLEVAR_HOME": str(tmp_path / "sv"),
            "TORCH_HOME": str(tmp_path / "th"), "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     for k, v in env.items():

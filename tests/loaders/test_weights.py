@@ -17,6 +17,7 @@ from stylevar.loaders import weights
 from stylevar.cli import main
 from stylevar.loaders.hub import HubFile
 from stylevar.models.state_dict import WeightMismatchError, load_into, read_state_dict
+from tests.conftest import set_hf_env
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -184,7 +185,7 @@ def test_fetch_the_dreamsim_tree(weight_homes, server):
 
 def test_fetch_refuses_unsafe_archives_and_absent_files(weight_homes, server, monkeypatch):
     sv, _ = weight_homes
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # never the real Hub from a test
+    set_hf_env(monkeypatch, offline=True)  # never the real Hub from a test
     root, url = server
     _zip(root / "facebookresearch_dino_main.zip", {"../escape.py": b"x"})
     weight = weights.get("dreamsim")

@@ -217,6 +217,20 @@ def small_disk(tmp_path):
         subprocess.run(["umount", str(disk)], check=False)
 
 
+def test_a_safetensors_write_on_a_really_full_disk_is_said(small_disk):
+    """safetensors' writer gives no errno: the space left tells the full disk; the old file stays."""
+    from stylevar.models.pretrained import save_safetensors
+
+    disk, _ = small_disk
+    dest = disk / "transformer.safetensors"
+    save_safetensors({"w": torch.zeros(4)}, dest)
+    old = dest.read_bytes()
+    with pytest.raises(WriteFailedError, match=rf"^cannot write weights transformer.safetensors in {disk}: "
+                                               "disk full; it needs about 16.0 MiB") as info:
+        save_safetensors({"w": torch.zeros(4 << 20)}, dest)
+    assert info.value.disk_full and dest.read_bytes() == old and _temps(disk) == []
+
+
 def test_a_really_full_disk_exits_with_one_line_frees_the_partial_file_and_resumes(data, small_disk, tmp_path,
                                                                                       capsys):
     disk, resize = small_disk

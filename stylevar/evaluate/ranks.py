@@ -1,4 +1,6 @@
-"""A sharded evaluation (torchrun, WORLD_SIZE > 1): which batches this process scores, and the merge."""
+"""An evaluation over torchrun's processes (WORLD_SIZE > 1): which batches this rank scores, and the merge.
+
+(Named for the ranks, not "sharding": that word is FSDP's here, training.parts.fsdp and training.sharding.)"""
 from __future__ import annotations
 
 from dataclasses import dataclass

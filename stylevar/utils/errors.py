@@ -1,0 +1,20 @@
+"""`CodedError`: the one base of the errors that carry a `code`, a short machine-readable reason.
+
+The code names what went wrong for a program (the service answers it as `{"error": code}`; the UI and the
+command line choose their advice by it), the message says it to a person. Each family sets its codes as
+class attributes (`ImageError.code = "bad_image"`, `NotAnImageError.code = "not_an_image"`, ...); an error
+made on the spot may pass its own (`CodedError("...", code="...")`). A family keeps its other base
+(ValueError, FileNotFoundError) so callers that catch that still do.
+"""
+from __future__ import annotations
+
+
+class CodedError(Exception):
+    """An error with a `code` (a short machine-readable reason) beside its message."""
+
+    code: str = "error"
+
+    def __init__(self, message: str = "", *, code: str | None = None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
