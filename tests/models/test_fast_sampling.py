@@ -14,11 +14,11 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from serve.http.app import create_app
-from serve.engine.runner import GenerationKey
 from serve.settings import ServeSettings
 from stylevar import cli
 from stylevar.cli import stylize as stylize_cli
 from stylevar.models.generation import DEFAULT_GENERATION, GenerationConfig
+from stylevar.pipelines.request import StylizeRequest
 from stylevar.models.transformer import StyleBlend, StyleVAR
 from stylevar.models.transformer import pruning
 from stylevar.models.transformer.pruning import FastSampling
@@ -157,9 +157,10 @@ def test_prepared_model_runs_fast(micro_pipeline):
 
 
 def test_the_batching_key_separates_fast_and_full_requests(micro_pipeline):
-    full, fast = (GenerationKey(micro_pipeline.generation_config(fast=f)) for f in (False, True))
+    content = Image.new("RGB", (16, 16))
+    full, fast = (micro_pipeline.prepare(StylizeRequest(fast=f), content, content).key for f in (False, True))
     assert full != fast and hash(full) != hash(fast)
-    assert GenerationKey(micro_pipeline.generation_config()) == full
+    assert micro_pipeline.prepare(StylizeRequest(seed=3), content, content).key == full
 
 
 @pytest.fixture
