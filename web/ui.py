@@ -256,9 +256,14 @@ class StyleVARUI:
                   f"(seed {result.seed}).")
         final = tile([r.image for r in result.images])
         yield final, gallery, status, gr.skip()
-        if baseline is None:
-            return
-        # the last message carries every output again: an API caller (gradio_client) reads only that one
+        if baseline is not None:
+            yield from self._run_baseline(baseline, content, style, values, (final, gallery, status))
+
+    def _run_baseline(self, baseline: Baseline, content: str, style: str, values: Mapping[str, Any],
+                      done: tuple[Any, Any, str]) -> Iterator[tuple[Any, Any, Any, Any]]:
+        """The baseline's messages after StyleVAR's result ``done`` (preview, gallery, status): the last one
+        carries every output again, as an API caller (gradio_client) reads only that one."""
+        final, gallery, status = done
         state = self.baseline_statuses[baseline.name]
         if not state.available:  # the panel says why; so does the status line
             yield final, gallery, status + f" {baseline.label} not run: {state.reason}", None

@@ -229,14 +229,10 @@ class StylePipeline:
         """The model's upsampling settings with the caller's mode (None: the model's)."""
         return self.config.upsample if mode is None else dataclasses.replace(self.config.upsample, mode=mode)
 
-    def generation_kwargs(self, **gen_kwargs) -> dict[str, Any]:
-        """`generate` keyword arguments: the caller's (None = unset) over the model's recommended ones."""
-        return {**self.config.generation, **{k: v for k, v in gen_kwargs.items() if v is not None}}
-
     def generation_config(self, **gen_kwargs) -> GenerationConfig:
-        """The settings a call runs with: the caller's (None = unset) over the model's recommended ones over
-        `GenerationConfig`'s defaults."""
-        return GenerationConfig.from_kwargs(self.generation_kwargs(**gen_kwargs))
+        """The settings a batch call runs with (`draw` without a request): the caller's (None = unset) over the
+        model's recommended ones over `GenerationConfig`'s defaults."""
+        return GenerationConfig.resolve(self.config.generation, **gen_kwargs)
 
     # ---- one request ----------------------------------------------------------------------------
     @staticmethod

@@ -155,8 +155,7 @@ class StylizeRequest(BaseModel):
     def generation(self, recommended: Mapping[str, Any]) -> GenerationConfig:
         """The generation settings: this request's (None = unset) over the model's ``recommended`` ones (its
         config.json) over `GenerationConfig`'s defaults; no seed (each row has its own)."""
-        ours = {k: getattr(self, k) for k in GENERATION if getattr(self, k) is not None}
-        return GenerationConfig.from_kwargs({**recommended, **ours, "seed": None})
+        return GenerationConfig.resolve(recommended, **{k: getattr(self, k) for k in GENERATION})
 
 
 @dataclass(frozen=True)

@@ -200,8 +200,8 @@ def test_the_cli_flag_reaches_the_pipeline(micro_model_dir, tmp_path, fast_calls
     Image.new("RGB", (40, 30), (200, 30, 30)).save(tmp_path / "c.png")
     Image.new("RGB", (32, 32), (20, 30, 200)).save(tmp_path / "s.png")
     parser = cli.build_parser(["stylize"])
-    assert stylize_cli.generation_options(parser.parse_args(["stylize", "c", "s", "-o", "o.png", "--fast"]))["fast"]
-    assert not stylize_cli.generation_options(parser.parse_args(["stylize", "c", "s", "-o", "o.png"]))["fast"]
+    assert stylize_cli.stylize_request(parser.parse_args(["stylize", "c", "s", "-o", "o.png", "--fast"])).fast
+    assert not stylize_cli.stylize_request(parser.parse_args(["stylize", "c", "s", "-o", "o.png"])).fast
     for flags, expected in (([], False), (["--fast"], True)):
         assert cli.main(["stylize", str(tmp_path / "c.png"), str(tmp_path / "s.png"), "-o", str(tmp_path / "o.png"),
                          "--model", str(micro_model_dir), "--device", "cpu", *flags]) == 0
