@@ -89,7 +89,7 @@ def error_text(error: Mapping[str, Any]) -> str:
 class StylizeRequest(BaseModel):
     """The generation and output options of one stylize request; None: left out (see each `Offer.unset`)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, defer_build=True)  # fast --help
 
     style_strength: Annotated[float, Offer(label="Style strength", step=0.05)] = Field(
         G.style_strength, ge=-1.0, le=1.0, description="-1 keeps more of the content .. 1 takes more of the style")
