@@ -21,8 +21,8 @@ import httpx
 from httpx_sse import SSEError, connect_sse
 from PIL import Image
 
-from stylevar.pipelines import options
 from stylevar.pipelines.options import DECLARED, FORM, IMAGE_ONLY, Option
+from stylevar.pipelines.request import StylizeRequest
 from stylevar.utils.errors import CodedError
 
 ImageSource = str | os.PathLike | bytes
@@ -76,12 +76,9 @@ class ServiceError(CodedError):
         return f"The service failed ({self.status} {self.code}): {detail}."
 
 
-class StylizeOptions(options.StylizeOptions):
-    """The options of `POST /stylize/stream` (`stylevar.pipelines.options`, their declaration) with their form encoding."""
-
-    def form(self) -> dict[str, str]:
-        """The form fields of the options that are set and not the service's defaults (the same declaration)."""
-        return {name: encode(DECLARED[name], value) for name, value in self.given().items() if DECLARED[name].on(FORM)}
+def form_fields(request: StylizeRequest) -> dict[str, str]:
+    """The form fields of the options that are set and not the service's defaults (the same declaration)."""
+    return {name: encode(DECLARED[name], value) for name, value in request.given().items() if DECLARED[name].on(FORM)}
 
 
 def encode(option: Option, value: Any) -> str:
@@ -216,7 +213,7 @@ class ServiceClient:
         return response.json()
 
     def stylize_stream(self, content: ImageSource, style: ImageSource | Sequence[ImageSource],
-                       options: StylizeOptions = StylizeOptions(), masks: Sequence[ImageSource] | None = None,
+                       options: StylizeRequest = StylizeRequest(), masks: Sequence[ImageSource] | None = None,
                        ) -> Iterator[Preview | Result]:
         """`POST /stylize/stream`: yields a `Preview` per scale, then one `Result`.
 
@@ -225,7 +222,7 @@ class ServiceClient:
         """
         files = [("content", _upload("content", content)), *_style_files(style, masks)]
         try:
-            with connect_sse(self._http, "POST", "/stylize/stream", files=files, data=options.form()) as source:
+            with connect_sse(self._http, "POST", "/stylize/stream", files=files, data=form_fields(options)) as source:
                 if source.response.status_code != 200:
                     raise error_from_response(source.response)
                 for event in source.iter_sse():
@@ -247,12 +244,12 @@ class ServiceClient:
         raise ServiceError(502, "bad_stream", "the event stream ended without a result")
 
     def stylize_video(self, video: ImageSource, style: ImageSource | Sequence[ImageSource],
-                      options: StylizeOptions = StylizeOptions(), masks: Sequence[ImageSource] | None = None,
+                      options: StylizeRequest = StylizeRequest(), masks: Sequence[ImageSource] | None = None,
                       temporal: str | None = None, timeout_s: float = 900.0) -> VideoResult:
         """`POST /stylize/video`: the clip, its style(s) and options (``temporal``: None, the service's default);
         waits up to ``timeout_s`` for the whole clip."""
         files = [("video", _upload("video", video)), *_style_files(style, masks)]
-        data = {k: v for k, v in options.form().items() if k not in IMAGE_ONLY}
+        data = {k: v for k, v in form_fields(options).items() if k not in IMAGE_ONLY}
         if temporal is not None:
             data["temporal"] = temporal
         try:

@@ -4,7 +4,7 @@
 
 Every generation goes through the service's HTTP API (`POST /stylize/stream`) with `web.client`; the UI
 holds no model of its own. Only the optional baselines (`web.baseline`) run in the UI's process. The controls
-of the stylize options are built from their declaration (`stylevar.pipelines.options`); the handler takes their values by
+of the stylize options are built from their declaration (`stylevar.pipelines.request`); the handler takes their values by
 name.
 """
 from __future__ import annotations
@@ -24,10 +24,11 @@ from PIL import Image, ImageChops, ImageOps
 from stylevar.processing.images import ACCEPTED_FORMATS
 from stylevar.loaders.model_dir import DEMO_LABEL
 from stylevar.pipelines.options import UI, Option, offered
+from stylevar.pipelines.request import StylizeRequest
 from stylevar.processing.postprocess import MAX_SEED
 
 from web.baseline import Baseline, BaselineStatus, default_baselines
-from web.client import Preview, Result, ServiceClient, ServiceError, StylizeOptions
+from web.client import Preview, Result, ServiceClient, ServiceError
 from web.inputs import FileInput, uploaded_path
 from web.video_tab import VideoTab
 
@@ -163,8 +164,8 @@ def control(opt: Option, **layout: Any) -> Any:
     if opt.type is bool:
         return gr.Checkbox(value=value, **common)
     if opt.step is not None:
-        return gr.Slider(opt.ge, opt.le if opt.ui_le is None else opt.ui_le, value=value, step=opt.step, **common)
-    return gr.Number(value=value, precision=0 if opt.number is int else None, minimum=opt.ge, maximum=opt.le,
+        return gr.Slider(opt.ge, opt.form_le if opt.ui_le is None else opt.ui_le, value=value, step=opt.step, **common)
+    return gr.Number(value=value, precision=0 if opt.number is int else None, minimum=opt.ge, maximum=opt.form_le,
                      **common)
 
 
@@ -255,9 +256,14 @@ class StyleVARUI:
                   f"(seed {result.seed}).")
         final = tile([r.image for r in result.images])
         yield final, gallery, status, gr.skip()
-        if baseline is None:
-            return
-        # the last message carries every output again: an API caller (gradio_client) reads only that one
+        if baseline is not None:
+            yield from self._run_baseline(baseline, content, style, values, (final, gallery, status))
+
+    def _run_baseline(self, baseline: Baseline, content: str, style: str, values: Mapping[str, Any],
+                      done: tuple[Any, Any, str]) -> Iterator[tuple[Any, Any, Any, Any]]:
+        """The baseline's messages after StyleVAR's result ``done`` (preview, gallery, status): the last one
+        carries every output again, as an API caller (gradio_client) reads only that one."""
+        final, gallery, status = done
         state = self.baseline_statuses[baseline.name]
         if not state.available:  # the panel says why; so does the status line
             yield final, gallery, status + f" {baseline.label} not run: {state.reason}", None
@@ -279,7 +285,7 @@ class StyleVARUI:
             raise gr.Error(f"Baseline must be one of {', '.join(self.baselines)}.", print_exception=False)
         return self.baselines[name]
 
-    def options(self, values: Mapping[str, Any], two_styles: bool) -> StylizeOptions:
+    def options(self, values: Mapping[str, Any], two_styles: bool) -> StylizeRequest:
         """The service's options from the controls' values (gr.Error for one the service would refuse)."""
         for opt in CONTROLLED:
             if opt.choices and values.get(opt.name) not in (None, *opt.choices):
@@ -291,7 +297,7 @@ class StyleVARUI:
         try:
             if values.get("custom_alphas"):
                 chosen["alphas"] = self._alphas([values.get(f"alpha_{k + 1}", 0.5) for k in range(MAX_SCALES)])
-            return StylizeOptions.of(chosen)
+            return StylizeRequest.of(**chosen)
         except ServiceError as e:
             raise gr.Error(e.message, print_exception=False) from None
         except ValueError as e:

@@ -12,9 +12,10 @@ import gradio as gr
 from gradio.utils import get_upload_folder
 
 from stylevar.pipelines.options import DECLARED
+from stylevar.pipelines.request import StylizeRequest
 from stylevar.processing.video import DEFAULT_TEMPORAL, TEMPORAL_HELP, TEMPORAL_MODES
 
-from web.client import ServiceClient, ServiceError, StylizeOptions
+from web.client import ServiceClient, ServiceError
 from web.inputs import FileInput, uploaded_path
 
 def uploaded_file(value: Any) -> str | None:
@@ -40,8 +41,7 @@ class VideoTab:
         if temporal not in TEMPORAL_MODES:
             raise gr.Error(f"Frames must be one of {', '.join(TEMPORAL_MODES)}.", print_exception=False)
         try:
-            options = StylizeOptions.of({"seed": None if seed is None else int(seed),
-                                         "style_strength": style_strength})
+            options = StylizeRequest.of(seed=seed, style_strength=style_strength)
         except ValueError as e:
             raise gr.Error(f"Invalid input: {e}.", print_exception=False) from None
         try:

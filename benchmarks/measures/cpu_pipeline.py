@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from benchmarks.side_by_side import STAGES, images, reference_shaped, reference_weights, time_turns
+from stylevar.models.generation import GenerationConfig
 from stylevar.pipelines.pipeline import StylePipeline
 
 # the side-by-side measurement of the reference code on this configuration (CPU, 2 threads):
@@ -67,7 +68,8 @@ def stage_fns(model, content: torch.Tensor, style: torch.Tensor, fast: bool = Fa
         "encode": lambda: (tok.encode(content), tok.encode(style)),
         "encoders": lambda: (pooled(model.style_encoder, style), pooled(model.content_encoder, content)),
         "condition": lambda: model.condition(content, style),
-        "loop": lambda: model.sample_tokens(cond, make_generators(0, batch, content.device), alpha_K, fast=fast),
+        "loop": lambda: model.sample_tokens(cond, make_generators(0, batch, content.device), alpha_K,
+                                               GenerationConfig(fast=fast)),
         "decode": lambda: tok.decode_fhat(f_hat),
         "total": lambda: model.generate(content, style, seed=0, fast=fast),
     }

@@ -1,7 +1,6 @@
 """The model side of the service: loading a pipeline per device and running batches of jobs on it."""
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -12,9 +11,9 @@ import torch
 from PIL import Image
 
 from stylevar.utils.devices import resolve_autocast_dtype
-from stylevar.models.generation import DEFAULT_GENERATION, GenerationConfig
 from stylevar.runtime.inference import InferenceConfig, prepare
-from stylevar.pipelines.pipeline import StyleMix, StylePipeline
+from stylevar.pipelines.pipeline import StylePipeline
+from stylevar.pipelines.request import Stylization, StylizeRequest
 
 from serve.engine.batching import Job
 from serve.engine.conditions import CacheObserver, ConditionCache, cached_condition
@@ -37,32 +36,17 @@ def resolve_devices(names: Sequence[str]) -> list[torch.device]:
     return devices
 
 
-@dataclass(frozen=True)
-class GenerationKey:
-    """Settings that must be equal for requests to share one `generate` call: the generation settings
-    (resolved: the request's over the model's recommended ones over the defaults, see
-    `StylePipeline.generation_config`; without a seed, each row has its own; `fast` among them, so fast and
-    full requests never share a call) and how inputs are fitted."""
-
-    generation: GenerationConfig = DEFAULT_GENERATION
-    resize: str = "stretch"
-    num_styles: int = 1
-    upsample: str | None = None  # None: the model's setting (stylevar.processing.upsample)  # styles of weight > 0: rows of one call need as many
-
-    def __post_init__(self) -> None:  # hashable: no seed, alphas a tuple
-        alphas = self.generation.alphas
-        object.__setattr__(self, "generation", dataclasses.replace(
-            self.generation, seed=None, alphas=None if alphas is None else tuple(float(a) for a in alphas)))
-
-
 @dataclass
 class StylizeTask:
-    """One request: one content image and its style (one image, or a blend), one row per seed."""
+    """One request, resolved (`StylePipeline.prepare`): its stylization (one row per seed; its `key` the job's) and
+    where its previews go."""
 
-    content: Image.Image
-    style: Image.Image | StyleMix
-    seeds: list[int]
+    stylization: Stylization
     on_preview: PreviewFn | None = None
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        return self.stylization.seeds
 
 
 @dataclass(frozen=True)
@@ -123,23 +107,11 @@ class ModelRunner:
         return "float32" if dt is None else str(dt).removeprefix("torch.")
 
     def run(self, jobs: Sequence[Job]) -> list[list[Image.Image]]:
-        """All jobs share `jobs[0].key`; returns each job's images, one per seed."""
-        key: GenerationKey = jobs[0].key
+        """All jobs share one batch key (`Stylization.key`); returns each job's images, one per seed."""
         tasks: list[StylizeTask] = [j.payload for j in jobs]
-        contents = [t.content for t in tasks for _ in t.seeds]
-        styles = [t.style for t in tasks for _ in t.seeds]
-        seeds = [s for t in tasks for s in t.seeds]
         on_scale = self._preview_router(tasks) if any(t.on_preview for t in tasks) else None
         with torch.inference_mode():
-            images = self.pipe.stylize_batch(
-                contents, styles, seeds=seeds, resize=key.resize, on_scale=on_scale,
-                max_side=self.max_output_side, upsample=key.upsample, condition=self.condition, **key.generation.kwargs(),
-            )
-        out, start = [], 0
-        for t in tasks:
-            out.append(images[start:start + len(t.seeds)])
-            start += len(t.seeds)
-        return out
+            return self.pipe.run([t.stylization for t in tasks], on_scale=on_scale, condition=self.condition)
 
     @staticmethod
     def _preview_router(tasks: list[StylizeTask]) -> Callable[[int, torch.Tensor], None]:
@@ -158,8 +130,8 @@ class ModelRunner:
         t0 = time.perf_counter()
         img = Image.new("RGB", (self.pipe.image_size, self.pipe.image_size), (128, 96, 64))
         cfg = self.pipe.config.transformer
-        key = GenerationKey(self.pipe.generation_config())
-        job = Job(key=key, rows=1, payload=StylizeTask(img, img, [0]), deadline=float("inf"))
+        stylization = self.pipe.prepare(StylizeRequest(seed=0), img, img, max_side=self.max_output_side)
+        job = Job(key=stylization.key, rows=1, payload=StylizeTask(stylization), deadline=float("inf"))
         self.run([job])
         log.info("warm-up done", extra={"device": str(self.device), "scales": len(cfg.patch_nums),
                                         "seconds": round(time.perf_counter() - t0, 3)})

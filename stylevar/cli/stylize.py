@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,7 +12,8 @@ from typing import Any
 from stylevar.cli.command import EXIT_PARTIAL, Command
 from stylevar.cli.values import float_in, int_in, number
 from stylevar.utils.helptext import DEVICE_AUTO
-from stylevar.pipelines.options import CLI, Option, offered  # no torch
+from stylevar.pipelines.options import CLI, IMAGE_ONLY, Option, offered  # no torch
+from stylevar.pipelines.request import RequestError, StylizeRequest  # no torch either
 from stylevar.utils.precisions import PRECISIONS, REMOVED_PRECISIONS, precision_error  # no torch
 from stylevar.processing.video import DEFAULT_TEMPORAL, TEMPORAL_HELP, TEMPORAL_MODES  # no torch either
 
@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_stylize)
 
 
-# where the command line differs from the declaration (stylevar.pipelines.options): the seed starts at the option's `start`
+# where the command line differs from the declaration (stylevar.pipelines.request): the seed starts at the option's `start`
 CLI_SPECIFIC: dict[str, dict[str, Any]] = {
     "num_samples": {"le": 16, "metavar": "N", "more": "; with several, OUTPUT-seed-S.EXT per sample"},  # local work
     "top_k": {"le": None, "explain": True},  # a range error repeats the help
@@ -107,13 +107,13 @@ FORMAT_EXTENSIONS = {"png": ".png", "jpeg": ".jpg", "webp": ".webp"}
 
 
 def number_list(opt: Option) -> Callable[[str], tuple[float, ...]]:
-    """An argparse type: comma-separated numbers that the option's rule takes (`Option.check`)."""
+    """An argparse type: comma-separated numbers that the declaration takes (`StylizeRequest`)."""
 
     def parse(text: str) -> tuple[float, ...]:
         values = tuple(float(number(part.strip(), float)) for part in text.split(","))
         try:
-            return opt.check(values)
-        except ValueError as e:
+            return getattr(StylizeRequest.of(**{opt.name: values}), opt.name)
+        except RequestError as e:
             raise argparse.ArgumentTypeError(f"{e}, got {text}") from None
 
     return parse
@@ -127,9 +127,9 @@ class StylizeJob:
     many: bool  # CONTENT named a folder or a glob: OUTPUT is a folder
     output: Path  # the output image, or the output folder
     fmt: str  # png, jpeg or webp
-    styles: list  # PIL images (with the weights and masks: a stylevar.pipelines.pipeline.StyleMix once torch is in)
-    weights: tuple[float, ...] | None
+    styles: list  # PIL images (with the weights and masks: a stylevar.pipelines.request.StyleMix once torch is in)
     masks: list | None
+    request: StylizeRequest  # the flags, validated by the declaration
     seeds: list[int]
     first: object | None  # the content image (PIL), read during the checks when CONTENT is one file
 
@@ -177,7 +177,18 @@ def check_stylize(args: argparse.Namespace) -> StylizeJob:
     seeds = list(range(args.seed, args.seed + args.num_samples))
     if seeds[-1] > MAX_SEED:
         raise preflight.InputError(f"--seed {args.seed} with --num-samples {args.num_samples} passes {MAX_SEED}")
-    return StylizeJob(contents, many, output, fmt, styles, args.style_weights, masks, seeds, first)
+    return StylizeJob(contents, many, output, fmt, styles, masks, stylize_request(args, format=fmt), seeds, first)
+
+
+def stylize_request(args: argparse.Namespace, **values: Any) -> StylizeRequest:
+    """The flags as one `StylizeRequest` (``values`` over them); what the declaration refuses is one line."""
+    from stylevar.loaders import preflight
+
+    flags = {opt.name: getattr(args, opt.name) for opt in offered(CLI) if opt.name != "format"}
+    try:
+        return StylizeRequest.of(**{**flags, **values})
+    except RequestError as e:
+        raise preflight.InputError(str(e)) from None
 
 
 def check_styles(args: argparse.Namespace) -> tuple[list, list | None]:
@@ -273,25 +284,11 @@ def load_pipeline(model_dir: Path, args: argparse.Namespace):
     return pipe
 
 
-def generation_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The flags that are generation settings (`GenerationConfig`'s fields; the seeds go separately)."""
-    from stylevar.models.generation import GenerationConfig
-
-    names = {f.name for f in dataclasses.fields(GenerationConfig)} - {"seed"}
-    return {opt.name: getattr(args, opt.name) for opt in offered(CLI) if opt.name in names}
-
-
 def stylize_all(pipe, job: StylizeJob, args: argparse.Namespace) -> tuple[list[Path], list[str]]:
     """Every content, ``--batch-size`` model rows a call: (the files written, the inputs skipped)."""
     from tqdm import tqdm
 
-    from stylevar.pipelines.pipeline import StyleMix
-    from stylevar.processing.postprocess import OutputOptions, finish
-
-    output = OutputOptions(max_side=args.max_size, preserve_color=args.preserve_color)  # None: the content's size
-    mix = StyleMix(tuple(job.styles), job.weights, None if job.masks is None else tuple(job.masks))
-    gen, n = generation_options(args), len(job.seeds)
-    per_call = max(1, args.batch_size // n)  # contents per model call
+    per_call = max(1, args.batch_size // len(job.seeds))  # contents per model call
     skipped: list[str] = []
     written: list[Path] = []
     taken: set[Path] = set()
@@ -300,11 +297,9 @@ def stylize_all(pipe, job: StylizeJob, args: argparse.Namespace) -> tuple[list[P
         batch = read_batch(job, job.contents[start:start + per_call], skipped, bar)
         if not batch:
             continue
-        images = pipe.stylize_batch([img for _, img in batch for _ in job.seeds], [mix] * len(batch) * n,
-                                    seeds=job.seeds * len(batch), resize=args.resize, max_side=output.max_side,
-                                    upsample=args.upsample, **gen)
-        for i, (path, img) in enumerate(batch):
-            for out, target in zip(finish(images[i * n:(i + 1) * n], img, output), output_paths(job, path, taken)):
+        results = pipe.run([pipe.prepare(job.request, img, job.styles, job.masks, args.max_size) for _, img in batch])
+        for (path, _), images in zip(batch, results):
+            for out, target in zip(images, output_paths(job, path, taken)):
                 write_image(out, target, job.fmt, written, skipped)
             bar.update(1)
     bar.close()
@@ -383,8 +378,8 @@ class VideoJob:
     info: object  # the clip's stylevar.processing.video.VideoInfo
     output: Path
     styles: list
-    weights: tuple[float, ...] | None
     masks: list | None
+    request: StylizeRequest  # the flags, validated by the declaration
 
 
 def check_video(args: argparse.Namespace) -> VideoJob:
@@ -410,7 +405,8 @@ def check_video(args: argparse.Namespace) -> VideoJob:
     if output.is_dir() or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise preflight.InputError(f"output {output}: cannot be written (is its folder there and writable?)")
     styles, masks = check_styles(args)
-    return VideoJob(content, info, output, styles, args.style_weights, masks)
+    request = stylize_request(args, **{name: None for name in IMAGE_ONLY})
+    return VideoJob(content, info, output, styles, masks, request)
 
 
 def _stylize_video(args: argparse.Namespace) -> int:
@@ -418,23 +414,19 @@ def _stylize_video(args: argparse.Namespace) -> int:
 
     from stylevar.loaders import preflight
     from stylevar.utils.atomic import WriteFailedError
-    from stylevar.pipelines.pipeline import StyleMix
     from stylevar.processing.video import VideoError
 
     job = check_video(args)
     pipe = load_pipeline(check_machine(args), args)
-    mix = StyleMix(tuple(job.styles), job.weights, None if job.masks is None else tuple(job.masks))
     bar = tqdm(total=job.info.frames, unit="frame", file=sys.stderr)
 
     def progress(done: int, total: int | None) -> None:
         bar.update(done - bar.n)
 
     try:
-        result = pipe.stylize_video(job.content, mix, job.output, temporal=args.temporal, batch_size=args.batch_size,
-                                    max_side=args.max_size, progress=progress, info=job.info, seed=args.seed,
-                                    resize=args.resize,
-                                    preserve_color=args.preserve_color, upsample=args.upsample,
-                                    **generation_options(args))
+        result = pipe.stylize_video(job.content, job.styles, job.output, request=job.request, style_masks=job.masks,
+                                    temporal=args.temporal, batch_size=args.batch_size, max_side=args.max_size,
+                                    progress=progress, info=job.info)
     except VideoError as e:  # found while decoding: a truncated or damaged clip; nothing was written
         raise preflight.InputError(f"content video {e} (nothing was written)") from e
     except WriteFailedError as e:

@@ -1,11 +1,11 @@
 """The settings of one generation, with their defaults defined once: sampling (top-k, top-p, seed) and
 the blend (style strength, per-scale alphas, guidance), and whether the finest scales are pruned (fast).
 
-`StyleVAR.generate` takes them as keyword arguments (`GenerationConfig.kwargs()`), its defaults are
+`StyleVAR.generate` and `sample_tokens` take one (or its fields as keyword arguments); its defaults are
 `DEFAULT_GENERATION`'s. A model directory's config.json may recommend some of them
-(`"generation": {"top_k": 64, "top_p": 0.9}`); `StylePipeline.generation_config` puts a caller's values
-over the model's over these defaults. The stylize options that several surfaces offer (`stylevar.pipelines.options`)
-take their sampling and blend defaults from here. This module imports no torch (the command line's help reads it).
+(`"generation": {"top_k": 64, "top_p": 0.9}`); `GenerationConfig.resolve` puts a caller's values over the
+model's over these defaults (once per request: `StylePipeline.prepare`). The stylize request
+(`stylevar.pipelines.request`) takes its sampling and blend defaults from here. This module imports no torch (the command line's help reads it).
 """
 from __future__ import annotations
 
@@ -31,6 +31,11 @@ class GenerationConfig:
     def from_kwargs(cls, settings: Mapping[str, Any]) -> GenerationConfig:
         """From keyword settings, None meaning unset (the default). An unknown name is a TypeError."""
         return cls(**{k: v for k, v in settings.items() if v is not None})
+
+    @classmethod
+    def resolve(cls, recommended: Mapping[str, Any], **settings: Any) -> GenerationConfig:
+        """The caller's ``settings`` (None = unset) over a model's ``recommended`` ones over the defaults."""
+        return cls.from_kwargs({**recommended, **{k: v for k, v in settings.items() if v is not None}})
 
     def kwargs(self) -> dict[str, Any]:
         """The keyword arguments of `StyleVAR.generate`."""

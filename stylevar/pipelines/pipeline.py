@@ -28,10 +28,10 @@ from stylevar.pipelines.coherence import (DEFAULT_TEMPORAL, Coherence, FrameSamp
 from stylevar.config import StyleVARConfig, VQVAEConfig, presets
 from stylevar.utils.devices import resolve_autocast_dtype, resolve_device
 from stylevar.models.generation import GenerationConfig
-from stylevar.pipelines.options import PYTHON, StylizeOptions, offered
+from stylevar.pipelines.options import PYTHON, offered
+from stylevar.pipelines.request import IMAGE_ONLY, StyleMix, Stylization, StylizeRequest
 from stylevar.processing.images import Fit, ResizeMode, fit_of, fit_square, pil_to_tensor, tensor_to_pil, to_rgb, unfit
-from stylevar.processing.postprocess import (MAX_SEED, MAX_STYLES, OutputOptions, UpsampleMode, check_style_weights, finish,
-                                  sample_seeds)
+from stylevar.processing.postprocess import MAX_SEED, OutputOptions, UpsampleMode, finish, sample_seeds
 from stylevar.loaders.model_dir import DEMO_MODEL_DIR, PipelineConfig, check_model_dir, write_model_dir
 from stylevar.processing.palette import match_palette
 from stylevar.loaders.pull import resolve_model
@@ -42,57 +42,6 @@ from stylevar.models.transformer import Condition, StyleBlend, StyleVAR
 from stylevar.processing.video import VideoInfo, VideoLimits, VideoWriter, probe, read_frames
 
 ProgressFn = Callable[[int, "int | None"], None]  # (frames done, frames in all when the header says)
-
-
-@dataclass(frozen=True)
-class StyleMix:
-    """Several style images for one content image, blended by weight, each optionally confined to a region.
-
-    ``weights``: one per image, >= 0, not all 0 (None: equal; they are normalised to sum to 1).
-    ``masks``: one grayscale image per style, white = the style applies, black = the content stays
-    (grey: partly); any size (resized to the content's, then fitted into the model's square as the
-    content is). None: every style everywhere. See `stylevar.models.transformer.model` for the blend.
-    """
-
-    images: tuple[Image.Image, ...]
-    weights: tuple[float, ...] | None = None
-    masks: tuple[Image.Image, ...] | None = None
-
-    def __post_init__(self) -> None:
-        n = len(self.images)
-        if not 1 <= n <= MAX_STYLES:
-            raise ValueError(f"give 1 to {MAX_STYLES} style images, got {n}")
-        if self.weights is not None:
-            if len(self.weights) != n:
-                raise ValueError(f"style_weights: {len(self.weights)} weights for {n} style images")
-            check_style_weights(self.weights)
-        if self.masks is not None and len(self.masks) != n:
-            raise ValueError(f"style_masks: {len(self.masks)} masks for {n} style images")
-
-    @classmethod
-    def of(cls, style: Image.Image | Sequence[Image.Image] | StyleMix, weights: Sequence[float] | None = None,
-           masks: Sequence[Image.Image] | None = None) -> StyleMix:
-        """A mix from one style image or a list (or a mix, when no weights or masks are given)."""
-        if isinstance(style, StyleMix):
-            if weights is not None or masks is not None:
-                raise ValueError("give weights and masks inside the StyleMix, not beside it")
-            return style
-        images = (style,) if isinstance(style, Image.Image) else tuple(style)
-        return cls(images, None if weights is None else tuple(float(w) for w in weights),
-                   None if masks is None else tuple(masks))
-
-    @property
-    def plain(self) -> bool:
-        """One style without a mask: the published model's computation."""
-        return len(self.images) == 1 and self.masks is None
-
-    def active(self) -> StyleMix:
-        """The styles of weight > 0 (a style of weight 0 contributes nothing, so it is not computed)."""
-        if self.weights is None or all(w > 0 for w in self.weights):
-            return self
-        keep = [i for i, w in enumerate(self.weights) if w > 0]
-        return StyleMix(tuple(self.images[i] for i in keep), tuple(self.weights[i] for i in keep),
-                        None if self.masks is None else tuple(self.masks[i] for i in keep))
 
 
 @dataclass(frozen=True)
@@ -247,24 +196,29 @@ class StylePipeline:
         contents: Sequence[Image.Image],
         styles: Sequence[Image.Image | StyleMix],
         *,
-        seeds: Sequence[int] | int | None = None,
+        seeds: Sequence[int] | int | Callable | None = None,
         resize: ResizeMode = "stretch",
         on_scale: Callable[[int, torch.Tensor], None] | None = None,
         condition: Callable[[torch.Tensor, torch.Tensor | StyleBlend, bool], Condition] | None = None,
+        generation: GenerationConfig | None = None,
         **gen_kwargs,
     ) -> Drawings:
         """The model's drawings at its own resolution, one `generate` call for the batch, with the model
         directory's palette step and refinement.
 
-        A row's style is one image or a `StyleMix` (every row as many styles of weight > 0). ``condition``
-        (content, style inputs, unstyled -> `Condition`) replaces `StyleVAR.condition`, e.g. the service's cache."""
+        A row's style is one image or a `StyleMix` (every row as many styles of weight > 0). ``generation``: the
+        resolved settings (`Stylization.generation`); else ``gen_kwargs`` over the model's (`generation_config`).
+        ``condition`` (content, style inputs, unstyled -> `Condition`) replaces `StyleVAR.condition`, e.g. the
+        service's cache."""
         if len(contents) != len(styles):
             raise ValueError(f"{len(contents)} content images but {len(styles)} style images")
+        if generation is not None and gen_kwargs:
+            raise TypeError(f"give the generation settings or {', '.join(gen_kwargs)}, not both")
+        gen = generation if generation is not None else self.generation_config(**gen_kwargs)
         content, fits = self.preprocess(contents, resize)
         style = self.style_input(contents, [StyleMix.of(s) for s in styles], resize)
-        gen = dataclasses.replace(self.generation_config(**gen_kwargs), seed=seeds)
         cond = condition(content, style, gen.guidance > 0) if condition is not None else None
-        out = self.model.generate(content, style, on_scale=on_scale, cond=cond, **gen.kwargs())
+        out = self.model.generate(content, style, gen, seed=seeds, on_scale=on_scale, cond=cond)
         out = match_palette(out, style, self.config.palette)  # (B, 3, S, S) in [0, 1]
         seen = content.add(1).mul(0.5)  # (B, 3, S, S) in [0, 1]
         if self.config.refine.enabled:  # guided by the content
@@ -275,94 +229,122 @@ class StylePipeline:
         """The model's upsampling settings with the caller's mode (None: the model's)."""
         return self.config.upsample if mode is None else dataclasses.replace(self.config.upsample, mode=mode)
 
-    def generation_kwargs(self, **gen_kwargs) -> dict[str, Any]:
-        """`generate` keyword arguments: the caller's (None = unset) over the model's recommended ones."""
-        return {**self.config.generation, **{k: v for k, v in gen_kwargs.items() if v is not None}}
-
     def generation_config(self, **gen_kwargs) -> GenerationConfig:
-        """The settings a call runs with: the caller's (None = unset) over the model's recommended ones over
-        `GenerationConfig`'s defaults."""
-        return GenerationConfig.from_kwargs(self.generation_kwargs(**gen_kwargs))
+        """The settings a batch call runs with (`draw` without a request): the caller's (None = unset) over the
+        model's recommended ones over `GenerationConfig`'s defaults."""
+        return GenerationConfig.resolve(self.config.generation, **gen_kwargs)
+
+    # ---- one request ----------------------------------------------------------------------------
+    @staticmethod
+    def request(caller: str, options: dict[str, Any], without: tuple[str, ...] = ()) -> StylizeRequest:
+        """The Python call's options as a `StylizeRequest` (the fields but ``format``, and ``without``): an unknown
+        name is a TypeError, a refused value a `stylevar.pipelines.request.RequestError` (a ValueError)."""
+        unknown = (set(options) - {opt.name for opt in offered(PYTHON)}) | (set(without) & set(options))
+        if unknown:
+            raise TypeError(f"{caller}() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+        return StylizeRequest.of(**options)
+
+    def prepare(self, request: StylizeRequest, content: Image.Image,
+                style: Image.Image | Sequence[Image.Image] | StyleMix, style_masks: Sequence[Image.Image] | None = None,
+                max_side: int | None = None, random_seed: Callable[[], int] | None = None) -> Stylization:
+        """``request`` resolved for ``content``: the seeds (``seed .. seed + num_samples - 1``; without a seed the
+        first is ``random_seed()``, else drawn from torch's global generator), the style mix (weighted by
+        ``style_weights``, confined to ``style_masks``) and the generation settings over the model's, once."""
+        seed = request.seed if request.seed is not None or random_seed is None else random_seed()
+        mix = StyleMix.of(style, request.style_weights, style_masks).active()
+        return Stylization(request, content, mix, request.generation(self.config.generation),
+                           tuple(sample_seeds(seed, request.num_samples)),
+                           OutputOptions(max_side=max_side, preserve_color=request.preserve_color))
+
+    def run(self, items: Sequence[Stylization], *, on_scale: Callable[[int, torch.Tensor], None] | None = None,
+            condition: Callable[[torch.Tensor, torch.Tensor | StyleBlend, bool], Condition] | None = None
+            ) -> list[list[Image.Image]]:
+        """Stylizations of one `BatchKey` in one `generate` call: each one's images, one per seed, at its size
+        (`unfit`), upsampled as its request says, its colours kept when it asks."""
+        key = items[0].key
+        if any(item.key != key for item in items[1:]):
+            raise ValueError("stylizations of one run need equal batch keys")
+        rows = [item for item in items for _ in item.seeds]
+        drawn = self.draw([r.content for r in rows], [r.style for r in rows], seeds=[s for i in items for s in i.seeds],
+                          resize=key.resize, on_scale=on_scale, condition=condition, generation=key.generation)
+        up = self.upsampling(key.upsample)
+        images = [upscale(img, seen, fit, r.content, r.output.max_side, up)
+                  for img, seen, fit, r in zip(drawn.images, drawn.seen, drawn.fits, rows)]
+        out, start = [], 0
+        for item in items:
+            out.append(finish(images[start:start + len(item.seeds)], item.content, item.output))
+            start += len(item.seeds)
+        return out
 
     def __call__(self, content: Image.Image, style: Image.Image | Sequence[Image.Image] | StyleMix, *,
                  style_masks: Sequence[Image.Image] | None = None, max_side: int | None = None,
                  **options: Any) -> Image.Image | list[Image.Image]:
         """Re-draw ``content`` in the style of ``style``, as ``POST /stylize`` does.
 
-        ``options``: the fields of `stylevar.pipelines.options.StylizeOptions` but ``format`` (their help is there); left out
-        or None: the model's ``style_strength``, ``top_k``, ``top_p``, ``alphas``, ``guidance`` and ``upsample``, a
-        random ``seed`` (torch's global generator), equal ``style_weights``. ``style``: one image, or a list blended
-        by ``style_weights``, each confined to its ``style_masks`` image when given (grayscale, white = apply; see
-        `StyleMix`). ``num_samples`` left out returns one image, ``n`` a list of n (seeds ``seed .. seed+n-1``, one
-        model call). ``max_side``: long side of the result (None: the content's size).
+        ``options``: the fields of `stylevar.pipelines.request.StylizeRequest` but ``format`` (their help is there);
+        left out or None: the model's ``style_strength``, ``top_k``, ``top_p``, ``alphas``, ``guidance`` and
+        ``upsample``, a random ``seed`` (torch's global generator), equal ``style_weights``. ``style``: one image, or
+        a list blended by ``style_weights``, each confined to its ``style_masks`` image when given (grayscale, white
+        = apply; see `StyleMix`). ``num_samples`` left out returns one image, ``n`` a list of n (seeds ``seed ..
+        seed+n-1``, one model call). ``max_side``: long side of the result (None: the content's size).
         """
-        unknown = set(options) - {opt.name for opt in offered(PYTHON)}
-        if unknown:
-            raise TypeError(f"StylePipeline() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
-        given = {k: v for k, v in options.items() if v is not None}
-        num_samples = given.pop("num_samples", None)
-        seeds = sample_seeds(given.pop("seed", None), 1 if num_samples is None else num_samples)
-        output = OutputOptions(max_side=max_side, preserve_color=given.pop("preserve_color", False))
-        mix = StyleMix.of(style, given.pop("style_weights", None), style_masks)
-        images = self.stylize_batch([content] * len(seeds), [mix] * len(seeds), seeds=seeds,
-                                    resize=given.pop("resize", StylizeOptions.resize), max_side=output.max_side,
-                                    upsample=given.pop("upsample", None), **given)
-        images = finish(images, content, output)
-        return images[0] if num_samples is None else images
+        request = self.request("StylePipeline", options, without=("format",))
+        images = self.run([self.prepare(request, content, style, style_masks, max_side)])[0]
+        return images if "num_samples" in request.model_fields_set else images[0]
 
     # ---- video --------------------------------------------------------------------------------
     def stylize_frames(self, frames: Iterable[Image.Image], style: Image.Image | Sequence[Image.Image] | StyleMix, *,
                        temporal: TemporalMode | Coherence = DEFAULT_TEMPORAL, batch_size: int = 4,
                        style_masks: Sequence[Image.Image] | None = None, max_side: int | None = None,
-                       **options: Any) -> Iterator[Image.Image]:
+                       request: StylizeRequest | None = None, **options: Any) -> Iterator[Image.Image]:
         """Re-draw a clip's frames (consumed ``batch_size`` at a time, in order) in the style of ``style``; each
         result's ``info`` keeps its frame's ``time_s`` and ``index``. ``options``: `__call__`'s but
-        ``num_samples``. ``temporal`` (`stylevar.pipelines.coherence`): ``independent`` (frame i: seed + i), ``same-seed``
-        (every frame the seed), ``coherent`` (the draws follow the content's motion, on a canvas that moves
-        with it), ``coherent-reuse`` (and all but the finest scale's tokens kept where the content did not change),
-        or a `stylevar.pipelines.coherence.Coherence`."""
-        given = self._video_options(options)
-        seed = sample_seeds(given.pop("seed", None), 1)[0]
-        output = OutputOptions(max_side=max_side, preserve_color=given.pop("preserve_color", False))
-        mix = StyleMix.of(style, given.pop("style_weights", None), style_masks)
-        resize, upsample = given.pop("resize", StylizeOptions.resize), given.pop("upsample", None)
-        cfg = coherence_of(temporal)
-        sampler = None if cfg is None else FrameSampler(seed, cfg, self.config.transformer.patch_nums,
-                                                        self.image_size)
+        ``num_samples`` (or a `StylizeRequest` built already as ``request``). ``temporal``
+        (`stylevar.pipelines.coherence`): ``independent`` (frame i: seed + i), ``same-seed`` (every frame the seed),
+        ``coherent`` (the draws follow the content's motion, on a canvas that moves with it), ``coherent-reuse``
+        (and all but the finest scale's tokens kept where the content did not change), or a
+        `stylevar.pipelines.coherence.Coherence`."""
+        if request is None:
+            request = self.request("stylize_frames", options, without=IMAGE_ONLY)
+        elif options:
+            raise TypeError(f"give the request or {', '.join(options)}, not both")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        seed = sample_seeds(request.seed, 1)[0]
+        output = OutputOptions(max_side=max_side, preserve_color=request.preserve_color)
+        mix = StyleMix.of(style, request.style_weights, style_masks)
+        generation = request.generation(self.config.generation)
+        cfg = coherence_of(temporal)
+        sampler = None if cfg is None else FrameSampler(seed, cfg, self.config.transformer.patch_nums, self.image_size)
         done, it = 0, iter(frames)
         while batch := list(itertools.islice(it, batch_size)):
-            phases = [(0.0, 0.0)] * len(batch)  # model pixels each frame is moved by (the aligned canvas)
-            seen = None  # what the model sees of each frame and its fit (the coherent modes need them twice)
-            if sampler is not None:
-                seen = self.preprocess(batch, resize)
-                motion = sampler.begin(seen[0].add(1).mul(0.5), *_guides(batch, resize, self.image_size))
-                phases = [tuple(p) for p in motion.phase_B2.tolist()] if sampler.quantum else phases
             seeds = sampler if sampler is not None else [seed] * len(batch) if temporal == "same-seed" else \
                 [(seed + done + i) % (MAX_SEED + 1) for i in range(len(batch))]
-            images = self._draw_frames(batch, phases, mix, seeds, resize, output.max_side, upsample, given, seen)
+            images = self._draw_frames(batch, mix, seeds, request, generation, output.max_side)
             for i, (image, frame) in enumerate(zip(images, batch)):
                 out = finish([image], frame, output)[0]
                 out.info.update(time_s=frame.info.get("time_s"), index=frame.info.get("index", done + i))
                 yield out
             done += len(batch)
 
-    def _draw_frames(self, frames: list[Image.Image], phases: list[tuple[float, float]], mix: StyleMix,
-                     seeds: Any, resize: ResizeMode, max_side: int | None, upsample: UpsampleMode | None,
-                     gen: dict[str, Any], seen: tuple[torch.Tensor, list[Fit]] | None) -> list[Image.Image]:
-        """`stylize_batch` of a batch of frames, each moved by its phase (model pixels) before the model sees it
-        and its drawing moved back, at the model's resolution, before it is upsampled from the frame itself.
-        ``seen``: the frames' `preprocess` (given with a `FrameSampler` as ``seeds``, the only case that moves or
-        settles)."""
-        sampler = seeds if isinstance(seeds, FrameSampler) else None
-        if sampler is None or (all(p == (0.0, 0.0) for p in phases) and not sampler.cfg.settle):
+    def _draw_frames(self, frames: list[Image.Image], mix: StyleMix, seeds: list[int] | FrameSampler,
+                     request: StylizeRequest, generation: GenerationConfig, max_side: int | None) -> list[Image.Image]:
+        """`stylize_batch` of a batch of frames; with a `FrameSampler` as ``seeds`` each frame is moved by its
+        phase (model pixels) before the model sees it and its drawing moved back (and settled), at the model's
+        resolution, before it is upsampled from the frame itself."""
+        resize, upsample = request.resize, request.upsample
+        if not isinstance(seeds, FrameSampler):
             return self.stylize_batch(frames, [mix] * len(frames), seeds=seeds, resize=resize, max_side=max_side,
-                                      upsample=upsample, **gen)
-        x_B3SS, fits = seen
+                                      upsample=upsample, generation=generation)
+        x_B3SS, fits = self.preprocess(frames, resize)
+        motion = seeds.begin(x_B3SS.add(1).mul(0.5), *_guides(frames, resize, self.image_size))
+        phases = [tuple(p) for p in motion.phase_B2.tolist()] if seeds.quantum else [(0.0, 0.0)] * len(frames)
+        if all(p == (0.0, 0.0) for p in phases) and not seeds.cfg.settle:
+            return self.stylize_batch(frames, [mix] * len(frames), seeds=seeds, resize=resize, max_side=max_side,
+                                      upsample=upsample, generation=generation)
         moved = [_move(f, p, fit) for f, p, fit in zip(frames, phases, fits)]
-        drawn = self.draw(moved, [mix] * len(frames), seeds=seeds, resize=resize, **gen)
-        back, _ = shift_grid(sampler.settle(drawn.images), -torch.tensor(phases, dtype=torch.float32), mode="bicubic")
+        drawn = self.draw(moved, [mix] * len(frames), seeds=seeds, resize=resize, generation=generation)
+        back, _ = shift_grid(seeds.settle(drawn.images), -torch.tensor(phases, dtype=torch.float32), mode="bicubic")
         up = self.upsampling(upsample)
         return [upscale(img, s, fit, f, max_side, up)
                 for img, s, fit, f in zip(back.clamp(0, 1), x_B3SS.add(1).mul(0.5), fits, frames)]
@@ -391,14 +373,6 @@ class StylePipeline:
         path = writer.path
         return VideoResult(path, done, info.fps, last_s + 1 / float(info.fps), writer.size, info.has_audio,
                            time.perf_counter() - t0)
-
-    @staticmethod
-    def _video_options(options: dict[str, Any]) -> dict[str, Any]:
-        """`__call__`'s options that are set, for a clip (one result per frame: no ``num_samples``)."""
-        unknown = set(options) - {opt.name for opt in offered(PYTHON)} | ({"num_samples"} & set(options))
-        if unknown:
-            raise TypeError(f"stylize_frames() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
-        return {k: v for k, v in options.items() if v is not None}
 
 
 def _move(image: Image.Image, phase: tuple[float, float], fit: Fit) -> Image.Image:

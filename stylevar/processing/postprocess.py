@@ -1,9 +1,9 @@
 """What is done to a request around the model call: the seeds of several samples, the output size
 limit and colour preservation.
 
-One implementation for every entry point: ``StylePipeline.__call__``, the service (``serve.http.app`` and
-``serve.engine.runner``) and ``stylevar stylize`` all go through these functions, so the Python API returns
-what ``POST /stylize`` returns for the same inputs, seed and options.
+One implementation for every entry point: ``StylePipeline.prepare`` and ``StylePipeline.run`` apply them for the
+Python call, the service and ``stylevar stylize`` alike, so the Python API returns what ``POST /stylize``
+returns for the same inputs, seed and options.
 """
 from __future__ import annotations
 

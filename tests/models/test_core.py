@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from stylevar.loaders.convert import load_stylevar, load_vqvae
+from stylevar.models.generation import GenerationConfig
 from stylevar.models.state_dict import CheckpointError
 from stylevar.cli import main as cli_main
 from stylevar.pipelines.pipeline import StylePipeline
@@ -254,8 +255,8 @@ def test_model_recommended_sampling_settings(micro_pipeline, tmp_path):
     d = pipe.save_pretrained(tmp_path / "m")
     loaded = StylePipeline.from_pretrained(d, device="cpu")
     assert loaded.config.generation == {"top_k": 1, "top_p": 0.0}
-    assert loaded.generation_kwargs(top_k=None, style_strength=0.2) == {"top_k": 1, "top_p": 0.0, "style_strength": 0.2}
-    assert loaded.generation_kwargs(top_k=5)["top_k"] == 5
+    assert loaded.generation_config(top_k=None, style_strength=0.2) == GenerationConfig(1, 0.0, style_strength=0.2)
+    assert loaded.generation_config(top_k=5).top_k == 5
     c, s = Image.new("RGB", (32, 32), (200, 10, 10)), Image.new("RGB", (32, 32), (10, 10, 200))
     # greedy by the model's recommendation: every seed gives the same picture
     assert loaded(c, s, seed=1).tobytes() == loaded(c, s, seed=2).tobytes()

@@ -14,11 +14,11 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from serve.http.app import create_app
-from serve.engine.runner import GenerationKey
 from serve.settings import ServeSettings
 from stylevar import cli
 from stylevar.cli import stylize as stylize_cli
 from stylevar.models.generation import DEFAULT_GENERATION, GenerationConfig
+from stylevar.pipelines.request import StylizeRequest
 from stylevar.models.transformer import StyleBlend, StyleVAR
 from stylevar.models.transformer import pruning
 from stylevar.models.transformer.pruning import FastSampling
@@ -157,9 +157,10 @@ def test_prepared_model_runs_fast(micro_pipeline):
 
 
 def test_the_batching_key_separates_fast_and_full_requests(micro_pipeline):
-    full, fast = (GenerationKey(micro_pipeline.generation_config(fast=f)) for f in (False, True))
+    content = Image.new("RGB", (16, 16))
+    full, fast = (micro_pipeline.prepare(StylizeRequest(fast=f), content, content).key for f in (False, True))
     assert full != fast and hash(full) != hash(fast)
-    assert GenerationKey(micro_pipeline.generation_config()) == full
+    assert micro_pipeline.prepare(StylizeRequest(seed=3), content, content).key == full
 
 
 @pytest.fixture
@@ -199,8 +200,8 @@ def test_the_cli_flag_reaches_the_pipeline(micro_model_dir, tmp_path, fast_calls
     Image.new("RGB", (40, 30), (200, 30, 30)).save(tmp_path / "c.png")
     Image.new("RGB", (32, 32), (20, 30, 200)).save(tmp_path / "s.png")
     parser = cli.build_parser(["stylize"])
-    assert stylize_cli.generation_options(parser.parse_args(["stylize", "c", "s", "-o", "o.png", "--fast"]))["fast"]
-    assert not stylize_cli.generation_options(parser.parse_args(["stylize", "c", "s", "-o", "o.png"]))["fast"]
+    assert stylize_cli.stylize_request(parser.parse_args(["stylize", "c", "s", "-o", "o.png", "--fast"])).fast
+    assert not stylize_cli.stylize_request(parser.parse_args(["stylize", "c", "s", "-o", "o.png"])).fast
     for flags, expected in (([], False), (["--fast"], True)):
         assert cli.main(["stylize", str(tmp_path / "c.png"), str(tmp_path / "s.png"), "-o", str(tmp_path / "o.png"),
                          "--model", str(micro_model_dir), "--device", "cpu", *flags]) == 0

@@ -13,6 +13,8 @@ import pytest
 import torch
 from PIL import Image
 
+from stylevar.models.generation import GenerationConfig
+
 from stylevar.pipelines.pipeline import StyleMix, StylePipeline
 from stylevar.models.transformer import StyleBlend
 from stylevar.models.sampling import make_generators
@@ -122,7 +124,8 @@ def test_naive_reference_blends_per_token_the_same(model):
         fast = model.teacher_forcing_logits(CONTENT, blend, idx)
     torch.testing.assert_close(naive_teacher_forcing_logits(model, CONTENT, blend, idx), fast, atol=1e-4, rtol=0)
     cond = model.condition(CONTENT, blend)
-    f_fast, i_fast = model.sample_tokens(cond, make_generators(3, 2, CONTENT.device), model.blend_alphas(), 1, 0.0)
+    f_fast, i_fast = model.sample_tokens(cond, make_generators(3, 2, CONTENT.device), model.blend_alphas(),
+                                         GenerationConfig(top_k=1, top_p=0.0))
     f_naive, i_naive = naive_sample_tokens(model, cond, make_generators(3, 2, CONTENT.device), model.blend_alphas(),
                                            1, 0.0)
     assert_same_tokens(i_fast, i_naive)

@@ -1,4 +1,4 @@
-"""The stylize options are declared once (`stylevar.pipelines.options`): the service's form, the web client, the UI's
+"""The stylize options are declared once (`stylevar.pipelines.request.StylizeRequest`): the service's form, the web client, the UI's
 controls and the command line's flags offer exactly the declared options, with the declared defaults and ranges.
 
 Each surface's names are read from what that surface really exposes (the OpenAPI schema, the client's form
@@ -17,23 +17,26 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from fastapi.exceptions import RequestValidationError
+
 from serve.http.app import create_app
 from serve.http.schemas import StylizeForm
 from serve.settings import ServeSettings
 from stylevar import cli
 from stylevar.models.generation import DEFAULT_GENERATION, GenerationConfig
-from stylevar.pipelines.options import CLI, DECLARED, EVERYWHERE, FORM, PYTHON, UI, Option, StylizeOptions
+from stylevar.pipelines.options import CLI, DECLARED, EVERYWHERE, FORM, PYTHON, UI, Option
+from stylevar.pipelines.request import RequestError, StylizeRequest
 from tests.conftest import micro_configs
-from web.client import StylizeOptions as ClientOptions
+from web.client import form_fields
 from web.ui import MAX_SCALES, UIConfig, build_ui
 
 # the UI offers a list option through controls of its own: the second style's weight, the per-scale sliders
 UI_COMPOSED = {"style_weights": "style1_weight", "alphas": "custom_alphas"}
 
 
-def every_option_set() -> StylizeOptions:
+def every_option_set() -> StylizeRequest:
     """A value other than the default for every option (valid for each)."""
-    return StylizeOptions(style_strength=0.25, seed=5, top_k=50, top_p=0.5, num_samples=2, alphas=(0.25, 0.75),
+    return StylizeRequest(style_strength=0.25, seed=5, top_k=50, top_p=0.5, num_samples=2, alphas=(0.25, 0.75),
                           resize="pad", preserve_color=True, upsample="bicubic", format="webp",
                           style_weights=(0.5, 0.25), guidance=1.5, fast=True)
 
@@ -48,7 +51,7 @@ def form_schema() -> dict:
 
 
 def client_fields() -> set[str]:
-    return set(ClientOptions(**dataclasses.asdict(every_option_set())).form())
+    return set(form_fields(every_option_set()))
 
 
 @functools.cache
@@ -122,15 +125,14 @@ def test_the_form_has_the_declared_types_defaults_and_ranges():
             assert field["type"] == "string" and field["maxLength"] == opt.max_chars, name
         elif opt.number is not None:
             low, high = field.get("minimum", field.get("ge")), field.get("maximum", field.get("le"))
-            assert (low, high) == (opt.ge, opt.le), name
+            assert (low, high) == (opt.ge, opt.form_le), name
         assert field["description"].startswith(opt.help), name
 
 
 def test_the_client_encodes_what_the_service_reads():
     options = every_option_set()
-    sent = ClientOptions(**dataclasses.asdict(options)).form()
-    assert StylizeForm(**sent).options() == options
-    assert StylizeForm(**ClientOptions().form()).options() == StylizeOptions()
+    assert StylizeForm(**form_fields(options)).request() == options
+    assert StylizeForm(**form_fields(StylizeRequest())).request() == StylizeRequest()
 
 
 def test_the_ui_controls_start_and_end_where_the_declaration_says():
@@ -145,7 +147,7 @@ def test_the_ui_controls_start_and_end_where_the_declaration_says():
             assert {c[0] for c in props["choices"]} == set(opt.choices), opt.name
         elif opt.number is not None:
             assert props["minimum"] == opt.ge, opt.name
-            assert props["maximum"] == (opt.le if opt.ui_le is None else opt.ui_le), opt.name
+            assert props["maximum"] == (opt.form_le if opt.ui_le is None else opt.ui_le), opt.name
 
 
 def test_the_cli_flags_have_the_declared_defaults_and_choices():
@@ -177,10 +179,11 @@ def test_sampling_defaults_are_generation_configs():
                                         ("style_weights", "1,1,1,1,1"), ("alphas", "0.5,1.5")])
 def test_the_service_refuses_what_the_declaration_refuses(name, text):
     values = tuple(float(v) for v in text.split(","))
-    with pytest.raises(ValueError):
-        DECLARED[name].check(values)
-    with pytest.raises(ValueError, match=name):
-        StylizeForm(**{name: text})
+    with pytest.raises(RequestError, match=name):
+        StylizeRequest.of(**{name: values})
+    with pytest.raises(RequestValidationError) as refused:
+        StylizeForm(**{name: text}).request()
+    assert refused.value.errors()[0]["loc"][:2] == ("body", name)
 
 
 def test_the_pipeline_takes_every_declared_option_but_the_encoding():
@@ -189,7 +192,7 @@ def test_the_pipeline_takes_every_declared_option_but_the_encoding():
     pipe = StylePipeline.random(micro_configs(), seed=0)
     content, style = Image.new("RGB", (24, 16), (200, 40, 40)), Image.new("RGB", (16, 16), (20, 40, 220))
     n_scales = len(pipe.config.transformer.patch_nums)
-    values = {k: v for k, v in dataclasses.asdict(every_option_set()).items() if DECLARED[k].on(PYTHON)}
+    values = {k: v for k, v in every_option_set().model_dump().items() if DECLARED[k].on(PYTHON)}
     values.update(alphas=(0.5,) * n_scales, style_weights=(0.5, 0.5))
     assert set(values) == set(DECLARED) - {"format"}
     images = pipe(content, [style, style], **values)
@@ -202,6 +205,6 @@ def test_the_declaration_is_light():
     import subprocess
     import sys
 
-    code = "import sys, stylevar.pipelines.options; print(json.dumps(sorted(m for m in sys.modules if m.startswith('torch'))))"
+    code = "import sys, stylevar.pipelines.options, stylevar.pipelines.request; print(json.dumps(sorted(m for m in sys.modules if m.startswith('torch'))))"
     out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and json.loads(out.stdout) == [], out.stderr

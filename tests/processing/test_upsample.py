@@ -161,7 +161,8 @@ def test_cli_option(tiny_model_dir, tmp_path):
 
 
 def test_web_client_sends_the_option():
-    from web.client import StylizeOptions
+    from stylevar.pipelines.request import StylizeRequest
+    from web.client import form_fields
 
-    assert StylizeOptions(upsample="bicubic").form()["upsample"] == "bicubic"
-    assert "upsample" not in StylizeOptions().form()
+    assert form_fields(StylizeRequest(upsample="bicubic"))["upsample"] == "bicubic"
+    assert "upsample" not in form_fields(StylizeRequest())

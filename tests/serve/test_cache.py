@@ -8,12 +8,14 @@ from PIL import Image
 
 from serve.engine.batching import Job
 from serve.engine.conditions import ConditionCache, cached_condition
-from serve.engine.runner import GenerationKey, ModelRunner, StylizeTask
+from serve.engine.runner import ModelRunner, StylizeTask
 from serve.http.metrics import ServiceMetrics
+from stylevar.models.generation import DEFAULT_GENERATION
 from stylevar.pipelines.pipeline import StylePipeline
+from stylevar.pipelines.request import StyleMix, Stylization, StylizeRequest
+from stylevar.processing.postprocess import OutputOptions
 from tests.conftest import micro_configs
 
-KEY = GenerationKey()
 
 
 def _image(seed: int, size=(40, 28)) -> Image.Image:
@@ -23,7 +25,9 @@ def _image(seed: int, size=(40, 28)) -> Image.Image:
 
 
 def _job(content: Image.Image, style: Image.Image, seeds=(0,)) -> Job:
-    return Job(key=KEY, rows=len(seeds), payload=StylizeTask(content, style, list(seeds)), deadline=float("inf"))
+    item = Stylization(StylizeRequest(), content, StyleMix.of(style), DEFAULT_GENERATION, tuple(seeds),
+                       OutputOptions(max_side=1024))
+    return Job(key=item.key, rows=len(seeds), payload=StylizeTask(item), deadline=float("inf"))
 
 
 @pytest.fixture

@@ -10,13 +10,15 @@ import sys
 import numpy as np
 import pytest
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
 from PIL import Image
 from pydantic import ValidationError
 
 from serve.http import imaging
 from serve.http.logs import JsonFormatter, new_request_id, request_id_var
 from serve.http.metrics import ServiceMetrics
-from serve.http.schemas import StylizeForm, parse_alphas
+from serve.http.schemas import StylizeForm
+from stylevar.pipelines.request import RequestError, StylizeRequest
 from serve.settings import ServeSettings
 from stylevar.processing.images import CorruptImageError, ImageTooLargeError, NotAnImageError
 from stylevar.loaders.model_dir import DEMO_MODEL_DIR, ModelDirError
@@ -67,14 +69,14 @@ def test_settings_defaults_and_validation(monkeypatch):
 
 # ---- form -----------------------------------------------------------------------------------------
 def test_alphas_accept_commas_or_json_and_reject_the_rest():
-    assert parse_alphas("0.1, 0.2,0.3") == (0.1, 0.2, 0.3)
-    assert parse_alphas("[0, 1]") == (0.0, 1.0)
-    for bad in ("", "a,b", "[]", '{"a": 1}', "0.1,,0.2", "nan,0.1", "1.5", "[-0.1]"):
-        with pytest.raises(ValueError):
-            parse_alphas(bad)
-    assert StylizeForm(alphas=" ").alpha_values() is None
-    with pytest.raises(ValidationError):
-        StylizeForm(alphas="x")
+    assert StylizeRequest.of(alphas="0.1, 0.2,0.3").alphas == (0.1, 0.2, 0.3)
+    assert StylizeRequest.of(alphas="[0, 1]").alphas == (0.0, 1.0)
+    for bad in ("a,b", "[]x", '{"a": 1}', "0.1,,0.2", "nan,0.1", "1.5", "[-0.1]", "[" * 1000):
+        with pytest.raises(RequestError, match="alphas"):
+            StylizeRequest.of(alphas=bad)
+    assert StylizeForm(alphas=" ").request().alphas is None
+    with pytest.raises(RequestValidationError):
+        StylizeForm(alphas="x").request()
     with pytest.raises(ValidationError):
         StylizeForm(top_p=float("nan"))
 

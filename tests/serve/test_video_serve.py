@@ -17,7 +17,8 @@ pytest.importorskip("av")
 from serve.testing import ServerProcess  # noqa: E402
 from stylevar.processing.video import probe  # noqa: E402
 from tests.processing.test_video_io import FPS, N, audio_packets, frame_times, make_clip, truncated, write_sine  # noqa: E402
-from web.client import ServiceClient, ServiceError, StylizeOptions  # noqa: E402
+from stylevar.pipelines.request import StylizeRequest  # noqa: E402
+from web.client import ServiceClient, ServiceError  # noqa: E402
 
 KEY = "video-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -137,7 +138,7 @@ def test_the_web_client_round_trip_and_messages(server, tmp_path):
     clip = make_clip(tmp_path / "c.mp4", frames=4)
     (tmp_path / "s.png").write_bytes(style_png())
     with ServiceClient(server.url, api_key=KEY) as c:
-        result = c.stylize_video(clip, tmp_path / "s.png", StylizeOptions(seed=2), temporal="same-seed")
+        result = c.stylize_video(clip, tmp_path / "s.png", StylizeRequest(seed=2), temporal="same-seed")
         assert (result.frames, result.seed, result.temporal, result.audio) == (4, 2, "same-seed", False)
         (tmp_path / "o.mp4").write_bytes(result.data)
         assert probe(tmp_path / "o.mp4").frames == 4

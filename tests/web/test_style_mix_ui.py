@@ -10,7 +10,8 @@ from PIL import Image
 
 from tests.conftest import use_weight_cache
 from web.baseline import AdaINBaseline
-from web.client import Result, ResultImage, StylizeOptions
+from stylevar.pipelines.request import StylizeRequest
+from web.client import Result, ResultImage, form_fields
 from web.ui import MAX_SCALES, StyleVARUI, UIConfig, build_ui, editor_background, inverted, painted_mask
 
 
@@ -23,7 +24,7 @@ class RecordingClient:
     def model_info(self) -> dict:
         return {"patch_nums": [1, 2, 4], "default_alphas": [0.3, 0.5, 0.7], "config": {}}
 
-    def stylize_stream(self, content, style, options: StylizeOptions, masks=None):
+    def stylize_stream(self, content, style, options: StylizeRequest, masks=None):
         self.calls.append((content, style, options, masks))
         img = Image.open(content).convert("RGB")
         yield Result("fake", 1, 1.0, [ResultImage(1, img, b"", "image/png")])
@@ -71,7 +72,7 @@ def test_the_plain_path_sends_what_it_sent_before(ui, files):
     run(handler, files)
     _, styles, options, masks = client.calls[-1]
     assert styles == [str(files / "s1.png")] and masks is None
-    assert "style_weights" not in options.form() and "guidance" not in options.form()
+    assert "style_weights" not in form_fields(options) and "guidance" not in form_fields(options)
 
 
 def test_second_style_weight_mask_and_guidance(ui, files):
@@ -81,7 +82,7 @@ def test_second_style_weight_mask_and_guidance(ui, files):
     assert outs[-1][2].startswith("Done")
     _, styles, options, masks = client.calls[-1]
     assert styles == [str(files / "s1.png"), str(files / "s2.png")]
-    form = options.form()
+    form = form_fields(options)
     assert form["style_weights"] == "0.7,0.30000000000000004" and form["guidance"] == "1.5"
     first, second = (mask_image(m) for m in masks)
     assert first.getpixel((2, 5)) == 255 and first.getpixel((30, 5)) == 0  # painted: the first style
@@ -92,7 +93,7 @@ def test_a_mask_without_a_second_style_leaves_the_rest_to_the_content(ui, files)
     handler, client = ui
     run(handler, files, mask=editor(files, "layer.png"))
     _, styles, options, masks = client.calls[-1]
-    assert len(styles) == 1 and len(masks) == 1 and "style_weights" not in options.form()
+    assert len(styles) == 1 and len(masks) == 1 and "style_weights" not in form_fields(options)
 
 
 def test_nothing_painted_is_no_mask(files):

@@ -25,7 +25,8 @@ from stylevar.baselines.magenta import magenta_available
 from stylevar.pipelines.pipeline import StylePipeline
 from tests.conftest import use_weight_cache
 from web.baseline import AdaINBaseline
-from web.client import Preview, Result, ServiceClient, ServiceError, StylizeOptions
+from stylevar.pipelines.request import StylizeRequest
+from web.client import Preview, Result, ServiceClient, ServiceError, form_fields
 from web.mount import loopback_url
 from web.ui import DEMO_LABEL, MAX_SCALES, StyleVARUI, UIConfig, example_pairs, model_markdown
 
@@ -102,7 +103,7 @@ def test_model_info(client, patch_nums):
 
 def test_stream_gives_one_preview_per_scale_then_the_result(client, images, patch_nums):
     events = list(client.stylize_stream(images / "content.png", images / "style.png",
-                                        StylizeOptions(seed=7, num_samples=2)))
+                                        StylizeRequest(seed=7, num_samples=2)))
     previews, result = events[:-1], events[-1]
     assert all(isinstance(e, Preview) for e in previews) and isinstance(result, Result)
     assert [p.scale for p in previews] == list(range(len(patch_nums)))
@@ -115,7 +116,7 @@ def test_stream_gives_one_preview_per_scale_then_the_result(client, images, patc
 
 def test_same_seed_same_image(client, images):
     def run() -> bytes:
-        return list(client.stylize_stream(images / "content.png", images / "style.png", StylizeOptions(seed=3)))[-1]
+        return list(client.stylize_stream(images / "content.png", images / "style.png", StylizeRequest(seed=3)))[-1]
 
     a, b = run(), run()
     assert np.array_equal(np.asarray(a.images[0].image), np.asarray(b.images[0].image))
@@ -131,7 +132,7 @@ def test_service_errors_are_readable(client, images, patch_nums):
     assert e.value.status == 413 and e.value.message.startswith("Upload too large")
     with pytest.raises(ServiceError) as e:
         list(client.stylize_stream(images / "content.png", images / "style.png",
-                                   StylizeOptions(alphas=(0.5,) * (len(patch_nums) + 1))))
+                                   StylizeRequest(alphas=(0.5,) * (len(patch_nums) + 1))))
     assert e.value.status == 422 and "Invalid input" in e.value.message and "scales" in e.value.message
 
 
@@ -202,11 +203,11 @@ def test_busy_and_deadline_messages(images):
 
 
 def test_options_become_form_fields():
-    form = StylizeOptions(style_strength=-0.5, seed=3, alphas=(0.1, 0.9), preserve_color=True).form()
+    form = form_fields(StylizeRequest(style_strength=-0.5, seed=3, alphas=(0.1, 0.9), preserve_color=True))
     assert form["style_strength"] == "-0.5" and form["seed"] == "3" and form["alphas"] == "0.1,0.9"
     assert form["preserve_color"] == "true"
-    assert StylizeOptions().form() == {}  # the service's defaults are the same declaration's: nothing to send
-    assert StylizeOptions(format="jpeg", guidance=0.5).form() == {"format": "jpeg", "guidance": "0.5"}
+    assert form_fields(StylizeRequest()) == {}  # the service's defaults are the same declaration's: nothing to send
+    assert form_fields(StylizeRequest(format="jpeg", guidance=0.5)) == {"format": "jpeg", "guidance": "0.5"}
 
 
 # ---- the UI's handlers ----------------------------------------------------------------------------

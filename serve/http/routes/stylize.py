@@ -20,13 +20,12 @@ from PIL import Image
 from starlette.concurrency import run_in_threadpool
 
 from stylevar.processing.images import ImageError, fit_of, tensor_to_pil, unfit
-from stylevar.pipelines.pipeline import MAX_STYLES, StyleMix
-from stylevar.pipelines.options import StylizeOptions
-from stylevar.processing.postprocess import OutputOptions, finish, os_random_seed, sample_seeds, upscale_factor
+from stylevar.pipelines.request import StylizeRequest
+from stylevar.processing.postprocess import MAX_STYLES, os_random_seed, upscale_factor
 
 from serve.http import imaging
 from serve.engine.batching import BatchError, Job
-from serve.engine.runner import GenerationKey, PreviewFn, StylizeTask
+from serve.engine.runner import PreviewFn, StylizeTask
 from serve.http.errors import ERROR_RESPONSES, IMAGE_ERROR_STATUS, ClientGone, ServiceError, from_batch_error
 from serve.http.jobs import follow_job, job_result, wait_for_job
 from serve.http.negotiation import ZIP_MEDIA_TYPE, negotiate
@@ -59,13 +58,13 @@ class StylizeUpload:
     content: UploadFile
     styles: list[UploadFile]
     masks: list[UploadFile] | None
-    options: StylizeOptions  # the form's fields as the declaration's values (stylevar.pipelines.options)
+    request: StylizeRequest  # the form's fields as a request (stylevar.pipelines.request)
 
 
 def stylize_upload(content: ContentUpload, style: StyleUploads, form: Annotated[StylizeForm, Form()],
                    style_mask: MaskUploads = None) -> StylizeUpload:
     """The form fields both stylize routes take."""
-    return StylizeUpload(content, style, style_mask, form.options())
+    return StylizeUpload(content, style, style_mask, form.request())
 
 
 async def decode_uploads(st: ServiceState, upload: StylizeUpload) -> list[Image.Image]:
@@ -119,10 +118,9 @@ async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
     rid = request.state.request_id
     st = require_loaded(state)
     settings, styles, masks = st.settings, upload.styles, upload.masks
-    form = upload.options
-    alphas = form.alphas
-    check_alphas(alphas, len(st.runner.pipe.config.transformer.patch_nums))
-    check_mix(styles, masks, form.style_weights)
+    req = upload.request
+    check_alphas(req.alphas, len(st.runner.pipe.config.transformer.patch_nums))
+    check_mix(styles, masks, req.style_weights)
     try:
         admission = st.batcher.admit()
     except BatchError as e:
@@ -130,34 +128,27 @@ async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
         raise from_batch_error(e) from e
     with admission:
         images = await decode_uploads(st, upload)
-        seeds = sample_seeds(form.seed if form.seed is not None else os_random_seed(), form.num_samples)
         n = len(styles)
-        mix = StyleMix(tuple(images[1:1 + n]), form.style_weights,
-                       tuple(images[1 + n:]) if masks else None).active()
-        generation = st.runner.pipe.generation_config(top_k=form.top_k, top_p=form.top_p, alphas=alphas,
-                                                      style_strength=form.style_strength, guidance=form.guidance,
-                                                      fast=form.fast)
-        key = GenerationKey(generation, form.resize, len(mix.images), form.upsample)
-        task = StylizeTask(images[0], mix.images[0] if mix.plain else mix, seeds, on_preview)
+        stylization = st.runner.pipe.prepare(req, images[0], images[1:1 + n], images[1 + n:] if masks else None,
+                                             max_side=st.runner.max_output_side, random_seed=os_random_seed)
         left_s = settings.request_timeout_s - (time.monotonic() - request.state.arrived)
         if left_s <= 0:
             raise ServiceError(504, "deadline_exceeded", "the request took longer than the service's deadline "
                                                          "(its upload and decoding took all of it)")
         try:
-            job = admission.submit(key, task, rows=len(seeds), timeout_s=left_s, request_id=rid)
+            job = admission.submit(stylization.key, StylizeTask(stylization, on_preview), rows=len(stylization.seeds),
+                                   timeout_s=left_s, request_id=rid)
         except BatchError as e:
             st.metrics.rejected.labels(e.code).inc()
             raise from_batch_error(e) from e
     return job, images[0]
 
 
-def encode(content_img: Image.Image, form: StylizeOptions, images: list[Image.Image]
-           ) -> tuple[list[bytes], list[Image.Image]]:
-    images = finish(images, content_img, OutputOptions(preserve_color=form.preserve_color))
-    return [imaging.encode_image(im, form.format) for im in images], images
+def encode(form: StylizeRequest, images: list[Image.Image]) -> list[bytes]:
+    return [imaging.encode_image(im, form.format) for im in images]
 
 
-def result_json(state: ServiceState, job: Job, form: StylizeOptions, encoded: list[bytes],
+def result_json(state: ServiceState, job: Job, form: StylizeRequest, encoded: list[bytes],
                 images: list[Image.Image]) -> dict:
     media = imaging.MEDIA_TYPES[form.format]
     pipe = state.runner.pipe
@@ -170,7 +161,7 @@ def result_json(state: ServiceState, job: Job, form: StylizeOptions, encoded: li
     ).model_dump()
 
 
-def size_headers(state: ServiceState, form: StylizeOptions, result_size: tuple[int, int]) -> dict[str, str]:
+def size_headers(state: ServiceState, form: StylizeRequest, result_size: tuple[int, int]) -> dict[str, str]:
     """What the model drew and how it reached the result's size: X-Model-Size (pixels, square),
     X-Upscale (result long side / model size), X-Upsample (the mode used)."""
     pipe = state.runner.pipe
@@ -189,16 +180,16 @@ async def stylize(request: Request, upload: Annotated[StylizeUpload, Depends(sty
                   state: Annotated[ServiceState, Depends(get_state)]) -> Response:
     """Re-draw `content` in the style of `style` (several `style` files: a blend by `style_weights`, each
     confined to its `style_mask` when masks are given)."""
-    form = upload.options
+    form = upload.request
     media = imaging.MEDIA_TYPES[form.format]
     representation = negotiate(request, media, form.num_samples)
-    job, content_img = await submit(state, upload, request)
+    job, _ = await submit(state, upload, request)
     try:
         images = await wait_for_job(job, request)
     except ClientGone:
         log.info("client went away; job dropped")
         return Response(status_code=499)
-    encoded, images = await run_in_threadpool(encode, content_img, form, images)
+    encoded = await run_in_threadpool(encode, form, images)
     headers = {"X-Seed": str(job.payload.seeds[0]), "X-Inference-Ms": f"{inference_ms(job):.1f}",
                "X-Model": header_safe(state.runner.pipe.config.name), "Vary": "Accept",
                **size_headers(state, form, images[0].size)}
@@ -226,7 +217,7 @@ async def stylize_stream(request: Request, upload: Annotated[StylizeUpload, Depe
     def on_preview(k: int, previews_n3HW: torch.Tensor) -> None:  # called on the worker thread
         loop.call_soon_threadsafe(previews.put_nowait, (k, previews_n3HW))
 
-    form = upload.options
+    form = upload.request
     job, content_img = await submit(state, upload, request, on_preview)
     side = state.runner.pipe.image_size
     fit = fit_of(content_img.size, side, form.resize)
@@ -246,7 +237,7 @@ async def stylize_stream(request: Request, upload: Annotated[StylizeUpload, Depe
         except ServiceError as err:  # past the deadline, or the batch failed
             yield sse("error", {"error": err.code, "detail": err.detail})
             return
-        encoded, images = await run_in_threadpool(encode, content_img, form, images)
+        encoded = await run_in_threadpool(encode, form, images)
         yield sse("result", result_json(state, job, form, encoded, images))
 
     return StreamingResponse(events(), media_type="text/event-stream",

@@ -20,19 +20,18 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 
 from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
 from fastapi.responses import Response
-from pydantic import Field, create_model, field_validator
+from pydantic import Field, create_model
 from pydantic.json_schema import SkipJsonSchema
 from starlette.concurrency import run_in_threadpool
 
 from stylevar.processing.images import ImageError
 from stylevar.pipelines.options import FORM, IMAGE_ONLY, Option, offered
-from stylevar.pipelines.pipeline import MAX_STYLES, StyleMix
-from stylevar.processing.postprocess import os_random_seed
+from stylevar.processing.postprocess import MAX_STYLES, os_random_seed
 from stylevar.processing.video import DEFAULT_TEMPORAL, TEMPORAL_HELP, TEMPORAL_MODES, VideoError, VideoInfo, VideoLimits, probe
 
 from serve.http import imaging
 from serve.http.errors import ERROR_RESPONSES, IMAGE_ERROR_STATUS, ServiceError
-from serve.http.schemas import FormOptions, blank_or_parsed, form_field
+from serve.http.schemas import FormOptions, form_field
 from serve.http.state import ServiceState, get_state, require_key, require_loaded
 from serve.http.routes.stylize import REFERENCE_SIDE, check_alphas, check_mix, header_safe
 
@@ -42,7 +41,6 @@ PATH = "/stylize/video"
 VIDEO_ERROR_STATUS = {"not_a_video": 415, "unsupported_codec": 415, "corrupt_video": 422, "video_too_long": 413,
                       "video_too_large": 413, "bad_video": 422}
 VIDEO_OPTIONS = [opt for opt in offered(FORM) if opt.name not in IMAGE_ONLY]
-VIDEO_LIST = [opt.name for opt in VIDEO_OPTIONS if opt.is_list]
 
 router = APIRouter(dependencies=[Depends(require_key)])
 
@@ -56,7 +54,6 @@ class VideoOptions(FormOptions):
 VideoForm = create_model(
     "VideoForm", __base__=VideoOptions, __module__=__name__,
     __doc__="Options of `POST /stylize/video` (form fields): those of `/stylize` but the sample count and format.",
-    __validators__={"lists_parse": field_validator(*VIDEO_LIST)(blank_or_parsed)},
     temporal=(Literal[TEMPORAL_MODES], Field(DEFAULT_TEMPORAL, description=TEMPORAL_HELP)),  # type: ignore[valid-type]
     **{opt.name: form_field(opt) for opt in VIDEO_OPTIONS},
 )
@@ -134,9 +131,11 @@ async def stylize_video(request: Request, video: VideoUpload, style: StyleUpload
                         style_mask: MaskUploads = None) -> Response:
     """Re-draw every frame of `video` in the style of `style`: a short clip, within the limits below."""
     st = require_loaded(state)
-    options = form.options()
-    check_mix(style, style_mask, options.style_weights)
-    check_alphas(options.alphas, len(st.runner.pipe.config.transformer.patch_nums))
+    req = form.request()
+    if req.seed is None:
+        req = req.model_copy(update={"seed": os_random_seed()})  # a valid seed: no second validation
+    check_mix(style, style_mask, req.style_weights)
+    check_alphas(req.alphas, len(st.runner.pipe.config.transformer.patch_nums))
     gate: VideoGate = request.app.state.video_gate
     if not gate.take():
         raise ServiceError(503, "busy", "the service is stylizing as many clips as it takes at once; try again "
@@ -148,13 +147,11 @@ async def stylize_video(request: Request, video: VideoUpload, style: StyleUpload
         limits = limits_of(st)
         info = await _probe(src, limits)
         styles, masks = await decode_styles(st, style, style_mask)
-        seed = options.seed if options.seed is not None else os_random_seed()
-        mix = StyleMix(tuple(styles), options.style_weights, None if masks is None else tuple(masks))
-        kwargs = {**options.given(), "seed": seed, "style_weights": None, "temporal": form.temporal,
+        kwargs = {"request": req, "style_masks": masks, "temporal": form.temporal,
                   "batch_size": st.settings.max_batch_size, "max_side": st.settings.max_output_side,
                   "limits": limits, "info": info}
-        result, seconds = await _run(request, st, src, mix, out, kwargs)
-        headers = {"X-Seed": str(seed), "X-Frames": str(result.frames), "X-Fps": f"{float(result.fps):g}",
+        result, seconds = await _run(request, st, src, styles, out, kwargs)
+        headers = {"X-Seed": str(req.seed), "X-Frames": str(result.frames), "X-Fps": f"{float(result.fps):g}",
                    "X-Inference-Ms": f"{seconds * 1000:.1f}", "X-Temporal": form.temporal,
                    "X-Model": header_safe(st.runner.pipe.config.name), "X-Audio": "1" if result.audio else "0"}
         log.info("video done", extra={"frames": result.frames, "seconds": round(seconds, 3), "codec": info.codec})
@@ -171,7 +168,7 @@ async def _probe(src: Path, limits: VideoLimits) -> VideoInfo:
         raise video_error(e) from e
 
 
-async def _run(request: Request, st: ServiceState, src: Path, mix: StyleMix, out: Path, kwargs: dict):
+async def _run(request: Request, st: ServiceState, src: Path, styles: list, out: Path, kwargs: dict):
     """`stylize_video` on a thread, stopped between frames past the deadline or when the client goes away."""
     stop = threading.Event()
     deadline = request.state.arrived + st.settings.video_timeout_s
@@ -181,7 +178,7 @@ async def _run(request: Request, st: ServiceState, src: Path, mix: StyleMix, out
             raise Stopped()
 
     def work():
-        return st.runner.pipe.stylize_video(src, mix, out, progress=progress, **kwargs)
+        return st.runner.pipe.stylize_video(src, styles, out, progress=progress, **kwargs)
 
     t0 = time.perf_counter()
     task = asyncio.get_running_loop().run_in_executor(None, work)

@@ -34,7 +34,7 @@ import dataclasses
 import math
 import os
 import warnings
-from typing import Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +45,7 @@ from stylevar.config import StyleVARConfig
 from stylevar.models.encoders import NUM_COLOUR_STATS, build_image_encoder, colour_statistics, pooled
 from stylevar.models.generation import DEFAULT_GENERATION, GenerationConfig
 from stylevar.models.pretrained import PretrainedModel
-from stylevar.models.sampling import make_generators, sample
+from stylevar.models.sampling import TokenSampler, make_generators, sample
 from stylevar.models.state_dict import StateDict, fit_state_dict
 from stylevar.models.tokenizer import MultiScaleVQVAE
 from stylevar.models.transformer.attention import KVCache
@@ -327,23 +327,19 @@ class StyleVAR(PretrainedModel, nn.Module):
         self,
         content: torch.Tensor,
         style: torch.Tensor | StyleBlend,
+        config: GenerationConfig | None = None,
         *,
-        top_k: int = DEFAULT_GENERATION.top_k,
-        top_p: float = DEFAULT_GENERATION.top_p,
-        seed: int | Sequence[int] | None = DEFAULT_GENERATION.seed,
-        style_strength: float = DEFAULT_GENERATION.style_strength,
-        alphas: Sequence[float] | torch.Tensor | None = DEFAULT_GENERATION.alphas,
+        seed: int | Sequence[int] | TokenSampler | None = None,
         on_scale: Callable[[int, torch.Tensor], None] | None = None,
         return_indices: bool = False,
         cond: Condition | None = None,
-        guidance: float = DEFAULT_GENERATION.guidance,
-        fast: bool = DEFAULT_GENERATION.fast,
+        **settings: Any,
     ) -> torch.Tensor:
         """Sample the target coarse to fine: images (B, 3, H, W) in [0, 1]. `generate_with_indices` also
         gives the sampled token maps.
 
-        The sampling and blend settings and their defaults are `stylevar.models.generation.GenerationConfig`'s
-        (`**config.kwargs()` passes one).
+        ``config``: the sampling and blend settings (`stylevar.models.generation.GenerationConfig`), or its fields
+        as keyword ``settings`` (the defaults are its). ``seed``: the rows' seeds, over ``config.seed``.
 
         `style`: one image batch, or a `StyleBlend` of several. `guidance` >= 0: push the logits away from
         the prediction without the style (module doc); 0 is the plain model. `cond` (from
@@ -351,8 +347,7 @@ class StyleVAR(PretrainedModel, nn.Module):
         `on_scale(k, images)` is called after each scale with the preview so far.
         `return_indices=True` is deprecated: it returns ``(images, indices)``, `generate_with_indices`'s.
         """
-        settings = GenerationConfig(top_k, top_p, seed, style_strength, alphas, guidance, fast=fast)
-        out = self._generate(content, style, settings, on_scale, cond)
+        out = self._generate(content, style, settings_of(config, settings), on_scale, cond, seed)
         if return_indices:
             warnings.warn("StyleVAR.generate(return_indices=True) is deprecated; use generate_with_indices",
                           DeprecationWarning, stacklevel=3)  # past torch.no_grad's wrapper
@@ -360,16 +355,17 @@ class StyleVAR(PretrainedModel, nn.Module):
         return out.images
 
     @torch.no_grad()
-    def generate_with_indices(self, content: torch.Tensor, style: torch.Tensor | StyleBlend, *,
+    def generate_with_indices(self, content: torch.Tensor, style: torch.Tensor | StyleBlend,
+                              config: GenerationConfig | None = None, *,
+                              seed: int | Sequence[int] | TokenSampler | None = None,
                               on_scale: Callable[[int, torch.Tensor], None] | None = None,
-                              cond: Condition | None = None, **settings) -> Generated:
-        """`generate`, returning the images and the K sampled token maps, each (B, pn * pn).
-        ``settings``: `GenerationConfig`'s (top_k, top_p, seed, style_strength, alphas, guidance)."""
-        return self._generate(content, style, GenerationConfig(**settings), on_scale, cond)
+                              cond: Condition | None = None, **settings: Any) -> Generated:
+        """`generate`, returning the images and the K sampled token maps, each (B, pn * pn)."""
+        return self._generate(content, style, settings_of(config, settings), on_scale, cond, seed)
 
     def _generate(self, content: torch.Tensor | None, style: torch.Tensor | StyleBlend | None,
                   settings: GenerationConfig, on_scale: Callable[[int, torch.Tensor], None] | None,
-                  cond: Condition | None) -> Generated:
+                  cond: Condition | None, seed: int | Sequence[int] | TokenSampler | None = None) -> Generated:
         guidance = settings.guidance
         if not (math.isfinite(guidance) and guidance >= 0):
             raise ValueError(f"guidance must be a finite number >= 0, got {guidance}")
@@ -377,7 +373,7 @@ class StyleVAR(PretrainedModel, nn.Module):
             raise ValueError(f"content batch {content.shape[0]} and style batch {style.shape[0]} differ")
         B = cond.cond_BD.shape[0] if cond is not None else content.shape[0]
         device = cond.cond_BD.device if cond is not None else content.device
-        generators = make_generators(settings.seed, B, device)
+        generators = make_generators(settings.seed if seed is None else seed, B, device)
         alpha_K = self.blend_alphas(settings.alphas, settings.style_strength)
         with self._autocast(device):
             cond = cond if cond is not None else self.condition(content, style, unstyled=guidance > 0)
@@ -385,24 +381,17 @@ class StyleVAR(PretrainedModel, nn.Module):
                 if content is None:
                     raise ValueError("guidance needs the content image, or a condition made with unstyled=True")
                 cond = dataclasses.replace(cond, unstyled_BD=self.style_embedding(content))
-            f_hat, indices = self.sample_tokens(cond, generators, alpha_K, settings.top_k, settings.top_p, on_scale,
-                                                guidance, fast=settings.fast)
+            f_hat, indices = self.sample_tokens(cond, generators, alpha_K, settings, on_scale)
             images = self.tokenizer.decode_fhat(f_hat).float().add(1).mul(0.5)
         return Generated(images, indices)
 
     @torch.no_grad()
-    def sample_tokens(
-        self,
-        cond: Condition,
-        generators: list[torch.Generator],
-        alpha_K: torch.Tensor,
-        top_k: int = DEFAULT_GENERATION.top_k,
-        top_p: float = DEFAULT_GENERATION.top_p,
-        on_scale: Callable[[int, torch.Tensor], None] | None = None,
-        guidance: float = DEFAULT_GENERATION.guidance,
-        fast: bool = DEFAULT_GENERATION.fast,
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The autoregressive loop: f_hat (B, Cvae, n, n) and the K sampled token maps.
+    def sample_tokens(self, cond: Condition, generators: list[torch.Generator] | TokenSampler, alpha_K: torch.Tensor,
+                      config: GenerationConfig = DEFAULT_GENERATION,
+                      on_scale: Callable[[int, torch.Tensor], None] | None = None
+                      ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The autoregressive loop: f_hat (B, Cvae, n, n) and the K sampled token maps. ``config``: top-k, top-p,
+        guidance and fast (its seed and blend are the generators' and ``alpha_K``'s).
 
         The KV cache is preallocated and holds each target token once; AdaLN modulations and the guide
         queries of every scale are computed once, before the loop. With `guidance` > 0 the unstyled
@@ -411,13 +400,13 @@ class StyleVAR(PretrainedModel, nn.Module):
         the content is flat into one token each (`stylevar.models.transformer.pruning`).
         """
         with self._autocast(cond.cond_BD.device, self.loop_autocast_dtype):
-            return self._sample_tokens(cond, generators, alpha_K, top_k, top_p, on_scale, guidance, fast)
+            return self._sample_tokens(cond, generators, alpha_K, config, on_scale)
 
-    def _sample_tokens(self, cond: Condition, generators: list[torch.Generator], alpha_K: torch.Tensor, top_k: int,
-                       top_p: float, on_scale: Callable[[int, torch.Tensor], None] | None, guidance: float,
-                       fast: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def _sample_tokens(self, cond: Condition, generators: list[torch.Generator] | TokenSampler,
+                       alpha_K: torch.Tensor, config: GenerationConfig,
+                       on_scale: Callable[[int, torch.Tensor], None] | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         B, device = cond.cond_BD.shape[0], cond.cond_BD.device
-        guided = guidance > 0
+        guided = config.guidance > 0
         coverage_BL = cond.coverage_BL() if guided else None
         run = cond.cat(cond.unstyled()) if guided else cond  # rows: B, or 2B (styled, then unstyled)
         R, S = run.cond_BD.shape[0], run.num_styles
@@ -431,7 +420,7 @@ class StyleVAR(PretrainedModel, nn.Module):
         head_mod = self.head_nm.modulation(run.adaln())
         per_token = run.adaln_BLD is not None  # modulations (R, L, C): each scale takes its tokens' rows
         alpha_RSL1 = None if run.shares_BSL is None else self.stream_alphas(run, alpha_K)
-        pruner = ScalePruner(self.fast_sampling, patch_nums, guided) if fast else None
+        pruner = ScalePruner(self.fast_sampling, patch_nums, guided) if config.fast else None
         L = self.cfg.num_tokens if pruner is None else pruner.full_until()  # a pruned scale makes its own queries
         # the guide queries of every scale, per block: (R, H, S + 1, L, c); each scale takes its columns
         queries = [blk.queries(run.style_ln_BSLC[:, :, :L], run.content_ln_BLC[:, :L],
@@ -452,18 +441,34 @@ class StyleVAR(PretrainedModel, nn.Module):
                     x = blk(x, token_rows(mod, start, end) if per_token else mod, guide, None, cache)
             logits_RlV = self.logits(x, token_rows(head_mod, start, end) if per_token else head_mod)
             if guided:
-                styled_BlV, plain_BlV = logits_RlV.chunk(2)
-                g_Bl1 = guidance * coverage_BL[:, start:end, None].to(styled_BlV.dtype)
-                logits_RlV = styled_BlV + g_Bl1 * (styled_BlV - plain_BlV)
-            idx_Bl = sample(logits_RlV, generators, top_k, top_p)
+                logits_RlV = guided_logits(logits_RlV, config.guidance, coverage_BL[:, start:end])
+            idx_Bl = sample(logits_RlV, generators, config.top_k, config.top_p)
             indices.append(idx_Bl)
             f_hat = f_hat + tok.quantize.upsampled_residual(k, idx_Bl, n).float()
             if on_scale is not None:
                 on_scale(k, tok.decode_fhat(f_hat).float().add(1).mul(0.5))
             if k + 1 < len(patch_nums):
-                nxt = patch_nums[k + 1]
-                x_BlC = self.word_embed(tok.quantize.area_tokens(f_hat, nxt))
-                x = run.target_inputs((x_BlC.repeat(2, 1, 1) if guided else x_BlC) + lvl_pos[:, end:end + nxt * nxt],
-                                      end, end + nxt * nxt)
+                x = self._next_inputs(run, f_hat, lvl_pos, end, patch_nums[k + 1], guided)
             start = end
         return f_hat, indices
+
+    def _next_inputs(self, run: Condition, f_hat: torch.Tensor, lvl_pos: torch.Tensor, end: int, nxt: int,
+                     guided: bool) -> torch.Tensor:
+        """The next scale's input rows (R, nxt * nxt, C) from the sampled image so far (twice when guided)."""
+        x_BlC = self.word_embed(self.tokenizer.quantize.area_tokens(f_hat, nxt))
+        return run.target_inputs((x_BlC.repeat(2, 1, 1) if guided else x_BlC) + lvl_pos[:, end:end + nxt * nxt],
+                                 end, end + nxt * nxt)
+
+
+def settings_of(config: GenerationConfig | None, settings: dict[str, Any]) -> GenerationConfig:
+    """``config``, or its fields given as keyword ``settings`` (not both)."""
+    if config is not None and settings:
+        raise TypeError(f"give a GenerationConfig or {', '.join(sorted(settings))}, not both")
+    return config if config is not None else GenerationConfig(**settings)
+
+
+def guided_logits(logits_RlV: torch.Tensor, guidance: float, coverage_Bl: torch.Tensor) -> torch.Tensor:
+    """The styled rows pushed away from the unstyled ones (rows B..2B), by ``guidance`` where the styles cover."""
+    styled_BlV, plain_BlV = logits_RlV.chunk(2)
+    g_Bl1 = guidance * coverage_Bl[:, :, None].to(styled_BlV.dtype)
+    return styled_BlV + g_Bl1 * (styled_BlV - plain_BlV)
