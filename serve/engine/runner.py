@@ -23,19 +23,6 @@ log = logging.getLogger("serve.engine.runner")
 PreviewFn = Callable[[int, torch.Tensor], None]  # (scale index k, previews (n, 3, S, S) in [0, 1] on the CPU)
 
 
-def resolve_devices(names: Sequence[str]) -> list[torch.device]:
-    """'auto' -> every visible CUDA device, else the CPU; otherwise the listed devices."""
-    if list(names) == ["auto"]:
-        if torch.cuda.is_available():
-            return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
-        return [torch.device("cpu")]
-    devices = [torch.device(n) for n in names]
-    for d in devices:
-        if d.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device {d} requested but CUDA is not available")
-    return devices
-
-
 @dataclass
 class StylizeTask:
     """One request, resolved (`StylePipeline.prepare`): its stylization (one row per seed; its `key` the job's) and

@@ -30,7 +30,7 @@ from stylevar.utils.devices import resolve_autocast_dtype, resolve_device
 from stylevar.models.generation import GenerationConfig
 from stylevar.pipelines.options import PYTHON, offered
 from stylevar.pipelines.request import IMAGE_ONLY, StyleMix, Stylization, StylizeRequest
-from stylevar.processing.images import Fit, ResizeMode, fit_of, fit_square, pil_to_tensor, tensor_to_pil, to_rgb, unfit
+from stylevar.processing.images import Fit, ResizeMode, fit_of, fit_square, pil_to_tensor, tensor_to_pil, to_rgb
 from stylevar.processing.postprocess import MAX_SEED, OutputOptions, UpsampleMode, finish, sample_seeds
 from stylevar.loaders.model_dir import DEMO_MODEL_DIR, PipelineConfig, check_model_dir, write_model_dir
 from stylevar.processing.palette import match_palette

@@ -26,7 +26,7 @@ from stylevar.processing.postprocess import MAX_STYLES, os_random_seed, upscale_
 from serve.http import imaging
 from serve.engine.batching import BatchError, Job
 from serve.engine.runner import PreviewFn, StylizeTask
-from serve.http.errors import ERROR_RESPONSES, IMAGE_ERROR_STATUS, ClientGone, ServiceError, from_batch_error
+from serve.http.errors import ERROR_RESPONSES, ClientGone, ServiceError, from_batch_error, from_coded_error
 from serve.http.jobs import follow_job, job_result, wait_for_job
 from serve.http.negotiation import ZIP_MEDIA_TYPE, negotiate
 from serve.http.schemas import ImageOut, StylizeForm, StylizeResult
@@ -86,7 +86,7 @@ async def decode_uploads(st: ServiceState, upload: StylizeUpload) -> list[Image.
         try:
             images.append(await st.decoder.decode(data, max_side=side, budget=budget))
         except ImageError as e:
-            raise ServiceError(IMAGE_ERROR_STATUS.get(e.code, 422), e.code, f"{name}: {e}") from e
+            raise from_coded_error(e, f"{name}: {e}") from e
     return images
 
 

@@ -30,7 +30,7 @@ from stylevar.processing.postprocess import MAX_STYLES, os_random_seed
 from stylevar.processing.video import DEFAULT_TEMPORAL, TEMPORAL_HELP, TEMPORAL_MODES, VideoError, VideoInfo, VideoLimits, probe
 
 from serve.http import imaging
-from serve.http.errors import ERROR_RESPONSES, IMAGE_ERROR_STATUS, ServiceError
+from serve.http.errors import ERROR_RESPONSES, ServiceError, from_coded_error
 from serve.http.schemas import FormOptions, form_field
 from serve.http.state import ServiceState, get_state, require_key, require_loaded
 from serve.http.routes.stylize import REFERENCE_SIDE, check_alphas, check_mix, header_safe
@@ -38,8 +38,6 @@ from serve.http.routes.stylize import REFERENCE_SIDE, check_alphas, check_mix, h
 log = logging.getLogger("serve.video")
 
 PATH = "/stylize/video"
-VIDEO_ERROR_STATUS = {"not_a_video": 415, "unsupported_codec": 415, "corrupt_video": 422, "video_too_long": 413,
-                      "video_too_large": 413, "bad_video": 422}
 VIDEO_OPTIONS = [opt for opt in offered(FORM) if opt.name not in IMAGE_ONLY]
 
 router = APIRouter(dependencies=[Depends(require_key)])
@@ -93,7 +91,7 @@ def video_error(e: VideoError, name: str = "video") -> ServiceError:
     """A clip's refusal: 415 not a video or an unsupported codec, 413 over a limit, 422 corrupt. The message
     names the upload, not the temporary file."""
     detail = str(e).split(": ", 1)[-1]
-    return ServiceError(VIDEO_ERROR_STATUS.get(e.code, 422), e.code, f"{name}: {detail}")
+    return from_coded_error(e, f"{name}: {detail}")
 
 
 async def save_upload(upload: UploadFile, path: Path) -> None:
@@ -116,7 +114,7 @@ async def decode_styles(st: ServiceState, styles: list[UploadFile], masks: list[
         try:
             out.append(await st.decoder.decode(await upload.read(), max_side=side, budget=budget))
         except ImageError as e:
-            raise ServiceError(IMAGE_ERROR_STATUS.get(e.code, 422), e.code, f"{name}: {e}") from e
+            raise from_coded_error(e, f"{name}: {e}") from e
     return out[:len(styles)], out[len(styles):] or None
 
 
