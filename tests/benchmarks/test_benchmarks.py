@@ -1,4 +1,4 @@
-"""Issue 18's benchmark scripts: benchmarks/cpu_pipeline.py (stage by stage on the CPU) runs end to end
+"""The CPU and GPU inference benchmarks: benchmarks/cpu_pipeline.py (stage by stage on the CPU) runs end to end
 on its reference-shaped configuration, benchmarks/reference_pipeline.py says how to get the reference when
 no checkout of it is importable, and benchmarks/gpu_bench.sh (the GPU figures) records its rows and
 regenerates the table (run here on the CPU with the tiny preset)."""

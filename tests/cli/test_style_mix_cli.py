@@ -1,5 +1,5 @@
 """`stylevar stylize` with several styles, masks, guidance, samples and formats, and over a folder or glob of
-content images (issue 17)."""
+content images."""
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,4 @@
-"""Fast sampling (issue 31): off is the full sampler bit for bit; on, only the pruned scales are computed
+"""Fast sampling: off is the full sampler bit for bit; on, only the pruned scales are computed
 differently (the coarser scales' tokens are the full sampler's), the blocks see fewer tokens, and the option
 reaches the model from the pipeline, the service's form and the command line."""
 from __future__ import annotations

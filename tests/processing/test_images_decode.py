@@ -214,7 +214,7 @@ def _one_colour_rgba_png(w: int, h: int) -> bytes:
 
 
 def test_extreme_aspect_pngs_decode_in_bounded_memory_or_are_refused(tmp_path):
-    """Issue 32: a 1 x N PNG reduces its long side (it was reduced by 1: +1.7 GB for 1 x 40M); an N x 1 PNG
+    """A 1 x N PNG reduces its long side (reducing it by 1 would cost 1.7 GB for 1 x 40M); an N x 1 PNG
     wider than MAX_PNG_WIDTH is refused (its one row alone is N x 4 bytes)."""
     from stylevar.processing.images import ACCEPTED_FORMATS, MAX_PNG_WIDTH, ImageTooLargeError, load_image
 

@@ -1,5 +1,5 @@
 """Property-based: no value of any `/stylize` form field makes the service answer 5xx or hang, and a bad
-request never fails the good ones it would have shared a batch with (issue 32)."""
+request never fails the good ones it would have shared a batch with."""
 from __future__ import annotations
 
 import io

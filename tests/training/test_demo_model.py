@@ -41,7 +41,7 @@ def test_demo_model_is_shipped_small_and_labelled():
 
 
 def test_demo_model_takes_the_style_palette():
-    """Issue 27, from the shipped config.json (48 held-out pairs of a seed the recipe never uses, and the
+    """The shipped model takes the style, from its config.json (48 held-out pairs of a seed the recipe never uses, and the
     four photographs): the output's mean colour within 0.15 of the style's (v2: 0.28; the targets 0.11),
     the sliced Wasserstein colour distance at least halfway from copy-content to the targets, the content
     kept (edge correlation >= 0.6). The transformer alone moved too (the style-colour GRPO stage), the

@@ -159,7 +159,7 @@ def _mock(handler) -> ServiceClient:
 
 
 def test_messages_show_no_server_paths():
-    """Issue 32: a service error naming its folders reaches the UI with the file's name only."""
+    """A service error naming its folders reaches the UI with the file's name only."""
     e = ServiceError(503, "not_ready", "the model is not loaded (failed: /srv/models/demo/config.json: not a "
                                        "model directory; see /var/log/stylevar/)")
     assert e.message == ("The service is busy (the model is not loaded (failed: config.json: not a model directory; "
