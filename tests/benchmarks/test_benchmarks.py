@@ -16,6 +16,8 @@ from benchmarks import cpu_pipeline
 from benchmarks.side_by_side import STAGES
 from tests.training.test_sft import REPO
 
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
+
 
 def test_stage_benchmark_times_every_precision_and_measures_agreement(capsys):
     rc = cpu_pipeline.main(["--batch-sizes", "1", "--repeats", "1", "--warmup", "0", "--precisions", "fp32,bf16",

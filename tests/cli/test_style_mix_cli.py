@@ -11,6 +11,8 @@ from PIL import Image
 from stylevar import cli
 from stylevar.pipelines.pipeline import StyleMix, StylePipeline
 
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
+
 
 @pytest.fixture
 def inputs(tmp_path):

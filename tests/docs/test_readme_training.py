@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from PIL import Image
+
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = {"TOKENIZER_STEPS": "2", "SFT_STEPS": "2"}

@@ -132,6 +132,7 @@ def test_on_differs_only_at_the_pruned_scales(micro_pipeline, monkeypatch):
     assert all(int(t.min()) >= 0 and int(t.max()) < model.cfg.vocab_size for t in fast)
 
 
+@pytest.mark.slow
 def test_on_runs_with_guidance_and_masked_blends(micro_pipeline, monkeypatch):
     model = micro_pipeline.model
     monkeypatch.setattr(model, "fast_sampling", PLAN)
@@ -195,6 +196,7 @@ def test_the_service_form_reaches_the_pipeline(micro_model_dir, fast_calls):
         assert http.post("/stylize", files=files, data={"fast": "maybe"}).status_code == 422
 
 
+@pytest.mark.slow
 def test_the_cli_flag_reaches_the_pipeline(micro_model_dir, tmp_path, fast_calls):
     Image.new("RGB", (40, 30), (200, 30, 30)).save(tmp_path / "c.png")
     Image.new("RGB", (32, 32), (20, 30, 200)).save(tmp_path / "s.png")
@@ -207,6 +209,7 @@ def test_the_cli_flag_reaches_the_pipeline(micro_model_dir, tmp_path, fast_calls
         assert fast_calls[-1] is expected
 
 
+@pytest.mark.slow
 def test_the_pipeline_takes_fast(micro_pipeline, fast_calls):
     content, style = Image.new("RGB", (24, 16), (200, 40, 40)), Image.new("RGB", (16, 16), (20, 40, 220))
     a = micro_pipeline(content, style, seed=2, fast=True)
@@ -215,6 +218,7 @@ def test_the_pipeline_takes_fast(micro_pipeline, fast_calls):
         micro_pipeline.generation_config()
 
 
+@pytest.mark.slow
 def test_the_quality_benchmark_reports_every_row(capsys):
     from benchmarks import fast_sampling
     from benchmarks.measures.fast_sampling import MEASURES
@@ -229,6 +233,7 @@ def test_the_quality_benchmark_reports_every_row(capsys):
         assert all(k in fast for k in MEASURES)
 
 
+@pytest.mark.slow
 def test_the_speed_benchmark_times_the_fast_row(capsys):
     from benchmarks import cpu_pipeline
     from benchmarks.measures.cpu_pipeline import FAST

@@ -56,10 +56,12 @@ def left_half(B: int, S: int = 1, size: int = 32) -> torch.Tensor:
     return m
 
 
+@pytest.mark.slow
 def test_one_style_blend_is_the_single_style(model):
     assert_same_tokens(tokens(model, StyleBlend([STYLE_A])), tokens(model, STYLE_A))
 
 
+@pytest.mark.slow
 def test_all_white_mask_is_no_mask(model):
     plain = tokens(model, STYLE_A)
     assert_same_tokens(tokens(model, StyleBlend([STYLE_A], masks_BSHW=torch.ones(2, 1, 32, 32))), plain)
@@ -177,6 +179,7 @@ def same(a: Image.Image, b: Image.Image) -> bool:
     return a.size == b.size and np.array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow
 def test_pipeline_neutral_options_give_the_plain_output(pipe, resize="pad"):  # pad: masks are fitted as the content
     plain = pipe(C_IMG, A_IMG, seed=3, resize=resize, **SAMPLING)
     assert same(pipe(C_IMG, [A_IMG], seed=3, resize=resize, **SAMPLING), plain)

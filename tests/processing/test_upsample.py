@@ -120,6 +120,7 @@ def pipe():
     return StylePipeline.random(micro_configs(), seed=0)
 
 
+@pytest.mark.slow
 def test_the_python_api_passes_the_option_and_refuses_bad_values(pipe):
     content, style = photo_like((160, 120)), photo_like((40, 40), seed=5)
     guided = pipe(content, style, seed=0)

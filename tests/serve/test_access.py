@@ -128,6 +128,7 @@ def test_open_bind_without_keys_is_logged(model_dir, caplog):
     assert "without API keys" not in caplog.text
 
 
+@pytest.mark.slow
 def test_x_forwarded_for_does_not_reset_the_failed_key_limit(tiny_model_dir, tmp_path):
     """A client on the host cannot pose as other addresses: without STYLEVAR_FORWARDED_ALLOW_IPS
     the header is ignored, so rotating it does not escape the limit."""
@@ -147,6 +148,7 @@ def test_x_forwarded_for_does_not_reset_the_failed_key_limit(tiny_model_dir, tmp
     assert codes[:3] == [401] * 3 and codes[3:] == [429] * 3, codes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["/stylize", "/stylize/video"])
 def test_a_keyless_upload_is_refused_before_its_body_is_read(tiny_model_dir, tmp_path, path):
     """A request that declares 19 MB and sends 1 KB without a key gets its 401 at once: the key
@@ -164,6 +166,7 @@ def test_a_keyless_upload_is_refused_before_its_body_is_read(tiny_model_dir, tmp
     assert answer.startswith("HTTP/1.1 401") and '"unauthorized"' in answer and "www-authenticate: Bearer" in answer
 
 
+@pytest.mark.slow
 def test_a_stalled_or_lying_body_is_closed_within_the_body_timeout(tiny_model_dir, tmp_path):
     """Content-Length 100 kB, 1 kB sent, then nothing: a JSON 408 within STYLEVAR_BODY_TIMEOUT_S."""
     import io

@@ -101,6 +101,7 @@ def test_a_client_that_disconnects_has_its_job_dropped(server):
         "the dropped job never reached the model"
 
 
+@pytest.mark.slow
 def test_the_deadline_counts_from_arrival_the_upload_included(tiny_model_dir, tmp_path):
     """A body that takes longer than STYLEVAR_REQUEST_TIMEOUT_S to arrive gets 504, not a fresh
     deadline after it is decoded."""

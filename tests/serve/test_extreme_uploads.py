@@ -14,6 +14,8 @@ import pytest
 from serve.testing import ServerProcess
 from stylevar.loaders.model_dir import DEMO_MODEL_DIR
 
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
+
 
 def one_colour_png(w: int, h: int) -> bytes:
     def chunk(kind: bytes, data: bytes) -> bytes:

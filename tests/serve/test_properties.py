@@ -14,6 +14,8 @@ from PIL import Image
 
 from serve.testing import ServerProcess
 
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
+
 
 def png(color: tuple[int, int, int], size=(24, 18)) -> bytes:
     buf = io.BytesIO()

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from stylevar.loaders.model_dir import DEMO_LABEL, DEMO_MODEL_DIR
@@ -15,6 +16,7 @@ from stylevar.pipelines.pipeline import StylePipeline
 EXAMPLES = Path(__file__).resolve().parents[2] / "stylevar" / "assets" / "examples"
 
 
+@pytest.mark.slow
 def test_demo_model_is_shipped_small_and_labelled():
     files = {p.name for p in DEMO_MODEL_DIR.iterdir()}
     assert {"config.json", "tokenizer.safetensors", "transformer.safetensors", "README.md"} <= files
@@ -74,6 +76,7 @@ def _mean_colour(path: Path) -> np.ndarray:
     return np.asarray(Image.open(path).convert("RGB"), dtype=np.float64).reshape(-1, 3).mean(0)
 
 
+@pytest.mark.slow
 def test_stylize_cli_on_examples_moves_colour_toward_style(tmp_path):
     content, style = EXAMPLES / "content_horizon.png", EXAMPLES / "style_dots.png"
     out = tmp_path / "out.png"

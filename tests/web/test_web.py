@@ -352,6 +352,7 @@ def test_no_ui_leaves_it_out(model_dir):
     assert TestClient(app).get("/ui/").status_code == 404
 
 
+@pytest.mark.slow
 def test_standalone_ui_against_a_remote_service(server, images, tmp_path):
     with ServerProcess.web(server.url, env={"STYLEVAR_API_KEY": KEY}, log_dir=tmp_path) as web:
         url = web.wait_ready(timeout=60, path="/healthz").url
@@ -361,6 +362,7 @@ def test_standalone_ui_against_a_remote_service(server, images, tmp_path):
         assert status.startswith("Done") and Image.open(gallery[0]["image"]).size == CONTENT_SIZE
 
 
+@pytest.mark.slow
 def test_the_ui_does_not_import_the_service():
     code = ("import sys, web, web.__main__, web.mount; "
             "print(sorted(m for m in sys.modules if m == 'serve' or m.startswith('serve.')))")
@@ -369,6 +371,7 @@ def test_the_ui_does_not_import_the_service():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_web_cli_rejects_a_bad_url():
     out = subprocess.run([sys.executable, "-m", "web", "--api", "gpu-box:8000"], capture_output=True, text=True,
                          timeout=60)
