@@ -227,6 +227,7 @@ def test_ssim_identical_is_one_and_constant_images_match_the_formula():
     assert abs(ssim(a, b).item() - closed_form) > 1e-3
 
 
+@pytest.mark.slow
 def test_paper_ssim_matches_an_explicit_window_computation():
     g = torch.Generator().manual_seed(1)
     x, y = torch.rand(1, 3, 16, 16, generator=g), torch.rand(1, 3, 16, 16, generator=g)
@@ -305,6 +306,7 @@ def check_results(results, names):
         assert torch.allclose(together[name][:1], alone[name], rtol=1e-4, atol=1e-6), f"{name} batched vs alone"
 
 
+@pytest.mark.slow
 def test_vgg_lpips_ssim_identical_pinned_batched(fast_results):
     check_results(fast_results, FAST)
 

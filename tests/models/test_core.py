@@ -152,6 +152,7 @@ def test_naive_blend_computes_the_same(golden, ref_models):
     torch.testing.assert_close(fast, naive, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_seeds(micro_pipeline):
     model = micro_pipeline.model
     gen = torch.Generator().manual_seed(1)
@@ -253,6 +254,7 @@ def test_bench_cli(capsys):
     assert res["naive"]["speedup"] > 0
 
 
+@pytest.mark.slow
 def test_model_recommended_sampling_settings(micro_pipeline, tmp_path):
     from PIL import Image
 

@@ -88,6 +88,7 @@ def test_a_group_split_merges_groups_and_puts_every_position_back(pn, detail):
         assert (best // (pn // 2)) * 2 * pn + (best % (pn // 2)) * 2 in set(split.single_Bn[0].tolist())
 
 
+@pytest.mark.slow
 def test_merging_nothing_computes_what_the_full_sampler_computes(micro_pipeline, monkeypatch):
     """Every group of the last scale kept, through the merging path: the full sampler's tokens (greedy)."""
     model = lively(micro_pipeline.model)
@@ -99,6 +100,7 @@ def test_merging_nothing_computes_what_the_full_sampler_computes(micro_pipeline,
     assert all(torch.equal(a, b) for a, b in zip(fast, full.indices))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("guidance", [0.0, 1.5])
 def test_off_is_the_full_sampler_bit_for_bit(micro_pipeline, monkeypatch, guidance):
     model = micro_pipeline.model
@@ -111,6 +113,7 @@ def test_off_is_the_full_sampler_bit_for_bit(micro_pipeline, monkeypatch, guidan
     assert GenerationConfig().fast is False and DEFAULT_GENERATION.fast is False
 
 
+@pytest.mark.slow
 def test_off_greedy_tokens_are_teacher_forcings(micro_pipeline):
     model = micro_pipeline.model
     content, style = inputs()
@@ -120,6 +123,7 @@ def test_off_greedy_tokens_are_teacher_forcings(micro_pipeline):
     assert torch.equal(logits.argmax(-1), torch.cat(out.indices, dim=1))
 
 
+@pytest.mark.slow
 def test_on_differs_only_at_the_pruned_scales(micro_pipeline, monkeypatch):
     model = lively(micro_pipeline.model)
     monkeypatch.setattr(model, "fast_sampling", PLAN)
@@ -147,6 +151,7 @@ def test_on_runs_with_guidance_and_masked_blends(micro_pipeline, monkeypatch):
         assert all(torch.equal(a, b) for a, b in zip(fast.indices[:2], full.indices[:2]))
 
 
+@pytest.mark.slow
 def test_prepared_model_runs_fast(micro_pipeline):
     from stylevar.runtime.inference import InferenceConfig, prepare
 

@@ -18,6 +18,8 @@ from stylevar.models.transformer import StyleBlend
 from stylevar.models.sampling import make_generators
 from stylevar.models.transformer.naive import naive_sample_tokens, naive_teacher_forcing_logits
 
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
+
 
 def images(n: int, seed: int, size: int = 32) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
@@ -70,6 +72,7 @@ def test_all_white_mask_is_no_mask(model):
     assert_same_tokens(tokens(model, white), tokens(model, two))
 
 
+@pytest.mark.slow
 def test_weights_one_zero_compute_the_first_style(model):
     """The model itself (two streams, one at weight 0): the first style's logits; the pipeline drops
     zero-weight styles (test_style_mix_pipeline), which makes the tokens identical."""
@@ -82,6 +85,7 @@ def test_weights_one_zero_compute_the_first_style(model):
     torch.testing.assert_close(cond.cond_BD, model.condition(CONTENT, STYLE_A).cond_BD, atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow
 def test_guidance_zero_is_the_plain_model(model):
     plain = tokens(model, STYLE_A)
     assert_same_tokens(tokens(model, STYLE_A, guidance=0.0), plain)

@@ -68,6 +68,7 @@ def pipe(tiny_model_dir):
 
 # ---- the Python API gives what the service gives ---------------------------------------------------------
 # (one_thread: the test service computes with one torch thread, serve.testing; so does the Python side)
+@pytest.mark.slow
 def test_python_api_equals_the_service_for_several_samples_with_preserved_colour(http, pipe, one_thread):
     form = {"seed": "40", "num_samples": "3", "preserve_color": "true", "resize": "pad", "style_strength": "0.5",
             "top_k": "50"}

@@ -142,6 +142,7 @@ def test_a_model_directory_can_set_its_upsampling(pipe, tmp_path):
     assert "upsample" not in pipe.config.to_dict()  # the default is not written: model directories unchanged
 
 
+@pytest.mark.slow
 def test_cli_option(tiny_model_dir, tmp_path):
     from stylevar.cli import main
 

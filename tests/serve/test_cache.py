@@ -13,6 +13,8 @@ from serve.http.metrics import ServiceMetrics
 from stylevar.pipelines.pipeline import StylePipeline
 from tests.conftest import micro_configs
 
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
+
 KEY = GenerationKey()
 
 

@@ -86,6 +86,7 @@ def test_a_full_batch_runs_at_once_and_the_worker_is_not_wedged(server):
     assert get(after, "stylevar_batch_size_rows_count") - get(before, "stylevar_batch_size_rows_count") == 1
 
 
+@pytest.mark.slow
 def test_a_client_that_disconnects_has_its_job_dropped(server):
     wait_idle(server.url)
     before = metrics(server.url)

@@ -19,6 +19,8 @@ from stylevar.processing.video import probe  # noqa: E402
 from tests.processing.test_video_io import FPS, N, audio_packets, frame_times, make_clip, truncated, write_sine  # noqa: E402
 from web.client import ServiceClient, ServiceError, StylizeOptions  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
+
 KEY = "video-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 LIMITS = {"STYLEVAR_MAX_VIDEO_FRAMES": "30", "STYLEVAR_MAX_VIDEO_DURATION_S": "4",

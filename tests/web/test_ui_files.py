@@ -25,6 +25,8 @@ from PIL import Image, PngImagePlugin
 from serve.testing import ServerProcess
 from stylevar.pipelines.pipeline import StylePipeline
 
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
+
 # component types whose values are files (FileData) in Gradio's API
 FILE_COMPONENTS = {"image", "file", "files", "gallery", "audio", "video", "model3d", "imageeditor", "uploadbutton",
                    "multimodaltextbox", "annotatedimage", "imageslider", "simpleimage"}

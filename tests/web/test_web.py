@@ -29,6 +29,8 @@ from web.client import Preview, Result, ServiceClient, ServiceError, StylizeOpti
 from web.mount import loopback_url
 from web.ui import DEMO_LABEL, MAX_SCALES, StyleVARUI, UIConfig, example_pairs, model_markdown
 
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
+
 MAX_UPLOAD = 200_000
 KEY = "ui-test-key"
 CONTENT_SIZE = (96, 64)  # 3:2 landscape
