@@ -1,4 +1,4 @@
-"""Several styles blended by weight, styles confined to masks, and style guidance (issue 17): the model
+"""Several styles blended by weight, styles confined to masks, and style guidance: the model
 and the pipeline.
 
 Exactness: each new option at its neutral value computes what the plain model computes (same seed,

@@ -1,4 +1,4 @@
-"""Several styles, masks and guidance through /stylize and /stylize/stream (issue 17), in-process against the
+"""Several styles, masks and guidance through /stylize and /stylize/stream, in-process against the
 micro model: every new field's bad input is a 4xx JSON error, the neutral values give the plain result."""
 from __future__ import annotations
 
