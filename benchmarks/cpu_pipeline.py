@@ -1,4 +1,4 @@
-"""CPU inference, stage by stage, on the reference-shaped configuration of issue 18.
+"""CPU inference, stage by stage, on the reference-shaped configuration.
 
 The configuration, written in the reference's config.json fields (`REFERENCE_CONFIG`): VAR's tokenizer
 layout (ch_mult (1, 1, 2, 2, 4), downsampling 16) at base width ch 32 as in the reference's golden_small

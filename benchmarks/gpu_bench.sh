@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 18's GPU figures, as one command for a machine with a GPU: `stylevar bench` on the published d20
+# The GPU figures of benchmarks/README.md, as one command for a machine with a GPU: `stylevar bench` on the published d20
 # shapes (random weights) at batch 1, 16 and 64, eager and then compiled, bf16 autocast; each run is
 # appended to benchmarks/results.jsonl and the table in benchmarks/README.md is regenerated (ms/image,
 # images/s, peak GiB, % of the H200's dense bf16 peak). Targets: batch 1 <= 60 ms, batch 64 >= 150 images/s.
-# Then issue 31's training figure: one SFT optimizer step of the same preset (benchmarks/train_step.py:
+# Then the training figure: one SFT optimizer step of the same preset (benchmarks/train_step.py:
 # fused tokenizer encode, teacher forcing, cross-entropy, backward, fused AdamW) at batch TRAIN_BATCHES (16),
 # bf16 autocast, random weights: ms/step, samples/s, FLOPs counted per step and MFU against PEAK_TFLOPS, and
 # the memory a step needs, written to TRAIN_OUT (JSON) and printed.

@@ -72,17 +72,22 @@ async def one_run(url: str, pid: int, rate: float, seconds: float, files: dict) 
         await asyncio.gather(*tasks)
         await sampler
     rss.append(rss_mb(pid))
-
-    def pct(xs: list[float], q: float) -> float | None:
-        return float(np.percentile(xs, q)) if xs else None
-
     return {"sent": len(tasks), "status": dict(sorted(statuses.items())), "connection_errors": errors,
-            "ok_p50_s": pct(ok_s, 50), "ok_p99_s": pct(ok_s, 99), "busy_p50_ms": pct([1000 * x for x in busy_s], 50),
-            "busy_p99_ms": pct([1000 * x for x in busy_s], 99),
-            # the same after the first 10 s (the start: no batch timed yet, so the queue fills before it refuses)
-            "busy_p99_ms_after_10s": pct([1000 * x for x, at in zip(busy_s, busy_at) if at >= 10], 99),
+            **latencies(ok_s, busy_s, busy_at),
             "retry_after": [min(retry_after), max(retry_after)] if retry_after else None,
             "rss_mb": {"start": rss[0], "peak": max(rss), "end": rss[-1]}}
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    return float(np.percentile(xs, q)) if xs else None
+
+
+def latencies(ok_s: list[float], busy_s: list[float], busy_at: list[float]) -> dict:
+    """The answers' percentiles: 200s in seconds, 503s in milliseconds (also after the first 10 s of the run)."""
+    return {"ok_p50_s": pct(ok_s, 50), "ok_p99_s": pct(ok_s, 99), "busy_p50_ms": pct([1000 * x for x in busy_s], 50),
+            "busy_p99_ms": pct([1000 * x for x in busy_s], 99),
+            # the same after the first 10 s (the start: no batch timed yet, so the queue fills before it refuses)
+            "busy_p99_ms_after_10s": pct([1000 * x for x, at in zip(busy_s, busy_at) if at >= 10], 99)}
 
 
 def markdown(rows: list[dict], settings: dict) -> str:

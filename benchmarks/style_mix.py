@@ -1,4 +1,4 @@
-"""Several styles, masks and guidance on a model (issue 17): the measurements behind docs/ui.md.
+"""Several styles, masks and guidance on a model: the measurements behind docs/ui.md.
 
     python -m benchmarks.style_mix [--model DIR] [--n 8] [--seeds 3] [--out benchmarks/style_mix]
                                    [--figures docs]

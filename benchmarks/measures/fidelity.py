@@ -19,6 +19,7 @@ from stylevar.metrics.ssim import ssim_standard
 from stylevar.metrics.structure import edge_correlation
 from stylevar.pipelines.pipeline import StylePipeline
 from training.parts import demo_export as demo
+from training.parts.demo_card import ARROWS
 from stylevar.models.transformer import StyleVAR
 from training.parts.checkpoints import checkpoint_paths, read_checkpoint
 from training.parts.presets import match_transformer
@@ -177,7 +178,7 @@ def curve(run: Path, steps: list[int] | None, n: int) -> dict:
 
 
 def curve_markdown(result: dict) -> str:
-    head = "| step | " + " | ".join(f"{where} {m} {demo.ARROWS[m]}".strip() for where, m in CURVE_COLUMNS) + " |"
+    head = "| step | " + " | ".join(f"{where} {m} {ARROWS[m]}".strip() for where, m in CURVE_COLUMNS) + " |"
     lines = [head, "| --- |" + " --- |" * len(CURVE_COLUMNS)]
     for step, r in result["rows"].items():
         lines.append(f"| {step} | " + " | ".join(f"{r[w][m]:.3f}" for w, m in CURVE_COLUMNS) + " |")
@@ -191,7 +192,7 @@ COLUMNS = (("synthetic", "edge_corr"), ("synthetic", "ssim_standard"), ("synthet
 
 
 def table_markdown(results: dict) -> str:
-    head = "| method | " + " | ".join(f"{where} {m} {demo.ARROWS[m]}".strip() for where, m in COLUMNS)
+    head = "| method | " + " | ".join(f"{where} {m} {ARROWS[m]}".strip() for where, m in COLUMNS)
     lines = [head + " | train min |", "| --- |" + " --- |" * (len(COLUMNS) + 1)]
     rows = [(label, v, f"{v.get('train_minutes', float('nan')):.1f}") for label, v in results["rows"].items()]
     rows += [(name, b, "-") for name, b in results.get("baselines", {}).items()]

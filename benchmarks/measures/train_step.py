@@ -217,7 +217,7 @@ def time_variants(bundle, ours, variants: dict[str, Levers], batch_size: int, pr
     fns: dict[str, Callable] = {}
     if bundle is not None:
         fns["reference"] = reference_step(bundle, batch, precision)
-    if precision != "fp32":  # the step before issue 31 encoded style and content under autocast: it fails
+    if precision != "fp32":  # the `today` step encoded style and content under autocast: it fails
         variants = {k: v for k, v in variants.items() if v.fuse_encodes or v.token_cache}
     if any(v.compile for v in variants.values()):
         torch._dynamo.reset()  # each batch size compiles afresh

@@ -3,13 +3,8 @@
 Inside the library images are float tensors (B, 3, H, W); PIL appears only here, in the pipeline,
 the service, the UI and the tools.
 
-Why 8-bit PNG is decoded here strip by strip (`_png_strips`) and not by pyvips, libvips' shrink-on-load
-decoder (pyvips 3.2 with pyvips-binary 8.18 install from the registries): eight concurrent 6000 x 6000 PNG
-uploads decoded to a 1024 px side (the service's reference side), one torch thread, peak resident memory
-added over the idle process: this reader +209 MB (2.4 s), pyvips +342 MB (0.6 s), +282 MB with
-VIPS_CONCURRENCY=1. Issue 13's bound is the memory, so the reader stays; pyvips would also add a native
-library to every install. For JPEG the two are alike (+223 MB / +155 MB, 0.36 s / 0.31 s): Pillow's reduced
-DCT decode (`draft`) is already shrink-on-load.
+8-bit PNG is decoded here strip by strip (`_png_strips`), not by pyvips: the measurement behind that choice is in
+benchmarks/README.md, "Decoding large uploads".
 """
 from __future__ import annotations
 

@@ -10,9 +10,8 @@ training, and a plain model (never prepared) is the exact path the conformance t
 - `pack_linears` (CPU): the transformer's linear layers (every block's guide queries, target keys/values,
   output projection and FFN, and the head) hold their weights in oneDNN's blocked layout, packed once
   (`PackedLinear`), instead of a plain matrix that the matrix product re-packs at every call. The sampling
-  loop multiplies few rows (1 to 100 tokens per scale) by these matrices, so per-call packing weighed;
-  packed once, the loop's products took 94 ms instead of 151 on the 2-core development CPU
-  (benchmarks/README.md).
+  loop multiplies few rows (1 to 100 tokens per scale) by these matrices, so per-call packing weighs
+  (benchmarks/README.md, "CPU inference, stage by stage", has the figures).
   Results equal the plain layers' up to float rounding (tests/runtime/test_inference.py). Not with `compile`
   (inductor packs its own), nor where torch has no oneDNN (`packing_available`).
 - `precision="bf16"` (opt-in): the packed linears hold bfloat16 weights and take bfloat16 inputs, and the

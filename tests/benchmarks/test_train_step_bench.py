@@ -18,7 +18,7 @@ from stylevar.runtime.bench import flops_of
 from tests.conftest import micro_configs, single_thread_env
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
 def _micro():

@@ -56,6 +56,7 @@ def files(tmp_path_factory) -> Path:
     return d
 
 
+@pytest.mark.slow
 def test_help_and_version_are_instant_and_import_no_torch(files):
     for args in (["--help"], ["--version"], ["stylize", "--help"], ["convert", "--help"], []):
         proc, elapsed, torch_imported = _probe(args, files)
@@ -105,6 +106,7 @@ EARLY_ERRORS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(EARLY_ERRORS))
 def test_each_bad_argument_is_one_line_before_any_model_loads(files, case):
     args, message = EARLY_ERRORS[case]
@@ -118,6 +120,7 @@ def test_each_bad_argument_is_one_line_before_any_model_loads(files, case):
     assert not list(files.glob("o*")), "nothing is written"
 
 
+@pytest.mark.slow
 def test_a_missing_gpu_is_one_line(files):
     if devices._no_gpu_driver():  # the usual CI machine: refused from the device nodes alone
         proc, elapsed, torch_imported = _probe([*S, "-o", "o.png", "--device", "cuda"], files)
@@ -166,6 +169,7 @@ def test_boundary_values_are_accepted():
     assert cli.build_parser(["stylize"]).parse_args(["stylize", "c", "s", "-o", "o.png"]).top_k is None
 
 
+@pytest.mark.slow
 def test_a_tiny_input_is_stylized_with_a_warning(micro_model_dir, files, tmp_path, capsys):
     Image.new("RGB", (1, 1), (10, 200, 10)).save(tmp_path / "dot.png")
     rc = cli.main(["stylize", str(tmp_path / "dot.png"), str(files / "s.png"), "-o", str(tmp_path / "o.jpg"),
@@ -201,6 +205,7 @@ def test_output_checks(tmp_path):
         preflight.output_folder(tmp_path / "file" / "sub")
 
 
+@pytest.mark.slow
 def test_precision_is_the_service_setting_and_each_one_runs(micro_model_dir, files, tmp_path, capsys):
     import typing
 

@@ -103,6 +103,7 @@ def help_commands() -> list[tuple[str, list[str]]]:
     return out + [(f"stylevar {name}", [stylevar, name, "--help"]) for name in subcommands()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [argv for _, argv in help_commands()], ids=[name for name, _ in help_commands()])
 def test_help_is_quick_and_shows_no_empty_default(command):
     start = time.perf_counter()

@@ -1,5 +1,5 @@
 """`stylevar stylize` with several styles, masks, guidance, samples and formats, and over a folder or glob of
-content images (issue 17)."""
+content images."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +10,8 @@ from PIL import Image
 
 from stylevar import cli
 from stylevar.pipelines.pipeline import StyleMix, StylePipeline
+
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
 
 
 @pytest.fixture

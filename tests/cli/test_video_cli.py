@@ -14,6 +14,8 @@ from stylevar.cli import stylize as stylize_cli  # noqa: E402
 from stylevar.processing.video import DEFAULT_TEMPORAL, TEMPORAL_MODES, probe  # noqa: E402
 from tests.processing.test_video_io import FPS, N, audio_packets, frame_times, make_clip, truncated  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
+
 
 @pytest.fixture
 def style(tmp_path):

@@ -22,6 +22,8 @@ from data_tools import teach  # noqa: E402
 from data_tools.pictures import dep5_licences, largest_per_picture, licence_of  # noqa: E402
 from stylevar.loaders.manifest import read_manifest  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
+
 REPO = Path(__file__).resolve().parents[2]
 
 

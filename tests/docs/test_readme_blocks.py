@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
+
 REPO = Path(__file__).resolve().parents[2]
 DOCUMENTS = ("README.md", "docs/ui.md")
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)

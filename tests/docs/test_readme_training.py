@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from PIL import Image
+
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = {"TOKENIZER_STEPS": "2", "SFT_STEPS": "2"}
@@ -57,7 +60,7 @@ def test_the_readme_training_example_runs_as_written(tmp_path):
     assert total > 0 and abs(total - transformer - tokenizer) <= 0.011
     trained = re.search(r"\[sft\] .* (\d+\.\d\d)M trainable parameters \(the transformer with its image encoders",
                         done.stderr)
-    assert trained and float(trained.group(1)) == transformer, "the two counts agree (issue 34)"
+    assert trained and float(trained.group(1)) == transformer, "the two counts agree"
     assert "wrote runs/sft/check.png (256x256)" in done.stdout
     with Image.open(tmp_path / "runs" / "sft" / "check.png") as check:
         assert check.size == (256, 256)

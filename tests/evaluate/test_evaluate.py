@@ -85,6 +85,7 @@ def test_without_weights_exits_with_the_documented_message(data, micro_model_dir
     assert not (tmp_path / "out").exists()  # nothing ran
 
 
+@pytest.mark.slow
 def test_allow_missing_writes_every_output(data, micro_model_dir, cache, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(_args(data, micro_model_dir, out, "--allow-missing")) == 0
@@ -122,6 +123,7 @@ def test_allow_missing_writes_every_output(data, micro_model_dir, cache, tmp_pat
     assert grid.size == (6 * (cell + pad) + pad, header_h + 2 * (cell + pad) + pad)  # content|style|target|3 methods
 
 
+@pytest.mark.slow
 def test_same_seed_same_numbers(data, micro_model_dir, cache, tmp_path):
     def run(out):
         args = ["evaluate", "--method", str(micro_model_dir), "--method", "adain", "--benchmark",

@@ -14,6 +14,8 @@ from stylevar.evaluate.__main__ import main
 from tests.conftest import single_thread_env
 from tests.evaluate.test_evaluate import _manifest
 
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
+
 TIME = "seconds_per_image"
 
 

@@ -124,6 +124,7 @@ def test_hub_ids_parse():
     assert resolve_model("some/dir") == Path("some/dir") and resolve_model(None) is None
 
 
+@pytest.mark.slow
 def test_pull_writes_what_convert_writes(offline_env, hub_cache, published, golden, reference_dir, tmp_path, capsys):
     links = hub_cache[1]
     config = reference_dir / "golden_small" / "config.json"
@@ -148,6 +149,7 @@ def test_pull_writes_what_convert_writes(offline_env, hub_cache, published, gold
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging folder left
 
 
+@pytest.mark.slow
 def test_stylize_pulls_a_hub_id_on_first_use(offline_env, tmp_path, capsys):
     content, style = _images(tmp_path)
     out = tmp_path / "out.png"
@@ -162,6 +164,7 @@ def test_stylize_pulls_a_hub_id_on_first_use(offline_env, tmp_path, capsys):
     assert StylePipeline.from_pretrained(f"hf:{REPO}", device="cpu").config.extra["source"]["commit"] == COMMIT
 
 
+@pytest.mark.slow
 def test_serve_answers_with_a_hub_model(offline_env, tmp_path):
     content, style = _images(tmp_path)
     settings = {k: offline_env[k] for k in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "STYLEVAR_HOME", "TORCH_HOME")}
@@ -178,6 +181,7 @@ def test_serve_answers_with_a_hub_model(offline_env, tmp_path):
     assert (Path(offline_env["STYLEVAR_HOME"]) / "models" / REPO.replace("/", "--") / "sft" / "config.json").is_file()
 
 
+@pytest.mark.slow
 def test_every_entry_point_fails_fast_offline_with_an_empty_cache(empty_env, tmp_path):
     content, style = _images(tmp_path)
     manifest = tmp_path / "manifest.jsonl"
@@ -213,6 +217,7 @@ def test_every_entry_point_fails_fast_offline_with_an_empty_cache(empty_env, tmp
     assert not (Path(empty_env["STYLEVAR_HOME"]) / "models").exists()  # nothing was started
 
 
+@pytest.mark.slow
 def test_a_wrong_layout_names_its_keys(offline_env, reference_dir, tmp_path, capsys):
     out = tmp_path / "model"
     config = reference_dir / "golden_small" / "config.json"
@@ -245,6 +250,7 @@ def test_weights_fetch_and_status_use_the_hub_cache(empty_env, capsys):
     assert next(ln for ln in rows.splitlines() if ln.startswith("var_d20 ")).split()[1] == "missing"
 
 
+@pytest.mark.slow
 def test_pull_help_and_its_offline_refusal_import_no_torch(empty_env):
     probe = ("import sys\nfrom stylevar.cli import main\ntry:\n    code = main(sys.argv[1:])\n"
              "except SystemExit as e:\n    code = e.code\nprint('exit', code, 'torch' in sys.modules)")

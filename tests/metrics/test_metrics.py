@@ -214,6 +214,7 @@ def test_gram_matrix_hand_computed():
     assert torch.allclose(gram_matrix(feat), expected)
 
 
+@pytest.mark.slow
 def test_ssim_identical_is_one_and_constant_images_match_the_formula():
     x = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     assert torch.allclose(ssim(x, x), torch.ones(2), atol=1e-6)
@@ -226,6 +227,7 @@ def test_ssim_identical_is_one_and_constant_images_match_the_formula():
     assert abs(ssim(a, b).item() - closed_form) > 1e-3
 
 
+@pytest.mark.slow
 def test_paper_ssim_matches_an_explicit_window_computation():
     g = torch.Generator().manual_seed(1)
     x, y = torch.rand(1, 3, 16, 16, generator=g), torch.rand(1, 3, 16, 16, generator=g)
@@ -304,6 +306,7 @@ def check_results(results, names):
         assert torch.allclose(together[name][:1], alone[name], rtol=1e-4, atol=1e-6), f"{name} batched vs alone"
 
 
+@pytest.mark.slow
 def test_vgg_lpips_ssim_identical_pinned_batched(fast_results):
     check_results(fast_results, FAST)
 
@@ -335,6 +338,7 @@ def test_images_are_resized_to_the_metric_size():
     assert suite(*big)["ssim"].item() == pytest.approx(suite(*small)["ssim"].item(), abs=0.02)
 
 
+@pytest.mark.slow
 def test_style_and_content_loss_follow_the_definition(cache):
     losses = VGGLosses.from_file()
     gen, content, style = fixed_images(32)
@@ -357,6 +361,7 @@ def test_style_and_content_loss_follow_the_definition(cache):
     assert (tg[CONTENT_LAYER] < 0).any()  # the tap is before the ReLU
 
 
+@pytest.mark.slow
 def test_compute_function_and_alexnet_backbone(cache):
     gen, content, style = fixed_images()
     assert metrics.compute("ssim", gen, content, style).item() == pytest.approx(

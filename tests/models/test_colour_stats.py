@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from stylevar.models.encoders import NUM_COLOUR_STATS, PALETTE_BINS, colour_statistics
@@ -51,6 +52,7 @@ def test_off_adds_no_weights_and_on_is_recorded(tmp_path):
     assert loaded.config.transformer.colour_stats and loaded.model.colour_in is not None
 
 
+@pytest.mark.slow
 def test_zero_initialised_statistics_compute_the_published_model():
     plain, var = _models()
     c, s = _pair(0)
@@ -60,6 +62,7 @@ def test_zero_initialised_statistics_compute_the_published_model():
     torch.testing.assert_close(var.generate(c, s, seed=3, top_k=5), plain.generate(c, s, seed=3, top_k=5))
 
 
+@pytest.mark.slow
 def test_trained_statistics_make_the_style_colour_reach_the_logits():
     _, var = _models()
     with torch.no_grad():

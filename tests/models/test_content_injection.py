@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from stylevar.pipelines.pipeline import StylePipeline
@@ -35,6 +36,7 @@ def test_off_adds_no_weights_and_on_records_the_option(tmp_path):
     assert loaded.config.transformer.content_injection and loaded.model.content_in is not None
 
 
+@pytest.mark.slow
 def test_zero_initialised_injection_computes_the_published_model():
     plain, inj = _models()
     assert torch.count_nonzero(inj.content_in.weight) == 0
@@ -45,6 +47,7 @@ def test_zero_initialised_injection_computes_the_published_model():
     torch.testing.assert_close(inj.generate(c, s, seed=3, top_k=5), plain.generate(c, s, seed=3, top_k=5))
 
 
+@pytest.mark.slow
 def test_trained_injection_changes_the_output_and_every_path_agrees():
     _, inj = _models()
     with torch.no_grad():
@@ -66,6 +69,7 @@ def test_trained_injection_changes_the_output_and_every_path_agrees():
                                atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_injection_gets_gradients_from_zero():
     _, inj = _models()
     c, s = _pair()

@@ -48,6 +48,7 @@ def _logits(model, g):
         return model.teacher_forcing_logits(g["content"], g["style"], g["target_idx"])
 
 
+@pytest.mark.slow
 def test_wrapped_layouts_give_same_logits(golden, ref_models, tmp_path):
     vq, model = ref_models
     g, sd, cfg = golden["data"], golden["stylevar_sd"], golden["tr_cfg"]
@@ -128,6 +129,7 @@ def test_init_from_var(golden, ref_models):
         init_from_var(golden["stylevar_sd"], golden["tr_cfg"], vq)
 
 
+@pytest.mark.slow
 def test_generate_cache_matches_teacher_forcing(golden, ref_models):
     _, model = ref_models
     g = golden["data"]
@@ -140,6 +142,7 @@ def test_generate_cache_matches_teacher_forcing(golden, ref_models):
     assert torch.equal(logits.argmax(-1), torch.cat(idx, dim=1))
 
 
+@pytest.mark.slow
 def test_naive_blend_computes_the_same(golden, ref_models):
     _, model = ref_models
     g = golden["data"]
@@ -150,6 +153,7 @@ def test_naive_blend_computes_the_same(golden, ref_models):
     torch.testing.assert_close(fast, naive, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_seeds(micro_pipeline):
     model = micro_pipeline.model
     gen = torch.Generator().manual_seed(1)
@@ -168,6 +172,7 @@ def test_seeds(micro_pipeline):
         model.generate(c, s, seed=[1, 2])
 
 
+@pytest.mark.slow
 def test_generate_options(micro_pipeline):
     model = micro_pipeline.model
     c = torch.zeros(2, 3, 32, 32)
@@ -183,6 +188,7 @@ def test_generate_options(micro_pipeline):
         model.generate(c, c, style_strength=2)
 
 
+@pytest.mark.slow
 def test_generate_return_indices_is_deprecated_and_still_gives_the_indices(micro_pipeline):
     model = micro_pipeline.model
     c = torch.zeros(2, 3, 32, 32)
@@ -206,6 +212,7 @@ def test_save_load_roundtrip(micro_pipeline, tmp_path):
         StylePipeline.from_pretrained(d)
 
 
+@pytest.mark.slow
 def test_convert_cli(golden, tmp_path, reference_dir):
     torch.save(golden["vae_sd"], tmp_path / "vae.pth")
     torch.save({"trainer": {"var_wo_ddp": golden["stylevar_sd"]}}, tmp_path / "model.pth")
@@ -238,6 +245,7 @@ def test_stylize_cli(micro_model_dir, tmp_path):
                      "--model", str(micro_model_dir)]) == 2
 
 
+@pytest.mark.slow
 def test_bench_cli(capsys):
     rc = cli_main(["bench", "--preset", "tiny", "--batch-sizes", "1", "--repeats", "1", "--warmup", "0",
                    "--tf-batch", "1", "--naive", "--json"])
@@ -247,6 +255,7 @@ def test_bench_cli(capsys):
     assert res["naive"]["speedup"] > 0
 
 
+@pytest.mark.slow
 def test_model_recommended_sampling_settings(micro_pipeline, tmp_path):
     from PIL import Image
 

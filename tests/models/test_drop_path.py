@@ -135,6 +135,7 @@ def _branch_factors(block, x_BLC, mod, guide, mask, which: str, samples: int) ->
     return torch.stack(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["attn", "ffn"])
 def test_each_block_drops_its_rows_at_its_rate_and_scales_the_kept_ones(which):
     from stylevar.models.transformer.block import Guide

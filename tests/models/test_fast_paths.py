@@ -16,6 +16,7 @@ def _inputs(model, batch=2):
     return c, s, model.tokenizer.encode_indices(torch.rand(batch, 3, 32, 32, generator=g) * 2 - 1)
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_same_loss_and_grads():
     model = StylePipeline.random(micro_configs(), seed=1).model.train()
     c, s, idx = _inputs(model)

@@ -1,4 +1,4 @@
-"""Fast sampling (issue 31): off is the full sampler bit for bit; on, only the pruned scales are computed
+"""Fast sampling: off is the full sampler bit for bit; on, only the pruned scales are computed
 differently (the coarser scales' tokens are the full sampler's), the blocks see fewer tokens, and the option
 reaches the model from the pipeline, the service's form and the command line."""
 from __future__ import annotations
@@ -88,6 +88,7 @@ def test_a_group_split_merges_groups_and_puts_every_position_back(pn, detail):
         assert (best // (pn // 2)) * 2 * pn + (best % (pn // 2)) * 2 in set(split.single_Bn[0].tolist())
 
 
+@pytest.mark.slow
 def test_merging_nothing_computes_what_the_full_sampler_computes(micro_pipeline, monkeypatch):
     """Every group of the last scale kept, through the merging path: the full sampler's tokens (greedy)."""
     model = lively(micro_pipeline.model)
@@ -99,6 +100,7 @@ def test_merging_nothing_computes_what_the_full_sampler_computes(micro_pipeline,
     assert all(torch.equal(a, b) for a, b in zip(fast, full.indices))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("guidance", [0.0, 1.5])
 def test_off_is_the_full_sampler_bit_for_bit(micro_pipeline, monkeypatch, guidance):
     model = micro_pipeline.model
@@ -111,6 +113,7 @@ def test_off_is_the_full_sampler_bit_for_bit(micro_pipeline, monkeypatch, guidan
     assert GenerationConfig().fast is False and DEFAULT_GENERATION.fast is False
 
 
+@pytest.mark.slow
 def test_off_greedy_tokens_are_teacher_forcings(micro_pipeline):
     model = micro_pipeline.model
     content, style = inputs()
@@ -120,6 +123,7 @@ def test_off_greedy_tokens_are_teacher_forcings(micro_pipeline):
     assert torch.equal(logits.argmax(-1), torch.cat(out.indices, dim=1))
 
 
+@pytest.mark.slow
 def test_on_differs_only_at_the_pruned_scales(micro_pipeline, monkeypatch):
     model = lively(micro_pipeline.model)
     monkeypatch.setattr(model, "fast_sampling", PLAN)
@@ -132,6 +136,7 @@ def test_on_differs_only_at_the_pruned_scales(micro_pipeline, monkeypatch):
     assert all(int(t.min()) >= 0 and int(t.max()) < model.cfg.vocab_size for t in fast)
 
 
+@pytest.mark.slow
 def test_on_runs_with_guidance_and_masked_blends(micro_pipeline, monkeypatch):
     model = micro_pipeline.model
     monkeypatch.setattr(model, "fast_sampling", PLAN)
@@ -146,6 +151,7 @@ def test_on_runs_with_guidance_and_masked_blends(micro_pipeline, monkeypatch):
         assert all(torch.equal(a, b) for a, b in zip(fast.indices[:2], full.indices[:2]))
 
 
+@pytest.mark.slow
 def test_prepared_model_runs_fast(micro_pipeline):
     from stylevar.runtime.inference import InferenceConfig, prepare
 
@@ -196,6 +202,7 @@ def test_the_service_form_reaches_the_pipeline(micro_model_dir, fast_calls):
         assert http.post("/stylize", files=files, data={"fast": "maybe"}).status_code == 422
 
 
+@pytest.mark.slow
 def test_the_cli_flag_reaches_the_pipeline(micro_model_dir, tmp_path, fast_calls):
     Image.new("RGB", (40, 30), (200, 30, 30)).save(tmp_path / "c.png")
     Image.new("RGB", (32, 32), (20, 30, 200)).save(tmp_path / "s.png")
@@ -208,6 +215,7 @@ def test_the_cli_flag_reaches_the_pipeline(micro_model_dir, tmp_path, fast_calls
         assert fast_calls[-1] is expected
 
 
+@pytest.mark.slow
 def test_the_pipeline_takes_fast(micro_pipeline, fast_calls):
     content, style = Image.new("RGB", (24, 16), (200, 40, 40)), Image.new("RGB", (16, 16), (20, 40, 220))
     a = micro_pipeline(content, style, seed=2, fast=True)
@@ -216,6 +224,7 @@ def test_the_pipeline_takes_fast(micro_pipeline, fast_calls):
         micro_pipeline.generation_config()
 
 
+@pytest.mark.slow
 def test_the_quality_benchmark_reports_every_row(capsys):
     from benchmarks import fast_sampling
     from benchmarks.measures.fast_sampling import MEASURES
@@ -230,6 +239,7 @@ def test_the_quality_benchmark_reports_every_row(capsys):
         assert all(k in fast for k in MEASURES)
 
 
+@pytest.mark.slow
 def test_the_speed_benchmark_times_the_fast_row(capsys):
     from benchmarks import cpu_pipeline
     from benchmarks.measures.cpu_pipeline import FAST

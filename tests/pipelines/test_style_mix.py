@@ -1,4 +1,4 @@
-"""Several styles blended by weight, styles confined to masks, and style guidance (issue 17): the model
+"""Several styles blended by weight, styles confined to masks, and style guidance: the model
 and the pipeline.
 
 Exactness: each new option at its neutral value computes what the plain model computes (same seed,
@@ -19,6 +19,8 @@ from stylevar.pipelines.pipeline import StyleMix, StylePipeline
 from stylevar.models.transformer import StyleBlend
 from stylevar.models.sampling import make_generators
 from stylevar.models.transformer.naive import naive_sample_tokens, naive_teacher_forcing_logits
+
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
 
 
 def images(n: int, seed: int, size: int = 32) -> torch.Tensor:
@@ -58,10 +60,12 @@ def left_half(B: int, S: int = 1, size: int = 32) -> torch.Tensor:
     return m
 
 
+@pytest.mark.slow
 def test_one_style_blend_is_the_single_style(model):
     assert_same_tokens(tokens(model, StyleBlend([STYLE_A])), tokens(model, STYLE_A))
 
 
+@pytest.mark.slow
 def test_all_white_mask_is_no_mask(model):
     plain = tokens(model, STYLE_A)
     assert_same_tokens(tokens(model, StyleBlend([STYLE_A], masks_BSHW=torch.ones(2, 1, 32, 32))), plain)
@@ -70,6 +74,7 @@ def test_all_white_mask_is_no_mask(model):
     assert_same_tokens(tokens(model, white), tokens(model, two))
 
 
+@pytest.mark.slow
 def test_weights_one_zero_compute_the_first_style(model):
     """The model itself (two streams, one at weight 0): the first style's logits; the pipeline drops
     zero-weight styles (test_style_mix_pipeline), which makes the tokens identical."""
@@ -82,6 +87,7 @@ def test_weights_one_zero_compute_the_first_style(model):
     torch.testing.assert_close(cond.cond_BD, model.condition(CONTENT, STYLE_A).cond_BD, atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow
 def test_guidance_zero_is_the_plain_model(model):
     plain = tokens(model, STYLE_A)
     assert_same_tokens(tokens(model, STYLE_A, guidance=0.0), plain)
@@ -180,6 +186,7 @@ def same(a: Image.Image, b: Image.Image) -> bool:
     return a.size == b.size and np.array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow
 def test_pipeline_neutral_options_give_the_plain_output(pipe, resize="pad"):  # pad: masks are fitted as the content
     plain = pipe(C_IMG, A_IMG, seed=3, resize=resize, **SAMPLING)
     assert same(pipe(C_IMG, [A_IMG], seed=3, resize=resize, **SAMPLING), plain)

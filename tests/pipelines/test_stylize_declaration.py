@@ -186,6 +186,7 @@ def test_the_service_refuses_what_the_declaration_refuses(name, text):
     assert refused.value.errors()[0]["loc"][:2] == ("body", name)
 
 
+@pytest.mark.slow
 def test_the_pipeline_takes_every_declared_option_but_the_encoding():
     from stylevar.pipelines.pipeline import StylePipeline
 
@@ -201,6 +202,7 @@ def test_the_pipeline_takes_every_declared_option_but_the_encoding():
         pipe(content, style, format="png")
 
 
+@pytest.mark.slow
 def test_the_declaration_is_light():
     import subprocess
     import sys

@@ -68,6 +68,7 @@ def pipe(tiny_model_dir):
 
 # ---- the Python API gives what the service gives ---------------------------------------------------------
 # (one_thread: the test service computes with one torch thread, serve.testing; so does the Python side)
+@pytest.mark.slow
 def test_python_api_equals_the_service_for_several_samples_with_preserved_colour(http, pipe, one_thread):
     form = {"seed": "40", "num_samples": "3", "preserve_color": "true", "resize": "pad", "style_strength": "0.5",
             "top_k": "50"}
@@ -93,6 +94,7 @@ def test_python_api_default_is_one_image_equal_to_the_service_image(http, pipe, 
     assert np.array_equal(np.asarray(mine), decode(r.content))
 
 
+@pytest.mark.slow
 def test_python_api_output_size_limit(pipe):
     big = CONTENT.resize((900, 600))
     assert pipe(big, STYLE, seed=0).size == (900, 600)
@@ -179,6 +181,7 @@ def inputs(tmp_path_factory):
     return d
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra,size,factor", [
     ([], (300, 200), "4.7x"),  # default: the content's size, as the Python API and the service
     (["--max-size", "256"], (256, 171), "4.0x"),
@@ -228,6 +231,7 @@ def test_upsample_bad_value_is_a_422_naming_the_field(http):
     assert r.status_code == 422 and "upsample" in r.text
 
 
+@pytest.mark.slow
 def test_a_24_megapixel_content_comes_back_at_full_size(http):
     big = gradient(600, 400).resize((6000, 4000), Image.BICUBIC)
     buf = io.BytesIO()

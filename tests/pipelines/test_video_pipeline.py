@@ -14,6 +14,8 @@ pytest.importorskip("av")
 from stylevar.processing.video import VideoError, VideoLimits, probe, read_frames  # noqa: E402
 from tests.processing.test_video_io import FPS, N, audio_packets, frame_times, make_clip  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
+
 STYLE = Image.new("RGB", (32, 32), (200, 40, 90))
 STYLE2 = Image.fromarray(np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8))
 
@@ -31,6 +33,7 @@ def close(a: Image.Image, b: Image.Image) -> bool:
     return a.size == b.size and np.abs(np.asarray(a, dtype=float) - np.asarray(b, dtype=float)).mean() < 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["independent", "same-seed"])
 def test_per_frame_modes_are_per_frame_stylization(micro_pipeline, tmp_path, mode):
     frames = frames_of(make_clip(tmp_path / "c.mp4", frames=5))

@@ -163,6 +163,7 @@ def solid_png(path: Path, w: int, h: int) -> None:
     path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
 
 
+@pytest.mark.slow
 def test_a_36_megapixel_png_never_exists_at_full_size(tmp_path):
     """108 MB of pixels decoded to 1024 px: the decoding process grows by a few tens of MB at most."""
     png = tmp_path / "big.png"
@@ -213,8 +214,9 @@ def _one_colour_rgba_png(w: int, h: int) -> bytes:
             + chunk(b"IEND", b""))
 
 
+@pytest.mark.slow
 def test_extreme_aspect_pngs_decode_in_bounded_memory_or_are_refused(tmp_path):
-    """Issue 32: a 1 x N PNG reduces its long side (it was reduced by 1: +1.7 GB for 1 x 40M); an N x 1 PNG
+    """A 1 x N PNG reduces its long side (reducing it by 1 would cost 1.7 GB for 1 x 40M); an N x 1 PNG
     wider than MAX_PNG_WIDTH is refused (its one row alone is N x 4 bytes)."""
     from stylevar.processing.images import ACCEPTED_FORMATS, MAX_PNG_WIDTH, ImageTooLargeError, load_image
 

@@ -62,6 +62,7 @@ def test_config_fields_are_checked():
         Refinement(radius=1, eps=0)
 
 
+@pytest.mark.slow
 def test_model_directory_records_it_and_the_pipeline_applies_it(tmp_path):
     pipe = StylePipeline.random("tiny", seed=0)
     content, style = Image.new("RGB", (40, 40), (200, 30, 30)), Image.new("RGB", (40, 40), (10, 10, 240))

@@ -120,6 +120,7 @@ def pipe():
     return StylePipeline.random(micro_configs(), seed=0)
 
 
+@pytest.mark.slow
 def test_the_python_api_passes_the_option_and_refuses_bad_values(pipe):
     content, style = photo_like((160, 120)), photo_like((40, 40), seed=5)
     guided = pipe(content, style, seed=0)
@@ -141,6 +142,7 @@ def test_a_model_directory_can_set_its_upsampling(pipe, tmp_path):
     assert "upsample" not in pipe.config.to_dict()  # the default is not written: model directories unchanged
 
 
+@pytest.mark.slow
 def test_cli_option(tiny_model_dir, tmp_path):
     from stylevar.cli import main
 

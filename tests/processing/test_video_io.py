@@ -179,6 +179,7 @@ print(count, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 10
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_peak_memory_does_not_grow_with_the_clip(tmp_path):
     size = (320, 240)  # 230 KB a frame: 400 frames held would be 92 MB

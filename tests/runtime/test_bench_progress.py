@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from stylevar.runtime.bench import BenchConfig, estimate_seconds
 from stylevar.cli import main as cli_main
+
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
 
 
 def test_progress_lines_go_to_stderr_and_json_stays_clean(capsys):

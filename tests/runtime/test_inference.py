@@ -44,6 +44,7 @@ def test_fused_resnet_matches_batchnorm_in_eval():
         torch.testing.assert_close(fused(x), net(x), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_prepared_fp32_generates_what_the_plain_model_generates():
     plain = _resnet_micro().model
     fast = prepare(copy.deepcopy(plain), InferenceConfig())
@@ -110,6 +111,7 @@ def test_bf16_warns_on_a_cpu_without_bf16_units(monkeypatch):
         prepare(_resnet_micro().model, InferenceConfig(precision="bf16"))
 
 
+@pytest.mark.slow
 def test_prepared_fp32_packs_every_loop_linear():
     fast = prepare(_resnet_micro().model, InferenceConfig())
     blk = fast.blocks[0]
@@ -147,6 +149,7 @@ def test_prepared_models_are_not_saved_and_not_prepared_twice(tmp_path):
         InferenceConfig(precision="int4")
 
 
+@pytest.mark.slow
 def test_bf16_autocast_on_the_cpu_runs_the_whole_pipeline(tmp_path):
     """`from_pretrained(autocast_dtype="bf16")` on the CPU: the tokenizer's nearest-code search gets bf16 latents
     under autocast and compares them in float32 with the codebook (it used to fail with a dtype mismatch)."""

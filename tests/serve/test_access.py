@@ -128,8 +128,9 @@ def test_open_bind_without_keys_is_logged(model_dir, caplog):
     assert "without API keys" not in caplog.text
 
 
+@pytest.mark.slow
 def test_x_forwarded_for_does_not_reset_the_failed_key_limit(tiny_model_dir, tmp_path):
-    """A client on the host cannot pose as other addresses (issue 32): without STYLEVAR_FORWARDED_ALLOW_IPS
+    """A client on the host cannot pose as other addresses: without STYLEVAR_FORWARDED_ALLOW_IPS
     the header is ignored, so rotating it does not escape the limit."""
     import httpx
 
@@ -147,9 +148,10 @@ def test_x_forwarded_for_does_not_reset_the_failed_key_limit(tiny_model_dir, tmp
     assert codes[:3] == [401] * 3 and codes[3:] == [429] * 3, codes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["/stylize", "/stylize/video"])
 def test_a_keyless_upload_is_refused_before_its_body_is_read(tiny_model_dir, tmp_path, path):
-    """A request that declares 19 MB and sends 1 KB without a key gets its 401 at once (issue 32): the key
+    """A request that declares 19 MB and sends 1 KB without a key gets its 401 at once: the key
     is checked before the body is read, on every route that takes uploads."""
     from serve.testing import ServerProcess, raw_exchange
 
@@ -164,8 +166,9 @@ def test_a_keyless_upload_is_refused_before_its_body_is_read(tiny_model_dir, tmp
     assert answer.startswith("HTTP/1.1 401") and '"unauthorized"' in answer and "www-authenticate: Bearer" in answer
 
 
+@pytest.mark.slow
 def test_a_stalled_or_lying_body_is_closed_within_the_body_timeout(tiny_model_dir, tmp_path):
-    """Content-Length 100 kB, 1 kB sent, then nothing (issue 32): a JSON 408 within STYLEVAR_BODY_TIMEOUT_S."""
+    """Content-Length 100 kB, 1 kB sent, then nothing: a JSON 408 within STYLEVAR_BODY_TIMEOUT_S."""
     import io
     import time
 

@@ -380,6 +380,7 @@ def test_openapi_is_served(client):
     assert {"/stylize", "/stylize/stream", "/healthz", "/readyz", "/v1/model", "/metrics"} <= set(spec["paths"])
 
 
+@pytest.mark.slow
 def test_load_test_script_reports_rate_latency_and_statuses(server):
     import subprocess
     import sys

@@ -316,7 +316,7 @@ def test_admission_holds_a_slot_until_submitted_or_released(metrics):
 
 
 def test_admission_bounds_the_estimated_wait_not_only_the_queue_length(metrics):
-    """Issue 32: with max_queue_wait_s, a job is refused once the jobs ahead of it would take longer than the
+    """With max_queue_wait_s, a job is refused once the jobs ahead of it would take longer than the
     bound (queue position x the measured run time), with a Retry-After from the same estimate."""
     run = Recorder(delay=0.2)
     b = make(run, metrics, max_batch_size=1, max_wait_s=0.0, max_queue_wait_s=1.0)
@@ -341,7 +341,7 @@ def test_admission_bounds_the_estimated_wait_not_only_the_queue_length(metrics):
 
 @pytest.mark.skipif(not hasattr(os, "setpriority"), reason="per-thread nice is Linux's")
 def test_workers_run_at_the_configured_lower_priority(metrics):
-    """Issue 32: worker_nice lowers the batch workers' priority (and only theirs), so the event loop stays prompt."""
+    """worker_nice lowers the batch workers' priority (and only theirs), so the event loop stays prompt."""
     def nice() -> int:
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
@@ -362,8 +362,8 @@ def test_workers_run_at_the_configured_lower_priority(metrics):
 
 @pytest.mark.parametrize("freeze", [True, False])
 def test_the_startup_heap_is_frozen_before_the_service_is_ready(tiny_model_dir, freeze):
-    """Issue 32: a full garbage collection over the ~500k objects of startup held the GIL for ~0.3 s (the 503 p99
-    under overload went past 100 ms); with STYLEVAR_GC_FREEZE (the default) they are in the permanent
+    """A full garbage collection over the ~500k objects of startup would hold the GIL for ~0.3 s (the 503 p99
+    under overload past 100 ms); with STYLEVAR_GC_FREEZE (the default) they are in the permanent
     generation by the time /readyz says ready, so a collection walks only what requests allocate."""
     import gc
 

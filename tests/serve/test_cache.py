@@ -16,6 +16,7 @@ from stylevar.pipelines.request import StyleMix, Stylization, StylizeRequest
 from stylevar.processing.postprocess import OutputOptions
 from tests.conftest import micro_configs
 
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
 
 
 def _image(seed: int, size=(40, 28)) -> Image.Image:

@@ -86,6 +86,7 @@ def test_a_full_batch_runs_at_once_and_the_worker_is_not_wedged(server):
     assert get(after, "stylevar_batch_size_rows_count") - get(before, "stylevar_batch_size_rows_count") == 1
 
 
+@pytest.mark.slow
 def test_a_client_that_disconnects_has_its_job_dropped(server):
     wait_idle(server.url)
     before = metrics(server.url)
@@ -101,8 +102,9 @@ def test_a_client_that_disconnects_has_its_job_dropped(server):
         "the dropped job never reached the model"
 
 
+@pytest.mark.slow
 def test_the_deadline_counts_from_arrival_the_upload_included(tiny_model_dir, tmp_path):
-    """Issue 32: a body that takes longer than STYLEVAR_REQUEST_TIMEOUT_S to arrive gets 504, not a fresh
+    """A body that takes longer than STYLEVAR_REQUEST_TIMEOUT_S to arrive gets 504, not a fresh
     deadline after it is decoded."""
     import io
 

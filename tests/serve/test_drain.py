@@ -172,6 +172,7 @@ def assert_json_only(srv: ServerProcess) -> None:
                 and r.get("status") != 503]
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_the_requests_in_flight_and_refuses_new_ones(tiny_model_dir, tmp_path, capsys):
     # a 4 s batch window holds every request in the queue while the signal arrives
     settings = {"STYLEVAR_MAX_BATCH_SIZE": "16", "STYLEVAR_MAX_WAIT_MS": "4000", "STYLEVAR_QUEUE_SIZE": "32",
@@ -226,6 +227,7 @@ def test_sigterm_finishes_the_requests_in_flight_and_refuses_new_ones(tiny_model
               f"exit 0 after {drain_s:.2f} s (server: {summary['drain_s']} s)")
 
 
+@pytest.mark.slow
 def test_past_the_drain_timeout_the_requests_left_get_a_json_503(tiny_model_dir, tmp_path, capsys):
     # the batch window (10 s) outlasts the drain timeout (2 s): the queued requests are cut
     settings = {"STYLEVAR_MAX_BATCH_SIZE": "16", "STYLEVAR_MAX_WAIT_MS": "10000", "STYLEVAR_REQUEST_TIMEOUT_S": "60",

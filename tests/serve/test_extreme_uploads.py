@@ -1,4 +1,4 @@
-"""Issue 32: extreme aspect ratios through the real service (`python -m serve`), in every file field: a 1 x 40M
+"""Extreme aspect ratios through the real service (`python -m serve`), in every file field: a 1 x 40M
 PNG (190 KB on the wire, 40 megapixels) costs the server well under 100 MB and answers within the deadline; a
 40M x 1 PNG is refused from its header; nine such files in one request are refused by the request's pixel budget
 before most of them are decoded. (JPEG and WebP cannot be that long: their headers stop at 65,535 and 16,383 px.)"""
@@ -13,6 +13,8 @@ import pytest
 
 from serve.testing import ServerProcess
 from stylevar.loaders.model_dir import DEMO_MODEL_DIR
+
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
 
 
 def one_colour_png(w: int, h: int) -> bytes:

@@ -16,6 +16,8 @@ import pytest
 from serve.testing import ServerProcess
 from stylevar.pipelines.pipeline import StylePipeline
 
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
+
 KEY = "fuzz-key"
 
 

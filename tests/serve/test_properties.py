@@ -1,5 +1,5 @@
 """Property-based: no value of any `/stylize` form field makes the service answer 5xx or hang, and a bad
-request never fails the good ones it would have shared a batch with (issue 32)."""
+request never fails the good ones it would have shared a batch with."""
 from __future__ import annotations
 
 import io
@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from serve.testing import ServerProcess
+
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
 
 
 def png(color: tuple[int, int, int], size=(24, 18)) -> bytes:

@@ -1,4 +1,4 @@
-"""Several styles, masks and guidance through /stylize and /stylize/stream (issue 17), in-process against the
+"""Several styles, masks and guidance through /stylize and /stylize/stream, in-process against the
 micro model: every new field's bad input is a 4xx JSON error, the neutral values give the plain result."""
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ BAD = {
     "weights negative": (form((STYLE_A, STYLE_B)), {"style_weights": "1,-1"}, 422, "validation_error", ">= 0"),
     "weights all zero": (form((STYLE_A, STYLE_B)), {"style_weights": "0,0"}, 422, "validation_error", "not all 0"),
     "weights nan": (form((STYLE_A, STYLE_B)), {"style_weights": "nan,1"}, 422, "validation_error", "finite"),
-    # finite as Python floats, not in float32, the model's precision (issue 32): refused before admission
+    # finite as Python floats, not in float32, the model's precision: refused before admission
     "weights past float32": (form((STYLE_A, STYLE_B)), {"style_weights": "1e39,1"}, 422, "validation_error", "float32"),
     "weights below float32": (form((STYLE_A, STYLE_B)), {"style_weights": "1e-320,0"}, 422, "validation_error",
                               "not all 0"),

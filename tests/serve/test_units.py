@@ -214,6 +214,7 @@ def test_routes_read_the_app_state_through_dependencies_a_test_can_override(mode
     assert r.status_code == 503 and r.json()["error"] == "not_ready"
 
 
+@pytest.mark.slow
 def test_missing_model_fails_at_start_naming_the_path(tmp_path):
     from serve.http.app import create_app
 

@@ -90,7 +90,7 @@ def test_images_decoded_at_full_size_have_their_own_limit(http):
 
 
 def test_the_pixels_of_all_a_requests_images_are_bounded_together(http, monkeypatch):
-    """Issue 32: one request's decoding is bounded across its file fields (max_request_pixels, from the headers):
+    """One request's decoding is bounded across its file fields (max_request_pixels, from the headers):
     the content (1536 pixels) fits, the style (1600) would take the request over 3000 and is refused unread."""
     state = http.app.state.service
     decoded = []
@@ -131,7 +131,7 @@ def test_a_full_queue_answers_503_before_decoding(http, monkeypatch):
 
 
 def test_a_full_queue_answers_503_without_parsing_the_form(http, monkeypatch):
-    """Issue 32: the 503 of a full queue does no work that grows with load: the body is read and dropped (so the
+    """The 503 of a full queue does no work that grows with load: the body is read and dropped (so the
     connection closes cleanly), never parsed as a form."""
     from starlette.requests import Request
 

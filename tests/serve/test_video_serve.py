@@ -20,6 +20,8 @@ from tests.processing.test_video_io import FPS, N, audio_packets, frame_times, m
 from stylevar.pipelines.request import StylizeRequest  # noqa: E402
 from web.client import ServiceClient, ServiceError  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
+
 KEY = "video-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 LIMITS = {"STYLEVAR_MAX_VIDEO_FRAMES": "30", "STYLEVAR_MAX_VIDEO_DURATION_S": "4",

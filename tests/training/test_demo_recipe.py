@@ -13,6 +13,8 @@ from PIL import Image
 
 from tests.conftest import single_thread_env
 
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
+
 REPO = Path(__file__).resolve().parents[2]
 STAGES = ("synth", "tokenizer", "sft", "grpo", "grpo2", "teach", "tokenizer_teach", "sft_teach", "ceiling")
 MICRO = {"COUNT": "40", "VQ_STEPS": "3", "SFT_STEPS": "3", "GRPO_STEPS": "2", "GRPO2_STEPS": "2", "SEED": "0", "EVAL_N": "6",

@@ -32,7 +32,7 @@ PY = REPO / ".venv" / "bin" / "python"
 PAPER_TABLE = (0.0337, 0.0128, 0.0072, 0.0048, 0.0035, 0.0027, 0.0018, 0.0013, 0.0009, 0.0007)
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
 _env = single_thread_env

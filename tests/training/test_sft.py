@@ -31,7 +31,7 @@ TRANS = dict(depth=2, embed_dim=64, num_heads=2, patch_nums=[1, 2, 4], vocab_siz
              alpha_nums=[0.2, 0.5, 0.7], image_encoder="cnn", encoder_dim=32)
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
 _env = single_thread_env

@@ -22,7 +22,7 @@ from training.parts.distributed import DistEnv
 from training.parts.sft_objective import SFTObjective
 from training.parts.token_inputs import condition_from_tokens, encode_triplets, tokens_from_indices
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
 def _triplet(batch: int = 3, seed: int = 0):

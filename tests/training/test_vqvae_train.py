@@ -24,7 +24,7 @@ TOK = dict(vocab_size=64, z_channels=8, ch=8, ch_mult=[1, 1, 2], num_res_blocks=
 CPU1 = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
 @pytest.fixture(scope="module")

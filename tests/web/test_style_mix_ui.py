@@ -1,4 +1,4 @@
-"""The UI's second style, weight, painted mask and guidance (issue 17): what the handler sends to the service."""
+"""The UI's second style, weight, painted mask and guidance: what the handler sends to the service."""
 from __future__ import annotations
 
 import io

@@ -25,6 +25,8 @@ from PIL import Image, PngImagePlugin
 from serve.testing import ServerProcess
 from stylevar.pipelines.pipeline import StylePipeline
 
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
+
 # component types whose values are files (FileData) in Gradio's API
 FILE_COMPONENTS = {"image", "file", "files", "gallery", "audio", "video", "model3d", "imageeditor", "uploadbutton",
                    "multimodaltextbox", "annotatedimage", "imageslider", "simpleimage"}
@@ -255,7 +257,7 @@ def test_the_file_policy_allows_the_examples_and_blocks_system_folders(tmp_path)
 
 
 def test_an_upload_call_is_capped_and_the_upload_folder_is_cleaned(service):
-    """Issue 32: one call to the mounted UI's upload route may not carry more than the API's request limit
+    """One call to the mounted UI's upload route may not carry more than the API's request limit
     (it took 300 files of 20 MB each), and Gradio deletes uploads older than an hour."""
     from serve.testing import raw_exchange
 

@@ -11,7 +11,7 @@ from tests.processing.test_video_io import make_clip  # noqa: E402
 from tests.web.test_web_browser import ARTIFACTS, server, ui_page  # noqa: E402,F401
 from web.ui import example_pairs  # noqa: E402
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 SIZE = (96, 64)
 
 

@@ -30,6 +30,8 @@ from web.client import Preview, Result, ServiceClient, ServiceError, form_fields
 from web.mount import loopback_url
 from web.ui import DEMO_LABEL, MAX_SCALES, StyleVARUI, UIConfig, example_pairs, model_markdown
 
+pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
+
 MAX_UPLOAD = 200_000
 KEY = "ui-test-key"
 CONTENT_SIZE = (96, 64)  # 3:2 landscape
@@ -160,7 +162,7 @@ def _mock(handler) -> ServiceClient:
 
 
 def test_messages_show_no_server_paths():
-    """Issue 32: a service error naming its folders reaches the UI with the file's name only."""
+    """A service error naming its folders reaches the UI with the file's name only."""
     e = ServiceError(503, "not_ready", "the model is not loaded (failed: /srv/models/demo/config.json: not a "
                                        "model directory; see /var/log/stylevar/)")
     assert e.message == ("The service is busy (the model is not loaded (failed: config.json: not a model directory; "
@@ -353,6 +355,7 @@ def test_no_ui_leaves_it_out(model_dir):
     assert TestClient(app).get("/ui/").status_code == 404
 
 
+@pytest.mark.slow
 def test_standalone_ui_against_a_remote_service(server, images, tmp_path):
     with ServerProcess.web(server.url, env={"STYLEVAR_API_KEY": KEY}, log_dir=tmp_path) as web:
         url = web.wait_ready(timeout=60, path="/healthz").url
@@ -362,6 +365,7 @@ def test_standalone_ui_against_a_remote_service(server, images, tmp_path):
         assert status.startswith("Done") and Image.open(gallery[0]["image"]).size == CONTENT_SIZE
 
 
+@pytest.mark.slow
 def test_the_ui_does_not_import_the_service():
     code = ("import sys, web, web.__main__, web.mount; "
             "print(sorted(m for m in sys.modules if m == 'serve' or m.startswith('serve.')))")
@@ -370,6 +374,7 @@ def test_the_ui_does_not_import_the_service():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_web_cli_rejects_a_bad_url():
     out = subprocess.run([sys.executable, "-m", "web", "--api", "gpu-box:8000"], capture_output=True, text=True,
                          timeout=60)
