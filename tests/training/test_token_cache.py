@@ -168,7 +168,7 @@ def test_sft_with_the_token_cache_trains_as_without(data, tmp_path):
         from safetensors.torch import load_file
         return load_file(str(out / "final" / "transformer.safetensors"))
 
-    plain = run(tmp_path / "plain")
+    plain = run(tmp_path / "plain", "--no-token-cache")
     cached = run(tmp_path / "cached", "--token-cache")  # 16 triplets: 1.5 epochs, the second from the cache
     for k in plain:
         torch.testing.assert_close(plain[k], cached[k], msg=k)
