@@ -23,9 +23,11 @@ embeddings. The configuration is `benchmarks.side_by_side.REFERENCE_CONFIG` (dep
 - **ours**: `training.parts.sft_objective.SFTObjective` and `training.parts.step.clip_and_step` with the optimizer of
   `training.parts.optim.make_adamw`, the model loaded from the reference's state dicts through
   `stylevar.loaders.convert` (identical weights). ``today`` is the step before issue 31 (three tokenizer calls,
-  the for-loop AdamW and clipping); ``default`` is training.sft's step now; ``cached`` adds the token cache
-  (`training.parts.token_cache`: the token maps read back, no image encoded). `--levers` also times each lever
-  alone on top of ``today`` (`LEVERS`).
+  the for-loop AdamW and clipping); ``eager`` is training.sft's step with ``--no-compile``; ``default`` is its
+  default step on augmented data (the default) in a long run: the blocks compiled; ``cached`` is ``eager`` with
+  the token cache (`training.parts.token_cache`: the token maps read back, no image encoded), and
+  ``cached+compiled`` the default step with ``--no-augment`` (the reference's data: no augmentation), where the
+  cache is on by default. `--levers` also times each lever alone on top of ``today`` (`LEVERS`).
 
   In bf16 ``today`` is left out: that step encoded style and content under the step's autocast, which the
   quantizer's fp32 distances refuse (it failed on its first step; the fused encode runs in fp32).

@@ -1,5 +1,5 @@
 """What `python -m benchmarks.train_step` runs: the levers of this project's training step, the named variants
-(today's step, training.sft's default, with the token cache, compiled) and the benchmark's settings
+(today's step, training.sft's eager step, its default, with the token cache, both) and the benchmark's settings
 (`StepBenchConfig`). No torch here: the command's --help reads them; `benchmarks.measures.train_step` runs them."""
 from __future__ import annotations
 
@@ -20,10 +20,11 @@ class Levers:
 
 
 TODAY = Levers(fuse_encodes=False, fused_adamw=False, foreach_clip=False)
-DEFAULT = Levers(channels_last=True)  # training.sft's step on the CPU (NHWC only there)
-CACHED = Levers(token_cache=True, channels_last=True)
-COMPILED = Levers(token_cache=True, channels_last=True, compile=True)  # --token-cache --compile
-VARIANTS = {"today": TODAY, "default": DEFAULT, "cached": CACHED, "cached+compiled": COMPILED}
+EAGER = Levers(channels_last=True)  # training.sft --no-compile (the default before issue 43; NHWC on the CPU only)
+DEFAULT = Levers(channels_last=True, compile=True)  # training.sft's default, augmented data (no cache), a long run
+CACHED = Levers(token_cache=True, channels_last=True)  # --no-augment --no-compile
+COMPILED = Levers(token_cache=True, channels_last=True, compile=True)  # the default with --no-augment
+VARIANTS = {"today": TODAY, "eager": EAGER, "default": DEFAULT, "cached": CACHED, "cached+compiled": COMPILED}
 # each lever alone, on top of today's step
 LEVERS = {
     "fused encodes": dataclasses.replace(TODAY, fuse_encodes=True),

@@ -96,12 +96,13 @@ stage tokenizer_teach "$ROOT/tokenizer_teach/final/tokenizer.safetensors" \
   --out "$ROOT/tokenizer_teach" --max-steps "$TEACH_VQ_STEPS" --batch-size 16 --lr 2e-4 --warmup-steps 20 \
   --save-every 50 --seed "$SEED" --device "$DEVICE" --no-progress
 # part 1's transformer and tokenizer, the colour-statistics variant added (zero-initialised), every scale the
-# same share of the loss (--scale-gamma 1: the first scales set the palette), the token cache (no augmentation)
+# same share of the loss (--scale-gamma 1: the first scales set the palette), no augmentation (so training.sft's
+# default token cache reads the token maps back from the second epoch on)
 stage sft_teach "$ROOT/sft_teach/final/transformer.safetensors" \
   "$PY" -m training.sft --data "$ROOT/teach/manifest.jsonl" --preset "$PRESET" --tokenizer "$ROOT/grpo2/final" \
   --init "$ROOT/grpo2/final" --add-variants colour_stats --scale-gamma "$TEACH_SCALE_GAMMA" --out "$ROOT/sft_teach" \
   --max-steps "$TEACH_SFT_STEPS" --batch-size "$TEACH_BATCH" --lr 4e-4 --warmup-steps 30 --save-every 100 \
-  --val-every 250 --val-max-batches 2 --no-augment --token-cache --seed "$SEED" --device "$DEVICE" --no-progress
+  --val-every 250 --val-max-batches 2 --no-augment --seed "$SEED" --device "$DEVICE" --no-progress
 stage ceiling "$ROOT/ceiling.json" \
   "$PY" -m benchmarks.teacher_ceiling --contents "$PICTURES/contents" --styles "$PICTURES/styles" \
   --tokenizer "$ROOT/tokenizer/final" --tokenizer "$ROOT/tokenizer_teach/final" --n "$CEILING_N" --out "$ROOT/ceiling.json"

@@ -18,10 +18,11 @@ the reference trains (``StyleVARConfig.drop_path_rate``: the published presets 0
 ``--drop-path-rate`` overrides the model's).
 
 The step (benchmarks/train_step.py measures it against the reference's): target, style and content through
-the tokenizer in one call (`training.parts.token_inputs`), or with ``--token-cache`` (needs ``--no-augment``) their
-token maps read back from a cache beside the data (`training.parts.token_cache`); AdamW's fused kernel; the
-gradient norm in one foreach pass; on the CPU the convolutions in NHWC (`channels_last`); with ``--compile``
-the blocks through torch.compile (`compile_blocks`).
+the tokenizer in one call (`training.parts.token_inputs`), or, with the token cache, their token maps read
+back from a cache beside the data (`training.parts.token_cache`; on by default where the data is the same every
+epoch: ``--no-augment`` and a manifest); AdamW's fused kernel; the gradient norm in one foreach pass; on the
+CPU the convolutions in NHWC (`channels_last`); the blocks through torch.compile (`compile_blocks`; on by
+default where it can run, ``--no-compile`` to stay eager). Each of these trains the same to float rounding.
 
 This module is the command (its options; ``--help`` imports no torch); the run is made of
 `training.parts.sft_model` (the tokenizer, the initial model, variants, stochastic depth, layouts),
@@ -37,7 +38,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from training.parts.cli import add_loop_args, recipe_parser
+from training.parts.cli import SFT_COMPILE_MIN_STEPS, add_loop_args, recipe_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,13 +69,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drop-path-rate", type=float, default=None,
                    help="stochastic depth: block i drops its branches with probability linspace(0, rate, depth)[i] "
                         "(default: the model's config; the published presets 0.1 * depth / 24, tiny 0)")
-    p.add_argument("--token-cache", action="store_true",
+    p.add_argument("--token-cache", action=argparse.BooleanOptionalAction, default=None,
                    help="encode every training triplet with the frozen tokenizer once and read the token maps "
-                        "back in later epochs and runs (stored beside the data; needs --no-augment and a "
-                        "manifest; see training.parts.token_cache)")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile each transformer block (the same result to float rounding; the first step "
-                        "compiles for tens of seconds; needs a C++ compiler on the CPU)")
+                        "back in later epochs and runs (stored beside the data; see training.parts.token_cache). "
+                        "Default: on with --no-augment, manifest data and more than one epoch of steps, and "
+                        "where the data's folder is writable; off with augmentation (augmented images, and so "
+                        "their tokens, differ every epoch)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile each transformer block (the same result to float rounding; the first "
+                        "step compiles for tens of seconds). Default: on for runs of at least "
+                        f"{SFT_COMPILE_MIN_STEPS} steps where a compiler is found (a C++ compiler on the CPU, Triton "
+                        "on CUDA), not with --strategy fsdp; --no-compile: eager")
     p.add_argument("--activation-checkpointing", action="store_true",
                    help="recompute block activations in the backward pass (less memory, same result)")
     p.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp",

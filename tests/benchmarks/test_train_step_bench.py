@@ -13,7 +13,7 @@ import torch
 
 from benchmarks import train_step
 from benchmarks.measures import train_step as measures
-from benchmarks.train_step_config import DEFAULT, StepBenchConfig
+from benchmarks.train_step_config import EAGER as EAGER_STEP, StepBenchConfig
 from stylevar.runtime.bench import flops_of
 from tests.conftest import micro_configs, single_thread_env
 
@@ -27,7 +27,7 @@ def _micro():
     return StylePipeline.random(micro_configs(), seed=0).model
 
 
-EAGER = ("fused encodes", "token cache", "fused AdamW", "foreach clip", "channels-last encoders", "default", "cached")
+EAGER = ("fused encodes", "token cache", "fused AdamW", "foreach clip", "channels-last encoders", "eager", "cached")
 
 
 def _check(agreement: dict) -> None:
@@ -60,14 +60,14 @@ def test_compiled_blocks_learn_what_eager_ones_learn():
         for blk in model.blocks:
             blk.ada_lin[1].bias[: 2 * tr.embed_dim].fill_(1.0)
     agreement = measures.lever_agreement(model, 4, StepBenchConfig(reference=False),
-                                           ("compiled blocks", "cached+compiled"))
+                                           ("compiled blocks", "default", "cached+compiled"))
     _check(agreement)
 
 
 def test_the_step_trains_and_flops_are_counted():
     model = _micro()
     batch = measures.triplets(2, model.tokenizer.cfg.image_size, 0)
-    step = measures.our_step(model, batch, DEFAULT, "fp32")
+    step = measures.our_step(model, batch, EAGER_STEP, "fp32")  # the default compiles: slow
     losses = [step() for _ in range(4)]
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
     assert flops_of(step) > 0
@@ -75,11 +75,11 @@ def test_the_step_trains_and_flops_are_counted():
 
 def test_the_command_reports_samples_per_second_and_mfu(capsys):
     argv = ["--no-reference", "--preset", "tiny", "--batch-sizes", "1", "--precisions", "fp32", "--repeats", "1",
-            "--warmup", "0", "--variants", "today,default", "--peak-tflops", "1"]
+            "--warmup", "0", "--variants", "today,eager", "--peak-tflops", "1"]
     assert train_step.main([*argv, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     rows = out["steps"]["fp32 batch 1"]
-    assert set(rows) == {"today", "default"}
+    assert set(rows) == {"today", "eager"}
     for r in rows.values():
         assert r["ms_per_step"] > 0 and r["samples_per_s"] == pytest.approx(1000 / r["ms_per_step"])
         assert 0 < r["mfu"] < 1 and r["tflop_per_step"] > 0

@@ -168,7 +168,7 @@ def test_sft_with_the_token_cache_trains_as_without(data, tmp_path):
         from safetensors.torch import load_file
         return load_file(str(out / "final" / "transformer.safetensors"))
 
-    plain = run(tmp_path / "plain")
+    plain = run(tmp_path / "plain", "--no-token-cache")
     cached = run(tmp_path / "cached", "--token-cache")  # 16 triplets: 1.5 epochs, the second from the cache
     for k in plain:
         torch.testing.assert_close(plain[k], cached[k], msg=k)
@@ -180,15 +180,16 @@ def test_sft_with_the_token_cache_trains_as_without(data, tmp_path):
 
 def test_bf16_autocast_steps_with_the_fused_encode():
     """Before the fused encode, the style's and content's encodes ran under the step's autocast and the
-    quantizer's fp32 distance matrix refused bf16 features: --precision bf16 failed on its first step."""
+    quantizer's fp32 distance matrix refused bf16 features: --precision bf16 failed on its first step (since the
+    tokenizer's nearest-code search compares in float32, the three-encode path steps too)."""
     model = _model()
     model.train()
     target, style, content = _triplet(seed=5)
     batch = {"target": target, "style": style, "content": content}
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss, _ = SFTObjective(model, label_smoothing=0.1, alpha_jitter=0.0, seed=0)(batch)
-        with pytest.raises(RuntimeError, match="same dtype"):
-            SFTObjective(model, label_smoothing=0.1, alpha_jitter=0.0, seed=0, fuse_encodes=False)(batch)
+        unfused = SFTObjective(model, label_smoothing=0.1, alpha_jitter=0.0, seed=0, fuse_encodes=False)(batch)[0]
+    assert torch.isfinite(unfused) and abs(float(unfused.detach()) - float(loss.detach())) < 0.05
     loss.backward()
     fp32 = SFTObjective(model, label_smoothing=0.1, alpha_jitter=0.0, seed=0)(batch)[0]
     assert torch.isfinite(loss) and abs(float(loss.detach()) - float(fp32.detach())) < 0.05

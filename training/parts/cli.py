@@ -18,6 +18,7 @@ FREE_KEYS = ("out", "save_every", "save_every_minutes", "keep_checkpoints", "log
              "device", "val_every", "val_batch_size", "val_max_batches")
 
 DEFAULT_SAVE_EVERY_MINUTES = 5.0  # the recipes' --save-every-minutes
+SFT_COMPILE_MIN_STEPS = 200  # training.sft compiles its blocks by default from this many steps on (docs/training.md)
 
 DATA_HELP = "triplet manifest, folder (manifest.jsonl or shards), shard tar or pattern; repeatable"
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from stylevar.loaders.convert import load_stylevar, load_vqvae
 from stylevar.loaders.model_dir import check_model_dir
 from stylevar.models.tokenizer import MultiScaleVQVAE
 from stylevar.models.transformer import StyleVAR
+from training.parts.cli import SFT_COMPILE_MIN_STEPS
 from training.parts.distributed import DistEnv
 from training.parts.rng import seed_everything
 from training.parts.presets import match_transformer, resize_tokenizer
@@ -95,12 +98,47 @@ def channels_last(model: StyleVAR) -> None:
 def compile_blocks(model: StyleVAR) -> None:
     """Each transformer block through torch.compile (Inductor fuses the elementwise work around the matrix
     products, forward and backward); its random draws (drop path) stay torch's eager ones, so a compiled
-    run drops the rows an eager one does. The first step compiles (tens of seconds)."""
+    run drops the rows an eager one does. The first step compiles (tens of seconds); train and eval mode and
+    each batch size seen (validation's too) are versions of the block, with room kept for all of them."""
+    import torch._dynamo.config as dynamo_config
     import torch._inductor.config as inductor_config
 
     inductor_config.fallback_random = True
+    dynamo_config.recompile_limit = max(64, dynamo_config.recompile_limit)
     for block in model.blocks:
         block.compile()
+
+
+def compiler_missing(device: torch.device) -> str | None:
+    """Why torch.compile cannot build kernels for ``device`` here (None: it can): Inductor needs a C++ compiler
+    on the CPU and Triton on CUDA."""
+    if device.type == "cuda":
+        from torch.utils._triton import has_triton
+
+        return None if has_triton() else "Triton is not installed"
+    if device.type == "cpu":
+        names = [n for n in (os.environ.get("CXX"), "g++", "c++", "clang++") if n]
+        return None if any(shutil.which(n) for n in names) else "no C++ compiler found (g++, c++, clang++ or $CXX)"
+    return f"no compiler for {device.type}"
+
+
+def resolve_compile(args: argparse.Namespace, device: torch.device) -> tuple[bool, str]:
+    """Whether the blocks are compiled, and a line saying why: ``--compile`` / ``--no-compile`` as given;
+    by default on for runs of at least SFT_COMPILE_MIN_STEPS steps where a compiler is found, not under
+    ``--strategy fsdp`` (the compiled step's measured gain repays its compile from about that many steps)."""
+    if args.compile is False:
+        return False, "blocks eager (--no-compile)"
+    missing = compiler_missing(device)
+    if args.compile:
+        if missing:
+            raise SystemExit(f"error: --compile: {missing}")
+        return True, "blocks compiled (--compile)"
+    why = ("--strategy fsdp" if args.strategy == "fsdp" else missing if missing else
+           f"a run of {args.max_steps} steps (< {SFT_COMPILE_MIN_STEPS})" if args.max_steps < SFT_COMPILE_MIN_STEPS
+           else None)
+    if why:
+        return False, f"blocks eager by default: {why} (--compile to compile them)"
+    return True, "blocks compiled by default (torch.compile; --no-compile for eager)"
 
 
 def set_drop_path_rate(model: StyleVAR, rate: float) -> None:
@@ -112,7 +150,7 @@ def set_drop_path_rate(model: StyleVAR, rate: float) -> None:
 
 def prepare_model(model: StyleVAR, args: argparse.Namespace, env: DistEnv) -> None:
     """The model on the device in train mode, with the step's layouts: the convolutions NHWC on the CPU (not
-    under FSDP), the blocks compiled with --compile."""
+    under FSDP), the blocks compiled when ``args.compile`` (resolved by `resolve_compile`)."""
     model.activation_checkpointing = args.activation_checkpointing
     model.to(env.device).train()
     if env.device.type == "cpu" and args.strategy != "fsdp":

@@ -38,9 +38,9 @@ from training.parts.state import TrainingState
 from training.parts.step import log_objective_window, objective_step
 from training.parts.streams import BatchStreamConfig, make_stream, move_to
 from training.parts.presets import load_preset, match_transformer
-from training.parts.sft_model import build_model, prepare_model, read_tokenizer
+from training.parts.sft_model import build_model, prepare_model, read_tokenizer, resolve_compile
 from training.parts.sft_objective import SFTObjective, validate
-from training.parts.token_cache import TokenCache, TokenCacheError, open_token_cache
+from training.parts.token_cache import TokenCache, TokenCacheError, open_token_cache, why_not_by_default
 
 # options added after runs began, with what such a run computed (it resumes when they are left so)
 ADDED_OPTIONS = {"drop_path_rate": None, "transformer_config.drop_path_rate": 0.0}
@@ -133,9 +133,18 @@ def _cache_progress(chunk: int, chunks: int) -> None:
         print(f"[sft] token cache: encoded chunk {chunk + 1} of {chunks}", file=sys.stderr, flush=True)
 
 
-def open_cache(args: argparse.Namespace, train_set: Dataset, model: StyleVAR, env: DistEnv) -> TokenCache | None:
-    """--token-cache: the train split's token maps, built where missing (module training.parts.token_cache)."""
-    if not args.token_cache:
+def open_cache(args: argparse.Namespace, train_set: Dataset, model: StyleVAR, env: DistEnv,
+               notes: list[str]) -> TokenCache | None:
+    """The train split's token maps, built where missing (module training.parts.token_cache): with
+    --token-cache, and by default where `why_not_by_default` finds nothing against it (the reason goes to
+    ``notes``); None with --no-token-cache or such a reason."""
+    if args.token_cache is None:
+        why = why_not_by_default(train_set, not args.no_augment, args.max_steps * args.batch_size)
+        notes.append(f"token cache off by default: {why}" if why else "token cache on by default "
+                     "(--no-token-cache to encode every step)")
+        if why:
+            return None
+    elif not args.token_cache:
         return None
     try:
         return open_token_cache(train_set, model.tokenizer, env, batch_size=max(1, args.batch_size // env.world_size),
@@ -244,8 +253,10 @@ def train(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARC
         raise SystemExit(f"error: cannot initialise the model: {e}") from None
     seed_everything(process_seed(args.seed, env.rank))  # model init above is the same on every rank
     sharded = args.strategy == "fsdp"
+    args.compile, compile_note = resolve_compile(args, env.device)
     prepare_model(model, args, env)
-    cache = open_cache(args, train_set, model, env)
+    speed_notes = [compile_note]
+    cache = open_cache(args, train_set, model, env, speed_notes)
     objective = SFTObjective(model, label_smoothing=args.label_smoothing, alpha_jitter=args.alpha_jitter,
                              seed=args.seed, scale_gamma=args.scale_gamma)
     ddp = fsdp.shard_model(objective, model, env, precision) if sharded else wrap_ddp(objective, env)
@@ -272,8 +283,8 @@ def train(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARC
         if tr.resumed.path is not None:
             objective.draws = int(tr.resumed.extra.get("draws", 0))  # keys the alpha jitter
         log_start(tr, args, intro, notes, summary)
-        if cache is not None:
-            tr.log.info(cache.describe())
+        for line in speed_notes + ([cache.describe()] if cache is not None else []):
+            tr.log.info(line)
         step = job.steps(tr, cfg)
         tr.finish(step, job.final_writer())
     job.skips.report(run, {**getattr(train_set, "skipped", {}), **(getattr(val_set, "skipped", {}) or {})})

@@ -127,6 +127,23 @@ def _encode_chunk(dataset: TripletDataset, tokenizer: MultiScaleVQVAE, chunk: in
     return torch.cat(parts)
 
 
+def why_not_by_default(dataset, augment: bool, samples: int) -> str | None:
+    """Why ``training.sft`` does not use the cache by default for ``dataset`` (None: it does): augmentation
+    (its images differ every epoch), data that is not a manifest, a run reading each triplet at most once
+    (``samples`` = steps x batch: the build would encode as many images as the run), or a data folder this
+    process cannot write to (the cache lives beside the data)."""
+    if augment:
+        return "augmented images, and their tokens, differ every epoch"
+    if not isinstance(dataset, TripletDataset):
+        return "the data is not a manifest"
+    if samples <= len(dataset):
+        return f"the run reads {samples} samples of {len(dataset)} triplets, each at most once"
+    parent = Path(dataset.manifests[0]).resolve().parent
+    if not os.access(parent / FOLDER if (parent / FOLDER).is_dir() else parent, os.W_OK):
+        return f"{parent} is not writable"
+    return None
+
+
 def open_token_cache(dataset: TripletDataset, tokenizer: MultiScaleVQVAE, env: DistEnv, *, batch_size: int = 32,
                      num_workers: int = 0, on_chunk: Callable[[int, int], None] | None = None) -> TokenCache:
     """The cache of ``dataset`` (a `TripletDataset` without augmentation), building the chunks that are

@@ -1,0 +1,85 @@
+"""training.sft's speed levers by default (issue 43): the token cache where the data is the same every epoch,
+compiled blocks for long runs where a compiler is found; each with its opt-out, and the loss curve of the
+default equal to the opt-out's."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from data_tools.synth import SynthConfig, generate
+from stylevar.config import VQVAEConfig
+from stylevar.models.tokenizer import MultiScaleVQVAE
+from training import sft
+from training.parts import sft_model
+from training.parts.cli import SFT_COMPILE_MIN_STEPS
+from training.parts.data import AugmentConfig, open_triplets
+from training.parts.log import read_log
+from training.parts.sft_model import resolve_compile
+from training.parts.token_cache import why_not_by_default
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TOK = dict(vocab_size=64, z_channels=8, ch=8, ch_mult=[1, 1, 2], num_res_blocks=1, patch_nums=[1, 2, 4],
+           using_sa=False, using_mid_sa=False)  # 16 px
+TRANS = dict(depth=2, embed_dim=64, num_heads=2, patch_nums=[1, 2, 4], vocab_size=64, z_channels=8,
+             alpha_nums=[0.2, 0.5, 0.7], image_encoder="cnn", encoder_dim=32)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sft_defaults")
+    manifest = generate(SynthConfig(out=str(root / "data"), count=20, size=16, seed=3, val_fraction=0.2))
+    preset = root / "preset.json"
+    preset.write_text(json.dumps({"tokenizer": TOK, "transformer": TRANS}))
+    torch.manual_seed(0)
+    MultiScaleVQVAE(VQVAEConfig.from_dict(TOK)).save_pretrained(root / "tok", extra={})
+    return {"manifest": manifest, "preset": preset, "tok": root / "tok"}
+
+
+def _args(s, out, steps: int, *extra) -> list[str]:
+    return ["--data", str(s["manifest"]), "--preset", str(s["preset"]), "--tokenizer", str(s["tok"]), "--out",
+            str(out), "--max-steps", str(steps), "--batch-size", "4", "--log-every", "1", "--no-progress",
+            *map(str, extra)]
+
+
+def test_the_defaults_are_on_with_an_opt_out_each(setup, monkeypatch):
+    parse = sft.build_parser().parse_args
+    base = _args(setup, "RUN", 10)
+    assert parse(base).token_cache is None and parse(base).compile is None  # None: the default's rule
+    assert parse([*base, "--no-token-cache", "--no-compile"]).token_cache is False
+    assert parse([*base, "--no-compile"]).compile is False
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(sft_model, "compiler_missing", lambda device: None)
+    assert resolve_compile(parse(_args(setup, "RUN", SFT_COMPILE_MIN_STEPS)), cpu)[0]
+    assert not resolve_compile(parse(_args(setup, "RUN", SFT_COMPILE_MIN_STEPS - 1)), cpu)[0]  # short: not repaid
+    assert resolve_compile(parse(_args(setup, "RUN", 3, "--compile")), cpu)[0]
+    assert not resolve_compile(parse(_args(setup, "RUN", 10 ** 4, "--no-compile")), cpu)[0]
+    assert not resolve_compile(parse(_args(setup, "RUN", 10 ** 4, "--strategy", "fsdp")), cpu)[0]
+    monkeypatch.setattr(sft_model, "compiler_missing", lambda device: "no C++ compiler found")
+    on, why = resolve_compile(parse(_args(setup, "RUN", 10 ** 4)), cpu)
+    assert not on and "no C++ compiler" in why  # the default falls back to eager, saying why
+    with pytest.raises(SystemExit, match="--compile: no C"):
+        resolve_compile(parse(_args(setup, "RUN", 10 ** 4, "--compile")), cpu)
+
+
+def test_the_token_cache_default_rule(setup):
+    plain = open_triplets([str(setup["manifest"])], "train", 16, None, seed=0, shuffle=True)
+    n = len(plain)
+    assert why_not_by_default(plain, False, 2 * n) is None  # same data every epoch, read twice: on
+    assert "each at most once" in why_not_by_default(plain, False, n)
+    augmented = open_triplets([str(setup["manifest"])], "train", 16, AugmentConfig(), seed=0, shuffle=True)
+    assert "differ every epoch" in why_not_by_default(augmented, True, 10 * n)
+
+
+def test_the_default_trains_as_the_opt_out(setup, tmp_path):
+    """--no-augment (the reference's data): the default reads the token maps back from the cache from the second
+    epoch on; its loss curve equals that of --no-token-cache, which encodes every step."""
+    runs = {}
+    for name, extra in (("default", ()), ("opt_out", ("--no-token-cache",))):
+        assert sft.main(_args(setup, tmp_path / name, 8, "--no-augment", *extra)) == 0  # 32 samples of 16
+        runs[name] = [r["loss"] for r in read_log(tmp_path / name) if "loss" in r]
+    assert len(runs["default"]) == 8
+    assert (setup["manifest"].parent / ".token-cache").is_dir()  # the default used the cache
+    torch.testing.assert_close(runs["default"], runs["opt_out"], atol=1e-5, rtol=1e-5)
