@@ -22,7 +22,7 @@ embeddings. The configuration is `benchmarks.side_by_side.REFERENCE_CONFIG` (dep
   `amp_ctx` replaced by CPU autocast (its amp_ctx is CUDA-only).
 - **ours**: `training.parts.sft_objective.SFTObjective` and `training.parts.step.clip_and_step` with the optimizer of
   `training.parts.optim.make_adamw`, the model loaded from the reference's state dicts through
-  `stylevar.loaders.convert` (identical weights). ``today`` is the step before issue 31 (three tokenizer calls,
+  `stylevar.loaders.convert` (identical weights). ``today`` is the earlier step (three tokenizer calls,
   the for-loop AdamW and clipping); ``eager`` is training.sft's step with ``--no-compile``; ``default`` is its
   default step on augmented data (the default) in a long run: the blocks compiled; ``cached`` is ``eager`` with
   the token cache (`training.parts.token_cache`: the token maps read back, no image encoded), and
