@@ -63,13 +63,10 @@ def test_model_dir_check_returns_the_config(tmp_path):
 
 def test_generation_defaults_are_defined_once():
     assert (DEFAULT_GENERATION.top_k, DEFAULT_GENERATION.top_p) == (900, 0.96)
-    for fn in (StyleVAR.generate, naive_generate):
-        params = inspect.signature(fn).parameters
-        assert params["top_k"].default == DEFAULT_GENERATION.top_k
-        assert params["top_p"].default == DEFAULT_GENERATION.top_p
-    params = inspect.signature(StyleVAR.generate).parameters
-    for name, value in DEFAULT_GENERATION.kwargs().items():
-        assert params[name].default == value, name
+    params = inspect.signature(naive_generate).parameters
+    assert (params["top_k"].default, params["top_p"].default) == (DEFAULT_GENERATION.top_k, DEFAULT_GENERATION.top_p)
+    # generate takes one GenerationConfig (None: its defaults); no default of its own to drift
+    assert inspect.signature(StyleVAR.generate).parameters["config"].default is None
     pipe = StylePipeline.random("tiny")
     pipe.config.generation = {"top_k": 64, "top_p": 0.9}
     assert pipe.generation_config() == GenerationConfig(top_k=64, top_p=0.9)
