@@ -20,7 +20,7 @@ class Levers:
 
 
 TODAY = Levers(fuse_encodes=False, fused_adamw=False, foreach_clip=False)
-EAGER = Levers(channels_last=True)  # training.sft --no-compile (the default before issue 43; NHWC on the CPU only)
+EAGER = Levers(channels_last=True)  # training.sft --no-compile (the earlier default; NHWC on the CPU only)
 DEFAULT = Levers(channels_last=True, compile=True)  # training.sft's default, augmented data (no cache), a long run
 CACHED = Levers(token_cache=True, channels_last=True)  # --no-augment --no-compile
 COMPILED = Levers(token_cache=True, channels_last=True, compile=True)  # the default with --no-augment

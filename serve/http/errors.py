@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from serve.engine.batching import BatchError, OverloadedError, QueueFullError, StoppedError
+from serve.engine.batching import OverloadedError, QueueFullError, StoppedError
 from serve.http.schemas import ErrorBody
 from stylevar.utils.errors import CodedError
 
@@ -71,11 +71,6 @@ def from_coded_error(e: CodedError, detail: str | None = None) -> ServiceError:
         headers["Retry-After"] = "1"
     default = 422 if isinstance(e, ValueError) else 500  # an input refused (ImageError, VideoError), else a failure
     return ServiceError(ERROR_STATUS.get(e.code, default), e.code, str(e) if detail is None else detail, headers)
-
-
-def from_batch_error(e: BatchError) -> ServiceError:
-    """The answer to a batcher's refusal or failure (503 with Retry-After when trying again may work)."""
-    return from_coded_error(e)
 
 
 async def coded_error_handler(request: Request, exc: CodedError) -> JSONResponse:

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 
 from serve.engine.batching import BatchError, Job
-from serve.http.errors import ClientGone, ServiceError, from_batch_error
+from serve.http.errors import ClientGone, ServiceError, from_coded_error
 
 POLL_S = 0.25  # how often a waiting request checks its deadline and for a client disconnect
 P = TypeVar("P")
@@ -57,7 +57,7 @@ def job_result(job: Job) -> Any:
     try:
         return job.future.result()
     except BatchError as e:
-        raise from_batch_error(e) from e
+        raise from_coded_error(e) from e
 
 
 async def wait_for_job(job: Job, request: Request) -> Any:

@@ -16,7 +16,7 @@ from serve.http.access import FailureLimiter, KeyRing, client_of, too_many_attem
 from serve.engine.batching import Batcher, BatchError
 from serve.http.drain import Drain
 from serve.engine.runner import ModelRunner
-from serve.http.errors import ServiceError, from_batch_error
+from serve.http.errors import ServiceError, from_coded_error
 from serve.http.metrics import ServiceMetrics
 from serve.settings import ServeSettings
 
@@ -61,7 +61,7 @@ def check_room(state: ServiceState, scope) -> None:
         state.batcher.check_room()
     except BatchError as e:
         state.metrics.rejected.labels(e.code).inc()
-        raise from_batch_error(e) from e
+        raise from_coded_error(e) from e
 
 
 def require_loaded(state: ServiceState) -> ServiceState:

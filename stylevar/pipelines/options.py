@@ -1,7 +1,6 @@
 """How the surfaces see the stylize options: an `Option` per field of `stylevar.pipelines.request.StylizeRequest`
 (its declaration), read from the field (type, default, range, help) and its `Offer` (label, surfaces, UI steps).
-The service's form (`serve.http.schemas.StylizeForm`), the web client's form encoding (`web.client`), the UI's
-controls (`web.ui`) and the command line's flags (`stylevar.cli.stylize`) are derived from these. No torch here.
+Every surface derives its options from these (tests/pipelines/test_stylize_declaration.py). No torch here.
 """
 from __future__ import annotations
 

@@ -187,9 +187,15 @@ class StylePipeline:
         its long side at most ``max_side``. ``upsample``: how the drawing reaches the result's size
         (`stylevar.processing.upsample`; None: the model's setting)."""
         drawn = self.draw(contents, styles, **draw_kwargs)
+        return self.upscaled(drawn, contents, [max_side] * len(contents), upsample)
+
+    def upscaled(self, drawn: Drawings, contents: Sequence[Image.Image], max_sides: Sequence[int | None],
+                 upsample: UpsampleMode | None = None) -> list[Image.Image]:
+        """Each drawing at its content's aspect ratio (`unfit`), its long side at most its ``max_sides`` entry,
+        upsampled from its content (``upsample``: the mode; None: the model's)."""
         up = self.upsampling(upsample)
-        return [upscale(img, seen, fit, c, max_side, up)
-                for img, seen, fit, c in zip(drawn.images, drawn.seen, drawn.fits, contents)]
+        return [upscale(img, seen, fit, c, side, up)
+                for img, seen, fit, c, side in zip(drawn.images, drawn.seen, drawn.fits, contents, max_sides)]
 
     def draw(
         self,
@@ -244,12 +250,13 @@ class StylePipeline:
             raise TypeError(f"{caller}() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
         return StylizeRequest.of(**options)
 
-    def prepare(self, request: StylizeRequest, content: Image.Image,
+    def prepare(self, request: StylizeRequest, content: Image.Image | None,
                 style: Image.Image | Sequence[Image.Image] | StyleMix, style_masks: Sequence[Image.Image] | None = None,
                 max_side: int | None = None, random_seed: Callable[[], int] | None = None) -> Stylization:
         """``request`` resolved for ``content``: the seeds (``seed .. seed + num_samples - 1``; without a seed the
         first is ``random_seed()``, else drawn from torch's global generator), the style mix (weighted by
-        ``style_weights``, confined to ``style_masks``) and the generation settings over the model's, once."""
+        ``style_weights``, confined to ``style_masks``) and the generation settings over the model's, once.
+        ``content`` None: a clip's (`stylize_frames`; each frame is the content of its row)."""
         seed = request.seed if request.seed is not None or random_seed is None else random_seed()
         mix = StyleMix.of(style, request.style_weights, style_masks).active()
         return Stylization(request, content, mix, request.generation(self.config.generation),
@@ -267,9 +274,7 @@ class StylePipeline:
         rows = [item for item in items for _ in item.seeds]
         drawn = self.draw([r.content for r in rows], [r.style for r in rows], seeds=[s for i in items for s in i.seeds],
                           resize=key.resize, on_scale=on_scale, condition=condition, generation=key.generation)
-        up = self.upsampling(key.upsample)
-        images = [upscale(img, seen, fit, r.content, r.output.max_side, up)
-                  for img, seen, fit, r in zip(drawn.images, drawn.seen, drawn.fits, rows)]
+        images = self.upscaled(drawn, [r.content for r in rows], [r.output.max_side for r in rows], key.upsample)
         out, start = [], 0
         for item in items:
             out.append(finish(images[start:start + len(item.seeds)], item.content, item.output))
@@ -310,10 +315,8 @@ class StylePipeline:
             raise TypeError(f"give the request or {', '.join(options)}, not both")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        seed = sample_seeds(request.seed, 1)[0]
-        output = OutputOptions(max_side=max_side, preserve_color=request.preserve_color)
-        mix = StyleMix.of(style, request.style_weights, style_masks)
-        generation = request.generation(self.config.generation)
+        clip = self.prepare(request, None, style, style_masks, max_side)  # each frame is its own content
+        seed, output, mix, generation = clip.seeds[0], clip.output, clip.mix, clip.generation
         cfg = coherence_of(temporal)
         sampler = None if cfg is None else FrameSampler(seed, cfg, self.config.transformer.patch_nums, self.image_size)
         done, it = 0, iter(frames)
@@ -345,9 +348,8 @@ class StylePipeline:
         moved = [_move(f, p, fit) for f, p, fit in zip(frames, phases, fits)]
         drawn = self.draw(moved, [mix] * len(frames), seeds=seeds, resize=resize, generation=generation)
         back, _ = shift_grid(seeds.settle(drawn.images), -torch.tensor(phases, dtype=torch.float32), mode="bicubic")
-        up = self.upsampling(upsample)
-        return [upscale(img, s, fit, f, max_side, up)
-                for img, s, fit, f in zip(back.clamp(0, 1), x_B3SS.add(1).mul(0.5), fits, frames)]
+        settled = Drawings(back.clamp(0, 1), x_B3SS.add(1).mul(0.5), fits)
+        return self.upscaled(settled, frames, [max_side] * len(frames), upsample)
 
     def stylize_video(self, src: str | os.PathLike, style: Image.Image | Sequence[Image.Image] | StyleMix,
                       out: str | os.PathLike, *, limits: VideoLimits | None = None, progress: ProgressFn | None = None,

@@ -225,7 +225,7 @@ class Stylization:
     """A request resolved against a model for one content image: what `StylePipeline.run` draws."""
 
     request: StylizeRequest
-    content: Image.Image
+    content: Image.Image | None  # None: a clip's (each frame is the content of its row)
     mix: StyleMix  # the styles of weight > 0
     generation: GenerationConfig  # resolved once: the request's over the model's over the defaults
     seeds: tuple[int, ...]  # one row each

@@ -37,15 +37,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 _env = single_thread_env
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sft")
-    manifest = generate(SynthConfig(out=str(root / "data"), count=40, size=16, seed=3, val_fraction=0.2))
+def write_run_inputs(root: Path, count: int) -> dict:
+    """What an SFT run reads, under ``root``: ``count`` synthetic 16 px triplets, the preset, a fresh tokenizer."""
+    manifest = generate(SynthConfig(out=str(root / "data"), count=count, size=16, seed=3, val_fraction=0.2))
     preset = root / "preset.json"
     preset.write_text(json.dumps({"tokenizer": TOK, "transformer": TRANS}))
     torch.manual_seed(0)
     MultiScaleVQVAE(VQVAEConfig.from_dict(TOK)).save_pretrained(root / "tok", extra={})
     return {"root": root, "manifest": manifest, "preset": preset, "tok": root / "tok"}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    return write_run_inputs(tmp_path_factory.mktemp("sft"), count=40)
 
 
 def _args(s, out, steps, *extra) -> list[str]:

@@ -1,16 +1,11 @@
-"""training.sft's speed levers by default (issue 43): the token cache where the data is the same every epoch,
+"""training.sft's speed levers by default: the token cache where the data is the same every epoch,
 compiled blocks for long runs where a compiler is found; each with its opt-out, and the loss curve of the
 default equal to the opt-out's."""
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
-from data_tools.synth import SynthConfig, generate
-from stylevar.config import VQVAEConfig
-from stylevar.models.tokenizer import MultiScaleVQVAE
 from training import sft
 from training.parts import sft_model
 from training.parts.cli import SFT_COMPILE_MIN_STEPS
@@ -18,30 +13,18 @@ from training.parts.data import AugmentConfig, open_triplets
 from training.parts.log import read_log
 from training.parts.sft_model import resolve_compile
 from training.parts.token_cache import why_not_by_default
+from tests.training.test_sft import _args as sft_args, write_run_inputs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-TOK = dict(vocab_size=64, z_channels=8, ch=8, ch_mult=[1, 1, 2], num_res_blocks=1, patch_nums=[1, 2, 4],
-           using_sa=False, using_mid_sa=False)  # 16 px
-TRANS = dict(depth=2, embed_dim=64, num_heads=2, patch_nums=[1, 2, 4], vocab_size=64, z_channels=8,
-             alpha_nums=[0.2, 0.5, 0.7], image_encoder="cnn", encoder_dim=32)
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sft_defaults")
-    manifest = generate(SynthConfig(out=str(root / "data"), count=20, size=16, seed=3, val_fraction=0.2))
-    preset = root / "preset.json"
-    preset.write_text(json.dumps({"tokenizer": TOK, "transformer": TRANS}))
-    torch.manual_seed(0)
-    MultiScaleVQVAE(VQVAEConfig.from_dict(TOK)).save_pretrained(root / "tok", extra={})
-    return {"manifest": manifest, "preset": preset, "tok": root / "tok"}
+    return write_run_inputs(tmp_path_factory.mktemp("sft_defaults"), count=20)  # 16 training triplets
 
 
 def _args(s, out, steps: int, *extra) -> list[str]:
-    return ["--data", str(s["manifest"]), "--preset", str(s["preset"]), "--tokenizer", str(s["tok"]), "--out",
-            str(out), "--max-steps", str(steps), "--batch-size", "4", "--log-every", "1", "--no-progress",
-            *map(str, extra)]
+    return sft_args(s, out, steps, "--batch-size", 4, "--log-every", 1, *extra)
 
 
 def test_the_defaults_are_on_with_an_opt_out_each(setup, monkeypatch):

@@ -26,7 +26,7 @@ from stylevar.processing.postprocess import MAX_STYLES, os_random_seed, upscale_
 from serve.http import imaging
 from serve.engine.batching import BatchError, Job
 from serve.engine.runner import PreviewFn, StylizeTask
-from serve.http.errors import ERROR_RESPONSES, ClientGone, ServiceError, from_batch_error, from_coded_error
+from serve.http.errors import ERROR_RESPONSES, ClientGone, ServiceError, from_coded_error
 from serve.http.jobs import follow_job, job_result, wait_for_job
 from serve.http.negotiation import ZIP_MEDIA_TYPE, negotiate
 from serve.http.schemas import ImageOut, StylizeForm, StylizeResult
@@ -125,7 +125,7 @@ async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
         admission = st.batcher.admit()
     except BatchError as e:
         st.metrics.rejected.labels(e.code).inc()
-        raise from_batch_error(e) from e
+        raise from_coded_error(e) from e
     with admission:
         images = await decode_uploads(st, upload)
         n = len(styles)
@@ -140,7 +140,7 @@ async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
                                    timeout_s=left_s, request_id=rid)
         except BatchError as e:
             st.metrics.rejected.labels(e.code).inc()
-            raise from_batch_error(e) from e
+            raise from_coded_error(e) from e
     return job, images[0]
 
 
