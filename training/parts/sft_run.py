@@ -260,8 +260,8 @@ def train(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARC
     objective = SFTObjective(model, label_smoothing=args.label_smoothing, alpha_jitter=args.alpha_jitter,
                              seed=args.seed, scale_gamma=args.scale_gamma)
     ddp = fsdp.shard_model(objective, model, env, precision) if sharded else wrap_ddp(objective, env)
-    # AdamW's fused kernel, on the CPU too (FSDP's sharded parameters: torch's own choice)
-    optimizer = make_adamw(model, args.lr, args.weight_decay, betas=(0.9, 0.95), fused=None if sharded else True)
+    # AdamW's fused kernel on every device and strategy (FSDP's DTensor shards too): one arithmetic for DDP and FSDP
+    optimizer = make_adamw(model, args.lr, args.weight_decay, betas=(0.9, 0.95), fused=True)
     sched = ScheduleConfig(max_steps=args.max_steps, warmup_steps=args.warmup_steps, drop_step=args.lr_drop_step,
                            drop_fraction=args.lr_drop_fraction, drop_factor=args.lr_drop_factor)
     scheduler = two_level_scheduler(optimizer, sched)
