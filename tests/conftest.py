@@ -33,6 +33,7 @@ os.environ.setdefault("STYLEVAR_GC_FREEZE", "false")
 WORKER_MEMORY_GB = 8  # the most one worker has been seen to hold (its models and the subprocesses it starts)
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: no error where xdist is not installed
 def pytest_xdist_auto_num_workers(config) -> int:
     """``-n auto``: one worker per CPU this process may use, as many as the memory holds (2 on 2 cores, 24 GB)."""
     memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
