@@ -12,15 +12,18 @@ from pathlib import Path
 # Each pytest-xdist worker gets its share of the CPUs as intra-op threads, set before torch starts its pool;
 # the subprocesses a test starts inherit it. Two workers on two cores each run one thread: most tests are small
 # and single-threaded (or start single-threaded subprocesses), so the pair finishes in about half the time.
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    _share = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
-    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(_share)
+from stylevar.utils.threads import cpu_budget  # no torch
+
+WORKER_SHARE = (max(1, cpu_budget().cpus // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+                if os.environ.get("PYTEST_XDIST_WORKER") else None)  # None: not a worker
+if WORKER_SHARE is not None:
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(WORKER_SHARE)
 
 import pytest  # noqa: E402 - after the thread share above
 import torch  # noqa: E402
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+if WORKER_SHARE is not None:
+    torch.set_num_threads(WORKER_SHARE)
 
 from stylevar.config import StyleVARConfig, VQVAEConfig
 from tests import reference
@@ -37,7 +40,7 @@ WORKER_MEMORY_GB = 8  # the most one worker has been seen to hold (its models an
 def pytest_xdist_auto_num_workers(config) -> int:
     """``-n auto``: one worker per CPU this process may use, as many as the memory holds (2 on 2 cores, 24 GB)."""
     memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return max(1, min(len(os.sched_getaffinity(0)), int(memory_gb // WORKER_MEMORY_GB)))
+    return max(1, min(cpu_budget().cpus, int(memory_gb // WORKER_MEMORY_GB)))
 
 
 # The longest files, measured (each a minute or more on 2 cores): handed to the workers first, so that no worker

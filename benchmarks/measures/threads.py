@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stylevar.utils.threads import KEEP, RULES, THREADS_ENV, TORCH_ENV, WAIT_ENV, CpuBudget, cpu_budget, parse_threads
+from stylevar.utils.threads import (KEEP, RULES, THREADS_ENV, TORCH_ENV, WAIT_ENV, CpuBudget, affinity_mask,
+                                    cpu_budget, parse_threads)
 
 REPO = Path(__file__).resolve().parents[2]
 CLEARED = (*TORCH_ENV, *WAIT_ENV, THREADS_ENV)  # this shell's thread settings, left out of every worker's environment
@@ -181,7 +182,7 @@ def load(kind: str, settle: float, shares: list[float]) -> Iterator[None]:
     hog = subprocess.Popen([sys.executable, "-c", BUSY_LOOP])
     try:
         if kind == "pinned":
-            os.sched_setaffinity(hog.pid, {max(os.sched_getaffinity(0))})
+            os.sched_setaffinity(hog.pid, {affinity_mask()[-1]})
         time.sleep(settle)
         t0, c0 = time.monotonic(), _cpu_seconds(hog.pid)
         yield

@@ -81,12 +81,17 @@ class CpuBudget:
         return f"{self.cpus} CPU{'s' if self.cpus != 1 else ''} (affinity {self.affinity}, {quota})"
 
 
-def affinity_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask; os.cpu_count() where there is none)."""
+def affinity_mask() -> list[int]:
+    """The logical CPUs this process may run on (its affinity mask; every CPU where there is none)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        return sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
-        return max(1, os.cpu_count() or 1)
+        return list(range(os.cpu_count() or 1))
+
+
+def affinity_cpus() -> int:
+    """How many CPUs this process may run on (`affinity_mask`), at least 1."""
+    return max(1, len(affinity_mask()))
 
 
 def _read(path: Path) -> str | None:
@@ -170,10 +175,7 @@ def physical_cores(cpus: Iterable[int], sys_cpu: Path = SYS_CPU) -> int | None:
 def torch_own_counts() -> set[int]:
     """The counts torch picks by itself on this machine: its logical CPUs or physical cores, all of them or those
     of the affinity mask (which one depends on torch's build)."""
-    try:
-        mask = sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        mask = list(range(os.cpu_count() or 1))
+    mask = affinity_mask()
     logical = os.cpu_count() or len(mask)
     counts = {logical, len(mask), physical_cores(range(logical)), physical_cores(mask)}
     return {c for c in counts if c}
@@ -212,16 +214,19 @@ def choose_threads(threads: int | str | None = None, environ: Mapping[str, str] 
                    budget: CpuBudget | None = None) -> ThreadChoice:
     """Steps 1, 2, 3 and 5 of the module doc's order (step 4 needs torch: `apply_threads`). No torch."""
     environ = os.environ if environ is None else environ
+    def explicit(value: int | str, source: str) -> ThreadChoice:
+        return ThreadChoice(None if value == KEEP else int(value), source)
+
     value = parse_threads(threads)
     if value is not None:
-        return ThreadChoice(None if value == KEEP else int(value), f"threads={value!r}")
+        return explicit(value, f"threads={value!r}")
     if environ.get(THREADS_ENV, "").strip():
         try:
             value = parse_threads(environ[THREADS_ENV])
         except ValueError as e:
             raise ValueError(f"{THREADS_ENV}: {e}") from None
         if value is not None:
-            return ThreadChoice(None if value == KEEP else int(value), f"{THREADS_ENV}={environ[THREADS_ENV].strip()}")
+            return explicit(value, f"{THREADS_ENV}={environ[THREADS_ENV].strip()}")
     for name in TORCH_ENV:
         if environ.get(name, "").strip():
             return ThreadChoice(None, f"{name}={environ[name].strip()}, read by torch")

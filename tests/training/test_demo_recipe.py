@@ -24,14 +24,15 @@ MICRO = {"COUNT": "40", "VQ_STEPS": "3", "SFT_STEPS": "3", "GRPO_STEPS": "2", "G
          "HELDOUT_PHOTOS": "photo0,photo1", "HELDOUT_ART": "art0"}
 
 
-# the demo preset's architecture (scripts/demo_preset.json) at a micro width: the same stages, seconds each
-MICRO_PRESET = {
-    "tokenizer": {"vocab_size": 64, "z_channels": 8, "ch": 16, "ch_mult": [1, 2, 2], "num_res_blocks": 1,
-                  "patch_nums": [1, 2, 4, 8, 16], "norm_groups": 8},
-    "transformer": {"depth": 1, "embed_dim": 64, "num_heads": 2, "patch_nums": [1, 2, 4, 8, 16], "vocab_size": 64,
-                    "z_channels": 8, "alpha_nums": [0.2, 0.325, 0.45, 0.575, 0.7], "image_encoder": "cnn",
-                    "encoder_dim": 64, "content_injection": True},
-}
+# the demo preset (scripts/demo_preset.json) at a micro width: the same architecture and stages, seconds each
+MICRO_WIDTH = {"tokenizer": {"vocab_size": 64, "z_channels": 8, "ch": 16, "ch_mult": [1, 2, 2]},
+               "transformer": {"depth": 1, "embed_dim": 64, "num_heads": 2, "vocab_size": 64, "z_channels": 8,
+                               "encoder_dim": 64}}
+
+
+def micro_preset() -> dict:
+    preset = json.loads((REPO / "scripts" / "demo_preset.json").read_text())
+    return {part: {**preset[part], **MICRO_WIDTH[part]} for part in preset}
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ def pictures(tmp_path_factory) -> dict[str, str]:
             for k in range(n):
                 Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(d / f"{stem}{k}.png")
             (d / "SOURCES.json").write_text("{}")
-    (root / "preset.json").write_text(json.dumps(MICRO_PRESET))
+    (root / "preset.json").write_text(json.dumps(micro_preset()))
     return {**{var: str(root / var) for var in folders}, "PRESET": str(root / "preset.json")}
 
 

@@ -64,11 +64,12 @@ def _run(cmd: list[str]) -> str:
     return done.stderr
 
 
-def _assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 2e-5,
-                  atol_for: Callable[[str], float] | None = None) -> float:
+def _assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor],
+                  atol: float | Callable[[str], float] = 2e-5) -> float:
+    """Every tensor close (``atol``: one bound, or a bound per tensor name); returns the largest difference."""
     assert a.keys() == b.keys()
     for k in a:
-        torch.testing.assert_close(a[k], b[k], atol=atol_for(k) if atol_for else atol, rtol=1e-4, msg=k)
+        torch.testing.assert_close(a[k], b[k], atol=atol(k) if callable(atol) else atol, rtol=1e-4, msg=k)
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
@@ -142,7 +143,7 @@ def test_fsdp_checkpoints_export_to_the_final_model_and_match_ddp(setup, tmp_pat
     def atol(name: str) -> float:
         return 5e-4 if name.startswith(("content_encoder.", "style_encoder.")) and name.endswith(".weight") else 2e-5
 
-    diff = _assert_close(_weights(tmp_path / "fsdp"), _weights(tmp_path / "ddp"), atol_for=atol)
+    diff = _assert_close(_weights(tmp_path / "fsdp"), _weights(tmp_path / "ddp"), atol=atol)
     print(f"fsdp vs ddp: max |weight difference| {diff:.3g}")
     val = lambda run: [r["val_loss"] for r in read_log(run) if "val_loss" in r]  # noqa: E731
     assert val(tmp_path / "fsdp") == pytest.approx(val(tmp_path / "ddp"), rel=1e-4)
