@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING
 
 from benchmarks.side_by_side import timing_arguments
 from stylevar.utils.helptext import HelpFormatter
+from stylevar.utils.threads import apply_threads  # no torch
 
 if TYPE_CHECKING:
     from benchmarks.measures.cpu_pipeline import StageBenchConfig
@@ -86,11 +87,9 @@ def parse_config(argv: list[str] | None) -> tuple[StageBenchConfig, bool]:
 
 def main(argv: list[str] | None = None) -> int:
     cfg, as_json = parse_config(argv)
-    import torch
-
     from benchmarks.measures.cpu_pipeline import measure, print_report
 
-    torch.set_num_threads(cfg.threads)
+    apply_threads(cfg.threads)
     reference = None
     if cfg.reference:
         from benchmarks.measures.reference_pipeline import ReferenceMissing, build_reference, missing_message

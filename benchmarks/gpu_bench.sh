@@ -10,7 +10,7 @@
 #
 #   bash benchmarks/gpu_bench.sh
 #   PRESET=tiny DEVICE=cpu BATCHES=1 MODES=eager RECORD=/tmp/r.jsonl TABLE=/tmp/t.md TRAIN_OUT=/tmp/s.json \
-#     bash benchmarks/gpu_bench.sh
+#     TRAIN_BATCHES=2 TRAIN_PRECISION=fp32 TRAIN_VARIANT=eager bash benchmarks/gpu_bench.sh   # a CPU check in seconds
 #   INFERENCE=0 TRAIN_BATCHES=16 bash benchmarks/gpu_bench.sh        # the training step alone
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +25,7 @@ PYTHON=${PYTHON:-python}
 INFERENCE=${INFERENCE:-1}             # 0: skip the inference runs
 TRAIN_BATCHES=${TRAIN_BATCHES:-16}    # empty: skip the training step
 TRAIN_PRECISION=${TRAIN_PRECISION:-bf16}
+TRAIN_VARIANT=${TRAIN_VARIANT:-default}  # benchmarks/train_step.py's variant: default (blocks compiled) or eager
 TRAIN_OUT=${TRAIN_OUT:-benchmarks/train_step_$PRESET.json}
 
 for mode in $MODES; do
@@ -41,7 +42,7 @@ done
 
 if [ -n "$TRAIN_BATCHES" ]; then
   "$PYTHON" -m benchmarks.train_step --no-reference --preset "$PRESET" --device "$DEVICE" \
-    --batch-sizes "$TRAIN_BATCHES" --precisions "$TRAIN_PRECISION" --variants default --repeats 5 --warmup 2 \
+    --batch-sizes "$TRAIN_BATCHES" --precisions "$TRAIN_PRECISION" --variants "$TRAIN_VARIANT" --repeats 5 --warmup 2 \
     --peak-tflops "$PEAK_TFLOPS" --json > "$TRAIN_OUT"
   "$PYTHON" - "$TRAIN_OUT" <<'PYEOF'
 import json, sys

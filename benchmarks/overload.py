@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         args.model = DEMO_MODEL_DIR
     files = {"content": ("c.png", demo_image(256, 192, 0), "image/png"),
              "style": ("s.png", demo_image(128, 128, 1), "image/png")}
-    srv = ServerProcess.serve(args.model, settings={"STYLEVAR_TORCH_THREADS": "0"})
+    srv = ServerProcess.serve(args.model, settings={"STYLEVAR_THREADS": "auto"})
     try:
         srv.wait_ready()
         rows = [asyncio.run(one_run(srv.url, srv.proc.pid, args.rate, args.seconds, files)) for _ in range(args.runs)]

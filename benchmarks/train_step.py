@@ -48,6 +48,7 @@ import sys
 from benchmarks.side_by_side import timing_arguments
 from benchmarks.train_step_config import VARIANTS, StepBenchConfig
 from stylevar.utils.helptext import HelpFormatter
+from stylevar.utils.threads import apply_threads  # no torch
 
 
 def parse_config(argv: list[str] | None) -> tuple[StepBenchConfig, bool]:
@@ -82,12 +83,10 @@ def parse_config(argv: list[str] | None) -> tuple[StepBenchConfig, bool]:
 def main(argv: list[str] | None = None) -> int:
     cfg, as_json = parse_config(argv)
     # torch: once the options are parsed
-    import torch
-
     from benchmarks.measures.reference_pipeline import ReferenceMissing, missing_message
     from benchmarks.measures.train_step import measure, print_report
 
-    torch.set_num_threads(cfg.threads)
+    apply_threads(cfg.threads)
     try:
         out = measure(cfg)
     except (ImportError, ReferenceMissing) as e:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from pydantic import ValidationError
 
+from stylevar.utils import threads
 from stylevar.utils.helptext import HelpFormatter
 
 from serve.http.logs import configure_logging
@@ -51,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # OpenMP's wait setting, before torch is imported (stylevar.utils.threads; the settings' default model path does)
+    threads.prepare_environment()
     overrides = {k: v for k, v in vars(args).items() if v is not None}
     try:
         settings = ServeSettings(**overrides)
@@ -70,7 +74,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"cannot start: {e}", file=sys.stderr)
             return 2
 
-    import torch
     import uvicorn
 
     from stylevar.loaders.model_dir import ModelDirError
@@ -78,14 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     from serve.http.app import create_app
     from serve.http.drain import DrainingServer
 
-    if settings.torch_threads:
-        torch.set_num_threads(settings.torch_threads)
     try:
         app = create_app(settings)
     except (ModelDirError, ValueError) as e:
         log.error("cannot start: %s", e)
         return 2
-    log.info("starting", extra={"host": settings.host, "port": settings.port, "model_dir": str(settings.model_dir)})
+    log.info("starting", extra={"host": settings.host, "port": settings.port, "model_dir": str(settings.model_dir),
+                                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")})
     state = app.state.service
     # X-Forwarded-For is believed only from the proxies named in STYLEVAR_FORWARDED_ALLOW_IPS (none by default:
     # uvicorn's own default trusts loopback, so a client on the host could pose as any address)

@@ -4,13 +4,17 @@ Lists (`STYLEVAR_API_KEYS`, `STYLEVAR_CORS_ORIGINS`, `STYLEVAR_DEVICE`) are comm
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from stylevar.utils.precisions import REMOVED_PRECISIONS, precision_error  # no torch
+from stylevar.utils.threads import THREADS_ENV, parse_threads  # no torch either
+
+RENAMED_THREADS = "STYLEVAR_TORCH_THREADS"  # the setting's name before STYLEVAR_THREADS: refused, naming the new one
 
 
 def demo_model_dir() -> Path:
@@ -37,7 +41,9 @@ class ServeSettings(BaseSettings):
     # "auto": every visible CUDA device, else the CPU; or a list such as "cuda:0,cuda:1"
     device: Annotated[list[str], NoDecode] = ["auto"]
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    torch_threads: int = Field(0, ge=0)  # 0: leave torch's default
+    # torch's CPU threads (stylevar.utils.threads): a count, "torch" (torch's own choice) or "auto"/0 (None: the
+    # policy, one fewer than the CPUs the process may use); OMP_NUM_THREADS is left to torch when this is auto
+    threads: int | Literal["torch"] | None = None
     # the transformer's linear layers (stylevar.runtime.inference): "fp32" the model's own weights; "bf16" bfloat16
     # weights and sampling loop (fastest where the CPU has bf16 units); bf16 tokens differ from fp32's at some
     # positions (benchmarks/README.md). "int8" was removed: refused with why (stylevar.utils.precisions)
@@ -111,6 +117,19 @@ class ServeSettings(BaseSettings):
     @classmethod
     def _lists_from_commas(cls, value: object) -> object:
         return _split_commas(value)
+
+    @field_validator("threads", mode="before")
+    @classmethod
+    def _threads_as_the_library_takes_them(cls, value: object) -> object:
+        return parse_threads(value)  # type: ignore[arg-type]  # a ValueError says what is taken
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_setting_says_so(cls, data: object) -> object:
+        if os.environ.get(RENAMED_THREADS, "").strip():
+            raise ValueError(f"{RENAMED_THREADS} was renamed {THREADS_ENV} (a count, 'torch' or 'auto', the default: "
+                             "docs/serving.md#threads); set that instead")
+        return data
 
     @field_validator("precision", mode="before")
     @classmethod

@@ -32,7 +32,7 @@ class ServerProcess:
               extra_args: Sequence[str] = ("--no-ui",), log_dir: str | os.PathLike | None = None) -> "ServerProcess":
         """`python -m serve --model DIR --port FREE` with `STYLEVAR_*` settings from `settings`."""
         port = free_port()
-        env = {**os.environ, "STYLEVAR_DEVICE": "cpu", "STYLEVAR_TORCH_THREADS": "1", **(settings or {})}
+        env = {**os.environ, "STYLEVAR_DEVICE": "cpu", "STYLEVAR_THREADS": "1", **(settings or {})}
         argv = [sys.executable, "-m", "serve", "--host", "127.0.0.1", "--port", str(port), "--model",
                 str(model_dir), *extra_args]
         log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="stylevar-serve-"))

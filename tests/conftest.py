@@ -1,4 +1,5 @@
-"""Shared fixtures: the reference golden data (tests/data/reference) and small models."""
+"""Shared fixtures: the reference golden data (tests/data/reference) and small models; the suite's parallel
+workers (pytest-xdist, one test file per worker at a time) and their thread share."""
 from __future__ import annotations
 
 import os
@@ -8,8 +9,18 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-import torch
+# Each pytest-xdist worker gets its share of the CPUs as intra-op threads, set before torch starts its pool;
+# the subprocesses a test starts inherit it. Two workers on two cores each run one thread: most tests are small
+# and single-threaded (or start single-threaded subprocesses), so the pair finishes in about half the time.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _share = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(_share)
+
+import pytest  # noqa: E402 - after the thread share above
+import torch  # noqa: E402
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 from stylevar.config import StyleVARConfig, VQVAEConfig
 from tests import reference
@@ -17,6 +28,31 @@ from tests import reference
 # the service's gc.freeze after warm-up (serve.http.app.freeze_startup_heap) would keep every test's garbage from the
 # apps built before it; tests that want it (and servers they start) say so
 os.environ.setdefault("STYLEVAR_GC_FREEZE", "false")
+
+
+WORKER_MEMORY_GB = 8  # the most one worker has been seen to hold (its models and the subprocesses it starts)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: no error where xdist is not installed
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto``: one worker per CPU this process may use, as many as the memory holds (2 on 2 cores, 24 GB)."""
+    memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return max(1, min(len(os.sched_getaffinity(0)), int(memory_gb // WORKER_MEMORY_GB)))
+
+
+# The longest files, measured (each a minute or more on 2 cores): handed to the workers first, so that no worker
+# starts one of them while the others have nothing left to do. Only the order changes.
+LONGEST_FILES = ("tests/training/test_demo_recipe.py", "tests/training/test_sft.py", "tests/training/test_grpo.py",
+                 "tests/benchmarks/test_benchmarks.py", "tests/training/test_scale_out.py",
+                 "tests/docs/test_readme_training.py", "tests/evaluate/test_evaluate.py")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    def rank(item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return LONGEST_FILES.index(path) if path in LONGEST_FILES else len(LONGEST_FILES)
+
+    items.sort(key=rank)  # stable: the order within each file and among the other files is kept
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ from stylevar.models.generation import GenerationConfig
 from stylevar.loaders.model_dir import DEMO_MODEL_DIR
 from stylevar.pipelines.pipeline import StyleMix, StylePipeline
 from stylevar.models.transformer.pruning import FastSampling
+from stylevar.utils.threads import apply_threads
 from training.parts import demo_export as demo
 
 MEASURES = ("edge_corr", "colour_dist_to_style", "colour_swd_to_style", "texture_dist_to_style")
@@ -104,7 +105,7 @@ def table_markdown(rows: dict[str, dict[str, float]]) -> str:
 
 def measure(a: argparse.Namespace) -> dict:
     """The rows of `python -m benchmarks.fast_sampling` (its options ``a``), with the run's settings and the load."""
-    torch.set_num_threads(a.threads)
+    apply_threads(a.threads)
     model = str(DEMO_MODEL_DIR) if a.model is None else a.model
     pipe = StylePipeline.from_pretrained(model, device="cpu")
     min_tokens = FastSampling().min_tokens if a.min_tokens is None else a.min_tokens

@@ -21,6 +21,7 @@ from stylevar.pipelines.pipeline import StylePipeline
 from training.parts import demo_export as demo
 from training.parts.demo_card import ARROWS
 from stylevar.models.transformer import StyleVAR
+from stylevar.utils.threads import apply_threads
 from training.parts.checkpoints import checkpoint_paths, read_checkpoint
 from training.parts.presets import match_transformer
 from training.parts.sft_model import read_tokenizer
@@ -109,7 +110,7 @@ def compare(args: argparse.Namespace) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         timings = dict(zip(variants, pool.map(lambda kv: train_variant(args, *kv), variants.items())))
-    torch.set_num_threads(args.threads * args.jobs)
+    apply_threads(args.threads * args.jobs)
     results: dict = {"steps": args.steps, "n": args.n, "rows": {}}
     suite = demo.make_suite()
     held = photos = None

@@ -23,6 +23,7 @@ from stylevar.runtime.inference import InferenceConfig, prepare
 from stylevar.metrics.structure import edge_correlation
 from stylevar.pipelines.pipeline import StylePipeline
 from stylevar.processing.video import VideoWriter, read_frames
+from stylevar.utils.threads import apply_threads
 from training.parts.demo_export import mean_colour_distance
 
 REPO = Path(__file__).resolve().parents[2]
@@ -244,7 +245,7 @@ def parse_seeds(text: str) -> list[int]:
 def execute(args: argparse.Namespace, argv: list[str] | None) -> int:
     """`python -m benchmarks.flicker` once its options (``args``, parsed from ``argv``) are read: the clips, the
     table (printed, and written where asked) and the frames figure."""
-    torch.set_num_threads(args.threads)
+    apply_threads(args.threads)
     pipe = StylePipeline.from_pretrained(device="cpu")
     prepare(pipe.model, InferenceConfig())  # as the command line runs it on the CPU
     modes = {m: m for m in args.modes.split(",")} | (ABLATION if args.ablation else {})

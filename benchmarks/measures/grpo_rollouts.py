@@ -15,6 +15,7 @@ from stylevar.models.lora import LoRAConfig, attach_lora
 from stylevar.config import presets
 from stylevar.loaders.model_dir import PipelineConfig
 from stylevar.pipelines.pipeline import StylePipeline
+from stylevar.utils.threads import apply_threads
 from training.parts.data import collate_triplets, open_triplets
 from training.parts.grpo_trainer import GRPOConfig, GRPOTrainer
 from training.parts.merge_control import MergeConfig
@@ -70,8 +71,7 @@ def run(args, batches: list[dict], device: torch.device) -> tuple[dict, dict, in
 
 def measure(args: argparse.Namespace) -> dict:
     """The two modes timed on synthetic triplets (what `python -m benchmarks.grpo_rollouts` prints)."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args.threads or "torch")  # 0: torch's count as it is
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     size = (PipelineConfig.from_dir(args.model) if args.model else PipelineConfig(*presets(args.preset))).tokenizer.image_size
     n_steps = args.warmup + args.steps

@@ -12,6 +12,7 @@ from stylevar.runtime.inference import PRECISIONS, InferenceConfig, prepare
 from stylevar.loaders.model_dir import DEMO_MODEL_DIR
 from stylevar.pipelines.pipeline import StylePipeline
 from stylevar.models.transformer import Generated
+from stylevar.utils.threads import apply_threads
 from training.parts import demo_export as demo
 
 
@@ -35,7 +36,7 @@ def agreement(plain: Generated, other: Generated) -> tuple[float, float]:
 def measure(a: argparse.Namespace) -> dict:
     """The rows of `python -m benchmarks.precision_quality` (its options ``a``): the demo's metrics, token agreement
     and pixel difference per precision and set, beside the baselines."""
-    torch.set_num_threads(a.threads)
+    apply_threads(a.threads)
     plain = StylePipeline.from_pretrained(DEMO_MODEL_DIR, device="cpu")
     sets = {"held-out synthetic": demo.heldout_triplets(a.n, plain.image_size),
             "photographs": demo.photo_triplets(plain.image_size)}

@@ -19,6 +19,7 @@ from torch import nn
 
 from benchmarks.side_by_side import REFERENCE_CONFIG, images, time_turns
 from stylevar.config import StyleVARConfig
+from stylevar.utils.threads import apply_threads
 
 REFERENCE_URL = "https://github.com/Senfier-LiqiJing/StyleVAR"
 IMAGE_SIZE = 160
@@ -149,7 +150,7 @@ def time_reference(bundle: ReferenceBundle, batch: int, repeats: int, warmup: in
 def execute(a: argparse.Namespace) -> int:
     """`python -m benchmarks.reference_pipeline` once its options are read: the reference built (exit 2 naming
     where to get it when it is missing) and timed per batch size; the table or the JSON printed."""
-    torch.set_num_threads(a.threads)
+    apply_threads(a.threads)
     try:
         bundle = build_reference(a.seed)
     except ReferenceMissing as e:

@@ -20,6 +20,7 @@ from stylevar.metrics.structure import edge_correlation
 from stylevar.metrics.style_fidelity import colour_swd
 from stylevar.pipelines.pipeline import StylePipeline
 from stylevar.processing.upsample import Upsampling, upscale
+from stylevar.utils.threads import apply_threads
 from training.parts import demo_export as demo
 
 ROWS = ("bicubic", "guided", "reinhard")
@@ -110,7 +111,7 @@ def status_bytes(key: str) -> int:
 
 def cost_once(megapixels: float, mode: str, repeats: int) -> dict:
     """In this process: a 3:2 content of `megapixels`, the upsampling step timed `repeats` times."""
-    torch.set_num_threads(2)
+    apply_threads(2)
     w = round((megapixels * 1e6 * 1.5) ** 0.5)
     h = round(w / 1.5)
     content = synthetic_pairs(1, 512)[0][0].resize((w, h), Image.BICUBIC)

@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 from stylevar.utils.devices import resolve_autocast_dtype
+from stylevar.utils.threads import decision
 from stylevar.runtime.inference import InferenceConfig, prepare
 from stylevar.pipelines.pipeline import StylePipeline
 from stylevar.pipelines.request import Stylization, StylizeRequest
@@ -44,12 +45,13 @@ class RunnerOptions:
     max_output_side: int = 1024
     inference: InferenceConfig = InferenceConfig()
     condition_cache_bytes: int = 0  # 0: no cache
+    threads: int | str | None = None  # torch's CPU threads (StylePipeline.from_pretrained; None: the policy)
 
     @classmethod
     def from_settings(cls, settings) -> "RunnerOptions":
         return cls(dtype=settings.dtype, max_output_side=settings.max_output_side,
                    inference=InferenceConfig(precision=settings.precision, compile=settings.compile),
-                   condition_cache_bytes=int(settings.condition_cache_mb * 2**20))
+                   condition_cache_bytes=int(settings.condition_cache_mb * 2**20), threads=settings.threads)
 
 
 class ModelRunner:
@@ -65,15 +67,17 @@ class ModelRunner:
     def load(cls, model_dir: Path, device: torch.device, options: RunnerOptions = RunnerOptions(),
              observer: CacheObserver | None = None) -> "ModelRunner":
         t0 = time.perf_counter()
-        pipe = StylePipeline.from_pretrained(model_dir, device=device,
+        pipe = StylePipeline.from_pretrained(model_dir, device=device, threads=options.threads,
                                              autocast_dtype=resolve_autocast_dtype(options.dtype, device))
         inference = options.inference
         # CPU layouts, packing and precision; elsewhere a precision or compile asked for (applied, rather than a
         # setting silently ignored)
         if device.type == "cpu" or inference.compile or inference.precision != "fp32":
             prepare(pipe.model, inference)
+        chosen = decision()  # what decided the process's threads (from_pretrained asked)
         log.info("model loaded", extra={"model_dir": str(model_dir), "device": str(device),
                                         "precision": options.inference.precision, "compile": options.inference.compile,
+                                        "threads": torch.get_num_threads(), "threads_by": chosen and chosen.source,
                                         "seconds": round(time.perf_counter() - t0, 3)})
         cache = ConditionCache(options.condition_cache_bytes, observer) if options.condition_cache_bytes else None
         return cls(pipe, options.max_output_side, cache)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from stylevar.cli import bench, convert, evaluate, pull, stylize, weights
 from stylevar.cli.command import EXIT_PARTIAL, EXIT_USAGE, Command, Parser
+from stylevar.utils import threads
 
 __all__ = ["EXIT_PARTIAL", "EXIT_USAGE", "ENTRY_POINT_GROUP", "build_parser", "commands", "main"]
 
@@ -62,6 +63,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)
+    threads.prepare_environment()  # OpenMP's wait setting, before any command imports torch (stylevar.utils.threads)
     try:
         return int(args.func(args) or 0)
     except (FileNotFoundError, ValueError) as e:  # ImageError, CheckpointError, InputError, DeviceError ...

@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 
 from stylevar.cli.command import Command
+from stylevar.cli.values import threads_argument
 from stylevar.config import PRESETS
+from stylevar.utils.threads import THREADS_HELP  # no torch
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,7 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--naive", action="store_true", help="also time the naive blend at batch 1")
     p.add_argument("--compile", action="store_true", help="torch.compile the per-scale transformer step")
     p.add_argument("--fp32", action="store_true", help="no bf16 autocast on CUDA")
-    p.add_argument("--threads", type=int, default=None, help="torch's CPU threads (default: torch's own choice)")
+    p.add_argument("--threads", type=threads_argument, default=None, metavar="N|auto|torch",
+                   help=f"{THREADS_HELP}; default: auto")
     p.add_argument("--peak-tflops", type=float, default=None, help="device peak (bf16 dense) for the fraction")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--record", type=Path, help="append the result to this JSON-lines file")

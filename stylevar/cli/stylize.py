@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from stylevar.cli.command import EXIT_PARTIAL, Command
-from stylevar.cli.values import float_in, int_in, number
+from stylevar.cli.values import float_in, int_in, number, threads_argument
 from stylevar.utils.helptext import DEVICE_AUTO
 from stylevar.pipelines.options import CLI, IMAGE_ONLY, Option, offered  # no torch
 from stylevar.pipelines.request import RequestError, StylizeRequest  # no torch either
 from stylevar.utils.precisions import PRECISIONS, REMOVED_PRECISIONS, precision_error  # no torch
+from stylevar.utils.threads import THREADS_HELP  # no torch
 from stylevar.processing.video import DEFAULT_TEMPORAL, TEMPORAL_HELP, TEMPORAL_MODES  # no torch either
 
 
@@ -50,6 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", type=precision_argument, choices=PRECISIONS, default="fp32",
                    help="on the CPU, as the service's STYLEVAR_PRECISION: fp32 (the model's weights), bf16 (fastest "
                         "on CPUs with bf16 units; samples other tokens at some positions, benchmarks/README.md)")
+    p.add_argument("--threads", type=threads_argument, default=None, metavar="N|auto|torch",
+                   help=f"{THREADS_HELP}; default: auto, or STYLEVAR_THREADS")
     p.set_defaults(func=_stylize)
 
 
@@ -275,7 +278,7 @@ def load_pipeline(model_dir: Path, args: argparse.Namespace):
     from stylevar.runtime.inference import InferenceConfig, prepare
     from stylevar.pipelines.pipeline import StylePipeline  # the checks are done: from here on the work
 
-    pipe = StylePipeline.from_pretrained(model_dir, device=args.device)
+    pipe = StylePipeline.from_pretrained(model_dir, device=args.device, threads=args.threads)
     if pipe.config.demo:
         print(f"using the {pipe.config.label}", file=sys.stderr)
     print(f"loaded {pipe.summary()}")  # before packing: packed linears hold their weights as buffers

@@ -5,6 +5,8 @@ import argparse
 import math
 from collections.abc import Callable
 
+from stylevar.utils.threads import parse_threads  # no torch
+
 
 def number(text: str, kind: type) -> float | int:
     """``text`` as an int or a finite float (argparse.ArgumentTypeError otherwise)."""
@@ -41,3 +43,11 @@ def int_in(lo: int, hi: int | None = None, note: str = "") -> Callable[[str], in
         return value
 
     return parse
+
+
+def threads_argument(text: str) -> int | str | None:
+    """--threads' type: a count, "auto" (None: the policy) or "torch" (`stylevar.utils.threads.parse_threads`)."""
+    try:
+        return parse_threads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from stylevar.utils.atomic import atomic_write_text
+from stylevar.utils.threads import apply_threads
 
 TABLE_BEGIN, TABLE_END = "<!-- bench-table:begin -->", "<!-- bench-table:end -->"
 
@@ -39,7 +40,7 @@ class BenchConfig:
     compile: bool = False
     bf16: bool = True  # on CUDA
     tf_batch: int = 4
-    threads: int | None = None
+    threads: int | str | None = None  # stylevar.utils.threads: a count, "torch", None (the policy)
     peak_tflops: float | None = None  # device bf16 peak, for the fraction of the compute limit
     seed: int = 0
 
@@ -146,8 +147,7 @@ def _build(cfg: BenchConfig, say: Callable[[str], None]) -> _Bench:
     from stylevar.pipelines.pipeline import StylePipeline
 
     device = resolve_device(cfg.device)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    apply_threads(cfg.threads)  # None: the process's policy (stylevar.utils.threads), as a loaded model gets
     t_build = time.perf_counter()
     pipe = StylePipeline.random(cfg.preset, seed=cfg.seed).to(device)
     model = pipe.model

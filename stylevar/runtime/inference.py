@@ -27,7 +27,8 @@ training, and a plain model (never prepared) is the exact path the conformance t
   than fp32 on the CPU); asking for it is a ValueError that says so.
 - `compile`: `torch.compile` of every block (stylevar.models.transformer.fast); it pays off in a long-running
   service (compiled once, at warm-up), not for one-off calls.
-- `threads`: torch's intra-op thread count (None: leave it).
+- Threads are not set here: the process decides them once, when its first model loads
+  (`StylePipeline.from_pretrained`, `stylevar.utils.threads`).
 
 A prepared model cannot be saved as a model directory (its state dict no longer has the published
 layout): `prepared(model)` tells, and `StylePipeline.save_pretrained` refuses.
@@ -52,12 +53,9 @@ class InferenceConfig:
     channels_last: bool = True
     pack_linears: bool = True
     compile: bool = False
-    threads: int | None = None
 
     def __post_init__(self):
         check_precision(self.precision)  # a removed precision (int8) says why
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads must be >= 1, not {self.threads}")
 
 
 def native_cpu_bf16() -> bool:
@@ -175,8 +173,6 @@ def prepare(model, cfg: InferenceConfig = InferenceConfig()):
     if prepared(model) is not None:
         raise ValueError(f"this model was already prepared ({prepared(model)})")
     model.eval().requires_grad_(False)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     on_cpu = model.pos_1LC.device.type == "cpu"
     if cfg.fuse_batchnorm:
         for enc in (model.style_encoder, model.content_encoder):

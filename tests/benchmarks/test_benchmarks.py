@@ -57,13 +57,17 @@ def test_gpu_bench_script_records_rows_and_regenerates_the_table(tmp_path):
     shutil.copy(REPO / "benchmarks" / "README.md", table)
     record = tmp_path / "results.jsonl"
     env = {**os.environ, "PRESET": "tiny", "DEVICE": "cpu", "BATCHES": "1", "MODES": "eager", "PYTHON": sys.executable,
-           "RECORD": str(record), "TABLE": str(table), "TRAIN_OUT": str(tmp_path / "train_step.json")}
+           "RECORD": str(record), "TABLE": str(table), "TRAIN_OUT": str(tmp_path / "train_step.json"),
+           # the training step at a CPU's size: compiling the blocks and emulated bf16 cost minutes here
+           "TRAIN_BATCHES": "2", "TRAIN_PRECISION": "fp32", "TRAIN_VARIANT": "eager"}
     r = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_bench.sh")], env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in record.read_text().splitlines()]
     assert len(rows) == 1 and rows[0]["preset"] == "tiny" and rows[0]["generate"][0]["batch"] == 1
     assert "| tiny | cpu |" in table.read_text()
+    step = json.loads((tmp_path / "train_step.json").read_text())["steps"]
+    assert list(step) == ["fp32 batch 2"] and step["fp32 batch 2"]["eager"]["ms_per_step"] > 0
     bad = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_bench.sh")], env={**env, "MODES": "graphs"},
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown mode" in bad.stderr

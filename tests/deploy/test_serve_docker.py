@@ -91,7 +91,7 @@ def test_dockerfile_cmd_and_healthcheck_start_and_probe_the_service(tmp_path):
     StylePipeline.random("tiny").save_pretrained(model_dir)
     port = free_port()
     env = {**os.environ, **env_of(inst), "STYLEVAR_MODEL_DIR": str(model_dir), "STYLEVAR_PORT": str(port),
-           "STYLEVAR_DEVICE": "cpu", "STYLEVAR_TORCH_THREADS": "1"}
+           "STYLEVAR_DEVICE": "cpu", "STYLEVAR_THREADS": "1"}
     env["PATH"] = os.environ["PATH"]  # the image's venv path does not exist here; `python` is this one
     argv = [sys.executable, *cmd[1:]]
     probe = [sys.executable, *health_cmd[1:]]

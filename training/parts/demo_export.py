@@ -29,6 +29,7 @@ from stylevar.pipelines.pipeline import StylePipeline
 from stylevar.processing.refine import Refinement, refine
 from stylevar.evaluate.real_pairs import RAW_ROW, RealPairs
 from stylevar.evaluate.real_pairs import evaluate as evaluate_real, markdown as real_markdown
+from stylevar.utils.threads import apply_threads
 from training.parts.demo_card import MIN_SEED_SPREAD, Report, model_card, palette_label, table_markdown
 
 BASE_METRICS = ("ssim", "ssim_standard")
@@ -349,8 +350,7 @@ def evaluate_real_pairs(pipe: StylePipeline, args: argparse.Namespace) -> tuple[
 
 def export(args: argparse.Namespace) -> int:
     """`python -m training.demo` with its parsed options (the command's doc)."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args.threads or "torch")  # None: torch's count (or OMP_NUM_THREADS) as it is
     pipe = StylePipeline.from_pretrained(args.model, device="cpu")
     calibration = load_triplets(args.data, args.calibration, split="train")
     chosen, palette, selections = choose_settings(pipe, calibration, args)

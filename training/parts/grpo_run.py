@@ -124,7 +124,7 @@ def train(args: argparse.Namespace, grpo_cfg: GRPOConfig, merge_cfg: MergeConfig
         raise SystemExit("error: --precision fp16 is not supported for GRPO rollouts; use bf16 or fp32")
     config = {"recipe": "grpo", **vars(args)}
     run = RunDir.prepare(args.out, config, env, free_keys=FREE_KEYS)
-    pipe = StylePipeline.from_pretrained(args.init, device=env.device)
+    pipe = StylePipeline.from_pretrained(args.init, device=env.device, threads="torch")  # the recipe's own count
     model = pipe.model
     model.autocast_dtype = resolve_autocast_dtype(precision, env.device)  # rollouts only (bf16 or None)
     dataset = open_triplets(args.data, "train", pipe.image_size, None, seed=args.seed, shuffle=True)

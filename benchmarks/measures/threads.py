@@ -1,0 +1,268 @@
+"""The measurement of `python -m benchmarks.threads` (its docstring says what and how): one worker subprocess per
+thread policy, the workers taking turns under each load, and the table. This process imports no torch; a worker
+imports it once its environment is set (`worker`)."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from stylevar.utils.threads import KEEP, RULES, THREADS_ENV, TORCH_ENV, WAIT_ENV, CpuBudget, cpu_budget, parse_threads
+
+REPO = Path(__file__).resolve().parents[2]
+CLEARED = (*TORCH_ENV, *WAIT_ENV, THREADS_ENV)  # this shell's thread settings, left out of every worker's environment
+CONTENT, STYLE = "content_mountains.png", "style_brush.png"  # stylevar/assets/examples
+BUSY_LOOP = "while True: pass"
+REFERENCE = "one"  # p90 is also given over this policy's p90 in the same load
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One policy: its name, the count its worker asks for (a number or "torch") and whether it sleeps idle
+    OpenMP threads (OMP_WAIT_POLICY=PASSIVE)."""
+
+    name: str
+    threads: int | str
+    passive: bool
+
+    def environment(self, base: dict[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in base.items() if k not in CLEARED}
+        return {**env, "OMP_WAIT_POLICY": "PASSIVE"} if self.passive else env
+
+
+def candidate(name: str, budget: CpuBudget) -> Candidate:
+    """``RULE[+passive]``: RULE is torch, a rule of `stylevar.utils.threads.RULES` over ``budget`` or a count."""
+    rule, plus, flag = name.strip().partition("+")
+    if plus and flag != "passive":
+        raise ValueError(f"{name!r}: only +passive may follow a policy")
+    if rule == KEEP:
+        threads: int | str = KEEP
+    elif rule in RULES:
+        threads = RULES[rule](budget.cpus)
+    elif rule.isascii() and rule.isdigit() and int(rule) > 0:
+        threads = int(rule)
+    else:
+        raise ValueError(f"unknown policy {name!r}: {KEEP}, {', '.join(RULES)} or a count, each with +passive or not")
+    return Candidate(name.strip(), threads, bool(plus))
+
+
+def candidates(names: Sequence[str]) -> list[Candidate]:
+    """The policies named (each once, in order) over the CPUs this process may use."""
+    budget = cpu_budget()
+    out = [candidate(n, budget) for n in names if n.strip()]
+    if not out or len({c.name for c in out}) != len(out):
+        raise ValueError("name each policy once, at least one")
+    return out
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    rounds: int = 8
+    per_turn: int = 3
+    warmup: int = 2
+    size: int = 512
+    model: str | None = None
+    settle: float = 1.0
+
+
+# ------------------------------------------------------------------------------------------ the worker's side
+def worker(threads: str, size: int, model: str | None, warmup: int) -> int:
+    """In the worker subprocess: load, warm up, say "ready" (one JSON line), then for each "run N" line on stdin
+    stylize N images and answer their wall and CPU seconds (one JSON line); "quit" or the end of stdin ends it."""
+    import torch
+    from PIL import Image
+
+    from stylevar.pipelines.pipeline import StylePipeline
+
+    pipe = StylePipeline.from_pretrained(model, device="cpu", threads=parse_threads(threads))
+    examples = REPO / "stylevar" / "assets" / "examples"
+    with Image.open(examples / CONTENT) as im:
+        scale = size / max(im.size)
+        content = im.convert("RGB").resize((round(im.width * scale), round(im.height * scale)), Image.LANCZOS)
+    with Image.open(examples / STYLE) as im:
+        style = im.convert("RGB")
+    seeds = iter(range(2**31))
+
+    def one() -> tuple[float, float, tuple[int, int]]:
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = pipe(content, style, seed=next(seeds))
+        return time.perf_counter() - t0, time.process_time() - c0, out.size
+
+    for _ in range(warmup):
+        one()
+    _reply({"ready": True, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")})
+    for line in sys.stdin:
+        words = line.split()
+        if not words or words[0] == "quit":
+            break
+        timed = [one() for _ in range(int(words[1]))]
+        _reply({"wall": [t[0] for t in timed], "cpu": [t[1] for t in timed], "result_size": list(timed[-1][2])})
+    return 0
+
+
+def _reply(message: dict) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+# ------------------------------------------------------------------------------------------ this process's side
+class Worker:
+    """One policy's subprocess (`python -m benchmarks.threads --worker THREADS`), its stderr in a temporary file."""
+
+    def __init__(self, cand: Candidate, settings: RunSettings):
+        self.candidate = cand
+        self._err = tempfile.TemporaryFile()
+        argv = [sys.executable, "-m", "benchmarks.threads", "--worker", str(cand.threads), "--size", str(settings.size),
+                "--warmup", str(settings.warmup)] + (["--model", settings.model] if settings.model else [])
+        self.proc = subprocess.Popen(argv, cwd=REPO, env=cand.environment(dict(os.environ)), stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self._err, text=True)
+        self.ready: dict = {}
+
+    def reply(self) -> dict:
+        """The worker's next JSON line (other output skipped); its stderr's end if it exits first."""
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                return json.loads(line)
+        self.proc.wait()
+        self._err.seek(0)
+        tail = self._err.read().decode(errors="replace")[-3000:]
+        raise RuntimeError(f"worker {self.candidate.name} exited with {self.proc.returncode}:\n{tail}")
+
+    def wait_ready(self) -> dict:
+        self.ready = self.reply()
+        return self.ready
+
+    def run(self, n: int) -> dict:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"run {n}\n")
+        self.proc.stdin.flush()
+        return self.reply()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+                self.proc.wait(30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self._err.close()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process, from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def load(kind: str, settle: float, shares: list[float]) -> Iterator[None]:
+    """``idle``: nothing; ``busy``: a busy loop in another process; ``pinned``: the same on the last CPU of the
+    affinity mask. Its CPU share over the turns (CPU seconds over wall seconds) is appended to ``shares``."""
+    if kind == "idle":
+        yield
+        return
+    hog = subprocess.Popen([sys.executable, "-c", BUSY_LOOP])
+    try:
+        if kind == "pinned":
+            os.sched_setaffinity(hog.pid, {max(os.sched_getaffinity(0))})
+        time.sleep(settle)
+        t0, c0 = time.monotonic(), _cpu_seconds(hog.pid)
+        yield
+        shares.append((_cpu_seconds(hog.pid) - c0) / max(time.monotonic() - t0, 1e-9))
+    finally:
+        hog.terminate()
+        hog.wait()
+        time.sleep(settle)
+
+
+def _rotated(items: Sequence, r: int) -> list:
+    k = r % len(items)
+    return list(items[k:]) + list(items[:k])
+
+
+def measure(cands: Sequence[Candidate], loads: Sequence[str], settings: RunSettings) -> dict:
+    """Every worker started (all at once) and warmed up, then ``settings.rounds`` rounds of every load and every
+    policy's turn; the result (`markdown` prints it)."""
+    started = _dt.datetime.now().isoformat(timespec="seconds")
+    loadavg_start = os.getloadavg()
+    workers = [Worker(c, settings) for c in cands]
+    times = {ld: {c.name: {"wall": [], "cpu": []} for c in cands} for ld in loads}
+    shares: dict[str, list[float]] = {ld: [] for ld in loads}
+    try:
+        for w in workers:
+            w.wait_ready()
+        for r in range(settings.rounds):
+            for ld in _rotated(loads, r):
+                with load(ld, settings.settle, shares[ld]):
+                    for w in _rotated(workers, r):
+                        got = w.run(settings.per_turn)
+                        w.ready.setdefault("result_size", got["result_size"])
+                        for key in ("wall", "cpu"):
+                            times[ld][w.candidate.name][key] += got[key]
+    finally:
+        for w in workers:
+            w.stop()
+    machine = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+               "cpu_count": os.cpu_count(), **asdict(cpu_budget()), "cpus": cpu_budget().cpus,
+               "loadavg_start": loadavg_start, "loadavg_end": os.getloadavg(),
+               "torch": workers[0].ready.get("torch"), "python": platform.python_version()}
+    policies = {w.candidate.name: {"asked": w.candidate.threads, "threads": w.ready.get("threads"),
+                                   "omp_wait_policy": w.ready.get("omp_wait_policy"),
+                                   "result_size": w.ready.get("result_size")} for w in workers}
+    return {"date": started, "machine": machine, "settings": {**asdict(settings), "loads": list(loads)},
+            "policies": policies, "busy_loop_cpu_share": shares, "times": times, "rows": rows(times, policies)}
+
+
+def _p(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def rows(times: dict, policies: dict) -> list[dict]:
+    """Per load and policy: images, p50 / p90 seconds per image, p90 over `REFERENCE`'s, CPU seconds per image."""
+    out = []
+    for ld, per_policy in times.items():
+        ref = _p(per_policy.get(REFERENCE, {}).get("wall", []), 90)
+        for name, t in per_policy.items():
+            p90 = _p(t["wall"], 90)
+            out.append({"load": ld, "policy": name, "threads": policies[name]["threads"],
+                        "omp_wait_policy": policies[name]["omp_wait_policy"], "images": len(t["wall"]),
+                        "p50_s": _p(t["wall"], 50), "p90_s": p90,
+                        "p90_over_one": p90 / ref if ref and p90 is not None else None, "cpu_p50_s": _p(t["cpu"], 50)})
+    return out
+
+
+def markdown(result: dict) -> str:
+    def f(x: float | None, spec: str) -> str:
+        return "-" if x is None else format(x, spec)
+
+    m, s = result["machine"], result["settings"]
+    quota = "none" if m["quota"] is None else f"{m['quota']:g}"
+    head = (f"{result['date']}, {m['processor']}, {m['cpus']} CPUs usable (affinity {m['affinity']}, cgroup quota "
+            f"{quota}), torch {m['torch']}; load average {m['loadavg_start'][0]:.2f} -> {m['loadavg_end'][0]:.2f}; "
+            f"{s['rounds']} rounds x {s['per_turn']} images per policy and load, {s['size']} px")
+    shares = ", ".join(f"{ld} {np.mean(v):.2f}" for ld, v in result["busy_loop_cpu_share"].items() if v)
+    lines = [head + (f"; the busy loop's CPU share: {shares}" if shares else ""), "",
+             "| load | policy | threads | OMP_WAIT_POLICY | images | p50 s | p90 s | p90 / one's | CPU s per image |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in result["rows"]:
+        lines.append(f"| {r['load']} | {r['policy']} | {r['threads']} | {r['omp_wait_policy'] or '-'} | "
+                     f"{r['images']} | {f(r['p50_s'], '.3f')} | {f(r['p90_s'], '.3f')} | "
+                     f"{f(r['p90_over_one'], '.2f')} | {f(r['cpu_p50_s'], '.3f')} |")
+    return "\n".join(lines)

@@ -1,0 +1,273 @@
+"""How many CPU threads torch runs: the CPUs this process may use, and the one policy that picks torch's intra-op
+thread count from them, for the service, the command line and the library alike. No torch at import: the entry
+points (`python -m serve`, `stylevar`) call `prepare_environment` before they import torch.
+
+The CPUs the process may use (`cpu_budget`): those of its affinity mask (`os.sched_getaffinity`, what taskset,
+cpusets and Kubernetes' static CPU manager give it), and its cgroup's CPU quota where one is set (cgroup v2
+``cpu.max``, v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, the least of the process's cgroup and its parents'):
+a quota of 1.5 CPUs counts as 2 (rounded up: the quota throttles all the process's threads together, so a second
+thread adds work for part of every period instead of being waited for), 0.5 as 1; never fewer than 1.
+
+The policy (`DEFAULT_RULE`, "spare-one"): one thread fewer than those CPUs (at least one), and never more than
+torch's own choice (its count of physical cores). Torch splits each operation evenly over its threads and waits for
+the last one, so a thread that shares its core with another process (a test run, a training job, the service's own
+event loop and decoding) holds back every operation; a core left to the rest of the machine keeps that from
+happening on a busy machine, at the cost of one core's share on an idle one. The entry points also set
+``OMP_WAIT_POLICY=PASSIVE`` unless a wait setting is in the environment (idle OpenMP threads sleep instead of
+spinning on a core others want); the library cannot (OpenMP reads it when torch is imported: set it yourself before
+``import torch``). `benchmarks/threads.py` measures the candidates (benchmarks/README.md, "Threads").
+
+Who decides, in this order (the first that applies):
+
+1. an explicit count: ``threads=`` of `StylePipeline.from_pretrained` or `apply_threads`, ``stylevar stylize
+   --threads``, the service's ``STYLEVAR_THREADS`` setting; ``"torch"`` leaves torch's count as it is;
+2. ``STYLEVAR_THREADS`` in the environment (the library reads it too);
+3. ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` in the environment: torch read it when it started, its count stays;
+4. a count set with ``torch.set_num_threads`` before the first model loads: it stays (told from torch's own count
+   by its value: a count equal to one torch picks by itself, this machine's logical CPUs or physical cores, cannot
+   be told apart; pass it as ``threads=`` to keep it);
+5. the policy.
+
+A process decides once, at its first model load (or `apply_threads` call); later loads without an explicit count
+leave torch's count alone, so ``torch.set_num_threads`` after loading always wins. Torch's inter-op threads are
+left as they are: that pool starts only for inter-op parallel work (``torch.jit.fork``), which stylevar never runs,
+and its size can be set once per process only (setting it here would make a caller's own later call fail).
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+
+THREADS_ENV = "STYLEVAR_THREADS"
+TORCH_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # torch reads these when it starts
+WAIT_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # OpenMP (libgomp) reads these when torch is imported
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
+SYS_CPU = Path("/sys/devices/system/cpu")
+
+# the policy's rules: the CPUs the process may use -> torch's intra-op threads
+RULES: dict[str, Callable[[int], int]] = {
+    "available": lambda cpus: cpus,
+    "spare-one": lambda cpus: max(1, cpus - 1),
+    "one": lambda cpus: 1,
+}
+DEFAULT_RULE = "spare-one"
+DEFAULT_PASSIVE = True  # the entry points set OMP_WAIT_POLICY=PASSIVE (prepare_environment)
+KEEP = "torch"  # threads="torch": torch's count left as it is
+THREADS_HELP = (f"torch's CPU threads: a count, '{KEEP}' (torch's own choice) or 'auto' (the policy: one fewer "
+                f"than the CPUs this process may use, at least 1; docs/serving.md#threads)")
+
+
+# ------------------------------------------------------------------------------------------ the CPUs
+@dataclass(frozen=True)
+class CpuBudget:
+    """The CPUs of the affinity mask and the cgroup's quota in CPUs (None: no quota)."""
+
+    affinity: int
+    quota: float | None = None
+
+    @property
+    def cpus(self) -> int:
+        """What the process may use at once: the affinity's CPUs, at most the quota rounded up; at least 1."""
+        limit = self.affinity if self.quota is None else min(self.affinity, math.ceil(self.quota))
+        return max(1, limit)
+
+    def __str__(self) -> str:
+        quota = "no cgroup quota" if self.quota is None else f"cgroup quota {self.quota:g}"
+        return f"{self.cpus} CPU{'s' if self.cpus != 1 else ''} (affinity {self.affinity}, {quota})"
+
+
+def affinity_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask; os.cpu_count() where there is none)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def parse_cpu_max(text: str | None) -> float | None:
+    """cgroup v2 ``cpu.max`` ("QUOTA PERIOD" in microseconds; QUOTA "max": no quota) as CPUs."""
+    parts = (text or "").split()
+    if not parts or parts[0] == "max":
+        return None
+    try:
+        quota, period = int(parts[0]), int(parts[1]) if len(parts) > 1 else 100_000
+    except ValueError:
+        return None  # unreadable: as if there were none
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def parse_cfs(quota_text: str | None, period_text: str | None) -> float | None:
+    """cgroup v1 ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us`` as CPUs (a quota of -1: none)."""
+    try:
+        quota, period = int((quota_text or "").strip()), int((period_text or "").strip())
+    except ValueError:
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def _folders(mount: Path, path: str) -> list[Path]:
+    """The cgroup's folder under ``mount`` and each parent up to ``mount``; ``mount`` alone where the folder is not
+    there (a container that sees its own cgroup at the root)."""
+    folder = mount / path.strip("/")
+    if not folder.is_dir():
+        return [mount]
+    out = [folder]
+    while folder != mount and folder != folder.parent:
+        folder = folder.parent
+        out.append(folder)
+    return out
+
+
+def cgroup_quota(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> float | None:
+    """The least CPU quota, in CPUs, of this process's cgroup and its parents (v2 and v1); None: no quota."""
+    text = _read(proc_cgroup)
+    quotas: list[float | None] = []
+    for line in (text or "").splitlines():
+        parts = line.strip().split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":  # cgroup v2: the unified hierarchy
+            quotas += [parse_cpu_max(_read(d / "cpu.max")) for d in _folders(root, path)]
+        elif "cpu" in controllers.split(","):  # cgroup v1: the cpu controller's own hierarchy
+            mount = next((m for m in (root / "cpu", root / "cpu,cpuacct", root / "cpuacct,cpu") if m.is_dir()), None)
+            if mount is not None:
+                quotas += [parse_cfs(_read(d / "cpu.cfs_quota_us"), _read(d / "cpu.cfs_period_us"))
+                           for d in _folders(mount, path)]
+    found = [q for q in quotas if q is not None]
+    return min(found) if found else None
+
+
+def cpu_budget(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> CpuBudget:
+    """The CPUs this process may use (module doc)."""
+    return CpuBudget(affinity_cpus(), cgroup_quota(root, proc_cgroup))
+
+
+def physical_cores(cpus: Iterable[int], sys_cpu: Path = SYS_CPU) -> int | None:
+    """How many physical cores ``cpus`` (logical CPU numbers) sit on (their distinct thread siblings); None when
+    the topology cannot be read."""
+    cores = set()
+    for cpu in cpus:
+        siblings = _read(sys_cpu / f"cpu{cpu}" / "topology" / "thread_siblings_list")
+        if siblings is None:
+            return None
+        cores.add(siblings.strip())
+    return len(cores) or None
+
+
+def torch_own_counts() -> set[int]:
+    """The counts torch picks by itself on this machine: its logical CPUs or physical cores, all of them or those
+    of the affinity mask (which one depends on torch's build)."""
+    try:
+        mask = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        mask = list(range(os.cpu_count() or 1))
+    logical = os.cpu_count() or len(mask)
+    counts = {logical, len(mask), physical_cores(range(logical)), physical_cores(mask)}
+    return {c for c in counts if c}
+
+
+# ------------------------------------------------------------------------------------------ the decision
+def parse_threads(value: int | str | None) -> int | str | None:
+    """A thread count as the surfaces take it: None, "", "auto" or 0 -> None (the policy); "torch" -> "torch";
+    a positive integer (or its digits) -> that count. Anything else is a ValueError saying what is taken."""
+    text = value.strip().lower() if isinstance(value, str) else value
+    if isinstance(text, str) and text.isascii() and text.isdigit():
+        text = int(text)
+    if text is None or text in ("", "auto") or (type(text) is int and text == 0):
+        return None
+    if text == KEEP:
+        return KEEP
+    if type(text) is int and text > 0:  # not a bool, not a float
+        return text
+    raise ValueError(f"threads must be a positive integer, 'auto' or '{KEEP}', got {value!r}")
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    """What decided torch's threads: the count set (None: torch's count left as it is) and why."""
+
+    threads: int | None
+    source: str
+    policy: bool = False  # the policy's count (which torch.set_num_threads made earlier overrules)
+
+    def __str__(self) -> str:
+        count = "torch's own count" if self.threads is None else f"{self.threads} thread{'s' * (self.threads != 1)}"
+        return f"{count} ({self.source})"
+
+
+def choose_threads(threads: int | str | None = None, environ: Mapping[str, str] | None = None,
+                   budget: CpuBudget | None = None) -> ThreadChoice:
+    """Steps 1, 2, 3 and 5 of the module doc's order (step 4 needs torch: `apply_threads`). No torch."""
+    environ = os.environ if environ is None else environ
+    value = parse_threads(threads)
+    if value is not None:
+        return ThreadChoice(None if value == KEEP else int(value), f"threads={value!r}")
+    if environ.get(THREADS_ENV, "").strip():
+        try:
+            value = parse_threads(environ[THREADS_ENV])
+        except ValueError as e:
+            raise ValueError(f"{THREADS_ENV}: {e}") from None
+        if value is not None:
+            return ThreadChoice(None if value == KEEP else int(value), f"{THREADS_ENV}={environ[THREADS_ENV].strip()}")
+    for name in TORCH_ENV:
+        if environ.get(name, "").strip():
+            return ThreadChoice(None, f"{name}={environ[name].strip()}, read by torch")
+    budget = cpu_budget() if budget is None else budget
+    return ThreadChoice(RULES[DEFAULT_RULE](budget.cpus), f"policy {DEFAULT_RULE}: {budget}", policy=True)
+
+
+_decided: ThreadChoice | None = None  # this process's decision (apply_threads), once made
+
+
+def decision() -> ThreadChoice | None:
+    """What decided this process's threads (None: nothing yet)."""
+    return _decided
+
+
+def apply_threads(threads: int | str | None = None, environ: Mapping[str, str] | None = None) -> ThreadChoice:
+    """Set torch's intra-op threads by the module doc's order; returns what decided. Without an explicit count
+    (``threads`` None or "auto") after the process has decided, nothing changes."""
+    global _decided
+    value = parse_threads(threads)
+    if value is None and _decided is not None:
+        return _decided
+    import torch
+
+    choice = choose_threads(value, environ)
+    current = torch.get_num_threads()
+    if choice.policy:
+        if current not in torch_own_counts():
+            choice = ThreadChoice(None, f"torch.set_num_threads({current}) before the first load")
+        elif choice.threads is not None and choice.threads > current:  # never more than torch's own choice
+            choice = ThreadChoice(current, f"{choice.source}, at most torch's own {current}", policy=True)
+    if choice.threads is not None and choice.threads != current:
+        torch.set_num_threads(choice.threads)
+    _decided = choice
+    return choice
+
+
+def prepare_environment(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """For an entry point, before it imports torch: ``OMP_WAIT_POLICY=PASSIVE`` (the policy's wait setting) in
+    ``environ`` (None: this process's, left alone once torch is imported: OpenMP has read it) unless a wait setting
+    (`WAIT_ENV`) is there already. Returns what it set."""
+    if environ is None:
+        if "torch" in sys.modules:
+            return {}
+        environ = os.environ
+    if not DEFAULT_PASSIVE or any(environ.get(name, "").strip() for name in WAIT_ENV):
+        return {}
+    environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    return {"OMP_WAIT_POLICY": "PASSIVE"}
