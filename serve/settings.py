@@ -82,6 +82,10 @@ class ServeSettings(BaseSettings):
     # long side of a returned image: 8192 returns a 24-megapixel photo (6000 x 4000) at its own size; the
     # content is decoded at most this large (styles and masks at 1024)
     max_output_side: int = Field(8192, ge=16)
+    # pixels of full-size images in memory at once, all requests together (serve.http.memory): each request's
+    # decoded images and results, held from before decoding until its answer is sent; a request waits for its
+    # pixels within its deadline (else 503 with Retry-After), one needing more than this is refused (413). 0: no bound
+    max_pixels_in_flight: int = Field(128_000_000, ge=0)
 
     # POST /stylize/video: short clips (longer ones belong to the command line); checked from the clip's header
     # before any frame is decoded, and again while decoding

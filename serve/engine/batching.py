@@ -262,18 +262,20 @@ class Batcher:
             self._pending.append(job)
             self._observer.queue_depth(len(self._pending))
             self._cond.notify_all()
-        job.future.add_done_callback(lambda _: self._forget_if_cancelled(job))
+        # the callback is given the future, not the job: a job referring to itself through its future's callbacks
+        # would be a cycle, and its images (a full-size content, the results) would wait for a full collection
+        job.future.add_done_callback(self._forget_if_cancelled)
         return job
 
-    def _forget_if_cancelled(self, job: Job) -> None:
+    def _forget_if_cancelled(self, future: concurrent.futures.Future) -> None:
         """A job cancelled while waiting leaves the queue at once (its slot and the gauge are freed)."""
-        if not job.future.cancelled():
+        if not future.cancelled():
             return
         with self._cond:
-            try:
-                self._pending.remove(job)
-            except ValueError:
+            job = next((j for j in self._pending if j.future is future), None)
+            if job is None:
                 return  # a worker took it already: `_admit` drops it
+            self._pending.remove(job)
             self._observer.queue_depth(len(self._pending))
         self._observer.job_dropped("cancelled")
 
@@ -291,14 +293,21 @@ class Batcher:
         lower_priority(self.config.worker_nice)
         while True:
             try:
-                jobs = self._collect()
-                if jobs is None:
+                if not self._serve_batch(run):
                     return
-                jobs = self._admit(jobs)
-                if jobs:
-                    self._execute(run, jobs)
             except Exception:  # the worker must survive anything; a bug here fails no job silently
                 log.exception("batch worker error")
+
+    def _serve_batch(self, run: RunFn) -> bool:
+        """Collect one batch and run it; False when stopping. Its jobs are referred to only while it runs: a worker
+        waiting for the next batch holds none of the last one's images."""
+        jobs = self._collect()
+        if jobs is None:
+            return False
+        jobs = self._admit(jobs)
+        if jobs:
+            self._execute(run, jobs)
+        return True
 
     def _collect(self) -> list[Job] | None:
         """Block until a batch is due; take it off the queue. None when stopping."""

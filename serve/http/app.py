@@ -29,6 +29,7 @@ from serve.engine.batching import BatchConfig, Batcher
 from serve.http.drain import Drain, DrainMiddleware
 from serve.engine.runner import ModelRunner, RunnerOptions
 from serve.http.errors import install_error_handlers
+from serve.http.memory import MemoryBudget, ReleaseWhenAnswered
 from serve.http.metrics import ServiceMetrics
 from serve.http.middleware import BeforeBody, BodyTimeout, ContentLengthLimit, RequestMiddleware, bearer_token
 from serve.http.routes import model, operations, stylize, video
@@ -150,12 +151,14 @@ def create_app(settings: ServeSettings | None = None, *, ui_mounter: UiMounter |
 
 def _service_state(settings: ServeSettings) -> ServiceState:
     """What the routes share (app.state.service); the model itself is loaded by the lifespan."""
+    metrics = ServiceMetrics()
     return ServiceState(
-        settings=settings, metrics=ServiceMetrics(), keys=KeyRing(settings.api_keys),
+        settings=settings, metrics=metrics, keys=KeyRing(settings.api_keys),
         auth_failures=FailureLimiter(settings.auth_max_failures, settings.auth_failure_window_s),
         decoder=imaging.UploadDecoder(max_pixels=settings.max_pixels,
                                       max_whole_pixels=settings.max_whole_decode_pixels,
                                       concurrency=settings.decode_concurrency),
+        memory=MemoryBudget(settings.max_pixels_in_flight, metrics),
         devices=resolve_devices(settings.device),
         drain=Drain(settings.drain_timeout_s),
     )
@@ -164,7 +167,9 @@ def _service_state(settings: ServeSettings) -> ServiceState:
 def _add_middleware(app: FastAPI, state: ServiceState) -> None:
     """The middleware stack, innermost first (each `add_middleware` wraps the ones before it)."""
     settings = state.settings
-    # innermost, so that its refusals carry the CORS headers, the request id and the access log line
+    # innermost: a request's pixels (serve.http.memory) go back once its answer is sent, whatever happened
+    app.add_middleware(ReleaseWhenAnswered, paths=stylize.PATHS)
+    # so that its refusals carry the CORS headers, the request id and the access log line
     app.add_middleware(DrainMiddleware, drain=state.drain, always_open=operations.ALWAYS_OPEN_PATHS,
                        untracked_prefixes=(UI_PATH,), max_discard_bytes=settings.max_upload_bytes)
     # the UI's upload route too: the whole call (all its files) within the API's request limit

@@ -20,8 +20,8 @@ from serve.http.schemas import ErrorBody
 from stylevar.utils.errors import CodedError
 
 IMAGE_ERROR_STATUS = {"not_an_image": 415, "corrupt_image": 422, "image_too_large": 413, "bad_image": 422}
-BATCH_ERROR_STATUS = {"queue_full": 503, "out_of_memory": 503, "shutting_down": 503, "deadline_exceeded": 504,
-                      "inference_failed": 500}
+BATCH_ERROR_STATUS = {"queue_full": 503, "memory_busy": 503, "out_of_memory": 503, "shutting_down": 503,
+                      "deadline_exceeded": 504, "inference_failed": 500}
 VIDEO_ERROR_STATUS = {"not_a_video": 415, "unsupported_codec": 415, "corrupt_video": 422, "video_too_long": 413,
                       "video_too_large": 413, "bad_video": 422}
 ERROR_STATUS = {**IMAGE_ERROR_STATUS, **VIDEO_ERROR_STATUS, **BATCH_ERROR_STATUS}  # any other code: 500
@@ -36,7 +36,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         401: "missing or wrong API key", 429: "too many wrong API keys from this client (see Retry-After)",
         406: "the requested media type cannot be produced",
         413: "upload too large (bytes or pixels)", 415: "not a JPEG, PNG or WebP image",
-        422: "invalid field or corrupt image", 503: "queue full or not ready (see Retry-After)",
+        422: "invalid field or corrupt image", 503: "queue full, memory busy or not ready (see Retry-After)",
         504: "deadline exceeded",
     }.items()
 }

@@ -9,7 +9,7 @@ import base64
 import io
 import zipfile
 from collections.abc import Sequence
-from typing import Literal
+from typing import BinaryIO, Literal
 
 from PIL import Image
 from starlette.concurrency import run_in_threadpool
@@ -39,6 +39,18 @@ def header_pixels(data: bytes) -> int | None:
     except Exception:  # noqa: BLE001 - any unreadable header: `decode_upload` names the problem
         return None
     return w * h
+
+
+def upload_size(file: BinaryIO) -> tuple[int, int] | None:
+    """(width, height) from the header of an uploaded file (a few KB read; the file is left at its start); None when
+    the header cannot be read (the decoder then says why)."""
+    try:
+        with Image.open(file) as img:
+            return img.size
+    except Exception:  # noqa: BLE001 - any unreadable header: `decode_upload` names the problem
+        return None
+    finally:
+        file.seek(0)
 
 
 class PixelBudget:

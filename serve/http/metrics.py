@@ -9,8 +9,8 @@ BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256)
 
 
 class ServiceMetrics:
-    """HTTP, queue, batch and condition-cache metrics. Implements `serve.engine.batching.BatchObserver` and
-    `serve.engine.conditions.CacheObserver`."""
+    """HTTP, queue, memory, batch and condition-cache metrics. Implements `serve.engine.batching.BatchObserver`,
+    `serve.http.memory.PixelObserver` and `serve.engine.conditions.CacheObserver`."""
 
     content_type = CONTENT_TYPE_LATEST
 
@@ -38,7 +38,11 @@ class ServiceMetrics:
         )
         self.dropped = Counter("stylevar_jobs_dropped", "Jobs dropped before running", ("reason",), registry=r)
         self.oom_splits = Counter("stylevar_oom_splits", "Batches split after running out of memory", registry=r)
-        self.rejected = Counter("stylevar_jobs_rejected", "Jobs refused at the queue", ("reason",), registry=r)
+        self.rejected = Counter("stylevar_jobs_rejected", "Jobs refused at the queue or for memory", ("reason",),
+                                registry=r)
+        self.pixels_held = Gauge("stylevar_pixels_in_flight", "Pixels of full-size images held by requests "
+                                 "(decoded inputs and results, serve.http.memory)", registry=r)
+        self.pixels_waiting = Gauge("stylevar_pixels_waiting", "Pixels of requests waiting for memory", registry=r)
         self.ready = Gauge("stylevar_ready", "1 when the model is loaded and warmed up", registry=r)
         self.cache_hits = Counter("stylevar_condition_cache_hits", "Reference images whose condition came from "
                                   "the cache, by kind (style, content)", ("kind",), registry=r)
@@ -69,6 +73,11 @@ class ServiceMetrics:
 
     def oom_split(self) -> None:
         self.oom_splits.inc()
+
+    # -- PixelObserver (serve.http.memory) ---------------------------------------------------------
+    def pixels(self, held: int, waiting: int) -> None:
+        self.pixels_held.set(held)
+        self.pixels_waiting.set(waiting)
 
     # -- CacheObserver -----------------------------------------------------------------------------
     def cache_lookup(self, kind: str, hits: int, misses: int) -> None:

@@ -17,6 +17,7 @@ from serve.engine.batching import Batcher, BatchError
 from serve.http.drain import Drain
 from serve.engine.runner import ModelRunner
 from serve.http.errors import ServiceError, from_coded_error
+from serve.http.memory import MemoryBudget
 from serve.http.metrics import ServiceMetrics
 from serve.settings import ServeSettings
 
@@ -28,6 +29,7 @@ class ServiceState:
     keys: KeyRing
     auth_failures: FailureLimiter
     decoder: imaging.UploadDecoder
+    memory: MemoryBudget  # the pixels of full-size images in flight, all requests together
     devices: list[torch.device] = field(default_factory=list)  # one runner each, loaded at startup
     runners: list[ModelRunner] = field(default_factory=list)
     batcher: Batcher | None = None
@@ -53,12 +55,14 @@ def get_state(request: Request) -> ServiceState:
 
 
 def check_room(state: ServiceState, scope) -> None:
-    """Refuse (ServiceError 503 with Retry-After) a request the queue would refuse now, before its body is read
-    (`serve.http.middleware.BeforeBody`); nothing to check before the model is loaded (the route answers that)."""
+    """Refuse (ServiceError 503 with Retry-After) a request the queue would refuse now, or that would wait for memory
+    past its deadline whatever its size, before its body is read (`serve.http.middleware.BeforeBody`); nothing to
+    check before the model is loaded (the route answers that)."""
     if state.batcher is None:
         return
     try:
         state.batcher.check_room()
+        state.memory.check(state.settings.request_timeout_s)
     except BatchError as e:
         state.metrics.rejected.labels(e.code).inc()
         raise from_coded_error(e) from e

@@ -25,8 +25,8 @@ drawing is returned unchanged.
 
 Memory stays bounded: the coefficients live at the model's resolution, and the output is computed in
 strips of about ``strip_pixels`` pixels (each strip's bilinear weights computed for its own rows, so
-strips give what one piece gives); beyond the returned image and the content it holds a few float
-strips. It runs on the drawing's device (CPU or GPU).
+strips give what one piece gives), each read from the bicubic result and written back into it: beyond
+the returned image and the content it holds a few float strips, whatever the image's size. It runs on the drawing's device (CPU or GPU).
 
 This is post-processing after the model: the model's output at its own resolution (published-model
 conformance) is untouched. `stylevar.processing.refine` is a different step: a guided filter *at the model's
@@ -144,16 +144,19 @@ def upscale(drawing_3SS: torch.Tensor, seen_3SS: torch.Tensor, fit: Fit, content
     seen_y = luminance(_crop_box(seen_3SS.float().to(drawing.device), fit).unsqueeze(0))
     slopes = detail_slopes(drawing, seen_y, cfg.radius, cfg.eps)[0]  # (3, h, w)
     guide = guide_image(content, fit, base.size)
-    out = np.array(base)  # (H, W, 3) uint8, written strip by strip
     W, H = base.size
     step = max(1, cfg.strip_pixels // W)
-    for top in range(0, H, step):
+    for top in range(0, H, step):  # each strip read from the bicubic result and written back into it, in place
         rows = (top, min(H, top + step))
-        strip = guide.crop((0, rows[0], W, rows[1]))
-        full_y = luminance(torch.from_numpy(np.array(strip)).to(drawing.device).permute(2, 0, 1)
-                           .unsqueeze(0).float().div_(255))[0]  # (1, rows, W)
+        box = (0, rows[0], W, rows[1])
+        full_y = luminance(_pixels(guide.crop(box), drawing.device))[0]  # (1, rows, W)
         detail = full_y - _resample_rows(seen_y[0], (H, W), rows)
-        base_strip = torch.from_numpy(out[rows[0]:rows[1]]).to(drawing.device).permute(2, 0, 1).float().div_(255)
-        new = base_strip + cfg.strength * _resample_rows(slopes, (H, W), rows) * detail
-        out[rows[0]:rows[1]] = new.clamp_(0, 1).mul_(255).round_().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
-    return Image.fromarray(out, "RGB")
+        new = _pixels(base.crop(box), drawing.device)[0] + cfg.strength * _resample_rows(slopes, (H, W), rows) * detail
+        strip = new.clamp_(0, 1).mul_(255).round_().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+        base.paste(Image.fromarray(strip, "RGB"), box[:2])
+    return base
+
+
+def _pixels(img: Image.Image, device: torch.device) -> torch.Tensor:
+    """An RGB image as (1, 3, H, W) float in [0, 1] on `device`."""
+    return torch.from_numpy(np.array(img)).to(device).permute(2, 0, 1).unsqueeze(0).float().div_(255)

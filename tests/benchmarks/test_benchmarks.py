@@ -86,3 +86,21 @@ def test_overload_benchmark_runs_and_reports_every_figure(tiny_model_dir, tmp_pa
         assert set(run["rss_mb"]) == {"start", "peak", "end"} and run["rss_mb"]["peak"] >= run["rss_mb"]["start"]
     table = capsys.readouterr().out
     assert "| run | sent | 200 | 503 |" in table and table.count("\n| 1 |") == 1
+
+
+def test_fullsize_memory_benchmark_reports_each_burst(tiny_model_dir, tmp_path, capsys):
+    """Small images and a budget of one request at a time: each burst's statuses add up, the peak is measured."""
+    from benchmarks import fullsize_memory
+
+    out = tmp_path / "fullsize.json"
+    assert fullsize_memory.main(["--side", "400", "--bursts", "2,3", "--pause-s", "0.2", "--model", str(tiny_model_dir),
+                                 "--images", str(tmp_path / "img"), "--set", "STYLEVAR_MAX_PIXELS_IN_FLIGHT=400000",
+                                 "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [b["requests"] for b in report["bursts"]] == [2, 3] and not report["tracebacks_in_log"]
+    for burst in report["bursts"]:
+        assert sum(burst["statuses"].values()) == burst["requests"] and burst["within_deadline"]
+        assert burst["peak_mb"] >= burst["rss_before_mb"] > 0
+    assert report["settings"]["STYLEVAR_MAX_PIXELS_IN_FLIGHT"] == "400000"
+    assert sorted(p.name for p in (tmp_path / "img").iterdir()) == ["photo-like-400-2-0.png", "photo-like-400-2-1.png"]
+    assert "| concurrent | 200 | 503 (with Retry-After) |" in capsys.readouterr().out

@@ -383,3 +383,27 @@ def test_the_startup_heap_is_frozen_before_the_service_is_ready(tiny_model_dir, 
     finally:
         gc.unfreeze()  # the rest of the test process collects as before
     assert (frozen > 10_000) if freeze else frozen == 0, frozen
+
+
+def test_a_finished_job_is_freed_as_soon_as_its_caller_drops_it(metrics):
+    """Neither the worker (waiting for the next batch) nor the job's own future keeps a served job alive: its
+    payload and result (a full-size content and its images, in the service) go at once, not at some later
+    garbage collection."""
+    import gc
+    import weakref
+
+    class Image:  # stands for a large payload; weakly referable
+        pass
+
+    b = make(lambda jobs: [Image() for _ in jobs], metrics)
+    b.start()
+    gc.disable()
+    try:
+        job = b.submit("k", Image(), timeout_s=T)
+        payload, result = weakref.ref(job.payload), weakref.ref(job.future.result(10))
+        time.sleep(0.1)  # the worker is back waiting for a batch
+        del job
+        assert payload() is None and result() is None
+    finally:
+        gc.enable()
+        b.stop()

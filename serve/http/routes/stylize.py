@@ -1,13 +1,15 @@
 """`POST /stylize` (one answer: image, zip or JSON) and `POST /stylize/stream` (Server-Sent Events).
 
-Both check the form, take a queue slot, decode the uploads and queue one job (`submit`), then wait for
-it with `serve.http.jobs.follow_job`. `create_app` includes `router` with the service's body size limit.
+Both check the form, take a queue slot and the request's pixels (`serve.http.memory`), decode the uploads and
+queue one job (`submit`), then wait for it with `serve.http.jobs.follow_job`. `create_app` includes `router`
+with the service's body size limit.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -19,7 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from PIL import Image
 from starlette.concurrency import run_in_threadpool
 
-from stylevar.processing.images import ImageError, fit_of, tensor_to_pil, unfit
+from stylevar.processing.images import ImageError, capped_size, fit_of, tensor_to_pil, unfit
 from stylevar.pipelines.request import StylizeRequest
 from stylevar.processing.postprocess import MAX_STYLES, os_random_seed, upscale_factor
 
@@ -28,6 +30,7 @@ from serve.engine.batching import BatchError, Job
 from serve.engine.runner import PreviewFn, StylizeTask
 from serve.http.errors import ERROR_RESPONSES, ClientGone, ServiceError, from_coded_error
 from serve.http.jobs import follow_job, job_result, wait_for_job
+from serve.http.memory import hold_until_answered
 from serve.http.negotiation import ZIP_MEDIA_TYPE, negotiate
 from serve.http.schemas import ImageOut, StylizeForm, StylizeResult
 from serve.http.state import ServiceState, get_state, require_key, require_loaded
@@ -67,21 +70,57 @@ def stylize_upload(content: ContentUpload, style: StyleUploads, form: Annotated[
     return StylizeUpload(content, style, style_mask, form.request())
 
 
-async def decode_uploads(st: ServiceState, upload: StylizeUpload) -> list[Image.Image]:
-    """The content, the styles and the masks, in that order, decoded downscaled within the request's pixel budget.
-    The content sets the size of the result (at most max_output_side); styles and masks are only ever seen at the
-    model's resolution, so they are decoded small."""
-    settings, styles, masks = st.settings, upload.styles, upload.masks
-    max_side = max(settings.max_output_side, st.runner.pipe.image_size)
+Plan = list[tuple[str, UploadFile, int]]  # (field name, upload, long side it is decoded at) of each image
+
+
+def decode_plan(st: ServiceState, upload: StylizeUpload) -> Plan:
+    """The content, the styles and the masks, in that order, with the long side each is decoded at. The content
+    sets the size of the result (at most max_output_side); styles and masks are only ever seen at the model's
+    resolution, so they are decoded small."""
+    max_side = max(st.settings.max_output_side, st.runner.pipe.image_size)
     reference_side = min(max_side, max(REFERENCE_SIDE, st.runner.pipe.image_size))
+    styles, masks = upload.styles, upload.masks or []
     several = len(styles) > 1
-    uploads = [("content", upload.content, max_side)]
-    uploads += [(f"style {i + 1}" if several else "style", u, reference_side) for i, u in enumerate(styles)]
-    uploads += [(f"style_mask {i + 1}" if several else "style_mask", u, reference_side)
-                for i, u in enumerate(masks or [])]
-    budget = imaging.PixelBudget(settings.max_request_pixels)
+    plan = [("content", upload.content, max_side)]
+    plan += [(f"style {i + 1}" if several else "style", u, reference_side) for i, u in enumerate(styles)]
+    plan += [(f"style_mask {i + 1}" if several else "style_mask", u, reference_side) for i, u in enumerate(masks)]
+    return plan
+
+
+def request_pixels(plan: Plan, request: StylizeRequest, max_output_side: int) -> int:
+    """The pixels a request holds in memory, from its files' headers (a few KB read from each): every image as
+    decoded, each mask once more at the content's size (where it is resized on the worker), and each result
+    (`unfit`'s size). An unreadable header counts nothing (decoding it then fails)."""
+    sizes = [imaging.upload_size(file.file) or (0, 0) for _, file, _ in plan]
+    decoded = [capped_size(size, side) if size[0] else size for size, (_, _, side) in zip(sizes, plan)]
+    content = decoded[0]
+    if request.resize == "crop":
+        side = min(*content, max_output_side)
+        result = side * side
+    else:
+        result = math.prod(capped_size(content, max_output_side)) if content[0] else 0
+    masks = sum(name.startswith("style_mask") for name, _, _ in plan)
+    return sum(math.prod(d) for d in decoded) + masks * math.prod(content) + request.num_samples * result
+
+
+async def reserve_pixels(st: ServiceState, plan: Plan, req: StylizeRequest, request: Request) -> None:
+    """Hold the request's pixels in the service's budget (`serve.http.memory`) until its answer is sent: at once,
+    after a wait within its deadline, or 503 `memory_busy` with `Retry-After` (413 over the whole budget)."""
+    pixels = await run_in_threadpool(request_pixels, plan, req, st.settings.max_output_side)
+    deadline = request.state.arrived + st.settings.request_timeout_s
+    try:
+        reservation = await st.memory.reserve(pixels, deadline, request.is_disconnected)
+    except BatchError as e:
+        st.metrics.rejected.labels(e.code).inc()
+        raise from_coded_error(e) from e
+    hold_until_answered(request.scope, reservation)
+
+
+async def decode_uploads(st: ServiceState, plan: Plan) -> list[Image.Image]:
+    """The images of `plan`, decoded downscaled within the request's pixel budget."""
+    budget = imaging.PixelBudget(st.settings.max_request_pixels)
     images = []
-    for name, file, side in uploads:
+    for name, file, side in plan:
         data = await file.read()
         try:
             images.append(await st.decoder.decode(data, max_side=side, budget=budget))
@@ -112,9 +151,10 @@ def check_mix(styles: list[UploadFile], masks: list[UploadFile] | None, weights:
 
 async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
                  on_preview: PreviewFn | None = None) -> tuple[Job, Image.Image]:
-    """Check the fields, take a queue slot (503 at once when the queue is full), then decode the
-    images (downscaled, a bounded number at a time) and queue the job with what is left of the request's
-    deadline: it counts from the request's arrival, the upload and decoding included."""
+    """Check the fields, take a queue slot (503 at once when the queue is full) and the request's pixels (a wait,
+    or 503), then decode the images (downscaled, a bounded number at a time) and queue the job with what is left of
+    the request's deadline: it counts from the request's arrival, the upload and decoding included. `ClientGone`
+    when the client leaves while the request waits for its pixels."""
     rid = request.state.request_id
     st = require_loaded(state)
     settings, styles, masks = st.settings, upload.styles, upload.masks
@@ -127,7 +167,9 @@ async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
         st.metrics.rejected.labels(e.code).inc()
         raise from_coded_error(e) from e
     with admission:
-        images = await decode_uploads(st, upload)
+        plan = decode_plan(st, upload)
+        await reserve_pixels(st, plan, req, request)
+        images = await decode_uploads(st, plan)
         n = len(styles)
         stylization = st.runner.pipe.prepare(req, images[0], images[1:1 + n], images[1 + n:] if masks else None,
                                              max_side=st.runner.max_output_side, random_seed=os_random_seed)
@@ -183,8 +225,8 @@ async def stylize(request: Request, upload: Annotated[StylizeUpload, Depends(sty
     form = upload.request
     media = imaging.MEDIA_TYPES[form.format]
     representation = negotiate(request, media, form.num_samples)
-    job, _ = await submit(state, upload, request)
     try:
+        job, _ = await submit(state, upload, request)
         images = await wait_for_job(job, request)
     except ClientGone:
         log.info("client went away; job dropped")
@@ -209,7 +251,7 @@ async def stylize(request: Request, upload: Annotated[StylizeUpload, Depends(sty
                **ERROR_RESPONSES},
 )
 async def stylize_stream(request: Request, upload: Annotated[StylizeUpload, Depends(stylize_upload)],
-                         state: Annotated[ServiceState, Depends(get_state)]) -> StreamingResponse:
+                         state: Annotated[ServiceState, Depends(get_state)]) -> Response:
     """Server-Sent Events: a `preview` event per scale, then a `result` event (as the JSON of /stylize)."""
     loop = asyncio.get_running_loop()
     previews: asyncio.Queue[tuple[int, torch.Tensor]] = asyncio.Queue()
@@ -218,7 +260,11 @@ async def stylize_stream(request: Request, upload: Annotated[StylizeUpload, Depe
         loop.call_soon_threadsafe(previews.put_nowait, (k, previews_n3HW))
 
     form = upload.request
-    job, content_img = await submit(state, upload, request, on_preview)
+    try:
+        job, content_img = await submit(state, upload, request, on_preview)
+    except ClientGone:
+        log.info("client went away while waiting for memory")
+        return Response(status_code=499)
     side = state.runner.pipe.image_size
     fit = fit_of(content_img.size, side, form.resize)
     patch_nums = list(state.runner.pipe.config.transformer.patch_nums)

@@ -1,0 +1,268 @@
+"""The memory of full-size images, bounded across requests: a process-wide budget of pixels in flight.
+
+A stylize request's large buffers all grow with pixels: its decoded content (up to `max_output_side` a side), its
+style images and masks, each result (the drawing upsampled to the content's size) and its encoding. Before
+decoding anything, a request reserves its pixels (`request_pixels` in `serve.http.routes.stylize` counts them from
+the files' headers) and holds them until its answer has been sent (`ReleaseWhenAnswered`); the pixels held by all
+requests together never exceed `ServeSettings.max_pixels_in_flight`.
+
+A request that does not fit waits its turn (first come, first served), within its deadline: it is refused at once
+(`MemoryBusyError`, 503 with `Retry-After`) when the requests holding and waiting ahead of it would, at the
+measured time a pixel is held, leave it too little time to be served, and it stops waiting (the same 503) when the
+last moment to start passes. A request needing more pixels than the whole budget is refused with 413
+(`image_too_large`): it could never be served within the bound. All of it runs on the event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import heapq
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from serve.engine.batching import QueueFullError
+from serve.http.errors import ClientGone
+from stylevar.processing.images import ImageTooLargeError
+
+MARGIN_S = 0.5  # a request must expect to be answered this long before its deadline to be admitted
+SAFETY = 1.2  # ... and its measured hold time counts this much more: holds vary with what runs beside them
+POLL_S = 0.25  # how often a waiting request checks that its client is still there
+DECAY = 0.8  # weight of the past in the measured time per pixel, at each release
+TRIM_PIXELS = 4_000_000  # a request that held this many pixels gives the freed heap back to the system
+SCOPE_KEY = "pixels_reserved"  # where a request's reservation waits for its answer to be sent (scope["state"])
+
+
+class MemoryBusyError(QueueFullError):
+    """The pixels a request needs cannot be had in time; try again after `retry_after_s`."""
+
+    code = "memory_busy"
+
+
+class PixelObserver(Protocol):
+    def pixels(self, held: int, waiting: int) -> None: ...
+
+
+@dataclass(eq=False)
+class Reservation:
+    """Pixels held by one request; `release` (once, idempotent) gives them back."""
+
+    pixels: int
+    budget: MemoryBudget | None = None
+    acquired_at: float = 0.0
+    released: bool = False
+
+    def release(self, used: bool = True) -> None:
+        """`used`: False for pixels given back unused (they say nothing of how long a request holds them)."""
+        if not self.released:
+            self.released = True
+            if self.budget is not None:
+                self.budget._release(self, used)
+
+
+@dataclass(eq=False)
+class _Waiter:
+    pixels: int
+    granted: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class MemoryBudget:
+    """At most `limit` pixels held at once by all requests (0: no bound). Not thread-safe: event loop only."""
+
+    def __init__(self, limit: int, observer: PixelObserver | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.limit, self._observer, self._clock = limit, observer, clock
+        self.held = 0
+        self._holders: set[Reservation] = set()
+        self._line: deque[_Waiter] = deque()
+        self._seconds = self._pixels = 0.0  # decayed sums of the hold times and the pixels held
+
+    @property
+    def waiting(self) -> int:
+        return sum(w.pixels for w in self._line)
+
+    def hold_s(self, pixels: int) -> float:
+        """The measured time `pixels` stay held (from their reservation to the answer sent); 0 before any."""
+        return pixels * self._seconds / self._pixels if self._pixels else 0.0
+
+    def check(self, timeout_s: float) -> None:
+        """`MemoryBusyError` when even a request of no pixels, arriving now, would start past its deadline (the
+        line ahead of it too long): what can be said before its body is read."""
+        if self.limit and self._line:
+            self._refuse_if_late(0, self._clock() + timeout_s)
+
+    async def reserve(self, pixels: int, deadline: float,
+                      disconnected: Callable[[], Awaitable[bool]] | None = None) -> Reservation:
+        """Hold `pixels` for a request whose answer is due at `deadline` (`time.monotonic()`), waiting for them
+        while there is time; `MemoryBusyError` when there is not, `ImageTooLargeError` when they exceed the
+        whole budget, `ClientGone` when `disconnected()` says the client left while waiting."""
+        if not self.limit:
+            return Reservation(pixels)
+        if pixels > self.limit:
+            raise ImageTooLargeError(
+                f"the request needs {pixels / 1e6:.1f} megapixels in memory (its decoded images and results), "
+                f"more than the service's budget of {self.limit / 1e6:.1f} (STYLEVAR_MAX_PIXELS_IN_FLIGHT): send a "
+                "smaller content image or fewer samples")
+        if not self._line and self.held + pixels <= self.limit:
+            return self._grant(pixels)
+        self._refuse_if_late(pixels, deadline)
+        waiter = _Waiter(pixels)
+        self._line.append(waiter)
+        self._report()
+        try:
+            await self._wait(waiter, deadline, disconnected)
+        except BaseException:
+            self._leave(waiter)
+            raise
+        return waiter.granted.result()
+
+    def _refuse_if_late(self, pixels: int, deadline: float) -> None:
+        """`MemoryBusyError` when the line ahead of a request of `pixels` is predicted to hold it past the latest
+        moment it may start to be answered by `deadline`."""
+        now = self._clock()
+        start = self._predicted_start(pixels, now)
+        if start > self._latest_start(pixels, deadline):
+            raise MemoryBusyError(
+                f"the service's memory for full-size images is taken: {self.held / 1e6:.1f} megapixels held and "
+                f"{self.waiting / 1e6:.1f} waiting of {self.limit / 1e6:.1f}; this request would not be answered "
+                "before its deadline", max(1, math.ceil(start - now)))
+
+    def _latest_start(self, pixels: int, deadline: float) -> float:
+        """The last moment a request of `pixels` may get them and still be answered by `deadline`."""
+        return deadline - SAFETY * self.hold_s(pixels) - MARGIN_S
+
+    def _predicted_start(self, pixels: int, now: float) -> float:
+        """When a request of `pixels` joining the line now would get them, if every request holding or waiting
+        ahead holds its pixels for the measured time (first come, first served)."""
+        releases = [(max(now, r.acquired_at + self.hold_s(r.pixels)), r.pixels) for r in self._holders]
+        heapq.heapify(releases)
+        free, t = self.limit - self.held, now
+        for need in [w.pixels for w in self._line] + [pixels]:
+            while free < need and releases:
+                at, px = heapq.heappop(releases)
+                t, free = max(t, at), free + px
+            free -= need
+            heapq.heappush(releases, (t + self.hold_s(need), need))
+        return t
+
+    async def _wait(self, waiter: _Waiter, deadline: float,
+                    disconnected: Callable[[], Awaitable[bool]] | None) -> None:
+        """Until `waiter` has its pixels. The last moment to start follows the measured hold time, which the
+        requests ahead may change meanwhile; pixels granted after that moment go back at once."""
+        while True:
+            left = self._latest_start(waiter.pixels, deadline) - self._clock()
+            if waiter.granted.done() or left <= 0:
+                break
+            await asyncio.wait({waiter.granted}, timeout=min(POLL_S, left))
+            if not waiter.granted.done() and disconnected is not None and await disconnected():
+                raise ClientGone()
+        if left <= 0:
+            raise MemoryBusyError(
+                "the service's memory for full-size images did not free up in time for this request to be answered "
+                "before its deadline", max(1, math.ceil(self.hold_s(waiter.pixels))))
+
+    def _grant(self, pixels: int) -> Reservation:
+        reservation = Reservation(pixels, self, self._clock())
+        self.held += pixels
+        self._holders.add(reservation)
+        self._report()
+        return reservation
+
+    def _leave(self, waiter: _Waiter) -> None:
+        """A waiter that stopped waiting: out of the line, or its pixels back if they were granted meanwhile."""
+        if waiter.granted.done():
+            if not waiter.granted.cancelled():
+                waiter.granted.result().release(used=False)
+            return
+        waiter.granted.cancel()
+        self._line.remove(waiter)
+        self._serve_line()  # the head may have been what held the others back
+
+    def _release(self, reservation: Reservation, used: bool) -> None:
+        self._holders.discard(reservation)
+        self.held -= reservation.pixels
+        if used:
+            self._seconds = DECAY * self._seconds + (self._clock() - reservation.acquired_at)
+            self._pixels = DECAY * self._pixels + reservation.pixels
+        self._serve_line()
+
+    def _serve_line(self) -> None:
+        while self._line and self.held + self._line[0].pixels <= self.limit:
+            waiter = self._line.popleft()
+            waiter.granted.set_result(self._grant(waiter.pixels))
+        self._report()
+
+    def _report(self) -> None:
+        if self._observer is not None:
+            self._observer.pixels(self.held, self.waiting)
+
+
+class HeapTrimmer:
+    """Gives the heap memory that large images freed back to the system (glibc's `malloc_trim`), on a thread of its
+    own. Freed blocks otherwise stay resident in the allocator's per-thread arenas (measured: about 300 MB more after
+    each 36-megapixel request on the 2-core machine, until the next one happened to reuse them). A no-op where
+    the C library has no `malloc_trim` (musl, macOS). One per process: the heap is the process's."""
+
+    def __init__(self) -> None:
+        self._wanted = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._trim = _malloc_trim()
+
+    def request(self) -> None:
+        if self._trim is None:
+            return
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="stylevar-heap-trim", daemon=True)
+                self._thread.start()
+        self._wanted.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wanted.wait()
+            self._wanted.clear()
+            self._trim(0)
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+HEAP_TRIMMER = HeapTrimmer()
+
+
+def hold_until_answered(scope: Scope, reservation: Reservation) -> None:
+    """Keep `reservation` until the request's answer has been sent (`ReleaseWhenAnswered` releases it)."""
+    scope.setdefault("state", {})[SCOPE_KEY] = reservation
+
+
+class ReleaseWhenAnswered:
+    """Release the pixels a request to `paths` reserved once its answer is sent, or the request fails or is
+    abandoned: a response is sent after its route returns, and the image it carries is in memory until then."""
+
+    def __init__(self, app: ASGIApp, paths: tuple[str, ...]):
+        self.app, self.paths = app, paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") not in self.paths:
+            await self.app(scope, receive, send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            reservation = scope.get("state", {}).pop(SCOPE_KEY, None)
+            if reservation is not None:
+                reservation.release()
+                if reservation.pixels >= TRIM_PIXELS:
+                    HEAP_TRIMMER.request()

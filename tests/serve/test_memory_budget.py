@@ -1,0 +1,308 @@
+"""The service's memory budget for full-size images (`serve.http.memory`): its line on its own (first come, first
+served, waits bounded by the deadline, refusals with a Retry-After, the pixels back however a request ends), then
+through the real app with small images and a tiny budget: requests beyond it wait or get 503 with Retry-After,
+never a 5xx; one request larger than the whole budget gets 413 before anything is decoded."""
+from __future__ import annotations
+
+import asyncio
+import io
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from serve.http.app import create_app
+from serve.http.errors import ClientGone
+from serve.http.memory import MARGIN_S, MemoryBudget, MemoryBusyError
+from serve.http.routes import stylize
+from serve.settings import ServeSettings
+from stylevar.pipelines.request import StylizeRequest
+from stylevar.processing.images import ImageTooLargeError
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_requests_that_fit_get_their_pixels_at_once_and_give_them_back():
+    async def scenario() -> None:
+        budget = MemoryBudget(100)
+        a, b = await budget.reserve(60, time.monotonic() + 10), await budget.reserve(40, time.monotonic() + 10)
+        assert budget.held == 100
+        a.release()
+        a.release()  # idempotent
+        assert budget.held == 40
+        b.release()
+        assert budget.held == 0
+
+    asyncio.run(scenario())
+
+
+def test_more_than_the_whole_budget_is_refused_as_too_large():
+    with pytest.raises(ImageTooLargeError, match="STYLEVAR_MAX_PIXELS_IN_FLIGHT"):
+        asyncio.run(MemoryBudget(100).reserve(101, time.monotonic() + 10))
+
+
+def test_no_bound_at_zero():
+    async def scenario() -> None:
+        budget = MemoryBudget(0)
+        held = [await budget.reserve(10**9, time.monotonic() + 1) for _ in range(3)]
+        assert budget.held == 0 and len(held) == 3
+
+    asyncio.run(scenario())
+
+
+def test_the_line_is_first_come_first_served():
+    """A small request behind a large one waits too (no starvation of the large one), and both get their pixels
+    as soon as the holder gives them back."""
+    async def scenario() -> list[str]:
+        budget, order = MemoryBudget(100), []
+        holder = await budget.reserve(60, time.monotonic() + 10)
+
+        async def ask(name: str, pixels: int) -> None:
+            r = await budget.reserve(pixels, time.monotonic() + 10)
+            order.append(name)
+            await asyncio.sleep(0.05)
+            r.release()
+
+        tasks = [asyncio.create_task(ask("large", 90))]
+        await asyncio.sleep(0.01)
+        tasks.append(asyncio.create_task(ask("small", 10)))  # would fit beside the holder, but comes second
+        await asyncio.sleep(0.1)
+        assert order == [] and budget.waiting == 100
+        holder.release()
+        await asyncio.gather(*tasks)
+        assert budget.held == 0 and budget.waiting == 0
+        return order
+
+    assert asyncio.run(scenario()) == ["large", "small"]
+
+
+def test_a_wait_ends_with_503_before_the_deadline_and_leaves_the_line():
+    async def scenario() -> None:
+        budget = MemoryBudget(100)
+        holder = await budget.reserve(100, time.monotonic() + 10)
+        t0 = time.monotonic()
+        with pytest.raises(MemoryBusyError) as refused:
+            await budget.reserve(50, t0 + MARGIN_S + 0.3)
+        waited = time.monotonic() - t0
+        assert 0.2 < waited < 0.3 + 0.2, "it stops waiting MARGIN_S before its deadline"
+        assert refused.value.retry_after_s >= 1 and refused.value.code == "memory_busy"
+        assert budget.waiting == 0
+        holder.release()
+        assert budget.held == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_line_that_would_outlast_the_deadline_is_refused_at_once():
+    """Once a hold time has been measured, a request the line ahead would hold past its deadline is refused
+    without waiting, with a Retry-After of the predicted wait; `check` says the same before a body is read."""
+    async def scenario() -> None:
+        clock = Clock()
+        budget = MemoryBudget(100, clock=clock)
+        first = await budget.reserve(100, clock.now + 60)
+        clock.now += 10.0  # 100 pixels held for 10 s: 0.1 s a pixel
+        first.release()
+        held = await budget.reserve(100, clock.now + 60)  # predicted to leave 10 s from now
+        waiting = asyncio.create_task(budget.reserve(100, clock.now + 60))  # then 10 s more
+        await asyncio.sleep(0.01)
+        with pytest.raises(MemoryBusyError) as refused:
+            await budget.reserve(50, clock.now + 20)  # would start at +20 s, its deadline
+        assert refused.value.retry_after_s == 20
+        budget.check(11.0)  # a request of no pixels would start at +10 s, as the one waiting gets its pixels
+        with pytest.raises(MemoryBusyError):
+            budget.check(10.0)
+        held.release()
+        (await waiting).release()
+        budget.check(1.0)  # the line is empty
+
+    asyncio.run(scenario())
+
+
+def test_pixels_granted_too_late_go_back_and_the_request_is_refused():
+    """The last moment to start follows the measured hold: a waiter whose turn comes when too little time is left
+    to be answered gives the pixels back at once (503), and the next in line gets them."""
+    async def scenario() -> None:
+        clock = Clock()
+        budget = MemoryBudget(100, clock=clock)
+        holder = await budget.reserve(100, clock.now + 60)
+        late = asyncio.create_task(budget.reserve(100, clock.now + 8))
+        after = asyncio.create_task(budget.reserve(100, clock.now + 60))
+        await asyncio.sleep(0.01)
+        clock.now += 5.0
+        holder.release()  # measured: 5 s for 100 pixels; `late` has 3 s left: too little
+        with pytest.raises(MemoryBusyError):
+            await late
+        assert budget.hold_s(100) == 5.0, "pixels given back unused are no measurement of a hold"
+        (await asyncio.wait_for(after, 2)).release()
+        assert budget.held == 0 and budget.waiting == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_client_that_leaves_while_waiting_leaves_the_line():
+    async def scenario() -> None:
+        budget = MemoryBudget(100)
+        holder = await budget.reserve(100, time.monotonic() + 10)
+
+        async def gone() -> bool:
+            return True
+
+        with pytest.raises(ClientGone):
+            await budget.reserve(10, time.monotonic() + 10, gone)
+        cancelled = asyncio.create_task(budget.reserve(10, time.monotonic() + 10))
+        await asyncio.sleep(0.01)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        assert budget.waiting == 0
+        holder.release()
+        assert budget.held == 0
+
+    asyncio.run(scenario())
+
+
+# ---- the pixels a request counts ------------------------------------------------------------------
+def png(w: int, h: int, rgb: tuple[int, int, int] = (200, 120, 40)) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), rgb).save(buf, "PNG")
+    return buf.getvalue()
+
+
+class Upload:
+    def __init__(self, data: bytes):
+        self.file = io.BytesIO(data)
+
+
+def test_a_request_counts_its_decoded_images_masks_and_results():
+    plan = [("content", Upload(png(600, 400)), 300), ("style", Upload(png(500, 500)), 100),
+            ("style_mask", Upload(png(50, 20)), 100)]
+    content, style, mask, result = 300 * 200, 100 * 100, 50 * 20, 150 * 100  # the mask is smaller than its side
+    assert stylize.request_pixels(plan, StylizeRequest(num_samples=2), 150) == \
+        content + style + mask + content + 2 * result  # the mask once more at the content's size
+    assert stylize.request_pixels(plan, StylizeRequest(resize="crop"), 150) == \
+        content + style + mask + content + 150 * 150
+    assert plan[0][1].file.tell() == 0, "the header read leaves the file at its start"
+    assert stylize.request_pixels([("content", Upload(b"not an image"), 300)], StylizeRequest(), 150) == 0
+
+
+# ---- through the app ------------------------------------------------------------------------------
+CONTENT, STYLE = png(120, 80), png(40, 40, (20, 60, 200))
+COST = 120 * 80 * 2 + 40 * 40  # content decoded, its result, the style
+
+
+def serve(model_dir, **settings) -> TestClient:
+    base = dict(model_dir=model_dir, device=["cpu"], ui=False, warmup=False, max_output_side=256)
+    return TestClient(create_app(ServeSettings(**{**base, **settings})))
+
+
+def post_all(client: TestClient, n: int, content: bytes = CONTENT) -> list:
+    def post(seed: int):
+        t0 = time.monotonic()
+        r = client.post("/stylize", files={"content": ("c.png", content, "image/png"),
+                                           "style": ("s.png", STYLE, "image/png")}, data={"seed": str(seed)})
+        return r, time.monotonic() - t0
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(post, range(n)))
+
+
+@pytest.fixture
+def slow_encoding(monkeypatch):
+    """Each answer's encoding takes 0.4 s (a full-size PNG's, in small) and records the pixels held meanwhile."""
+    seen: list[tuple[int, int]] = []  # (pixels held, encodings running) while encoding
+    running = [0]
+    real = stylize.encode
+
+    def encode(form, images):
+        running[0] += 1
+        seen.append((budget[0].held, running[0]))
+        time.sleep(0.4)
+        running[0] -= 1
+        return real(form, images)
+
+    budget: list[MemoryBudget] = []
+    monkeypatch.setattr(stylize, "encode", encode)
+    return budget, seen
+
+
+def test_requests_beyond_the_budget_wait_their_turn(micro_model_dir, slow_encoding):
+    budget, seen = slow_encoding
+    with serve(micro_model_dir, max_pixels_in_flight=COST + COST // 2) as client:  # room for one at a time
+        budget.append(client.app.state.service.memory)
+        answers = post_all(client, 4)
+        assert [r.status_code for r, _ in answers] == [200] * 4, [r.text for r, _ in answers]
+        assert all(held <= COST + COST // 2 and running == 1 for held, running in seen), seen
+        assert budget[0].held == 0 and budget[0].waiting == 0
+        metrics = client.get("/metrics").text
+    assert "stylevar_pixels_in_flight 0.0" in metrics and "stylevar_pixels_waiting 0.0" in metrics
+
+
+def test_requests_that_cannot_have_the_pixels_in_time_get_503_with_retry_after(micro_model_dir, slow_encoding):
+    budget, seen = slow_encoding
+    timeout_s = 1.6  # about two answers one after the other, the margin included
+    with serve(micro_model_dir, max_pixels_in_flight=COST, request_timeout_s=timeout_s) as client:
+        budget.append(client.app.state.service.memory)
+        answers = post_all(client, 6)
+        statuses = sorted(r.status_code for r, _ in answers)
+        assert set(statuses) == {200, 503} and statuses.count(200) >= 1, [r.text for r, _ in answers]
+        for r, seconds in answers:
+            assert seconds < timeout_s + 0.3, "answered within the deadline (a little slack for the test client)"
+            if r.status_code == 503:
+                assert r.json()["error"] == "memory_busy" and int(r.headers["retry-after"]) >= 1
+        assert all(held <= COST for held, _ in seen)
+        assert budget[0].held == 0 and budget[0].waiting == 0
+        rejected = client.get("/metrics").text
+    assert f'stylevar_jobs_rejected_total{{reason="memory_busy"}} {float(statuses.count(503))}' in rejected
+
+
+def test_a_request_larger_than_the_whole_budget_is_413_before_decoding(micro_model_dir, monkeypatch):
+    with serve(micro_model_dir, max_pixels_in_flight=COST - 1) as client:
+        state = client.app.state.service
+        decoded = []
+        monkeypatch.setattr(state.decoder, "decode", lambda *a, **kw: decoded.append(1))
+        (r, _), = post_all(client, 1)
+        assert r.status_code == 413 and r.json()["error"] == "image_too_large", r.text
+        assert "STYLEVAR_MAX_PIXELS_IN_FLIGHT" in r.json()["detail"] and decoded == []
+        assert state.memory.held == 0
+
+
+def test_the_pixels_come_back_when_a_request_fails_or_streams(micro_model_dir):
+    with serve(micro_model_dir, max_pixels_in_flight=10 * COST) as client:
+        memory = client.app.state.service.memory
+        r = client.post("/stylize", files={"content": ("c.png", CONTENT[:60], "image/png"),
+                                           "style": ("s.png", STYLE, "image/png")})
+        assert r.status_code == 422 and memory.held == 0  # decoding failed after the reservation
+        with client.stream("POST", "/stylize/stream", files={"content": ("c.png", CONTENT, "image/png"),
+                                                             "style": ("s.png", STYLE, "image/png")}) as s:
+            lines = [line for line in s.iter_lines() if line]
+        assert "event: result" in lines and memory.held == 0
+
+
+def test_large_requests_hand_the_freed_heap_back(micro_model_dir, monkeypatch):
+    from serve.http import memory
+
+    asked = []
+    monkeypatch.setattr(memory, "HEAP_TRIMMER", type("Trimmer", (), {"request": lambda self: asked.append(1)})())
+    monkeypatch.setattr(memory, "TRIM_PIXELS", COST)  # in small: a request of COST pixels is a large one
+    with serve(micro_model_dir) as client:
+        assert post_all(client, 1)[0][0].status_code == 200 and asked == [1]
+        small = png(60, 40)  # 60 x 40 x 2 + 1600 pixels: below
+        assert post_all(client, 1, content=small)[0][0].status_code == 200 and asked == [1]
+
+
+def test_the_trimmer_calls_malloc_trim_on_its_thread():
+    from serve.http.memory import HeapTrimmer
+
+    trimmer, called = HeapTrimmer(), threading.Event()
+    trimmer._trim = lambda pad: called.set()
+    trimmer.request()
+    assert called.wait(5)
