@@ -108,13 +108,22 @@ def _axis_weights(n_out: int, n_in: int, start: int, stop: int, device: torch.de
     return lo, hi, (pos - lo).float()
 
 
-def _resample_rows(x_CHW: torch.Tensor, size: tuple[int, int], rows: tuple[int, int]) -> torch.Tensor:
-    """Rows [rows) of `x` resized bilinearly to `size` (H, W): (C, rows, W), exactly those rows of the whole."""
-    H, W = size
-    y0, y1, wy = _axis_weights(H, x_CHW.shape[1], *rows, x_CHW.device)
-    x0, x1, wx = _axis_weights(W, x_CHW.shape[2], 0, W, x_CHW.device)
-    r = x_CHW[:, y0] * (1 - wy)[:, None] + x_CHW[:, y1] * wy[:, None]  # (C, rows, w)
-    return r[:, :, x0] * (1 - wx) + r[:, :, x1] * wx
+def _widened(x_Chw: torch.Tensor, W: int) -> torch.Tensor:
+    """`x` resized bilinearly along its width to `W`, channels last: (h, W, C). One matrix product at the
+    model's rows (each output column is a two-tap blend of input columns), computed once per image."""
+    lo, hi, w = _axis_weights(W, x_Chw.shape[2], 0, W, x_Chw.device)
+    taps_Ww = x_Chw.new_zeros(W, x_Chw.shape[2])
+    cols = torch.arange(W, device=x_Chw.device)
+    taps_Ww.index_put_((cols, lo), 1 - w, accumulate=True)
+    taps_Ww.index_put_((cols, hi), w, accumulate=True)
+    return torch.matmul(taps_Ww, x_Chw.permute(1, 2, 0))  # (h, W, w) @ (h, w, C)
+
+
+def _rows_of(x_hWC: torch.Tensor, H: int, rows: tuple[int, int]) -> torch.Tensor:
+    """Rows [rows) of the width-resized `x` resized bilinearly to `H` rows: (rows, W, C), exactly those rows
+    of the whole."""
+    lo, hi, w = _axis_weights(H, x_hWC.shape[0], *rows, x_hWC.device)
+    return torch.lerp(x_hWC[lo], x_hWC[hi], w[:, None, None])
 
 
 def guide_image(content: Image.Image, fit: Fit, size: tuple[int, int]) -> Image.Image:
@@ -145,18 +154,21 @@ def upscale(drawing_3SS: torch.Tensor, seen_3SS: torch.Tensor, fit: Fit, content
     slopes = detail_slopes(drawing, seen_y, cfg.radius, cfg.eps)[0]  # (3, h, w)
     guide = guide_image(content, fit, base.size)
     W, H = base.size
+    # in 0..255 units: the slopes' three channels then -Y_low, both widened once at the model's rows
+    low_hW4 = _widened(torch.cat([cfg.strength * slopes, -255.0 * seen_y[0]]), W)
+    luma_3 = torch.tensor(_LUMA, device=drawing.device)
     step = max(1, cfg.strip_pixels // W)
     for top in range(0, H, step):  # each strip read from the bicubic result and written back into it, in place
         rows = (top, min(H, top + step))
         box = (0, rows[0], W, rows[1])
-        full_y = luminance(_pixels(guide.crop(box), drawing.device))[0]  # (1, rows, W)
-        detail = full_y - _resample_rows(seen_y[0], (H, W), rows)
-        new = _pixels(base.crop(box), drawing.device)[0] + cfg.strength * _resample_rows(slopes, (H, W), rows) * detail
-        strip = new.clamp_(0, 1).mul_(255).round_().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+        low_rW4 = _rows_of(low_hW4, H, rows)
+        detail_rW1 = _pixels(guide.crop(box), drawing.device).matmul(luma_3).unsqueeze(-1).add_(low_rW4[..., 3:])
+        new_rW3 = _pixels(base.crop(box), drawing.device).addcmul_(low_rW4[..., :3], detail_rW1)
+        strip = new_rW3.clamp_(0, 255).round_().to(torch.uint8).cpu().numpy()
         base.paste(Image.fromarray(strip, "RGB"), box[:2])
     return base
 
 
 def _pixels(img: Image.Image, device: torch.device) -> torch.Tensor:
-    """An RGB image as (1, 3, H, W) float in [0, 1] on `device`."""
-    return torch.from_numpy(np.array(img)).to(device).permute(2, 0, 1).unsqueeze(0).float().div_(255)
+    """An RGB image as (H, W, 3) float in 0..255 on `device`."""
+    return torch.from_numpy(np.array(img)).to(device).float()
