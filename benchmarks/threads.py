@@ -10,9 +10,10 @@ a policy with "+passive" gets OMP_WAIT_POLICY=PASSIVE (idle OpenMP threads sleep
 goes to `StylePipeline.from_pretrained(threads=...)`: `torch` leaves torch's own count, `available` is the CPUs
 this process may use (affinity mask and cgroup quota), `spare-one` one fewer (at least 1; the library's default
 rule), `one` is 1, a number is that count. Each worker loads the demo pipeline as `StylePipeline.from_pretrained()`
-does (no `prepare`), stylizes --warmup images untimed, then waits for its turns; an image is one call
-`pipe(content, style, seed=i)` on a bundled photograph resized to --size px on its long side (the result comes back
-at that size: the demo model draws 64 px, upsampled), timed whole (wall and the worker's CPU time, all threads).
+does (no `prepare`) and waits for its turns (its first stylizes --warmup images untimed, then the timed ones); an
+image is one call `pipe(content, style, seed=i)` on a bundled photograph resized to --size px on its long side (the
+result comes back at that size: the demo model draws 64 px, upsampled), timed whole (wall and the worker's CPU
+time, all threads).
 
 The policies take turns, --per-turn images each, in an order that rotates every round; every round runs each
 load: `idle` (nothing else started by this run), `busy` (a busy loop in another process, `while True: pass`, where
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker", default=None, metavar="THREADS",
                    help="(what the run starts in each subprocess) serve turns with this count or 'torch' on "
                         "stdin/stdout")
+    p.add_argument("--method", default="library", help="(with --worker) what the worker runs: library, served or peer")
     return p
 
 
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.measures import threads  # no torch until a worker loads its model
 
     if args.worker is not None:
-        return threads.worker(args.worker, args.size, args.model, args.warmup)
+        return threads.worker(args.method, args.worker, args.model, args.warmup)
     loads = [x.strip() for x in args.loads.split(",") if x.strip()]
     if not loads or any(x not in LOADS for x in loads):
         p.error(f"--loads: comma-separated, of {', '.join(LOADS)}; got {args.loads}")
@@ -70,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         candidates = threads.candidates(args.policies.split(","))
     except ValueError as e:
         p.error(f"--policies: {e}")
-    result = threads.measure(candidates, loads, threads.RunSettings(args.rounds, args.per_turn, args.warmup,
-                                                                    args.size, args.model, args.settle))
+    settings = threads.RunSettings(args.rounds, args.per_turn, args.warmup, (args.size,), args.model, args.settle)
+    result = threads.measure(candidates, loads, settings, reference={c.name: "one" for c in candidates})
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
     print(threads.markdown(result))

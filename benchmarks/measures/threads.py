@@ -1,6 +1,7 @@
-"""The measurement of `python -m benchmarks.threads` (its docstring says what and how): one worker subprocess per
-thread policy, the workers taking turns under each load, and the table. This process imports no torch; a worker
-imports it once its environment is set (`worker`)."""
+"""The measurement of `python -m benchmarks.threads` and `python -m benchmarks.versus_peer` (their docstrings say what
+and how): one worker subprocess per candidate (a stylizer and its thread policy), the workers taking turns under
+each load and at each size, and the table. This process imports no torch; a worker imports it once its environment
+is set (`worker`)."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -11,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,17 +26,21 @@ REPO = Path(__file__).resolve().parents[2]
 CLEARED = (*TORCH_ENV, *WAIT_ENV, THREADS_ENV)  # this shell's thread settings, left out of every worker's environment
 CONTENT, STYLE = "content_mountains.png", "style_brush.png"  # stylevar/assets/examples
 BUSY_LOOP = "while True: pass"
-REFERENCE = "one"  # p90 is also given over this policy's p90 in the same load
+# what a worker runs: the library's pipeline as `StylePipeline.from_pretrained` gives it, the same prepared as the
+# command line and the service run it (`stylevar.runtime.inference.prepare`), or the pretrained peer
+# (`stylevar.baselines.magenta`, onnxruntime)
+METHODS = ("library", "served", "peer")
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """One policy: its name, the count its worker asks for (a number or "torch") and whether it sleeps idle
-    OpenMP threads (OMP_WAIT_POLICY=PASSIVE)."""
+    """One candidate: its name, what it runs (`METHODS`), the count its worker asks for (a number or "torch") and
+    whether it sleeps idle OpenMP threads (OMP_WAIT_POLICY=PASSIVE)."""
 
     name: str
     threads: int | str
     passive: bool
+    method: str = "library"
 
     def environment(self, base: dict[str, str]) -> dict[str, str]:
         env = {k: v for k, v in base.items() if k not in CLEARED}
@@ -43,10 +48,18 @@ class Candidate:
 
 
 def candidate(name: str, budget: CpuBudget) -> Candidate:
-    """``RULE[+passive]``: RULE is torch, a rule of `stylevar.utils.threads.RULES` over ``budget`` or a count."""
-    rule, plus, flag = name.strip().partition("+")
+    """``[METHOD:]RULE[+passive]``: METHOD one of `METHODS` (default library); RULE is torch, a rule of
+    `stylevar.utils.threads.RULES` over ``budget`` or a count. The peer takes a count or a rule, without +passive
+    (onnxruntime's own thread pool does not read OpenMP's setting)."""
+    method, colon, policy = name.strip().rpartition(":")
+    method = method if colon else "library"
+    if method not in METHODS:
+        raise ValueError(f"{name!r}: the method is one of {', '.join(METHODS)}")
+    rule, plus, flag = policy.partition("+")
     if plus and flag != "passive":
         raise ValueError(f"{name!r}: only +passive may follow a policy")
+    if method == "peer" and (plus or rule == KEEP):
+        raise ValueError(f"{name!r}: the peer takes a count or a rule, without +passive")
     if rule == KEEP:
         threads: int | str = KEEP
     elif rule in RULES:
@@ -55,7 +68,7 @@ def candidate(name: str, budget: CpuBudget) -> Candidate:
         threads = int(rule)
     else:
         raise ValueError(f"unknown policy {name!r}: {KEEP}, {', '.join(RULES)} or a count, each with +passive or not")
-    return Candidate(name.strip(), threads, bool(plus))
+    return Candidate(name.strip(), threads, bool(plus), method)
 
 
 def candidates(names: Sequence[str]) -> list[Candidate]:
@@ -72,43 +85,67 @@ class RunSettings:
     rounds: int = 8
     per_turn: int = 3
     warmup: int = 2
-    size: int = 512
+    sizes: tuple[int, ...] = (512,)
     model: str | None = None
     settle: float = 1.0
 
 
 # ------------------------------------------------------------------------------------------ the worker's side
-def worker(threads: str, size: int, model: str | None, warmup: int) -> int:
-    """In the worker subprocess: load, warm up, say "ready" (one JSON line), then for each "run N" line on stdin
-    stylize N images and answer their wall and CPU seconds (one JSON line); "quit" or the end of stdin ends it."""
+def _stylizer(method: str, threads: str, model: str | None):
+    """(stylize(content, style, seed) -> image, the threads it runs, what it is) for a worker."""
     import torch
-    from PIL import Image
 
+    if method == "peer":
+        import onnxruntime
+
+        from stylevar.baselines.magenta import MagentaConfig, MagentaStylizer
+
+        peer = MagentaStylizer(MagentaConfig(threads=int(threads)))  # a count (`candidate` resolved the rule)
+        return (lambda content, style, seed: peer(content, style)), int(threads), \
+            f"onnxruntime {onnxruntime.__version__}"
     from stylevar.pipelines.pipeline import StylePipeline
 
     pipe = StylePipeline.from_pretrained(model, device="cpu", threads=parse_threads(threads))
+    if method == "served":
+        from stylevar.runtime.inference import InferenceConfig, prepare
+
+        prepare(pipe.model, InferenceConfig())
+    return (lambda content, style, seed: pipe(content, style, seed=seed)), torch.get_num_threads(), \
+        f"torch {torch.__version__}"
+
+
+def worker(method: str, threads: str, model: str | None, warmup: int) -> int:
+    """In the worker subprocess: load, say "ready" (one JSON line), then for each "run N SIZE" line on stdin stylize
+    N images at SIZE px and answer their wall and CPU seconds (one JSON line); the first turn at a size stylizes
+    ``warmup`` images untimed before. "quit" or the end of stdin ends it."""
+    from PIL import Image
+
+    stylize, count, runtime = _stylizer(method, threads, model)
     examples = REPO / "stylevar" / "assets" / "examples"
     with Image.open(examples / CONTENT) as im:
-        scale = size / max(im.size)
-        content = im.convert("RGB").resize((round(im.width * scale), round(im.height * scale)), Image.LANCZOS)
+        photo = im.convert("RGB")
     with Image.open(examples / STYLE) as im:
         style = im.convert("RGB")
+    contents: dict[int, Image.Image] = {}
     seeds = iter(range(2**31))
 
-    def one() -> tuple[float, float, tuple[int, int]]:
+    def one(size: int) -> tuple[float, float, tuple[int, int]]:
         t0, c0 = time.perf_counter(), time.process_time()
-        out = pipe(content, style, seed=next(seeds))
+        out = stylize(contents[size], style, next(seeds))
         return time.perf_counter() - t0, time.process_time() - c0, out.size
 
-    for _ in range(warmup):
-        one()
-    _reply({"ready": True, "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")})
+    _reply({"ready": True, "threads": count, "runtime": runtime, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")})
     for line in sys.stdin:
         words = line.split()
         if not words or words[0] == "quit":
             break
-        timed = [one() for _ in range(int(words[1]))]
+        size = int(words[2])
+        if size not in contents:
+            scale = size / max(photo.size)
+            contents[size] = photo.resize((round(photo.width * scale), round(photo.height * scale)), Image.LANCZOS)
+            for _ in range(warmup):
+                one(size)
+        timed = [one(size) for _ in range(int(words[1]))]
         _reply({"wall": [t[0] for t in timed], "cpu": [t[1] for t in timed], "result_size": list(timed[-1][2])})
     return 0
 
@@ -120,12 +157,13 @@ def _reply(message: dict) -> None:
 
 # ------------------------------------------------------------------------------------------ this process's side
 class Worker:
-    """One policy's subprocess (`python -m benchmarks.threads --worker THREADS`), its stderr in a temporary file."""
+    """One candidate's subprocess (`python -m benchmarks.threads --worker THREADS --method METHOD`), its stderr in a
+    temporary file."""
 
     def __init__(self, cand: Candidate, settings: RunSettings):
         self.candidate = cand
         self._err = tempfile.TemporaryFile()
-        argv = [sys.executable, "-m", "benchmarks.threads", "--worker", str(cand.threads), "--size", str(settings.size),
+        argv = [sys.executable, "-m", "benchmarks.threads", "--worker", str(cand.threads), "--method", cand.method,
                 "--warmup", str(settings.warmup)] + (["--model", settings.model] if settings.model else [])
         self.proc = subprocess.Popen(argv, cwd=REPO, env=cand.environment(dict(os.environ)), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._err, text=True)
@@ -146,9 +184,9 @@ class Worker:
         self.ready = self.reply()
         return self.ready
 
-    def run(self, n: int) -> dict:
+    def run(self, n: int, size: int) -> dict:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(f"run {n}\n")
+        self.proc.stdin.write(f"run {n} {size}\n")
         self.proc.stdin.flush()
         return self.reply()
 
@@ -198,13 +236,15 @@ def _rotated(items: Sequence, r: int) -> list:
     return list(items[k:]) + list(items[:k])
 
 
-def measure(cands: Sequence[Candidate], loads: Sequence[str], settings: RunSettings) -> dict:
-    """Every worker started (all at once) and warmed up, then ``settings.rounds`` rounds of every load and every
-    policy's turn; the result (`markdown` prints it)."""
+def measure(cands: Sequence[Candidate], loads: Sequence[str], settings: RunSettings,
+            reference: Mapping[str, str] | None = None) -> dict:
+    """Every worker started (all at once), then ``settings.rounds`` rounds of every load, every size and every
+    candidate's turn; the result (`markdown` prints it). ``reference``: a candidate's p90 is also given over the
+    p90 of the candidate it names, in the same load and at the same size."""
     started = _dt.datetime.now().isoformat(timespec="seconds")
     loadavg_start = os.getloadavg()
     workers = [Worker(c, settings) for c in cands]
-    times = {ld: {c.name: {"wall": [], "cpu": []} for c in cands} for ld in loads}
+    times = {ld: {c.name: {str(n): {"wall": [], "cpu": []} for n in settings.sizes} for c in cands} for ld in loads}
     shares: dict[str, list[float]] = {ld: [] for ld in loads}
     try:
         for w in workers:
@@ -212,40 +252,46 @@ def measure(cands: Sequence[Candidate], loads: Sequence[str], settings: RunSetti
         for r in range(settings.rounds):
             for ld in _rotated(loads, r):
                 with load(ld, settings.settle, shares[ld]):
-                    for w in _rotated(workers, r):
-                        got = w.run(settings.per_turn)
-                        w.ready.setdefault("result_size", got["result_size"])
-                        for key in ("wall", "cpu"):
-                            times[ld][w.candidate.name][key] += got[key]
+                    for size in _rotated(settings.sizes, r):
+                        for w in _rotated(workers, r):
+                            got = w.run(settings.per_turn, size)
+                            w.ready.setdefault("result_size", {})[str(size)] = got["result_size"]
+                            for key in ("wall", "cpu"):
+                                times[ld][w.candidate.name][str(size)][key] += got[key]
     finally:
         for w in workers:
             w.stop()
     machine = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                "cpu_count": os.cpu_count(), **asdict(cpu_budget()), "cpus": cpu_budget().cpus,
                "loadavg_start": loadavg_start, "loadavg_end": os.getloadavg(),
-               "torch": workers[0].ready.get("torch"), "python": platform.python_version()}
-    policies = {w.candidate.name: {"asked": w.candidate.threads, "threads": w.ready.get("threads"),
-                                   "omp_wait_policy": w.ready.get("omp_wait_policy"),
+               "runtimes": sorted({w.ready.get("runtime") for w in workers}), "python": platform.python_version()}
+    policies = {w.candidate.name: {"method": w.candidate.method, "asked": w.candidate.threads,
+                                   "threads": w.ready.get("threads"), "omp_wait_policy": w.ready.get("omp_wait_policy"),
                                    "result_size": w.ready.get("result_size")} for w in workers}
     return {"date": started, "machine": machine, "settings": {**asdict(settings), "loads": list(loads)},
-            "policies": policies, "busy_loop_cpu_share": shares, "times": times, "rows": rows(times, policies)}
+            "reference": dict(reference or {}), "policies": policies, "busy_loop_cpu_share": shares, "times": times,
+            "rows": rows(times, policies, reference or {})}
 
 
 def _p(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-def rows(times: dict, policies: dict) -> list[dict]:
-    """Per load and policy: images, p50 / p90 seconds per image, p90 over `REFERENCE`'s, CPU seconds per image."""
+def rows(times: dict, policies: dict, reference: Mapping[str, str]) -> list[dict]:
+    """Per load, size and candidate: images, p50 / p90 seconds per image, p90 over its reference's (None without
+    one), CPU seconds per image."""
     out = []
     for ld, per_policy in times.items():
-        ref = _p(per_policy.get(REFERENCE, {}).get("wall", []), 90)
-        for name, t in per_policy.items():
-            p90 = _p(t["wall"], 90)
-            out.append({"load": ld, "policy": name, "threads": policies[name]["threads"],
-                        "omp_wait_policy": policies[name]["omp_wait_policy"], "images": len(t["wall"]),
-                        "p50_s": _p(t["wall"], 50), "p90_s": p90,
-                        "p90_over_one": p90 / ref if ref and p90 is not None else None, "cpu_p50_s": _p(t["cpu"], 50)})
+        for name, per_size in per_policy.items():
+            for size, t in per_size.items():
+                ref_name = reference.get(name)
+                ref = _p(per_policy[ref_name][size]["wall"], 90) if ref_name in per_policy else None
+                p90 = _p(t["wall"], 90)
+                out.append({"load": ld, "size": int(size), "policy": name, "method": policies[name]["method"],
+                            "threads": policies[name]["threads"], "omp_wait_policy": policies[name]["omp_wait_policy"],
+                            "images": len(t["wall"]), "p50_s": _p(t["wall"], 50), "p90_s": p90,
+                            "reference": ref_name, "p90_over_reference": p90 / ref if ref and p90 is not None else None,
+                            "cpu_p50_s": _p(t["cpu"], 50)})
     return out
 
 
@@ -255,15 +301,18 @@ def markdown(result: dict) -> str:
 
     m, s = result["machine"], result["settings"]
     quota = "none" if m["quota"] is None else f"{m['quota']:g}"
+    sizes = ", ".join(str(n) for n in s["sizes"])
     head = (f"{result['date']}, {m['processor']}, {m['cpus']} CPUs usable (affinity {m['affinity']}, cgroup quota "
-            f"{quota}), torch {m['torch']}; load average {m['loadavg_start'][0]:.2f} -> {m['loadavg_end'][0]:.2f}; "
-            f"{s['rounds']} rounds x {s['per_turn']} images per policy and load, {s['size']} px")
+            f"{quota}), {', '.join(m['runtimes'])}; load average {m['loadavg_start'][0]:.2f} -> "
+            f"{m['loadavg_end'][0]:.2f}; {s['rounds']} rounds x {s['per_turn']} images per candidate, load and size "
+            f"({sizes} px)")
     shares = ", ".join(f"{ld} {np.mean(v):.2f}" for ld, v in result["busy_loop_cpu_share"].items() if v)
     lines = [head + (f"; the busy loop's CPU share: {shares}" if shares else ""), "",
-             "| load | policy | threads | OMP_WAIT_POLICY | images | p50 s | p90 s | p90 / one's | CPU s per image |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| load | px | policy | threads | OMP_WAIT_POLICY | images | p50 s | p90 s | p90 / reference's "
+             "| CPU s per image |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in result["rows"]:
-        lines.append(f"| {r['load']} | {r['policy']} | {r['threads']} | {r['omp_wait_policy'] or '-'} | "
-                     f"{r['images']} | {f(r['p50_s'], '.3f')} | {f(r['p90_s'], '.3f')} | "
-                     f"{f(r['p90_over_one'], '.2f')} | {f(r['cpu_p50_s'], '.3f')} |")
+        over = f"{f(r['p90_over_reference'], '.2f')} ({r['reference']})" if r["reference"] else "-"
+        lines.append(f"| {r['load']} | {r['size']} | {r['policy']} | {r['threads']} | {r['omp_wait_policy'] or '-'} | "
+                     f"{r['images']} | {f(r['p50_s'], '.3f')} | {f(r['p90_s'], '.3f')} | {over} | "
+                     f"{f(r['cpu_p50_s'], '.3f')} |")
     return "\n".join(lines)

