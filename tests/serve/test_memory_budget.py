@@ -222,12 +222,12 @@ def slow_encoding(monkeypatch):
     running = [0]
     real = stylize.encode
 
-    def encode(form, images):
+    def encode(state, form, images):
         running[0] += 1
         seen.append((budget[0].held, running[0]))
         time.sleep(0.4)
         running[0] -= 1
-        return real(form, images)
+        return real(state, form, images)
 
     budget: list[MemoryBudget] = []
     monkeypatch.setattr(stylize, "encode", encode)

@@ -236,3 +236,17 @@ def test_missing_demo_model_says_how_to_make_it():
     with pytest.raises(ModelDirError) as e:
         check_model_dir(DEMO_MODEL_DIR)
     assert "scripts/train_demo_model.sh" in str(e.value) and str(DEMO_MODEL_DIR) in str(e.value)
+
+
+def test_png_answers_keep_their_pixels_at_every_compression_level():
+    yy, xx = np.mgrid[0:40, 0:50]
+    img = Image.fromarray(np.stack([xx * 5, yy * 6, (xx + yy) % 7], -1).astype(np.uint8))
+    sizes = []
+    for level in (0, 1, 6, 9):
+        data = imaging.encode_image(img, "png", level)
+        assert np.array_equal(np.asarray(Image.open(io.BytesIO(data))), np.asarray(img))
+        sizes.append(len(data))
+    assert sizes[0] > sizes[-1]  # level 0 stores, 9 compresses
+    assert ServeSettings().png_compress_level == 1
+    with pytest.raises(ValueError):
+        ServeSettings(png_compress_level=10)

@@ -186,8 +186,8 @@ async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
     return job, images[0]
 
 
-def encode(form: StylizeRequest, images: list[Image.Image]) -> list[bytes]:
-    return [imaging.encode_image(im, form.format) for im in images]
+def encode(state: ServiceState, form: StylizeRequest, images: list[Image.Image]) -> list[bytes]:
+    return [imaging.encode_image(im, form.format, state.settings.png_compress_level) for im in images]
 
 
 def result_json(state: ServiceState, job: Job, form: StylizeRequest, encoded: list[bytes],
@@ -231,7 +231,7 @@ async def stylize(request: Request, upload: Annotated[StylizeUpload, Depends(sty
     except ClientGone:
         log.info("client went away; job dropped")
         return Response(status_code=499)
-    encoded = await run_in_threadpool(encode, form, images)
+    encoded = await run_in_threadpool(encode, state, form, images)
     headers = {"X-Seed": str(job.payload.seeds[0]), "X-Inference-Ms": f"{inference_ms(job):.1f}",
                "X-Model": header_safe(state.runner.pipe.config.name), "Vary": "Accept",
                **size_headers(state, form, images[0].size)}
@@ -283,7 +283,7 @@ async def stylize_stream(request: Request, upload: Annotated[StylizeUpload, Depe
         except ServiceError as err:  # past the deadline, or the batch failed
             yield sse("error", {"error": err.code, "detail": err.detail})
             return
-        encoded = await run_in_threadpool(encode, form, images)
+        encoded = await run_in_threadpool(encode, state, form, images)
         yield sse("result", result_json(state, job, form, encoded, images))
 
     return StreamingResponse(events(), media_type="text/event-stream",
