@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr-drop-fraction", type=float, default=0.6, help="fraction of --max-steps at which the lr drops")
     p.add_argument("--lr-drop-factor", type=float, default=0.2, help="lr after the drop = lr * factor (5e-4 -> 1e-4)")
     p.add_argument("--no-augment", action="store_true", help="plain centre crops (no rotation, jitter, style crops)")
+    p.add_argument("--augment-palette", action="store_true",
+                   help="also give the style and the target one random RGB channel order (the same for both), with "
+                        "or without --no-augment's plain crops (training.parts.data); no token cache with it")
     p.add_argument("--val-batch-size", type=int, default=32, help="triplets per validation batch")
     p.add_argument("--val-max-batches", type=int, default=0, help="cap on validation batches per rank (0: all)")
     p.add_argument("--name", default="stylevar-sft", help="model name written to RUN/final/config.json")

@@ -1,6 +1,7 @@
 """Training datasets: manifests and shards give the same items; bad data is skipped and reported."""
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -129,6 +130,25 @@ def test_rotation_is_shared_by_content_and_target(synth_manifest):
     assert not torch.equal(item["target"], ref["target"])
     assert torch.equal(item_fixed["target"], ref["target"])
     assert torch.equal(item_fixed["content"], item["content"])
+
+
+def test_palette_permutation_reorders_the_style_and_the_target_together(synth_manifest):
+    plain = TripletDataset(synth_manifest, "train", S)
+    only = TripletDataset(synth_manifest, "train", S, AugmentConfig(geometry=False, palette_permute=True), seed=2)
+    orders = set()
+    for i in range(len(plain)):
+        ref, item = plain[i], only[i]
+        assert torch.equal(item["content"], ref["content"])  # the content keeps its colours and its crop
+        order = next(o for o in itertools.permutations(range(3)) if torch.equal(item["style"], ref["style"][list(o)]))
+        assert torch.equal(item["target"], ref["target"][list(order)])  # the target follows the style's order
+        orders.add(order)
+    assert len(orders) > 2  # several channel orders over the split, drawn per (seed, epoch, index)
+    _assert_same_items(only[1], TripletDataset(synth_manifest, "train", S, only.transform.augment, seed=2)[1])
+    # with the geometric augmentations, their draws are those of the plain augmented run, then the permutation
+    geo = TripletDataset(synth_manifest, "train", S, AugmentConfig(), seed=1)[3]
+    both = TripletDataset(synth_manifest, "train", S, AugmentConfig(palette_permute=True), seed=1)[3]
+    assert torch.equal(both["content"], geo["content"])
+    assert any(torch.equal(both["style"], geo["style"][list(o)]) for o in itertools.permutations(range(3)))
 
 
 def test_bad_images_in_manifest_are_skipped_and_reported(synth_manifest, tmp_path):

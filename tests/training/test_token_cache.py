@@ -176,6 +176,10 @@ def test_sft_with_the_token_cache_trains_as_without(data, tmp_path):
     with pytest.raises(SystemExit, match="--token-cache needs --no-augment"):
         sft.main(["--data", str(small), "--preset", str(preset), "--tokenizer", str(tmp_path / "tok"), "--out",
                   str(tmp_path / "x"), "--max-steps", "1", "--token-cache"])
+    permuted = run(tmp_path / "palette", "--augment-palette")  # plain crops, palettes permuted: no cache, other data
+    assert any(not torch.equal(plain[k], permuted[k]) for k in plain)
+    with pytest.raises(SystemExit, match="no --augment-palette"):
+        run(tmp_path / "y", "--augment-palette", "--token-cache")
 
 
 def test_bf16_autocast_steps_with_the_fused_encode():

@@ -9,7 +9,10 @@ Images are fitted to S x S by a centre crop. With `AugmentConfig` (the SFT augme
 content is rotated by a small random angle (zoomed so that no empty corners appear) and
 brightness-jittered, the target gets the same rotation (so it stays aligned with its content;
 `rotate_target=False` turns this off) and the style is a random resized crop of the original
-image. Every random number comes from a `torch.Generator` seeded with (seed, epoch, index), so an
+image. With `palette_permute` the style and the target also get one random permutation of their RGB channels
+(the same for both; the content keeps its colours): six palettes per style, each with the target that follows it,
+so that a model learns to take the style's colours rather than remember them per style (`geometry=False` keeps
+the plain crops and permutes only). Every random number comes from a `torch.Generator` seeded with (seed, epoch, index), so an
 item is the same whichever worker or rank loads it and a resumed run sees the same pixels.
 
 Bad data never stops a run: a missing or undecodable image makes `TripletDataset` warn (naming the
@@ -56,6 +59,8 @@ class AugmentConfig:
     rotate_target: bool = True  # rotate the target with its content
     style_crop_scale: tuple[float, float] = (0.3, 1.0)  # area fraction of the random resized crop
     style_crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)  # aspect ratio range (log-uniform)
+    geometry: bool = True  # the rotation, the brightness jitter and the style crops; False: plain centre crops
+    palette_permute: bool = False  # one random RGB channel order for the style and the target together
 
     def __post_init__(self) -> None:
         if not 0 <= self.content_max_degrees < 45:
@@ -106,11 +111,24 @@ class TripletTransform:
     seed: int = 0
 
     def __call__(self, images: dict[str, Image.Image], index: int, epoch: int) -> dict[str, torch.Tensor]:
-        s = self.image_size
         aug = self.augment if self.augment is not None and self.augment.enabled else None
         if aug is None:
-            return {r: to_unit(fit_square(img, s, "crop")[0]) for r, img in images.items()}
+            return self._plain(images)
         g = item_generator(self.seed, epoch, index)
+        out = self._geometry(images, aug, g) if aug.geometry else self._plain(images)
+        if aug.palette_permute:
+            order = torch.randperm(3, generator=g)
+            for role in ("style", "target"):
+                if role in out:
+                    out[role] = out[role][order]
+        return out
+
+    def _plain(self, images: dict[str, Image.Image]) -> dict[str, torch.Tensor]:
+        return {r: to_unit(fit_square(img, self.image_size, "crop")[0]) for r, img in images.items()}
+
+    def _geometry(self, images: dict[str, Image.Image], aug: AugmentConfig, g: torch.Generator
+                  ) -> dict[str, torch.Tensor]:
+        s = self.image_size
         angle = _uniform(g, -aug.content_max_degrees, aug.content_max_degrees)
         brightness = _uniform(g, 1 - aug.content_brightness, 1 + aug.content_brightness)
         box = random_resized_box(*images["style"].size, aug, g)

@@ -43,7 +43,7 @@ from training.parts.sft_objective import SFTObjective, validate
 from training.parts.token_cache import TokenCache, TokenCacheError, open_token_cache, why_not_by_default
 
 # options added after runs began, with what such a run computed (it resumes when they are left so)
-ADDED_OPTIONS = {"drop_path_rate": None, "transformer_config.drop_path_rate": 0.0}
+ADDED_OPTIONS = {"drop_path_rate": None, "transformer_config.drop_path_rate": 0.0, "augment_palette": False}
 
 
 def check_inputs(args: argparse.Namespace) -> None:
@@ -75,9 +75,9 @@ def check_inputs(args: argparse.Namespace) -> None:
         raise SystemExit("error: --alpha-jitter must be in [0, 1)")
     if args.drop_path_rate is not None and not 0 <= args.drop_path_rate < 1:
         raise SystemExit("error: --drop-path-rate must be in [0, 1)")
-    if args.token_cache and not args.no_augment:
-        raise SystemExit("error: --token-cache needs --no-augment (augmented images, and their tokens, differ "
-                         "every epoch)")
+    if args.token_cache and (not args.no_augment or args.augment_palette):
+        raise SystemExit("error: --token-cache needs --no-augment and no --augment-palette (augmented images, "
+                         "and their tokens, differ every epoch)")
     if args.strategy == "fsdp" and args.precision == "fp16":
         raise SystemExit("error: --strategy fsdp trains in bf16 or fp32; fp16 loss scaling is not supported with it")
 
@@ -117,9 +117,17 @@ def open_run(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleV
     return vqvae, run
 
 
+def augment_config(args: argparse.Namespace) -> AugmentConfig | None:
+    """The training split's augmentations the options ask for (None: plain crops)."""
+    if args.augment_palette:
+        return AugmentConfig(geometry=not args.no_augment, palette_permute=True)
+    return None if args.no_augment else AugmentConfig()
+
+
 def open_datasets(args: argparse.Namespace, image_size: int) -> tuple[Dataset, Dataset | None]:
-    """The train split (augmented unless --no-augment) and the val split (None when there is none)."""
-    augment = None if args.no_augment else AugmentConfig()
+    """The train split (augmented unless --no-augment; palettes permuted with --augment-palette) and the val split
+    (None when there is none)."""
+    augment = augment_config(args)
     train_set = open_triplets(args.data, "train", image_size, augment, seed=args.seed, shuffle=True)
     try:
         val_set = open_triplets(args.data, "val", image_size, None, seed=args.seed)
@@ -139,7 +147,7 @@ def open_cache(args: argparse.Namespace, train_set: Dataset, model: StyleVAR, en
     --token-cache, and by default where `why_not_by_default` finds nothing against it (the reason goes to
     ``notes``); None with --no-token-cache or such a reason."""
     if args.token_cache is None:
-        why = why_not_by_default(train_set, not args.no_augment, args.max_steps * args.batch_size)
+        why = why_not_by_default(train_set, augment_config(args) is not None, args.max_steps * args.batch_size)
         notes.append(f"token cache off by default: {why}" if why else "token cache on by default "
                      "(--no-token-cache to encode every step)")
         if why:
