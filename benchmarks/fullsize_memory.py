@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
-import json
 import sys
 import time
 from collections import Counter
@@ -32,6 +31,7 @@ from PIL import Image
 from benchmarks.upload_pressure import RssSampler, rss_bytes
 from serve.settings import ServeSettings, demo_model_dir
 from serve.testing import ServerProcess
+from benchmarks.measures.report import emit
 from stylevar.utils.helptext import RawDescriptionHelpFormatter
 
 
@@ -188,10 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="also write the report here")
     args = p.parse_args(argv)
     report = run(args)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1))
-    print(markdown(report))
-    return 0
+    return emit(report, args.json, markdown(report))
 
 
 if __name__ == "__main__":

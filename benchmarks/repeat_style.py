@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import statistics
 import sys
 import time
@@ -35,6 +34,7 @@ from PIL import Image
 
 from serve.settings import demo_model_dir
 from serve.testing import ServerProcess
+from benchmarks.measures.report import emit
 from stylevar.utils.helptext import RawDescriptionHelpFormatter
 
 ASSETS = Path(__file__).resolve().parents[1] / "stylevar" / "assets"
@@ -132,10 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.size < 16 or min(args.pairs, args.sweep) < 1:
         p.error("--size must be at least 16, --pairs and --sweep at least 1")
     report = run(args.size, args.pairs, args.sweep, args.model)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1))
-    print(markdown(report))
-    return 0
+    return emit(report, args.json, markdown(report))
 
 
 if __name__ == "__main__":

@@ -25,10 +25,10 @@ load, CPU seconds per image); --out also writes every time, the machine and the 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from benchmarks.measures.report import emit
 from stylevar.utils.helptext import RawDescriptionHelpFormatter
 
 DEFAULT_POLICIES = "torch,available,available+passive,spare-one+passive,one"
@@ -74,10 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--policies: {e}")
     settings = threads.RunSettings(args.rounds, args.per_turn, args.warmup, (args.size,), args.model, args.settle)
     result = threads.measure(candidates, loads, settings, reference={c.name: "one" for c in candidates})
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1))
-    print(threads.markdown(result))
-    return 0
+    return emit(result, args.out, threads.markdown(result))
 
 
 if __name__ == "__main__":

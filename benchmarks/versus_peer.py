@@ -20,10 +20,10 @@ alone and a line says why.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from benchmarks.measures.report import emit
 from stylevar.utils.helptext import RawDescriptionHelpFormatter
 
 LOADS = ("idle", "busy", "pinned")
@@ -83,10 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     candidate_names, reference = names(counts, peer)
     settings = threads.RunSettings(args.rounds, args.per_turn, args.warmup, tuple(sizes), args.model, args.settle)
     result = threads.measure(threads.candidates(candidate_names), loads, settings, reference=reference)
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1))
-    print(threads.markdown(result))
-    return 0
+    return emit(result, args.out, threads.markdown(result))
 
 
 if __name__ == "__main__":
