@@ -197,17 +197,16 @@ def stylize_request(args: argparse.Namespace, **values: Any) -> StylizeRequest:
 def check_styles(args: argparse.Namespace) -> tuple[list, list | None]:
     """The style images and masks (PIL), their counts agreeing with each other and with --style-weights."""
     from stylevar.loaders import preflight
-    from stylevar.processing.postprocess import MAX_STYLES
+    from stylevar.pipelines.request import check_mix_counts
 
     style_paths = ([args.style] if args.style else []) + list(args.more_styles)
     if not style_paths:
         raise preflight.InputError("give a style image (STYLE, or --style IMAGE)")
-    if len(style_paths) > MAX_STYLES:
-        raise preflight.InputError(f"at most {MAX_STYLES} styles, got {len(style_paths)}")
-    if args.style_weights is not None and len(args.style_weights) != len(style_paths):
-        raise preflight.InputError(f"--style-weights: {len(args.style_weights)} weights for {len(style_paths)} styles")
-    if args.mask is not None and len(args.mask) != len(style_paths):
-        raise preflight.InputError(f"--mask: {len(args.mask)} masks for {len(style_paths)} styles (one per style)")
+    try:
+        check_mix_counts(len(style_paths), None if args.style_weights is None else len(args.style_weights),
+                         None if args.mask is None else len(args.mask))
+    except ValueError as e:
+        raise preflight.InputError(f"{e} (--style, --style-weights, --mask)") from None
     several = len(style_paths) > 1
     styles = [preflight.read_image(s, f"style {i + 1}" if several else "style") for i, s in enumerate(style_paths)]
     masks = None if args.mask is None else [

@@ -158,6 +158,18 @@ class StylizeRequest(BaseModel):
         return GenerationConfig.resolve(recommended, **{k: getattr(self, k) for k in GENERATION})
 
 
+def check_mix_counts(styles: int, weights: int | None = None, masks: int | None = None) -> None:
+    """A blend's counts agree: 1 to `MAX_STYLES` style images, one weight and one mask per style where given. The one
+    check of every surface (`StyleMix`, the service's 422 before any file is read, the command line before any
+    image is opened): a ValueError with the message they all give."""
+    if not 1 <= styles <= MAX_STYLES:
+        raise ValueError(f"style: give 1 to {MAX_STYLES} style images, got {styles}")
+    if weights is not None and weights != styles:
+        raise ValueError(f"style_weights: {weights} weights for {styles} style images; give one per style")
+    if masks is not None and masks != styles:
+        raise ValueError(f"style_masks: {masks} masks for {styles} style images; give one per style")
+
+
 @dataclass(frozen=True)
 class StyleMix:
     """Several style images for one content image, blended by weight, each optionally confined to a region.
@@ -173,15 +185,10 @@ class StyleMix:
     masks: tuple[Image.Image, ...] | None = None
 
     def __post_init__(self) -> None:
-        n = len(self.images)
-        if not 1 <= n <= MAX_STYLES:
-            raise ValueError(f"give 1 to {MAX_STYLES} style images, got {n}")
+        check_mix_counts(len(self.images), None if self.weights is None else len(self.weights),
+                         None if self.masks is None else len(self.masks))
         if self.weights is not None:
-            if len(self.weights) != n:
-                raise ValueError(f"style_weights: {len(self.weights)} weights for {n} style images")
             check_style_weights(self.weights)
-        if self.masks is not None and len(self.masks) != n:
-            raise ValueError(f"style_masks: {len(self.masks)} masks for {n} style images")
 
     @classmethod
     def of(cls, style: Image.Image | Sequence[Image.Image] | StyleMix, weights: Sequence[float] | None = None,

@@ -72,14 +72,14 @@ def test_one_file_matches_the_python_api(micro_model_dir, inputs, tmp_path):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--style-weights", "1"], "--style-weights: 1 weights for 2 styles"),
+    (["--style-weights", "1"], "style_weights: 1 weights for 2 style images"),
     (["--style-weights", "1,-1"], "weights must be finite numbers >= 0"),
     (["--style-weights", "1e39,1"], "weights must be finite numbers >= 0"),
-    (["--mask", "{s}/white.png"], "--mask: 1 masks for 2 styles"),
+    (["--mask", "{s}/white.png"], "style_masks: 1 masks for 2 style images"),
     (["--mask", "{s}/white.png", "--mask", "{d}/torn.png"], "mask 2 image"),
     (["--guidance", "-1"], "argument --guidance: must be in [0, 10]"),
     (["--format", "jpeg"], "--format jpeg but the output"),
-    (["--style", "{s}/red.png"] * 3, "at most 4 styles, got 5"),
+    (["--style", "{s}/red.png"] * 3, "give 1 to 4 style images, got 5"),
 ])
 def test_bad_mix_arguments_are_one_line_before_the_model(inputs, tmp_path, capsys, extra, message):
     d, s = inputs

@@ -22,7 +22,7 @@ from PIL import Image
 from starlette.concurrency import run_in_threadpool
 
 from stylevar.processing.images import ImageError, capped_size, fit_of, tensor_to_pil, unfit
-from stylevar.pipelines.request import StylizeRequest
+from stylevar.pipelines.request import StylizeRequest, check_mix_counts
 from stylevar.processing.postprocess import MAX_STYLES, os_random_seed, upscale_factor
 
 from serve.http import imaging
@@ -138,15 +138,10 @@ def check_alphas(alphas: tuple[float, ...] | None, n_scales: int) -> None:
 
 def check_mix(styles: list[UploadFile], masks: list[UploadFile] | None, weights: tuple[float, ...] | None) -> None:
     """The counts of style files, weights and masks agree (422 otherwise), before anything is read."""
-    n = len(styles)
-    if not 1 <= n <= MAX_STYLES:
-        raise ServiceError(422, "validation_error", f"style: give 1 to {MAX_STYLES} style files, got {n}")
-    if weights is not None and len(weights) != n:
-        raise ServiceError(422, "validation_error",
-                           f"style_weights: {len(weights)} weights for {n} style file(s); give one per style")
-    if masks is not None and len(masks) != n:
-        raise ServiceError(422, "validation_error",
-                           f"style_mask: {len(masks)} mask(s) for {n} style file(s); give one per style")
+    try:
+        check_mix_counts(len(styles), None if weights is None else len(weights), None if masks is None else len(masks))
+    except ValueError as e:
+        raise ServiceError(422, "validation_error", str(e)) from None
 
 
 async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
