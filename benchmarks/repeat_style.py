@@ -35,6 +35,7 @@ from PIL import Image
 from serve.settings import demo_model_dir
 from serve.testing import ServerProcess
 from benchmarks.measures.report import emit
+from stylevar.processing.images import scaled_size
 from stylevar.utils.helptext import RawDescriptionHelpFormatter
 
 ASSETS = Path(__file__).resolve().parents[1] / "stylevar" / "assets"
@@ -48,8 +49,7 @@ def pictures(size: int) -> tuple[list[bytes], list[bytes]]:
         with Image.open(path) as im:
             im = im.convert("RGB")
             if side:
-                scale = side / max(im.size)
-                im = im.resize((round(im.width * scale), round(im.height * scale)), Image.LANCZOS)
+                im = im.resize(scaled_size(im.size, side), Image.LANCZOS)
             buf = io.BytesIO()
             im.save(buf, "PNG")
             return buf.getvalue()
@@ -75,7 +75,7 @@ def run(size: int, pairs: int, sweep: int, model: str | None) -> dict:
         raise SystemExit(f"--pairs: at most {most} (the bundled pictures)")
     base = {"STYLEVAR_LOG_LEVEL": "WARNING"}
     times = {svc: {step: [] for step in STEPS} for svc in ("cached", "uncached")}
-    identical, compared, turn = 0, 0, 0
+    identical, compared = 0, 0
     with ServerProcess.serve(model or demo_model_dir(), settings=base) as cached, \
             ServerProcess.serve(model or demo_model_dir(), settings={**base, "STYLEVAR_CONDITION_CACHE_MB": "0"}) as off:
         cached.wait_ready()
@@ -88,8 +88,7 @@ def run(size: int, pairs: int, sweep: int, model: str | None) -> dict:
                 requests += [("seed sweep", (contents[j], styles[j], seed)) for seed in range(1, sweep + 1)]
                 requests += [("new content", (contents[-1 - j], styles[j], 0))]
                 for step, request in requests:
-                    turn += 1
-                    if turn % 2:
+                    if compared % 2 == 0:  # which service goes first alternates
                         (t_a, img_a), (t_b, img_b) = post(a, *request), post(b, *request)
                     else:
                         (t_b, img_b), (t_a, img_a) = post(b, *request), post(a, *request)

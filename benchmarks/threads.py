@@ -35,6 +35,14 @@ DEFAULT_POLICIES = "torch,available,available+passive,spare-one+passive,one"
 LOADS = ("idle", "busy", "pinned")
 
 
+def parse_loads(p: argparse.ArgumentParser, text: str) -> list[str]:
+    """--loads as a list, or the parser's error (this script's and `benchmarks.versus_peer`'s)."""
+    loads = [x.strip() for x in text.split(",") if x.strip()]
+    if not loads or any(x not in LOADS for x in loads):
+        p.error(f"--loads: comma-separated, of {', '.join(LOADS)}; got {text}")
+    return loads
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.threads", description=__doc__,
                                 formatter_class=RawDescriptionHelpFormatter)
@@ -63,9 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.worker is not None:
         return threads.worker(args.method, args.worker, args.model, args.warmup)
-    loads = [x.strip() for x in args.loads.split(",") if x.strip()]
-    if not loads or any(x not in LOADS for x in loads):
-        p.error(f"--loads: comma-separated, of {', '.join(LOADS)}; got {args.loads}")
+    loads = parse_loads(p, args.loads)
     if min(args.rounds, args.per_turn) < 1 or args.warmup < 0 or args.size < 16:
         p.error("--rounds and --per-turn must be at least 1, --warmup at least 0, --size at least 16")
     try:

@@ -24,9 +24,8 @@ import sys
 from pathlib import Path
 
 from benchmarks.measures.report import emit
+from benchmarks.threads import LOADS, parse_loads
 from stylevar.utils.helptext import RawDescriptionHelpFormatter
-
-LOADS = ("idle", "busy", "pinned")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,9 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         counts, sizes = _ints(args.threads), _ints(args.sizes)
     except ValueError:
         p.error("--threads and --sizes: distinct positive integers, comma-separated")
-    loads = [x.strip() for x in args.loads.split(",") if x.strip()]
-    if not loads or any(x not in LOADS for x in loads):
-        p.error(f"--loads: comma-separated, of {', '.join(LOADS)}; got {args.loads}")
+    loads = parse_loads(p, args.loads)
     if min(args.rounds, args.per_turn) < 1 or args.warmup < 0 or min(sizes) < 16:
         p.error("--rounds and --per-turn must be at least 1, --warmup at least 0, each size at least 16")
     try:

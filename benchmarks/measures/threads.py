@@ -92,9 +92,8 @@ class RunSettings:
 
 # ------------------------------------------------------------------------------------------ the worker's side
 def _stylizer(method: str, threads: str, model: str | None):
-    """(stylize(content, style, seed) -> image, the threads it runs, what it is) for a worker."""
-    import torch
-
+    """(stylize(content, style, seed) -> image, the threads it runs, what it is) for a worker (the peer's imports
+    no torch)."""
     if method == "peer":
         import onnxruntime
 
@@ -103,6 +102,8 @@ def _stylizer(method: str, threads: str, model: str | None):
         peer = MagentaStylizer(MagentaConfig(threads=int(threads)))  # a count (`candidate` resolved the rule)
         return (lambda content, style, seed: peer(content, style)), int(threads), \
             f"onnxruntime {onnxruntime.__version__}"
+    import torch
+
     from stylevar.pipelines.pipeline import StylePipeline
 
     pipe = StylePipeline.from_pretrained(model, device="cpu", threads=parse_threads(threads))
@@ -119,6 +120,8 @@ def worker(method: str, threads: str, model: str | None, warmup: int) -> int:
     N images at SIZE px and answer their wall and CPU seconds (one JSON line); the first turn at a size stylizes
     ``warmup`` images untimed before. "quit" or the end of stdin ends it."""
     from PIL import Image
+
+    from stylevar.processing.images import scaled_size
 
     stylize, count, runtime = _stylizer(method, threads, model)
     examples = REPO / "stylevar" / "assets" / "examples"
@@ -141,8 +144,7 @@ def worker(method: str, threads: str, model: str | None, warmup: int) -> int:
             break
         size = int(words[2])
         if size not in contents:
-            scale = size / max(photo.size)
-            contents[size] = photo.resize((round(photo.width * scale), round(photo.height * scale)), Image.LANCZOS)
+            contents[size] = photo.resize(scaled_size(photo.size, size), Image.LANCZOS)
             for _ in range(warmup):
                 one(size)
         timed = [one(size) for _ in range(int(words[1]))]

@@ -15,7 +15,7 @@ from PIL import Image
 
 from data_tools import synth
 from stylevar.baselines.reinhard import reinhard_transfer
-from stylevar.processing.images import pil_to_tensor
+from stylevar.processing.images import pil_to_tensor, scaled_size
 from stylevar.metrics.structure import edge_correlation
 from stylevar.metrics.style_fidelity import colour_swd
 from stylevar.pipelines.pipeline import StylePipeline
@@ -39,9 +39,7 @@ def synthetic_pairs(n: int, size: int, seed: int = demo.HELDOUT_SEED) -> list[tu
 def photo_pairs(size: int) -> list[tuple[Image.Image, Image.Image]]:
     out = []
     for t in demo.photo_triplets(64):
-        w, h = t.content.size
-        s = size / max(w, h)
-        out.append((t.content.convert("RGB").resize((round(w * s), round(h * s)), Image.LANCZOS), t.style))
+        out.append((t.content.convert("RGB").resize(scaled_size(t.content.size, size), Image.LANCZOS), t.style))
     return out
 
 

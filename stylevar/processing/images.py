@@ -222,13 +222,16 @@ def _orientation(img: Image.Image) -> int:
     return value if isinstance(value, int) else 1
 
 
+def scaled_size(size: tuple[int, int], long_side: int) -> tuple[int, int]:
+    """(w, h) scaled so the long side is `long_side`, keeping the aspect ratio (smaller or larger)."""
+    w, h = size
+    s = long_side / max(w, h)
+    return max(1, round(w * s)), max(1, round(h * s))
+
+
 def capped_size(size: tuple[int, int], max_side: int) -> tuple[int, int]:
     """(w, h) scaled so the long side is at most `max_side`, keeping the aspect ratio (never enlarged)."""
-    w, h = size
-    if max(w, h) <= max_side:
-        return w, h
-    s = max_side / max(w, h)
-    return max(1, round(w * s)), max(1, round(h * s))
+    return size if max(size) <= max_side else scaled_size(size, max_side)
 
 
 def _strip_rows(width: int, factor: int) -> int:
