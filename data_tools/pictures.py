@@ -49,6 +49,8 @@ PACKAGES = (
             styles=("pixels-l.webp", "wood-d.webp", "truchet-l.webp", "truchet-d.webp", "adwaita-d.webp",
                     "licorice-l.webp", "grid-d.webp", "grid-l.webp", "wood-l.webp"),
             licence="CC-BY-SA-3.0 or GPL-2+ (Jakub Steiner and the GNOME artists; see the package's copyright file)"),
+    Package("propaganda-debian", "usr/share/wallpapers", contents=(), styles=("*.JPG",),
+            licence="GPL-2+ (1998-2000 Bowie J. Poag, Naru Sundar / PROPAGANDA; see the package's copyright file)"),
 )
 
 HELD_OUT = (  # judge the demo model only; never train or tune on them

@@ -48,6 +48,7 @@ class TeachConfig:
     min_edge_corr: float = 0.3
     content_crop: tuple[float, float] = (0.45, 1.0)  # crop side as a fraction of the picture's shorter side
     style_crop: tuple[float, float] = (0.35, 1.0)
+    photo_styles: float = 0.0  # share of the triplets whose style is a content photograph (not their own)
     rank: int = 0
     world_size: int = 1
     threads: int = 1
@@ -59,6 +60,8 @@ class TeachConfig:
             raise ValueError(f"size must be at least 8, not {self.size}")
         if self.count < 1:
             raise ValueError(f"count must be at least 1, not {self.count}")
+        if not 0 <= self.photo_styles <= 1:
+            raise ValueError(f"photo_styles must be in [0, 1], not {self.photo_styles}")
 
     @property
     def log_path(self) -> Path:
@@ -148,8 +151,12 @@ class Teacher:
     def triplet(self, i: int, size: int) -> tuple[Image.Image, Image.Image, Image.Image, dict]:
         """Triplet i at `size` px (content, style, target) and the names of its two pictures."""
         rng = np.random.default_rng([self.cfg.seed, i])
-        content_p = self.contents[int(rng.integers(len(self.contents)))]
-        style_p = self.styles[int(rng.integers(len(self.styles)))]
+        c = int(rng.integers(len(self.contents)))
+        content_p = self.contents[c]
+        if self.cfg.photo_styles > 0 and len(self.contents) > 1 and rng.random() < self.cfg.photo_styles:
+            style_p = self.contents[(c + 1 + int(rng.integers(len(self.contents) - 1))) % len(self.contents)]
+        else:
+            style_p = self.styles[int(rng.integers(len(self.styles)))]
         content_crop = _square_crop(content_p.image, rng, self.cfg.content_crop)
         style_crop = _square_crop(style_p.image, rng, self.cfg.style_crop)
         painted = self.stylizer.transform(_shrink(content_crop, self.stylizer.config.content_size),
@@ -177,6 +184,11 @@ class Teacher:
         return {**rec, "kept": True, "split": _item_split(cfg, i)}
 
 
+def _source_of(sources: dict, role: str, name: str) -> dict:
+    """A style may be a content photograph (`photo_styles`): its record is then the photograph's."""
+    return sources[role].get(name) or sources["content"].get(name, UNKNOWN_SOURCE)
+
+
 def _append(path: Path, rec: dict) -> None:
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(rec) + "\n")
@@ -200,7 +212,7 @@ def merge(cfg: TeachConfig) -> Path:
             continue
         entry = {role: f"{role}/{rec['id']}.png" for role in ("content", "style", "target")}
         entry.update(split=rec["split"], id=rec["id"], edge_corr=rec["edge_corr"], sources={
-            role: {"file": name, **sources[role].get(name, UNKNOWN_SOURCE)} for role, name in rec["sources"].items()
+            role: {"file": name, **_source_of(sources, role, name)} for role, name in rec["sources"].items()
         })
         lines.append(json.dumps(entry, ensure_ascii=False))
     atomic_write_text(cfg.out / "sources.json", json.dumps(sources, indent=1, ensure_ascii=False) + "\n",
@@ -249,6 +261,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[TeachConfig, argparse.Nam
                    help="content crop side as a fraction of the shorter side")
     p.add_argument("--style-crop", type=_fraction_range, default=(0.35, 1.0), metavar="LO,HI",
                    help="style crop side as a fraction of the shorter side")
+    p.add_argument("--photo-styles", type=float, default=0.0, metavar="SHARE",
+                   help="share of the triplets whose style is another content photograph instead of a style picture")
     p.add_argument("--rank", type=int, default=int(os.environ.get("RANK", os.environ.get("JOB_COMPLETION_INDEX", 0))),
                    help="this worker's rank (env RANK or JOB_COMPLETION_INDEX)")
     p.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)),
@@ -259,7 +273,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[TeachConfig, argparse.Nam
     a = p.parse_args(argv)
     cfg = TeachConfig(contents=a.contents, styles=a.styles, out=a.out, size=a.size, count=a.count, seed=a.seed,
                       val_fraction=a.val_fraction, min_edge_corr=a.min_edge_corr, content_crop=a.content_crop,
-                      style_crop=a.style_crop, rank=a.rank, world_size=a.world_size, threads=a.threads)
+                      style_crop=a.style_crop, photo_styles=a.photo_styles, rank=a.rank, world_size=a.world_size,
+                      threads=a.threads)
     return cfg, a
 
 

@@ -77,6 +77,18 @@ def test_triplets_depend_on_seed_and_index_only(pictures, tmp_path):
     assert not np.array_equal(np.asarray(a[2]), np.asarray(other[2]))
 
 
+def test_photo_styles_draw_another_photograph_as_the_style(pictures, tmp_path):
+    manifest = teach.run(config(pictures, tmp_path, count=12, photo_styles=1.0), progress=False)
+    lines = [json.loads(x) for x in manifest.read_text().splitlines()]
+    assert len(lines) == 12
+    for x in lines:  # every style is a photograph, never the triplet's own, and carries its licence record
+        assert x["sources"]["style"]["file"].startswith("contents")
+        assert x["sources"]["style"]["file"] != x["sources"]["content"]["file"]
+    assert any(x["sources"]["style"].get("licence") == "CC0" for x in lines)
+    with pytest.raises(ValueError, match="photo_styles"):
+        config(pictures, tmp_path, photo_styles=1.5)
+
+
 def test_the_edge_filter_drops_and_logs(pictures, tmp_path):
     manifest = teach.run(teach.TeachConfig(contents=pictures[0], styles=pictures[1], out=tmp_path, size=16,
                                            count=3, min_edge_corr=1.01), progress=False)
