@@ -22,6 +22,7 @@ RUN apt-get update \
 
 WORKDIR /app
 COPY pyproject.toml README.md ./
+COPY backend ./backend
 COPY stylevar ./stylevar
 COPY serve ./serve
 COPY web ./web

@@ -80,6 +80,34 @@ def test_dockerfile_shape():
     assert len(health) == 1 and "serve.healthcheck" in health[0]
 
 
+@pytest.mark.slow  # builds the project's wheel: ~30 s
+def test_what_the_image_copies_is_enough_to_install_the_project(tmp_path):
+    """`pip install .` in the image sees only the COPY'd paths: build the wheel from exactly those (the build
+    backend and every package included)."""
+    app = tmp_path / "app"
+    app.mkdir()
+    for word, rest in instructions(DOCKERFILE):
+        if word == "COPY":
+            *sources, dest = shlex.split(rest)
+            for src in sources:
+                target = app / dest if dest.endswith("/") else app / dest.removeprefix("./")
+                if (ROOT / src).is_dir():
+                    shutil.copytree(ROOT / src, target, ignore=shutil.ignore_patterns("__pycache__"))
+                else:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(ROOT / src, target if not dest.endswith("/") else app / Path(src).name)
+    run = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                          "-w", str(tmp_path / "wheels"), str(app)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    wheel = next((tmp_path / "wheels").glob("stylevar-*.whl"))
+    import zipfile
+
+    names = zipfile.ZipFile(wheel).namelist()
+    for package in ("stylevar/__init__.py", "serve/__init__.py", "web/__init__.py", "training/__init__.py",
+                    "data_tools/__init__.py", "stylevar/assets/demo/config.json"):
+        assert package in names, f"{package} missing from the image's install"
+
+
 @pytest.mark.slow  # starts the service with the Gradio UI mounted: ~10-20 s on two shared cores
 def test_dockerfile_cmd_and_healthcheck_start_and_probe_the_service(tmp_path):
     inst = instructions(DOCKERFILE)
