@@ -13,6 +13,7 @@ import sys
 
 from pydantic import ValidationError
 
+from stylevar.loaders import hub
 from stylevar.utils import threads
 from stylevar.utils.helptext import HelpFormatter
 
@@ -41,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help=f"bind address ({env_name('host')}; default: {_default('host')})")
     p.add_argument("--port", type=int, help=f"port ({env_name('port')}; default: {_default('port')})")
     p.add_argument("--model", dest="model_dir",
-                   help="model directory, or a hub id hf:OWNER/NAME[:grpo|sft] (pulled on first use; "
+                   help=f"model directory, or a hub id {hub.ID_FORM} (pulled on first use; "
                         f"{env_name('model_dir')}; default: the embedded demo model)")
     p.add_argument("--device", help="auto, cpu, cuda:0 or a comma-separated list, one model copy and worker each "
                                     f"({env_name('device')}; default: {','.join(_default('device'))}: every visible "

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from stylevar.cli.command import Command
+from stylevar.utils.helptext import HelpFormatter
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -84,7 +85,8 @@ def merge_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m training.merge_lora", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m training.merge_lora", description=__doc__.split("\n")[0],
+                                formatter_class=HelpFormatter)
     add_arguments(p)
     args = p.parse_args(argv)
     try:

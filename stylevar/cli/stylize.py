@@ -11,6 +11,7 @@ from typing import Any
 
 from stylevar.cli.command import EXIT_PARTIAL, Command
 from stylevar.cli.values import float_in, int_in, number, threads_argument
+from stylevar.loaders import hub  # no torch
 from stylevar.utils.helptext import DEVICE_AUTO
 from stylevar.pipelines.options import CLI, IMAGE_ONLY, Option, offered  # no torch
 from stylevar.pipelines.request import RequestError, StylizeRequest  # no torch either
@@ -36,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="grayscale mask of one style (white = the style applies, black = the content stays); "
                         "repeat it once per style, in order; any size (resized to each content's)")
     p.add_argument("--model", default=None,
-                   help="model directory, or a hub id hf:OWNER/NAME[:grpo|sft] (pulled on first use; "
+                   help=f"model directory, or a hub id {hub.ID_FORM} (pulled on first use; "
                         "default: the embedded demo model)")
     p.add_argument("--batch-size", type=int_in(1, 256), default=8, metavar="N",
                    help="model rows per call when stylizing several images")

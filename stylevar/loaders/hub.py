@@ -32,6 +32,7 @@ DEFAULT_REPO = "Senfier-LiqiJing/StyleVAR"
 VAE_FILE = "vae_ch160v4096z32.pth"
 VARIANTS = {"grpo": "StyleVAR-GRPO.pth", "sft": "StyleVAR_SFT.pth"}
 DEFAULT_VARIANT = "grpo"
+ID_FORM = f"{PREFIX}OWNER/NAME[@REVISION][:{'|'.join(VARIANTS)}]"  # how a hub id is written, for help texts
 DEFAULT_PRESET = "d20"
 SHAPE_FILE = "stylevar_config.json"  # optional, in the repository: the reference config fields of its weights
 DEFAULT_REVISION = "main"

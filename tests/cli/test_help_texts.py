@@ -96,16 +96,32 @@ def test_every_module_with_a_command_is_an_entry_point():
     assert found - {"data_tools.__main__"} <= set(ENTRY_POINTS), sorted(found - set(ENTRY_POINTS))
 
 
-def help_commands() -> list[tuple[str, list[str]]]:
+def help_commands() -> list[tuple[str, str, tuple[str, ...], list[str]]]:
+    """Each --help checked: its name, the module whose main() builds the parser, the arguments that main() is
+    given, and the command line that prints it."""
     python, stylevar = sys.executable, str(Path(sys.executable).with_name("stylevar"))
-    out = [(module, [python, "-m", module.removesuffix(".__main__"), "--help"])
+    out = [(module, module, ("--help",), [python, "-m", module.removesuffix(".__main__"), "--help"])
            for module in ENTRY_POINTS]
-    return out + [(f"stylevar {name}", [stylevar, name, "--help"]) for name in subcommands()]
+    return out + [(f"stylevar {name}", "stylevar.cli", (name, "--help"), [stylevar, name, "--help"])
+                  for name in subcommands()]
+
+
+def required_helps(parser: argparse.ArgumentParser, argv: tuple[str, ...]) -> list[str]:
+    """The help text, as --help prints it, of each required option of the parser ``argv`` reaches (the
+    sub-command's when ``argv`` names one)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and argv and argv[0] in action.choices:
+            return required_helps(action.choices[argv[0]], argv[1:])
+    formatter = parser._get_formatter()
+    return [formatter._expand_help(a) for a in parser._actions if a.required and a.option_strings]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", [argv for _, argv in help_commands()], ids=[name for name, _ in help_commands()])
-def test_help_is_quick_and_shows_no_empty_default(command):
+@pytest.mark.parametrize("module, argv, command", [row[1:] for row in help_commands()],
+                         ids=[row[0] for row in help_commands()])
+def test_help_is_quick_and_shows_no_empty_default(module, argv, command, monkeypatch):
+    required = required_helps(parser_of(module, monkeypatch, argv), argv)
+    monkeypatch.undo()
     start = time.perf_counter()
     done = subprocess.run(command, cwd=REPO, env=single_thread_env(), capture_output=True, text=True, timeout=60)
     seconds = time.perf_counter() - start
@@ -113,6 +129,9 @@ def test_help_is_quick_and_shows_no_empty_default(command):
     assert seconds < HELP_SECONDS, f"{' '.join(command[1:])} took {seconds:.1f} s"
     assert "options:" in done.stdout
     assert "(default: None)" not in done.stdout
+    printed = "".join(done.stdout.split())  # argparse wraps lines, also at hyphens
+    for text in required:
+        assert "(required)" in text and "".join(text.split()) in printed, f"not marked as required: {text!r}"
 
 
 def test_the_formatter_shows_each_default_once_and_says_required():
