@@ -1,4 +1,4 @@
-"""`python -m serve [--host H] [--port P] [--model DIR|hf:OWNER/NAME[:variant]] [--device D] [--no-ui]`.
+"""`python -m serve [--host H] [--port P] [--model DIR|hf:OWNER/NAME[@REVISION][:grpo|sft]] [--device D] [--no-ui]`.
 
 Every option also has an environment variable (`STYLEVAR_HOST`, `STYLEVAR_PORT`, `STYLEVAR_MODEL_DIR`,
 `STYLEVAR_DEVICE`, `STYLEVAR_UI`, ...); options given on the command line win. SIGTERM or SIGINT drains

@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from stylevar.loaders import hub
 from stylevar.models.generation import DEFAULT_GENERATION
 from training.parts.cli import add_loop_args, recipe_parser
 from training.parts.rewards import REWARDS
@@ -54,7 +55,7 @@ from training.parts.rewards import REWARDS
 def build_parser() -> argparse.ArgumentParser:
     p = recipe_parser("training.grpo", __doc__)
     p.add_argument("--init", required=True, metavar="MODEL_DIR",
-                   help="model directory to start from (e.g. an SFT RUN/final), or a hub id hf:OWNER/NAME[:variant]")
+                   help=f"model directory to start from (e.g. an SFT RUN/final), or a hub id {hub.ID_FORM}")
     p.add_argument("--name", default="stylevar-grpo", help="model name written to RUN/final/config.json")
     g = p.add_argument_group("rollouts and reward")
     g.add_argument("--reward", choices=REWARDS, default="dreamsim", help="distance to the target the reward is made of (training.parts.rewards)")

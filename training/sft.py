@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from stylevar.loaders import hub
 from training.parts.cli import SFT_COMPILE_MIN_STEPS, add_loop_args, recipe_parser
 
 
@@ -49,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     init = p.add_mutually_exclusive_group()
     init.add_argument("--init-var", metavar="PTH", help="initialise from a class-conditional VAR checkpoint")
     init.add_argument("--init", metavar="DIR_OR_PTH",
-                      help="initialise from StyleVAR weights (model dir, checkpoint, or hub id hf:OWNER/NAME[:variant])")
+                      help=f"initialise from StyleVAR weights (model dir, checkpoint, or hub id {hub.ID_FORM})")
     p.add_argument("--image-size", type=int, default=None, help="image side in pixels (default: the tokenizer's)")
     p.add_argument("--label-smoothing", type=float, default=0.1, help="label smoothing of the cross-entropy")
     p.add_argument("--add-variants", type=lambda v: [x for x in v.split(",") if x], default=[],

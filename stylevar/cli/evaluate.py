@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from stylevar.cli.command import EXIT_USAGE, Command
+from stylevar.loaders import hub  # no torch
 from stylevar.utils.helptext import DEVICE_AUTO
 
 EXIT_MISSING_WEIGHTS = 3
@@ -59,8 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.description = stylevar.evaluate.__doc__.split("\n\n")[0]
     p.add_argument("--method", action="append", required=True,
-                   metavar="MODEL_DIR|hf:OWNER/NAME|adain|adain-paper|reinhard|magenta",
-                   help="a method to evaluate (repeat for several); a hub id is pulled on first use")
+                   metavar="MODEL_DIR|HUB_ID|adain|adain-paper|reinhard|magenta",
+                   help=f"a method to evaluate (repeat for several); a hub id {hub.ID_FORM} is pulled on first "
+                        "use")
     p.add_argument("--benchmark", action="append", required=True, type=_parse_benchmark,
                    metavar="NAME=MANIFEST_OR_ROOT", help="a triplet manifest, or a folder holding manifest.jsonl (repeat)")
     p.add_argument("--n", "--rows", type=int, default=50,

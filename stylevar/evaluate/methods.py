@@ -148,7 +148,7 @@ def make_method(spec: str) -> Method:
         return PipelineMethod(path)
     raise ValueError(f"--method {spec!r} is neither one of {', '.join(BUILTIN_METHODS)} nor a model directory "
                      "(a folder with config.json, tokenizer.safetensors, transformer.safetensors) nor a hub id "
-                     "(hf:OWNER/NAME[:variant])")
+                     f"({hub.ID_FORM})")
 
 
 def unique_names(methods: list[Method]) -> None:

@@ -83,7 +83,7 @@ class HubModel:
         body = str(text)
         if prefix:
             if not body.startswith(PREFIX):
-                raise ValueError(f"{text!r} is not a hub id (hf:OWNER/NAME[:variant])")
+                raise ValueError(f"{text!r} is not a hub id ({ID_FORM})")
             body = body[len(PREFIX):]
         body, _, variant = body.partition(":")
         repo, _, revision = body.partition("@")

@@ -91,12 +91,13 @@ class StylePipeline:
     def from_pretrained(cls, model_dir: str | os.PathLike | None = None, device: str | torch.device | None = None,
                         autocast_dtype: torch.dtype | str | None = "auto",
                         threads: int | str | None = None) -> "StylePipeline":
-        """Load a model directory (default: the embedded demo model), or a hub id ``hf:OWNER/NAME[:variant]``
-        (pulled on first use, see `stylevar.loaders.pull`). ``autocast_dtype``: "auto" = bf16 on CUDA and none on the
-        CPU; None = float32 everywhere; or a dtype or its name ("bf16", "float16", ...; see
-        `stylevar.utils.devices.resolve_autocast_dtype`). ``threads``: torch's CPU threads, a count, "torch" (its
-        count left as it is) or None (the process's first load decides by `stylevar.utils.threads`: STYLEVAR_THREADS,
-        OMP_NUM_THREADS, an earlier torch.set_num_threads, else one fewer than the CPUs the process may use)."""
+        """Load a model directory (default: the embedded demo model), or a hub id
+        ``hf:OWNER/NAME[@REVISION][:grpo|sft]`` (pulled on first use, see `stylevar.loaders.pull`). ``autocast_dtype``:
+        "auto" = bf16 on CUDA and none on the CPU; None = float32 everywhere; or a dtype or its name ("bf16", "float16",
+        ...; see `stylevar.utils.devices.resolve_autocast_dtype`). ``threads``: torch's CPU threads, a count, "torch"
+        (its count left as it is) or None (the process's first load decides by `stylevar.utils.threads`:
+        STYLEVAR_THREADS, OMP_NUM_THREADS, an earlier torch.set_num_threads, else one fewer than the CPUs the process
+        may use)."""
         apply_threads(threads)
         d = resolve_model(model_dir) if model_dir is not None else DEMO_MODEL_DIR
         config = check_model_dir(d)

@@ -172,3 +172,18 @@ def test_the_service_help_names_every_setting_and_where_each_is_described():
     for action in parser._actions:
         if action.dest != "help":
             assert "STYLEVAR_" in action.help, action.option_strings
+
+
+@pytest.mark.parametrize("module, argv, option", [
+    ("stylevar.cli", ("stylize", "--help"), "--model"), ("serve.__main__", ("--help",), "--model"),
+    ("training.sft", ("--help",), "--init"), ("training.grpo", ("--help",), "--init"),
+    ("stylevar.cli", ("evaluate", "--help"), "--method")])
+def test_each_option_taking_a_hub_id_writes_it_the_one_way(module, argv, option, monkeypatch):
+    from stylevar.loaders.hub import ID_FORM
+
+    parser = parser_of(module, monkeypatch, argv)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            parser = action.choices[argv[0]]
+    helps = [a.help for a in parser._actions if option in a.option_strings]
+    assert len(helps) == 1 and ID_FORM in helps[0], helps

@@ -1,8 +1,9 @@
 """One request through every surface: the Python call, the command line, the service's form (the real app), the UI's
-handler and the video route build the same `StylizeRequest`, resolved once (one `GenerationConfig` per request),
+handler, the video route and the UI's video tab build the same `StylizeRequest` (a clip's: its fields), resolved once (one `GenerationConfig` per request),
 and give the same image; a value the form refuses with 422 the Python call refuses with the same message."""
 from __future__ import annotations
 
+import inspect
 import io
 from collections.abc import Iterator
 
@@ -18,8 +19,9 @@ from stylevar import StyleMix, StylePipeline, cli
 from stylevar.cli.stylize import stylize_request
 from stylevar.models.generation import GenerationConfig
 from stylevar.pipelines.request import IMAGE_ONLY, StylizeRequest
-from web.client import Result, ResultImage, form_fields
+from web.client import Result, ResultImage, VideoResult, form_fields
 from web.ui import StyleVARUI, UIConfig
+from web.video_tab import VideoTab
 
 VALUES = dict(style_strength=0.25, seed=11, top_k=40, top_p=0.8, num_samples=2, resize="pad", preserve_color=True,
               upsample="bicubic", guidance=0.5, fast=True)
@@ -74,6 +76,10 @@ class RecordingClient:
         self.options.append(options)
         yield Result("fake", 1, 1.0, [ResultImage(1, Image.open(content).convert("RGB"), b"", "image/png")])
 
+    def stylize_video(self, video, style, options: StylizeRequest, masks=None, temporal=None, timeout_s=900.0):
+        self.options.append(options)
+        return VideoResult(b"", "fake", options.seed or 0, 1, 1.0, 1.0, temporal or "", False)
+
 
 def test_every_surface_builds_the_same_request(tmp_path, monkeypatch):
     python = StylePipeline.request("StylePipeline", VALUES)
@@ -92,6 +98,14 @@ def test_every_surface_builds_the_same_request(tmp_path, monkeypatch):
     controls = {**VALUES, "seed": 11.0, "top_k": 40.0}  # the UI's number boxes give floats
     list(ui.stylize(str(tmp_path / "c.png"), str(tmp_path / "s.png"), **controls))
     assert client.options == [python]
+    # the video tab: its controls that are request fields (the rest stay at their defaults), a clip's fields only
+    tab = [k for k in inspect.signature(VideoTab.stylize).parameters if k in StylizeRequest.model_fields]
+    assert tab and not set(tab) & set(IMAGE_ONLY)
+    (tmp_path / "clip.mp4").write_bytes(b"")
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))  # where the tab writes the returned clip
+    VideoTab(client).stylize(str(tmp_path / "clip.mp4"), str(tmp_path / "s.png"), **{k: controls[k] for k in tab})
+    defaults = {k: f.default for k, f in StylizeRequest.model_fields.items() if k not in tab}
+    assert client.options[1:] == [video.model_copy(update=defaults)]
 
 
 def test_the_service_the_python_call_and_the_cli_give_the_same_image(http, recorded, tmp_path, micro_model_dir):

@@ -40,7 +40,8 @@ FREE_KEYS = (*cli.FREE_KEYS, "rollout_chunk", "tf_chunk")
 
 def check_inputs(args: argparse.Namespace) -> None:
     check_data_args(args.data)
-    if hub.is_hub_id(args.init):  # a published model (hf:OWNER/NAME[:variant]): its model directory, pulled on first use
+    # a published model (hf:OWNER/NAME[@REVISION][:grpo|sft]): its model directory, pulled on first use
+    if hub.is_hub_id(args.init):
         try:
             args.init = str(resolve_model(args.init))
         except (hub.HubError, ValueError) as e:

@@ -48,7 +48,7 @@ ADDED_OPTIONS = {"drop_path_rate": None, "transformer_config.drop_path_rate": 0.
 
 def check_inputs(args: argparse.Namespace) -> None:
     """Fail fast, before any work, on missing inputs. A hub id given to --tokenizer or --init (a published
-    model, hf:OWNER/NAME[:variant]) becomes its model directory here, pulled on first use."""
+    model, hf:OWNER/NAME[@REVISION][:grpo|sft]) becomes its model directory here, pulled on first use."""
     check_data_args(args.data)
     for flag in ("tokenizer", "init"):
         value = getattr(args, flag)
