@@ -14,6 +14,9 @@
 # colour_stats --scale-gamma 1) -> evaluation against copy-content and Reinhard, the palette step chosen,
 # export to stylevar/assets/demo, with the held-out real pairs beside the teacher (pictures never used for
 # training or tuning).
+# Part 3 (more styles, demo v6): a second set of teacher triplets with another seed, a share of them painted in
+# the style of another content photograph (data_tools.teach --photo-styles) -> SFT continued on it from part 2's
+# transformer, so that the transformer's own palette follows styles it has not seen.
 # Each stage's wall-clock time and command go into RUN_ROOT/timings.json and from there into the model
 # card. The model shape is scripts/demo_preset.json: a 64 px tokenizer with a 16 x 16 latent (scales 1, 2, 4,
 # 8, 16) and the tiny transformer with the content-injection variant (docs/training.md, "The demo model",
@@ -35,6 +38,9 @@ TEACH_BATCH=${TEACH_BATCH:-16}
 TEACH_VQ_STEPS=${TEACH_VQ_STEPS:-400}
 TEACH_SFT_STEPS=${TEACH_SFT_STEPS:-1000}
 TEACH_SCALE_GAMMA=${TEACH_SCALE_GAMMA:-1.0}
+MORE_COUNT=${MORE_COUNT:-3200}      # part 3: teacher triplets attempted with another seed
+MORE_PHOTO_STYLES=${MORE_PHOTO_STYLES:-0.25}  # their share painted in another content photograph's style
+MORE_SFT_STEPS=${MORE_SFT_STEPS:-600}
 PALETTE=${PALETTE:-distribution:1}  # the export's palette step (training.demo --palette)  # SFT on teacher triplets: PANW weights of the scales in the loss
 CEILING_N=${CEILING_N:-16}          # pairs of the ceiling table
 PICTURES=${PICTURES:-$ROOT/pictures}  # training pictures: contents/ and styles/, each with SOURCES.json
@@ -103,6 +109,15 @@ stage sft_teach "$ROOT/sft_teach/final/transformer.safetensors" \
   --init "$ROOT/grpo2/final" --add-variants colour_stats --scale-gamma "$TEACH_SCALE_GAMMA" --out "$ROOT/sft_teach" \
   --max-steps "$TEACH_SFT_STEPS" --batch-size "$TEACH_BATCH" --lr 4e-4 --warmup-steps 30 --save-every 100 \
   --val-every 250 --val-max-batches 2 --no-augment --seed "$SEED" --device "$DEVICE" --no-progress
+stage teach_more "$ROOT/teach_more/manifest.jsonl" \
+  "$PY" -m data_tools.teach --contents "$PICTURES/contents" --styles "$PICTURES/styles" --out "$ROOT/teach_more" \
+  --size 128 --count "$MORE_COUNT" --min-edge-corr "$TEACH_MIN_EDGE" --photo-styles "$MORE_PHOTO_STYLES" \
+  --seed "$((SEED + 1))" --no-progress
+stage sft_more "$ROOT/sft_more/final/transformer.safetensors" \
+  "$PY" -m training.sft --data "$ROOT/teach_more/manifest.jsonl" --preset "$PRESET" --tokenizer "$ROOT/grpo2/final" \
+  --init "$ROOT/sft_teach/final" --scale-gamma "$TEACH_SCALE_GAMMA" --out "$ROOT/sft_more" \
+  --max-steps "$MORE_SFT_STEPS" --batch-size "$TEACH_BATCH" --lr 3e-4 --warmup-steps 30 --save-every 50 \
+  --val-every 300 --val-max-batches 2 --no-augment --seed "$SEED" --device "$DEVICE" --no-progress
 stage ceiling "$ROOT/ceiling.json" \
   "$PY" -m benchmarks.teacher_ceiling --contents "$PICTURES/contents" --styles "$PICTURES/styles" \
   --tokenizer "$ROOT/tokenizer/final" --tokenizer "$ROOT/tokenizer_teach/final" --n "$CEILING_N" --out "$ROOT/ceiling.json"
@@ -110,7 +125,7 @@ stage ceiling "$ROOT/ceiling.json" \
 stage heldout "$HELDOUT/contents/SOURCES.json" "$PY" -m data_tools.pictures --out "$HELDOUT" --held-out
 # the palette step: the whole colour distribution (chosen on tuning pairs of training pictures at the returned
 # size, docs/training.md; the 64 px rule's choice and every candidate stay in the card)
-"$PY" -m training.demo --model "$ROOT/sft_teach/final" --data "$ROOT/teach/manifest.jsonl" --out "$OUT" \
+"$PY" -m training.demo --model "$ROOT/sft_more/final" --data "$ROOT/teach_more/manifest.jsonl" --out "$OUT" \
   --palette "$PALETTE" \
   --timings "$TIMINGS" --n "$EVAL_N" --calibration "$CALIBRATION_N" --experiments benchmarks/fidelity.md \
   --ceiling "$ROOT/ceiling.json" --real-contents "$HELDOUT/contents" --real-photos "$HELDOUT_PHOTOS" \

@@ -62,14 +62,14 @@ def test_demo_model_on_held_out_real_pairs():
     """From the shipped config.json: real photographs x real styles that no training or tuning step read
     (`stylevar.evaluate.real_pairs`, results at the content's size, scored at 256 px), beside the teacher:
     colour distance to the style <= 0.06, texture at least halfway from copy-content's to the teacher's, edge
-    correlation >= 0.55; the transformer alone takes the style's colours (below copy-content's distance)."""
+    correlation >= 0.55; the transformer alone takes the style's colours (at most 0.6 x copy-content's distance)."""
     rows = json.loads((DEMO_MODEL_DIR / "config.json").read_text())["extra"]["evaluation_real_pairs"]["rows"]
     model, alone, copy, teacher = (rows[k] for k in ("model", "transformer alone", "copy-content", "teacher (magenta)"))
     assert model["colour_swd_to_style"] <= 0.06
     assert model["texture_dist_to_style"] <= (copy["texture_dist_to_style"] + teacher["texture_dist_to_style"]) / 2
     assert model["edge_corr"] >= 0.55
-    # 0.65 x copy-content's (v3, procedural only: 0.95 x); the goal of 0.6 x is not reached yet
-    assert alone["colour_swd_to_style"] <= 0.7 * copy["colour_swd_to_style"]
+    # 0.52 x copy-content's (v5: 0.65 x; v3, procedural only: 0.95 x)
+    assert alone["colour_swd_to_style"] <= 0.6 * copy["colour_swd_to_style"]
 
 
 def _mean_colour(path: Path) -> np.ndarray:

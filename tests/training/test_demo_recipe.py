@@ -18,9 +18,11 @@ from tests.conftest import single_thread_env
 pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
 
 REPO = Path(__file__).resolve().parents[2]
-STAGES = ("synth", "tokenizer", "sft", "grpo", "grpo2", "teach", "tokenizer_teach", "sft_teach", "ceiling")
+STAGES = ("synth", "tokenizer", "sft", "grpo", "grpo2", "teach", "tokenizer_teach", "sft_teach", "teach_more",
+          "sft_more", "ceiling")
 MICRO = {"COUNT": "40", "VQ_STEPS": "3", "SFT_STEPS": "3", "GRPO_STEPS": "2", "GRPO2_STEPS": "2", "SEED": "0", "EVAL_N": "6",
-         "CALIBRATION_N": "4", "TEACH_COUNT": "12", "TEACH_VQ_STEPS": "2", "TEACH_SFT_STEPS": "2", "CEILING_N": "2", "TEACH_MIN_EDGE": "-1", "TEACH_BATCH": "4",
+         "CALIBRATION_N": "4", "TEACH_COUNT": "12", "TEACH_VQ_STEPS": "2", "TEACH_SFT_STEPS": "2", "MORE_COUNT": "8",
+         "MORE_SFT_STEPS": "2", "CEILING_N": "2", "TEACH_MIN_EDGE": "-1", "TEACH_BATCH": "4",
          "HELDOUT_PHOTOS": "photo0,photo1", "HELDOUT_ART": "art0"}
 
 
@@ -77,7 +79,7 @@ def test_recipe_runs_every_stage_resumes_and_reproduces(tmp_path, pictures):
     assert "Wall-clock time in all" in card and "Evaluation on real pictures" in card
     assert (tmp_path / "export_a" / "real_pairs.png").is_file()
 
-    retrained = ("grpo2", "sft_teach")  # a GRPO stage and an SFT stage, each from the same inputs again
+    retrained = ("grpo2", "sft_more")  # a GRPO stage and an SFT stage, each from the same inputs again
     for name in retrained:
         shutil.rmtree(tmp_path / "a" / name)
     again = _recipe(tmp_path / "a", tmp_path / "export_b", pictures)

