@@ -273,11 +273,11 @@ def card_training(r: Report) -> str:
 ## Experiments behind this model
 {r.experiments.strip()}
 """ if r.experiments.strip() else ""
-    note = f"{r.timings['note']}\n" if r.timings.get("note") else ""
+    provenance = r.timings.get("note") or "it reproduces this model from scratch."
     return f"""{experiments}
 ## Training
-Recipe: `scripts/train_demo_model.sh` (seed {r.timings.get('seed', 0)}); it reproduces this model from scratch.
-{note}Machine: {r.timings.get('machine', 'unknown')}. Wall-clock time in all: {r.timings.get('total_seconds', 0) / 60:.1f} min.
+Recipe: `scripts/train_demo_model.sh` (seed {r.timings.get('seed', 0)}); {provenance}
+Machine: {r.timings.get('machine', 'unknown')}. Wall-clock time in all: {r.timings.get('total_seconds', 0) / 60:.1f} min.
 
 | stage | time | command |
 | --- | --- | --- |
