@@ -106,12 +106,17 @@ def help_commands() -> list[tuple[str, str, tuple[str, ...], list[str]]]:
                   for name in subcommands()]
 
 
-def required_helps(parser: argparse.ArgumentParser, argv: tuple[str, ...]) -> list[str]:
-    """The help text, as --help prints it, of each required option of the parser ``argv`` reaches (the
-    sub-command's when ``argv`` names one)."""
+def reached_parser(parser: argparse.ArgumentParser, argv: tuple[str, ...]) -> argparse.ArgumentParser:
+    """The parser ``argv`` reaches: the sub-command's when ``argv`` names one, else ``parser`` itself."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction) and argv and argv[0] in action.choices:
-            return required_helps(action.choices[argv[0]], argv[1:])
+            return reached_parser(action.choices[argv[0]], argv[1:])
+    return parser
+
+
+def required_helps(parser: argparse.ArgumentParser, argv: tuple[str, ...]) -> list[str]:
+    """The help text, as --help prints it, of each required option of the parser ``argv`` reaches."""
+    parser = reached_parser(parser, argv)
     formatter = parser._get_formatter()
     return [formatter._expand_help(a) for a in parser._actions if a.required and a.option_strings]
 
@@ -181,9 +186,6 @@ def test_the_service_help_names_every_setting_and_where_each_is_described():
 def test_each_option_taking_a_hub_id_writes_it_the_one_way(module, argv, option, monkeypatch):
     from stylevar.loaders.hub import ID_FORM
 
-    parser = parser_of(module, monkeypatch, argv)
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            parser = action.choices[argv[0]]
+    parser = reached_parser(parser_of(module, monkeypatch, argv), argv)
     helps = [a.help for a in parser._actions if option in a.option_strings]
     assert len(helps) == 1 and ID_FORM in helps[0], helps

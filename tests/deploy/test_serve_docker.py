@@ -7,6 +7,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import httpx
@@ -89,19 +90,18 @@ def test_what_the_image_copies_is_enough_to_install_the_project(tmp_path):
     for word, rest in instructions(DOCKERFILE):
         if word == "COPY":
             *sources, dest = shlex.split(rest)
-            for src in sources:
-                target = app / dest if dest.endswith("/") else app / dest.removeprefix("./")
+            for src in sources:  # Docker's rules: a folder's contents go to dest; a file into dest/ or as dest
                 if (ROOT / src).is_dir():
-                    shutil.copytree(ROOT / src, target, ignore=shutil.ignore_patterns("__pycache__"))
+                    shutil.copytree(ROOT / src, app / dest, ignore=shutil.ignore_patterns("__pycache__"),
+                                    dirs_exist_ok=True)
                 else:
+                    target = app / dest / Path(src).name if dest.endswith("/") else app / dest
                     target.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copy(ROOT / src, target if not dest.endswith("/") else app / Path(src).name)
+                    shutil.copy(ROOT / src, target)
     run = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                           "-w", str(tmp_path / "wheels"), str(app)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     wheel = next((tmp_path / "wheels").glob("stylevar-*.whl"))
-    import zipfile
-
     names = zipfile.ZipFile(wheel).namelist()
     for package in ("stylevar/__init__.py", "serve/__init__.py", "web/__init__.py", "training/__init__.py",
                     "data_tools/__init__.py", "stylevar/assets/demo/config.json"):
