@@ -7,7 +7,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -51,6 +51,16 @@ class ServerProcess:
         if not self._log.closed:
             self._log.flush()
         return self.log_path.read_text(errors="replace")
+
+    def log_text_once(self, holds: Callable[[str], bool], timeout: float = 10.0) -> str:
+        """The log as soon as ``holds(text)`` is true, or as it is after ``timeout`` seconds (the service logs a
+        request after its answer is sent, so a client can read the log before the line is there)."""
+        end = time.monotonic() + timeout
+        text = self.log_text()
+        while not holds(text) and time.monotonic() < end:
+            time.sleep(0.05)
+            text = self.log_text()
+        return text
 
     def wait_ready(self, timeout: float = 120.0, path: str = "/readyz") -> "ServerProcess":
         end = time.monotonic() + timeout
