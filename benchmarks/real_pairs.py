@@ -1,7 +1,7 @@
 """A model beside the teacher on real photographs x real styles (`stylevar.evaluate.real_pairs`).
 
     python -m benchmarks.real_pairs [--model DIR] --contents DIR --styles DIR [--photos A,B,..] [--art X,Y,..]
-        [--max-side 1024] [--out PREFIX]
+        [--max-side 1024] [--precision plain|fp32|bf16] [--out PREFIX]
 
 `--photos` / `--art` pick pictures by parts of their file names (default: all in the folder). Writes
 PREFIX.json (means per method, per-pair wins against the teacher), PREFIX.md (the table) and PREFIX.png
@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-side", type=int, default=1024, help="long side the photographs are shrunk to, at most")
     p.add_argument("--seed", type=int, default=0, help="seed of the model's sampling")
     p.add_argument("--grid-rows", type=int, default=8, help="pairs shown in PREFIX.png")
+    p.add_argument("--precision", choices=("plain", "fp32", "bf16"), default="plain",
+                   help="the model as loaded (plain), or prepared as the service runs it at this precision "
+                        "(stylevar.runtime.inference)")
     p.add_argument("--out", type=Path, default=None, help="PREFIX for .json, .md and .png")
     a = p.parse_args(argv)
     from stylevar.evaluate.real_pairs import RealPairs, evaluate, markdown  # torch: once the options are parsed
@@ -34,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
 
     spec = RealPairs.from_folders(a.contents, a.styles, a.photos, a.art, a.max_side)
     pipe = StylePipeline.from_pretrained(a.model, device="cpu")
+    if a.precision != "plain":
+        from stylevar.runtime.inference import InferenceConfig, prepare
+
+        prepare(pipe.model, InferenceConfig(precision=a.precision))
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
     result = evaluate(pipe, spec, a.seed, a.out.with_suffix(".png") if a.out else None, a.grid_rows)

@@ -12,6 +12,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from stylevar.utils.precisions import REMOVED_PRECISIONS, precision_error  # no torch
+from stylevar.utils.heap import DEFAULT_KEEP_MB, MAX_KEEP_MB  # no torch either
 from stylevar.utils.threads import THREADS_ENV, parse_threads  # no torch either
 
 RENAMED_THREADS = "STYLEVAR_TORCH_THREADS"  # the setting's name before STYLEVAR_THREADS: refused, naming the new one
@@ -48,6 +49,9 @@ class ServeSettings(BaseSettings):
     # weights and sampling loop (fastest where the CPU has bf16 units); bf16 tokens differ from fp32's at some
     # positions (benchmarks/README.md). "int8" was removed: refused with why (stylevar.utils.precisions)
     precision: Literal["fp32", "bf16"] = "fp32"
+    # MiB of freed memory the process's heap keeps for the next request instead of handing it back to the system
+    # (stylevar.utils.heap; glibc only); 0: the C library's own thresholds
+    heap_keep_mb: int = Field(DEFAULT_KEEP_MB, ge=0, le=MAX_KEEP_MB)
     compile: bool = False  # torch.compile the transformer blocks; compiled at warm-up, before /readyz is 200
     condition_cache_mb: float = Field(256.0, ge=0)  # LRU cache of style/content conditions; 0: off
 

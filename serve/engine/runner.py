@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 from stylevar.utils.devices import resolve_autocast_dtype
+from stylevar.utils.heap import DEFAULT_KEEP_MB, HEAP_ENV, apply_heap_policy
 from stylevar.utils.threads import decision
 from stylevar.runtime.inference import InferenceConfig, prepare
 from stylevar.pipelines.pipeline import StylePipeline
@@ -46,12 +47,14 @@ class RunnerOptions:
     inference: InferenceConfig = InferenceConfig()
     condition_cache_bytes: int = 0  # 0: no cache
     threads: int | str | None = None  # torch's CPU threads (StylePipeline.from_pretrained; None: the policy)
+    heap_keep_mb: int = DEFAULT_KEEP_MB  # freed memory the process's heap keeps (stylevar.utils.heap)
 
     @classmethod
     def from_settings(cls, settings) -> "RunnerOptions":
         return cls(dtype=settings.dtype, max_output_side=settings.max_output_side,
                    inference=InferenceConfig(precision=settings.precision, compile=settings.compile),
-                   condition_cache_bytes=int(settings.condition_cache_mb * 2**20), threads=settings.threads)
+                   condition_cache_bytes=int(settings.condition_cache_mb * 2**20), threads=settings.threads,
+                   heap_keep_mb=settings.heap_keep_mb)
 
 
 class ModelRunner:
@@ -67,6 +70,7 @@ class ModelRunner:
     def load(cls, model_dir: Path, device: torch.device, options: RunnerOptions = RunnerOptions(),
              observer: CacheObserver | None = None) -> "ModelRunner":
         t0 = time.perf_counter()
+        heap = apply_heap_policy({HEAP_ENV: str(options.heap_keep_mb)})  # before the load's own (first decides)
         pipe = StylePipeline.from_pretrained(model_dir, device=device, threads=options.threads,
                                              autocast_dtype=resolve_autocast_dtype(options.dtype, device))
         inference = options.inference
@@ -76,8 +80,9 @@ class ModelRunner:
             prepare(pipe.model, inference)
         chosen = decision()  # what decided the process's threads (from_pretrained asked)
         log.info("model loaded", extra={"model_dir": str(model_dir), "device": str(device),
-                                        "precision": options.inference.precision, "compile": options.inference.compile,
+                                        "precision": inference.precision, "compile": inference.compile,
                                         "threads": torch.get_num_threads(), "threads_by": chosen and chosen.source,
+                                        "heap_keep_mb": heap.keep_mb, "heap_by": heap.source,
                                         "seconds": round(time.perf_counter() - t0, 3)})
         cache = ConditionCache(options.condition_cache_bytes, observer) if options.condition_cache_bytes else None
         return cls(pipe, options.max_output_side, cache)

@@ -27,6 +27,7 @@ from stylevar.pipelines.coherence import (DEFAULT_TEMPORAL, Coherence, FrameSamp
                                 shift_grid)
 from stylevar.config import StyleVARConfig, VQVAEConfig, presets
 from stylevar.utils.devices import resolve_autocast_dtype, resolve_device
+from stylevar.utils.heap import apply_heap_policy
 from stylevar.utils.threads import apply_threads
 from stylevar.models.generation import GenerationConfig
 from stylevar.pipelines.options import PYTHON, offered
@@ -97,8 +98,10 @@ class StylePipeline:
         ...; see `stylevar.utils.devices.resolve_autocast_dtype`). ``threads``: torch's CPU threads, a count, "torch"
         (its count left as it is) or None (the process's first load decides by `stylevar.utils.threads`:
         STYLEVAR_THREADS, OMP_NUM_THREADS, an earlier torch.set_num_threads, else one fewer than the CPUs the process
-        may use)."""
+        may use). The process's heap keeps freed memory for reuse (`stylevar.utils.heap`, decided at the first
+        load as the threads are)."""
         apply_threads(threads)
+        apply_heap_policy()
         d = resolve_model(model_dir) if model_dir is not None else DEMO_MODEL_DIR
         config = check_model_dir(d)
         model = StyleVAR.from_pretrained(d)

@@ -371,6 +371,12 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB") if img.mode != "RGB" else img
 
 
+# a content image shrunk to the model's square is first reduced by whole factors (a box filter) to within 3x of it,
+# then resized: Pillow's "indistinguishable from fair resampling in most cases"; 1024 px to 64 px in 1.5 ms, not 5
+# (0.1-0.3 levels mean difference on the bundled examples)
+REDUCING_GAP = 3.0
+
+
 @dataclass(frozen=True)
 class Fit:
     """How an image was fitted into a square, so the result can be mapped back."""
@@ -397,11 +403,11 @@ def fit_square(img: Image.Image, side: int, mode: ResizeMode = "crop") -> tuple[
     """Fit an RGB image into side x side: centre `crop`, `pad` (letterbox, edge colour) or `stretch`."""
     fit = fit_of(img.size, side, mode)
     if mode == "stretch":
-        return img.resize((side, side), Image.BICUBIC), fit
+        return img.resize((side, side), Image.BICUBIC, reducing_gap=REDUCING_GAP), fit
     if mode == "crop":
         return ImageOps.fit(img, (side, side), Image.BICUBIC), fit
     left, top, right, bottom = fit.box
-    inner = img.resize((right - left, bottom - top), Image.BICUBIC)
+    inner = img.resize((right - left, bottom - top), Image.BICUBIC, reducing_gap=REDUCING_GAP)
     mean = tuple(int(c) for c in np.asarray(inner).reshape(-1, 3).mean(0))
     canvas = Image.new("RGB", (side, side), mean)
     canvas.paste(inner, (left, top))

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import kornia.color
+import numpy as np
 import torch
 
 from stylevar.config import Serializable
@@ -97,22 +98,39 @@ def _rotations(iterations: int) -> tuple[torch.Tensor, ...]:
     return (torch.eye(3), *(torch.linalg.qr(torch.randn(3, 3, generator=g))[0] for _ in range(iterations - 1)))
 
 
+def _quantiles(x_BNA: torch.Tensor, levels_Q: torch.Tensor) -> torch.Tensor:
+    """Each axis' quantiles at ``levels`` (A, B, Q), linearly interpolated between order statistics as
+    `torch.quantile` does (equal to it up to float rounding, ~1e-6), from one sort of every axis at once. On the CPU
+    the sort is numpy's (vectorised: 4096 x 3 values in 0.04 ms against torch's 1 ms)."""
+    x_BAN = x_BNA.transpose(1, 2).float().contiguous()
+    if x_BAN.device.type == "cpu":
+        sorted_BAN = torch.from_numpy(np.sort(x_BAN.numpy(), axis=-1))
+    else:
+        sorted_BAN = x_BAN.sort(dim=-1).values
+    ranks_Q = levels_Q * (x_BNA.shape[1] - 1)
+    below, above = ranks_Q.long(), ranks_Q.ceil().long()
+    low_BAQ = sorted_BAN.index_select(-1, below)
+    return low_BAQ.lerp_(sorted_BAN.index_select(-1, above), ranks_Q - below).permute(1, 0, 2)
+
+
 def _distribution_matched(lab_B3HW: torch.Tensor, style_lab_B3HW: torch.Tensor, strength: float,
                           iterations: int) -> torch.Tensor:
     """The drawing (Lab) through the iterative distribution transfer toward the style's colours (module doc)."""
     x_BN3 = lab_B3HW.flatten(2).transpose(1, 2)
     y_BM3 = style_lab_B3HW.flatten(2).transpose(1, 2)
+    B, N, _ = x_BN3.shape
     levels = torch.linspace(0, 1, _QUANTILES, device=x_BN3.device)
+    bases = [R.to(x_BN3.device) for R in _rotations(iterations)]
+    # the style's quantiles on every basis, sorted at once: (3 * iterations, B, Q)
+    qy_XBQ = _quantiles(torch.cat([y_BM3 @ R for R in bases], 2), levels)
     out_BN3 = x_BN3
-    for R in _rotations(iterations):
-        R = R.to(x_BN3.device)
-        px_BN3, py_BM3 = out_BN3 @ R, y_BM3 @ R
-        qx_3BQ = torch.quantile(px_BN3, levels, dim=1).permute(2, 1, 0)  # per axis: (B, Q)
-        qy_3BQ = torch.quantile(py_BM3, levels, dim=1).permute(2, 1, 0)
+    for i, R in enumerate(bases):
+        px_BN3 = out_BN3 @ R
         # strictly increasing knots: a flat run of quantiles (a constant region) gets a tiny slope
-        qx_3BQ = qx_3BQ + levels * 1e-4
-        mapped = [_interp(px_BN3[..., a], qx_3BQ[a], qy_3BQ[a]) for a in range(3)]
-        out_BN3 = torch.stack(mapped, 2) @ R.T
+        qx_3BQ = _quantiles(px_BN3, levels) + levels * 1e-4
+        mapped_3BN = _interp(px_BN3.permute(2, 0, 1).reshape(3 * B, N), qx_3BQ.reshape(3 * B, -1),
+                             qy_XBQ[3 * i:3 * i + 3].reshape(3 * B, -1)).view(3, B, N)
+        out_BN3 = mapped_3BN.permute(1, 2, 0) @ R.T
     out_BN3 = torch.lerp(x_BN3, out_BN3, strength)
     return out_BN3.transpose(1, 2).reshape(lab_B3HW.shape)
 

@@ -56,7 +56,9 @@ class Upsampling(Serializable):
     strength: float = 1.0  # how much of the content's fine detail; 0 is bicubic
     radius: int = 2  # window radius at the model's resolution
     eps: float = 1e-3  # ridge on a_c, in squared [0, 1] intensity units: larger = less detail in low contrast
-    strip_pixels: int = 1 << 20  # output pixels computed at once (memory bound, not the result)
+    # output pixels computed at once: a memory bound that leaves the result as it is; strips of 2^17 pixels stay
+    # in the core's cache (1024 px at one thread: 40 ms against 55 ms in one piece of 2^20)
+    strip_pixels: int = 1 << 17
 
     def __post_init__(self) -> None:
         if self.mode not in UPSAMPLE_MODES:
@@ -121,9 +123,9 @@ def _widened(x_Chw: torch.Tensor, W: int) -> torch.Tensor:
 
 def _rows_of(x_hWC: torch.Tensor, H: int, rows: tuple[int, int]) -> torch.Tensor:
     """Rows [rows) of the width-resized `x` resized bilinearly to `H` rows: (rows, W, C), exactly those rows
-    of the whole."""
+    of the whole (the rows gathered by `index_select`, a copy per row: 7x faster than indexing with a tensor)."""
     lo, hi, w = _axis_weights(H, x_hWC.shape[0], *rows, x_hWC.device)
-    return torch.lerp(x_hWC[lo], x_hWC[hi], w[:, None, None])
+    return torch.lerp(x_hWC.index_select(0, lo), x_hWC.index_select(0, hi), w[:, None, None])
 
 
 def guide_image(content: Image.Image, fit: Fit, size: tuple[int, int]) -> Image.Image:
@@ -156,13 +158,12 @@ def upscale(drawing_3SS: torch.Tensor, seen_3SS: torch.Tensor, fit: Fit, content
     W, H = base.size
     # in 0..255 units: the slopes' three channels then -Y_low, both widened once at the model's rows
     low_hW4 = _widened(torch.cat([cfg.strength * slopes, -255.0 * seen_y[0]]), W)
-    luma_3 = torch.tensor(_LUMA, device=drawing.device)
     step = max(1, cfg.strip_pixels // W)
     for top in range(0, H, step):  # each strip read from the bicubic result and written back into it, in place
         rows = (top, min(H, top + step))
         box = (0, rows[0], W, rows[1])
         low_rW4 = _rows_of(low_hW4, H, rows)
-        detail_rW1 = _pixels(guide.crop(box), drawing.device).matmul(luma_3).unsqueeze(-1).add_(low_rW4[..., 3:])
+        detail_rW1 = _luma(guide.crop(box), drawing.device).add_(low_rW4[..., 3]).unsqueeze_(-1)
         new_rW3 = _pixels(base.crop(box), drawing.device).addcmul_(low_rW4[..., :3], detail_rW1)
         strip = new_rW3.clamp_(0, 255).round_().to(torch.uint8).cpu().numpy()
         base.paste(Image.fromarray(strip, "RGB"), box[:2])
@@ -172,3 +173,9 @@ def upscale(drawing_3SS: torch.Tensor, seen_3SS: torch.Tensor, fit: Fit, content
 def _pixels(img: Image.Image, device: torch.device) -> torch.Tensor:
     """An RGB image as (H, W, 3) float in 0..255 on `device`."""
     return torch.from_numpy(np.array(img)).to(device).float()
+
+
+def _luma(img: Image.Image, device: torch.device) -> torch.Tensor:
+    """An RGB image's luma (Rec. 601, `_LUMA`) as (H, W) float in 0..255 on `device`: Pillow's own conversion to
+    32-bit float, which is not rounded (4x faster than the product of the pixels with `_LUMA`)."""
+    return torch.from_numpy(np.array(img.convert("F"))).to(device)

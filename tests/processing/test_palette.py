@@ -80,3 +80,17 @@ def test_masked_blend_gives_each_region_its_own_palette():
     out = match_palette(drawing, StyleBlend([blue, yellow], masks_BSHW=masks), Palette(1.0, "distribution"))
     left, right = out[:, :, :, :16].mean((0, 2, 3)), out[:, :, :, 16:].mean((0, 2, 3))
     assert left[2] > left[0] + 0.4 and right[0] > right[2] + 0.4
+
+
+def test_the_quantiles_are_torch_quantiles_from_one_sort():
+    from stylevar.processing.palette import _quantiles
+
+    g = torch.Generator().manual_seed(3)
+    levels = torch.linspace(0, 1, 64)
+    for n in (1, 2, 63, 4096, 5000):
+        x_BNA = torch.randn(2, n, 5, generator=g)
+        x_BNA[:, : n // 3] = 0.25  # ties, as a flat region gives
+        expected = torch.quantile(x_BNA, levels, dim=1).permute(2, 1, 0)  # (A, B, Q)
+        got = _quantiles(x_BNA, levels)
+        assert got.shape == expected.shape == (5, 2, 64)
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=4e-6)  # float rounding of the interpolation
