@@ -420,14 +420,18 @@ def unfit(img: Image.Image, fit: Fit, max_side: int | None = None) -> Image.Imag
     `pad` and `stretch` give the original aspect ratio; `crop` gives the centre square it generated.
     `max_side` caps the long side of the result (for `crop`, the square's side).
     """
-    if fit.mode == "crop":
-        # only the centre square was generated: the result is that square, at the short side's size
-        w = h = min(fit.size) if max_side is None else min(*fit.size, max_side)
-    else:
-        w, h = fit.size if max_side is None else capped_size(fit.size, max_side)
     if fit.mode == "pad":
         img = img.crop(fit.box)
-    return img.resize((w, h), Image.BICUBIC)
+    return img.resize(result_size(fit, max_side), Image.BICUBIC)
+
+
+def result_size(fit: Fit, max_side: int | None = None) -> tuple[int, int]:
+    """The (w, h) `unfit` returns: the original size capped at `max_side`; for `crop` the centre square it generated,
+    at the short side's size."""
+    if fit.mode == "crop":
+        side = min(fit.size) if max_side is None else min(*fit.size, max_side)
+        return side, side
+    return fit.size if max_side is None else capped_size(fit.size, max_side)
 
 
 def pil_to_tensor(img: Image.Image) -> torch.Tensor:
