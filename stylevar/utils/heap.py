@@ -6,9 +6,10 @@ blocks are freed) with a fresh mapping that it unmaps when the block is freed, a
 top of its heap beyond its trim threshold (twice the mmap threshold). A stylization lives on short-lived buffers of
 a few MB each (Pillow's images, torch's tensors, numpy's arrays), so every request faulted in, page by page, the
 memory the one before had just handed back: about 4,400 page faults per 1024 px request on the demo model, each a
-kernel entry and a zeroed page, about 10 ms of a 0.2 s request on a virtual machine. The policy fixes the mmap
-threshold at 32 MiB (glibc's largest on 64-bit) and the trim threshold at ``STYLEVAR_HEAP_KEEP_MB`` (default
-1024): freed blocks are reused, and the same request faults about 70 times (benchmarks/README.md, "Page faults").
+kernel entry and a zeroed page (about 2 us each on the development machine, a virtual one: ~10 ms of a 0.2 s
+request, before the caches they cool). The policy fixes the mmap threshold at 32 MiB (glibc's largest on 64-bit)
+and the trim threshold at ``STYLEVAR_HEAP_KEEP_MB`` (default 1024): freed blocks are reused, and the same request
+faults 0.2 times on average (benchmarks/README.md, "Ours beside the pretrained peer").
 
 The cost: the process keeps up to that much freed memory mapped, so its resident size stays near its peak after a
 large request instead of shrinking; the peak itself is unchanged. ``STYLEVAR_HEAP_KEEP_MB=0`` leaves glibc's own
