@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from stylevar.utils.helptext import HelpFormatter
+from stylevar.utils.precisions import PRECISIONS  # no torch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-side", type=int, default=1024, help="long side the photographs are shrunk to, at most")
     p.add_argument("--seed", type=int, default=0, help="seed of the model's sampling")
     p.add_argument("--grid-rows", type=int, default=8, help="pairs shown in PREFIX.png")
-    p.add_argument("--precision", choices=("plain", "fp32", "bf16"), default="plain",
+    p.add_argument("--precision", choices=("plain", *PRECISIONS), default="plain",
                    help="the model as loaded (plain), or prepared as the service runs it at this precision "
                         "(stylevar.runtime.inference)")
     p.add_argument("--out", type=Path, default=None, help="PREFIX for .json, .md and .png")

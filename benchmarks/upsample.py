@@ -12,8 +12,8 @@ size a user gets back.
 
     python -m benchmarks.upsample cost [--megapixels 2,12,24] [--repeats 3]
         Time and peak added memory of the upsampling step alone (`upscale`: bicubic, Pillow's resize; guided,
-        the strips of the drawing and the detail) for a 3:2 content of each size: each size and mode in a fresh process, peak RSS
-        (VmHWM) minus the RSS just before the step.
+        the strips of the drawing and the detail) for a 3:2 content of each size: each size and mode in a
+        fresh process, peak RSS (VmHWM) minus the RSS just before the step.
 
     python -m benchmarks.upsample grid --out docs/upsample_crop.png
         A before/after crop at full size (bicubic | guided | the content) for the README and docs/ui.md.

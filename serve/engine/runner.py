@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from stylevar.utils.devices import resolve_autocast_dtype
-from stylevar.utils.heap import DEFAULT_KEEP_MB, HEAP_ENV, apply_heap_policy
+from stylevar.utils.heap import DEFAULT_KEEP_MB, apply_heap_policy
 from stylevar.utils.threads import decision
 from stylevar.runtime.inference import InferenceConfig, prepare
 from stylevar.pipelines.pipeline import StylePipeline
@@ -70,7 +70,7 @@ class ModelRunner:
     def load(cls, model_dir: Path, device: torch.device, options: RunnerOptions = RunnerOptions(),
              observer: CacheObserver | None = None) -> "ModelRunner":
         t0 = time.perf_counter()
-        heap = apply_heap_policy({HEAP_ENV: str(options.heap_keep_mb)})  # before the load's own (first decides)
+        heap = apply_heap_policy(keep=options.heap_keep_mb)  # before the load's own (the first decides)
         pipe = StylePipeline.from_pretrained(model_dir, device=device, threads=options.threads,
                                              autocast_dtype=resolve_autocast_dtype(options.dtype, device))
         inference = options.inference

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from PIL import Image, ImageOps
 
 from stylevar.config import Serializable
-from stylevar.processing.images import Fit, result_size, tensor_to_pil, unfit
+from stylevar.processing.images import Fit, result_size, tensor_to_pil, to_levels, unfit
 from stylevar.processing.postprocess import DEFAULT_UPSAMPLE, UPSAMPLE_MODES, UpsampleMode
 
 _LUMA = (0.299, 0.587, 0.114)
@@ -155,7 +155,7 @@ def upscale(drawing_3SS: torch.Tensor, seen_3SS: torch.Tensor, fit: Fit, content
         return unfit(tensor_to_pil(drawing_3SS), fit, max_side)
     # the 8-bit picture the model drew (what `unfit` resizes): float rounding of the drawing (batched rows, a
     # prepared model) stays out of the result
-    levels_3hw = _crop_box(drawing_3SS.float(), fit).clamp(0, 1).mul(255).round()
+    levels_3hw = to_levels(_crop_box(drawing_3SS, fit))
     seen_y = luminance(_crop_box(seen_3SS.float().to(levels_3hw.device), fit).unsqueeze(0))
     slopes = detail_slopes(levels_3hw.unsqueeze(0) / 255.0, seen_y, cfg.radius, cfg.eps)[0]  # (3, h, w)
     guide = guide_image(content, fit, (W, H))

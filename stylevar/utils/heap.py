@@ -67,15 +67,20 @@ def glibc_mallopt() -> Callable[[int, int], int] | None:
     return getattr(libc, "mallopt", None)
 
 
-def apply_heap_policy(environ: Mapping[str, str] | None = None) -> HeapChoice:
+def apply_heap_policy(environ: Mapping[str, str] | None = None, *, keep: int | None = None) -> HeapChoice:
     """Set the heap's thresholds by the module doc, once per process; returns what was decided (the first
-    decision on every later call)."""
+    decision on every later call). ``keep``: the MiB to keep (the service's setting), else `keep_mb` of
+    ``environ`` (None: this process's)."""
     global _decided
     if _decided is not None:
         return _decided
     env = os.environ if environ is None else environ
-    keep = keep_mb(env)
-    source = HEAP_ENV if env.get(HEAP_ENV, "").strip() else "default"
+    if keep is None:
+        keep, source = keep_mb(env), HEAP_ENV if env.get(HEAP_ENV, "").strip() else "default"
+    elif 0 <= keep <= MAX_KEEP_MB:
+        source = "setting"
+    else:
+        raise ValueError(f"keep {keep} MiB: from 0 to {MAX_KEEP_MB} (0 leaves the C library's own thresholds)")
     mallopt = glibc_mallopt() if keep else None
     if not keep:
         choice = HeapChoice(None, f"{HEAP_ENV}=0")
