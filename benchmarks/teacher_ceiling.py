@@ -1,16 +1,18 @@
-"""Ceilings of learning from the teacher, before any transformer: what survives each stage at 256 px.
+"""Ceilings of learning from the teacher, before any transformer: what survives each stage.
 
-    python -m benchmarks.teacher_ceiling --contents DIR --styles DIR [--tokenizer DIR ...] [--n 24] [--out JSON]
+    python -m benchmarks.teacher_ceiling --contents DIR --styles DIR [--photos A,B] [--art C,D] [--tokenizer DIR ...]
+                                         [--max-side 1024] [--out JSON]
 
-Pairs are made as `data_tools.teach` makes them (seed 777, not the training data's), the teacher painting
-each content crop at 384 px. Every row is scored at 256 px against the 256 px content and style with the
-project's measures (edge correlation with the content, colour SWD and texture distance to the style):
+Every photograph (long side capped at --max-side) is painted by the teacher with every style, at the
+photograph's size. Every row is brought to the photograph's size and scored at 256 px against it and the style
+with the real-pairs measures (`stylevar.evaluate.real_pairs`: edge correlation, colour SWD, texture distance,
+sharpness, and the pretrained style-vector cosine and Gram distance):
 
-- copy-content, Reinhard, the teacher at 256 px (what a perfect student would return at full size);
-- the teacher shrunk to S px (S = 64, 128) and brought back to 256 px, bicubic or content-guided
-  (`stylevar.processing.upsample`, the pipeline's default): the ceiling of any model drawing S px;
-- each `--tokenizer`'s reconstruction of the teacher's S px target (S its own size), guided to 256 px:
-  the ceiling of a transformer over that tokenizer.
+- copy-content, Reinhard, the teacher at full size (what a perfect student would return);
+- the teacher's picture at N px (N = 64, 128, 256, the pipeline's square fit), brought back bicubic or
+  content-guided (`stylevar.processing.upsample`, the pipeline's default): the ceiling of any model drawing N px;
+- the teacher's picture at each `--tokenizer`'s size, encoded and decoded by it, guided: the ceiling of a
+  transformer over that tokenizer.
 """
 from __future__ import annotations
 
@@ -26,8 +28,10 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=HelpFormatter)
     p.add_argument("--contents", type=Path, required=True, help="folder of content photographs")
     p.add_argument("--styles", type=Path, required=True, help="folder of style pictures")
+    p.add_argument("--photos", default=None, help="comma-separated parts of the photographs' names (default: all)")
+    p.add_argument("--art", default=None, help="comma-separated parts of the styles' names (default: all)")
     p.add_argument("--tokenizer", type=Path, action="append", help="a tokenizer folder or model directory (repeat)")
-    p.add_argument("--n", type=int, default=24, help="pairs made and scored")
+    p.add_argument("--max-side", type=int, default=1024, help="the photographs' long side is capped at this")
     p.add_argument("--out", type=Path, default=None, help="also write the rows here (JSON)")
     a = p.parse_args(argv)
     from benchmarks.measures.teacher_ceiling import ceilings  # torch: once the options are parsed
@@ -36,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = ceilings(a)
     print(ceiling_markdown(rows))
     if a.out:
-        a.out.write_text(json.dumps({"n": a.n, "rows": rows}, indent=1) + "\n")
+        a.out.write_text(json.dumps({"contents": str(a.contents), "styles": str(a.styles), "photos": a.photos,
+                                     "art": a.art, "max_side": a.max_side, "rows": rows}, indent=1) + "\n")
     return 0
 
 

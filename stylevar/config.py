@@ -61,10 +61,14 @@ class VQVAEConfig(Serializable):
     using_mid_sa: bool = True
     dropout: float = 0.0
     norm_groups: int = 32  # GroupNorm groups (published: 32); narrow models need fewer, or colour is normalised away
+    # opt-in variant (1 in every published preset): the encoder's stem takes the image pixel-unshuffled by this
+    # factor and the decoder's head pixel-shuffles its output (space-to-channel, as DC-AE): an s-times larger
+    # image for about the cost of the autoencoder at its own resolution
+    space_to_channel: int = 1
 
     @property
     def downsample(self) -> int:
-        return 2 ** (len(self.ch_mult) - 1)
+        return 2 ** (len(self.ch_mult) - 1) * self.space_to_channel
 
     @property
     def image_size(self) -> int:

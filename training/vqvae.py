@@ -41,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--l2-weight", type=float, default=1.0, help="weight of the L2 reconstruction loss")
     p.add_argument("--vq-weight", type=float, default=1.0, help="weight of the codebook/commitment loss")
     p.add_argument("--lpips-weight", type=float, default=0.1, help="used when LPIPS weights are present")
+    p.add_argument("--style-feature-weight", type=float, default=0.0,
+                   help="weight of the perceptual loss on the teacher's style predictor's features (teacher extra)")
+    p.add_argument("--gradient-weight", type=float, default=0.0,
+                   help="weight of the L1 loss on the images' horizontal and vertical differences (edges, strokes)")
     p.add_argument("--restart-every", type=int, default=50, help="dead-code check every N steps (0: never)")
     p.add_argument("--dead-after", type=int, default=100, help="a code unused this many steps is dead")
     p.add_argument("--val-batch-size", type=int, default=32, help="images per validation batch")

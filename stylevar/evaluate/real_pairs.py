@@ -5,7 +5,10 @@ style by: the model's full pipeline (what the service returns), the transformer 
 refinement off, the same upsampling), the teacher (`stylevar.baselines.magenta`, when installed),
 copy-content and Reinhard. Each result and its content and style are brought to 256 x 256 (bicubic) and
 scored with the project's measures: edge correlation with the content (`stylevar.metrics.structure`),
-colour SWD and texture distance to the style (`stylevar.metrics.style_fidelity`).
+colour SWD and texture distance to the style (`stylevar.metrics.style_fidelity`), sharpness against the
+content's, and, with the `teacher` extra, the pretrained style measures (`stylevar.metrics.pretrained_style`:
+style-vector cosine and Gram distance of the style predictor's features). The random-network texture distance
+rewards blur on smooth styles: it is reported, never selected on.
 `benchmarks/real_pairs.py` is its command line; `training.demo` puts its table into the demo model card.
 """
 from __future__ import annotations
@@ -20,6 +23,7 @@ from PIL import Image
 
 from stylevar.baselines.reinhard import reinhard_transfer
 from stylevar.processing.images import capped_size, load_image, pil_to_tensor
+from stylevar.metrics.pretrained_style import gram_distance, sharpness
 from stylevar.metrics.structure import edge_correlation
 from stylevar.metrics.style_fidelity import colour_swd, texture_distance
 from stylevar.processing.palette import Palette
@@ -27,7 +31,8 @@ from stylevar.pipelines.pipeline import StylePipeline
 from stylevar.processing.refine import Refinement
 
 SCORE_SIZE = 256
-MEASURES = ("edge_corr", "colour_swd_to_style", "texture_dist_to_style")
+MEASURES = ("edge_corr", "colour_swd_to_style", "texture_dist_to_style", "sharpness")
+PRETRAINED_MEASURES = ("style_cosine", "style_gram_to_style")  # with the teacher extra
 MODEL_ROW, RAW_ROW, TEACHER_ROW = "model", "transformer alone", "teacher (magenta)"
 
 
@@ -37,10 +42,39 @@ def score_batch(images: list[Image.Image], size: int = SCORE_SIZE) -> torch.Tens
                         for im in images])
 
 
-def score(images: list[Image.Image], contents: torch.Tensor, styles: torch.Tensor) -> dict[str, torch.Tensor]:
-    x = score_batch(images)
-    return {"edge_corr": edge_correlation(x, contents), "colour_swd_to_style": colour_swd(x, styles),
-            "texture_dist_to_style": texture_distance(x, styles)}
+class Scorer:
+    """The measures of one result set against its contents and styles (all lists of the same length)."""
+
+    def __init__(self, pretrained: bool = True) -> None:
+        from stylevar.loaders.teacher import TeacherUnavailable
+        from stylevar.metrics.pretrained_style import StylePredictor
+
+        self.predictor, self.why_not = None, ""
+        if pretrained:
+            try:
+                self.predictor = StylePredictor()
+            except TeacherUnavailable as e:  # the table is made without the pretrained columns
+                self.why_not = str(e)
+
+    @property
+    def measures(self) -> tuple[str, ...]:
+        return MEASURES + (PRETRAINED_MEASURES if self.predictor is not None else ())
+
+    def references(self, contents: list[Image.Image], styles: list[Image.Image]) -> dict:
+        refs = {"contents": score_batch(contents), "styles": score_batch(styles)}
+        if self.predictor is not None:
+            refs["style_vectors"], refs["style_feats"] = self.predictor(refs["styles"])
+        return refs
+
+    def __call__(self, images: list[Image.Image], refs: dict) -> dict[str, torch.Tensor]:
+        x, contents, styles = score_batch(images), refs["contents"], refs["styles"]
+        out = {"edge_corr": edge_correlation(x, contents), "colour_swd_to_style": colour_swd(x, styles),
+               "texture_dist_to_style": texture_distance(x, styles), "sharpness": sharpness(x, contents)}
+        if self.predictor is not None:
+            vectors, feats = self.predictor(x)
+            out["style_cosine"] = torch.nn.functional.cosine_similarity(vectors, refs["style_vectors"], dim=1)
+            out["style_gram_to_style"] = gram_distance(feats, refs["style_feats"])
+        return out
 
 
 def pick(folder: Path, names: str | None) -> list[Path]:
@@ -94,7 +128,8 @@ def evaluate(pipe: StylePipeline, spec: RealPairs, seed: int = 0, grid_path: Pat
              grid_rows: int = 8) -> dict:
     """Means of the measures per method (`rows`), wins against the teacher per pair, and a sample grid."""
     pairs = spec.load()
-    contents, styles = score_batch([c for c, _ in pairs]), score_batch([s for _, s in pairs])
+    scorer = Scorer()
+    refs = scorer.references([c for c, _ in pairs], [s for _, s in pairs])
     images, seconds = {}, {}
     images[MODEL_ROW], seconds[MODEL_ROW] = run_model(pipe, pairs, seed)
     images[RAW_ROW], seconds[RAW_ROW] = run_model(raw_pipeline(pipe), pairs, seed)
@@ -109,8 +144,8 @@ def evaluate(pipe: StylePipeline, spec: RealPairs, seed: int = 0, grid_path: Pat
         print(f"[real_pairs] {e}")
     images["copy-content"] = [c for c, _ in pairs]
     images["reinhard"] = [reinhard_transfer(c, s) for c, s in pairs]
-    scores = {k: score(v, contents, styles) for k, v in images.items()}
-    rows = {k: {m: float(v[m].mean()) for m in MEASURES} for k, v in scores.items()}
+    scores = {k: scorer(v, refs) for k, v in images.items()}
+    rows = {k: {m: float(v[m].mean()) for m in scorer.measures} for k, v in scores.items()}
     for k, s in seconds.items():
         rows[k]["sec_per_image"] = s
     result = {"n_pairs": len(pairs), "photos": [p.name for p in spec.photos], "styles": [p.name for p in spec.styles],
@@ -120,7 +155,8 @@ def evaluate(pipe: StylePipeline, spec: RealPairs, seed: int = 0, grid_path: Pat
         result["model_better_than_teacher"] = {
             "colour_swd_to_style": int((ours["colour_swd_to_style"] < theirs["colour_swd_to_style"]).sum()),
             "texture_dist_to_style": int((ours["texture_dist_to_style"] < theirs["texture_dist_to_style"]).sum()),
-            "edge_corr": int((ours["edge_corr"] > theirs["edge_corr"]).sum())}
+            "edge_corr": int((ours["edge_corr"] > theirs["edge_corr"]).sum()),
+            **{m: int((ours[m] > theirs[m]).sum()) for m in ("style_cosine",) if m in ours}}
     if grid_path is not None:
         grid(pairs, images, grid_path, rows=grid_rows)
     return result
@@ -139,25 +175,34 @@ def grid(pairs, images: dict[str, list[Image.Image]], path: Path, rows: int, cel
     return path
 
 
-MEASURE_HEADERS = "edge corr. with content ↑ | colour SWD to style ↓ | texture dist. to style ↓"
+HEADERS = {"edge_corr": "edge corr. with content ↑", "colour_swd_to_style": "colour SWD to style ↓",
+           "texture_dist_to_style": "texture dist. to style ↓", "sharpness": "sharpness / content's",
+           "style_cosine": "style-vector cosine ↑", "style_gram_to_style": "pretrained Gram dist. to style ↓"}
 
 
-def measure_cells(row: dict) -> str:
-    """A row's three measures as markdown cells, in `MEASURES` order."""
-    return " | ".join(f"{row[m]:.3f}" for m in MEASURES)
+def _columns(rows: dict[str, dict]) -> list[str]:
+    """The measures every row has, in table order."""
+    return [m for m in MEASURES + PRETRAINED_MEASURES if all(m in r for r in rows.values())]
+
+
+def measure_cells(row: dict, columns: list[str] | None = None) -> str:
+    """A row's measures as markdown cells (default: MEASURES, in order)."""
+    return " | ".join(f"{row[m]:.3f}" for m in (columns or MEASURES))
 
 
 def markdown(result: dict) -> str:
-    lines = [f"| {result['n_pairs']} pairs, scored at {result['score_size']} px | {MEASURE_HEADERS} | s / image |",
-             "| --- | --- | --- | --- | --- |"]
+    cols = _columns(result["rows"])
+    lines = [f"| {result['n_pairs']} pairs, scored at {result['score_size']} px | "
+             f"{' | '.join(HEADERS[m] for m in cols)} | s / image |", "| --- " * (len(cols) + 2) + "|"]
     for k, v in result["rows"].items():
         sec = f"{v['sec_per_image']:.3f}" if "sec_per_image" in v else ""
-        lines.append(f"| {k} | {measure_cells(v)} | {sec} |")
+        lines.append(f"| {k} | {measure_cells(v, cols)} | {sec} |")
     return "\n".join(lines)
 
 
 def ceiling_markdown(rows: dict[str, dict]) -> str:
     """benchmarks/teacher_ceiling.py's rows as a table."""
-    lines = [f"| at 256 px | {MEASURE_HEADERS} |", "| --- | --- | --- | --- |"]
-    lines += [f"| {k} | {measure_cells(v)} |" for k, v in rows.items()]
+    cols = _columns(rows)
+    lines = [f"| at 256 px | {' | '.join(HEADERS[m] for m in cols)} |", "| --- " * (len(cols) + 1) + "|"]
+    lines += [f"| {k} | {measure_cells(v, cols)} |" for k, v in rows.items()]
     return "\n".join(lines)

@@ -1,6 +1,7 @@
 """What a tokenizer run optimises (``python -m training.vqvae``): L1 + L2 reconstruction, the quantizer's VQ
-loss and LPIPS when its weights are present (:class:`VQVAEObjective`), and the dead-code restarts
-(:class:`DeadCodeRestarter`)."""
+loss, LPIPS when its weights are present, and the two losses that keep a painting's strokes (a perceptual loss
+on the teacher's style predictor's features, an L1 loss on the images' differences) when weighted
+(:class:`VQVAEObjective`); and the dead-code restarts (:class:`DeadCodeRestarter`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,6 +32,30 @@ def build_lpips(device: torch.device) -> tuple[nn.Module | None, str]:
     return metric.model.requires_grad_(False).eval().to(device), f"LPIPS on (VGG-16 from {path})"
 
 
+def build_style_features(device: torch.device) -> nn.Module:
+    """The teacher's style predictor (`stylevar.metrics.pretrained_style`), fixed; a clear exit without the extra."""
+    from stylevar.loaders.teacher import TeacherUnavailable
+    from stylevar.metrics.pretrained_style import StylePredictor
+
+    try:
+        return StylePredictor().eval().to(device)
+    except TeacherUnavailable as e:
+        raise SystemExit(f"error: --style-feature-weight: {e}") from None
+
+
+def feature_distance(feats_a: list[torch.Tensor], feats_b: list[torch.Tensor]) -> torch.Tensor:
+    """Mean over layers of ||a - b||^2 / ||b||^2 (each layer's share independent of its scale)."""
+    return torch.stack([(a - b).pow(2).mean() / b.pow(2).mean().clamp_min(1e-8)
+                        for a, b in zip(feats_a, feats_b)]).mean()
+
+
+def gradient_l1(a_B3HW: torch.Tensor, b_B3HW: torch.Tensor) -> torch.Tensor:
+    """L1 distance of the horizontal and vertical pixel differences."""
+    dx = (a_B3HW.diff(dim=3) - b_B3HW.diff(dim=3)).abs().mean()
+    dy = (a_B3HW.diff(dim=2) - b_B3HW.diff(dim=2)).abs().mean()
+    return dx + dy
+
+
 # ------------------------------------------------------------------------------------------ objective
 @dataclass(frozen=True)
 class LossWeights:
@@ -38,16 +63,20 @@ class LossWeights:
     l2: float = 1.0
     vq: float = 1.0
     lpips: float = 0.0
+    style_features: float = 0.0
+    gradient: float = 0.0
 
 
 class VQVAEObjective(nn.Module):
     """One micro-batch -> (loss, metrics); remembers the batch's codebook hits and last images."""
 
-    def __init__(self, vqvae: MultiScaleVQVAE, weights: LossWeights, lpips_model: nn.Module | None = None):
+    def __init__(self, vqvae: MultiScaleVQVAE, weights: LossWeights, lpips_model: nn.Module | None = None,
+                 style_model: nn.Module | None = None):
         super().__init__()
         self.vqvae = vqvae
         self.weights = weights
         self.lpips = [lpips_model]  # a list: not a submodule (not trained, not checkpointed, not DDP-synced)
+        self.style = [style_model]
         self.hits_V = torch.zeros(vqvae.cfg.vocab_size, dtype=torch.float64)
         self.last_images: torch.Tensor | None = None
 
@@ -62,6 +91,17 @@ class VQVAEObjective(nn.Module):
             p = self.lpips[0](out.recon.float(), img.float()).mean()
             loss = loss + self.weights.lpips * p
             metrics["lpips"] = p.detach()
+        if self.weights.gradient > 0:
+            g = gradient_l1(out.recon, img)
+            loss = loss + self.weights.gradient * g
+            metrics["gradient"] = g.detach()
+        if self.style[0] is not None and self.weights.style_features > 0:
+            unit = [x.float().add(1).mul(0.5) for x in (out.recon, img)]  # the predictor takes [0, 1]
+            with torch.no_grad():
+                target_feats = self.style[0](unit[1], resize=False)[1]
+            f = feature_distance(self.style[0](unit[0], resize=False)[1], target_feats)
+            loss = loss + self.weights.style_features * f
+            metrics["style_features"] = f.detach()
         with torch.no_grad():
             if self.hits_V.device != img.device:
                 self.hits_V = self.hits_V.to(img.device)

@@ -16,6 +16,7 @@ from torch.utils.data import Dataset
 from stylevar.config import VQVAEConfig
 from stylevar.processing.images import fit_square
 from stylevar.models.tokenizer import MultiScaleVQVAE
+from stylevar.models.tokenizer.autoencoder import widen_to_space_to_channel
 from training.parts.data import ROLES, TripletDataset, open_triplets, to_unit, try_load, warn_skip
 from training.parts.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.parts.checkpoints import CheckpointsUnreadableError
@@ -32,7 +33,8 @@ from training.parts.state import TrainingState
 from training.parts.step import log_objective_window, objective_step
 from training.parts.streams import BatchStream, BatchStreamConfig, eval_loader, move_to
 from training.parts.presets import load_preset, resize_tokenizer
-from training.parts.vqvae_objective import DeadCodeRestarter, LossWeights, VQVAEObjective, build_lpips
+from training.parts.vqvae_objective import (DeadCodeRestarter, LossWeights, VQVAEObjective, build_lpips,
+                                           build_style_features)
 
 
 class ImageSet(Dataset):
@@ -152,30 +154,40 @@ def open_images(args: argparse.Namespace, image_size: int) -> tuple[ImageSet, Im
 
 
 def build_objective(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: DistEnv) -> tuple[VQVAEObjective, str]:
-    """A fresh tokenizer (seeded: the same on every rank) in its objective, and what the log says of LPIPS."""
+    """A fresh tokenizer (seeded: the same on every rank) in its objective, and what the log says of its
+    initialisation and of LPIPS."""
     seed_everything(args.seed)
     vqvae = MultiScaleVQVAE(vq_cfg)
-    if args.init:
-        init_from(vqvae, Path(args.init))
+    init_note = init_from(vqvae, Path(args.init)) if args.init else ""
     vqvae = vqvae.to(env.device).train()
     seed_everything(process_seed(args.seed, env.rank))  # the init above is the same on every rank
     lpips_model, lpips_note = (None, "LPIPS off (--lpips-weight 0)")
     if args.lpips_weight > 0:
         lpips_model, lpips_note = build_lpips(env.device)
-    weights = LossWeights(args.l1_weight, args.l2_weight, args.vq_weight, args.lpips_weight if lpips_model else 0.0)
-    return VQVAEObjective(vqvae, weights, lpips_model), lpips_note
+    weights = LossWeights(args.l1_weight, args.l2_weight, args.vq_weight, args.lpips_weight if lpips_model else 0.0,
+                          args.style_feature_weight, args.gradient_weight)
+    style_model = build_style_features(env.device) if args.style_feature_weight > 0 else None
+    return (VQVAEObjective(vqvae, weights, lpips_model, style_model),
+            "; ".join(n for n in (init_note, lpips_note) if n))
 
 
-def init_from(vqvae: MultiScaleVQVAE, folder: Path) -> None:
-    """Copy a saved tokenizer's weights into `vqvae`; its config must be the run's."""
+def init_from(vqvae: MultiScaleVQVAE, folder: Path) -> str:
+    """Copy a saved tokenizer's weights into `vqvae`; its config must be the run's, or the same at space-to-channel
+    1 (widened: `widen_to_space_to_channel`). What was done, for the log."""
     try:
         src = MultiScaleVQVAE.from_pretrained(folder)
     except (FileNotFoundError, OSError, ValueError) as e:
         raise SystemExit(f"error: --init {folder}: {e}") from None
-    if src.cfg.to_dict() != vqvae.cfg.to_dict():
-        diff = {k: (v, vqvae.cfg.to_dict().get(k)) for k, v in src.cfg.to_dict().items() if vqvae.cfg.to_dict().get(k) != v}
-        raise SystemExit(f"error: --init {folder}: its tokenizer config differs from the preset's (theirs, ours): {diff}")
-    vqvae.load_state_dict(src.state_dict())
+    ours, theirs = vqvae.cfg.to_dict(), src.cfg.to_dict()
+    s = vqvae.cfg.space_to_channel
+    if theirs == ours:
+        vqvae.load_state_dict(src.state_dict())
+        return f"initialised from {folder}"
+    if s > 1 and theirs == {**ours, "space_to_channel": 1}:
+        vqvae.load_state_dict(widen_to_space_to_channel(src.state_dict(), s))
+        return f"initialised from {folder}, widened to space-to-channel {s} (its twin at {src.cfg.image_size} px)"
+    diff = {k: (v, ours.get(k)) for k, v in theirs.items() if ours.get(k) != v}
+    raise SystemExit(f"error: --init {folder}: its tokenizer config differs from the preset's (theirs, ours): {diff}")
 
 
 @dataclass

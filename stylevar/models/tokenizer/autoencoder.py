@@ -120,10 +120,11 @@ class _Mid(nn.Module):
 
 class Encoder(nn.Module):
     def __init__(self, *, ch: int, ch_mult, num_res_blocks: int, z_channels: int, dropout: float = 0.0,
-                 using_sa: bool = True, using_mid_sa: bool = True, norm_groups: int = 32):
+                 using_sa: bool = True, using_mid_sa: bool = True, norm_groups: int = 32, space_to_channel: int = 1):
         super().__init__()
         n = len(ch_mult)
-        self.conv_in = nn.Conv2d(3, ch, 3, padding=1)
+        self.s2c = space_to_channel
+        self.conv_in = nn.Conv2d(3 * space_to_channel ** 2, ch, 3, padding=1)
         levels, c_in = [], ch
         for i, mult in enumerate(ch_mult):
             levels.append(_Level(c_in, ch * mult, num_res_blocks, i == n - 1 and using_sa,
@@ -135,7 +136,7 @@ class Encoder(nn.Module):
         self.conv_out = nn.Conv2d(c_in, z_channels, 3, padding=1)
 
     def forward(self, img_B3HW: torch.Tensor) -> torch.Tensor:
-        h = self.conv_in(img_B3HW)
+        h = self.conv_in(F.pixel_unshuffle(img_B3HW, self.s2c) if self.s2c > 1 else img_B3HW)
         for level in self.down:
             h = level(h)
         h = self.mid(h)
@@ -144,9 +145,10 @@ class Encoder(nn.Module):
 
 class Decoder(nn.Module):
     def __init__(self, *, ch: int, ch_mult, num_res_blocks: int, z_channels: int, dropout: float = 0.0,
-                 using_sa: bool = True, using_mid_sa: bool = True, norm_groups: int = 32):
+                 using_sa: bool = True, using_mid_sa: bool = True, norm_groups: int = 32, space_to_channel: int = 1):
         super().__init__()
         n = len(ch_mult)
+        self.s2c = space_to_channel
         c_in = ch * ch_mult[-1]
         self.conv_in = nn.Conv2d(z_channels, c_in, 3, padding=1)
         self.mid = _Mid(c_in, dropout, using_mid_sa, norm_groups)
@@ -157,10 +159,23 @@ class Decoder(nn.Module):
             c_in = levels[0].channels
         self.up = nn.ModuleList(levels)  # up[i] works at level i; run from the last to the first
         self.norm_out = _norm(c_in, norm_groups)
-        self.conv_out = nn.Conv2d(c_in, 3, 3, padding=1)
+        self.conv_out = nn.Conv2d(c_in, 3 * space_to_channel ** 2, 3, padding=1)
 
     def forward(self, z_BCHW: torch.Tensor) -> torch.Tensor:
         h = self.mid(self.conv_in(z_BCHW))
         for level in reversed(self.up):
             h = level(h)
-        return self.conv_out(_norm_silu(self.norm_out, h))
+        out = self.conv_out(_norm_silu(self.norm_out, h))
+        return F.pixel_shuffle(out, self.s2c) if self.s2c > 1 else out
+
+
+def widen_to_space_to_channel(sd: dict[str, torch.Tensor], s: int) -> dict[str, torch.Tensor]:
+    """A tokenizer's weights (space-to-channel 1) as those of its space-to-channel-`s` twin that starts out as
+    it on the image shrunk s times (2 x 2 mean for s = 2) and upsampled (nearest) back: the stem averages the
+    s x s pixels it receives, the head repeats each output pixel s x s times. Only the stem and the head change."""
+    out = dict(sd)
+    w_in = sd["encoder.conv_in.weight"]  # (ch, 3, 3, 3)
+    out["encoder.conv_in.weight"] = w_in.repeat_interleave(s * s, dim=1) / (s * s)
+    for name in ("decoder.conv_out.weight", "decoder.conv_out.bias"):
+        out[name] = sd[name].repeat_interleave(s * s, dim=0)
+    return out

@@ -35,7 +35,7 @@ class MultiScaleVQVAE(PretrainedModel, nn.Module):
         self.cfg = cfg
         arch = dict(ch=cfg.ch, ch_mult=cfg.ch_mult, num_res_blocks=cfg.num_res_blocks, z_channels=cfg.z_channels,
                     dropout=cfg.dropout, using_sa=cfg.using_sa, using_mid_sa=cfg.using_mid_sa,
-                    norm_groups=cfg.norm_groups)
+                    norm_groups=cfg.norm_groups, space_to_channel=cfg.space_to_channel)
         self.encoder = Encoder(**arch)
         self.decoder = Decoder(**arch)
         self.quantize = MultiScaleQuantizer(cfg.vocab_size, cfg.z_channels, cfg.patch_nums, cfg.quant_resi,

