@@ -128,6 +128,11 @@ def is_hub_id(value: object) -> bool:
     return isinstance(value, (str, os.PathLike)) and os.fspath(value).startswith(PREFIX)
 
 
+def looks_like_repo_id(value: str | os.PathLike) -> bool:
+    """``OWNER/NAME`` (a Hub repository written without ``hf:``), optionally with ``@REVISION`` / ``:VARIANT``."""
+    return bool(_REPO_RE.match(re.split(r"[@:]", os.fspath(value), maxsplit=1)[0]))
+
+
 # ------------------------------------------------------------------------------------------------ shapes
 @dataclass(frozen=True)
 class Shape:
