@@ -1,8 +1,8 @@
 """Flicker of stylized video: clips with known motion made from the bundled photographs, stylized by the demo
 model with each temporal mode of `StylePipeline.stylize_video` (`stylevar.pipelines.coherence`).
 
-    python -m benchmarks.flicker [--frames 24] [--seeds 0-7] [--ablation] [--out benchmarks/flicker.json]
-                                 [--markdown benchmarks/flicker.md] [--png docs/video_frames.png]
+    python -m benchmarks.flicker [--frames 24] [--seeds 0-7] [--ablation] [--out benchmarks/results/flicker.json]
+                                 [--markdown benchmarks/results/flicker.md] [--png docs/video_frames.png]
 
 Clips (12 fps, written as H.264 mp4 through `stylevar.processing.video.VideoWriter`, then read back): three pans (a
 window moving over a photograph by a whole number of pixels per frame), a zoom (the window shrinking about

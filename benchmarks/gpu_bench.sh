@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU figures of benchmarks/README.md, as one command for a machine with a GPU: `stylevar bench` on the published d20
 # shapes (random weights) at batch 1, 16 and 64, eager and then compiled, bf16 autocast; each run is
-# appended to benchmarks/results.jsonl and the table in benchmarks/README.md is regenerated (ms/image,
+# appended to benchmarks/results/results.jsonl and the table in benchmarks/README.md is regenerated (ms/image,
 # images/s, peak GiB, % of the H200's dense bf16 peak). Targets: batch 1 <= 60 ms, batch 64 >= 150 images/s.
 # Then the training figure: one SFT optimizer step of the same preset (benchmarks/train_step.py:
 # fused tokenizer encode, teacher forcing, cross-entropy, backward, fused AdamW) at batch TRAIN_BATCHES (16),
@@ -19,14 +19,14 @@ DEVICE=${DEVICE:-cuda}
 BATCHES=${BATCHES:-1,16,64}
 MODES=${MODES:-eager compiled}
 PEAK_TFLOPS=${PEAK_TFLOPS:-989}  # H200 SXM, dense bf16
-RECORD=${RECORD:-benchmarks/results.jsonl}
+RECORD=${RECORD:-benchmarks/results/results.jsonl}
 TABLE=${TABLE:-benchmarks/README.md}
 PYTHON=${PYTHON:-python}
 INFERENCE=${INFERENCE:-1}             # 0: skip the inference runs
 TRAIN_BATCHES=${TRAIN_BATCHES:-16}    # empty: skip the training step
 TRAIN_PRECISION=${TRAIN_PRECISION:-bf16}
 TRAIN_VARIANT=${TRAIN_VARIANT:-default}  # benchmarks/train_step.py's variant: default (blocks compiled) or eager
-TRAIN_OUT=${TRAIN_OUT:-benchmarks/train_step_$PRESET.json}
+TRAIN_OUT=${TRAIN_OUT:-benchmarks/results/train_step_$PRESET.json}
 
 for mode in $MODES; do
   [ "$INFERENCE" = 1 ] || break

@@ -1,6 +1,6 @@
 """Several styles, masks and guidance on a model: the measurements behind docs/ui.md.
 
-    python -m benchmarks.style_mix [--model DIR] [--n 8] [--seeds 3] [--out benchmarks/style_mix]
+    python -m benchmarks.style_mix [--model DIR] [--n 8] [--seeds 3] [--out benchmarks/results/style_mix]
                                    [--figures docs]
 
 Inputs: `--n` held-out synthetic pairs (a synthesis seed no training data uses) and the four bundled
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="model directory (default: the embedded demo model)")
     p.add_argument("--n", type=int, default=8, help="held-out synthetic pairs (plus the four photographs)")
     p.add_argument("--seeds", type=int, default=3, help="seeds per content")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "style_mix"), help="writes OUT.json and OUT.md")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "style_mix"), help="writes OUT.json and OUT.md")
     p.add_argument("--figures", default=None, help="folder for the example figures (e.g. docs)")
     p.add_argument("--figure-case", type=int, default=0, help="which content the figures show")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")

@@ -2,7 +2,7 @@
 policy (`stylevar.utils.threads`), alone and while another process holds a core, in one run.
 
     python -m benchmarks.threads [--policies torch,available,available+passive,spare-one+passive,one]
-        [--loads idle,busy] [--rounds 8] [--per-turn 3] [--warmup 2] [--size 512] [--out threads.json]
+        [--loads idle,busy] [--rounds 8] [--per-turn 3] [--warmup 2] [--size 512] [--out benchmarks/results/threads.json]
 
 Each policy runs in a subprocess of its own, started once, whose environment is set before it imports torch: this
 shell's OMP_NUM_THREADS, MKL_NUM_THREADS, OMP_WAIT_POLICY, GOMP_SPINCOUNT and STYLEVAR_THREADS are left out, and

@@ -1,7 +1,7 @@
 """Full-size results: bicubic against content-guided upsampling (`stylevar.processing.upsample`), measured at the
 size a user gets back.
 
-    python -m benchmarks.upsample quality [--n 48] [--sizes 512,2048] [--out benchmarks/upsample.json]
+    python -m benchmarks.upsample quality [--n 48] [--sizes 512,2048] [--out benchmarks/results/upsample.json]
         The demo model on held-out synthetic pairs (contents synthesised at the output size, so they have
         detail there; styles at the model's size) and the four bundled photographs (resized with Lanczos
         to the output size): edge correlation with the content, the distance of the mean colour to the

@@ -2,7 +2,7 @@
 threads, on an idle machine and with one core held by another process.
 
     python -m benchmarks.versus_peer [--threads 1,2] [--sizes 512,1024] [--loads idle,busy] [--rounds 6]
-        [--per-turn 3] [--warmup 2] [--model DIR] [--out versus_peer.json]
+        [--per-turn 3] [--warmup 2] [--model DIR] [--out benchmarks/results/versus_peer.json]
 
 "Ours" is the demo pipeline as the command line and the service run it (`StylePipeline.from_pretrained`, then
 `stylevar.runtime.inference.prepare`), at N torch threads, with OMP_WAIT_POLICY=PASSIVE where N > 1 (what the entry

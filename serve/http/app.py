@@ -32,7 +32,8 @@ from serve.http.errors import install_error_handlers
 from serve.http.memory import MemoryBudget, ReleaseWhenAnswered
 from serve.http.metrics import ServiceMetrics
 from serve.http.middleware import BeforeBody, BodyTimeout, ContentLengthLimit, RequestMiddleware, bearer_token
-from serve.http.routes import model, operations, stylize, video
+from serve.http.routes import index, model, operations, stylize, video
+from serve.http.routes.index import UI_PATH
 from serve.settings import ServeSettings
 from serve.http.state import ServiceState, check_key, check_room, require_key
 
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
 UPLOAD_PATHS = (*stylize.PATHS, video.PATH)  # every route that takes uploads: key and body timeout first
 log = logging.getLogger("serve.http.app")
 
-UI_PATH = "/ui"
 UI_LOGIN_PATH = f"{UI_PATH}/login"  # Gradio's login form of the mounted UI
 UiMounter = Callable[[FastAPI, ServeSettings], None]
 
@@ -196,6 +196,7 @@ def _add_middleware(app: FastAPI, state: ServiceState) -> None:
 
 
 def _include_routers(app: FastAPI, settings: ServeSettings) -> None:
+    app.include_router(index.router)
     app.include_router(operations.router)
     if settings.metrics_access != "off":
         app.include_router(operations.metrics_router,

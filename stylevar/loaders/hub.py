@@ -8,9 +8,11 @@ Hub) apply, as huggingface_hub read them when it was imported (`cache_dir`, `off
 A hub id names a published StyleVAR model: `hf:OWNER/NAME[@REVISION][:VARIANT]` (variant `grpo`, the
 default, or `sft`). Its repository holds the reference checkpoints (`vae_ch160v4096z32.pth` and
 `StyleVAR-GRPO.pth` or `StyleVAR_SFT.pth`) and, optionally, `stylevar_config.json` (the reference config
-fields of its weights, as `stylevar convert --config` takes). Offline with files missing from the cache,
-`check_cached` raises `HubError` before any other work, naming the repository, the files and the
-`stylevar pull` command.
+fields of its weights, as `stylevar convert --config` takes). `check_cached` decides once, before any
+download, whether the Hub may be asked: not with `HF_HUB_OFFLINE=1`, nor when its endpoint (or the proxy in
+between) does not answer a connection within `CONNECT_TIMEOUT_S` (`unreachable`; huggingface_hub would retry
+for about 25 s). Then the files come from the cache alone, and with any of them missing it raises one
+`HubError` naming the repository, every missing file and the `stylevar pull` command.
 
 This module imports neither torch nor huggingface_hub until it needs them.
 """
@@ -20,12 +22,17 @@ import hashlib
 import json
 import os
 import re
+import socket
 import sys
+import threading
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stylevar.loaders.paths import home
+from stylevar.utils.errors import CodedError
 
 PREFIX = "hf:"
 DEFAULT_REPO = "Senfier-LiqiJing/StyleVAR"
@@ -36,12 +43,17 @@ ID_FORM = f"{PREFIX}OWNER/NAME[@REVISION][:{'|'.join(VARIANTS)}]"  # how a hub i
 DEFAULT_PRESET = "d20"
 SHAPE_FILE = "stylevar_config.json"  # optional, in the repository: the reference config fields of its weights
 DEFAULT_REVISION = "main"
+CONNECT_TIMEOUT_S = 1.0  # how long `unreachable` waits for the endpoint to accept a connection
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")  # huggingface_hub's offline switches
 
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-class HubError(FileNotFoundError):
-    """A hub model or file that cannot be had: not cached while offline, not on the Hub, no access."""
+class HubError(CodedError, FileNotFoundError):
+    """A hub model or file that cannot be had: not cached while offline, not on the Hub, no access. Code
+    ``hub_unreachable`` when the Hub could not be asked (offline, no connection), ``hub_unavailable`` otherwise."""
+
+    code = "hub_unavailable"
 
 
 # ------------------------------------------------------------------------------------------------ ids
@@ -116,6 +128,11 @@ def is_hub_id(value: object) -> bool:
     return isinstance(value, (str, os.PathLike)) and os.fspath(value).startswith(PREFIX)
 
 
+def looks_like_repo_id(value: str | os.PathLike) -> bool:
+    """``OWNER/NAME`` (a Hub repository written without ``hf:``), optionally with ``@REVISION`` / ``:VARIANT``."""
+    return bool(_REPO_RE.match(re.split(r"[@:]", os.fspath(value), maxsplit=1)[0]))
+
+
 # ------------------------------------------------------------------------------------------------ shapes
 @dataclass(frozen=True)
 class Shape:
@@ -158,6 +175,45 @@ def offline() -> bool:
     return is_offline_mode()
 
 
+def _offline_variable() -> str:
+    """The offline switch that is set (for the message), HF_HUB_OFFLINE when huggingface_hub found another way."""
+    truthy = ("1", "ON", "YES", "TRUE")
+    return next((v for v in OFFLINE_VARIABLES if os.environ.get(v, "").upper() in truthy), OFFLINE_VARIABLES[0])
+
+
+def _why_local() -> str:
+    """Why a download could not ask the Hub: the offline switch, or no connection."""
+    return f"downloads are off ({_offline_variable()}=1)" if offline() else "the Hub cannot be reached"
+
+
+def unreachable(timeout_s: float = CONNECT_TIMEOUT_S) -> str:
+    """Why the Hub cannot be asked ("" when its endpoint, or the proxy for it, accepts a TCP connection within
+    ``timeout_s``; the name lookup counts in that time)."""
+    from huggingface_hub import constants
+
+    endpoint = constants.ENDPOINT
+    url = urllib.parse.urlsplit(endpoint)
+    proxy = None if urllib.request.proxy_bypass(url.hostname or "") else urllib.request.getproxies().get(url.scheme)
+    target = urllib.parse.urlsplit(proxy) if proxy else url
+    address = (target.hostname or "", target.port or (443 if target.scheme == "https" else 80))
+    failure: list[str] = ["no answer"]
+
+    def connect() -> None:
+        try:
+            socket.create_connection(address, timeout=timeout_s).close()
+            failure.clear()
+        except OSError as e:
+            failure[0] = str(e) or type(e).__name__
+
+    probe = threading.Thread(target=connect, daemon=True)  # a hanging name lookup cannot hold the caller
+    probe.start()
+    probe.join(timeout_s)
+    if not failure:
+        return ""
+    via = f" through the proxy {target.hostname}:{address[1]}" if proxy else ""
+    return f"the Hub ({endpoint}{via}) cannot be reached: {failure[0]} within {timeout_s:g} s"
+
+
 def cached_path(f: HubFile) -> Path | None:
     """The file in the local cache, or None (never touches the network)."""
     from huggingface_hub import try_to_load_from_cache
@@ -185,43 +241,73 @@ def pull_command(model: HubModel, shape: Shape | None = None) -> str:
     return cmd
 
 
-def _unavailable(what: str, repo_id: str, revision: str, files: list[str], why: str, fix: str) -> HubError:
+def _unavailable(what: str, repo_id: str, revision: str, files: list[str], why: str, fix: str,
+                 code: str = HubError.code) -> HubError:
     return HubError(
         f"{what}: {why}\n"
         f"  repository {repo_id} (revision {revision}), files: {', '.join(files)}\n"
         f"  Hugging Face cache: {cache_dir()}\n"
-        f"{fix}")
+        f"{fix}", code=code)
 
 
-def check_cached(model: HubModel, shape: Shape | None = None) -> None:
-    """Offline: raise one `HubError` naming every file of `model` the cache lacks (online: nothing to check)."""
-    if not offline():
-        return
+def _not_cached(model: HubModel, shape: Shape | None, why: str) -> HubError:
+    """The one error for a model whose files are not all cached while the Hub cannot be asked: every missing file
+    and the `stylevar pull` command to run where there is internet."""
     absent = [f.filename for f in model.files() if cached_path(f) is None]
-    if absent:
-        raise _unavailable(
-            model.id, model.repo_id, model.revision, absent,
-            "not in the Hugging Face cache, and downloads are off (HF_HUB_OFFLINE=1)",
-            f"fetch it on a machine with internet access with:\n  {pull_command(model, shape)}\n"
-            "then copy the Hugging Face cache (or the model folder it writes) here, or unset HF_HUB_OFFLINE")
+    instead = (f", or unset {_offline_variable()}" if offline() else
+               ", or set HF_ENDPOINT to a mirror of the Hub that this machine reaches")
+    return _unavailable(
+        model.id, model.repo_id, model.revision, absent, f"not in the Hugging Face cache, and {why}",
+        f"fetch it on a machine with internet access with:\n  {pull_command(model, shape)}\n"
+        f"then copy the Hugging Face cache (or the model folder it writes) here{instead}", code="hub_unreachable")
 
 
-def download(f: HubFile, *, progress: bool = True, missing_ok: bool = False) -> Path | None:
+def check_cached(model: HubModel, shape: Shape | None = None) -> bool:
+    """Whether `model`'s files must come from the cache alone (offline, or the Hub unreachable: asked once,
+    here); then one `HubError` naming every file the cache lacks, at once."""
+    why = _why_local() if offline() else unreachable()
+    if not why:
+        return False
+    if any(cached_path(f) is None for f in model.files()):
+        raise _not_cached(model, shape, why)
+    return True
+
+
+def download_model(model: HubModel, shape: Shape | None = None, *, progress: bool = True,
+                   local_only: bool = False) -> dict[str, Path]:
+    """Every file of `model` (`download`); when the Hub answered the probe but not the download, the error still
+    names every file the cache lacks and the `stylevar pull` command (`_not_cached`)."""
+    paths = {}
+    for f in model.files():
+        try:
+            found = download(f, progress=progress, local_only=local_only)
+        except HubError as e:
+            if e.code != "hub_unreachable":
+                raise
+            raise _not_cached(model, shape, _why_local()) from None
+        assert found is not None
+        paths[f.filename] = found
+    return paths
+
+
+def download(f: HubFile, *, progress: bool = True, missing_ok: bool = False, local_only: bool = False) -> Path | None:
     """The file through huggingface_hub (its cache, token, offline switch, endpoint); `HubError` if it cannot
-    be had. With `missing_ok`, None when the repository has no such file (or, offline, the cache has none)."""
+    be had. With `missing_ok`, None when the repository has no such file (or, offline, the cache has none);
+    with `local_only` (`check_cached` said so), from the cache alone."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub import errors as hf_errors
 
-    is_offline = offline()
+    is_offline = offline() or local_only
+    code = HubError.code
     try:
         return Path(hf_hub_download(f.repo_id, f.filename, revision=f.revision, cache_dir=cache_dir(),
                                     local_files_only=is_offline, tqdm_class=None if progress else _silent_bar()))
     except hf_errors.LocalEntryNotFoundError:
         if missing_ok:  # not cached, and the Hub cannot be asked: treated as absent
             return None
-        why = ("not in the Hugging Face cache, and downloads are off (HF_HUB_OFFLINE=1)" if is_offline else
-               "not in the Hugging Face cache, and the Hub cannot be reached")
-        fix = "fetch it on a machine with internet access, or unset HF_HUB_OFFLINE"
+        why = f"not in the Hugging Face cache, and {_why_local()}"
+        fix = "fetch it on a machine with internet access" + (f", or unset {_offline_variable()}" if offline() else "")
+        code = "hub_unreachable"
     except hf_errors.RemoteEntryNotFoundError:
         if missing_ok:
             return None
@@ -234,7 +320,7 @@ def download(f: HubFile, *, progress: bool = True, missing_ok: bool = False) -> 
         why, fix = f"no revision {f.revision!r} in the repository", "check --revision"
     except OSError as e:  # HfHubHTTPError, connection errors, a full disk
         why, fix = f"download failed: {e}", "check the network (HF_ENDPOINT for a mirror) and try again"
-    raise _unavailable(f.filename, f.repo_id, f.revision, [f.filename], why, fix)
+    raise _unavailable(f.filename, f.repo_id, f.revision, [f.filename], why, fix, code)
 
 
 def _silent_bar():
@@ -248,12 +334,13 @@ def _silent_bar():
     return Silent
 
 
-def optional_file(f: HubFile) -> Path | None:
-    """An optional file of the repository: its path, or None when the repository has none."""
+def optional_file(f: HubFile, *, local_only: bool = False) -> Path | None:
+    """An optional file of the repository: its path, or None when the repository has none (`local_only`: or
+    the cache has none)."""
     found = cached_path(f)
     if found is not None or _cached_absent(f):
         return found
-    return download(f, progress=False, missing_ok=True)
+    return download(f, progress=False, missing_ok=True, local_only=local_only)
 
 
 def sha256_of(path: Path, *, progress: bool = True) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from stylevar.loaders.hub import PREFIX, looks_like_repo_id
 from stylevar.utils.atomic import atomic_write_text
 from stylevar.config import StyleVARConfig, VQVAEConfig
 from stylevar.processing.palette import Palette
@@ -88,19 +89,30 @@ class PipelineConfig:
 
 
 def check_model_dir(path: str | os.PathLike) -> PipelineConfig:
-    """The config of the whole model directory at ``path``. A missing file is a ModelDirError naming the
-    folder, the files it lacks and how to make one; a config.json that is not a StyleVAR one a ValueError."""
+    """The config of the whole model directory at ``path``. A missing folder or file is a ModelDirError naming
+    it, with the likely fix (`_model_dir_hint`); a config.json that is not a StyleVAR one a ValueError."""
     path = Path(path)
     missing = missing_model_files(path)
     if missing:
-        how = ("The embedded demo model is not built yet: run `scripts/train_demo_model.sh` to make it, or pass "
-               "another model directory (--model DIR; the service also reads STYLEVAR_MODEL_DIR)."
-               if path.resolve() == DEMO_MODEL_DIR.resolve() else
-               "A model directory comes from a training run (RUN/final/), `stylevar convert`, or "
-               "`StylePipeline.save_pretrained(DIR)`; pass it with --model DIR (the service also reads "
-               "STYLEVAR_MODEL_DIR).")
-        raise ModelDirError(f"no usable model at {path}: missing {', '.join(missing)}. {how}")
+        what = "no such folder" if not path.exists() else f"missing {', '.join(missing)}"
+        raise ModelDirError(f"no usable model at {path}: {what}. {_model_dir_hint(path)}")
     return PipelineConfig.from_dir(path)
+
+
+def _model_dir_hint(path: Path) -> str:
+    """What the user probably meant by a ``--model`` that is not a model directory: a training run's
+    ``final/``, a Hub repository written without ``hf:``, or how model directories are made."""
+    if path.resolve() == DEMO_MODEL_DIR.resolve():
+        return ("The embedded demo model is not built yet: run `scripts/train_demo_model.sh` to make it, or pass "
+                "another model directory (--model DIR; the service also reads STYLEVAR_MODEL_DIR).")
+    if path.is_dir() and not missing_model_files(path / "final"):
+        return f"It is a training run; its model is {path / 'final'} (--model {path / 'final'})."
+    if not path.exists() and not path.is_absolute() and looks_like_repo_id(path):
+        return (f"A published model on the Hugging Face Hub is written {PREFIX}OWNER/NAME: --model {PREFIX}{path} "
+                "(pulled on first use).")
+    return ("A model directory comes from a training run (RUN/final/), `stylevar convert`, `stylevar pull` or "
+            "`StylePipeline.save_pretrained(DIR)`; pass it with --model DIR (the service also reads "
+            "STYLEVAR_MODEL_DIR), or a published model as --model hf:OWNER/NAME.")
 
 
 def write_model_dir(model: StyleVAR, config: PipelineConfig, folder: str | os.PathLike,

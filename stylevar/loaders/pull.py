@@ -8,8 +8,9 @@ the repository, the revision, the commit and the sha256 of each source file. The
 
 `resolve_model(value)` is the one function every entry point calls on its `--model` value: a hub id
 becomes its model directory (pulled on first use, which is an explicit request for it), anything else is
-taken as a directory as it is. Offline with files missing from the cache, it raises `HubError` before any
-other work, naming the repository, the files and the `stylevar pull` command.
+taken as a directory as it is. Offline or with the Hub unreachable and files missing from the cache, it raises
+`HubError` before any other work (in about a second), naming the repository, the files and the `stylevar pull`
+command.
 
 This module imports neither torch nor huggingface_hub until it needs them.
 """
@@ -24,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stylevar.loaders.hub import (DEFAULT_PRESET, SHAPE_FILE, VAE_FILE, HubFile, HubModel, Shape, check_cached, download,
-                          is_hub_id, optional_file, sha256_of)
+from stylevar.loaders.hub import (DEFAULT_PRESET, SHAPE_FILE, VAE_FILE, HubFile, HubModel, Shape, check_cached,
+                                  download_model, is_hub_id, optional_file, sha256_of)
 from stylevar.loaders.paths import home
 
 
@@ -92,7 +93,7 @@ def pull(model: HubModel, *, shape: Shape = Shape(), out: str | os.PathLike | No
         return PullResult(dest, skipped=True)
     if dest.exists() and (not dest.is_dir() or (any(dest.iterdir()) and not _is_pulled(dest))):
         raise ValueError(f"{dest} exists and is not a folder written by `stylevar pull`; choose another --out")
-    check_cached(model, shape)  # offline: fail before any download or model work
+    local_only = check_cached(model, shape)  # offline or unreachable: fail before any download or model work
 
     from filelock import FileLock
 
@@ -103,13 +104,13 @@ def pull(model: HubModel, *, shape: Shape = Shape(), out: str | os.PathLike | No
     with FileLock(str(locks / f"pull-{key}.lock")):
         if not force and _source_matches(dest, model, shape):  # another process pulled it meanwhile
             return PullResult(dest, skipped=True)
-        _pull_into(model, shape, dest, progress)
+        _pull_into(model, shape, dest, progress, local_only)
     return PullResult(dest, skipped=False)
 
 
-def _repo_shape(model: HubModel) -> dict[str, Any] | None:
+def _repo_shape(model: HubModel, local_only: bool) -> dict[str, Any] | None:
     """The repository's `stylevar_config.json`, or None when it has none."""
-    found = optional_file(HubFile(model.repo_id, SHAPE_FILE, model.revision))
+    found = optional_file(HubFile(model.repo_id, SHAPE_FILE, model.revision), local_only=local_only)
     if found is None:
         return None
     try:
@@ -128,9 +129,9 @@ def _source_file(name: str, path: Path, progress: bool) -> dict[str, Any]:
     return {"sha256": digest, "size": path.stat().st_size}
 
 
-def _pull_into(model: HubModel, shape: Shape, dest: Path, progress: bool) -> None:
-    paths = {f.filename: download(f, progress=progress) for f in model.files()}
-    repo_shape = _repo_shape(model) if shape.preset is None and shape.reference is None else None
+def _pull_into(model: HubModel, shape: Shape, dest: Path, progress: bool, local_only: bool) -> None:
+    paths = download_model(model, shape, progress=progress, local_only=local_only)
+    repo_shape = _repo_shape(model, local_only) if shape.preset is None and shape.reference is None else None
     vq_cfg, tr_cfg = _configs(shape, repo_shape)
 
     from tqdm.auto import tqdm
@@ -139,7 +140,6 @@ def _pull_into(model: HubModel, shape: Shape, dest: Path, progress: bool) -> Non
               disable=not progress) as steps:
         files: dict[str, dict[str, Any]] = {}
         for name, path in paths.items():
-            assert path is not None
             files[name] = _source_file(name, path, progress)
             steps.update()
         commit = paths[model.checkpoint].parent.name  # .../snapshots/<commit>/<file>

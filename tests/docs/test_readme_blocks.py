@@ -1,13 +1,17 @@
 """Every fenced code block of README.md and docs/ui.md runs as written, or says why it is not run here.
 
-A block that is not run carries a marker on the line before its fence:
+A block that is not run here carries a marker on the line before its fence:
 ``<!-- readme-test: not run: REASON -->`` (downloads, a service that runs until stopped, files a reader
-brings) or ``<!-- readme-test: run by tests/FILE.py ... -->``. Every other block must be Python; a
-document's Python blocks run in order, as one script (a later block uses what an earlier one made), in
-a temporary folder that holds the repository's shipped pictures (``stylevar/``) and nothing else.
+brings) or ``<!-- readme-test: run by tests/FILE.py ... -->``. Every other block is Python or bash and runs
+here as printed, each alone in a fresh process (nothing is shared but the files a block writes, which a later
+block may read, as a reader's would), in document order, from a stand-in for the repository root after the
+set-up commands: a temporary folder with the repository's files (linked) and ``.venv``, the environment the
+tests run in. Python blocks run with ``.venv/bin/python``, bash blocks with a PATH that does not hold that
+environment (a fresh shell that never activated it).
 """
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -46,7 +50,7 @@ def blocks(document: str) -> list[Block]:
 
 @pytest.mark.parametrize("document", DOCUMENTS)
 def test_every_block_runs_or_says_why_not(document):
-    unmarked = [b for b in blocks(document) if b.mark is None and b.lang != "python"]
+    unmarked = [b for b in blocks(document) if b.mark is None and b.lang not in ("python", "bash")]
     assert not unmarked, "\n".join(f"{b.document}:{b.line}: a ```{b.lang} block with no readme-test marker"
                                    for b in unmarked)
     for b in blocks(document):
@@ -54,16 +58,41 @@ def test_every_block_runs_or_says_why_not(document):
             assert (REPO / b.mark.split()[2]).is_file(), f"{b.document}:{b.line}: {b.mark}"
 
 
-def runnable(document: str) -> list[Block]:
-    return [b for b in blocks(document) if b.mark is None and b.lang == "python"]
+def runnable(document: str, lang: str = "python") -> list[Block]:
+    return [b for b in blocks(document) if b.mark is None and b.lang == lang]
 
 
-@pytest.mark.parametrize("document", [d for d in DOCUMENTS if runnable(d)])  # docs/ui.md: every block marked
-def test_the_python_blocks_run_as_written(document, tmp_path):
-    script = "\n".join(b.code for b in runnable(document))
-    (tmp_path / "stylevar").symlink_to(REPO / "stylevar")  # the shipped pictures the blocks open
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
+def repository_root(folder: Path) -> Path:
+    """``folder`` as the repository's root after the set-up commands: its files linked, ``.venv`` the tests' own
+    environment; what the blocks write (outputs/) stays in ``folder``."""
+    for entry in REPO.iterdir():
+        if entry.name not in (".git", ".venv", "outputs", "runs", "data"):
+            (folder / entry.name).symlink_to(entry)
+    (folder / ".venv").symlink_to(Path(sys.prefix))
+    return folder
+
+
+def fresh_shell_env() -> dict[str, str]:
+    """The environment of a new shell that never activated the virtual environment."""
+    venv_bin = str(Path(sys.executable).parent)
+    path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p != venv_bin)
+    return {**{k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}, "PATH": path}
+
+
+def run_block(block: Block, root: Path) -> subprocess.CompletedProcess:
+    cmd = ([str(root / ".venv" / "bin" / "python"), "-c", block.code] if block.lang == "python" else
+           ["bash", "-e", "-c", block.code])
+    return subprocess.run(cmd, cwd=root, env=fresh_shell_env(), capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("document", [d for d in DOCUMENTS if runnable(d) + runnable(d, "bash")])
+def test_every_block_runs_alone_as_printed(document, tmp_path):
+    root = repository_root(tmp_path)
+    todo = [b for b in blocks(document) if b.mark is None]
+    assert {b.lang for b in todo} <= {"python", "bash"}, {b.lang for b in todo}
+    for block in todo:
+        done = run_block(block, root)
+        assert done.returncode == 0, f"{document}:{block.line}: {done.stderr[-4000:]}"
 
 
 def test_the_parser_reads_marks_and_blocks(tmp_path, monkeypatch):
@@ -78,22 +107,15 @@ def test_the_parser_reads_marks_and_blocks(tmp_path, monkeypatch):
 
 def test_the_tour_command_gives_the_tour_s_picture(tmp_path):
     """The shell command the tour says does the same as its first Python block writes the same picture."""
-    import os
-
     import numpy as np
     from PIL import Image
 
-    python = runnable("README.md")[0]
-    shell = next(b for b in blocks("README.md") if b.mark and "its result compared with the Python block" in b.mark)
+    python, shell = runnable("README.md")[0], runnable("README.md", "bash")[0]
     assert 'out.save("outputs/out.png")' in python.code and "-o outputs/out_shell.png" in shell.code
-    (tmp_path / "stylevar").symlink_to(REPO / "stylevar")
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    done = subprocess.run([sys.executable, "-c", python.code], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600, env=env)
-    assert done.returncode == 0, done.stderr[-4000:]
-    done = subprocess.run(["bash", "-c", shell.code], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                          env=env)
-    assert done.returncode == 0, done.stderr[-4000:]
+    root = repository_root(tmp_path)
+    for block in (python, shell):
+        done = run_block(block, root)
+        assert done.returncode == 0, done.stderr[-4000:]
     a, b = (np.asarray(Image.open(tmp_path / "outputs" / f), dtype=np.int16) for f in ("out.png", "out_shell.png"))
     assert a.shape == b.shape
     # the command runs the model prepared for inference (fused, the service's path): float rounding may move a

@@ -217,6 +217,57 @@ def test_every_entry_point_fails_fast_offline_with_an_empty_cache(empty_env, tmp
     assert not (Path(empty_env["STYLEVAR_HOME"]) / "models").exists()  # nothing was started
 
 
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released): a connection there is refused."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def no_route_env(tmp_path, monkeypatch) -> dict[str, str]:
+    """An empty cache, no HF_HUB_OFFLINE, and the Hub's endpoint on a closed loopback port (no real network)."""
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    env = {k: v for k, v in os.environ.items() if k not in hub.OFFLINE_VARIABLES}
+    return {**env, "HF_HUB_CACHE": str(tmp_path / "hf"), "HF_ENDPOINT": endpoint, "STYLEVAR_HOME": str(tmp_path / "sv"),
+            "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+
+
+def test_no_route_to_the_hub_without_hf_hub_offline_fails_at_once_naming_everything(no_route_env, tmp_path):
+    """The probe finds the endpoint closed once; no retries; every missing file and the pull command are named,
+    and nothing suggests unsetting HF_HUB_OFFLINE, which is not set."""
+    absent = "nobody/absent"
+    commands = {"pull": [sys.executable, "-m", "stylevar.cli", "pull", absent],
+                "serve": [sys.executable, "-m", "serve", "--model", f"hf:{absent}", "--port", "0", "--no-ui"]}
+    for name, cmd in commands.items():
+        done = subprocess.run(cmd, cwd=REPO_ROOT, env=no_route_env, capture_output=True, text=True, timeout=120)
+        assert done.returncode != 0, name
+        for words in (f"repository {absent} (revision main), files: {hub.VAE_FILE}, {hub.VARIANTS['grpo']}",
+                      f"the Hub ({no_route_env['HF_ENDPOINT']}) cannot be reached",
+                      f"stylevar pull {absent} --variant grpo", "set HF_ENDPOINT to a mirror"):
+            assert words in done.stderr, (name, words, done.stderr)
+        for words in ("HF_HUB_OFFLINE", "Retry", "Traceback"):
+            assert words not in done.stderr, (name, words, done.stderr)
+    assert not (Path(no_route_env["STYLEVAR_HOME"]) / "models").exists()
+
+
+def test_the_probe_tells_a_listening_endpoint_from_a_closed_one(monkeypatch):
+    import socket
+
+    from huggingface_hub import constants
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+        assert hub.unreachable() == ""
+    closed = f"http://127.0.0.1:{_closed_port()}"
+    monkeypatch.setattr(constants, "ENDPOINT", closed)
+    assert hub.unreachable().startswith(f"the Hub ({closed}) cannot be reached: ")
+
+
 @pytest.mark.slow
 def test_a_wrong_layout_names_its_keys(offline_env, reference_dir, tmp_path, capsys):
     out = tmp_path / "model"

@@ -5,8 +5,11 @@ import asyncio
 import base64
 import io
 import json
+import shutil
 import struct
+import subprocess
 import zlib
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -414,3 +417,34 @@ def test_a_chunked_upload_over_the_limit_is_cut_off_with_413(server):
                    headers={**AUTH, "Content-Type": f"multipart/form-data; boundary={boundary}"})
     assert r.status_code == 413, r.text
     assert r.json()["error"] == "payload_too_large"
+
+
+# ---- the documented curl commands -----------------------------------------------------------------------
+def documented_curls() -> list[str]:
+    """The curl commands of docs/serving.md's ```bash blocks (continuation lines joined)."""
+    import re
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "serving.md").read_text()
+    commands = []
+    for block in re.findall(r"^```bash\n(.*?)^```$", text, re.S | re.M):
+        joined = block.replace("\\\n", " ")
+        commands += [line.strip() for line in joined.splitlines() if line.strip().startswith("curl ")]
+    return commands
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
+def test_the_documented_curl_commands_fail_visibly_on_an_error(server, tmp_path):
+    """Each documented curl command asks curl to fail on an error answer; the first one, run as printed against a
+    service with API keys (and without a key: 401), exits 22 and says so, the JSON error kept in out.png."""
+    commands = documented_curls()
+    assert len(commands) == 4 and all("--fail-with-body" in c for c in commands), commands
+    gradient(64, 48).save(tmp_path / "content.jpg")
+    gradient(32, 32).save(tmp_path / "style.jpg")
+    first = commands[0].replace("http://127.0.0.1:8000", server.url)
+    done = subprocess.run(["bash", "-c", first], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 22 and "401" in done.stderr, (done.returncode, done.stderr)
+    assert json.loads((tmp_path / "out.png").read_text())["error"] == "unauthorized"
+    keyed = first.replace("curl ", f"curl -H 'Authorization: Bearer {KEY}' ", 1)
+    done = subprocess.run(["bash", "-c", keyed], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert Image.open(tmp_path / "out.png").size == (64, 48)

@@ -250,3 +250,44 @@ def test_png_answers_keep_their_pixels_at_every_compression_level():
     assert ServeSettings().png_compress_level == 1
     with pytest.raises(ValueError):
         ServeSettings(png_compress_level=10)
+
+
+def test_the_address_sends_a_browser_to_the_ui_or_answers_the_api_index(model_dir):
+    """`GET /` (what a browser opens first): 307 to /ui when the UI is mounted; with --no-ui the API's index."""
+    from fastapi.testclient import TestClient
+
+    from serve.http.app import create_app
+
+    def mounter(app: FastAPI, settings: ServeSettings) -> None:
+        app.mount("/ui", FastAPI())
+
+    with_ui = TestClient(create_app(ServeSettings(model_dir=model_dir, device=["cpu"], ui=True), ui_mounter=mounter))
+    r = with_ui.get("/", follow_redirects=False)
+    assert r.status_code == 307 and r.headers["location"] == "/ui"
+    no_ui = TestClient(create_app(ServeSettings(model_dir=model_dir, device=["cpu"], ui=False), ui_mounter=mounter))
+    r = no_ui.get("/")
+    assert r.status_code == 200 and r.json()["docs"] == "/docs" and r.json()["ui"] is None
+    assert "POST /stylize" in r.json()["routes"]
+    assert no_ui.get(r.json()["docs"]).status_code == 200  # the link leads somewhere
+
+
+@pytest.mark.slow  # six interpreters
+def test_a_wrong_model_gets_the_hint_that_fixes_it_on_the_command_line_and_the_service(tmp_path):
+    """One rule (stylevar.loaders.model_dir.check_model_dir) for `stylevar stylize --model` and `python -m serve
+    --model`: a training run points to its final/, OWNER/NAME to hf:OWNER/NAME, a missing folder is named missing."""
+    run = tmp_path / "runs" / "sft"
+    StylePipeline.random("tiny", name="t").save_pretrained(run / "final")
+    hints = {str(run): f"It is a training run; its model is {run / 'final'} (--model {run / 'final'}).",
+             "Senfier-LiqiJing/StyleVAR": "no such folder. A published model on the Hugging Face Hub is written "
+                                          "hf:OWNER/NAME: --model hf:Senfier-LiqiJing/StyleVAR",
+             str(tmp_path / "nowhere"): f"no usable model at {tmp_path / 'nowhere'}: no such folder."}
+    pictures = [str(DEMO_MODEL_DIR.parent / "examples" / n) for n in ("content_shapes.png", "style_dots.png")]
+    for model, hint in hints.items():
+        with pytest.raises(ModelDirError) as e:
+            from stylevar.loaders.model_dir import check_model_dir
+            check_model_dir(model)
+        assert hint in str(e.value), str(e.value)
+        for cmd in ([sys.executable, "-m", "stylevar.cli", "stylize", *pictures, "-o", str(tmp_path / "o.png"),
+                     "--model", model], [sys.executable, "-m", "serve", "--model", model, "--port", "0", "--no-ui"]):
+            done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 2 and hint in done.stderr, (cmd, done.stderr[-2000:])

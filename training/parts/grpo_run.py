@@ -18,6 +18,7 @@ from stylevar.models.transformer import StyleVAR
 from training.parts.data import check_data_args, collate_triplets, dataset_size, open_triplets
 from training.parts.grpo_trainer import GRPOConfig, GRPOTrainer
 from training.parts.merge_control import MergeConfig
+from training.parts.extension import RunExtension
 from training.parts.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.parts import cli
 from training.parts.checkpoints import CheckpointsUnreadableError
@@ -96,6 +97,11 @@ def final_writer(model: StyleVAR, base_config: Any, args: argparse.Namespace) ->
     return write_final
 
 
+def schedule(options: Mapping[str, Any]) -> ScheduleConfig:
+    """The learning rate: a linear warm-up, then constant, for ``vars(args)`` or a run's config."""
+    return ScheduleConfig(max_steps=options["max_steps"], warmup_steps=options["warmup_steps"], drop_factor=1.0)
+
+
 def grpo_steps(tr: TrainingRun, cfg: LoopConfig, trainer: GRPOTrainer, saved: Mapping[str, Any]) -> int:
     """The steps from ``tr.start`` to ``cfg.max_steps`` with their log lines and checkpoints (``saved``: what
     each checkpoint keeps besides the merge state); returns the last step."""
@@ -124,7 +130,7 @@ def train(args: argparse.Namespace, grpo_cfg: GRPOConfig, merge_cfg: MergeConfig
     if precision == "fp16":
         raise SystemExit("error: --precision fp16 is not supported for GRPO rollouts; use bf16 or fp32")
     config = {"recipe": "grpo", **vars(args)}
-    run = RunDir.prepare(args.out, config, env, free_keys=FREE_KEYS)
+    run = RunDir.prepare(args.out, config, env, free_keys=FREE_KEYS, extension=RunExtension(schedule))
     pipe = StylePipeline.from_pretrained(args.init, device=env.device, threads="torch")  # the recipe's own count
     model = pipe.model
     model.autocast_dtype = resolve_autocast_dtype(precision, env.device)  # rollouts only (bf16 or None)
@@ -134,8 +140,7 @@ def train(args: argparse.Namespace, grpo_cfg: GRPOConfig, merge_cfg: MergeConfig
     attach_lora(model, lora_cfg, seed=args.seed)
     model.eval()
     optimizer = make_adamw(model, args.lr, args.weight_decay, betas=(0.9, 0.95))
-    scheduler = two_level_scheduler(optimizer, ScheduleConfig(max_steps=args.max_steps, warmup_steps=args.warmup_steps,
-                                                              drop_factor=1.0))
+    scheduler = two_level_scheduler(optimizer, schedule(vars(args)))
     stream = make_stream(dataset, BatchStreamConfig(global_batch=args.batch_size, seed=args.seed,
                                                     num_workers=args.num_workers, collate_fn=collate_triplets), env)
     trainer = GRPOTrainer(model, reward, grpo_cfg, merge_cfg, optimizer, scheduler, env)

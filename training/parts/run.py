@@ -12,6 +12,7 @@ from training.parts.log import RunLogger
 from training.parts.rundir import RunDir
 from training.parts.schedule import CheckpointSchedule, LoopConfig, Progress, format_duration
 from training.parts.state import TrainingState, resume
+from training.parts.stop import StopSignals
 
 
 class TrainingRun:
@@ -24,6 +25,10 @@ class TrainingRun:
     line, ``SystemExit("error: cannot write checkpoint step-... in FOLDER: disk full (...); it needs about
     N, M free. The last good checkpoint, ..., is kept: ...")`` (exit status 1), on every rank; the partial
     file is gone and a re-run resumes from that checkpoint.
+
+    Ctrl-C (SIGINT) or SIGTERM inside the block (:class:`StopSignals`) ends the current step, writes its
+    checkpoint (``checkpoint_due`` says yes) and exits from ``save`` with one line saying how to resume
+    (status 130 / 143); the re-run resumes at that step. A signal at the last step lets the run finish.
 
         with TrainingRun(run, state, max_steps=N, save_every=..., seed=...) as tr:
             step = tr.start
@@ -41,6 +46,7 @@ class TrainingRun:
         self.max_steps, self.save_every, self.save_every_minutes = max_steps, save_every, save_every_minutes
         self.seed, self.show_progress, self.clock = seed, progress, clock
         self.ckpts = CheckpointManager(run.checkpoints, self.env, keep=keep)
+        self.stop, self.stopping = StopSignals(), False
 
     @classmethod
     def for_loop(cls, run: RunDir, state: TrainingState, cfg: LoopConfig,
@@ -58,6 +64,7 @@ class TrainingRun:
             if stop is None:
                 raise
             raise stop from None
+        self.stop.__enter__()
         return self
 
     def _start(self) -> None:
@@ -78,6 +85,7 @@ class TrainingRun:
         self.progress = Progress(self.start, self.max_steps, clock=self.clock)
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> None:
+        self.stop.__exit__()
         try:
             self.log.close()
         except OSError:
@@ -98,15 +106,21 @@ class TrainingRun:
         return SystemExit(f"error: {message}. {self.ckpts.last_good_note()}")
 
     def checkpoint_due(self, step: int) -> bool:
-        """Whether ``step`` ends with a checkpoint (the same answer on every rank)."""
-        return self.schedule.due(step)
+        """Whether ``step`` ends with a checkpoint (the same answer on every rank): by the schedule, or because
+        a signal asked the run to stop."""
+        self.stopping = self.stop.agreed(self.env) and step < self.max_steps
+        return self.stopping or self.schedule.due(step)
 
     def save(self, step: int, extra: Mapping[str, Any] | None = None) -> None:
-        """The checkpoint of ``step`` (every rank calls it), and the time left."""
+        """The checkpoint of ``step`` (every rank calls it), and the time left; after a stop signal, the line
+        that says how to resume and the exit (SystemExit with the signal's status)."""
         state = self.state
         sharded = {"write_sharded": state.write_sharded} if state.sharded else {}
         path = self.ckpts.save(step, state.state_dict(step, extra), **sharded)
         self.schedule.saved()
+        if self.stopping:
+            self.log.info(self.stop.line(step, self.max_steps, str(path)))
+            raise SystemExit(self.stop.status())
         if step < self.max_steps and path is not None:
             self.log.info(f"checkpoint {path.name}; {self.progress.line(step)}")
 

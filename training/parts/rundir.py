@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from stylevar.utils.atomic import WriteFailedError, atomic_write_text, write_failure
-from training.parts.checkpoints import remove_stale_temps
+from training.parts.checkpoints import checkpoint_paths, remove_stale_temps
 from training.parts.distributed import DistEnv, main_rank_write
+from training.parts.extension import RunExtension
 
 CONFIG_NAME = "config.json"
 LOG_NAME = "log.jsonl"
@@ -89,13 +90,16 @@ class RunDir:
         *,
         free_keys: Sequence[str] = (),
         absent_as: Mapping[str, Any] | None = None,
+        extension: RunExtension | None = None,
     ) -> "RunDir":
         """Create RUN/ and write its config, or check that an existing run has the same config.
 
         Keys in ``free_keys`` (output paths, logging and checkpoint cadence, worker counts) may change
         between invocations; any other difference raises :class:`RunConfigMismatchError` before any
         work starts; ``absent_as`` names options added since older runs, with the value such a run
-        had (`with_absent`), so that it still resumes when the new option is left at that value. Every
+        had (`with_absent`), so that it still resumes when the new option is left at that value;
+        ``extension`` lets --max-steps (and the learning-rate drop's options) change where the schedule
+        keeps the rate of every step already taken (:class:`RunExtension`: a run trained longer). Every
         rank checks, rank 0 writes (an unchanged config.json is not rewritten). Stale
         temporary files of a killed process are removed first, so they cannot keep a full disk full; a
         failed write of config.json (disk full) exits with one line (SystemExit), like the recipes'
@@ -110,18 +114,28 @@ class RunDir:
                 old = json.loads(old_text)
             except json.JSONDecodeError as e:
                 raise RunConfigMismatchError(f"{run.config_path} is not valid JSON ({e}); use a new --out") from e
-            lines = config_differences(old, new, free_keys, absent_as)
-            if lines:
-                raise RunConfigMismatchError(
-                    f"{run.root} holds a run with a different configuration ({lines}). "
-                    "Re-run the same command to resume it, or choose a new --out."
-                )
+            run._check_same_run(old, new, free_keys, absent_as, extension)
         env.barrier()
         try:
             main_rank_write(env, lambda: run._write_config(text, old_text))
         except WriteFailedError as e:
             raise SystemExit(f"error: {e}") from None
         return run
+
+    def _check_same_run(self, old: Mapping[str, Any], new: Mapping[str, Any], free_keys: Sequence[str],
+                        absent_as: Mapping[str, Any] | None, extension: RunExtension | None) -> None:
+        """RunConfigMismatchError unless ``new`` continues the run of ``old`` (see :meth:`prepare`)."""
+        extendable = extension.keys if extension is not None else ()
+        lines = config_differences(old, new, (*free_keys, *extendable), absent_as)
+        if lines:
+            raise RunConfigMismatchError(f"{self.root} holds a run with a different configuration ({lines}). "
+                                         "Re-run the same command to resume it, or choose a new --out.")
+        if extension is not None:
+            done = max((step for step, _ in checkpoint_paths(self.checkpoints)), default=0)
+            problem = extension.problem(with_absent(old, absent_as or {}), new, done)
+            if problem:
+                raise RunConfigMismatchError(f"{self.root} cannot be continued with these options: {problem}, "
+                                             "or choose a new --out.")
 
     def _write_config(self, text: str, old_text: str | None) -> None:
         """Remove stale temporary files, make ``checkpoints/``, write config.json unless unchanged."""

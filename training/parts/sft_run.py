@@ -8,7 +8,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from torch import nn
 from torch.utils.data import Dataset
@@ -22,6 +22,7 @@ from stylevar.loaders.pull import resolve_model
 from stylevar.models.tokenizer import MultiScaleVQVAE
 from stylevar.models.transformer import StyleVAR
 from training.parts.data import AugmentConfig, check_data_args, collate_triplets, dataset_size, open_triplets
+from training.parts.extension import RunExtension
 from training.parts.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.parts import fsdp
 from training.parts.checkpoints import CheckpointsUnreadableError
@@ -100,6 +101,13 @@ def execute(args: argparse.Namespace) -> int:
         teardown_distributed()
 
 
+def schedule(options: Mapping[str, Any]) -> ScheduleConfig:
+    """The two-level learning rate with warm-up, for ``vars(args)`` or a run's config."""
+    return ScheduleConfig(max_steps=options["max_steps"], warmup_steps=options["warmup_steps"],
+                          drop_step=options["lr_drop_step"], drop_fraction=options["lr_drop_fraction"],
+                          drop_factor=options["lr_drop_factor"])
+
+
 def open_run(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARConfig,
              env: DistEnv) -> tuple[MultiScaleVQVAE, RunDir]:
     """The frozen tokenizer, and RUN/ (its config written, or checked against the earlier run's)."""
@@ -111,7 +119,8 @@ def open_run(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleV
               "transformer_config": match_transformer(tr_preset, vqvae.cfg).to_dict()}
     try:
         run = RunDir.prepare(args.out, config, env, free_keys=(*FREE_KEYS, "activation_checkpointing", "name",
-                                                               "token_cache", "compile"), absent_as=ADDED_OPTIONS)
+                                                               "token_cache", "compile"), absent_as=ADDED_OPTIONS,
+                             extension=RunExtension(schedule))
     except RunConfigMismatchError as e:
         raise SystemExit(f"error: {e}") from None
     return vqvae, run
@@ -270,8 +279,7 @@ def train(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARC
     ddp = fsdp.shard_model(objective, model, env, precision) if sharded else wrap_ddp(objective, env)
     # AdamW's fused kernel on every device and strategy (FSDP's DTensor shards too): one arithmetic for DDP and FSDP
     optimizer = make_adamw(model, args.lr, args.weight_decay, betas=(0.9, 0.95), fused=True)
-    sched = ScheduleConfig(max_steps=args.max_steps, warmup_steps=args.warmup_steps, drop_step=args.lr_drop_step,
-                           drop_fraction=args.lr_drop_fraction, drop_factor=args.lr_drop_factor)
+    sched = schedule(vars(args))
     scheduler = two_level_scheduler(optimizer, sched)
     stream = make_stream(train_set, BatchStreamConfig(global_batch=args.batch_size, grad_accum=args.grad_accum,
                                                       seed=args.seed, num_workers=args.num_workers,

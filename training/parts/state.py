@@ -63,6 +63,7 @@ class TrainingState:
             unwrap(self.model).load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        self._rate_of_this_schedule()
         if self.scaler is not None:
             self.scaler.load_state_dict(state["scaler"])
         self.stream.load_state_dict(state["data"])
@@ -75,6 +76,15 @@ class TrainingState:
                 "process RNG streams reseeded"
             )
         return notes + list(getattr(self.stream, "notes", ()))  # e.g. shard streams restarting
+
+    def _rate_of_this_schedule(self) -> None:
+        """The optimizer's rate for the resumed step from this run's schedule (a LambdaLR's own formula): the
+        checkpoint holds the rate of the schedule it was trained with, which a longer run may have moved
+        (training.parts.extension); unchanged on a plain resume."""
+        sched = self.scheduler
+        rates = [base * factor(sched.last_epoch) for factor, base in zip(sched.lr_lambdas, sched.base_lrs)]
+        for group, rate in zip(self.optimizer.param_groups, rates, strict=True):
+            group["lr"] = rate
 
     def write_sharded(self, folder: Path) -> None:
         """The model's and optimizer's shards into ``folder`` (every rank)."""

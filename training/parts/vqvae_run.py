@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from torch import nn
@@ -18,6 +18,7 @@ from stylevar.processing.images import fit_square
 from stylevar.models.tokenizer import MultiScaleVQVAE
 from stylevar.models.tokenizer.autoencoder import widen_to_space_to_channel
 from training.parts.data import ROLES, TripletDataset, open_triplets, to_unit, try_load, warn_skip
+from training.parts.extension import RunExtension
 from training.parts.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.parts.checkpoints import CheckpointsUnreadableError
 from training.parts.cli import FREE_KEYS, loop_config
@@ -131,11 +132,17 @@ def execute(args: argparse.Namespace) -> int:
         teardown_distributed()
 
 
+def schedule(options: Mapping[str, Any]) -> ScheduleConfig:
+    """The learning rate: a linear warm-up, then constant (no drop), for ``vars(args)`` or a run's config."""
+    return ScheduleConfig(max_steps=options["max_steps"], warmup_steps=options["warmup_steps"],
+                          drop_step=options["max_steps"])
+
+
 def open_run(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: DistEnv) -> RunDir:
     """RUN/, its config written or checked against the earlier run's."""
     config = {"recipe": "vqvae", **vars(args), "tokenizer": vq_cfg.to_dict()}
     try:
-        return RunDir.prepare(args.out, config, env, free_keys=FREE_KEYS)
+        return RunDir.prepare(args.out, config, env, free_keys=FREE_KEYS, extension=RunExtension(schedule))
     except RunConfigMismatchError as e:
         raise SystemExit(f"error: {e}") from None
 
@@ -247,8 +254,7 @@ def train(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: DistEnv) -> int:
     used_phis = {id(vqvae.quantize.phi(k)) for k in range(len(vq_cfg.patch_nums))}
     model = wrap_ddp(objective, env, find_unused_parameters=len(used_phis) < vq_cfg.share_quant_resi)
     optimizer = make_adamw(vqvae, args.lr, args.weight_decay, betas=(0.9, 0.95))
-    sched_cfg = ScheduleConfig(max_steps=args.max_steps, warmup_steps=args.warmup_steps, drop_step=args.max_steps)
-    scheduler = two_level_scheduler(optimizer, sched_cfg)
+    scheduler = two_level_scheduler(optimizer, schedule(vars(args)))
     stream = BatchStream(train_set, BatchStreamConfig(global_batch=args.batch_size, grad_accum=args.grad_accum,
                                                       seed=args.seed, num_workers=args.num_workers,
                                                       collate_fn=collate_images), env)
