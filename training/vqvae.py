@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-size", type=int, default=None, help="train at this size (drops the finest scales)")
     p.add_argument("--init", default=None, metavar="DIR",
                    help="start from this tokenizer's weights (a model directory or RUN/final; same config)")
+    p.add_argument("--roles", default="content,style,target",
+                   help="which images of each triplet train the tokenizer, comma-separated (teacher data: style,target)")
     p.add_argument("--l1-weight", type=float, default=1.0, help="weight of the L1 reconstruction loss")
     p.add_argument("--l2-weight", type=float, default=1.0, help="weight of the L2 reconstruction loss")
     p.add_argument("--vq-weight", type=float, default=1.0, help="weight of the codebook/commitment loss")

@@ -15,12 +15,13 @@ from stylevar.processing.images import fit_square, pil_to_tensor, tensor_to_pil
 from stylevar.processing.upsample import Upsampling, upscale
 
 SIDES = (64, 128, 256)
+FIT = "stretch"  # the pipeline's default square fit (StylePipeline.__call__'s resize)
 
 
 def back_to_size(drawing: Image.Image, content: Image.Image, mode: str) -> Image.Image:
     """A square drawing of the content (the pipeline's square fit) brought to the content's size as the
     pipeline does: "guided" (the default) or "bicubic"."""
-    seen, fit = fit_square(content, drawing.width)
+    seen, fit = fit_square(content, drawing.width, FIT)
     return upscale(pil_to_tensor(drawing), pil_to_tensor(seen), fit, content, None, Upsampling(mode=mode))
 
 
@@ -33,7 +34,7 @@ def reconstruct(tokenizer_dir, images: list[Image.Image]) -> list[Image.Image]:
     side = tok.cfg.image_size
     out = []
     for im in images:
-        x = pil_to_tensor(fit_square(im, side)[0])[None] * 2 - 1
+        x = pil_to_tensor(fit_square(im, side, FIT)[0])[None] * 2 - 1
         out.append(tensor_to_pil(tok.decode_indices(tok.encode_indices(x)).add(1).mul(0.5).clamp(0, 1)[0]))
     return out
 
@@ -54,7 +55,7 @@ def ceilings(args: argparse.Namespace) -> dict[str, dict]:
             "reinhard": row([reinhard_transfer(c, s) for c, s in pairs]),
             "the teacher at full size": row(painted)}
     for side in SIDES:
-        small = [fit_square(p, side)[0] for p in painted]
+        small = [fit_square(p, side, FIT)[0] for p in painted]
         for mode in ("bicubic", "guided"):
             rows[f"the teacher at {side} px, {mode}"] = row([back_to_size(d, c, mode) for d, c in zip(small, contents)])
     for tok in args.tokenizer or []:

@@ -83,17 +83,24 @@ class StylePredictor(nn.Module):
             raise TeacherUnavailable(f"{PREDICTOR_FILE} has no Relu6 output at {missing} px: not the expected network")
         return [first[s] for s in GRAM_SIDES]
 
-    def _run(self, x_B3HW: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _run(self, x_B3HW: torch.Tensor, until: str | None = None) -> dict[str, torch.Tensor]:
+        """Every tensor of the graph by name, computed in order up to the node that writes `until` (default: all)."""
         values = {**self._consts, self._input: x_B3HW.permute(0, 2, 3, 1)}  # the graph takes NHWC
         for op, ins, out, attrs in self._nodes:
             values[out] = _OPS[op](*(values[i] for i in ins if i), **attrs)
+            if out == until:
+                break
         return values
 
-    def forward(self, img_B3HW: torch.Tensor, resize: bool = True) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """`resize=False` runs at the images' own size (a training loss at the tokenizer's size: the features
-        are then at 1/2 ... 1/16 of it, not at GRAM_SIDES)."""
+    def features(self, img_B3HW: torch.Tensor) -> list[torch.Tensor]:
+        """The Gram layers' features of images in [0, 1] at their own size, the rest of the network skipped (a
+        training loss at the tokenizer's size: the features are then at 1/2 ... 1/16 of it)."""
+        values = self._run(img_B3HW.float().clamp(0, 1), until=self._layers[-1])
+        return [values[name] for name in self._layers]
+
+    def forward(self, img_B3HW: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         x = img_B3HW.float().clamp(0, 1)
-        if resize and x.shape[-2:] != (STYLE_SIZE, STYLE_SIZE):
+        if x.shape[-2:] != (STYLE_SIZE, STYLE_SIZE):
             x = F.interpolate(x, size=(STYLE_SIZE, STYLE_SIZE), mode="bicubic", align_corners=False).clamp(0, 1)
         values = self._run(x)
         return values[self._output].reshape(x.shape[0], -1), [values[name] for name in self._layers]

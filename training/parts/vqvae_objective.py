@@ -98,8 +98,8 @@ class VQVAEObjective(nn.Module):
         if self.style[0] is not None and self.weights.style_features > 0:
             unit = [x.float().add(1).mul(0.5) for x in (out.recon, img)]  # the predictor takes [0, 1]
             with torch.no_grad():
-                target_feats = self.style[0](unit[1], resize=False)[1]
-            f = feature_distance(self.style[0](unit[0], resize=False)[1], target_feats)
+                target_feats = self.style[0].features(unit[1])
+            f = feature_distance(self.style[0].features(unit[0]), target_feats)
             loss = loss + self.weights.style_features * f
             metrics["style_features"] = f.detach()
         with torch.no_grad():

@@ -39,16 +39,17 @@ from training.parts.vqvae_objective import (DeadCodeRestarter, LossWeights, VQVA
 
 
 class ImageSet(Dataset):
-    """Every distinct image of the given triplet datasets' entries, centre-cropped to S x S in [-1, 1].
+    """Every distinct image (of the given roles) of the triplet datasets' entries, centre-cropped to S x S in [-1, 1].
 
     A missing or undecodable file is skipped (a warning names it): the next valid image is returned
     and the item's ``skipped`` list names the files passed over (as in ``training.parts.data``).
     """
 
-    def __init__(self, triplets: TripletDataset, image_size: int, max_skips: int = 100):
+    def __init__(self, triplets: TripletDataset, image_size: int, max_skips: int = 100,
+                 roles: tuple[str, ...] = ROLES):
         seen: dict[str, None] = {}
         for entry in triplets.entries:
-            for role in ROLES:
+            for role in roles:
                 if role in entry.paths:
                     seen.setdefault(entry.paths[role], None)
         self.paths = list(seen)
@@ -152,9 +153,13 @@ def open_images(args: argparse.Namespace, image_size: int) -> tuple[ImageSet, Im
     train_triplets = open_triplets(args.data, "train", image_size, None, seed=args.seed)
     if not isinstance(train_triplets, TripletDataset):
         raise SystemExit("error: training.vqvae reads manifests (not shards)")
-    train_set = ImageSet(train_triplets, image_size)
+    roles = tuple(args.roles.split(","))
+    unknown = sorted(set(roles) - set(ROLES))
+    if unknown:
+        raise SystemExit(f"error: --roles: {unknown} not among {', '.join(ROLES)}")
+    train_set = ImageSet(train_triplets, image_size, roles=roles)
     try:
-        val_set = ImageSet(open_triplets(args.data, "val", image_size, None), image_size)
+        val_set = ImageSet(open_triplets(args.data, "val", image_size, None), image_size, roles=roles)
     except ValueError:
         val_set = None  # no val split
     return train_set, val_set
