@@ -18,8 +18,9 @@ from starlette.concurrency import run_in_threadpool
 from stylevar.processing.images import ACCEPTED_FORMATS, Decoded, ImageTooLargeError, decode_image, too_many_pixels
 
 UPLOAD_FORMATS = ACCEPTED_FORMATS
-# the longest one upload's decoding may take: the slowest file the limits admit, a 178-megapixel 8-bit PNG, decodes in
-# 7 s on the 2-core machine (docs/serving.md, "Uploads and memory"); past it the decode stops at its next read (422)
+# how long one upload's decoding may take: past it the decode stops at its next read of the file (422
+# `image_too_costly`). The slowest file the limits admit, a 120-megapixel progressive JPEG of 64 full-image scans,
+# decoded in 9.6 s on the busy 2-core machine (docs/serving.md, "Decoding bounded in work")
 DECODE_TIMEOUT_S = 20.0
 SHRUNK_HEADER = "X-Content-Shrunk"  # the content was over the pixel limit and shrunk while decoding (`shrink_headers`)
 OutputFormat = Literal["png", "jpeg", "webp"]

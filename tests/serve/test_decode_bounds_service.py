@@ -96,3 +96,26 @@ def test_a_scan_bomb_as_a_videos_style_is_refused(http, tmp_path):
     r = http.post("/stylize/video", files={"video": ("c.mp4", clip, "video/mp4"),
                                            "style": ("s.jpg", scan_bomb(128, 5000), "image/jpeg")})
     assert (r.status_code, r.json()["error"]) == (422, "image_too_costly"), r.text
+
+
+@pytest.mark.slow
+def test_the_command_line_shrinks_a_photo_over_the_limit_and_prints_the_services_line(micro_model_dir, tmp_path,
+                                                                                      capsys):
+    """At the default limit (40 MP), as both surfaces run: a 6400 x 6400 PNG (41 MP) comes back at 3200 x 3200 from
+    `stylevar stylize`, with the note the service sends as X-Content-Shrunk for the same bytes."""
+    from stylevar import cli
+    from stylevar.processing.images import DEFAULT_MAX_PIXELS
+    from tests.processing.test_images_decode import solid_png
+
+    big = tmp_path / "big.png"
+    solid_png(big, 6400, 6400)
+    Image.new("RGB", (32, 32), (20, 30, 200)).save(tmp_path / "s.png")
+    rc = cli.main(["stylize", str(big), str(tmp_path / "s.png"), "-o", str(tmp_path / "out.jpg"),
+                   "--model", str(micro_model_dir), "--device", "cpu", "--upsample", "bicubic"])
+    assert rc == 0
+    assert Image.open(tmp_path / "out.jpg").size == (3200, 3200)
+    service = imaging.decode_upload(big.read_bytes(), max_pixels=DEFAULT_MAX_PIXELS, max_side=8192)
+    line = imaging.shrink_headers(service)[imaging.SHRUNK_HEADER]
+    assert line == "the content image is 6400x6400 = 40960000 pixels, more than the limit of 40000000: it was " \
+                   "shrunk 2x while decoding, to 3200x3200"
+    assert f"note: {big}: {line}" in capsys.readouterr().err.splitlines()
