@@ -340,7 +340,8 @@ def _reduce_strips(strips: Callable[[int], Iterator[Image.Image]], size: tuple[i
     """Strips (top to bottom, full width) -> RGB at `target`: each strip converted and box-reduced as it
     comes, so only one strip exists at full resolution; then one resize to the exact size."""
     w, h = size
-    fx, fy = _most_reduction(w, target[0]), _most_reduction(h, target[1])  # per axis: a 1 x 40M image reduces its long side
+    # per axis (a 1 x 40M image reduces its long side), as much as keeps at least the target
+    fx, fy = _most_reduction(w, target[0]), _most_reduction(h, target[1])
     canvas = Image.new("RGB", (-(-w // fx), -(-h // fy)))
     y = 0
     for strip in strips(_strip_rows(w, fy)):

@@ -91,8 +91,9 @@ def decode_plan(st: ServiceState, upload: StylizeUpload) -> Plan:
 def request_pixels(plan: Plan, request: StylizeRequest, max_output_side: int,
                    max_pixels: int = DEFAULT_MAX_PIXELS) -> int:
     """The pixels a request holds in memory, from its files' headers (a few KB read from each): every image as
-    decoded (`decoded_size`: an image over `max_pixels` halved), each mask once more at the content's size (where it is resized on the worker), and each result
-    (`unfit`'s size). An unreadable header counts nothing (decoding it then fails)."""
+    decoded (`decoded_size`: one over `max_pixels` halved), each mask once more at the content's size (where it is
+    resized on the worker), and each result (`unfit`'s size). An unreadable header counts nothing (decoding it then
+    fails)."""
     sizes = [imaging.upload_size(file.file) or (0, 0) for _, file, _ in plan]
     decoded = [decoded_size(size, side, max_pixels) if size[0] else size for size, (_, _, side) in zip(sizes, plan)]
     content = decoded[0]
