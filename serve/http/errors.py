@@ -19,7 +19,8 @@ from serve.engine.batching import OverloadedError, QueueFullError, StoppedError
 from serve.http.schemas import ErrorBody
 from stylevar.utils.errors import CodedError
 
-IMAGE_ERROR_STATUS = {"not_an_image": 415, "corrupt_image": 422, "image_too_large": 413, "bad_image": 422}
+IMAGE_ERROR_STATUS = {"not_an_image": 415, "corrupt_image": 422, "image_too_large": 413, "image_too_costly": 422,
+                      "bad_image": 422}
 BATCH_ERROR_STATUS = {"queue_full": 503, "memory_busy": 503, "out_of_memory": 503, "shutting_down": 503,
                       "deadline_exceeded": 504, "inference_failed": 500}
 VIDEO_ERROR_STATUS = {"not_a_video": 415, "unsupported_codec": 415, "corrupt_video": 422, "video_too_long": 413,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import warnings
 import zipfile
 from collections.abc import Sequence
 from typing import BinaryIO, Literal
@@ -14,39 +15,43 @@ from typing import BinaryIO, Literal
 from PIL import Image
 from starlette.concurrency import run_in_threadpool
 
-from stylevar.processing.images import ACCEPTED_FORMATS, ImageTooLargeError, load_image
+from stylevar.processing.images import ACCEPTED_FORMATS, Decoded, ImageTooLargeError, decode_image, too_many_pixels
 
 UPLOAD_FORMATS = ACCEPTED_FORMATS
+# how long one upload's decoding may take: past it the decode stops at its next read of the file (422
+# `image_too_costly`). The slowest file the limits admit, a 120-megapixel progressive JPEG of 64 full-image scans,
+# decoded in 9.6 s on the busy 2-core machine (docs/serving.md, "Decoding bounded in work")
+DECODE_TIMEOUT_S = 20.0
+SHRUNK_HEADER = "X-Content-Shrunk"  # the content was over the pixel limit and shrunk while decoding (`shrink_headers`)
 OutputFormat = Literal["png", "jpeg", "webp"]
 MEDIA_TYPES: dict[str, str] = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
 EXTENSIONS: dict[str, str] = {"png": "png", "jpeg": "jpg", "webp": "webp"}
 
 
 def decode_upload(data: bytes, *, max_pixels: int, max_side: int | None = None,
-                  max_whole_pixels: int | None = None) -> Image.Image:
-    """Uploaded bytes -> 8-bit RGB, EXIF orientation applied, long side at most `max_side` (decoded
-    downscaled, see `stylevar.processing.images.load_image`); raises `stylevar.processing.images.ImageError`."""
-    return load_image(data, max_pixels=max_pixels, formats=UPLOAD_FORMATS, max_side=max_side,
-                      max_whole_pixels=max_whole_pixels)
+                  max_whole_pixels: int | None = None, timeout_s: float | None = DECODE_TIMEOUT_S) -> Decoded:
+    """Uploaded bytes -> 8-bit RGB, EXIF orientation applied, long side at most `max_side`, halved while decoding
+    until it has at most `max_pixels` (see `stylevar.processing.images.decode_image`, the command line's decoder);
+    raises `stylevar.processing.images.ImageError`."""
+    return decode_image(data, max_pixels=max_pixels, formats=UPLOAD_FORMATS, max_side=max_side,
+                        max_whole_pixels=max_whole_pixels, timeout_s=timeout_s)
 
 
-def header_pixels(data: bytes) -> int | None:
-    """Width x height from an image's header (no pixel decoded); None when the header cannot be read (the
-    decoder then says why)."""
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            w, h = img.size
-    except Exception:  # noqa: BLE001 - any unreadable header: `decode_upload` names the problem
-        return None
-    return w * h
+def shrink_headers(content: Decoded) -> dict[str, str]:
+    """`X-Content-Shrunk` with the line the command line prints when the content was shrunk to fit the pixel limit;
+    nothing when it was not."""
+    note = content.shrink_note("content")
+    return {} if note is None else {SHRUNK_HEADER: note}
 
 
 def upload_size(file: BinaryIO) -> tuple[int, int] | None:
     """(width, height) from the header of an uploaded file (a few KB read; the file is left at its start); None when
     the header cannot be read (the decoder then says why)."""
     try:
-        with Image.open(file) as img:
-            return img.size
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the decoder's limits apply
+            with Image.open(file) as img:
+                return img.size
     except Exception:  # noqa: BLE001 - any unreadable header: `decode_upload` names the problem
         return None
     finally:
@@ -61,9 +66,12 @@ class PixelBudget:
 
     def charge(self, data: bytes) -> None:
         """Count one upload's pixels before it is decoded; `ImageTooLargeError` once the request is over."""
-        pixels = header_pixels(data)
-        if pixels is None:
+        size = upload_size(io.BytesIO(data))
+        if size is None:
             return
+        pixels = size[0] * size[1]
+        if pixels > self.limit:  # this file alone: refused as the command line refuses a file over its limit
+            raise ImageTooLargeError(f"{too_many_pixels(size, self.limit)} (STYLEVAR_MAX_REQUEST_PIXELS)")
         if pixels > self.left:
             raise ImageTooLargeError(f"the request's images have more than {self.limit} pixels in all "
                                      f"({self.limit - self.left} before this one, which has {pixels})")
@@ -78,7 +86,8 @@ class UploadDecoder:
         self.max_pixels, self.max_whole_pixels = max_pixels, max_whole_pixels
         self._slots = asyncio.Semaphore(concurrency)
 
-    async def decode(self, data: bytes, *, max_side: int, budget: PixelBudget | None = None) -> Image.Image:
+    async def decode(self, data: bytes, *, max_side: int, budget: PixelBudget | None = None) -> Decoded:
+        """The upload decoded within `DECODE_TIMEOUT_S`, its pixels first charged to `budget`."""
         if budget is not None:
             budget.charge(data)
         async with self._slots:

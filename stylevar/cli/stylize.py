@@ -164,7 +164,7 @@ def check_stylize(args: argparse.Namespace) -> StylizeJob:
     from stylevar.processing.postprocess import MAX_SEED
 
     contents, many = content_files(args.content)
-    first = None if many else preflight.read_image(contents[0], "content")
+    first = None if many else read_image(contents[0], "content")
     styles, masks = check_styles(args)
     if many:
         output = preflight.output_folder(args.output, "output folder")
@@ -209,10 +209,22 @@ def check_styles(args: argparse.Namespace) -> tuple[list, list | None]:
     except ValueError as e:
         raise preflight.InputError(f"{e} (--style, --style-weights, --mask)") from None
     several = len(style_paths) > 1
-    styles = [preflight.read_image(s, f"style {i + 1}" if several else "style") for i, s in enumerate(style_paths)]
+    styles = [read_image(s, f"style {i + 1}" if several else "style") for i, s in enumerate(style_paths)]
     masks = None if args.mask is None else [
-        preflight.read_image(m, f"mask {i + 1}" if several else "mask") for i, m in enumerate(args.mask)]
+        read_image(m, f"mask {i + 1}" if several else "mask") for i, m in enumerate(args.mask)]
     return styles, masks
+
+
+def read_image(path: str | Path, role: str):
+    """The image (PIL) at ``path``, decoded as the service decodes uploads; one over the pixel limit is shrunk while
+    decoding, and a note says so (the line the service sends as X-Content-Shrunk)."""
+    from stylevar.loaders import preflight
+
+    decoded = preflight.read_image(path, role)
+    note = decoded.shrink_note(role)
+    if note:
+        print(f"note: {path}: {note}", file=sys.stderr)
+    return decoded.image
 
 
 def output_paths(job: StylizeJob, content: Path, taken: set[Path]) -> list[Path]:
@@ -318,7 +330,7 @@ def read_batch(job: StylizeJob, paths: list[Path], skipped: list[str], bar) -> l
     batch = []
     for path in paths:
         try:
-            batch.append((path, preflight.read_image(path, "content")))
+            batch.append((path, read_image(path, "content")))
         except preflight.InputError as e:
             skipped.append(str(e))
             bar.update(1)

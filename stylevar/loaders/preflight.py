@@ -12,7 +12,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from stylevar.processing.images import ACCEPTED_FORMATS, ImageError, load_image
+from stylevar.processing.images import ACCEPTED_FORMATS, Decoded, ImageError, decode_image
 from stylevar.utils.errors import CodedError
 
 # output file extensions: the formats the service returns (and accepts)
@@ -28,15 +28,16 @@ class InputError(CodedError, ValueError):
     code = "invalid_input"
 
 
-def read_image(path: str | os.PathLike, role: str) -> Image.Image:
-    """The ``role`` ("content", "style") image at ``path`` as 8-bit RGB, decoded as the service decodes uploads."""
+def read_image(path: str | os.PathLike, role: str) -> Decoded:
+    """The ``role`` ("content", "style") image at ``path`` as 8-bit RGB, decoded as the service decodes uploads (one
+    over the pixel limit is shrunk while decoding: `Decoded.shrink_note` says so)."""
     p = Path(path)
     if not p.exists():
         raise InputError(f"{role} image not found: {p}")
     if p.is_dir():
         raise InputError(f"{role} image {p} is a folder, not an image file")
     try:
-        return load_image(p, formats=ACCEPTED_FORMATS)
+        return decode_image(p, formats=ACCEPTED_FORMATS)
     except ImageError as e:  # its message names the file
         raise InputError(f"{role} image {e}") from e
 

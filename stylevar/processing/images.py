@@ -3,12 +3,14 @@
 Inside the library images are float tensors (B, 3, H, W); PIL appears only here, in the pipeline,
 the service, the UI and the tools.
 
-8-bit PNG is decoded here strip by strip (`_png_strips`), not by pyvips: the measurement behind that choice is in
-benchmarks/README.md, "Decoding large uploads".
+8-bit PNG is decoded strip by strip (`stylevar.processing.png_strips`), not by pyvips: the measurement behind that
+choice is in benchmarks/README.md, "Decoding large uploads". A JPEG's scans are counted before it is decoded
+(`stylevar.processing.decode_bounds`).
 """
 from __future__ import annotations
 
 import io
+import math
 import os
 import struct
 import warnings
@@ -20,6 +22,8 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from stylevar.processing import png_strips, signatures
+from stylevar.processing.decode_bounds import MAX_SCANS, DecodeTimeout, TimedReader, file_scans
 from stylevar.utils.errors import CodedError
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: decoding alone (the CLI's checks) stays light
@@ -27,7 +31,10 @@ if TYPE_CHECKING:  # torch is imported where tensors are made: decoding alone (t
 
 ResizeMode = Literal["crop", "pad", "stretch"]
 RESIZE_MODES = ("crop", "pad", "stretch")
-DEFAULT_MAX_PIXELS = 40_000_000
+DEFAULT_MAX_PIXELS = 40_000_000  # pixels of a decoded image; a larger file is shrunk while decoding (decoded_size)
+# the most pixels a file may have at all: Pillow's own bound (2 x Image.MAX_IMAGE_PIXELS), past which it refuses to open
+# a file as a decompression bomb; 16000 x 11000 passes, a 200-megapixel phone photo (16320 x 12240) does not
+MAX_SOURCE_PIXELS = 178_956_970
 
 
 class ImageError(CodedError, ValueError):
@@ -48,49 +55,111 @@ class ImageTooLargeError(ImageError):
     code = "image_too_large"
 
 
-def load_image(
+class ImageTooCostlyError(ImageError):
+    """An image whose decoding would take more work than any ordinary file needs (a JPEG scan bomb), or took longer
+    than its time."""
+
+    code = "image_too_costly"
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """An image as `decode_image` decoded it (8-bit RGB), with the size its file has (EXIF orientation applied)."""
+
+    image: Image.Image
+    size: tuple[int, int]
+    shrink: int = 1  # over the pixel limit: each side was divided by this (2, 4, 8 ...) while decoding
+    max_pixels: int | None = None  # the pixel limit it was decoded under
+
+    def shrink_note(self, role: str) -> str | None:
+        """One line saying that (and how) the `role` image was shrunk to fit the pixel limit; None when it was not.
+        The command line prints it, the service sends it as `X-Content-Shrunk`."""
+        if self.shrink == 1:
+            return None
+        (w, h), (dw, dh) = self.size, self.image.size
+        return (f"the {role} image is {w}x{h} = {w * h} pixels, more than the limit of {self.max_pixels}: it was "
+                f"shrunk {self.shrink}x while decoding, to {dw}x{dh}")
+
+
+def load_image(source: str | os.PathLike | bytes | Image.Image, **limits) -> Image.Image:
+    """The image of `decode_image` (same arguments), without its size."""
+    return decode_image(source, **limits).image
+
+
+def decode_image(
     source: str | os.PathLike | bytes | Image.Image,
     *,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     formats: tuple[str, ...] | None = None,
     max_side: int | None = None,
     max_whole_pixels: int | None = None,
-) -> Image.Image:
-    """Decode an image to 8-bit RGB, applying EXIF orientation. Every way it can fail is an `ImageError`
-    (a missing file stays `FileNotFoundError`), whose message names the file (not raw bytes).
+    timeout_s: float | None = None,
+) -> Decoded:
+    """Decode an image to 8-bit RGB, applying EXIF orientation. Every way it can fail is an `ImageError` (a missing
+    file stays `FileNotFoundError`), whose message names the file (not raw bytes). Sizes are checked from the header
+    before any pixel is decoded; `formats` (e.g. `ACCEPTED_FORMATS`) limits which decoders ever see the bytes.
+    Grayscale, palette, alpha (composited on white), CMYK and 16-bit images are converted; an MPO (a camera's JPEG
+    with a second picture) gives its first, primary picture.
 
-    The pixel count is checked from the header before any pixel is decoded (decompression bombs), and
-    `formats` (e.g. `ACCEPTED_FORMATS`) limits which decoders ever see the bytes. Grayscale, palette,
-    alpha (composited on white), CMYK and 16-bit images are converted.
-
-    `max_side` decodes downscaled: the result's long side is at most `max_side`, at the size `unfit`
-    gives (`capped_size`). JPEG decodes at a reduced DCT scale and 8-bit PNG one strip of rows at a
-    time, so neither exists at full size in memory; other images (WebP, 16-bit or interlaced PNG) can
-    only be decoded whole (WebP needs about 16 bytes per pixel while it decodes), so `max_whole_pixels`
-    gives them a lower pixel limit of their own.
+    `max_side` decodes downscaled: the long side at most `max_side`, at the size `unfit` gives (`capped_size`). JPEG
+    decodes at a reduced DCT scale and 8-bit PNG one strip of rows at a time, so neither exists at full size in
+    memory; other images (WebP, 16-bit or interlaced PNG) only whole (WebP takes about 16 bytes a pixel while it
+    decodes), so `max_whole_pixels` gives them a lower pixel limit of their own. An image still over `max_pixels` is
+    halved while decoding until it fits (`decoded_size`: 12000 x 9000 -> 6000 x 4500), which only JPEG and 8-bit PNG
+    allow; no file may have more than `MAX_SOURCE_PIXELS`. The work is bounded too: a JPEG with more scans than any
+    encoder writes is refused unread (`stylevar.processing.decode_bounds`), and with `timeout_s` a decode that runs
+    longer fails at its next read of the file (`ImageTooCostlyError`).
     """
+    limits = _Limits(max_pixels, formats, max_side, max_whole_pixels)
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = source if isinstance(source, Image.Image) else _open(source, formats)
-            out = _decode(img, source, max_pixels=max_pixels, formats=formats, max_side=max_side,
-                          max_whole_pixels=max_whole_pixels)
-            if out is not img and img is not source:
-                img.close()
-            return out
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # MAX_SOURCE_PIXELS is checked here
+            return _open_and_decode(source, limits, timeout_s)
     except (ImageError, FileNotFoundError):
         raise
+    except DecodeTimeout as e:
+        raise ImageTooCostlyError(f"{_where(source)}{e}") from e
     except UnidentifiedImageError as e:
-        kind = _accepted_kind(source, formats)
+        kind = signatures.accepted_kind(signatures.head(source), formats)
         if kind is not None:  # an accepted format's signature whose header Pillow refused (bad CRC, 0 x 0)
             raise CorruptImageError(f"{_where(source)}corrupt {kind} image (its header cannot be read)") from e
         raise NotAnImageError(_unrecognised(source, formats)) from e
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise ImageTooLargeError(f"{_where(source)}image has too many pixels ({e})") from e
+    except Image.DecompressionBombError as e:  # Pillow's own bound, MAX_SOURCE_PIXELS
+        raise ImageTooLargeError(f"{_where(source)}image has more than the limit of {MAX_SOURCE_PIXELS} pixels "
+                                 f"({e})") from e
     except MemoryError as e:
         raise ImageTooLargeError(f"{_where(source)}image is too large to decode") from e
     except _DECODE_ERRORS as e:
         raise CorruptImageError(f"{_where(source)}corrupt or unreadable image ({type(e).__name__}: {e})") from e
+
+
+def _open_and_decode(source: str | os.PathLike | bytes | Image.Image, limits: _Limits,
+                     timeout_s: float | None) -> Decoded:
+    if isinstance(source, Image.Image):
+        return _decode(source, source, limits)
+    img = _open(source, limits.formats, timeout_s)
+    file = img.fp  # ours to close: Pillow lets go of it once loaded
+    try:
+        out = _decode(img, source, limits)
+    finally:
+        file.close()
+    if out.image is not img:
+        img.close()
+    return out
+
+
+@dataclass(frozen=True)
+class _Limits:
+    max_pixels: int | None
+    formats: tuple[str, ...] | None
+    max_side: int | None
+    max_whole_pixels: int | None
+
+
+def too_many_pixels(size: tuple[int, int], limit: int) -> str:
+    """How an image over a surface's limit on a file's pixels is refused (the command line and the service alike)."""
+    w, h = size
+    return f"image is {w}x{h} = {w * h} pixels, more than the limit of {limit}"
 
 
 # what the service and the command line accept from users (the same formats, the same messages)
@@ -101,11 +170,8 @@ FORMAT_NAMES = {"JPEG": "JPEG", "PNG": "PNG", "WEBP": "WebP"}
 # text chunk over Pillow's limit is a ValueError, deep EXIF/XMP structures a RecursionError
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, IndexError, KeyError, TypeError, ZeroDivisionError,
                   OverflowError, RecursionError, struct.error, zlib.error)
-# a few formats a user may try, recognised from their first bytes for a clearer refusal
-_SIGNATURES = ((b"GIF87a", "GIF"), (b"GIF89a", "GIF"), (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"),
-               (b"8BPS", "PSD"), (b"%PDF", "PDF"))
-_ISO_BRANDS = {b"heic": "HEIC", b"heix": "HEIC", b"mif1": "HEIF", b"avif": "AVIF"}
 _STRIP_BYTES = 2 << 20  # rows decoded / reduced at a time when decoding downscaled
+_JPEG_KINDS = ("JPEG", "MPO")  # an MPO is a JPEG with more pictures after the first (Pillow names it so)
 # a PNG's decoder holds whole rows: a 40M x 1 image would hold 160 MB for its one row (1.2 GB measured while
 # decoding), so wider ones are refused; 1M pixels a row is 4 MB of RGBA, far wider than any photograph
 MAX_PNG_WIDTH = 1 << 20
@@ -122,90 +188,119 @@ def _accepted(formats: tuple[str, ...] | None) -> str:
     return "" if formats is None else f" (accepted: {', '.join(FORMAT_NAMES.get(f, f) for f in formats)})"
 
 
-def _open(source: str | os.PathLike | bytes, formats: tuple[str, ...] | None) -> Image.Image:
-    """The image with its header parsed and no pixel decoded."""
+def _open(source: str | os.PathLike | bytes, formats: tuple[str, ...] | None, timeout_s: float | None) -> Image.Image:
+    """The image with its header parsed and no pixel decoded; with `timeout_s`, every read of the file checks it."""
     if isinstance(source, (bytes, bytearray)):
-        return Image.open(io.BytesIO(source), formats=formats)
+        fp = io.BytesIO(source)
+    else:
+        try:
+            fp = open(os.fspath(source), "rb")  # noqa: SIM115 - the image owns the file from here on
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise CorruptImageError(f"{_where(source)}cannot read the file ({e.strerror or e})") from e
     try:
-        fp = open(os.fspath(source), "rb")  # noqa: SIM115 - the image owns the file from here on
-    except FileNotFoundError:
-        raise
-    except OSError as e:
-        raise CorruptImageError(f"{_where(source)}cannot read the file ({e.strerror or e})") from e
-    try:
-        return Image.open(fp, formats=formats)
+        return Image.open(fp if timeout_s is None else TimedReader(fp, timeout_s), formats=formats)
     except BaseException:
         fp.close()
         raise
 
 
 def _unrecognised(source: str | os.PathLike | bytes, formats: tuple[str, ...] | None) -> str:
-    head = bytes(source[:16]) if isinstance(source, (bytes, bytearray)) else _head(source)
-    kind = next((name for magic, name in _SIGNATURES if head.startswith(magic)), None)
-    if kind is None and head[4:8] == b"ftyp":
-        kind = _ISO_BRANDS.get(head[8:12])
+    kind = signatures.other_kind(signatures.head(source))
     if kind is not None and formats is not None:
         return f"{_where(source)}{kind} images are not accepted{_accepted(formats)}"
     return f"{_where(source)}not a recognised image{_accepted(formats)}"
 
 
-# the signatures of the formats Pillow reads here: bytes that start so are an image of that kind, if corrupt
-_ACCEPTED_SIGNATURES = ((b"\x89PNG\r\n\x1a\n", "PNG"), (b"\xff\xd8\xff", "JPEG"))
+def _decode(img: Image.Image, source: object, limits: _Limits) -> Decoded:
+    streamable = png_strips.streamable(img)
+    shrink = _check(img, source, limits, streamable)
+    w, h = img.size
+    target = decoded_size((w, h), limits.max_side, limits.max_pixels)
+    orientation = _orientation(img)
+    if target == (w, h):
+        img.load()
+        out = to_rgb(ImageOps.exif_transpose(img))
+    else:
+        method = _ORIENTATION.get(orientation)
+        out = _downscaled(img, streamable, target)
+        out = out.transpose(method) if method is not None else out
+    return Decoded(out, (h, w) if orientation in (5, 6, 7, 8) else (w, h), shrink, limits.max_pixels)
 
 
-def _accepted_kind(source: object, formats: tuple[str, ...] | None) -> str | None:
-    """The accepted format whose signature `source` starts with (WebP: RIFF....WEBP), else None."""
-    if isinstance(source, Image.Image):
-        return None
-    head = bytes(source[:16]) if isinstance(source, (bytes, bytearray)) else _head(source)
-    kind = next((name for magic, name in _ACCEPTED_SIGNATURES if head.startswith(magic)), None)
-    if kind is None and head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        kind = "WEBP"
-    return kind if kind is not None and (formats is None or kind in formats) else None
+def _downscaled(img: Image.Image, streamable: bool, target: tuple[int, int]) -> Image.Image:
+    """`img` decoded at `target`: an 8-bit PNG strip by strip, a JPEG at the DCT scale just above it (1/2 .. 1/8),
+    anything else whole; then box-reduced a strip at a time, unless the DCT scale gave the size itself."""
+    if streamable:
+        return _reduce_strips(png_strips.strips(img), img.size, target)
+    if img.format in _JPEG_KINDS:
+        scale = _dct_scale(img.size, target)  # 1, 2, 4 or 8: never smaller than the target
+        img.draft(img.mode, (img.width // scale, img.height // scale))
+    img.load()
+    return to_rgb(img) if img.size == target else _reduce_strips(_bands(img), img.size, target)
 
 
-def _head(path: str | os.PathLike) -> bytes:
-    try:
-        with open(os.fspath(path), "rb") as f:
-            return f.read(16)
-    except OSError:
-        return b""
-
-
-def _decode(img: Image.Image, source: object, *, max_pixels: int | None, formats: tuple[str, ...] | None,
-            max_side: int | None, max_whole_pixels: int | None) -> Image.Image:
-    if formats is not None and img.format not in formats:
+def _check(img: Image.Image, source: object, limits: _Limits, streamable: bool) -> int:
+    """Every refusal from the header (no pixel decoded); the factor the image is shrunk by to fit `max_pixels`."""
+    formats, kind = limits.formats, "JPEG" if img.format in _JPEG_KINDS else img.format
+    if formats is not None and kind not in formats:
         raise NotAnImageError(f"{_where(source)}{img.format} images are not accepted{_accepted(formats)}")
     w, h = img.size
-    if max_pixels is not None and w * h > max_pixels:
-        raise ImageTooLargeError(f"{_where(source)}image is {w}x{h} = {w * h} pixels, "
-                                 f"more than the limit of {max_pixels}")
+    if w * h > MAX_SOURCE_PIXELS:
+        raise ImageTooLargeError(f"{_where(source)}{too_many_pixels((w, h), MAX_SOURCE_PIXELS)}")
     if w == 0 or h == 0:
         raise CorruptImageError(f"{_where(source)}image has zero size")
-    if img.format == "PNG" and w > MAX_PNG_WIDTH:
+    if kind == "PNG" and w > MAX_PNG_WIDTH:
         raise ImageTooLargeError(f"{_where(source)}image is {w} pixels wide, more than the limit of {MAX_PNG_WIDTH} "
                                  "for PNG images (a PNG is decoded a whole row at a time)")
-    streamable = _png_streamable(img)
-    if max_whole_pixels is not None and w * h > max_whole_pixels and not streamable and img.format != "JPEG":
+    whole = not streamable and kind != "JPEG"  # decoded at full size whatever the size asked for
+    shrink = shrink_factor((w, h), limits.max_pixels, limits.max_side)
+    if shrink > 1 and whole:
+        raise ImageTooLargeError(f"{_where(source)}{too_many_pixels((w, h), limits.max_pixels)} for {_kind(img)} "
+                                 "images (only JPEG and 8-bit PNG images are shrunk while decoding)")
+    if limits.max_whole_pixels is not None and w * h > limits.max_whole_pixels and whole:
         raise ImageTooLargeError(
-            f"{_where(source)}image is {w}x{h} = {w * h} pixels, more than the limit of {max_whole_pixels} for "
+            f"{_where(source)}image is {w}x{h} = {w * h} pixels, more than the limit of {limits.max_whole_pixels} for "
             f"{_kind(img)} images, which are decoded at full size (JPEG and 8-bit PNG images are decoded "
             "downscaled and may be larger)")
-    if max_side is None or max(w, h) <= max_side:
-        img.load()
-        return to_rgb(ImageOps.exif_transpose(img))
-    orientation = _orientation(img)
-    target = capped_size((w, h), max_side)
-    if streamable:
-        strips, size = _png_strips(img), img.size
-    else:
-        if img.format == "JPEG":
-            img.draft(img.mode, target)  # DCT scaling (1/2 .. 1/8): never smaller than the target
-        img.load()
-        strips, size = _bands(img), img.size
-    small = _reduce_strips(strips, size, target)
-    method = _ORIENTATION.get(orientation)
-    return small.transpose(method) if method is not None else small
+    if kind == "JPEG" and img.fp is not None and file_scans(img.fp) > MAX_SCANS:
+        raise ImageTooCostlyError(f"{_where(source)}JPEG image has more than {MAX_SCANS} scans (a progressive JPEG "
+                                  f"has about 10; decoding time grows with each)")
+    return shrink
+
+
+def shrink_factor(size: tuple[int, int], max_pixels: int | None, max_side: int | None = None) -> int:
+    """1, or how many times smaller (2, 4, 8 ...) each side of an image of `size` is decoded so that, its long side
+    then capped at `max_side`, it has at most `max_pixels` (sides rounded up, as JPEG's DCT scaling and a box
+    reduction give them)."""
+    factor = 1
+    while max_pixels is not None and factor < max(size) and math.prod(_at(size, factor, max_side)) > max_pixels:
+        factor *= 2
+    return factor
+
+
+def decoded_size(size: tuple[int, int], max_side: int | None = None,
+                 max_pixels: int | None = DEFAULT_MAX_PIXELS) -> tuple[int, int]:
+    """The (w, h) `decode_image` gives an image of `size`: its long side capped at `max_side`, and if that is still
+    over `max_pixels`, halved first until it is not (`shrink_factor`). The service counts memory by it."""
+    return _at(size, shrink_factor(size, max_pixels, max_side), max_side)
+
+
+def _at(size: tuple[int, int], factor: int, max_side: int | None) -> tuple[int, int]:
+    halved = (-(-size[0] // factor), -(-size[1] // factor))
+    return halved if max_side is None else capped_size(halved, max_side)
+
+
+def _dct_scale(size: tuple[int, int], target: tuple[int, int]) -> int:
+    """The largest JPEG DCT scale (1, 2, 4, 8) whose decode (sides rounded up) is nowhere smaller than `target`."""
+    most = min(_most_reduction(n, t) for n, t in zip(size, target))
+    return next(s for s in (8, 4, 2, 1) if s <= most)
+
+
+def _most_reduction(n: int, t: int) -> int:
+    """The largest whole factor f with ceil(n / f) >= t: a reduction by f keeps at least t of n pixels."""
+    return n if t <= 1 else max(1, (n - 1) // (t - 1))
 
 
 def _kind(img: Image.Image) -> str:
@@ -245,7 +340,8 @@ def _reduce_strips(strips: Callable[[int], Iterator[Image.Image]], size: tuple[i
     """Strips (top to bottom, full width) -> RGB at `target`: each strip converted and box-reduced as it
     comes, so only one strip exists at full resolution; then one resize to the exact size."""
     w, h = size
-    fx, fy = max(1, w // target[0]), max(1, h // target[1])  # per axis: a 1 x 40M image reduces its long side
+    # per axis (a 1 x 40M image reduces its long side), as much as keeps at least the target
+    fx, fy = _most_reduction(w, target[0]), _most_reduction(h, target[1])
     canvas = Image.new("RGB", (-(-w // fx), -(-h // fy)))
     y = 0
     for strip in strips(_strip_rows(w, fy)):
@@ -267,82 +363,6 @@ def _bands(img: Image.Image) -> Callable[[int], Iterator[Image.Image]]:
             band = img.crop((0, top, img.width, min(img.height, top + rows)))
             yield band if hi is None else _int_to_l(band, hi)
     return strips
-
-
-# ---- PNG, a strip at a time -----------------------------------------------------------------------
-_PNG_BYTES_PER_PIXEL = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4, "P": 1}
-
-
-def _png_streamable(img: Image.Image) -> bool:
-    """8-bit, non-interlaced PNG: what `_png_strips` decodes (anything else is decoded whole)."""
-    return (img.format == "PNG" and len(img.tile) == 1 and img.tile[0].codec_name == "zip"
-            and img.tile[0].args == img.mode and img.mode in _PNG_BYTES_PER_PIXEL
-            and not img.info.get("interlace"))
-
-
-def _png_strips(img: Image.Image) -> Callable[[int], Iterator[Image.Image]]:
-    """The image data (IDAT) inflated incrementally, `rows` at a time, each strip unfiltered by
-    Pillow's own PNG decoder: the strip is handed over behind the previous strip's last row (stored
-    unfiltered), which the filters of its first row refer to, and that row is cropped off again."""
-    w, h = img.size
-    stride = w * _PNG_BYTES_PER_PIXEL[img.mode]  # unfiltered bytes per row
-    fp = img.fp
-    offset = img.tile[0].offset
-    palette = img.palette
-    transparency = img.info.get("transparency")
-
-    def strip_of(block: bytes, n: int, previous: bytes) -> Image.Image:
-        raw = zlib.compress(b"\x00" + previous + block, 0)  # the previous row, filter type 0 (none)
-        strip = Image.frombytes(img.mode, (w, n + 1), raw, "zip", img.mode)
-        if palette is not None:
-            strip.putpalette(palette.palette, palette.rawmode or palette.mode)
-        if transparency is not None:
-            strip.info["transparency"] = transparency
-        return strip
-
-    def strips(rows: int) -> Iterator[Image.Image]:
-        inflate = zlib.decompressobj()
-        pending = bytearray()
-        previous = bytes(stride)  # the row before the first counts as zeros (PNG spec)
-        done = 0
-        for piece in _idat_pieces(fp, offset):
-            data = piece
-            while data and done < h:
-                pending += inflate.decompress(data, 1 << 20)  # bounded output per call
-                data = inflate.unconsumed_tail
-                n = min(rows, h - done)
-                while done < h and len(pending) >= n * (stride + 1):
-                    strip = strip_of(bytes(pending[:n * (stride + 1)]), n, previous)
-                    del pending[:n * (stride + 1)]
-                    previous = strip.crop((0, n, w, n + 1)).tobytes()
-                    done += n
-                    yield strip.crop((0, 1, w, n + 1))
-                    n = min(rows, h - done)
-            if done >= h or inflate.eof:
-                break
-        if done < h:
-            raise OSError(f"image data ends after {done + len(pending) // (stride + 1)} of {h} rows")
-    return strips
-
-
-def _idat_pieces(fp, offset: int) -> Iterator[bytes]:
-    """The bytes of consecutive IDAT chunks, the first one's data starting at `offset`, in 64 KiB pieces."""
-    fp.seek(offset - 8)
-    while True:
-        head = fp.read(8)
-        if len(head) < 8:
-            return
-        length, kind = struct.unpack(">I4s", head)
-        if kind != b"IDAT":
-            return
-        left = length
-        while left:
-            piece = fp.read(min(left, 1 << 16))
-            if not piece:
-                return
-            left -= len(piece)
-            yield piece
-        fp.read(4)  # CRC
 
 
 _INT_MODES = ("I;16", "I;16B", "I;16L", "I", "F")

@@ -57,6 +57,7 @@ def full_then_reduced(data: bytes, size: tuple[int, int]) -> Image.Image:
 @pytest.mark.parametrize("mode", ["L", "LA", "RGB", "RGBA", "P"])
 def test_png_decoded_a_strip_at_a_time_matches_the_whole_decode(mode, monkeypatch):
     import stylevar.processing.images as images
+    from stylevar.processing import png_strips
 
     monkeypatch.setattr(images, "_STRIP_BYTES", 40_000)  # many strips even for a small image
     rgb = noisy(301, 217)
@@ -66,7 +67,7 @@ def test_png_decoded_a_strip_at_a_time_matches_the_whole_decode(mode, monkeypatc
            "P": lambda: Image.fromarray(rgb).convert("P")}[mode]()
     for optimize in (False, True):  # different filter choices per row
         data = encode(img, optimize=optimize)
-        assert images._png_streamable(Image.open(io.BytesIO(data)))
+        assert png_strips.streamable(Image.open(io.BytesIO(data)))
         got = load_image(data, max_side=64)
         assert got.mode == "RGB" and got.size == capped_size((301, 217), 64) == (64, 46)
         assert np.array_equal(np.asarray(got), np.asarray(full_then_reduced(data, got.size)))
@@ -143,12 +144,12 @@ def test_file_errors_name_the_file(tmp_path):
 
 
 def test_pixel_limits():
-    data = encode(Image.new("RGB", (100, 50)))
-    with pytest.raises(ImageTooLargeError, match="100x50 = 5000 pixels"):
-        load_image(data, max_pixels=4999)
     webp = encode(Image.new("RGB", (100, 50)), "WEBP")
+    with pytest.raises(ImageTooLargeError, match="100x50 = 5000 pixels, more than the limit of 4999 for WebP"):
+        load_image(webp, max_pixels=4999)  # decoded whole only: refused, not shrunk
     with pytest.raises(ImageTooLargeError, match="limit of 4000 for WebP images"):
         load_image(webp, max_whole_pixels=4000)
+    data = encode(Image.new("RGB", (100, 50)))
     assert load_image(data, max_whole_pixels=4000, max_side=20).size == (20, 10)  # PNG decodes downscaled
     jpeg = encode(Image.new("RGB", (100, 50)), "JPEG")
     assert load_image(jpeg, max_whole_pixels=4000, max_side=20).size == (20, 10)

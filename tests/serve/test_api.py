@@ -211,7 +211,7 @@ BAD_INPUTS = {
     "gif": (dict(files=files(encode(gradient(20, 20), "GIF"), ctype="image/gif")), 415, "not_an_image"),
     "bmp style": (dict(files=files(style=encode(gradient(20, 20), "BMP"))), 415, "not_an_image"),
     "truncated png": (dict(files=files(_truncated_png(), ctype="image/png")), 422, "corrupt_image"),
-    "too many pixels": (dict(files=files(encode(Image.new("L", (1200, 1000))), ctype="image/png")), 413,
+    "too many pixels": (dict(files=files(encode(Image.new("L", (1200, 1000)), "WEBP"), ctype="image/webp")), 413,
                         "image_too_large"),
     "too many bytes": (dict(files=files(b"\x00" * (MAX_UPLOAD + 10)), ), 413, "payload_too_large"),
     "missing style": (dict(files={"content": ("c.jpg", CONTENT, "image/jpeg")}), 422, "validation_error"),

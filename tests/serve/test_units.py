@@ -89,9 +89,17 @@ def png(img: Image.Image) -> bytes:
 
 
 def test_decode_upload_checks_pixels_before_decoding_and_rejects_other_formats():
-    with pytest.raises(ImageTooLargeError):
-        imaging.decode_upload(png(Image.new("RGB", (20, 20))), max_pixels=399)
-    assert imaging.decode_upload(png(Image.new("RGB", (20, 20))), max_pixels=400).size == (20, 20)
+    webp = io.BytesIO()
+    Image.new("RGB", (20, 20)).save(webp, "WEBP")
+    with pytest.raises(ImageTooLargeError, match="only JPEG and 8-bit PNG images are shrunk"):
+        imaging.decode_upload(webp.getvalue(), max_pixels=399)  # decoded whole only: it cannot be shrunk
+    shrunk = imaging.decode_upload(png(Image.new("RGB", (20, 20))), max_pixels=399)
+    assert (shrunk.image.size, shrunk.size, shrunk.shrink) == ((10, 10), (20, 20), 2)
+    assert imaging.shrink_headers(shrunk) == {
+        "X-Content-Shrunk": "the content image is 20x20 = 400 pixels, more than the limit of 399: it was shrunk 2x "
+                            "while decoding, to 10x10"}
+    whole = imaging.decode_upload(png(Image.new("RGB", (20, 20))), max_pixels=400)
+    assert (whole.image.size, whole.shrink, imaging.shrink_headers(whole)) == ((20, 20), 1, {})
     gif = io.BytesIO()
     Image.new("RGB", (8, 8)).save(gif, "GIF")
     with pytest.raises(NotAnImageError) as e:

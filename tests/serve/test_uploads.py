@@ -17,6 +17,7 @@ from PIL import Image
 from serve.http import imaging
 from serve.http.app import create_app
 from serve.settings import ServeSettings
+from stylevar.processing.images import Decoded
 
 
 def encode(img: Image.Image, fmt: str = "PNG", **kw) -> bytes:
@@ -109,9 +110,9 @@ def test_a_full_queue_answers_503_before_decoding(http, monkeypatch):
     state = http.app.state.service
     decoded = []
 
-    async def decode(data: bytes, *, max_side: int, budget=None) -> Image.Image:
+    async def decode(data: bytes, *, max_side: int, budget=None) -> Decoded:
         decoded.append(len(data))
-        return Image.new("RGB", (8, 8))
+        return Decoded(Image.new("RGB", (8, 8)), (8, 8))
 
     monkeypatch.setattr(state.decoder, "decode", decode)
     held = [state.batcher.admit() for _ in range(state.settings.queue_size)]  # requests still decoding
@@ -169,7 +170,7 @@ def test_a_full_queue_answers_503_without_parsing_the_form(http, monkeypatch):
 def test_decodes_run_at_most_decode_concurrency_at_once(monkeypatch):
     running, peak, lock = 0, 0, threading.Lock()
 
-    def slow_decode(data: bytes, **kw) -> Image.Image:
+    def slow_decode(data: bytes, **kw) -> Decoded:
         nonlocal running, peak
         with lock:
             running += 1
@@ -177,7 +178,7 @@ def test_decodes_run_at_most_decode_concurrency_at_once(monkeypatch):
         time.sleep(0.05)
         with lock:
             running -= 1
-        return Image.new("RGB", (4, 4))
+        return Decoded(Image.new("RGB", (4, 4)), (4, 4))
 
     monkeypatch.setattr(imaging, "decode_upload", slow_decode)
     decoder = imaging.UploadDecoder(max_pixels=100, max_whole_pixels=100, concurrency=2)

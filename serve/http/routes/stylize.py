@@ -21,7 +21,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from PIL import Image
 from starlette.concurrency import run_in_threadpool
 
-from stylevar.processing.images import ImageError, capped_size, fit_of, tensor_to_pil, unfit
+from stylevar.processing.images import (DEFAULT_MAX_PIXELS, Decoded, ImageError, capped_size, decoded_size, fit_of,
+                                        tensor_to_pil, unfit)
 from stylevar.pipelines.request import StylizeRequest, check_mix_counts
 from stylevar.processing.postprocess import MAX_STYLES, os_random_seed, upscale_factor
 
@@ -87,12 +88,14 @@ def decode_plan(st: ServiceState, upload: StylizeUpload) -> Plan:
     return plan
 
 
-def request_pixels(plan: Plan, request: StylizeRequest, max_output_side: int) -> int:
+def request_pixels(plan: Plan, request: StylizeRequest, max_output_side: int,
+                   max_pixels: int = DEFAULT_MAX_PIXELS) -> int:
     """The pixels a request holds in memory, from its files' headers (a few KB read from each): every image as
-    decoded, each mask once more at the content's size (where it is resized on the worker), and each result
-    (`unfit`'s size). An unreadable header counts nothing (decoding it then fails)."""
+    decoded (`decoded_size`: one over `max_pixels` halved), each mask once more at the content's size (where it is
+    resized on the worker), and each result (`unfit`'s size). An unreadable header counts nothing (decoding it then
+    fails)."""
     sizes = [imaging.upload_size(file.file) or (0, 0) for _, file, _ in plan]
-    decoded = [capped_size(size, side) if size[0] else size for size, (_, _, side) in zip(sizes, plan)]
+    decoded = [decoded_size(size, side, max_pixels) if size[0] else size for size, (_, _, side) in zip(sizes, plan)]
     content = decoded[0]
     if request.resize == "crop":
         side = min(*content, max_output_side)
@@ -106,7 +109,7 @@ def request_pixels(plan: Plan, request: StylizeRequest, max_output_side: int) ->
 async def reserve_pixels(st: ServiceState, plan: Plan, req: StylizeRequest, request: Request) -> None:
     """Hold the request's pixels in the service's budget (`serve.http.memory`) until its answer is sent: at once,
     after a wait within its deadline, or 503 `memory_busy` with `Retry-After` (413 over the whole budget)."""
-    pixels = await run_in_threadpool(request_pixels, plan, req, st.settings.max_output_side)
+    pixels = await run_in_threadpool(request_pixels, plan, req, st.settings.max_output_side, st.settings.max_pixels)
     deadline = request.state.arrived + st.settings.request_timeout_s
     try:
         reservation = await st.memory.reserve(pixels, deadline, request.is_disconnected)
@@ -116,7 +119,7 @@ async def reserve_pixels(st: ServiceState, plan: Plan, req: StylizeRequest, requ
     hold_until_answered(request.scope, reservation)
 
 
-async def decode_uploads(st: ServiceState, plan: Plan) -> list[Image.Image]:
+async def decode_uploads(st: ServiceState, plan: Plan) -> list[Decoded]:
     """The images of `plan`, decoded downscaled within the request's pixel budget."""
     budget = imaging.PixelBudget(st.settings.max_request_pixels)
     images = []
@@ -145,7 +148,7 @@ def check_mix(styles: list[UploadFile], masks: list[UploadFile] | None, weights:
 
 
 async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
-                 on_preview: PreviewFn | None = None) -> tuple[Job, Image.Image]:
+                 on_preview: PreviewFn | None = None) -> tuple[Job, Decoded]:
     """Check the fields, take a queue slot (503 at once when the queue is full) and the request's pixels (a wait,
     or 503), then decode the images (downscaled, a bounded number at a time) and queue the job with what is left of
     the request's deadline: it counts from the request's arrival, the upload and decoding included. `ClientGone`
@@ -164,7 +167,8 @@ async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
     with admission:
         plan = decode_plan(st, upload)
         await reserve_pixels(st, plan, req, request)
-        images = await decode_uploads(st, plan)
+        decoded = await decode_uploads(st, plan)
+        images = [d.image for d in decoded]
         n = len(styles)
         stylization = st.runner.pipe.prepare(req, images[0], images[1:1 + n], images[1 + n:] if masks else None,
                                              max_side=st.runner.max_output_side, random_seed=os_random_seed)
@@ -178,7 +182,7 @@ async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
         except BatchError as e:
             st.metrics.rejected.labels(e.code).inc()
             raise from_coded_error(e) from e
-    return job, images[0]
+    return job, decoded[0]
 
 
 def encode(state: ServiceState, form: StylizeRequest, images: list[Image.Image]) -> list[bytes]:
@@ -221,7 +225,7 @@ async def stylize(request: Request, upload: Annotated[StylizeUpload, Depends(sty
     media = imaging.MEDIA_TYPES[form.format]
     representation = negotiate(request, media, form.num_samples)
     try:
-        job, _ = await submit(state, upload, request)
+        job, content = await submit(state, upload, request)
         images = await wait_for_job(job, request)
     except ClientGone:
         log.info("client went away; job dropped")
@@ -229,7 +233,7 @@ async def stylize(request: Request, upload: Annotated[StylizeUpload, Depends(sty
     encoded = await run_in_threadpool(encode, state, form, images)
     headers = {"X-Seed": str(job.payload.seeds[0]), "X-Inference-Ms": f"{inference_ms(job):.1f}",
                "X-Model": header_safe(state.runner.pipe.config.name), "Vary": "Accept",
-               **size_headers(state, form, images[0].size)}
+               **size_headers(state, form, images[0].size), **imaging.shrink_headers(content)}
     if representation == "json":
         return JSONResponse(result_json(state, job, form, encoded, images), headers=headers)
     if representation == "zip":
@@ -256,12 +260,12 @@ async def stylize_stream(request: Request, upload: Annotated[StylizeUpload, Depe
 
     form = upload.request
     try:
-        job, content_img = await submit(state, upload, request, on_preview)
+        job, content = await submit(state, upload, request, on_preview)
     except ClientGone:
         log.info("client went away while waiting for memory")
         return Response(status_code=499)
     side = state.runner.pipe.image_size
-    fit = fit_of(content_img.size, side, form.resize)
+    fit = fit_of(content.image.size, side, form.resize)
     patch_nums = list(state.runner.pipe.config.transformer.patch_nums)
 
     def preview_event(k: int, previews_n3HW: torch.Tensor) -> str:
@@ -284,7 +288,8 @@ async def stylize_stream(request: Request, upload: Annotated[StylizeUpload, Depe
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
                                       "X-Seed": str(job.payload.seeds[0]),
-                                      "X-Model": header_safe(state.runner.pipe.config.name)})
+                                      "X-Model": header_safe(state.runner.pipe.config.name),
+                                      **imaging.shrink_headers(content)})
 
 
 def sse(event: str, data: dict) -> str:

@@ -112,7 +112,7 @@ async def decode_styles(st: ServiceState, styles: list[UploadFile], masks: list[
     out = []
     for name, upload in named:
         try:
-            out.append(await st.decoder.decode(await upload.read(), max_side=side, budget=budget))
+            out.append((await st.decoder.decode(await upload.read(), max_side=side, budget=budget)).image)
         except ImageError as e:
             raise from_coded_error(e, f"{name}: {e}") from e
     return out[:len(styles)], out[len(styles):] or None

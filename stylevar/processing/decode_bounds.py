@@ -1,0 +1,100 @@
+"""Bounds on the work of decoding one image, beside its pixel limits: a JPEG's scans, counted from its markers before
+any pixel is decoded (`file_scans`), and a file whose reads stop at a deadline (`TimedReader`).
+
+Decoding a progressive JPEG takes time in proportion to its scans times its pixels (every scan visits every block of
+its components, at any DCT scale), so a valid 6000 x 6000 file of 1.3 MB holding 20,000 repeated scans kept a decoder
+busy for 89 s. Encoders write few scans: libjpeg's progressive script (`jpeg_simple_progression`, which Pillow, cjpeg
+and jpegtran write) has 10 for a colour image, 6 for grayscale and 18 for CMYK (measured with Pillow 12); mozjpeg's
+scan search keeps a subset of its 64 candidate scans (`jpeg_search_progression`) and its fixed script has 13; cameras
+and phones write baseline JPEGs, one scan. A JPEG with more than `MAX_SCANS` is refused before it is decoded: at 64 the
+slowest such file takes about 0.03 s a scan per 36 megapixels on the 2-core machine (docs/serving.md). libjpeg-turbo
+has the same guard, off by default (TurboJPEG's `TJPARAM_SCANLIMIT`, 500 in its fuzzers).
+"""
+from __future__ import annotations
+
+import io
+import mmap
+import re
+import time
+from typing import BinaryIO
+
+MAX_SCANS = 64
+
+_SOS, _EOI = 0xDA, 0xD9
+_STANDALONE = frozenset((0x01, *range(0xD0, 0xD9)))  # TEM, RST0-7, SOI: markers without a length
+# in a scan's entropy-coded data 0xFF is followed by 0x00 (a stuffed byte), a restart marker (0xD0-0xD7) or more 0xFF
+# fill bytes; anything else is the marker that ends the scan
+_END_OF_SCAN = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
+
+
+def count_scans(data: bytes | memoryview | mmap.mmap, stop_after: int = MAX_SCANS) -> int:
+    """The scans (SOS markers) of the JPEG in `data`, up to its first EOI (the second picture of an MPO, or the video a
+    motion photo carries after it, is not counted); counting stops at `stop_after + 1`. The markers between scans are
+    skipped by their lengths and each scan's data by one regular-expression search, so this reads the file once at
+    C speed however its scans are laid out. A malformed layout ends the count (the decoder then says what is wrong)."""
+    n, i, end = 0, 2, len(data)
+    while i + 4 <= end and n <= stop_after:
+        if data[i] != 0xFF:
+            break
+        marker = data[i + 1]
+        if marker == 0xFF:  # a fill byte before a marker
+            i += 1
+        elif marker == _EOI:
+            break
+        elif marker in _STANDALONE:
+            i += 2
+        else:
+            i += 2 + int.from_bytes(data[i + 2:i + 4], "big")
+            if marker == _SOS:
+                n += 1
+                found = _END_OF_SCAN.search(data, i)
+                if found is None:
+                    break
+                i = found.start()
+    return n
+
+
+def file_scans(fp: BinaryIO) -> int:
+    """`count_scans` of the JPEG file `fp` (or a `TimedReader`'s file), its memory or its mapping when it has one (not
+    a copy); its position is kept."""
+    raw = getattr(fp, "raw", fp)
+    if isinstance(raw, io.BytesIO):
+        with raw.getbuffer() as data:
+            return count_scans(data)
+    try:
+        with mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return count_scans(data)
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):  # not a file on disk: read it
+        at = raw.tell()
+        raw.seek(0)
+        data = raw.read()
+        raw.seek(at)
+        return count_scans(data)
+
+
+class DecodeTimeout(Exception):
+    """A read of a `TimedReader` after its deadline."""
+
+
+class TimedReader:
+    """A file whose reads raise `DecodeTimeout` once `timeout_s` has passed since it was made. Pillow's decoders read
+    as they go (a JPEG 64 KiB at a time, a PNG strip each IDAT piece), so a decode stops within one read's work of its
+    time; a WebP is read whole first and decoded in one call, which its own pixel limit bounds."""
+
+    def __init__(self, raw: BinaryIO, timeout_s: float):
+        self.raw, self.timeout_s = raw, timeout_s
+        self.deadline = time.monotonic() + timeout_s
+
+    def read(self, size: int = -1) -> bytes:
+        if time.monotonic() > self.deadline:
+            raise DecodeTimeout(f"decoding the image took longer than its {self.timeout_s:g} s")
+        return self.raw.read(size)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+    def close(self) -> None:
+        self.raw.close()
