@@ -5,7 +5,8 @@
     torchrun --nproc_per_node G -m training.vqvae ...      # the same run on G processes
 
 Loss = L1 + L2 reconstruction + the quantizer's VQ loss (codebook + commitment), plus LPIPS when its
-weights are available (``--lpips-weight``; skipped with a log line otherwise). Codebook usage is logged
+weights are available (``--lpips-weight``; skipped with a log line otherwise), and, when weighted, two losses
+that keep strokes (``--gradient-weight``, ``--style-feature-weight``: docs/training.md). Codebook usage is logged
 (``usage``: fraction of the codebook hit in the batch; ``active``: fraction hit within the last
 ``--dead-after`` steps). Dead-code restarts: every ``--restart-every`` steps, codebook entries not hit
 for ``--dead-after`` steps are re-initialised from random encoder outputs of the current batch
@@ -36,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="tiny", help="tiny|d16|d20|d24|d30 or a JSON preset file")
     p.add_argument("--image-size", type=int, default=None, help="train at this size (drops the finest scales)")
     p.add_argument("--init", default=None, metavar="DIR",
-                   help="start from this tokenizer's weights (a model directory or RUN/final; same config)")
+                   help="start from this tokenizer's weights (a model directory or RUN/final; same config, or the "
+                        "same at space-to-channel 1: widened)")
     p.add_argument("--roles", default="content,style,target",
                    help="which images of each triplet train the tokenizer, comma-separated (teacher data: style,target)")
     p.add_argument("--l1-weight", type=float, default=1.0, help="weight of the L1 reconstruction loss")

@@ -55,6 +55,10 @@ class Report:
     variants: dict[str, dict] = field(default_factory=dict)  # name -> real-pairs result of another model
 
 
+# the variants table's measure columns (its header): those every real-pairs result has, earlier ones included
+VARIANT_MEASURES = ["edge_corr", "colour_swd_to_style", "texture_dist_to_style"]
+
+
 def real_pairs_summary(real: dict | None) -> str:
     """The intro's paragraph on the held-out real pairs: the model's three measures beside the teacher's and
     copy-content's ("" when they were not measured)."""
@@ -149,7 +153,8 @@ score, and what this model's tokenizer keeps of the teacher's 64 px picture.
                  "| --- | --- | --- | --- | --- |"]
         for name, res in r.variants.items():
             m, raw = res["rows"]["model"], res["rows"].get(RAW_ROW, {})
-            lines.append(f"| {name} | {measure_cells(m)} | {raw.get('colour_swd_to_style', float('nan')):.3f} |")
+            lines.append(f"| {name} | {measure_cells(m, VARIANT_MEASURES)} | "
+                         f"{raw.get('colour_swd_to_style', float('nan')):.3f} |")
         text += "\n**Variants side by side** (the same held-out pairs):\n\n" + "\n".join(lines) + "\n"
     return text + "\n"
 
