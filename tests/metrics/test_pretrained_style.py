@@ -80,8 +80,10 @@ def test_predictor_shapes(predictor):
     assert [tuple(f.shape[2:]) for f in feats] == [(s, s) for s in GRAM_SIDES]
     assert all(f.shape[0] == 2 for f in feats)
     # at the images' own size (a training loss): features at 1/2 ... 1/16 of it
-    _, own = predictor(_pictures(0), resize=False)
+    own = predictor.features(_pictures(0))
     assert [f.shape[-1] for f in own] == [32, 16, 8, 4]
+    with pytest.raises(ValueError, match="at least 32"):
+        predictor.features(_pictures(0, size=16))
     assert not any(p.requires_grad for p in predictor.parameters())
 
 
@@ -115,7 +117,7 @@ def test_predictor_agrees_with_the_onnxruntime_session(predictor):
 def test_predictor_features_carry_a_gradient(predictor):
     """The fake quantization is straight-through: the features can be a training loss."""
     x = _pictures(1, size=32, batch=1).requires_grad_(True)
-    sum(f.square().mean() for f in predictor(x, resize=False)[1]).backward()
+    sum(f.square().mean() for f in predictor.features(x)).backward()
     assert x.grad is not None and float(x.grad.abs().sum()) > 0
 
 
