@@ -43,6 +43,12 @@ API_ORDER = ("style_strength", "seed", "top_k", "top_p", "num_samples", "preserv
 # baseline, `adain_alpha` is its strength, `baseline` names it (the names stay for the API's callers)
 LATE_INPUTS = ("baseline",)
 MAX_MASK_PIXELS = 4096 * 4096  # a painted layer larger than this is refused before it is decoded
+# photograph, painting: the examples the UI shows first (their sources and licences in the examples' README.md);
+# the third is the README's screenshot pair (tests/web/test_web_browser.py), a 3:2 photograph
+PAINTED_PAIRS = (("photo_astronaut.jpg", "painting_church_at_auvers.jpg"),
+                 ("photo_dune.jpg", "painting_the_harvest.jpg"),
+                 ("photo_cat.jpg", "painting_painter_on_his_way_to_work.jpg"),
+                 ("photo_coffee.jpg", "painting_entrance_hall.jpg"))
 CSS = """
 #preview img { image-rendering: pixelated; width: 100%; height: 100%; object-fit: contain; }
 #model-panel { font-size: 0.95em; }
@@ -65,12 +71,14 @@ class UIConfig:
 
 
 def example_pairs() -> list[list[str]]:
-    """The project's own example images, `content_*.png` paired in order with `style_*.png`."""
+    """The UI's example pairs: the photographs with their paintings (`PAINTED_PAIRS`) first, then the project's
+    drawn pictures, `content_*.png` paired in order with `style_*.png`."""
     folder = examples_dir()
     names = sorted(p.name for p in folder.iterdir() if p.name.endswith(".png"))
     contents = [str(folder / n) for n in names if n.startswith("content_")]
     styles = [str(folder / n) for n in names if n.startswith("style_")]
-    return [[c, s] for c, s in zip(contents, styles)]
+    painted = [[str(folder / c), str(folder / s)] for c, s in PAINTED_PAIRS]
+    return painted + [[c, s] for c, s in zip(contents, styles)]
 
 
 
@@ -329,7 +337,7 @@ class StyleVARUI:
                     if pairs:
                         with gr.Column(scale=2):
                             gr.Examples(pairs, inputs=[c["content"], c["style"]], label="Examples (content, style)",
-                                        examples_per_page=6, cache_examples=False)
+                                        examples_per_page=len(PAINTED_PAIRS), cache_examples=False)
                 c["status"] = gr.Markdown("", elem_id="status")
                 self._outputs(c)
             with gr.Tab("Video", id="video-tab"):  # a short clip through POST /stylize/video

@@ -28,7 +28,8 @@ from web.baseline import AdaINBaseline
 from stylevar.pipelines.request import StylizeRequest
 from web.client import Preview, Result, ServiceClient, ServiceError, form_fields
 from web.mount import loopback_url
-from web.ui import DEMO_LABEL, MAX_SCALES, StyleVARUI, UIConfig, example_pairs, model_markdown
+from web.ui import (DEMO_LABEL, MAX_SCALES, PAINTED_PAIRS, StyleVARUI, UIConfig, example_pairs, examples_dir,
+                    model_markdown)
 
 pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
 
@@ -77,7 +78,7 @@ def server(model_dir, tmp_path_factory):
 def images(tmp_path_factory):
     d = tmp_path_factory.mktemp("images")
     gradient(*CONTENT_SIZE).save(d / "content.png")
-    Image.open(example_pairs()[2][1]).save(d / "style.png")
+    Image.open(examples_dir() / "style_dots.png").save(d / "style.png")  # a drawn style, small enough to upload
     (d / "notes.txt").write_text("this is not an image\n")
     rng = np.random.default_rng(0)
     Image.fromarray(rng.integers(0, 256, (300, 400, 3), dtype=np.uint8)).save(d / "big.png")  # > MAX_UPLOAD
@@ -307,12 +308,30 @@ def test_adain_beside_stylevar_with_standin_weights(server, images, tmp_path, mo
     assert outs[-1][2].startswith("Done")
 
 
-def test_examples_are_the_projects_own_pairs():
+def test_examples_are_photographs_with_paintings_first_then_the_drawn_pairs():
     pairs = example_pairs()
-    assert len(pairs) >= 3
-    for content, style in pairs:
+    painted, drawn = pairs[:len(PAINTED_PAIRS)], pairs[len(PAINTED_PAIRS):]
+    assert len(painted) >= 4 and len(drawn) >= 3
+    for content, style in painted:
+        assert os.path.basename(content).startswith("photo_") and os.path.basename(style).startswith("painting_")
+    for content, style in drawn:
         assert os.path.basename(content).startswith("content_") and os.path.basename(style).startswith("style_")
-        assert Image.open(content).size[0] > 0
+    for path in {p for pair in pairs for p in pair}:
+        with Image.open(path) as im:
+            im.load()
+            assert im.mode == "RGB" and 0 < max(im.size) <= 512, (path, im.mode, im.size)
+        assert os.path.getsize(path) < 250_000, path
+
+
+def test_every_shipped_photograph_and_painting_has_its_source_and_licence_recorded():
+    folder = examples_dir()
+    rows = {line.split("|")[1].strip(): line for line in (folder / "README.md").read_text().splitlines()
+            if line.startswith("| ") and line.count("|") >= 6}
+    shipped = sorted(p.name for p in folder.iterdir() if p.name.startswith(("photo_", "painting_")))
+    assert shipped == sorted(name for pair in PAINTED_PAIRS for name in pair)  # every one is offered, none unused
+    for name in shipped:
+        assert name in rows, f"{name} is not in {folder / 'README.md'}"
+        assert any(word in rows[name] for word in ("public domain", "CC0", "CC-BY", "GPL")), rows[name]
 
 
 # ---- Gradio endpoint, mounting, standalone --------------------------------------------------------

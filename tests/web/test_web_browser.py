@@ -80,7 +80,7 @@ def server(tmp_path_factory):
 
 def test_stylize_in_the_browser(server, tmp_path):
     pairs = example_pairs()
-    content_path, style_path = tmp_path / "content.png", tmp_path / "style.png"
+    content_path, style_path = tmp_path / "content.png", tmp_path / f"style{Path(pairs[2][1]).suffix}"
     Image.open(pairs[2][0]).convert("RGB").resize(CONTENT_SIZE, Image.BICUBIC).save(content_path)
     shutil.copy(pairs[2][1], style_path)
     ARTIFACTS.mkdir(exist_ok=True)
