@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import functools
 import heapq
 import math
 import threading
@@ -26,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve.engine.batching import QueueFullError
 from serve.http.errors import ClientGone
@@ -247,9 +248,23 @@ def hold_until_answered(scope: Scope, reservation: Reservation) -> None:
     scope.setdefault("state", {})[SCOPE_KEY] = reservation
 
 
+async def send_flushed(send: Send, message: Message) -> None:
+    """`send`, but the last part of an answer's body goes as two messages, its last byte alone: the server's
+    flow control holds the second until the client has read the rest (uvicorn waits for its write buffer to
+    drain before writing the next part), so the request keeps its pixels while its answer waits in the buffer,
+    and the send timeout (`serve.http.connections`) bounds that wait."""
+    body = message.get("body", b"")
+    if message["type"] != "http.response.body" or message.get("more_body", False) or len(body) < 2:
+        await send(message)
+        return
+    await send({"type": "http.response.body", "body": body[:-1], "more_body": True})
+    await send({"type": "http.response.body", "body": body[-1:], "more_body": False})
+
+
 class ReleaseWhenAnswered:
-    """Release the pixels a request to `paths` reserved once its answer is sent, or the request fails or is
-    abandoned: a response is sent after its route returns, and the image it carries is in memory until then."""
+    """Release the pixels a request to `paths` reserved once its answer is sent (read by the client but for the
+    socket's buffers), or the request fails or is abandoned: a response is sent after its route returns, and
+    the image it carries is in memory until then."""
 
     def __init__(self, app: ASGIApp, paths: tuple[str, ...]):
         self.app, self.paths = app, paths
@@ -259,7 +274,7 @@ class ReleaseWhenAnswered:
             await self.app(scope, receive, send)
             return
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, functools.partial(send_flushed, send))
         finally:
             reservation = scope.get("state", {}).pop(SCOPE_KEY, None)
             if reservation is not None:

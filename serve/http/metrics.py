@@ -56,6 +56,10 @@ class ServiceMetrics:
         self.requests.labels(route, method, str(status)).inc()
         self.latency.labels(route, method).observe(seconds)
 
+    def connection_refused(self) -> None:
+        """A connection over a limit (serve.http.connections)."""
+        self.rejected.labels("too_many_connections").inc()
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
