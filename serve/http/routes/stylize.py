@@ -30,7 +30,7 @@ from serve.engine.batching import BatchError, Job
 from serve.engine.runner import PreviewFn, StylizeTask
 from serve.http.errors import ERROR_RESPONSES, ClientGone, ServiceError, from_coded_error
 from serve.http.jobs import follow_job, job_result, wait_for_job
-from serve.http.memory import hold_until_answered
+from serve.http.memory import Reservation, hold_until_answered
 from serve.http.negotiation import ZIP_MEDIA_TYPE, negotiate
 from serve.http.schemas import ImageOut, StylizeForm, StylizeResult
 from serve.http.state import ServiceState, get_state, require_key, require_loaded
@@ -103,7 +103,7 @@ def request_pixels(plan: Plan, request: StylizeRequest, max_output_side: int) ->
     return sum(math.prod(d) for d in decoded) + masks * math.prod(content) + request.num_samples * result
 
 
-async def reserve_pixels(st: ServiceState, plan: Plan, req: StylizeRequest, request: Request) -> None:
+async def reserve_pixels(st: ServiceState, plan: Plan, req: StylizeRequest, request: Request) -> Reservation:
     """Hold the request's pixels in the service's budget (`serve.http.memory`) until its answer is sent: at once,
     after a wait within its deadline, or 503 `memory_busy` with `Retry-After` (413 over the whole budget)."""
     pixels = await run_in_threadpool(request_pixels, plan, req, st.settings.max_output_side)
@@ -114,6 +114,7 @@ async def reserve_pixels(st: ServiceState, plan: Plan, req: StylizeRequest, requ
         st.metrics.rejected.labels(e.code).inc()
         raise from_coded_error(e) from e
     hold_until_answered(request.scope, reservation)
+    return reservation
 
 
 async def decode_uploads(st: ServiceState, plan: Plan) -> list[Image.Image]:
@@ -163,7 +164,7 @@ async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
         raise from_coded_error(e) from e
     with admission:
         plan = decode_plan(st, upload)
-        await reserve_pixels(st, plan, req, request)
+        reservation = await reserve_pixels(st, plan, req, request)
         images = await decode_uploads(st, plan)
         n = len(styles)
         stylization = st.runner.pipe.prepare(req, images[0], images[1:1 + n], images[1 + n:] if masks else None,
@@ -178,6 +179,7 @@ async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
         except BatchError as e:
             st.metrics.rejected.labels(e.code).inc()
             raise from_coded_error(e) from e
+        reservation.reached_model = True  # its hold is the model's work: measured (serve.http.memory.HoldTimes)
     return job, images[0]
 
 
