@@ -31,6 +31,7 @@ from serve.engine.runner import PreviewFn, StylizeTask
 from serve.http.errors import ERROR_RESPONSES, ClientGone, ServiceError, from_coded_error
 from serve.http.jobs import follow_job, job_result, wait_for_job
 from serve.http.memory import Reservation, hold_until_answered
+from serve.http.middleware import bearer_token
 from serve.http.negotiation import ZIP_MEDIA_TYPE, negotiate
 from serve.http.schemas import ImageOut, StylizeForm, StylizeResult
 from serve.http.state import ServiceState, get_state, require_key, require_loaded
@@ -174,8 +175,9 @@ async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
             raise ServiceError(504, "deadline_exceeded", "the request took longer than the service's deadline "
                                                          "(its upload and decoding took all of it)")
         try:
-            job = admission.submit(stylization.key, StylizeTask(stylization, on_preview), rows=len(stylization.seeds),
-                                   timeout_s=left_s, request_id=rid)
+            task = StylizeTask(stylization, on_preview, st.keys.scope_of(bearer_token(request.scope)))
+            job = admission.submit(stylization.key, task, rows=len(stylization.seeds), timeout_s=left_s,
+                                   request_id=rid)
         except BatchError as e:
             st.metrics.rejected.labels(e.code).inc()
             raise from_coded_error(e) from e
