@@ -5,6 +5,9 @@
   (`serve.http.memory`) and its encoded answer. A connection whose client reads less than `PROGRESS_BYTES` in
   `send_timeout_s` while its answer waits is aborted: the buffered answer is dropped, the route sees the client
   gone, and the request's pixels go back to the budget. This holds for plain answers and event streams alike.
+- **Shutdown.** A connection whose request had begun to arrive but was not yet handed to the app (its head
+  incomplete) when the server shuts down is answered 503 `shutting_down` (`serve.http.drain`) before it is
+  closed, instead of being closed without a word.
 - **Limits.** At most `max_connections` connections open at once, and `max_per_client` from one address (the
   peer as the socket sees it: behind a reverse proxy, the proxy). The first request on a connection over either
   limit is answered 503 `too_many_connections` (JSON, `Retry-After`, `Connection: close`), and the
@@ -20,10 +23,13 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from http import HTTPStatus
 
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from serve.http.drain import shutting_down
 from serve.http.errors import error_response
 from serve.http.middleware import discard_body
 
@@ -90,6 +96,7 @@ class BoundedConnection:
     on_refused: Callable[[], None] | None = None
     _watch: asyncio.TimerHandle | None = None
     _peer = "unknown"
+    _unanswered = False  # bytes of a request arrived that no app call answers yet
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
@@ -104,6 +111,17 @@ class BoundedConnection:
         self.counts.closed(self._peer)
         self._stop_watch()
         super().connection_lost(exc)  # type: ignore[misc]
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)  # type: ignore[misc]
+        cycle = self.cycle  # type: ignore[attr-defined]
+        self._unanswered = cycle is None or cycle.response_complete  # else the app has the request
+
+    def shutdown(self) -> None:
+        if self._unanswered and not self.transport.is_closing():  # type: ignore[attr-defined]
+            self.transport.write(raw_answer(shutting_down(  # type: ignore[attr-defined]
+                "the service is shutting down; retry on another replica")))
+        super().shutdown()  # type: ignore[misc]
 
     def pause_writing(self) -> None:
         super().pause_writing()  # type: ignore[misc]
@@ -131,6 +149,13 @@ class BoundedConnection:
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
+
+
+def raw_answer(response: Response) -> bytes:
+    """A complete response's bytes on the wire (HTTP/1.1), for a connection no app call answers."""
+    head = [f"HTTP/1.1 {response.status_code} {HTTPStatus(response.status_code).phrase}".encode("latin-1")]
+    head += [name + b": " + value for name, value in response.raw_headers]
+    return b"\r\n".join(head) + b"\r\n\r\n" + bytes(response.body)
 
 
 def bounded_protocol(policy: ConnectionPolicy, on_refused: Callable[[], None] | None = None,
