@@ -63,7 +63,12 @@ class Reservation:
     budget: MemoryBudget | None = None
     acquired_at: float = 0.0
     released: bool = False
-    reached_model: bool = False  # its hold is measured (pixels given back before say nothing of a hold)
+    reached_model: bool = False  # its model work succeeded: its hold is measured (see `model_done`)
+
+    def model_done(self, ok: bool) -> None:
+        """The request's model work ended (on a worker thread): when it succeeded, the hold is a measure of what
+        such a request costs; one refused, cut at its deadline or failed says nothing of that."""
+        self.reached_model = ok
 
     def release(self) -> None:
         if not self.released:

@@ -338,10 +338,12 @@ def test_the_pixels_come_back_when_a_request_fails_or_streams(micro_model_dir):
         r = client.post("/stylize", files={"content": ("c.png", CONTENT[:60], "image/png"),
                                            "style": ("s.png", STYLE, "image/png")})
         assert r.status_code == 422 and memory.held == 0  # decoding failed after the reservation
+        assert memory.holds.largest == 0, "a request that never reached the model teaches no hold time"
         with client.stream("POST", "/stylize/stream", files={"content": ("c.png", CONTENT, "image/png"),
                                                              "style": ("s.png", STYLE, "image/png")}) as s:
             lines = [line for line in s.iter_lines() if line]
         assert "event: result" in lines and memory.held == 0
+        assert memory.holds.largest == COST, "the stream's model work succeeded: its hold is measured"
 
 
 def test_large_requests_hand_the_freed_heap_back(micro_model_dir, monkeypatch):

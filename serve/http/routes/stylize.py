@@ -181,7 +181,7 @@ async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
         except BatchError as e:
             st.metrics.rejected.labels(e.code).inc()
             raise from_coded_error(e) from e
-        reservation.reached_model = True  # its hold is the model's work: measured (serve.http.memory.HoldTimes)
+        job.future.add_done_callback(lambda f: reservation.model_done(not f.cancelled() and f.exception() is None))
     return job, images[0]
 
 
