@@ -102,21 +102,27 @@ async def raw_socket(url: str, address: str, rcvbuf: int | None = None) -> tuple
 
 
 async def held_unread(url: str, address: str, request: bytes, hold_s: float) -> str:
-    """Send `request`, read nothing for `hold_s`, then drain: 'cut' when the server reset the connection."""
+    """Send `request`, read nothing for `hold_s`, then read what is left: "complete STATUS" when the whole answer
+    came, "cut STATUS" when the server ended the connection before it, "open" when it did neither in 10 s."""
     reader, writer = await raw_socket(url, address, rcvbuf=4096)
     writer.write(request)
     await writer.drain()
     await asyncio.sleep(hold_s)
+    data, ended = b"", True
     try:
-        while await asyncio.wait_for(reader.read(1 << 20), 10):
-            pass
-        outcome = "closed"
+        while chunk := await asyncio.wait_for(reader.read(1 << 20), 10):
+            data += chunk
     except (ConnectionResetError, BrokenPipeError):
-        outcome = "cut"
+        pass
     except asyncio.TimeoutError:
-        outcome = "still open"
+        ended = False
     writer.close()
-    return outcome
+    head, _, body = data.partition(b"\r\n\r\n")
+    status = head.split(b" ", 2)[1].decode() if head.count(b" ") >= 2 else "-"
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length")), None)
+    complete = len(body) == length if length is not None else body.endswith(b"0\r\n\r\n")
+    return f"complete {status}" if complete else f"cut {status}" if ended else "open"
 
 
 def client(address: str, timeout: float = 120) -> httpx.AsyncClient:

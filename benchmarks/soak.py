@@ -172,8 +172,9 @@ def run(args: argparse.Namespace, sizes: Sizes) -> dict:
 
 def report(r: dict) -> str:
     o, b, a = r["ordinary"], r["before"], r["after"]
+    m = r["machine"]
     lines = [f"{r['settings']['seconds']:g} s, {r['settings']['clients']} ordinary clients; machine: "
-             f"{r['machine']['cpus']} CPUs, load {r['machine']['load_avg'][0]:.2f} -> {r['machine']['load_avg_end'][0]:.2f}",
+             f"{m['cpus']} CPUs, load {m['load_avg'][0]:.2f} -> {m['load_avg_end'][0]:.2f}",
              f"ordinary: {o['sent']} sent, success {o['success_rate']}, 200 p50 / p99 {o['ok_p50_s']} / "
              f"{o['ok_p99_s']} s, statuses {o['status']}",
              f"RSS: idle {b['rss_mb']:.0f} MB, peak {a['peak_rss_mb']:.0f} MB, end {a['rss_mb']:.0f} MB; "

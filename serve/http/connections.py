@@ -35,7 +35,8 @@ from serve.http.middleware import discard_body
 
 log = logging.getLogger("serve.http.connections")
 
-PROGRESS_BYTES = 16 * 1024  # what a client must read of a waiting answer within the send timeout (asyncio's low-water mark)
+# what a client must read of a waiting answer within the send timeout (asyncio's low-water mark)
+PROGRESS_BYTES = 16 * 1024
 REFUSED_BODY_BYTES = 1024 * 1024  # of a refused request's body, read and dropped so closing does not reset the client
 RETRY_AFTER_S = 1
 

@@ -11,8 +11,9 @@ A request that does not fit waits its turn (first come, first served), within it
 predicted hold times (`HoldTimes`: a fixed cost plus a cost per pixel, learned only from requests that reached the
 model), leave it too little time to be served, and it stops waiting (the same 503) when the last moment to start
 passes. Where the prediction is unsure (too few measured holds, or a request far larger than any measured), a
-request is never refused at once: it waits within its deadline. A request needing more pixels than the whole budget is refused with 413
-(`image_too_large`): it could never be served within the bound. All of it runs on the event loop.
+request is never refused at once: it waits within its deadline. A hold is measured from the reservation to the
+answer handed to the server (the client's reading is its own). A request needing more pixels than the whole
+budget is refused with 413 (`image_too_large`): it could never be served within the bound. All of it runs on the event loop.
 """
 from __future__ import annotations
 
@@ -64,11 +65,18 @@ class Reservation:
     acquired_at: float = 0.0
     released: bool = False
     reached_model: bool = False  # its model work succeeded: its hold is measured (see `model_done`)
+    answered_at: float | None = None  # when its answer was handed to the server (its client's reading excluded)
 
     def model_done(self, ok: bool) -> None:
         """The request's model work ended (on a worker thread): when it succeeded, the hold is a measure of what
         such a request costs; one refused, cut at its deadline or failed says nothing of that."""
         self.reached_model = ok
+
+    def answer_handed_over(self) -> None:
+        """The answer is ready and with the server: the measured hold ends here, so that a client that reads slowly
+        (until the send timeout cuts it) does not teach the budget that such requests take long."""
+        if self.budget is not None and self.answered_at is None:
+            self.answered_at = self.budget._clock()
 
     def release(self) -> None:
         if not self.released:
@@ -227,7 +235,8 @@ class MemoryBudget:
         self._holders.discard(reservation)
         self.held -= reservation.pixels
         if reservation.reached_model:
-            self.holds.observe(reservation.pixels, self._clock() - reservation.acquired_at)
+            end = self._clock() if reservation.answered_at is None else reservation.answered_at
+            self.holds.observe(reservation.pixels, end - reservation.acquired_at)
         self._serve_line()
 
     def _serve_line(self) -> None:
@@ -284,17 +293,21 @@ def hold_until_answered(scope: Scope, reservation: Reservation) -> None:
     scope.setdefault("state", {})[SCOPE_KEY] = reservation
 
 
-async def send_flushed(send: Send, message: Message) -> None:
+async def send_flushed(send: Send, handed_over: Callable[[], None], message: Message) -> None:
     """`send`, but the last part of an answer's body goes as two messages, its last byte alone: the server's
     flow control holds the second until the client has read the rest (uvicorn waits for its write buffer to
     drain before writing the next part), so the request keeps its pixels while its answer waits in the buffer,
-    and the send timeout (`serve.http.connections`) bounds that wait."""
+    and the send timeout (`serve.http.connections`) bounds that wait. `handed_over()` is called before the
+    last part: the answer is with the server then."""
     body = message.get("body", b"")
-    if message["type"] != "http.response.body" or message.get("more_body", False) or len(body) < 2:
+    if message["type"] != "http.response.body" or message.get("more_body", False):
         await send(message)
         return
-    await send({"type": "http.response.body", "body": body[:-1], "more_body": True})
-    await send({"type": "http.response.body", "body": body[-1:], "more_body": False})
+    if len(body) >= 2:
+        await send({"type": "http.response.body", "body": body[:-1], "more_body": True})
+        message = {"type": "http.response.body", "body": body[-1:], "more_body": False}
+    handed_over()
+    await send(message)
 
 
 class ReleaseWhenAnswered:
@@ -309,8 +322,13 @@ class ReleaseWhenAnswered:
         if scope["type"] != "http" or scope.get("path") not in self.paths:
             await self.app(scope, receive, send)
             return
+        def handed_over() -> None:
+            reservation = scope.get("state", {}).get(SCOPE_KEY)
+            if reservation is not None:
+                reservation.answer_handed_over()
+
         try:
-            await self.app(scope, receive, functools.partial(send_flushed, send))
+            await self.app(scope, receive, functools.partial(send_flushed, send, handed_over))
         finally:
             reservation = scope.get("state", {}).pop(SCOPE_KEY, None)
             if reservation is not None:

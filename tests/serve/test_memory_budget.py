@@ -172,6 +172,13 @@ def test_holds_are_a_fixed_cost_plus_a_cost_per_pixel_learned_from_requests_that
         assert budget.hold_s(550) == pytest.approx(1.55)  # 1 s fixed, 1 ms a pixel
         assert budget.hold_s(100) == pytest.approx(1.1) and budget.hold_s(2000) == pytest.approx(3.0)
         assert budget.holds.predict(2001) is None, "far past the largest measured: unsure"
+        slow_reader = await budget.reserve(1000, clock.now + 60)
+        slow_reader.reached_model = True
+        clock.now += 2.0
+        slow_reader.answer_handed_over()  # its answer was ready after 2 s; the client then read it for 50 s
+        clock.now += 50.0
+        slow_reader.release()
+        assert budget.hold_s(1000) < 2.1, "a slow reader's reading is no part of the measured hold"
 
     asyncio.run(scenario())
 
