@@ -13,7 +13,8 @@ model), leave it too little time to be served, and it stops waiting (the same 50
 passes. Where the prediction is unsure (too few measured holds, or a request far larger than any measured), a
 request is never refused at once: it waits within its deadline. A hold is measured from the reservation to the
 answer handed to the server (the client's reading is its own). A request needing more pixels than the whole
-budget is refused with 413 (`image_too_large`): it could never be served within the bound. All of it runs on the event loop.
+budget is refused with 413 (`image_too_large`): it could never be served within the bound. All of it runs on the
+event loop.
 """
 from __future__ import annotations
 
