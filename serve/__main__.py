@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     from stylevar.loaders.model_dir import ModelDirError
 
     from serve.http.app import create_app
+    from serve.http.connections import ConnectionPolicy, bounded_protocol
     from serve.http.drain import DrainingServer
 
     try:
@@ -95,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     proxies = settings.forwarded_allow_ips
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
                             proxy_headers=bool(proxies), forwarded_allow_ips=proxies or None,
-                            timeout_graceful_shutdown=settings.drain_timeout_s)  # type: ignore[arg-type]
+                            timeout_graceful_shutdown=settings.drain_timeout_s,  # type: ignore[arg-type]
+                            http=bounded_protocol(ConnectionPolicy.from_settings(settings),
+                                                  on_refused=state.metrics.connection_refused))
     server = DrainingServer(config, state.drain, on_drain=state.begin_drain)
     server.run()
     return 0 if server.started else 3  # 3: uvicorn's startup failure

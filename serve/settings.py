@@ -93,6 +93,13 @@ class ServeSettings(BaseSettings):
     # decoded images and results, held from before decoding until its answer is sent; a request waits for its
     # pixels within its deadline (else 503 with Retry-After), one needing more than this is refused (413). 0: no bound
     max_pixels_in_flight: int = Field(128_000_000, ge=0)
+    # an answer waiting for its client to read it (in the connection's write buffer): a client that reads less than
+    # 16 KiB of it in this many seconds is disconnected and the request's pixels go back (serve.http.connections)
+    send_timeout_s: float = Field(10.0, gt=0, le=600)
+    # open connections at once, in all and from one client address (behind a proxy: the proxy's); a connection
+    # over either is answered 503 too_many_connections. 0: no limit
+    max_connections: int = Field(512, ge=0)
+    max_connections_per_client: int = Field(32, ge=0)
 
     # POST /stylize/video: short clips (longer ones belong to the command line); checked from the clip's header
     # before any frame is decoded, and again while decoding

@@ -4,8 +4,10 @@ A style image's part of the condition (its ResNet-18 embedding and its VQ-VAE to
 image's part (start token, token stream, and the rest `StyleVAR.content_parts` gives) depend only on the
 image as the model sees it (after resizing to the model's square) and on the model. Entries are keyed by
 a hash of that input tensor's bytes (so the resize mode and the image content are both in the key), the
-part's kind and the content options; the model is fixed per `ModelRunner`, which owns one cache. A repeated
-style (the UI's examples, a user's favourite) or content skips the VQ-VAE encode and the image encoder.
+part's kind and the content options, and the row's scope: the API key that sent it (one scope when keys are off),
+so that no client learns from a faster answer what another client sent; the model is fixed per `ModelRunner`,
+which owns one cache. A repeated style (the UI's examples, a user's favourite) or content skips the VQ-VAE encode
+and the image encoder.
 
 Rows are computed per image: a batch's distinct missing images are encoded together, then each row's
 part is stored on its own. `stats()` and the optional observer give hits, misses and size.
@@ -53,7 +55,7 @@ def _nbytes(part: Part) -> int:
 
 
 class ConditionCache:
-    """Thread-safe LRU map from (kind, options, image digest) to an image's part; `max_bytes` 0 disables it."""
+    """Thread-safe LRU map from (scope, kind, options, image digest) to an image's part; `max_bytes` 0 disables it."""
 
     def __init__(self, max_bytes: int, observer: CacheObserver | None = None):
         if max_bytes < 0:
@@ -114,37 +116,42 @@ class ConditionCache:
             self.observer.cache_size(s.entries, s.bytes)
 
     def rows(self, kind: str, options: tuple, images_B3HW: torch.Tensor,
-             compute: Callable[[torch.Tensor], Sequence[torch.Tensor | None]]) -> list[torch.Tensor | None]:
-        """``compute(images)`` (a tuple of (N, ...) tensors or None) for a batch, each distinct image
-        computed at most once and looked up in the cache first. Returns the batch's tensors (B, ...)."""
+             compute: Callable[[torch.Tensor], Sequence[torch.Tensor | None]],
+             scopes: Sequence[str] | None = None) -> list[torch.Tensor | None]:
+        """``compute(images)`` (a tuple of (N, ...) tensors or None) for a batch, each distinct image computed at
+        most once and looked up first in the cache of its row's scope (`scopes`, one a row; None: one scope).
+        Returns the batch's tensors (B, ...)."""
         digests = [image_digest(img) for img in images_B3HW]
-        parts: dict[str, Part] = {}
-        for d in dict.fromkeys(digests):
-            part = self._get((kind, options, d)) if self.enabled else None
+        keys = [(scope, kind, options, d) for scope, d in zip(scopes or [""] * len(digests), digests)]
+        parts: dict[tuple, Part] = {}
+        for key in dict.fromkeys(keys):
+            part = self._get(key) if self.enabled else None
             if part is not None:
-                parts[d] = part
-        missing = [d for d in dict.fromkeys(digests) if d not in parts]
+                parts[key] = part
+        missing = [key for key in dict.fromkeys(keys) if key not in parts]
         if missing:
-            first = {d: digests.index(d) for d in missing}
-            fresh = compute(images_B3HW[[first[d] for d in missing]])
-            for i, d in enumerate(missing):
-                parts[d] = tuple(None if t is None else t[i] for t in fresh)
+            to_compute = list(dict.fromkeys(key[3] for key in missing))  # an image sent in two scopes: once
+            fresh = compute(images_B3HW[[digests.index(d) for d in to_compute]])
+            for key in missing:
+                i = to_compute.index(key[3])
+                parts[key] = tuple(None if t is None else t[i] for t in fresh)
                 if self.enabled:
-                    self._put((kind, options, d), parts[d])
+                    self._put(key, parts[key])
         self._count(kind, hits=len(parts) - len(missing), misses=len(missing))
         if missing and self.enabled:
             self._report_size()
-        n_fields = len(parts[digests[0]])
-        return [None if parts[digests[0]][f] is None else torch.stack([parts[d][f] for d in digests])
+        n_fields = len(parts[keys[0]])
+        return [None if parts[keys[0]][f] is None else torch.stack([parts[k][f] for k in keys])
                 for f in range(n_fields)]
 
 
 def cached_condition(model, cache: ConditionCache, content_B3HW: torch.Tensor, style_B3HW: torch.Tensor,
-                     unstyled: bool = False):
-    """`model.condition(content, style, unstyled=...)` for one style image per row, from cached parts."""
+                     unstyled: bool = False, scopes: Sequence[str] | None = None):
+    """`model.condition(content, style, unstyled=...)` for one style image per row, from cached parts (each row's
+    in its scope's cache, `ConditionCache.rows`)."""
     from stylevar.models.transformer.condition import Condition
 
-    cond_BD, style_ln_BLC = cache.rows("style", (), style_B3HW, model.style_parts)
+    cond_BD, style_ln_BLC = cache.rows("style", (), style_B3HW, model.style_parts, scopes)
     sos, content_ln, inject, unstyled_BD = cache.rows(
-        "content", (unstyled,), content_B3HW, lambda x: model.content_parts(x, unstyled))
+        "content", (unstyled,), content_B3HW, lambda x: model.content_parts(x, unstyled), scopes)
     return Condition(cond_BD, sos, style_ln_BLC.unsqueeze(1), content_ln, inject, None, unstyled_BD)

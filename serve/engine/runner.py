@@ -1,6 +1,8 @@
 """The model side of the service: loading a pipeline per device and running batches of jobs on it."""
 from __future__ import annotations
 
+import functools
+
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +34,7 @@ class StylizeTask:
 
     stylization: Stylization
     on_preview: PreviewFn | None = None
+    cache_scope: str = ""  # whose condition cache its reference images go to (serve.engine.conditions)
 
     @property
     def seeds(self) -> tuple[int, ...]:
@@ -87,11 +90,13 @@ class ModelRunner:
         cache = ConditionCache(options.condition_cache_bytes, observer) if options.condition_cache_bytes else None
         return cls(pipe, options.max_output_side, cache)
 
-    def condition(self, content_B3HW: torch.Tensor, style, unstyled: bool = False):
-        """The batch's condition through the cache (one style image per row), else the model's own."""
+    def condition(self, content_B3HW: torch.Tensor, style, unstyled: bool = False,
+                  scopes: Sequence[str] | None = None):
+        """The batch's condition through the cache (one style image per row; each row in its `scopes`' cache),
+        else the model's own."""
         if self.cache is None or not isinstance(style, torch.Tensor):
             return self.pipe.model.condition(content_B3HW, style, unstyled=unstyled)
-        return cached_condition(self.pipe.model, self.cache, content_B3HW, style, unstyled)
+        return cached_condition(self.pipe.model, self.cache, content_B3HW, style, unstyled, scopes)
 
     @property
     def device(self) -> torch.device:
@@ -106,8 +111,10 @@ class ModelRunner:
         """All jobs share one batch key (`Stylization.key`); returns each job's images, one per seed."""
         tasks: list[StylizeTask] = [j.payload for j in jobs]
         on_scale = self._preview_router(tasks) if any(t.on_preview for t in tasks) else None
+        scopes = [t.cache_scope for t in tasks for _ in t.seeds]
         with torch.inference_mode():
-            return self.pipe.run([t.stylization for t in tasks], on_scale=on_scale, condition=self.condition)
+            return self.pipe.run([t.stylization for t in tasks], on_scale=on_scale,
+                                 condition=functools.partial(self.condition, scopes=scopes))
 
     @staticmethod
     def _preview_router(tasks: list[StylizeTask]) -> Callable[[int, torch.Tensor], None]:

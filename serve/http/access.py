@@ -6,6 +6,7 @@ that are wrong count as failures: a request without any key is refused (401) but
 """
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import math
@@ -25,6 +26,13 @@ class KeyRing:
 
     def __bool__(self) -> bool:
         return bool(self._keys)
+
+    def scope_of(self, given: str | None) -> str:
+        """What separates one key's requests from another's where they would share state (the condition cache): a
+        digest of the key; "" for all when keys are off (or none was given)."""
+        if not self._keys or not given:
+            return ""
+        return hashlib.blake2b(given.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
 
     def matches(self, given: str) -> bool:
         candidate = given.encode("utf-8", "surrogateescape")

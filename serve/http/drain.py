@@ -7,7 +7,9 @@ go elsewhere instead of meeting a closed port. Requests already in flight, queue
 `DrainMiddleware` counts them. When none is left, or `STYLEVAR_DRAIN_TIMEOUT_S` after the signal,
 uvicorn's own shutdown runs with what is left of that time, at most `CLOSE_GRACE_S` (for connections that
 never end by themselves, such as the mounted UI's event streams). A request uvicorn then cancels is
-answered 503 `shutting_down` in JSON. The process exits with 0.
+answered 503 `shutting_down` in JSON, and so is one whose head or body was still arriving when the server
+closed its connections (`serve.http.connections`): no request is met with silence. A clip in flight
+(`serve.http.routes.video`) is stopped before the drain's time is up. The process exits with 0.
 
 The probes and `/metrics` (`always_open`) are answered throughout and not counted; paths under
 `untracked_prefixes` (the UI) are refused during the drain but not waited for. A second signal ends the
@@ -24,6 +26,7 @@ from collections.abc import Callable, Collection, Sequence
 from types import FrameType
 
 import uvicorn
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve.http.errors import error_response
@@ -131,8 +134,13 @@ class DrainMiddleware:
 
     @staticmethod
     async def _refuse(scope: Scope, receive: Receive, send: Send, detail: str) -> None:
-        response = error_response(503, "shutting_down", detail, {"Retry-After": "1", "Connection": "close"})
-        await response(scope, receive, send)
+        await shutting_down(detail)(scope, receive, send)
+
+
+def shutting_down(detail: str) -> Response:
+    """The answer to a request the draining service will not serve: 503 `shutting_down`, `Retry-After: 1`,
+    `Connection: close`."""
+    return error_response(503, "shutting_down", detail, {"Retry-After": "1", "Connection": "close"})
 
 
 class DrainingServer(uvicorn.Server):

@@ -7,16 +7,21 @@ the files' headers) and holds them until its answer has been sent (`ReleaseWhenA
 requests together never exceed `ServeSettings.max_pixels_in_flight`.
 
 A request that does not fit waits its turn (first come, first served), within its deadline: it is refused at once
-(`MemoryBusyError`, 503 with `Retry-After`) when the requests holding and waiting ahead of it would, at the
-measured time a pixel is held, leave it too little time to be served, and it stops waiting (the same 503) when the
-last moment to start passes. A request needing more pixels than the whole budget is refused with 413
-(`image_too_large`): it could never be served within the bound. All of it runs on the event loop.
+(`MemoryBusyError`, 503 with `Retry-After`) when the requests holding and waiting ahead of it would, at their
+predicted hold times (`HoldTimes`: a fixed cost plus a cost per pixel, learned only from requests that reached the
+model), leave it too little time to be served, and it stops waiting (the same 503) when the last moment to start
+passes. Where the prediction is unsure (too few measured holds, or a request far larger than any measured), a
+request is never refused at once: it waits within its deadline. A hold is measured from the reservation to the
+answer handed to the server (the client's reading is its own). A request needing more pixels than the whole
+budget is refused with 413 (`image_too_large`): it could never be served within the bound. All of it runs on the
+event loop.
 """
 from __future__ import annotations
 
 import asyncio
 import ctypes
 import ctypes.util
+import functools
 import heapq
 import math
 import threading
@@ -26,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve.engine.batching import QueueFullError
 from serve.http.errors import ClientGone
@@ -35,7 +40,9 @@ from stylevar.processing.images import ImageTooLargeError
 MARGIN_S = 0.5  # a request must expect to be answered this long before its deadline to be admitted
 SAFETY = 1.2  # ... and its measured hold time counts this much more: holds vary with what runs beside them
 POLL_S = 0.25  # how often a waiting request checks that its client is still there
-DECAY = 0.8  # weight of the past in the measured time per pixel, at each release
+DECAY = 0.8  # weight of the past in the measured hold times, at each release
+MIN_WEIGHT = 2.0  # decayed count of measured holds (three requests) before predictions are trusted
+EXTRAPOLATE = 2.0  # ... and only for requests up to this many times the largest one measured
 TRIM_PIXELS = 4_000_000  # a request that held this many pixels gives the freed heap back to the system
 SCOPE_KEY = "pixels_reserved"  # where a request's reservation waits for its answer to be sent (scope["state"])
 
@@ -58,13 +65,50 @@ class Reservation:
     budget: MemoryBudget | None = None
     acquired_at: float = 0.0
     released: bool = False
+    reached_model: bool = False  # its model work succeeded: its hold is measured (see `model_done`)
+    answered_at: float | None = None  # when its answer was handed to the server (its client's reading excluded)
 
-    def release(self, used: bool = True) -> None:
-        """`used`: False for pixels given back unused (they say nothing of how long a request holds them)."""
+    def model_done(self, ok: bool) -> None:
+        """The request's model work ended (on a worker thread): when it succeeded, the hold is a measure of what
+        such a request costs; one refused, cut at its deadline or failed says nothing of that."""
+        self.reached_model = ok
+
+    def answer_handed_over(self) -> None:
+        """The answer is ready and with the server: the measured hold ends here, so that a client that reads slowly
+        (until the send timeout cuts it) does not teach the budget that such requests take long."""
+        if self.budget is not None and self.answered_at is None:
+            self.answered_at = self.budget._clock()
+
+    def release(self) -> None:
         if not self.released:
             self.released = True
             if self.budget is not None:
-                self.budget._release(self, used)
+                self.budget._release(self)
+
+
+class HoldTimes:
+    """How long a request holds its pixels, from its reservation to its answer sent: a fixed cost plus a cost per
+    pixel, fitted by least squares over the measured holds, each past one weighing `DECAY` less at each new one."""
+
+    def __init__(self) -> None:
+        self._w = self._p = self._t = self._pp = self._pt = 0.0  # decayed sums: 1, pixels, seconds, p^2, p*t
+        self.largest = 0
+
+    def observe(self, pixels: int, seconds: float) -> None:
+        self._w, self._p, self._t = DECAY * self._w + 1, DECAY * self._p + pixels, DECAY * self._t + seconds
+        self._pp, self._pt = DECAY * self._pp + pixels * pixels, DECAY * self._pt + pixels * seconds
+        self.largest = max(self.largest, pixels)
+
+    def predict(self, pixels: int) -> float | None:
+        """The expected hold of `pixels`; None when unsure (too few holds measured, or too far past the largest)."""
+        if self._w < MIN_WEIGHT or pixels > EXTRAPOLATE * self.largest:
+            return None
+        mean_p, mean_t = self._p / self._w, self._t / self._w
+        spread = self._pp / self._w - mean_p * mean_p
+        if spread <= 1e-9 * mean_p ** 2:  # holds of one size only: all of it per pixel (the shorter guess below it)
+            return mean_t * pixels / mean_p if mean_p else mean_t
+        per_pixel = max(0.0, (self._pt / self._w - mean_p * mean_t) / spread)
+        return max(0.0, mean_t - per_pixel * mean_p) + per_pixel * pixels
 
 
 @dataclass(eq=False)
@@ -82,15 +126,15 @@ class MemoryBudget:
         self.held = 0
         self._holders: set[Reservation] = set()
         self._line: deque[_Waiter] = deque()
-        self._seconds = self._pixels = 0.0  # decayed sums of the hold times and the pixels held
+        self.holds = HoldTimes()
 
     @property
     def waiting(self) -> int:
         return sum(w.pixels for w in self._line)
 
     def hold_s(self, pixels: int) -> float:
-        """The measured time `pixels` stay held (from their reservation to the answer sent); 0 before any."""
-        return pixels * self._seconds / self._pixels if self._pixels else 0.0
+        """The predicted time `pixels` stay held (from their reservation to the answer sent); 0 when unsure."""
+        return self.holds.predict(pixels) or 0.0
 
     def check(self, timeout_s: float) -> None:
         """`MemoryBusyError` when even a request of no pixels, arriving now, would start past its deadline (the
@@ -128,7 +172,7 @@ class MemoryBudget:
         moment it may start to be answered by `deadline`."""
         now = self._clock()
         start = self._predicted_start(pixels, now)
-        if start > self._latest_start(pixels, deadline):
+        if start is not None and start > self._latest_start(pixels, deadline):
             raise MemoryBusyError(
                 f"the service's memory for full-size images is taken: {self.held / 1e6:.1f} megapixels held and "
                 f"{self.waiting / 1e6:.1f} waiting of {self.limit / 1e6:.1f}; this request would not be answered "
@@ -138,9 +182,12 @@ class MemoryBudget:
         """The last moment a request of `pixels` may get them and still be answered by `deadline`."""
         return deadline - SAFETY * self.hold_s(pixels) - MARGIN_S
 
-    def _predicted_start(self, pixels: int, now: float) -> float:
+    def _predicted_start(self, pixels: int, now: float) -> float | None:
         """When a request of `pixels` joining the line now would get them, if every request holding or waiting
-        ahead holds its pixels for the measured time (first come, first served)."""
+        ahead holds its pixels for its predicted time (first come, first served); None when a prediction is unsure."""
+        sizes = [r.pixels for r in self._holders] + [w.pixels for w in self._line] + [pixels]
+        if any(self.holds.predict(p) is None for p in sizes):
+            return None
         releases = [(max(now, r.acquired_at + self.hold_s(r.pixels)), r.pixels) for r in self._holders]
         heapq.heapify(releases)
         free, t = self.limit - self.held, now
@@ -179,18 +226,18 @@ class MemoryBudget:
         """A waiter that stopped waiting: out of the line, or its pixels back if they were granted meanwhile."""
         if waiter.granted.done():
             if not waiter.granted.cancelled():
-                waiter.granted.result().release(used=False)
+                waiter.granted.result().release()
             return
         waiter.granted.cancel()
         self._line.remove(waiter)
         self._serve_line()  # the head may have been what held the others back
 
-    def _release(self, reservation: Reservation, used: bool) -> None:
+    def _release(self, reservation: Reservation) -> None:
         self._holders.discard(reservation)
         self.held -= reservation.pixels
-        if used:
-            self._seconds = DECAY * self._seconds + (self._clock() - reservation.acquired_at)
-            self._pixels = DECAY * self._pixels + reservation.pixels
+        if reservation.reached_model:
+            end = self._clock() if reservation.answered_at is None else reservation.answered_at
+            self.holds.observe(reservation.pixels, end - reservation.acquired_at)
         self._serve_line()
 
     def _serve_line(self) -> None:
@@ -247,9 +294,27 @@ def hold_until_answered(scope: Scope, reservation: Reservation) -> None:
     scope.setdefault("state", {})[SCOPE_KEY] = reservation
 
 
+async def send_flushed(send: Send, handed_over: Callable[[], None], message: Message) -> None:
+    """`send`, but the last part of an answer's body goes as two messages, its last byte alone: the server's
+    flow control holds the second until the client has read the rest (uvicorn waits for its write buffer to
+    drain before writing the next part), so the request keeps its pixels while its answer waits in the buffer,
+    and the send timeout (`serve.http.connections`) bounds that wait. `handed_over()` is called before the
+    last part: the answer is with the server then."""
+    body = message.get("body", b"")
+    if message["type"] != "http.response.body" or message.get("more_body", False):
+        await send(message)
+        return
+    if len(body) >= 2:
+        await send({"type": "http.response.body", "body": body[:-1], "more_body": True})
+        message = {"type": "http.response.body", "body": body[-1:], "more_body": False}
+    handed_over()
+    await send(message)
+
+
 class ReleaseWhenAnswered:
-    """Release the pixels a request to `paths` reserved once its answer is sent, or the request fails or is
-    abandoned: a response is sent after its route returns, and the image it carries is in memory until then."""
+    """Release the pixels a request to `paths` reserved once its answer is sent (read by the client but for the
+    socket's buffers), or the request fails or is abandoned: a response is sent after its route returns, and
+    the image it carries is in memory until then."""
 
     def __init__(self, app: ASGIApp, paths: tuple[str, ...]):
         self.app, self.paths = app, paths
@@ -258,8 +323,13 @@ class ReleaseWhenAnswered:
         if scope["type"] != "http" or scope.get("path") not in self.paths:
             await self.app(scope, receive, send)
             return
+        def handed_over() -> None:
+            reservation = scope.get("state", {}).get(SCOPE_KEY)
+            if reservation is not None:
+                reservation.answer_handed_over()
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, functools.partial(send_flushed, send, handed_over))
         finally:
             reservation = scope.get("state", {}).pop(SCOPE_KEY, None)
             if reservation is not None:

@@ -4,6 +4,10 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+# the methods the service answers, as labels; any other (a made-up one) is "other": labels from a closed set, so no
+# client can grow the registry (and each scrape) with requests of its own invention
+METHOD_LABELS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+OTHER_METHOD = "other"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256)
 
@@ -53,8 +57,14 @@ class ServiceMetrics:
 
     # -- HTTP --------------------------------------------------------------------------------------
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        """`route`: a route's template or one fixed word (serve.http.middleware.route_label); `method`: any."""
+        method = method if method in METHOD_LABELS else OTHER_METHOD
         self.requests.labels(route, method, str(status)).inc()
         self.latency.labels(route, method).observe(seconds)
+
+    def connection_refused(self) -> None:
+        """A connection over a limit (serve.http.connections)."""
+        self.rejected.labels("too_many_connections").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -136,7 +136,8 @@ def bearer_token(scope: Scope) -> str | None:
 class BodyTimeout:
     """Close a request to `paths` whose body stalls: every part of it must arrive within `seconds` of the
     last (JSON 408, `Connection: close`), so a slow or lying client (a Content-Length larger than what it
-    sends) cannot hold a connection and a decode slot for long."""
+    sends) cannot hold a connection and a decode slot for long. The 408 is the only answer: what the app makes
+    of the stalled body (FastAPI's form parser answers 400 to any error while reading) is not sent."""
 
     class _Stalled(Exception):
         pass
@@ -149,25 +150,31 @@ class BodyTimeout:
             await self.app(scope, receive, send)
             return
 
-        body_done = False
+        body_done = stalled = False
 
         async def timed_receive() -> Message:
-            nonlocal body_done
+            nonlocal body_done, stalled
             if body_done:  # the body is in: what follows (a disconnect, while the answer streams) may take long
                 return await receive()
             try:
                 message = await asyncio.wait_for(receive(), self.seconds)
-                body_done = message["type"] != "http.request" or not message.get("more_body", False)
-                return message
             except asyncio.TimeoutError:
-                detail = f"the request body stalled: nothing arrived for {self.seconds:g} s"
-                await error_response(408, "body_timeout", detail, {"Connection": "close"})(scope, receive, send)
+                stalled = True
                 raise self._Stalled from None
+            body_done = message["type"] != "http.request" or not message.get("more_body", False)
+            return message
+
+        async def send_unless_stalled(message: Message) -> None:
+            if not stalled:
+                await send(message)
 
         try:
-            await self.app(scope, timed_receive, send)
+            await self.app(scope, timed_receive, send_unless_stalled)
         except self._Stalled:
             pass
+        if stalled:
+            detail = f"the request body stalled: nothing arrived for {self.seconds:g} s"
+            await error_response(408, "body_timeout", detail, {"Connection": "close"})(scope, receive, send)
 
 
 class ContentLengthLimit:

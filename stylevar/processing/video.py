@@ -4,7 +4,8 @@ Through PyAV (``pip install 'stylevar[video]'``): its wheels bundle FFmpeg (libx
 decoders), so it installs from the registry alone on a fresh machine; torchcodec needs a system FFmpeg.
 PyAV 18 gives rotation metadata with decoded frames only: :func:`probe` tells the stored picture's size.
 
-- :func:`probe` reads a header (no frame decoded) into a :class:`VideoInfo`, checked against :class:`VideoLimits`.
+- :func:`probe` reads a header (no frame decoded) into a :class:`VideoInfo`, checked against :class:`VideoLimits`;
+  :func:`count_frames` counts the frames from the packets (demuxed, not decoded), checked against the same limits.
 - :func:`read_frames` yields RGB PIL frames one at a time (``info["time_s"]``, ``info["index"]``), checking
   the limits from the header first and again on every frame (a header may lie, or say nothing).
 - :class:`VideoWriter` encodes PIL frames to H.264 (libx264, else mpeg4), yuv420p (an odd side loses its
@@ -120,6 +121,31 @@ def probe(path: str | os.PathLike, limits: VideoLimits | None = None) -> VideoIn
     """The header of the video at ``path``; a :class:`VideoError` if it is not one or is over ``limits``."""
     with _open_input(path) as container:
         return _header(container, path, limits)[1]
+
+
+def count_frames(path: str | os.PathLike, limits: VideoLimits | None = None) -> int:
+    """The first video stream's frames, counted from the container's packets (demuxed, none decoded): what a
+    header that gives no count (Matroska, WebM) or lies cannot tell. Stops with a :class:`VideoError` at the first
+    packet past ``limits`` (frames, or the span of their timestamps), so an over-limit clip costs a demux only."""
+    av = _av()
+    with _open_input(path) as container:
+        stream, info = _header(container, path, limits)
+        frames, first, last = 0, None, None
+        frame_s, time_base = 1 / float(info.fps), stream.time_base
+        try:
+            for packet in container.demux(stream):
+                if packet.size == 0:  # the demuxer's end-of-stream marker
+                    continue
+                frames += 1
+                if packet.pts is not None and time_base:
+                    first = packet.pts if first is None else min(first, packet.pts)
+                    last = packet.pts if last is None else max(last, packet.pts)
+                span_s = float((last - first) * time_base) + frame_s if first is not None else frames * frame_s
+                _check(limits, path, (info.width, info.height), frames, span_s, decoding=True)
+        except av.FFmpegError as e:
+            raise CorruptVideoError(f"{os.fspath(path)}: corrupt or truncated video (reading its packets failed "
+                                    f"after {frames} frames: {e.strerror or type(e).__name__})") from e
+    return frames
 
 
 def read_frames(path: str | os.PathLike, limits: VideoLimits | None = None) -> Iterator[Image.Image]:

@@ -2,6 +2,8 @@
 login answer 429 with Retry-After), and the settings that close /docs, /openapi.json and /metrics."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -191,8 +193,15 @@ def test_a_stalled_or_lying_body_is_closed_within_the_body_timeout(tiny_model_di
         Image.new("RGB", (40, 30), (200, 30, 30)).save(img, "PNG")
         upload = {"content": ("c.png", img.getvalue(), "image/png"), "style": ("s.png", img.getvalue(), "image/png")}
         streamed = httpx.post(srv.url + "/stylize/stream", files=upload, timeout=30)
+        log = srv.log_text_once(lambda t: '"status": 408' in t or '"status":408' in t)
     finally:
         srv.stop()
     assert text.startswith("HTTP/1.1 408") and '"body_timeout"' in text, text
+    # issue 55, finding 8: answered once, logged as 408 (not the form parser's 400), no traceback
+    assert text.count("HTTP/1.1 ") == 1, text
+    statuses = [json.loads(line).get("status") for line in log.splitlines()
+                if line.startswith("{") and json.loads(line).get("path") == "/stylize"]
+    assert statuses == [408], statuses
+    assert "Traceback" not in log and "Unexpected ASGI message" not in log, log[-3000:]
     assert waited < 5 and alive == 200
     assert streamed.status_code == 200 and "event: result" in streamed.text

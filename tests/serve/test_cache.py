@@ -122,3 +122,46 @@ def test_zero_bytes_disables_the_cache(pipe):
     x = torch.zeros(2, 3, 32, 32)
     out = cache.rows("style", (), x, lambda t: (t.mean((1, 2, 3)),))
     assert out[0].shape == (2,) and cache.stats().entries == 0 and cache.stats().misses == {"style": 1}
+
+
+def test_each_scope_has_its_own_cache_and_a_shared_image_is_encoded_once_a_batch(pipe, monkeypatch):
+    """Issue 55, finding 9: the same content sent with another API key is no hit (its timing would tell one client
+    what another sent); within one scope it is."""
+    runner = ModelRunner(pipe, 1024, ConditionCache(64 * 2**20))
+    content_calls = _count_calls(monkeypatch, pipe.model, "content_parts")
+    style, content = _image(7), _image(8)
+
+    def job(scope: str) -> Job:
+        j = _job(content, style)
+        return Job(key=j.key, rows=1, payload=StylizeTask(j.payload.stylization, cache_scope=scope),
+                   deadline=float("inf"))
+
+    runner.run([job("a")])
+    runner.run([job("b")])
+    assert runner.cache.stats().hits == {"style": 0, "content": 0}, "another key's images are not found"
+    runner.run([job("a")])
+    assert runner.cache.stats().hits == {"style": 1, "content": 1}
+    runner.run([job("c"), job("d")])  # two new scopes in one batch: stored for each, computed once
+    assert content_calls == [1, 1, 1]
+
+
+def test_the_service_scopes_the_cache_by_api_key(micro_model_dir):
+    import io
+
+    from fastapi.testclient import TestClient
+
+    from serve.http.app import create_app
+    from serve.settings import ServeSettings
+
+    def png(image: Image.Image) -> bytes:
+        buf = io.BytesIO()
+        image.save(buf, "PNG")
+        return buf.getvalue()
+
+    files = {"content": ("c.png", png(_image(9)), "image/png"), "style": ("s.png", png(_image(10)), "image/png")}
+    settings = ServeSettings(model_dir=micro_model_dir, device=["cpu"], ui=False, warmup=False, api_keys=["k1", "k2"])
+    with TestClient(create_app(settings)) as c:
+        for key in ("k1", "k2", "k1"):
+            assert c.post("/stylize", files=files, headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        cache = c.app.state.service.runner.cache
+    assert cache.stats().misses == {"style": 2, "content": 2} and cache.stats().hits == {"style": 1, "content": 1}

@@ -263,3 +263,31 @@ def test_past_the_drain_timeout_the_requests_left_get_a_json_503(tiny_model_dir,
     with capsys.disabled():
         print(f"\ndrain (SIGINT, timeout 2 s): {n} requests in flight, 0 completed, {n} answered 503 at the "
               f"timeout; exit 0 after {exit_s:.2f} s (server: {summary['drain_s']} s)")
+
+
+@pytest.mark.slow
+def test_a_request_still_arriving_at_shutdown_gets_a_json_503(tiny_model_dir, tmp_path):
+    """Issue 55, finding 7: a request whose head was still arriving when the server closed its connections (nothing
+    else in flight: the drain ends at once) is answered 503 `shutting_down`, not met with silence."""
+    import socket
+
+    srv = ServerProcess.serve(tiny_model_dir, settings={"STYLEVAR_WARMUP": "false"}, log_dir=tmp_path)
+    try:
+        srv.wait_ready()
+        host, port = srv.url.removeprefix("http://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            s.sendall(b"POST /stylize HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; bou")
+            time.sleep(0.5)  # the server has taken the connection and the start of the head
+            srv.send_signal(signal.SIGTERM)
+            answer = b""
+            try:
+                while chunk := s.recv(4096):
+                    answer += chunk
+            except ConnectionResetError:
+                pass
+        rc = srv.proc.wait(60)
+    finally:
+        srv.stop()
+    text = answer.decode("latin-1")
+    assert text.startswith("HTTP/1.1 503") and '"shutting_down"' in text and "retry-after: 1" in text, text
+    assert rc == 0

@@ -108,9 +108,7 @@ def test_a_line_that_would_outlast_the_deadline_is_refused_at_once():
     async def scenario() -> None:
         clock = Clock()
         budget = MemoryBudget(100, clock=clock)
-        first = await budget.reserve(100, clock.now + 60)
-        clock.now += 10.0  # 100 pixels held for 10 s: 0.1 s a pixel
-        first.release()
+        await measure(budget, clock, 100, 10.0, times=3)  # 100 pixels held for 10 s, three times: sure
         held = await budget.reserve(100, clock.now + 60)  # predicted to leave 10 s from now
         waiting = asyncio.create_task(budget.reserve(100, clock.now + 60))  # then 10 s more
         await asyncio.sleep(0.01)
@@ -133,19 +131,85 @@ def test_pixels_granted_too_late_go_back_and_the_request_is_refused():
     async def scenario() -> None:
         clock = Clock()
         budget = MemoryBudget(100, clock=clock)
+        await measure(budget, clock, 100, 5.0, times=2)
         holder = await budget.reserve(100, clock.now + 60)
+        holder.reached_model = True
         late = asyncio.create_task(budget.reserve(100, clock.now + 8))
         after = asyncio.create_task(budget.reserve(100, clock.now + 60))
         await asyncio.sleep(0.01)
         clock.now += 5.0
-        holder.release()  # measured: 5 s for 100 pixels; `late` has 3 s left: too little
+        holder.release()  # measured a third time: 5 s for 100 pixels; `late` has 3 s left: too little
         with pytest.raises(MemoryBusyError):
             await late
-        assert budget.hold_s(100) == 5.0, "pixels given back unused are no measurement of a hold"
+        assert budget.hold_s(100) == pytest.approx(5.0), "pixels given back unused are no measurement of a hold"
         (await asyncio.wait_for(after, 2)).release()
         assert budget.held == 0 and budget.waiting == 0
 
     asyncio.run(scenario())
+
+
+async def measure(budget: MemoryBudget, clock: Clock, pixels: int, seconds: float, times: int = 1) -> None:
+    """`times` requests of `pixels` that reached the model, each holding them for `seconds`."""
+    for _ in range(times):
+        r = await budget.reserve(pixels, clock.now + 600)
+        r.reached_model = True
+        clock.now += seconds
+        r.release()
+
+
+def test_holds_are_a_fixed_cost_plus_a_cost_per_pixel_learned_from_requests_that_reached_the_model():
+    async def scenario() -> None:
+        clock = Clock()
+        budget = MemoryBudget(10_000, clock=clock)
+        refused = await budget.reserve(9_000, clock.now + 60)
+        clock.now += 0.01
+        refused.release()  # a request refused after its reservation (a bad upload): no model work, not measured
+        assert budget.holds.predict(100) is None and budget.holds.largest == 0
+        await measure(budget, clock, 100, 1.1)
+        await measure(budget, clock, 1000, 2.0)
+        assert budget.holds.predict(100) is None, "two holds: unsure"
+        await measure(budget, clock, 100, 1.1)
+        assert budget.hold_s(550) == pytest.approx(1.55)  # 1 s fixed, 1 ms a pixel
+        assert budget.hold_s(100) == pytest.approx(1.1) and budget.hold_s(2000) == pytest.approx(3.0)
+        assert budget.holds.predict(2001) is None, "far past the largest measured: unsure"
+        slow_reader = await budget.reserve(1000, clock.now + 60)
+        slow_reader.reached_model = True
+        clock.now += 2.0
+        slow_reader.answer_handed_over()  # its answer was ready after 2 s; the client then read it for 50 s
+        clock.now += 50.0
+        slow_reader.release()
+        assert budget.hold_s(1000) < 2.1, "a slow reader's reading is no part of the measured hold"
+
+    asyncio.run(scenario())
+
+
+def test_a_burst_larger_than_anything_measured_waits_instead_of_being_refused():
+    """Issue 55, finding 5 in small: tiny requests first (one refused), then a burst of requests that fit one at a
+    time, each far larger than the tiny ones: the tiny requests' fixed overhead is no measure of theirs, so none
+    is refused at once; each waits its turn and is served within its deadline."""
+    async def scenario() -> list[str]:
+        clock = Clock()
+        budget = MemoryBudget(1_000_000, clock=clock)
+        await measure(budget, clock, 100, 0.5, times=3)  # sure about tiny requests only
+        refused = await budget.reserve(100, clock.now + 60)
+        refused.release()
+        deadline = clock.now + 60
+        first = await budget.reserve(600_000, deadline)
+        first.reached_model = True
+        waiting = [asyncio.create_task(budget.reserve(600_000, deadline)) for _ in range(7)]
+        await asyncio.sleep(0.01)
+        assert not any(t.done() for t in waiting), "none refused at once"
+        holder, served = first, []
+        for task in waiting:
+            clock.now += 2.0  # each holds its pixels for 2 s: seven in a row fit within the deadline
+            holder.release()
+            holder = await asyncio.wait_for(task, 5)
+            holder.reached_model = True
+            served.append("ok")
+        holder.release()
+        return served
+
+    assert asyncio.run(scenario()) == ["ok"] * 7
 
 
 def test_a_client_that_leaves_while_waiting_leaves_the_line():
@@ -281,10 +345,12 @@ def test_the_pixels_come_back_when_a_request_fails_or_streams(micro_model_dir):
         r = client.post("/stylize", files={"content": ("c.png", CONTENT[:60], "image/png"),
                                            "style": ("s.png", STYLE, "image/png")})
         assert r.status_code == 422 and memory.held == 0  # decoding failed after the reservation
+        assert memory.holds.largest == 0, "a request that never reached the model teaches no hold time"
         with client.stream("POST", "/stylize/stream", files={"content": ("c.png", CONTENT, "image/png"),
                                                              "style": ("s.png", STYLE, "image/png")}) as s:
             lines = [line for line in s.iter_lines() if line]
         assert "event: result" in lines and memory.held == 0
+        assert memory.holds.largest == COST, "the stream's model work succeeded: its hold is measured"
 
 
 def test_large_requests_hand_the_freed_heap_back(micro_model_dir, monkeypatch):

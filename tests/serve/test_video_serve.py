@@ -181,4 +181,78 @@ def test_a_clip_past_the_deadline_is_stopped_and_a_second_clip_meanwhile_is_503(
         assert answers["first"].status_code == 504 and answers["first"].json()["error"] == "deadline_exceeded"
         assert answers["second"].json()["error"] == "busy" and answers["second"].headers["retry-after"] == "5"
         assert http.get("/healthz").status_code == 200
-        assert app.state.video_gate.take()  # the slot was given back
+        end = time.monotonic() + 60  # the slot comes back once the clip's thread has stopped at its next frame
+        while not app.state.video_gate.take():
+            assert time.monotonic() < end, "the slot was never given back"
+            time.sleep(0.05)
+
+
+@pytest.mark.timeout(120)
+def test_frames_are_counted_before_any_model_work_on_a_thread_at_the_workers_priority(tiny_model_dir, tmp_path,
+                                                                                       monkeypatch):
+    """Issue 55, finding 6 in small: an MKV gives no frame count in its header; one over the frame limit is refused
+    413 from its packets before the model sees a frame (it was stylized, then refused); a clip within the limits
+    runs on a thread at the batch workers' CPU priority or below."""
+    import os
+    import threading
+
+    from fastapi.testclient import TestClient
+
+    from serve.http.app import create_app
+    from serve.settings import ServeSettings
+    from stylevar.pipelines.pipeline import StylePipeline
+
+    long_mkv = make_clip(tmp_path / "long.mkv", frames=45, fps=30, fmt="matroska").read_bytes()
+    assert probe(tmp_path / "long.mkv").frames_exact is False, "the header says no count"
+    short = make_clip(tmp_path / "short.mp4", frames=4, fps=30).read_bytes()
+    seen = []
+    real = StylePipeline.stylize_video
+
+    def recorded(self, *args, **kwargs):
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(StylePipeline, "stylize_video", recorded)
+    app = create_app(ServeSettings(model_dir=tiny_model_dir, device=["cpu"], ui=False, warmup=False,
+                                   max_video_frames=30, worker_nice=5))
+    with TestClient(app) as http:
+        refused = post(http, long_mkv, name="long.mkv")
+        assert refused.status_code == 413 and refused.json()["error"] == "video_too_long", refused.text
+        assert "31 frames" in refused.json()["detail"] and seen == [], "refused before any model work"
+        done = post(http, short)
+    assert done.status_code == 200, done.text
+    assert seen and seen[0] >= min(19, os.getpriority(os.PRIO_PROCESS, 0) + 5)
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_stops_a_clip_within_the_drain_and_exits_cleanly(tiny_model_dir, tmp_path):
+    """Issue 55, finding 7: a clip that would outlast the drain is stopped before its time is up (503
+    `shutting_down`), its thread before its folder is removed, and the process exits within the drain."""
+    import signal
+    import threading
+
+    drain_s = 3.0
+    settings = {"STYLEVAR_UI": "false", "STYLEVAR_DRAIN_TIMEOUT_S": str(drain_s), "STYLEVAR_MAX_BATCH_SIZE": "1",
+                "STYLEVAR_MAX_VIDEO_FRAMES": "1500", "STYLEVAR_MAX_VIDEO_DURATION_S": "60",
+                "STYLEVAR_VIDEO_TIMEOUT_S": "600"}
+    clip = make_clip(tmp_path / "c.mp4", frames=1500, fps=30, size=(64, 48)).read_bytes()
+    srv = ServerProcess.serve(tiny_model_dir, settings=settings, log_dir=tmp_path)
+    try:
+        srv.wait_ready()
+        answer = {}
+        with httpx.Client(base_url=srv.url, timeout=120) as c:
+            t = threading.Thread(target=lambda: answer.update(r=post(c, clip)))
+            t.start()
+            time.sleep(3.0)  # the clip is under way (1500 frames one at a time take far longer)
+            t0 = time.monotonic()
+            srv.send_signal(signal.SIGTERM)
+            t.join(120)
+        rc = srv.proc.wait(120)
+        exit_s = time.monotonic() - t0
+    finally:
+        srv.stop()
+    log = srv.log_text()
+    assert answer["r"].status_code == 503 and answer["r"].json()["error"] == "shutting_down", answer["r"].text
+    assert rc == 0 and exit_s < drain_s + 3, (rc, exit_s)
+    for bad in ("Future exception was never retrieved", "No such file or directory", "Traceback"):
+        assert bad not in log, log[-3000:]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, Response
+from starlette.concurrency import run_in_threadpool
 
 from serve.http.errors import error_response
 from serve.http.schemas import ErrorBody, Health
@@ -37,8 +38,8 @@ async def readyz(state: ServiceState = Depends(get_state)) -> Any:  # noqa: B008
 @metrics_router.get("/metrics", response_class=Response,
                     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
 async def metrics(state: ServiceState = Depends(get_state)) -> Response:  # noqa: B008
-    """Prometheus metrics."""
-    return Response(state.metrics.render(), media_type=state.metrics.content_type)
+    """Prometheus metrics (rendered on a worker thread: a scrape never holds the event loop)."""
+    return Response(await run_in_threadpool(state.metrics.render), media_type=state.metrics.content_type)
 
 
 ALWAYS_OPEN_PATHS: tuple[str, ...] = tuple(r.path for r in (*router.routes, *metrics_router.routes))

@@ -31,7 +31,8 @@ from serve.engine.batching import BatchError, Job
 from serve.engine.runner import PreviewFn, StylizeTask
 from serve.http.errors import ERROR_RESPONSES, ClientGone, ServiceError, from_coded_error
 from serve.http.jobs import follow_job, job_result, wait_for_job
-from serve.http.memory import hold_until_answered
+from serve.http.memory import Reservation, hold_until_answered
+from serve.http.middleware import bearer_token
 from serve.http.negotiation import ZIP_MEDIA_TYPE, negotiate
 from serve.http.schemas import ImageOut, StylizeForm, StylizeResult
 from serve.http.state import ServiceState, get_state, require_key, require_loaded
@@ -106,7 +107,7 @@ def request_pixels(plan: Plan, request: StylizeRequest, max_output_side: int,
     return sum(math.prod(d) for d in decoded) + masks * math.prod(content) + request.num_samples * result
 
 
-async def reserve_pixels(st: ServiceState, plan: Plan, req: StylizeRequest, request: Request) -> None:
+async def reserve_pixels(st: ServiceState, plan: Plan, req: StylizeRequest, request: Request) -> Reservation:
     """Hold the request's pixels in the service's budget (`serve.http.memory`) until its answer is sent: at once,
     after a wait within its deadline, or 503 `memory_busy` with `Retry-After` (413 over the whole budget)."""
     pixels = await run_in_threadpool(request_pixels, plan, req, st.settings.max_output_side, st.settings.max_pixels)
@@ -117,6 +118,7 @@ async def reserve_pixels(st: ServiceState, plan: Plan, req: StylizeRequest, requ
         st.metrics.rejected.labels(e.code).inc()
         raise from_coded_error(e) from e
     hold_until_answered(request.scope, reservation)
+    return reservation
 
 
 async def decode_uploads(st: ServiceState, plan: Plan) -> list[Decoded]:
@@ -166,7 +168,7 @@ async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
         raise from_coded_error(e) from e
     with admission:
         plan = decode_plan(st, upload)
-        await reserve_pixels(st, plan, req, request)
+        reservation = await reserve_pixels(st, plan, req, request)
         decoded = await decode_uploads(st, plan)
         images = [d.image for d in decoded]
         n = len(styles)
@@ -177,11 +179,13 @@ async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
             raise ServiceError(504, "deadline_exceeded", "the request took longer than the service's deadline "
                                                          "(its upload and decoding took all of it)")
         try:
-            job = admission.submit(stylization.key, StylizeTask(stylization, on_preview), rows=len(stylization.seeds),
-                                   timeout_s=left_s, request_id=rid)
+            task = StylizeTask(stylization, on_preview, st.keys.scope_of(bearer_token(request.scope)))
+            job = admission.submit(stylization.key, task, rows=len(stylization.seeds), timeout_s=left_s,
+                                   request_id=rid)
         except BatchError as e:
             st.metrics.rejected.labels(e.code).inc()
             raise from_coded_error(e) from e
+        job.future.add_done_callback(lambda f: reservation.model_done(not f.cancelled() and f.exception() is None))
     return job, decoded[0]
 
 

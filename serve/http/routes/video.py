@@ -3,9 +3,12 @@
 The clip goes to a temporary file (the route's body limit is `max_video_upload_bytes`), its header is checked
 against the service's limits (`max_video_duration_s`, `max_video_frames`, `max_video_pixels`; again while
 decoding, as a header may lie), then `StylePipeline.stylize_video` runs on a thread beside the batcher's
-workers, `video_concurrency` clips at a time (one more is 503 with Retry-After). The frame rate, the timing
-and the audio are kept. A clip past `video_timeout_s`, or whose client went away, is stopped between two
-frames. Longer clips belong to the command line (`stylevar stylize clip.mp4 style.png -o out.mp4`).
+workers, `video_concurrency` clips at a time (one more is 503 `busy` with Retry-After), each on a thread of its
+own at the batch workers' CPU priority (`worker_nice`). Before any model work its frames are counted from the
+container's packets (demuxed, not decoded): an over-limit clip is refused in the time of a demux. The frame rate,
+the timing and the audio are kept. A clip past `video_timeout_s`, whose client went away, or still running when
+the service's drain is about to end (503 `shutting_down`), is stopped between two frames; its temporary folder
+and its slot are given back once its thread has stopped, never under it. Longer clips belong to the command line (`stylevar stylize clip.mp4 style.png -o out.mp4`).
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import shutil
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
 
@@ -27,8 +31,10 @@ from starlette.concurrency import run_in_threadpool
 from stylevar.processing.images import ImageError
 from stylevar.pipelines.options import FORM, IMAGE_ONLY, Option, offered
 from stylevar.processing.postprocess import MAX_STYLES, os_random_seed
-from stylevar.processing.video import DEFAULT_TEMPORAL, TEMPORAL_HELP, TEMPORAL_MODES, VideoError, VideoInfo, VideoLimits, probe
+from stylevar.processing.video import (DEFAULT_TEMPORAL, TEMPORAL_HELP, TEMPORAL_MODES, VideoError, VideoInfo,
+                                       VideoLimits, count_frames, probe)
 
+from serve.engine.batching import lower_priority
 from serve.http import imaging
 from serve.http.errors import ERROR_RESPONSES, ServiceError, from_coded_error
 from serve.http.schemas import FormOptions, form_field
@@ -38,6 +44,7 @@ from serve.http.routes.stylize import REFERENCE_SIDE, check_alphas, check_mix, h
 log = logging.getLogger("serve.video")
 
 PATH = "/stylize/video"
+STOP_MARGIN_S = 1.0  # a clip is stopped when what is left of the drain is under twice its longest frame step plus this
 VIDEO_OPTIONS = [opt for opt in offered(FORM) if opt.name not in IMAGE_ONLY]
 
 router = APIRouter(dependencies=[Depends(require_key)])
@@ -65,16 +72,63 @@ MaskUploads = Annotated[Union[list[UploadFile], SkipJsonSchema[None]], File(
 
 
 class VideoGate:
-    """At most `slots` clips at a time in one service (`app.state.video_gate`)."""
+    """At most `slots` clips at a time in one service (`app.state.video_gate`), each run on one of its `slots`
+    threads, at CPU priority `nice` below the process's (the batch workers')."""
 
-    def __init__(self, slots: int):
+    def __init__(self, slots: int, nice: int = 0):
         self._free = threading.BoundedSemaphore(slots)
+        self.threads = ThreadPoolExecutor(slots, thread_name_prefix="stylevar-video", initializer=lower_priority,
+                                          initargs=(nice,))
 
     def take(self) -> bool:
         return self._free.acquire(blocking=False)
 
     def give(self) -> None:
         self._free.release()
+
+
+class ClipWork:
+    """One clip's temporary folder and gate slot, given back once the route and the clip's thread are both done:
+    a clip stopped early (deadline, disconnect, shutdown) finishes its frame on its thread after the route has
+    answered, and its folder must outlive it. Event loop only."""
+
+    def __init__(self, gate: VideoGate):
+        self.gate, self.folder = gate, Path(tempfile.mkdtemp(prefix="stylevar-video-"))
+        self._users = 1  # the route
+
+    def run(self, fn) -> asyncio.Future:
+        """`fn()` on one of the gate's threads; the folder is kept until it returns."""
+        task = asyncio.get_running_loop().run_in_executor(self.gate.threads, fn)
+        self._users += 1
+        task.add_done_callback(self._thread_done)
+        return task
+
+    def _thread_done(self, task: asyncio.Future) -> None:
+        if not task.cancelled():
+            task.exception()  # retrieved here, whoever else looks: Stopped, or what ended it
+        self.done()
+
+    def done(self) -> None:
+        self._users -= 1
+        if self._users == 0:
+            self.gate.give()
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class StepClock:
+    """The longest time between two frame steps of a clip, the step under way included (written by the clip's
+    thread, read by the event loop)."""
+
+    def __init__(self) -> None:
+        self._last = time.monotonic()
+        self._longest = 0.0
+
+    def step(self) -> None:
+        now = time.monotonic()
+        self._longest, self._last = max(self._longest, now - self._last), now
+
+    def longest_s(self) -> float:
+        return max(self._longest, time.monotonic() - self._last)
 
 
 class Stopped(Exception):
@@ -138,9 +192,9 @@ async def stylize_video(request: Request, video: VideoUpload, style: StyleUpload
     if not gate.take():
         raise ServiceError(503, "busy", "the service is stylizing as many clips as it takes at once; try again "
                                         "shortly", {"Retry-After": "5"})
-    work = Path(tempfile.mkdtemp(prefix="stylevar-video-"))
+    clip = ClipWork(gate)
     try:
-        src, out = work / "input", work / "output.mp4"
+        src, out = clip.folder / "input", clip.folder / "output.mp4"
         await save_upload(video, src)
         limits = limits_of(st)
         info = await _probe(src, limits)
@@ -148,57 +202,68 @@ async def stylize_video(request: Request, video: VideoUpload, style: StyleUpload
         kwargs = {"request": req, "style_masks": masks, "temporal": form.temporal,
                   "batch_size": st.settings.max_batch_size, "max_side": st.settings.max_output_side,
                   "limits": limits, "info": info}
-        result, seconds = await _run(request, st, src, styles, out, kwargs)
+        result, seconds = await _run(request, st, clip, src, styles, out, kwargs)
         headers = {"X-Seed": str(req.seed), "X-Frames": str(result.frames), "X-Fps": f"{float(result.fps):g}",
                    "X-Inference-Ms": f"{seconds * 1000:.1f}", "X-Temporal": form.temporal,
                    "X-Model": header_safe(st.runner.pipe.config.name), "X-Audio": "1" if result.audio else "0"}
         log.info("video done", extra={"frames": result.frames, "seconds": round(seconds, 3), "codec": info.codec})
         return Response(out.read_bytes(), media_type="video/mp4", headers=headers)
     finally:
-        gate.give()
-        shutil.rmtree(work, ignore_errors=True)
+        clip.done()
+
+
+def probe_and_count(src: Path, limits: VideoLimits) -> VideoInfo:
+    """The clip's header, and its frames counted from its packets: both within `limits` (else a VideoError)."""
+    info = probe(src, limits)
+    count_frames(src, limits)
+    return info
 
 
 async def _probe(src: Path, limits: VideoLimits) -> VideoInfo:
     try:
-        return await run_in_threadpool(probe, src, limits)
+        return await run_in_threadpool(probe_and_count, src, limits)
     except VideoError as e:
         raise video_error(e) from e
 
 
-async def _run(request: Request, st: ServiceState, src: Path, styles: list, out: Path, kwargs: dict):
-    """`stylize_video` on a thread, stopped between frames past the deadline or when the client goes away."""
-    stop = threading.Event()
-    deadline = request.state.arrived + st.settings.video_timeout_s
+async def _run(request: Request, st: ServiceState, clip: ClipWork, src: Path, styles: list, out: Path,
+               kwargs: dict):
+    """`stylize_video` on the clip's thread, stopped between frames past the deadline, when the client goes away,
+    or when the service's drain is about to end; however the route ends (its task cancelled too), the thread is
+    told to stop, and the clip's folder outlives it (`ClipWork`)."""
+    stop, steps = threading.Event(), StepClock()
 
     def progress(done: int, total: int | None) -> None:
+        steps.step()
         if stop.is_set():
             raise Stopped()
 
-    def work():
-        return st.runner.pipe.stylize_video(src, styles, out, progress=progress, **kwargs)
-
     t0 = time.perf_counter()
-    task = asyncio.get_running_loop().run_in_executor(None, work)
+    task = clip.run(lambda: st.runner.pipe.stylize_video(src, styles, out, progress=progress, **kwargs))
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=0.25)
             if done:
                 return task.result(), time.perf_counter() - t0
-            if time.monotonic() > deadline:
-                stop.set()
-                raise ServiceError(504, "deadline_exceeded", f"the clip took longer than the service's video "
-                                                             f"deadline of {st.settings.video_timeout_s:g} s")
+            check_clip(st, request.state.arrived, steps)
             if await request.is_disconnected():
-                stop.set()
                 raise ServiceError(499, "client_gone", "the client went away")
     except VideoError as e:  # found while decoding (a truncated clip, a header that lied about its length)
         raise video_error(e) from e
-    except ServiceError:
-        await asyncio.wait({task})  # the thread stops at the next frame; its output is removed with the folder
-        if not task.cancelled():
-            task.exception()  # retrieved: Stopped, or whatever ended it
-        raise
+    finally:
+        stop.set()  # a no-op once the thread is done
+
+
+def check_clip(st: ServiceState, arrived: float, steps: StepClock) -> None:
+    """A running clip's ServiceError: 504 past the video deadline, 503 `shutting_down` when the drain has too
+    little time left for it to stop at its next frame."""
+    if time.monotonic() > arrived + st.settings.video_timeout_s:
+        raise ServiceError(504, "deadline_exceeded", f"the clip took longer than the service's video "
+                                                     f"deadline of {st.settings.video_timeout_s:g} s")
+    drain = st.drain
+    if drain.draining and drain.time_left_s() <= 2 * steps.longest_s() + STOP_MARGIN_S:
+        raise ServiceError(503, "shutting_down", "the service is shutting down; the clip was stopped",
+                           {"Retry-After": "1"})
 
 
 def limits_text(settings: Any) -> str:
@@ -212,7 +277,7 @@ def include(app: Any, settings: Any) -> None:
     """Add the route to ``app`` with its body limit and gate; the app's OpenAPI schema states the service's limits
     in the route's description and as ``x-limits`` (routers are shared between apps: the schema is the app's)."""
     app.include_router(router, max_body_size=settings.max_video_upload_bytes)
-    app.state.video_gate = VideoGate(settings.video_concurrency)
+    app.state.video_gate = VideoGate(settings.video_concurrency, settings.worker_nice)
     schema_of = app.openapi
     limits = {"max_duration_s": settings.max_video_duration_s, "max_frames": settings.max_video_frames,
               "max_pixels": settings.max_video_pixels, "max_upload_bytes": settings.max_video_upload_bytes}
