@@ -15,6 +15,13 @@ size a user gets back.
         the strips of the drawing and the detail) for a 3:2 content of each size: each size and mode in a
         fresh process, peak RSS (VmHWM) minus the RSS just before the step.
 
+    python -m benchmarks.upsample detail --contents DIR --styles DIR [--photos A,B] [--art C,D] [--model DIR]
+                                         [--variants 1:1e-3:2,2:1e-3:2] [--out JSON]
+        The guided step's settings (strength:eps:radius) side by side on real photographs x paintings,
+        returned at the content's size and scored at 256 px with the real-pairs measures (sharpness and the
+        pretrained style measures among them); the model draws each pair once per variant with the same seed.
+        The demo's strength 2 was chosen on training pictures with it, then checked on the held-out judges.
+
     python -m benchmarks.upsample grid --out docs/upsample_crop.png
         A before/after crop at full size (bicubic | guided | the content) for the README and docs/ui.md.
 """
@@ -41,6 +48,16 @@ def main(argv: list[str] | None = None) -> int:
                        formatter_class=HelpFormatter)
     c.add_argument("--megapixels", default="2,12,24", help="content sizes, comma-separated")
     c.add_argument("--repeats", type=int, default=3, help="timed calls per size and mode")
+    d = sub.add_parser("detail", help="the guided step's strength, eps and radius on real pairs",
+                       formatter_class=HelpFormatter)
+    d.add_argument("--contents", type=Path, required=True, help="folder of photographs")
+    d.add_argument("--styles", type=Path, required=True, help="folder of style pictures")
+    d.add_argument("--photos", default=None, help="comma-separated parts of the photographs' names (default: all)")
+    d.add_argument("--art", default=None, help="comma-separated parts of the styles' names (default: all)")
+    d.add_argument("--model", default=None, help="model directory (default: the demo model)")
+    d.add_argument("--variants", default="1:1e-3:2,1.5:1e-3:2,2:1e-3:2,1:1e-4:2,1.5:1e-4:2",
+                   help="strength:eps:radius of each variant, comma-separated")
+    d.add_argument("--out", type=Path, help="also write the results here (JSON)")
     g = sub.add_parser("grid", help="a before/after crop at full size", formatter_class=HelpFormatter)
     g.add_argument("--out", type=Path, required=True, help="PNG to write")
     once = sub.add_parser("_cost", help="one measurement in this process (what `cost` runs in a fresh one)",
@@ -50,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     once.add_argument("repeats", type=int, help="timed calls")
     args = p.parse_args(argv)
     # torch: once the options are parsed
-    from benchmarks.measures.upsample import cost, cost_markdown, cost_once, crop_grid, quality, quality_markdown
+    from benchmarks.measures.upsample import (cost, cost_markdown, cost_once, crop_grid, detail, detail_markdown,
+                                              quality, quality_markdown)
 
     if args.command == "quality":
         result = quality(args.n, [int(s) for s in args.sizes.split(",")])
@@ -59,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         print(quality_markdown(result))
     elif args.command == "cost":
         print(cost_markdown(cost([float(x) for x in args.megapixels.split(",")], args.repeats)))
+    elif args.command == "detail":
+        result = detail(args)
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=1))
+        print(detail_markdown(result))
     elif args.command == "grid":
         print(crop_grid(args.out))
     else:

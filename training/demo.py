@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--palette", default=None, metavar="METHOD:STRENGTH", type=palette_choice,
                    help="the palette step to ship, e.g. distribution:1 (default: chosen on the calibration triplets; "
                         "the card shows every candidate either way)")
+    p.add_argument("--upsample-strength", type=float, default=None, metavar="S",
+                   help="the guided upsampling's strength to ship, in [0, 2] (default: the library's, 1); chosen "
+                        "with `benchmarks.upsample detail` on training pictures")
     p.add_argument("--compare", action="append", default=[], metavar="NAME=JSON",
                    help="another model's benchmarks/real_pairs.py JSON, a row of the card's variants table")
     return p

@@ -2,6 +2,8 @@
 the returned size, the cost of the upsampling step (each size in a fresh process) and the before/after crop."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import statistics
 import subprocess
@@ -161,3 +163,30 @@ def crop_grid(out: Path, size: int = 1024, crop: int = 256) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     grid.save(out)
     return out
+
+
+def detail(args) -> dict:
+    """`detail`'s rows: each guided-step variant's mean measures on the pairs (`stylevar.evaluate.real_pairs`)."""
+    from stylevar.evaluate.real_pairs import RealPairs, Scorer
+
+    pairs = RealPairs.from_folders(args.contents, args.styles, args.photos, args.art).load()
+    scorer = Scorer()
+    refs = scorer.references([c for c, _ in pairs], [s for _, s in pairs])
+    pipe = StylePipeline.from_pretrained(args.model)
+    rows = {}
+    for variant in args.variants.split(","):
+        strength, eps, radius = variant.split(":")
+        up = dataclasses.replace(pipe.config.upsample, strength=float(strength), eps=float(eps), radius=int(radius))
+        p = StylePipeline(pipe.model, dataclasses.replace(pipe.config, upsample=up))
+        out = [p(c, s, seed=i) for i, (c, s) in enumerate(pairs)]
+        rows[f"strength {strength}, eps {eps}, radius {radius}"] = {
+            k: float(v.mean()) for k, v in scorer(out, refs).items()}
+    return {"n_pairs": len(pairs), "contents": str(args.contents), "styles": str(args.styles), "photos": args.photos,
+            "art": args.art, "model": args.model or "the demo model", "rows": rows}
+
+
+def detail_markdown(result: dict) -> str:
+    from stylevar.evaluate.real_pairs import ceiling_markdown
+
+    return f"{result['n_pairs']} pairs\n" + ceiling_markdown(result["rows"])
+

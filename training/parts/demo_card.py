@@ -142,9 +142,9 @@ one image at a time on the CPU, the whole pipeline (upsampling to the content's 
 {win_text}"""
     if r.ceiling:
         text += f"""
-**Ceilings before any transformer** (`benchmarks/teacher_ceiling.py`, {r.ceiling["n"]} pairs made as the training
-data is, scored at 256 px): what a model that drew the teacher's picture perfectly at 64 or 128 px would
-score, and what this model's tokenizer keeps of the teacher's 64 px picture.
+**Ceilings before any transformer** (`benchmarks/teacher_ceiling.py`, on the held-out pairs, returned at the
+content's size and scored at 256 px): what a model that drew the teacher's picture perfectly at 64, 128 or
+256 px would score, and what each tokenizer keeps of the teacher's picture.
 
 {ceiling_markdown(r.ceiling["rows"])}
 """

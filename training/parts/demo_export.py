@@ -5,6 +5,7 @@ triplets, the tables against the weight-free baselines, the real pairs beside th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -352,6 +353,8 @@ def export(args: argparse.Namespace) -> int:
     """`python -m training.demo` with its parsed options (the command's doc)."""
     apply_threads(args.threads or "torch")  # None: torch's count (or OMP_NUM_THREADS) as it is
     pipe = StylePipeline.from_pretrained(args.model, device="cpu")
+    if args.upsample_strength is not None:  # the recipe's choice (benchmarks.upsample detail): every table has it
+        pipe.config.upsample = dataclasses.replace(pipe.config.upsample, strength=args.upsample_strength)
     calibration = load_triplets(args.data, args.calibration, split="train")
     chosen, palette, selections = choose_settings(pipe, calibration, args)
     triplets, photos = heldout_triplets(args.n, pipe.image_size), photo_triplets(pipe.image_size)
