@@ -15,6 +15,7 @@ class MetricInfo:
     higher_is_better: bool
     reference: Reference  # what the generated image is compared with
     weights: tuple[str, ...]  # registry names (LPIPS: the default VGG backbone; see `weights_for`)
+    extra: str = ""  # the optional install it needs instead of weights ("teacher": the pretrained style network)
 
     @property
     def arrow(self) -> str:
@@ -31,6 +32,10 @@ METRICS: dict[str, MetricInfo] = {
         MetricInfo("ssim_standard", "SSIM (valid)", True, "target_or_content", ()),
         MetricInfo("dreamsim", "DreamSim", False, "target_or_content", ("dreamsim",)),
         MetricInfo("clip", "CLIP Sim.", True, "target_or_content", ("clip",)),
+        # beyond the paper: how much of the style a pretrained network sees, and the detail kept
+        MetricInfo("style_cosine", "Style-vector cos.", True, "style", (), extra="teacher"),
+        MetricInfo("style_gram", "Pretrained Gram dist.", False, "style", (), extra="teacher"),
+        MetricInfo("sharpness", "Sharpness", True, "content", ()),
     )
 }
 NAMES = tuple(METRICS)

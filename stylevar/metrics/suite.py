@@ -70,6 +70,10 @@ class MetricSuite:
                 self.skipped[name] = next(iter(gone.values()))
         self.metrics = tuple(m for m in self.requested if m not in self.skipped)
         self._models: dict[str, torch.nn.Module] = {}
+        if any(defs.get(m).extra for m in self.metrics):  # without the extra: TeacherUnavailable, one line, now
+            from stylevar.metrics.pretrained_style import StylePredictor
+
+            self._models["style"] = StylePredictor().to(self.device)
 
     def _model(self, key: str) -> torch.nn.Module:
         if key not in self._models:
@@ -114,7 +118,22 @@ class MetricSuite:
             out["dreamsim"] = self._model("dreamsim")(gen, ref)
         if "clip" in wanted:
             out["clip"] = self._model("clip")(gen, ref)
+        out.update(self._style_batch(gen, content, style, wanted))
         return {k: v.detach().float().cpu() for k, v in out.items()}
+
+    def _style_batch(self, gen: torch.Tensor, content: torch.Tensor, style: torch.Tensor, wanted: set[str]
+                     ) -> dict[str, torch.Tensor]:
+        """The pretrained style measures and sharpness (`stylevar.metrics.pretrained_style`)."""
+        from stylevar.metrics.pretrained_style import gram_distance, sharpness
+
+        out = {}
+        if wanted & {"style_cosine", "style_gram"}:
+            (v_gen, f_gen), (v_style, f_style) = self._models["style"](gen), self._models["style"](style)
+            out["style_cosine"] = torch.nn.functional.cosine_similarity(v_gen, v_style, dim=1)
+            out["style_gram"] = gram_distance(f_gen, f_style)
+        if "sharpness" in wanted:
+            out["sharpness"] = sharpness(gen, content)
+        return {k: v for k, v in out.items() if k in wanted}
 
     def __call__(
         self,

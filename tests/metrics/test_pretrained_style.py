@@ -142,3 +142,15 @@ def test_real_pairs_scorer_goes_on_without_the_extra(monkeypatch):
     assert scorer.predictor is None and scorer.measures == MEASURES
     assert "stylevar[teacher]" in scorer.why_not and "\n" not in scorer.why_not
     assert Scorer(pretrained=False).why_not == ""
+
+
+def test_the_metric_suite_reports_them_as_stylevar_evaluate_does(predictor):
+    """`stylevar evaluate --metrics style_cosine style_gram sharpness`: the suite's columns are the functions'."""
+    from stylevar.metrics import MetricSuite
+
+    gen, content, style = _pictures(0, size=256), _pictures(1, size=256), _pictures(2, size=256)
+    got = MetricSuite(("style_cosine", "style_gram", "sharpness"), image_size=256)(gen, content, style)
+    assert list(got) == ["style_cosine", "style_gram", "sharpness"]
+    torch.testing.assert_close(got["style_cosine"], style_cosine(predictor, gen, style), atol=1e-5, rtol=0)
+    torch.testing.assert_close(got["style_gram"], style_gram_distance(predictor, gen, style), atol=1e-5, rtol=0)
+    torch.testing.assert_close(got["sharpness"], sharpness(gen, content), atol=1e-6, rtol=0)
