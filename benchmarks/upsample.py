@@ -35,7 +35,7 @@ from pathlib import Path
 from stylevar.utils.helptext import HelpFormatter, RawDescriptionHelpFormatter
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.upsample", description=__doc__,
                                 formatter_class=RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -65,7 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     once.add_argument("mp", type=float, help="content megapixels")
     once.add_argument("mode", help="guided or bicubic")
     once.add_argument("repeats", type=int, help="timed calls")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     # torch: once the options are parsed
     from benchmarks.measures.upsample import (cost, cost_markdown, cost_once, crop_grid, detail, detail_markdown,
                                               quality, quality_markdown)

@@ -85,10 +85,17 @@ class TimedReader:
         self.raw, self.timeout_s = raw, timeout_s
         self.deadline = time.monotonic() + timeout_s
 
-    def read(self, size: int = -1) -> bytes:
+    def _check(self) -> None:
         if time.monotonic() > self.deadline:
             raise DecodeTimeout(f"decoding the image took longer than its {self.timeout_s:g} s")
+
+    def read(self, size: int = -1) -> bytes:
+        self._check()
         return self.raw.read(size)
+
+    def readline(self, size: int = -1) -> bytes:  # Pillow's text-headed formats (IM, PPM, ...) read lines
+        self._check()
+        return self.raw.readline(size)
 
     def seek(self, offset: int, whence: int = 0) -> int:
         return self.raw.seek(offset, whence)

@@ -25,7 +25,8 @@ ENTRY_POINTS = ("stylevar.cli", "serve.__main__", "web.__main__", "data_tools.sy
                 "benchmarks.load_test", "benchmarks.memory_table", "benchmarks.overload", "benchmarks.precision_quality",
                 "benchmarks.real_pairs", "benchmarks.reference_pipeline", "benchmarks.style_mix",
                 "benchmarks.teacher_ceiling", "benchmarks.threads", "benchmarks.train_step",
-                "benchmarks.upload_pressure", "benchmarks.upsample", "benchmarks.versus_peer", "benchmarks.repeat_style")
+                "benchmarks.upload_pressure", "benchmarks.upsample", "benchmarks.versus_peer", "benchmarks.repeat_style",
+                "benchmarks.soak")
 HELP_SECONDS = 3.0
 
 

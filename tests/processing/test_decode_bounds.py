@@ -157,3 +157,13 @@ def test_formats_decoded_whole_are_refused_over_the_limit_and_no_file_past_the_s
     huge = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">II", 20_000, 9_000) + ihdr[8:]) + chunk(b"IEND", b"")
     with pytest.raises(ImageTooLargeError, match=f"more than the limit of {MAX_SOURCE_PIXELS} pixels"):
         decode_image(huge)  # 180 MP: past MAX_SOURCE_PIXELS (Pillow's own bound), refused from its header alone
+
+
+def test_the_timed_reader_reads_lines_for_text_headed_formats():
+    """Pillow's IM and PPM openers read header lines; with every plugin registered they may try a JPEG first."""
+    Image.init()
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 30), (1, 2, 3)).save(buf, "PPM")
+    img = Image.open(TimedReader(io.BytesIO(buf.getvalue()), timeout_s=60))
+    img.load()
+    assert img.format == "PPM" and img.size == (40, 30)
