@@ -23,7 +23,8 @@ from PIL import Image
 
 from stylevar.baselines.reinhard import reinhard_transfer
 from stylevar.processing.images import capped_size, load_image, pil_to_tensor
-from stylevar.metrics.pretrained_style import gram_distance, sharpness
+from stylevar.loaders.teacher import TeacherUnavailable
+from stylevar.metrics.pretrained_style import StylePredictor, compare, sharpness
 from stylevar.metrics.structure import edge_correlation
 from stylevar.metrics.style_fidelity import colour_swd, texture_distance
 from stylevar.processing.palette import Palette
@@ -46,9 +47,6 @@ class Scorer:
     """The measures of one result set against its contents and styles (all lists of the same length)."""
 
     def __init__(self, pretrained: bool = True) -> None:
-        from stylevar.loaders.teacher import TeacherUnavailable
-        from stylevar.metrics.pretrained_style import StylePredictor
-
         self.predictor, self.why_not = None, ""
         if pretrained:
             try:
@@ -63,7 +61,7 @@ class Scorer:
     def references(self, contents: list[Image.Image], styles: list[Image.Image]) -> dict:
         refs = {"contents": score_batch(contents), "styles": score_batch(styles)}
         if self.predictor is not None:
-            refs["style_vectors"], refs["style_feats"] = self.predictor(refs["styles"])
+            refs["styles_seen"] = self.predictor(refs["styles"])  # once for every result set scored against them
         return refs
 
     def __call__(self, images: list[Image.Image], refs: dict) -> dict[str, torch.Tensor]:
@@ -71,9 +69,8 @@ class Scorer:
         out = {"edge_corr": edge_correlation(x, contents), "colour_swd_to_style": colour_swd(x, styles),
                "texture_dist_to_style": texture_distance(x, styles), "sharpness": sharpness(x, contents)}
         if self.predictor is not None:
-            vectors, feats = self.predictor(x)
-            out["style_cosine"] = torch.nn.functional.cosine_similarity(vectors, refs["style_vectors"], dim=1)
-            out["style_gram_to_style"] = gram_distance(feats, refs["style_feats"])
+            pretrained = compare(self.predictor(x), refs["styles_seen"])
+            out["style_cosine"], out["style_gram_to_style"] = pretrained["cosine"], pretrained["gram"]
         return out
 
 

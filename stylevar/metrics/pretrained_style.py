@@ -7,7 +7,7 @@ input 256 x 256, NHWC, RGB in [0, 1]). From one pass it gives
 - `style_cosine(a, b)`: the cosine between the two images' style vectors (1 for the same style);
 - `style_gram_distance(a, b)`: Gatys et al.'s Gram-matrix distance on the predictor's own features, the first
   Relu6 output at each of 128, 64, 32 and 16 px: per layer ||G_a - G_b||_F / (||G_a||_F + ||G_b||_F) with
-  G = F^T F / (H W), averaged over the four layers; in [0, 1], 0 for the same feature statistics. The teacher
+  G = F^T F / (C H W), averaged over the four layers; in [0, 1], 0 for the same feature statistics. The teacher
   was trained to match the style vector, not these statistics, so this is the second opinion beside it.
 
 `sharpness(a, reference)` needs no network: the mean absolute Laplacian of the luminance, the image's over
@@ -25,11 +25,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from stylevar.loaders.teacher import EXTRA, STYLE_SIZE, TeacherUnavailable, models_dir
+from stylevar.metrics.vgg import gram_matrix, relative_gram_distance
 from stylevar.processing.upsample import luminance
 
 PREDICTOR_FILE = "arbitrary_predict.onnx"
-GRAM_SIDES = (128, 64, 32, 16)
-MIN_SIDE = 32  # the network halves a side five times  # feature-map sides (at a 256 px input) whose first Relu6 the Gram distance uses
+GRAM_SIDES = (128, 64, 32, 16)  # feature-map sides (at a 256 px input) whose first Relu6 the Gram distance uses
+MIN_SIDE = 32  # the network halves a side five times
 _LAPLACIAN = torch.tensor([[0.0, 1.0, 0.0], [1.0, -4.0, 1.0], [0.0, 1.0, 0.0]])
 
 
@@ -149,12 +150,6 @@ def _reshape(x: torch.Tensor, shape: torch.Tensor) -> torch.Tensor:
     return x.reshape([x.shape[0], *dims[1:]])
 
 
-def _gram(feat_BCHW: torch.Tensor) -> torch.Tensor:
-    b, c, h, w = feat_BCHW.shape
-    f = feat_BCHW.reshape(b, c, h * w)
-    return f @ f.transpose(1, 2) / (h * w)
-
-
 @torch.no_grad()
 def style_cosine(predictor: StylePredictor, a_B3HW: torch.Tensor, b_B3HW: torch.Tensor) -> torch.Tensor:
     return F.cosine_similarity(predictor(a_B3HW)[0], predictor(b_B3HW)[0], dim=1)
@@ -162,17 +157,20 @@ def style_cosine(predictor: StylePredictor, a_B3HW: torch.Tensor, b_B3HW: torch.
 
 def gram_distance(feats_a: list[torch.Tensor], feats_b: list[torch.Tensor]) -> torch.Tensor:
     """Per pair, the mean over layers of ||G_a - G_b||_F / (||G_a||_F + ||G_b||_F)."""
-    per_layer = []
-    for fa, fb in zip(feats_a, feats_b):
-        ga, gb = _gram(fa), _gram(fb)
-        per_layer.append((ga - gb).flatten(1).norm(dim=1) / (ga.flatten(1).norm(dim=1) + gb.flatten(1).norm(dim=1)
-                                                             + 1e-12))
-    return torch.stack(per_layer).mean(0)
+    return relative_gram_distance([gram_matrix(f) for f in feats_a], [gram_matrix(f) for f in feats_b])
 
 
 @torch.no_grad()
 def style_gram_distance(predictor: StylePredictor, a_B3HW: torch.Tensor, b_B3HW: torch.Tensor) -> torch.Tensor:
     return gram_distance(predictor(a_B3HW)[1], predictor(b_B3HW)[1])
+
+
+def compare(seen_a: tuple[torch.Tensor, list[torch.Tensor]], seen_b: tuple[torch.Tensor, list[torch.Tensor]]
+            ) -> dict[str, torch.Tensor]:
+    """The two pretrained measures from the predictor's outputs on two image sets (each computed once and kept
+    where one side is a fixed reference): {"cosine": (B,), "gram": (B,)}."""
+    (vectors_a, feats_a), (vectors_b, feats_b) = seen_a, seen_b
+    return {"cosine": F.cosine_similarity(vectors_a, vectors_b, dim=1), "gram": gram_distance(feats_a, feats_b)}
 
 
 def laplacian_energy(img_B3HW: torch.Tensor) -> torch.Tensor:

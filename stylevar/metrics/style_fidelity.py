@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stylevar.metrics.vgg import gram_matrix, relative_gram_distance
 from stylevar.processing.upsample import luminance
 
 QUANTILES = 256
@@ -107,15 +108,11 @@ def _normalised_luma(img_B3HW: torch.Tensor) -> torch.Tensor:
 
 def _grams(img_B3HW: torch.Tensor) -> list[torch.Tensor]:
     feats = texture_net(str(img_B3HW.device))(_normalised_luma(img_B3HW))
-    return [f.flatten(2) @ f.flatten(2).transpose(1, 2) / f[0, 0].numel() for f in feats]  # (B, C, C) each
+    return [gram_matrix(f) for f in feats]  # (B, C, C) each
 
 
 @torch.no_grad()
 def texture_distance(a_B3HW: torch.Tensor, b_B3HW: torch.Tensor) -> torch.Tensor:
     """Relative distance of random-conv Gram matrices of the two images' normalised luminance (module doc)."""
     _check_pair(a_B3HW, b_B3HW)
-    per_layer = []
-    for ga, gb in zip(_grams(a_B3HW), _grams(b_B3HW)):
-        diff = (ga - gb).flatten(1).norm(dim=1)
-        per_layer.append(diff / (ga.flatten(1).norm(dim=1) + gb.flatten(1).norm(dim=1)).clamp_min(1e-12))
-    return torch.stack(per_layer).mean(0)
+    return relative_gram_distance(_grams(a_B3HW), _grams(b_B3HW))

@@ -124,13 +124,12 @@ class MetricSuite:
     def _style_batch(self, gen: torch.Tensor, content: torch.Tensor, style: torch.Tensor, wanted: set[str]
                      ) -> dict[str, torch.Tensor]:
         """The pretrained style measures and sharpness (`stylevar.metrics.pretrained_style`)."""
-        from stylevar.metrics.pretrained_style import gram_distance, sharpness
+        from stylevar.metrics.pretrained_style import compare, sharpness
 
         out = {}
         if wanted & {"style_cosine", "style_gram"}:
-            (v_gen, f_gen), (v_style, f_style) = self._models["style"](gen), self._models["style"](style)
-            out["style_cosine"] = torch.nn.functional.cosine_similarity(v_gen, v_style, dim=1)
-            out["style_gram"] = gram_distance(f_gen, f_style)
+            pretrained = compare(self._models["style"](gen), self._models["style"](style))
+            out["style_cosine"], out["style_gram"] = pretrained["cosine"], pretrained["gram"]
         if "sharpness" in wanted:
             out["sharpness"] = sharpness(gen, content)
         return {k: v for k, v in out.items() if k in wanted}
