@@ -6,15 +6,18 @@ decoding anything, a request reserves its pixels (`request_pixels` in `serve.htt
 the files' headers) and holds them until its answer has been sent (`ReleaseWhenAnswered`); the pixels held by all
 requests together never exceed `ServeSettings.max_pixels_in_flight`.
 
-A request that does not fit waits its turn (first come, first served), within its deadline: it is refused at once
-(`MemoryBusyError`, 503 with `Retry-After`) when the requests holding and waiting ahead of it would, at their
-predicted hold times (`HoldTimes`: a fixed cost plus a cost per pixel, learned only from requests that reached the
-model), leave it too little time to be served, and it stops waiting (the same 503) when the last moment to start
-passes. Where the prediction is unsure (too few measured holds, or a request far larger than any measured), a
-request is never refused at once: it waits within its deadline. A hold is measured from the reservation to the
-answer handed to the server (the client's reading is its own). A request needing more pixels than the whole
-budget is refused with 413 (`image_too_large`): it could never be served within the bound. All of it runs on the
-event loop.
+A request that does not fit waits its turn (first come, first served), within its deadline, but a request may pass
+the line when its pixels cannot delay anyone waiting: the pixels held by requests that passed, its own included,
+leave room for the largest waiter ahead of it, so each waiter still gets its pixels once the requests granted before
+it have given theirs back (a 256 px request is not held up by a 36-megapixel one waiting for memory). A request is
+refused at once (`MemoryBusyError`, 503 with `Retry-After`) when the requests holding and waiting ahead of it would,
+at their predicted hold times (`HoldTimes`: per size class of request, a fixed cost plus a cost per pixel between
+the classes measured, learned only from requests that reached the model and whose answers were handed over whole), leave it too little time to be served,
+and it stops waiting (the same 503) when the last moment to start passes. Where the prediction is unsure (too few
+measured holds, or a request larger than any measured), a request is never refused at once: it waits within its
+deadline. A hold is measured from the reservation to the answer handed to the server (the client's reading is its
+own). A request needing more pixels than the whole budget is refused with 413 (`image_too_large`): it could never be
+served within the bound. All of it runs on the event loop.
 """
 from __future__ import annotations
 
@@ -41,8 +44,8 @@ MARGIN_S = 0.5  # a request must expect to be answered this long before its dead
 SAFETY = 1.2  # ... and its measured hold time counts this much more: holds vary with what runs beside them
 POLL_S = 0.25  # how often a waiting request checks that its client is still there
 DECAY = 0.8  # weight of the past in the measured hold times, at each release
-MIN_WEIGHT = 2.0  # decayed count of measured holds (three requests) before predictions are trusted
-EXTRAPOLATE = 2.0  # ... and only for requests up to this many times the largest one measured
+MIN_HOLDS = 3  # measured holds before predictions are trusted
+CLASS_RATIO = 4.0  # holds of requests within this factor of pixels of each other share one size class
 TRIM_PIXELS = 4_000_000  # a request that held this many pixels gives the freed heap back to the system
 SCOPE_KEY = "pixels_reserved"  # where a request's reservation waits for its answer to be sent (scope["state"])
 
@@ -65,8 +68,9 @@ class Reservation:
     budget: MemoryBudget | None = None
     acquired_at: float = 0.0
     released: bool = False
-    reached_model: bool = False  # its model work succeeded: its hold is measured (see `model_done`)
-    answered_at: float | None = None  # when its answer was handed to the server (its client's reading excluded)
+    passed: bool = False  # granted while requests waited in line ahead of it (see `MemoryBudget`)
+    reached_model: bool = False  # its model work succeeded (see `model_done`) ...
+    answered_at: float | None = None  # ... and its whole answer was handed to the server: its hold is measured
 
     def model_done(self, ok: bool) -> None:
         """The request's model work ended (on a worker thread): when it succeeded, the hold is a measure of what
@@ -74,8 +78,9 @@ class Reservation:
         self.reached_model = ok
 
     def answer_handed_over(self) -> None:
-        """The answer is ready and with the server: the measured hold ends here, so that a client that reads slowly
-        (until the send timeout cuts it) does not teach the budget that such requests take long."""
+        """The whole answer is with the server: the measured hold ends here, so that a client that reads slowly does
+        not teach the budget that such requests take long. An answer never handed over whole (a stream or a result
+        whose client did not read it until the send timeout cut it, a client gone) is not measured at all."""
         if self.budget is not None and self.answered_at is None:
             self.answered_at = self.budget._clock()
 
@@ -87,28 +92,40 @@ class Reservation:
 
 
 class HoldTimes:
-    """How long a request holds its pixels, from its reservation to its answer sent: a fixed cost plus a cost per
-    pixel, fitted by least squares over the measured holds, each past one weighing `DECAY` less at each new one."""
+    """How long a request holds its pixels, from its reservation to its answer sent. Each size class of requests
+    (pixels within a factor `CLASS_RATIO`) keeps the decayed means of its measured pixels and seconds, each past hold
+    weighing `DECAY` less at each new one of its class; a prediction is the line through the nearest measured classes
+    below and above (a fixed cost plus a cost per pixel), extended up to the largest request measured along the two
+    largest classes, never past it: what a larger request holds is not known (a line through 256 px requests and a
+    4-sample stream of 13 MP, measured while other work ran, predicted a 36 MP request's hold long enough to refuse
+    a burst of them at once). Classes decay on their own: a stream of small requests does not wash out what the
+    last large ones took, and the fixed cost of small requests is not taken for the cost of large ones (a single line
+    fitted over all holds was)."""
 
     def __init__(self) -> None:
-        self._w = self._p = self._t = self._pp = self._pt = 0.0  # decayed sums: 1, pixels, seconds, p^2, p*t
-        self.largest = 0
+        self._classes: dict[int, tuple[float, float, float]] = {}  # class -> decayed sums: 1, pixels, seconds
+        self.measured = 0
+        self.largest = 0  # pixels of the largest request measured: no prediction past it
 
     def observe(self, pixels: int, seconds: float) -> None:
-        self._w, self._p, self._t = DECAY * self._w + 1, DECAY * self._p + pixels, DECAY * self._t + seconds
-        self._pp, self._pt = DECAY * self._pp + pixels * pixels, DECAY * self._pt + pixels * seconds
+        c = round(math.log(max(pixels, 1), CLASS_RATIO))
+        w, p, t = self._classes.get(c, (0.0, 0.0, 0.0))
+        self._classes[c] = (DECAY * w + 1, DECAY * p + pixels, DECAY * t + seconds)
+        self.measured += 1
         self.largest = max(self.largest, pixels)
 
     def predict(self, pixels: int) -> float | None:
-        """The expected hold of `pixels`; None when unsure (too few holds measured, or too far past the largest)."""
-        if self._w < MIN_WEIGHT or pixels > EXTRAPOLATE * self.largest:
+        """The expected hold of `pixels`; None when unsure (too few holds measured, or larger than any measured)."""
+        if self.measured < MIN_HOLDS or pixels > self.largest:
             return None
-        mean_p, mean_t = self._p / self._w, self._t / self._w
-        spread = self._pp / self._w - mean_p * mean_p
-        if spread <= 1e-9 * mean_p ** 2:  # holds of one size only: all of it per pixel (the shorter guess below it)
-            return mean_t * pixels / mean_p if mean_p else mean_t
-        per_pixel = max(0.0, (self._pt / self._w - mean_p * mean_t) / spread)
-        return max(0.0, mean_t - per_pixel * mean_p) + per_pixel * pixels
+        points = sorted((p / w, t / w) for w, p, t in self._classes.values())  # (pixels, seconds) per class
+        if len(points) == 1:  # one size only: all of it per pixel
+            (p0, t0), = points
+            return t0 * pixels / p0 if p0 else t0
+        i = min(max(1, sum(p <= pixels for p, _ in points)), len(points) - 1)
+        (p0, t0), (p1, t1) = points[i - 1], points[i]
+        per_pixel = max(0.0, (t1 - t0) / (p1 - p0))
+        return max(0.0, t0 + per_pixel * (pixels - p0))
 
 
 @dataclass(eq=False)
@@ -124,6 +141,7 @@ class MemoryBudget:
                  clock: Callable[[], float] = time.monotonic):
         self.limit, self._observer, self._clock = limit, observer, clock
         self.held = 0
+        self.passing = 0  # of `held`: the pixels of requests that passed the line
         self._holders: set[Reservation] = set()
         self._line: deque[_Waiter] = deque()
         self.holds = HoldTimes()
@@ -137,10 +155,10 @@ class MemoryBudget:
         return self.holds.predict(pixels) or 0.0
 
     def check(self, timeout_s: float) -> None:
-        """`MemoryBusyError` when even a request of no pixels, arriving now, would start past its deadline (the
-        line ahead of it too long): what can be said before its body is read."""
-        if self.limit and self._line:
-            self._refuse_if_late(0, self._clock() + timeout_s)
+        """`MemoryBusyError` when even the smallest request, arriving now, could neither pass the line nor start
+        before its deadline at the end of it: what can be said before its body is read."""
+        if self.limit and self._line and not self._may_pass(1, len(self._line)):
+            self._refuse_if_late(1, self._clock() + timeout_s)
 
     async def reserve(self, pixels: int, deadline: float,
                       disconnected: Callable[[], Awaitable[bool]] | None = None) -> Reservation:
@@ -154,8 +172,8 @@ class MemoryBudget:
                 f"the request needs {pixels / 1e6:.1f} megapixels in memory (its decoded images and results), "
                 f"more than the service's budget of {self.limit / 1e6:.1f} (STYLEVAR_MAX_PIXELS_IN_FLIGHT): send a "
                 "smaller content image or fewer samples")
-        if not self._line and self.held + pixels <= self.limit:
-            return self._grant(pixels)
+        if self._may_pass(pixels, len(self._line)):
+            return self._grant(pixels, passed=bool(self._line))
         self._refuse_if_late(pixels, deadline)
         waiter = _Waiter(pixels)
         self._line.append(waiter)
@@ -166,6 +184,15 @@ class MemoryBudget:
             self._leave(waiter)
             raise
         return waiter.granted.result()
+
+    def _may_pass(self, pixels: int, ahead: int) -> bool:
+        """Whether a request of `pixels` behind the first `ahead` waiters may have them now: they fit, and the
+        pixels of the requests that passed, with these, leave room for the largest of those waiters (the line's
+        head, or a request at the head of an empty line, is not passing: it only needs them to fit)."""
+        if self.held + pixels > self.limit:
+            return False
+        largest_ahead = max((self._line[i].pixels for i in range(ahead)), default=0)
+        return not ahead or self.passing + pixels + largest_ahead <= self.limit
 
     def _refuse_if_late(self, pixels: int, deadline: float) -> None:
         """`MemoryBusyError` when the line ahead of a request of `pixels` is predicted to hold it past the latest
@@ -184,20 +211,40 @@ class MemoryBudget:
 
     def _predicted_start(self, pixels: int, now: float) -> float | None:
         """When a request of `pixels` joining the line now would get them, if every request holding or waiting
-        ahead holds its pixels for its predicted time (first come, first served); None when a prediction is unsure."""
+        ahead holds its pixels for its predicted time: the sooner of its turn (first come, first served) and the
+        moment the holders' releases let it pass; None when a prediction is unsure."""
         sizes = [r.pixels for r in self._holders] + [w.pixels for w in self._line] + [pixels]
         if any(self.holds.predict(p) is None for p in sizes):
             return None
-        releases = [(max(now, r.acquired_at + self.hold_s(r.pixels)), r.pixels) for r in self._holders]
-        heapq.heapify(releases)
+        releases = sorted((max(now, r.acquired_at + self.hold_s(r.pixels)), r.pixels, r.passed)
+                          for r in self._holders)
+        return min(self._turn(pixels, now, releases), self._passing_at(pixels, now, releases))
+
+    def _turn(self, pixels: int, now: float, releases: list[tuple[float, int, bool]]) -> float:
+        """When the line ahead, served in order at its predicted holds, leaves a request of `pixels` its turn."""
+        heap = [(at, px) for at, px, _ in releases]
+        heapq.heapify(heap)
         free, t = self.limit - self.held, now
         for need in [w.pixels for w in self._line] + [pixels]:
-            while free < need and releases:
-                at, px = heapq.heappop(releases)
+            while free < need and heap:
+                at, px = heapq.heappop(heap)
                 t, free = max(t, at), free + px
             free -= need
-            heapq.heappush(releases, (t + self.hold_s(need), need))
+            heapq.heappush(heap, (t + self.hold_s(need), need))
         return t
+
+    def _passing_at(self, pixels: int, now: float, releases: list[tuple[float, int, bool]]) -> float:
+        """When the holders' releases (in their predicted order; the waiters' own grants left out) let a request
+        of `pixels` pass the whole line; infinity when they never do."""
+        largest = max((w.pixels for w in self._line), default=0)
+        held, passing = self.held, self.passing
+        for at in [now] + [r[0] for r in releases]:
+            if held + pixels <= self.limit and (not self._line or passing + pixels + largest <= self.limit):
+                return at
+            if releases:
+                _, px, passed = releases.pop(0)
+                held, passing = held - px, passing - (px if passed else 0)
+        return math.inf
 
     async def _wait(self, waiter: _Waiter, deadline: float,
                     disconnected: Callable[[], Awaitable[bool]] | None) -> None:
@@ -215,9 +262,10 @@ class MemoryBudget:
                 "the service's memory for full-size images did not free up in time for this request to be answered "
                 "before its deadline", max(1, math.ceil(self.hold_s(waiter.pixels))))
 
-    def _grant(self, pixels: int) -> Reservation:
-        reservation = Reservation(pixels, self, self._clock())
+    def _grant(self, pixels: int, passed: bool = False) -> Reservation:
+        reservation = Reservation(pixels, self, self._clock(), passed=passed)
         self.held += pixels
+        self.passing += pixels if passed else 0
         self._holders.add(reservation)
         self._report()
         return reservation
@@ -235,15 +283,24 @@ class MemoryBudget:
     def _release(self, reservation: Reservation) -> None:
         self._holders.discard(reservation)
         self.held -= reservation.pixels
-        if reservation.reached_model:
-            end = self._clock() if reservation.answered_at is None else reservation.answered_at
-            self.holds.observe(reservation.pixels, end - reservation.acquired_at)
+        self.passing -= reservation.pixels if reservation.passed else 0
+        if reservation.reached_model and reservation.answered_at is not None:
+            self.holds.observe(reservation.pixels, reservation.answered_at - reservation.acquired_at)
         self._serve_line()
 
     def _serve_line(self) -> None:
+        """The head of the line while it fits, then the waiters behind it that may pass the rest."""
         while self._line and self.held + self._line[0].pixels <= self.limit:
             waiter = self._line.popleft()
             waiter.granted.set_result(self._grant(waiter.pixels))
+        i = 1
+        while i < len(self._line):
+            if self._may_pass(self._line[i].pixels, i):
+                waiter = self._line[i]
+                del self._line[i]
+                waiter.granted.set_result(self._grant(waiter.pixels, passed=True))
+            else:
+                i += 1
         self._report()
 
     def _report(self) -> None:

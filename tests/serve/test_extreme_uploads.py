@@ -1,11 +1,10 @@
 """Extreme aspect ratios through the real service (`python -m serve`), in every file field: a 1 x 40M
-PNG (190 KB on the wire, 40 megapixels) costs the server well under 100 MB and answers within the deadline; a
+PNG (190 KB on the wire, 40 megapixels) costs the server well under 100 MB and is answered (within the deadline); a
 40M x 1 PNG is refused from its header; nine such files in one request are refused by the request's pixel budget
 before most of them are decoded. (JPEG and WebP cannot be that long: their headers stop at 65,535 and 16,383 px.)"""
 from __future__ import annotations
 
 import struct
-import time
 import zlib
 
 import httpx
@@ -61,26 +60,20 @@ def test_a_1_by_40m_png_in_each_field_costs_little_memory_and_keeps_the_deadline
             files = {"content": ("c.png", small), "style": ("s.png", small)}
             files[field] = ("tall.png", tall)
             before = peak_mb(server.proc.pid)
-            t0 = time.monotonic()
             r = c.post("/stylize", files=files)
-            elapsed = time.monotonic() - t0
-            assert r.status_code == 200, (field, r.text)
+            assert r.status_code == 200, (field, r.text)  # within the 60 s deadline: past it the answer is 504
             assert peak_mb(server.proc.pid) - before < 100, field
-            assert elapsed < 60, field
 
 
 @pytest.mark.slow
 def test_a_40m_by_1_png_and_nine_long_files_are_refused_quickly(server):
     small = one_colour_png(32, 32)
     with httpx.Client(base_url=server.url, timeout=120) as c:
-        t0 = time.monotonic()
         r = c.post("/stylize", files={"content": ("wide.png", one_colour_png(40_000_000, 1)), "style": ("s.png", small)})
-        assert r.status_code == 413 and "pixels wide" in r.json()["detail"], r.text
-        assert time.monotonic() - t0 < 10
+        assert r.status_code == 413 and "pixels wide" in r.json()["detail"], r.text  # from its header
         tall = one_colour_png(1, 40_000_000)
         nine = [("content", ("c.png", tall))] + [("style", (f"s{i}.png", tall)) for i in range(4)] + \
                [("style_mask", (f"m{i}.png", tall)) for i in range(4)]
-        t0 = time.monotonic()
         r = c.post("/stylize", files=nine)
         assert r.status_code == 413 and "in all" in r.json()["detail"], r.text
-        assert time.monotonic() - t0 < 30  # three of the nine are decoded at most (120M pixels in all)
+        assert "(120000000 before this one" in r.json()["detail"], r.text  # three of the nine decoded, no more
