@@ -233,9 +233,9 @@ def test_sigterm_stops_a_clip_within_the_drain_and_exits_cleanly(tiny_model_dir,
 
     drain_s = 3.0
     settings = {"STYLEVAR_UI": "false", "STYLEVAR_DRAIN_TIMEOUT_S": str(drain_s), "STYLEVAR_MAX_BATCH_SIZE": "1",
-                "STYLEVAR_MAX_VIDEO_FRAMES": "1500", "STYLEVAR_MAX_VIDEO_DURATION_S": "60",
+                "STYLEVAR_MAX_VIDEO_FRAMES": "4000", "STYLEVAR_MAX_VIDEO_DURATION_S": "150",
                 "STYLEVAR_VIDEO_TIMEOUT_S": "600"}
-    clip = make_clip(tmp_path / "c.mp4", frames=1500, fps=30, size=(64, 48)).read_bytes()
+    clip = make_clip(tmp_path / "c.mp4", frames=4000, fps=30, size=(64, 48)).read_bytes()
     srv = ServerProcess.serve(tiny_model_dir, settings=settings, log_dir=tmp_path)
     try:
         srv.wait_ready()
@@ -243,7 +243,7 @@ def test_sigterm_stops_a_clip_within_the_drain_and_exits_cleanly(tiny_model_dir,
         with httpx.Client(base_url=srv.url, timeout=120) as c:
             t = threading.Thread(target=lambda: answer.update(r=post(c, clip)))
             t.start()
-            time.sleep(3.0)  # the clip is under way (1500 frames one at a time take far longer)
+            time.sleep(3.0)  # the clip is under way (4000 frames one at a time take far longer than the drain)
             t0 = time.monotonic()
             srv.send_signal(signal.SIGTERM)
             t.join(120)
@@ -253,6 +253,8 @@ def test_sigterm_stops_a_clip_within_the_drain_and_exits_cleanly(tiny_model_dir,
         srv.stop()
     log = srv.log_text()
     assert answer["r"].status_code == 503 and answer["r"].json()["error"] == "shutting_down", answer["r"].text
-    assert rc == 0 and exit_s < drain_s + 3, (rc, exit_s)
+    # within the drain (3 s) and some seconds of a busy machine: far from the rest of the clip, which a thread left
+    # running would have finished first (finding 7: the exit 15 s past the drain); no tighter wall-clock bound here
+    assert rc == 0 and exit_s < drain_s + 20, (rc, exit_s)
     for bad in ("Future exception was never retrieved", "No such file or directory", "Traceback"):
         assert bad not in log, log[-3000:]
