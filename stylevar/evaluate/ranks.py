@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from stylevar.runtime.distributed import Torchrun, all_gather_object, join_process_group
+from stylevar.runtime.distributed import Torchrun, all_gather_object, join_process_group, leave_process_group
 from stylevar.evaluate.scoring import batch_slices
 
 
@@ -33,9 +33,7 @@ class Shard:
 
     def close(self) -> None:
         if self.owned:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
+            leave_process_group()
 
 
 def start_shard(device: torch.device) -> tuple[Shard, torch.device]:

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+TEARDOWN_WAIT_S = 60.0  # how long a rank waits at teardown for the others before it gives up waiting
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,26 @@ def join_process_group(device: torch.device, *, timeout_s: float | None = None, 
         options["device_id"] = device
     dist.init_process_group(backend_for(device), init_method="env://", **options)
     return True
+
+
+def leave_process_group() -> None:
+    """Leave the process group once every rank has reached here: gloo aborts a rank whose peer destroyed the group
+    while it was still finishing (SIGABRT, "terminate called without an active exception", seen in the training
+    loop's and the sharded evaluation's tests). A rank that never comes (it failed) is waited for at most
+    `TEARDOWN_WAIT_S`; the group is destroyed anyway. A no-op without a group."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=TEARDOWN_WAIT_S))
+        else:
+            dist.barrier()
+    except RuntimeError as e:
+        print(f"warning: leaving the process group without every rank: {str(e).splitlines()[0]}", file=sys.stderr)
+    finally:
+        dist.destroy_process_group()
 
 
 def all_gather_object(obj: Any, world_size: int) -> list[Any]:

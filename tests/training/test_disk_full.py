@@ -27,7 +27,8 @@ from tests.conftest import single_thread_env
 from training import sft
 from training.parts import fsdp, rundir
 from training.parts.checkpoints import read_checkpoint
-from training.parts.distributed import DistEnv, setup_distributed, teardown_distributed, wrap_ddp
+from stylevar.runtime.distributed import leave_process_group
+from training.parts.distributed import DistEnv, setup_distributed, wrap_ddp
 from training.parts.precision import make_grad_scaler
 from training.parts.run import TrainingRun
 from training.parts.rundir import RunDir
@@ -305,7 +306,7 @@ def _full_on_rank0_worker(rank: int, world: int, port: int, run_dir: str, out: s
         message = str(e.code)
     finally:
         torch.save = real_save
-        teardown_distributed()
+        leave_process_group()
     Path(out, f"rank{rank}.txt").write_text(message)
 
 

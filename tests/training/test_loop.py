@@ -17,7 +17,8 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from training.parts.checkpoints import CheckpointManager, CheckpointsUnreadableError
-from training.parts.distributed import DistEnv, setup_distributed, teardown_distributed, wrap_ddp
+from stylevar.runtime.distributed import leave_process_group
+from training.parts.distributed import DistEnv, setup_distributed, wrap_ddp
 from training.parts.log import MetricWindow, read_log
 from training.parts.precision import make_grad_scaler
 from training.parts.rng import capture_rng_state, derived_generator, restore_rng_state, seed_everything
@@ -397,7 +398,7 @@ def _ddp_worker(rank: int, world: int, port: int, run_dir: str, out: str) -> Non
         if env.is_main:
             torch.save(obj.state_dict(), out)
     finally:
-        teardown_distributed()
+        leave_process_group()
 
 
 @pytest.mark.slow

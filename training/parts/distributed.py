@@ -4,8 +4,6 @@ Joining torchrun's group is ``stylevar.runtime.distributed``'s (shared with the 
 from __future__ import annotations
 
 import contextlib
-import datetime
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -13,7 +11,6 @@ import torch
 import torch.distributed as dist
 
 from stylevar.runtime import distributed as launch
-TEARDOWN_WAIT_S = 60.0  # how long a rank waits at teardown for the others before it gives up waiting
 
 
 @dataclass(frozen=True)
@@ -57,23 +54,6 @@ def setup_distributed(device: str | None = None, timeout_s: float = 1800.0) -> D
     if torchrun.distributed:
         launch.join_process_group(dev, timeout_s=timeout_s, bind_device=True)
     return DistEnv(rank=torchrun.rank, world_size=torchrun.world_size, local_rank=torchrun.local_rank, device=dev)
-
-
-def teardown_distributed() -> None:
-    """Leave the process group once every rank has reached here (gloo aborts a rank whose peer destroyed the
-    group while it was still finishing, e.g. rank 0 writing a file: SIGABRT seen in tests/training/test_loop.py). A
-    rank that never comes (it failed) is waited for at most TEARDOWN_WAIT_S; the group is destroyed anyway."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    try:
-        if dist.get_backend() == "gloo":
-            dist.monitored_barrier(timeout=datetime.timedelta(seconds=TEARDOWN_WAIT_S))
-        else:
-            dist.barrier()
-    except RuntimeError as e:
-        print(f"warning: leaving the process group without every rank: {str(e).splitlines()[0]}", file=sys.stderr)
-    finally:
-        dist.destroy_process_group()
 
 
 def all_reduce_sum(values: torch.Tensor, env: DistEnv) -> torch.Tensor:

@@ -15,6 +15,7 @@ from stylevar.loaders.model_dir import ModelDirError, check_model_dir
 from stylevar.pipelines.pipeline import StylePipeline
 from stylevar.loaders.pull import resolve_model
 from stylevar.models.transformer import StyleVAR
+from stylevar.runtime.distributed import leave_process_group
 from training.parts.data import check_data_args, collate_triplets, dataset_size, open_triplets
 from training.parts.grpo_trainer import GRPOConfig, GRPOTrainer
 from training.parts.merge_control import MergeConfig
@@ -23,7 +24,7 @@ from training.parts.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.parts import cli
 from training.parts.checkpoints import CheckpointsUnreadableError
 from training.parts.cli import loop_config
-from training.parts.distributed import DistEnv, setup_distributed, teardown_distributed
+from training.parts.distributed import DistEnv, setup_distributed
 from training.parts.log import MetricWindow
 from training.parts.precision import resolve_precision
 from training.parts.run import TrainingRun
@@ -82,7 +83,7 @@ def execute(args: argparse.Namespace) -> int:
     except CheckpointsUnreadableError as e:
         raise SystemExit(f"error: {e}") from None
     finally:
-        teardown_distributed()
+        leave_process_group()
 
 
 def final_writer(model: StyleVAR, base_config: Any, args: argparse.Namespace) -> Callable[[Path], None]:

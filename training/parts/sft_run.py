@@ -21,13 +21,14 @@ from stylevar.models.pretrained import CONFIG_FILE
 from stylevar.loaders.pull import resolve_model
 from stylevar.models.tokenizer import MultiScaleVQVAE
 from stylevar.models.transformer import StyleVAR
+from stylevar.runtime.distributed import leave_process_group
 from training.parts.data import AugmentConfig, check_data_args, collate_triplets, dataset_size, open_triplets
 from training.parts.extension import RunExtension
 from training.parts.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.parts import fsdp
 from training.parts.checkpoints import CheckpointsUnreadableError
 from training.parts.cli import FREE_KEYS, loop_config
-from training.parts.distributed import DistEnv, setup_distributed, teardown_distributed, wrap_ddp
+from training.parts.distributed import DistEnv, setup_distributed, wrap_ddp
 from training.parts.log import MetricWindow
 from training.parts.precision import make_grad_scaler, resolve_precision
 from training.parts.rng import process_seed, seed_everything
@@ -98,7 +99,7 @@ def execute(args: argparse.Namespace) -> int:
     except CheckpointsUnreadableError as e:
         raise SystemExit(f"error: {e}") from None
     finally:
-        teardown_distributed()
+        leave_process_group()
 
 
 def schedule(options: Mapping[str, Any]) -> ScheduleConfig:

@@ -17,12 +17,13 @@ from stylevar.config import VQVAEConfig
 from stylevar.processing.images import fit_square
 from stylevar.models.tokenizer import MultiScaleVQVAE
 from stylevar.models.tokenizer.autoencoder import widen_to_space_to_channel
+from stylevar.runtime.distributed import leave_process_group
 from training.parts.data import ROLES, TripletDataset, open_triplets, to_unit, try_load, warn_skip
 from training.parts.extension import RunExtension
 from training.parts.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.parts.checkpoints import CheckpointsUnreadableError
 from training.parts.cli import FREE_KEYS, loop_config
-from training.parts.distributed import DistEnv, all_reduce_sum, setup_distributed, teardown_distributed, wrap_ddp
+from training.parts.distributed import DistEnv, all_reduce_sum, setup_distributed, wrap_ddp
 from training.parts.log import MetricWindow
 from training.parts.precision import autocast, make_grad_scaler, resolve_precision
 from training.parts.rng import process_seed, seed_everything
@@ -130,7 +131,7 @@ def execute(args: argparse.Namespace) -> int:
     except CheckpointsUnreadableError as e:
         raise SystemExit(f"error: {e}") from None
     finally:
-        teardown_distributed()
+        leave_process_group()
 
 
 def schedule(options: Mapping[str, Any]) -> ScheduleConfig:
