@@ -12,12 +12,12 @@ leave room for the largest waiter ahead of it, so each waiter still gets its pix
 it have given theirs back (a 256 px request is not held up by a 36-megapixel one waiting for memory). A request is
 refused at once (`MemoryBusyError`, 503 with `Retry-After`) when the requests holding and waiting ahead of it would,
 at their predicted hold times (`HoldTimes`: per size class of request, a fixed cost plus a cost per pixel between
-the classes measured, learned only from requests that reached the model and whose answers were handed over whole), leave it too little time to be served,
-and it stops waiting (the same 503) when the last moment to start passes. Where the prediction is unsure (too few
-measured holds, or a request larger than any measured), a request is never refused at once: it waits within its
-deadline. A hold is measured from the reservation to the answer handed to the server (the client's reading is its
-own). A request needing more pixels than the whole budget is refused with 413 (`image_too_large`): it could never be
-served within the bound. All of it runs on the event loop.
+the classes measured, learned only from requests that reached the model and whose answers were handed over whole),
+leave it too little time to be served, and it stops waiting (the same 503) when the last moment to start passes.
+Where the prediction is unsure (too few measured holds, or a request larger than any measured), a request is never
+refused at once: it waits within its deadline. A hold is measured from the reservation to the answer handed to the
+server (the client's reading is its own). A request needing more pixels than the whole budget is refused with 413
+(`image_too_large`): it could never be served within the bound. All of it runs on the event loop.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import ctypes
 import ctypes.util
 import functools
 import heapq
+import itertools
 import math
 import threading
 import time
@@ -186,13 +187,14 @@ class MemoryBudget:
         return waiter.granted.result()
 
     def _may_pass(self, pixels: int, ahead: int) -> bool:
-        """Whether a request of `pixels` behind the first `ahead` waiters may have them now: they fit, and the
-        pixels of the requests that passed, with these, leave room for the largest of those waiters (the line's
-        head, or a request at the head of an empty line, is not passing: it only needs them to fit)."""
-        if self.held + pixels > self.limit:
-            return False
-        largest_ahead = max((self._line[i].pixels for i in range(ahead)), default=0)
-        return not ahead or self.passing + pixels + largest_ahead <= self.limit
+        """Whether a request of `pixels` behind the first `ahead` waiters may have them now."""
+        largest = max((w.pixels for w in itertools.islice(self._line, ahead)), default=None)
+        return self._fits(pixels, largest, self.held, self.passing)
+
+    def _fits(self, pixels: int, largest_ahead: int | None, held: int, passing: int) -> bool:
+        """Whether `pixels` fit beside `held`, and, with the `passing` pixels of the requests that passed, leave room
+        for the largest waiter ahead (None: nobody ahead, the request only needs them to fit)."""
+        return held + pixels <= self.limit and (largest_ahead is None or passing + pixels + largest_ahead <= self.limit)
 
     def _refuse_if_late(self, pixels: int, deadline: float) -> None:
         """`MemoryBusyError` when the line ahead of a request of `pixels` is predicted to hold it past the latest
@@ -236,14 +238,12 @@ class MemoryBudget:
     def _passing_at(self, pixels: int, now: float, releases: list[tuple[float, int, bool]]) -> float:
         """When the holders' releases (in their predicted order; the waiters' own grants left out) let a request
         of `pixels` pass the whole line; infinity when they never do."""
-        largest = max((w.pixels for w in self._line), default=0)
+        largest = max((w.pixels for w in self._line), default=None)
         held, passing = self.held, self.passing
-        for at in [now] + [r[0] for r in releases]:
-            if held + pixels <= self.limit and (not self._line or passing + pixels + largest <= self.limit):
+        for at, px, passed in [(now, 0, False), *releases]:
+            held, passing = held - px, passing - (px if passed else 0)
+            if self._fits(pixels, largest, held, passing):
                 return at
-            if releases:
-                _, px, passed = releases.pop(0)
-                held, passing = held - px, passing - (px if passed else 0)
         return math.inf
 
     async def _wait(self, waiter: _Waiter, deadline: float,
@@ -293,14 +293,14 @@ class MemoryBudget:
         while self._line and self.held + self._line[0].pixels <= self.limit:
             waiter = self._line.popleft()
             waiter.granted.set_result(self._grant(waiter.pixels))
-        i = 1
+        i, largest = 1, self._line[0].pixels if self._line else 0  # the largest waiter ahead of the i-th
         while i < len(self._line):
-            if self._may_pass(self._line[i].pixels, i):
-                waiter = self._line[i]
+            waiter = self._line[i]
+            if self._fits(waiter.pixels, largest, self.held, self.passing):
                 del self._line[i]
                 waiter.granted.set_result(self._grant(waiter.pixels, passed=True))
             else:
-                i += 1
+                largest, i = max(largest, waiter.pixels), i + 1
         self._report()
 
     def _report(self) -> None:

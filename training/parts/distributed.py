@@ -1,6 +1,6 @@
-"""The process group of a run: torchrun setup and teardown, collectives, rank-0 writes, DDP wrapping.
+"""The process group of a run: torchrun setup, collectives, rank-0 writes, DDP wrapping.
 
-Joining torchrun's group is ``stylevar.runtime.distributed``'s (shared with the sharded evaluation)."""
+Joining and leaving torchrun's group are ``stylevar.runtime.distributed``'s (shared with the sharded evaluation)."""
 from __future__ import annotations
 
 import contextlib
