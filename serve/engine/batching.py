@@ -5,8 +5,8 @@ A job carries a compatibility `key` (jobs with equal keys may share one model ca
 more jobs with the same key until `max_batch_size` rows are gathered, drops jobs whose client went
 away or whose deadline passed, and calls its `run` function on the rest. The run function is a
 dependency: the service passes the model, tests pass whatever they need (one that raises, one that
-sleeps). A run that runs out of memory is split in halves and retried; a job that still does not fit
-fails with `OverloadedError`. Any other exception fails that batch only: the worker goes on.
+sleeps). A run that runs out of memory is split in halves and retried once its error (whose traceback holds the
+failed call's tensors) is dropped and the cache freed; a job that still does not fit fails with `OverloadedError`. Any other exception fails that batch only: the worker goes on.
 
 Admission comes before any expensive work: `admit()` holds a queue slot (or refuses at once with
 `QueueFullError`) while the caller decodes its inputs, then `Admission.submit` turns the slot into a
@@ -16,6 +16,7 @@ depth reported to the observer is exact at all times.
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import logging
 import math
 import os
@@ -143,9 +144,38 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError)
 
 
-def _free_cuda_cache() -> None:
+def free_device_memory() -> None:
+    """After an out-of-memory error has been dropped: collect what only the cycle collector frees (a frame that
+    held its own error), then give the CUDA allocator's cached blocks back (so the next call, or another
+    process, can have them). A no-op without CUDA."""
     if torch.cuda.is_available():
+        gc.collect()
         torch.cuda.empty_cache()
+
+
+def attempt(fn: Callable[[], R], is_oom: Callable[[BaseException], bool] = is_out_of_memory) -> tuple[bool, R | None]:
+    """``(True, fn())``, or ``(False, None)`` when ``fn`` ran out of memory; any other error propagates.
+
+    The out-of-memory error is dropped before this returns: its traceback refers to the failed call's frames,
+    and they to every tensor the call had made (a batch's KV caches, queries and logits), so a retry made while
+    the error is still referred to (inside its ``except`` block) runs beside all of them."""
+    try:
+        return True, fn()
+    except Exception as e:
+        if not is_oom(e):
+            raise
+    return False, None
+
+
+def run_or_overloaded(fn: Callable[[], R], message: str, *, is_oom: Callable[[BaseException], bool] = is_out_of_memory,
+                      on_oom: Callable[[], None] = free_device_memory) -> R:
+    """``fn()``; when it runs out of memory, `OverloadedError(message)` (no retry: for work that cannot be split,
+    a clip), raised once the failed call's memory is freed (`attempt`, then ``on_oom``)."""
+    fitted, result = attempt(fn, is_oom)
+    if not fitted:
+        on_oom()
+        raise OverloadedError(message)
+    return result
 
 
 class Batcher:
@@ -158,7 +188,7 @@ class Batcher:
         *,
         observer: BatchObserver | None = None,
         is_oom: Callable[[BaseException], bool] = is_out_of_memory,
-        on_oom: Callable[[], None] = _free_cuda_cache,
+        on_oom: Callable[[], None] = free_device_memory,
         clock: Callable[[], float] = time.monotonic,
     ):
         if not runs:
@@ -355,47 +385,58 @@ class Batcher:
         return admitted
 
     def _execute(self, run: RunFn, jobs: list[Job]) -> None:
+        """Run `jobs`; a part that runs out of memory is split in halves, each run (first half first) once the
+        failed call's error, and with it every tensor its frames held, is gone and `on_oom` has freed the cache."""
+        parts = [jobs]
+        while parts:
+            part = parts.pop()
+            if part is not jobs:
+                part = self._still_due(part)
+            if not part or self._run_part(run, part):
+                continue
+            self._on_oom()
+            rows = sum(j.rows for j in part)
+            if len(part) > 1:
+                self._observer.oom_split()
+                log.warning("out of memory with %d jobs (%d rows): splitting the batch", len(part), rows)
+                mid = len(part) // 2
+                parts += [part[mid:], part[:mid]]
+                continue
+            log.error("out of memory on a single job of %d rows", rows, extra={"request_id": part[0].request_id})
+            part[0].future.set_exception(OverloadedError("the request does not fit in device memory now"))
+
+    def _run_part(self, run: RunFn, jobs: list[Job]) -> bool:
+        """One run call on `jobs`: True when it answered them (results or an error), False when it ran out of
+        memory (nothing answered; the error is dropped before this returns)."""
         rows = sum(j.rows for j in jobs)
         t0 = self._clock()
         for job in jobs:
             job.started_at = t0
         try:
-            results = run(jobs)
-            if len(results) != len(jobs):
+            fitted, results = attempt(lambda: run(jobs), self._is_oom)
+            if fitted and len(results) != len(jobs):
                 raise RuntimeError(f"run function returned {len(results)} results for {len(jobs)} jobs")
         except Exception as e:
-            seconds = self._clock() - t0
-            self._observer.batch_done(len(jobs), rows, seconds, ok=False)
-            if self._is_oom(e):
-                self._on_oom()
-                if len(jobs) > 1:
-                    self._observer.oom_split()
-                    log.warning("out of memory with %d jobs (%d rows): splitting the batch", len(jobs), rows)
-                    mid = len(jobs) // 2
-                    for part in (jobs[:mid], jobs[mid:]):
-                        live = self._still_due(part)
-                        if live:
-                            self._execute(run, live)
-                    return
-                log.error("out of memory on a single job of %d rows", rows,
-                          extra={"request_id": jobs[0].request_id})
-                jobs[0].future.set_exception(OverloadedError("the request does not fit in device memory now"))
-                return
+            self._observer.batch_done(len(jobs), rows, self._clock() - t0, ok=False)
             log.exception("run failed for a batch of %d jobs", len(jobs),
                           extra={"request_ids": [j.request_id for j in jobs]})
             for job in jobs:
                 err = InferenceError(f"inference failed: {type(e).__name__}")
                 err.__cause__ = e
                 job.future.set_exception(err)
-            return
+            return True
         t1 = self._clock()
         seconds = t1 - t0
+        if not fitted:
+            self._observer.batch_done(len(jobs), rows, seconds, ok=False)
+            return False
         for job in jobs:
             job.finished_at = t1
         self._batch_seconds = seconds if self._batch_seconds == 0 else 0.8 * self._batch_seconds + 0.2 * seconds
         self._observer.batch_done(len(jobs), rows, seconds, ok=True)
         for job, result in zip(jobs, results):
             job.future.set_result(result)
+        return True
 
     def _still_due(self, jobs: list[Job]) -> list[Job]:
         now = self._clock()

@@ -5,6 +5,7 @@ import math
 import os
 import threading
 import time
+import weakref
 
 import pytest
 import torch
@@ -17,6 +18,8 @@ from serve.engine.batching import (
     OverloadedError,
     QueueFullError,
     StoppedError,
+    attempt,
+    run_or_overloaded,
 )
 from serve.http.metrics import ServiceMetrics
 
@@ -407,3 +410,48 @@ def test_a_finished_job_is_freed_as_soon_as_its_caller_drops_it(metrics):
     finally:
         gc.enable()
         b.stop()
+
+
+def test_out_of_memory_retry_runs_after_the_failed_call_is_freed(metrics):
+    """The failed call's frame holds a real tensor (as a model call holds its KV caches): a weak reference to it
+    is dead when the cache is freed and when the halves run, i.e. the error's traceback was dropped first."""
+    held: list[weakref.ref] = []
+    alive_at: list[tuple[str, bool]] = []
+
+    def run(jobs):
+        if held:
+            alive_at.append(("retry", held[0]() is not None))
+        if len(jobs) > 1:
+            activations = torch.ones(256, 256)
+            held.append(weakref.ref(activations))
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return [j.payload * 2 for j in jobs]
+
+    b = Batcher([run], BatchConfig(max_batch_size=8, max_wait_s=0.05, queue_size=64), observer=metrics,
+                on_oom=lambda: alive_at.append(("on_oom", held[0]() is not None)))
+    jobs = [b.submit("k", i, timeout_s=T) for i in range(2)]
+    b.start()
+    try:
+        assert results(jobs) == [0, 2]
+    finally:
+        b.stop()
+    assert alive_at == [("on_oom", False), ("retry", False), ("retry", False)]
+
+
+def test_attempt_gives_back_out_of_memory_and_raises_the_rest():
+    assert attempt(lambda: 3) == (True, 3)
+    assert attempt(lambda: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory"))) == (False, None)
+    with pytest.raises(ValueError, match="not memory"):
+        attempt(lambda: (_ for _ in ()).throw(ValueError("not memory")))
+
+
+def test_run_or_overloaded_frees_then_refuses():
+    freed: list[bool] = []
+
+    def clip():
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    with pytest.raises(OverloadedError, match="the clip does not fit"):
+        run_or_overloaded(clip, "the clip does not fit", on_oom=lambda: freed.append(True))
+    assert freed == [True]
+    assert run_or_overloaded(lambda: "ok", "-", on_oom=lambda: freed.append(False)) == "ok" and freed == [True]

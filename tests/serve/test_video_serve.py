@@ -258,3 +258,38 @@ def test_sigterm_stops_a_clip_within_the_drain_and_exits_cleanly(tiny_model_dir,
     assert rc == 0 and exit_s < drain_s + 20, (rc, exit_s)
     for bad in ("Future exception was never retrieved", "No such file or directory", "Traceback"):
         assert bad not in log, log[-3000:]
+
+
+@pytest.mark.timeout(120)
+def test_a_clip_out_of_memory_is_503_with_retry_after_its_memory_freed(tiny_model_dir, tmp_path, monkeypatch):
+    """Issue 60, point 2: a clip whose model call runs out of device memory (the failing frame holding a real
+    tensor) is answered as an image that does not fit (503 `out_of_memory`, Retry-After), not 500; the failed
+    call's tensor is freed by then, and the next clip is served."""
+    import weakref
+
+    import torch
+    from fastapi.testclient import TestClient
+
+    from serve.http.app import create_app
+    from serve.settings import ServeSettings
+    from stylevar.pipelines.pipeline import StylePipeline
+
+    held: list[weakref.ref] = []
+    real = StylePipeline.stylize_video
+
+    def out_of_memory_once(self, *args, **kwargs):
+        if not held:
+            activations = torch.ones(256, 256)
+            held.append(weakref.ref(activations))
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(StylePipeline, "stylize_video", out_of_memory_once)
+    short = make_clip(tmp_path / "short.mp4", frames=4, fps=30).read_bytes()
+    app = create_app(ServeSettings(model_dir=tiny_model_dir, device=["cpu"], ui=False, warmup=False))
+    with TestClient(app) as http:
+        refused = post(http, short)
+        assert refused.status_code == 503 and refused.json()["error"] == "out_of_memory", refused.text
+        assert refused.headers["retry-after"] == "1" and "clip" in refused.json()["detail"]
+        assert held[0]() is None, "the failed call's tensors outlived the answer"
+        assert post(http, short).status_code == 200

@@ -7,8 +7,9 @@ workers, `video_concurrency` clips at a time (one more is 503 `busy` with Retry-
 own at the batch workers' CPU priority (`worker_nice`). Before any model work its frames are counted from the
 container's packets (demuxed, not decoded): an over-limit clip is refused in the time of a demux. The frame rate,
 the timing and the audio are kept. A clip past `video_timeout_s`, whose client went away, or still running when
-the service's drain is about to end (503 `shutting_down`), is stopped between two frames; its temporary folder
-and its slot are given back once its thread has stopped, never under it. Longer clips belong to the command line (`stylevar stylize clip.mp4 style.png -o out.mp4`).
+the service's drain is about to end (503 `shutting_down`), is stopped between two frames; one that runs out of
+device memory is 503 `out_of_memory` with Retry-After (as an image that does not fit alone), its memory freed
+first. Its temporary folder and its slot are given back once its thread has stopped, never under it. Longer clips belong to the command line (`stylevar stylize clip.mp4 style.png -o out.mp4`).
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from stylevar.processing.postprocess import MAX_STYLES, os_random_seed
 from stylevar.processing.video import (DEFAULT_TEMPORAL, TEMPORAL_HELP, TEMPORAL_MODES, VideoError, VideoInfo,
                                        VideoLimits, count_frames, probe)
 
-from serve.engine.batching import lower_priority
+from serve.engine.batching import lower_priority, run_or_overloaded
 from serve.http import imaging
 from serve.http.errors import ERROR_RESPONSES, ServiceError, from_coded_error
 from serve.http.schemas import FormOptions, form_field
@@ -238,8 +239,12 @@ async def _run(request: Request, st: ServiceState, clip: ClipWork, src: Path, st
         if stop.is_set():
             raise Stopped()
 
+    def stylize() -> Any:  # out of memory: 503 `out_of_memory` with Retry-After, as an image that does not fit
+        return run_or_overloaded(lambda: st.runner.pipe.stylize_video(src, styles, out, progress=progress, **kwargs),
+                                 "the clip does not fit in device memory now; try again shortly, or send a smaller clip")
+
     t0 = time.perf_counter()
-    task = clip.run(lambda: st.runner.pipe.stylize_video(src, styles, out, progress=progress, **kwargs))
+    task = clip.run(stylize)
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=0.25)
