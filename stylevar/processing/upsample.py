@@ -28,7 +28,9 @@ At the model's own size Y_full = Y_low and the drawing is returned unchanged.
 Memory stays bounded: the coefficients live at the model's resolution, and the output is computed in
 strips of about ``strip_pixels`` pixels (each strip's bilinear weights computed for its own rows, so
 strips give what one piece gives), each written into the result: beyond the returned image and the content
-it holds a few float strips, whatever the image's size. It runs on the drawing's device (CPU or GPU).
+it holds a few float strips, whatever the image's size. It runs on the drawing's device (CPU or GPU); on a GPU
+the strips are written into one uint8 result there, brought to the host once (not once per strip, which would
+make the host wait for the device at every strip), the content's luminance uploaded from page-locked memory.
 
 This is post-processing after the model: the model's output at its own resolution (published-model
 conformance) is untouched. `stylevar.processing.refine` is a different step: a guided filter *at the model's
@@ -38,6 +40,7 @@ that resolution.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -161,19 +164,44 @@ def upscale(drawing_3SS: torch.Tensor, seen_3SS: torch.Tensor, fit: Fit, content
     guide = guide_image(content, fit, (W, H))
     # in 0..255 units: the slopes' three channels, -Y_low, the drawing's three; widened once at the model's rows
     low_hW7 = _widened(torch.cat([cfg.strength * slopes, -255.0 * seen_y[0], levels_3hw]), W)
-    out = Image.new("RGB", (W, H))
-    step = max(1, cfg.strip_pixels // W)
-    for top in range(0, H, step):  # each strip computed on its own and written into the result
+    strips = _strips(low_hW7, guide, H, max(1, cfg.strip_pixels // W))
+    return _pasted(strips, (W, H)) if low_hW7.device.type == "cpu" else _gathered(strips, (W, H), low_hW7.device)
+
+
+def _strips(low_hW7: torch.Tensor, guide: Image.Image, H: int, step: int) -> Iterator[tuple[int, torch.Tensor]]:
+    """(top row, the result's rows from there as uint8 (rows, W, 3) on the drawing's device), `step` rows at a
+    time, each computed on its own."""
+    W, device = low_hW7.shape[1], low_hW7.device
+    for top in range(0, H, step):
         rows = (top, min(H, top + step))
         low_rW7 = _rows_of(low_hW7, H, rows)
-        detail_rW1 = _luma(guide.crop((0, rows[0], W, rows[1])), levels_3hw.device).add_(low_rW7[..., 3]).unsqueeze_(-1)
+        detail_rW1 = _luma(guide.crop((0, rows[0], W, rows[1])), device).add_(low_rW7[..., 3]).unsqueeze_(-1)
         new_rW3 = torch.addcmul(low_rW7[..., 4:], low_rW7[..., :3], detail_rW1)
-        strip = new_rW3.clamp_(0, 255).round_().to(torch.uint8).cpu().numpy()
-        out.paste(Image.fromarray(strip, "RGB"), (0, rows[0]))
+        yield top, new_rW3.clamp_(0, 255).round_().to(torch.uint8)
+
+
+def _pasted(strips: Iterator[tuple[int, torch.Tensor]], size: tuple[int, int]) -> Image.Image:
+    """Host strips, each pasted into the result as it comes: beyond the result, one strip at a time."""
+    out = Image.new("RGB", size)
+    for top, strip_rW3 in strips:
+        out.paste(Image.fromarray(strip_rW3.numpy(), "RGB"), (0, top))
     return out
+
+
+def _gathered(strips: Iterator[tuple[int, torch.Tensor]], size: tuple[int, int], device: torch.device) -> Image.Image:
+    """Device strips written into one uint8 result on the device, brought to the host once: the device runs the
+    strips one after another without waiting for the host (one copy per strip would sync the host each time)."""
+    W, H = size
+    out_HW3 = torch.empty((H, W, 3), dtype=torch.uint8, device=device)
+    for top, strip_rW3 in strips:
+        out_HW3[top:top + strip_rW3.shape[0]] = strip_rW3
+    return Image.fromarray(out_HW3.cpu().numpy(), "RGB")
 
 
 def _luma(img: Image.Image, device: torch.device) -> torch.Tensor:
     """An RGB image's luma (Rec. 601, `_LUMA`) as (H, W) float in 0..255 on `device`: Pillow's own conversion to
     32-bit float, which is not rounded (4x faster than the product of the pixels with `_LUMA`)."""
-    return torch.from_numpy(np.array(img.convert("F"))).to(device)
+    luma_HW = torch.from_numpy(np.array(img.convert("F")))
+    if device.type == "cuda":  # from page-locked memory, without waiting: a pageable copy would sync the host
+        return luma_HW.pin_memory().to(device, non_blocking=True)
+    return luma_HW.to(device)

@@ -94,6 +94,41 @@ def test_the_strips_are_written_into_the_result_not_into_a_copy():
     assert out.size == (1500, 1000) and peak < 1500 * 1000 * 3 / 4, peak
 
 
+class HostCopies:
+    """Counts the calls that bring a tensor to the host (on a GPU each waits for the device): `.cpu()`, `.item()`,
+    `.tolist()`."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        for name in ("cpu", "item", "tolist"):
+            real = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name, self._counted(real))
+
+    def _counted(self, real):
+        def call(tensor, *args, **kwargs):
+            self.calls += 1
+            return real(tensor, *args, **kwargs)
+        return call
+
+
+def test_the_guided_result_comes_to_the_host_once_not_once_per_strip(monkeypatch):
+    """Issue 60, point 10: the strips were copied to the host one by one (a device sync per strip). On the host
+    they are pasted with no copy at all; on a device (here its path run on CPU tensors) they are gathered there and
+    brought over once, the result unchanged."""
+    from stylevar.processing import upsample
+
+    content = photo_like((300, 200), seed=4)
+    seen, fit = low_res(content)
+    cfg = Upsampling(strip_pixels=300 * 10)  # 20 strips
+    expected = np.asarray(upscale(seen, seen, fit, content, None, cfg))
+    copies = HostCopies(monkeypatch)
+    assert np.array_equal(np.asarray(upscale(seen, seen, fit, content, None, cfg)), expected)
+    assert copies.calls == 0
+    monkeypatch.setattr(upsample, "_pasted", lambda strips, size: upsample._gathered(strips, size, seen.device))
+    assert np.array_equal(np.asarray(upscale(seen, seen, fit, content, None, cfg)), expected)
+    assert copies.calls == 1
+
+
 def test_max_side_and_the_guide_frame_follow_unfit():
     content = photo_like((400, 200))
     for mode, size in (("stretch", (120, 60)), ("pad", (120, 60)), ("crop", (120, 120))):
