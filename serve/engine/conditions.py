@@ -15,6 +15,7 @@ part is stored on its own. `stats()` and the optional observer give hits, misses
 from __future__ import annotations
 
 import hashlib
+import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+import torch.nn.functional as F
 
 Part = tuple[torch.Tensor | None, ...]  # one image's tensors (no batch dimension), None where a field is unset
 
@@ -41,12 +43,58 @@ class CacheStats:
     max_bytes: int
 
 
-def image_digest(img_3HW: torch.Tensor) -> str:
-    """Hash of one model input (its shape, dtype and bytes)."""
-    t = img_3HW.detach().to("cpu").contiguous()
+DIGEST_MODULUS = 2**24 - 3  # a prime: coefficients, products (x 255) and chunk sums stay exact in float64
+DIGEST_HASHES = 5  # independent residues: two different inputs share all five with probability p^-5, about 2^-120
+DIGEST_CHUNK = 1 << 20  # bytes per exact dot product: 2^20 x 255 x p < 2^53
+
+
+def _on_host(images: torch.Tensor) -> bool:
+    return images.device.type == "cpu"
+
+
+class ImageDigest:
+    """Digests of a batch of model inputs (each row's shape, dtype and bytes), under a key of its own.
+
+    On the host: blake2b of each row's bytes, read in place. On a device the rows are not copied to the host (a
+    full copy, and a wait for the device, per image): each row's bytes b_i are hashed there, DIGEST_HASHES residues
+    sum_i b_i * a_ki mod p with coefficients a_ki drawn from the key (a multilinear universal hash: for a key
+    nobody outside the process knows, two different inputs collide with probability p^-5), and only those B x 5
+    numbers come over, once per batch."""
+
+    def __init__(self, key: int | None = None):
+        self.key = secrets.randbits(62) if key is None else key
+
+    def __call__(self, images_B: torch.Tensor) -> list[str]:
+        images_B = images_B.detach()
+        if _on_host(images_B):
+            return [_blake(img.shape, img.dtype, "bytes", img.contiguous().view(torch.uint8).numpy())
+                    for img in images_B]
+        return [_blake(images_B.shape[1:], images_B.dtype, "keyed", repr(r).encode())
+                for r in self.residues(images_B).tolist()]
+
+    def residues(self, images_B: torch.Tensor) -> torch.Tensor:
+        """(B, DIGEST_HASHES) residues of each row's bytes, computed on the rows' device (exact: whole numbers
+        below 2^53 in float64), one row at a time (a row's bytes as float64 are 8 times its size)."""
+        B = images_B.shape[0]
+        bytes_BN = images_B.contiguous().view(B, -1).view(torch.uint8)
+        n = bytes_BN.shape[1]
+        L = max(1, min(n, DIGEST_CHUNK))
+        C = -(-n // L)
+        gen = torch.Generator(device=images_B.device).manual_seed(self.key)
+        coeff_CLK = torch.randint(0, DIGEST_MODULUS, (C, L, DIGEST_HASHES), generator=gen, dtype=torch.float64,
+                                  device=images_B.device)
+        out_BK = []
+        for row_N in bytes_BN:
+            w_C1L = F.pad(row_N.double(), (0, C * L - n)).view(C, 1, L)
+            dots_CK = torch.bmm(w_C1L, coeff_CLK).squeeze(1).fmod_(DIGEST_MODULUS)
+            out_BK.append(dots_CK.sum(0).fmod_(DIGEST_MODULUS))
+        return torch.stack(out_BK).long()
+
+
+def _blake(shape: torch.Size, dtype: torch.dtype, kind: str, data) -> str:
     h = hashlib.blake2b(digest_size=16)
-    h.update(repr((tuple(t.shape), str(t.dtype))).encode())
-    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    h.update(repr((tuple(shape), str(dtype), kind)).encode())
+    h.update(data)
     return h.hexdigest()
 
 
@@ -62,6 +110,7 @@ class ConditionCache:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.max_bytes = max_bytes
         self.observer = observer
+        self._digests = ImageDigest()
         self._entries: OrderedDict[tuple, Part] = OrderedDict()
         self._bytes = 0
         self._hits: dict[str, int] = {}
@@ -121,7 +170,7 @@ class ConditionCache:
         """``compute(images)`` (a tuple of (N, ...) tensors or None) for a batch, each distinct image computed at
         most once and looked up first in the cache of its row's scope (`scopes`, one a row; None: one scope).
         Returns the batch's tensors (B, ...)."""
-        digests = [image_digest(img) for img in images_B3HW]
+        digests = self._digests(images_B3HW)
         keys = [(scope, kind, options, d) for scope, d in zip(scopes or [""] * len(digests), digests)]
         parts: dict[tuple, Part] = {}
         for key in dict.fromkeys(keys):
