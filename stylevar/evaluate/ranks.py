@@ -3,11 +3,13 @@
 (Named for the ranks, not "sharding": that word is FSDP's here, training.parts.fsdp and training.sharding.)"""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
 
-from stylevar.runtime.distributed import Torchrun, all_gather_object, join_process_group, leave_process_group
+from stylevar.runtime.distributed import (Torchrun, all_gather_object, join_process_group, leave_process_group,
+                                          rank_device)
 from stylevar.evaluate.scoring import batch_slices
 
 
@@ -37,15 +39,17 @@ class Shard:
 
 
 def start_shard(device: torch.device) -> tuple[Shard, torch.device]:
-    """Under torchrun (WORLD_SIZE > 1): join the process group (env://; nccl on CUDA, gloo on the CPU) and
-    take the local GPU when the device names none; else a single process."""
+    """Under torchrun (WORLD_SIZE > 1): join the process group (env://; nccl on CUDA, gloo on the CPU), each rank
+    on its own GPU (`rank_device`: ``--device cuda:0`` put every rank on GPU 0); else a single process."""
     launch = Torchrun.from_env()
     if not launch.distributed:
         return Shard(), device
     import torch.distributed as dist
 
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", launch.local_rank)
+    named, device = device, rank_device(device, launch)
+    if named.index not in (None, device.index) and launch.rank == 0:
+        print(f"note: under torchrun each rank uses its local GPU (cuda:LOCAL_RANK), not {named}; "
+              "CUDA_VISIBLE_DEVICES chooses the GPUs", file=sys.stderr)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     owned = join_process_group(device)

@@ -34,6 +34,15 @@ class Torchrun:
         return self.world_size > 1
 
 
+def rank_device(device: torch.device, launch: Torchrun) -> torch.device:
+    """The device this process computes on: under torchrun a CUDA device is the rank's own GPU,
+    ``cuda:LOCAL_RANK``, whatever index was named (one index for every rank would put them all on one GPU;
+    ``CUDA_VISIBLE_DEVICES`` chooses which GPUs a node's ranks get); otherwise ``device`` as given."""
+    if launch.distributed and device.type == "cuda":
+        return torch.device("cuda", launch.local_rank)
+    return device
+
+
 def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
