@@ -1,5 +1,7 @@
 """Parameters and estimated peak training memory per GPU of each preset under ``training.sft``'s two
-strategies, computed from the models (not measured): ``python -m benchmarks.memory_table``.
+strategies, computed from the models (not measured): ``python -m benchmarks.memory_table``. With ``--serving``:
+d20's generation memory per batch size and the batch each budget holds, measured on the meta device
+(`stylevar.runtime.memory`: the tables of docs/serving.md, "Batching", and docs/gpus.md).
 
 Each preset is built on the ``meta`` device (no memory, exact shapes), so the parameter counts are exact:
 P trainable (everything but the tokenizer), P_t the frozen tokenizer, P_root the trainable parameters
@@ -34,10 +36,11 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=HelpFormatter)
     p.add_argument("--gpus", type=int, default=8, help="GPUs the fsdp shards are spread over")
     p.add_argument("--micro-batch", type=int, default=8, help="samples per GPU per micro-step")
+    p.add_argument("--serving", action="store_true", help="generation's memory per batch size instead (d20)")
     args = p.parse_args(argv)
-    from benchmarks.measures.memory_table import table  # torch: once the options are parsed
+    from benchmarks.measures.memory_table import fitting_table, serving_table, table  # torch: once parsed
 
-    print(table(args.gpus, args.micro_batch))
+    print(f"{serving_table()}\n\n{fitting_table()}" if args.serving else table(args.gpus, args.micro_batch))
     return 0
 
 

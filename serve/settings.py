@@ -56,7 +56,8 @@ class ServeSettings(BaseSettings):
     condition_cache_mb: float = Field(256.0, ge=0)  # LRU cache of style/content conditions; 0: off
 
     # batching
-    max_batch_size: int = Field(8, ge=1, le=256)  # rows (samples) per generate call
+    # rows (samples) per generate call; None: what the device's memory holds (serve.engine.sizing; 8 on the CPU)
+    max_batch_size: int | None = Field(None, ge=1, le=256)
     max_wait_ms: float = Field(10.0, ge=0, le=10_000)
     queue_size: int = Field(64, ge=1)  # jobs waiting for a worker
     # a request is admitted only if its estimated wait (queue position x measured batch time) is at most

@@ -1,14 +1,17 @@
 """The computation of `python -m benchmarks.memory_table` (its docstring gives the formulas): parameter counts
-of each preset built on the meta device, and the estimated peak memory per GPU under ddp and fsdp."""
+of each preset built on the meta device, and the estimated peak memory per GPU under ddp and fsdp; with
+``--serving``, generation's memory per batch size (`stylevar.runtime.memory`, the tables of docs/serving.md and
+docs/gpus.md)."""
 from __future__ import annotations
 
 import functools
 
 import torch
 
-from stylevar.config import presets
+from stylevar.config import StyleVARConfig, presets
 from stylevar.models.tokenizer import MultiScaleVQVAE
 from stylevar.models.transformer import StyleVAR
+from stylevar.runtime.memory import generation_memory, max_batch
 
 GiB = 2**30
 ACT_BYTES_PER_TOKEN_WIDTH = 34 * 1.5  # per block, bf16, fused attention, three streams
@@ -58,4 +61,36 @@ def table(gpus: int, micro_batch: int) -> str:
             rows.append(f"| {preset} | {c['P'] / 1e6:,.1f}M | {c['P_t'] / 1e6:,.1f}M | {strategy} x{gpus} | "
                         f"{e['static'] / GiB:.1f} GiB | {e['act'] / GiB:.1f} GiB | {e['peak'] / GiB:.1f} GiB | "
                         f"{ec['peak'] / GiB:.1f} GiB |")
+    return "\n".join(rows)
+
+
+SERVING_BATCHES = (1, 8, 16, 32, 64, 128)
+SERVING_BUDGETS_GIB = (16, 40, 64, 110)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def serving_table(preset: str = "d20", batches: tuple[int, ...] = SERVING_BATCHES) -> str:
+    """GiB generation's loop holds per batch size (no guidance), fp32 and bf16: KV cache, queries, step, total."""
+    cfg = StyleVARConfig.preset(preset)
+    rows = ["| batch | KV cache fp32 | queries fp32 | step fp32 | **total fp32** | KV cache bf16 | queries bf16 | "
+            "step bf16 | **total bf16** |", "|---|---|---|---|---|---|---|---|---|"]
+    for b in batches:
+        cells = []
+        for dtype in DTYPES.values():
+            m = generation_memory(cfg, b, dtype)
+            cells += [f"{m.kv_cache / GiB:.2f}", f"{m.queries / GiB:.2f}", f"{m.step / GiB:.2f}",
+                      f"**{m.total / GiB:.2f}**"]
+        rows.append(f"| {b} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def fitting_table(preset: str = "d20", budgets_gib: tuple[int, ...] = SERVING_BUDGETS_GIB) -> str:
+    """The most samples whose loop fits in each budget (`stylevar.runtime.memory.max_batch`, up to 256), fp32 and
+    bf16, without and with guidance."""
+    cfg = StyleVARConfig.preset(preset)
+    rows = ["| loop budget | fp32 | bf16 | fp32, guidance | bf16, guidance |", "|---|---|---|---|---|"]
+    for budget in budgets_gib:
+        cells = [str(max_batch(cfg, budget * GiB, dtype, guidance=guided))
+                 for guided in (False, True) for dtype in DTYPES.values()]
+        rows.append(f"| {budget} GiB | " + " | ".join(cells) + " |")
     return "\n".join(rows)

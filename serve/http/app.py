@@ -28,6 +28,7 @@ from serve.http.access import FailureLimiter, KeyRing, LoginAttemptLimit
 from serve.engine.batching import BatchConfig, Batcher
 from serve.http.drain import Drain, DrainMiddleware
 from serve.engine.runner import ModelRunner, RunnerOptions
+from serve.engine.sizing import default_max_batch
 from serve.http.errors import install_error_handlers
 from serve.http.memory import MemoryBudget, ReleaseWhenAnswered
 from serve.http.metrics import ServiceMetrics
@@ -94,9 +95,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         lambda: [ModelRunner.load(settings.model_dir, d, RunnerOptions.from_settings(settings), state.metrics)
                  for d in state.devices]
     )
+    max_batch = settings.max_batch_size or default_max_batch(state.runners)
+    log.info("batches of at most %d rows%s", max_batch, "" if settings.max_batch_size else " (from device memory)")
     state.batcher = Batcher(
         [r.run for r in state.runners],
-        BatchConfig(settings.max_batch_size, settings.max_wait_ms / 1000.0, settings.queue_size,
+        BatchConfig(max_batch, settings.max_wait_ms / 1000.0, settings.queue_size,
                     settings.max_queue_wait_s or None, settings.worker_nice),
         observer=state.metrics,
     )

@@ -94,7 +94,8 @@ class StylizeRequest(BaseModel):
     style_strength: Annotated[float, Offer(label="Style strength", step=0.05)] = Field(
         G.style_strength, ge=-1.0, le=1.0, description="-1 keeps more of the content .. 1 takes more of the style")
     seed: Annotated[int | None, Offer(label="Seed", unset="a random one", start=0)] = Field(
-        None, ge=0, le=MAX_SEED, description="the random seed; sample i uses seed + i")
+        None, ge=0, le=MAX_SEED, description="the random seed; sample i uses seed + i. It reproduces a picture on the "
+        "same kind of device in the same precision: a GPU's seed does not give its picture on the CPU (docs/gpus.md)")
     top_k: Annotated[int | None, Offer(label="Top-k", fallback=G.top_k,
                                        unset=f"the model's recommended value, else {G.top_k}")] = Field(
         None, ge=0, le=1_000_000, description="0 switches top-k off")

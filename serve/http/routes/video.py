@@ -201,7 +201,7 @@ async def stylize_video(request: Request, video: VideoUpload, style: StyleUpload
         info = await _probe(src, limits)
         styles, masks = await decode_styles(st, style, style_mask)
         kwargs = {"request": req, "style_masks": masks, "temporal": form.temporal,
-                  "batch_size": st.settings.max_batch_size, "max_side": st.settings.max_output_side,
+                  "batch_size": st.batcher.config.max_batch_size, "max_side": st.settings.max_output_side,
                   "limits": limits, "info": info}
         result, seconds = await _run(request, st, clip, src, styles, out, kwargs)
         headers = {"X-Seed": str(req.seed), "X-Frames": str(result.frames), "X-Fps": f"{float(result.fps):g}",
