@@ -6,7 +6,8 @@ more jobs with the same key until `max_batch_size` rows are gathered, drops jobs
 away or whose deadline passed, and calls its `run` function on the rest. The run function is a
 dependency: the service passes the model, tests pass whatever they need (one that raises, one that
 sleeps). A run that runs out of memory is split in halves and retried once its error (whose traceback holds the
-failed call's tensors) is dropped and the cache freed; a job that still does not fit fails with `OverloadedError`. Any other exception fails that batch only: the worker goes on.
+failed call's tensors) is dropped and the cache freed; a job that still does not fit fails with
+`OverloadedError`. Any other exception fails that batch only: the worker goes on.
 
 Admission comes before any expensive work: `admit()` holds a queue slot (or refuses at once with
 `QueueFullError`) while the caller decodes its inputs, then `Admission.submit` turns the slot into a

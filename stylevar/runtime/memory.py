@@ -116,9 +116,9 @@ def generation_memory(cfg: StyleVARConfig, batch: int, dtype: torch.dtype = torc
         cond_RD, stream_RLC = torch.empty(R, C, dtype=dtype), torch.empty(R, L, C, dtype=dtype)
         before = live.held()
         mod = block.modulation(cond_RD)
-        modulations = cfg.depth * (live.held() - before)
+        per_block = live.held() - before
         head_mod = head_nm.modulation(cond_RD)
-        modulations += live.held() - before - modulations // cfg.depth
+        modulations = (cfg.depth - 1) * per_block + live.held() - before  # every block's, and the head's
         live.reset_peak()
         before = live.held()
         q_RHXc = block.queries(stream_RLC.unsqueeze(1), stream_RLC, mod)
@@ -128,8 +128,8 @@ def generation_memory(cfg: StyleVARConfig, batch: int, dtype: torch.dtype = torc
         before = live.held()
         cache.end = L - l  # the finest scale: every coarser one written
         q_RHxc = q_RHXc.unflatten(2, (2, -1))[:, :, :, L - l:].flatten(2, 3)
-        x_RlC = block(torch.empty(R, l, C, dtype=dtype), mod, Guide(torch.full((1,), 0.5).expand(R, 1, l, 1), q_BHXc=q_RHxc),
-                      None, cache)
+        alpha_R1l1 = torch.full((1,), 0.5).expand(R, 1, l, 1)
+        x_RlC = block(torch.empty(R, l, C, dtype=dtype), mod, Guide(alpha_R1l1, q_BHXc=q_RHxc), None, cache)
         logits_RlV = head(head_nm(x_RlC, head_mod)).float()
         sample(logits_RlV, [torch.Generator()], DEFAULT_GENERATION.top_k, DEFAULT_GENERATION.top_p)
         step = live.peak - before

@@ -241,7 +241,8 @@ async def _run(request: Request, st: ServiceState, clip: ClipWork, src: Path, st
 
     def stylize() -> Any:  # out of memory: 503 `out_of_memory` with Retry-After, as an image that does not fit
         return run_or_overloaded(lambda: st.runner.pipe.stylize_video(src, styles, out, progress=progress, **kwargs),
-                                 "the clip does not fit in device memory now; try again shortly, or send a smaller clip")
+                                 "the clip does not fit in device memory now; try again shortly, or send a "
+                                 "smaller clip")
 
     t0 = time.perf_counter()
     task = clip.run(stylize)
