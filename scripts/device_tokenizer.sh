@@ -5,7 +5,8 @@
 #   scripts/device_tokenizer.sh RUN BRING_BACK [training.device_tokenizer options, e.g. --minutes 7 --candidate b]
 #
 # 1. installs the wheels carried in .whl/ (scripts/device_wheels.sh made them here) into /tmp/stylevar-site;
-# 2. trains on the pack carried in data/device_pack (data_tools.pack) into RUN (python -m training.device_tokenizer);
+# 2. trains on the pack carried in data/device_pack (data_tools.pack; DEVICE_PACK=FOLDER names another) into RUN
+#    (python -m training.device_tokenizer);
 # 3. copies into BRING_BACK what can come back from a lent machine (at most 8 files of 16 MiB): the summary, the log,
 #    the run's config and the tokenizer (RUN/final, or RUN/latest when the budget ended the call) with its weights
 #    in 15 MiB parts (`cat tokenizer.safetensors.part-* > tokenizer.safetensors` puts them together).
@@ -19,7 +20,8 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   export PYTHONPATH=/tmp/stylevar-site${PYTHONPATH:+:$PYTHONPATH}
 fi
 status=0
-PYTHONUNBUFFERED=1 python3 -m training.device_tokenizer --data data/device_pack --out "$run" "$@" || status=$?
+PYTHONUNBUFFERED=1 python3 -m training.device_tokenizer --data "${DEVICE_PACK:-data/device_pack}" --out "$run" "$@" \
+  || status=$?
 mkdir -p "$back"
 for f in device_summary.json log.jsonl config.json; do
   [ -f "$run/$f" ] && cp "$run/$f" "$back/$f"

@@ -4,14 +4,20 @@ refusals before any work (a missing package, no GPU); the batch that fills a GPU
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from data_tools import pack
 from data_tools.synth import SynthConfig, generate
+from tests.conftest import single_thread_env
 from training import device_tokenizer
 from training.parts.log import read_log
 
+REPO = Path(__file__).resolve().parents[2]
 # a 32 px tokenizer (the style predictor's features need 32 px or more)
 MICRO = {"tokenizer": {"vocab_size": 64, "z_channels": 8, "ch": 8, "ch_mult": [1, 1, 2, 2], "num_res_blocks": 1,
                        "patch_nums": [1, 2, 4], "using_sa": False, "using_mid_sa": False, "norm_groups": 4}}
@@ -83,3 +89,21 @@ def test_the_batch_that_fills_the_gpu_follows_the_measured_line():
     assert device_tokenizer.batch_to_fill(peaks, 80 * gib) == 256
     assert device_tokenizer.batch_to_fill(peaks, 4 * gib) == 8  # never below the measured batch
     assert device_tokenizer.batch_to_fill({8: gib, 16: gib}, 80 * gib, largest=512) == 512  # flat: the cap
+
+
+@pytest.mark.slow
+def test_the_device_script_brings_back_what_a_lent_machine_returns(packed, tmp_path):
+    """scripts/device_tokenizer.sh as the device runs it (its `python3` is the one with torch), on the CPU."""
+    venv_bin = Path(sys.executable).parent
+    env = {**single_thread_env(), "PATH": f"{venv_bin}:{os.environ['PATH']}", "DEVICE_PACK": str(packed / "pack")}
+    run, back = tmp_path / "run", tmp_path / "back"
+    done = subprocess.run([str(REPO / "scripts" / "device_tokenizer.sh"), str(run), str(back), "--device", "cpu",
+                           "--preset", str(packed / "micro.json"), "--max-steps", "50", "--batch-size", "2",
+                           "--minutes", "1e-6"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    names = sorted(p.name for p in back.iterdir())
+    assert names == ["config.json", "device_summary.json", "log.jsonl", "tokenizer.safetensors.part-00",
+                     "tokenizer_config.json"]
+    assert (back / "tokenizer.safetensors.part-00").read_bytes() == (run / "latest" / "tokenizer.safetensors").read_bytes()
+    assert json.loads((back / "tokenizer_config.json").read_text())["extra"]["steps"] == 1
+    assert len(names) <= 8 and all(p.stat().st_size <= 16 << 20 for p in back.iterdir())
