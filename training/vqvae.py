@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--restart-every", type=int, default=50, help="dead-code check every N steps (0: never)")
     p.add_argument("--dead-after", type=int, default=100, help="a code unused this many steps is dead")
     p.add_argument("--val-batch-size", type=int, default=32, help="images per validation batch")
+    p.add_argument("--channels-last", action="store_true",
+                   help="convolutions in NHWC (weights and images): faster on GPUs with tensor cores")
     add_loop_args(p, lr=2e-4, batch_size=32, max_grad_norm=1.0)
     return p
 

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 # options that may change when a run is resumed (they do not change what is computed)
 FREE_KEYS = ("out", "save_every", "save_every_minutes", "keep_checkpoints", "log_every", "num_workers", "no_progress",
-             "device", "val_every", "val_batch_size", "val_max_batches")
+             "device", "channels_last", "max_minutes", "val_every", "val_batch_size", "val_max_batches")
 
 DEFAULT_SAVE_EVERY_MINUTES = 5.0  # the recipes' --save-every-minutes
 SFT_COMPILE_MIN_STEPS = 200  # training.sft compiles its blocks by default from this many steps on (docs/training.md)
@@ -47,6 +47,9 @@ def add_loop_args(parser, *, lr: float, batch_size: int, max_grad_norm: float = 
     g.add_argument("--save-every", type=int, default=500, help="checkpoint every N steps (and at the end)")
     g.add_argument("--save-every-minutes", type=float, default=DEFAULT_SAVE_EVERY_MINUTES, metavar="M",
                    help="also checkpoint once M minutes have passed since the last checkpoint (0: only by steps)")
+    g.add_argument("--max-minutes", type=float, default=0.0, metavar="M",
+                   help="a time budget: after M minutes of steps (start-up aside) checkpoint and stop, exit 0; the same "
+                        "command continues (0: none)")
     g.add_argument("--keep-checkpoints", type=int, default=3, help="step checkpoints kept in RUN/checkpoints (older ones deleted)")
     g.add_argument("--log-every", type=int, default=10, help="steps between lines of RUN/log.jsonl and TensorBoard")
     g.add_argument("--val-every", type=int, default=0, help="validate every N steps (0: only at the end)")
@@ -64,6 +67,7 @@ def loop_config(args, precision: str) -> LoopConfig:
         max_steps=args.max_steps,
         save_every=args.save_every,
         save_every_minutes=args.save_every_minutes,
+        max_minutes=args.max_minutes,
         val_every=args.val_every,
         log_every=args.log_every,
         keep_checkpoints=args.keep_checkpoints,

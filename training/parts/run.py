@@ -28,7 +28,8 @@ class TrainingRun:
 
     Ctrl-C (SIGINT) or SIGTERM inside the block (:class:`StopSignals`) ends the current step, writes its
     checkpoint (``checkpoint_due`` says yes) and exits from ``save`` with one line saying how to resume
-    (status 130 / 143); the re-run resumes at that step. A signal at the last step lets the run finish.
+    (status 130 / 143); the re-run resumes at that step. A signal at the last step lets the run finish. So does the
+    end of ``max_minutes`` of steps (a time budget), with status 0.
 
         with TrainingRun(run, state, max_steps=N, save_every=..., seed=...) as tr:
             step = tr.start
@@ -41,12 +42,12 @@ class TrainingRun:
 
     def __init__(self, run: RunDir, state: TrainingState, *, max_steps: int, save_every: int,
                  save_every_minutes: float = 0.0, keep: int = 3, seed: int = 0, progress: bool = True,
-                 clock: Callable[[], float] = time.monotonic):
+                 max_minutes: float = 0.0, clock: Callable[[], float] = time.monotonic):
         self.run, self.state, self.env = run, state, state.env
         self.max_steps, self.save_every, self.save_every_minutes = max_steps, save_every, save_every_minutes
         self.seed, self.show_progress, self.clock = seed, progress, clock
         self.ckpts = CheckpointManager(run.checkpoints, self.env, keep=keep)
-        self.stop, self.stopping = StopSignals(), False
+        self.stop, self.stopping = StopSignals(max_minutes * 60, clock), False
 
     @classmethod
     def for_loop(cls, run: RunDir, state: TrainingState, cfg: LoopConfig,
@@ -54,7 +55,7 @@ class TrainingRun:
         """The run of a loop configured by ``cfg`` (:func:`loop_config`)."""
         return cls(run, state, max_steps=cfg.max_steps, save_every=cfg.save_every,
                    save_every_minutes=cfg.save_every_minutes, keep=cfg.keep_checkpoints, seed=cfg.seed,
-                   progress=cfg.progress, clock=clock)
+                   progress=cfg.progress, max_minutes=cfg.max_minutes, clock=clock)
 
     def __enter__(self) -> "TrainingRun":
         try:

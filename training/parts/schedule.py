@@ -19,6 +19,7 @@ class LoopConfig:
     max_steps: int
     save_every: int = 500
     save_every_minutes: float = 0.0  # also checkpoint when this much wall time has passed (0: off)
+    max_minutes: float = 0.0  # stop (checkpoint, exit 0) once the loop has run this long (0: no budget)
     val_every: int = 0  # 0: validate only at the end
     log_every: int = 10
     keep_checkpoints: int = 3
@@ -35,6 +36,8 @@ class LoopConfig:
             raise ValueError("save_every must be >= 1")
         if not self.save_every_minutes >= 0:
             raise ValueError("save_every_minutes must be >= 0")
+        if not self.max_minutes >= 0:
+            raise ValueError("max_minutes must be >= 0")
         if self.log_every < 1:
             raise ValueError("log_every must be >= 1")
 

@@ -1,12 +1,13 @@
-"""Ctrl-C (SIGINT) and SIGTERM during a recipe's step loop: the loop ends its current step, writes a checkpoint
-there and exits with one line saying how to resume (:class:`StopSignals`, used by
-:class:`~training.parts.run.TrainingRun`)."""
+"""Ctrl-C (SIGINT), SIGTERM or the end of a time budget (``--max-minutes``) during a recipe's step loop: the loop
+ends its current step, writes a checkpoint there and exits with one line saying how to resume (:class:`StopSignals`,
+used by :class:`~training.parts.run.TrainingRun`)."""
 from __future__ import annotations
 
 import signal
 import threading
+import time
 from types import FrameType
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -19,13 +20,21 @@ class StopSignals:
     """While entered (in the main thread), the first SIGINT or SIGTERM only records itself (:attr:`received`):
     the loop asks :meth:`agreed` after each step, checkpoints and stops (:meth:`exit`). A second signal gets the
     handler that was there before (Ctrl-C twice: the usual KeyboardInterrupt, at once). Leaving restores the
-    earlier handlers. Outside the main thread (a recipe called from a test's worker thread) nothing is caught."""
+    earlier handlers. Outside the main thread (a recipe called from a test's worker thread) nothing is caught.
 
-    def __init__(self) -> None:
+    With ``budget_s`` the loop also stops once that many seconds have passed since entering (:attr:`out_of_time`;
+    exit status 0: a planned stop, not an interruption)."""
+
+    def __init__(self, budget_s: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.received: int | None = None
+        self.out_of_time = False
         self._before: dict[int, Any] = {}
+        self.budget_s, self.clock = budget_s, clock
+        self._deadline = float("inf")
 
     def __enter__(self) -> "StopSignals":
+        if self.budget_s > 0:
+            self._deadline = self.clock() + self.budget_s
         if threading.current_thread() is threading.main_thread():
             self._before = {sig: signal.signal(sig, self._handle) for sig in CAUGHT}
         return self
@@ -42,19 +51,23 @@ class StopSignals:
     def agreed(self, env: DistEnv) -> bool:
         """Whether to stop after this step: rank 0's answer on every rank (torchrun passes a signal on to every
         process, and the ranks must checkpoint at the same step)."""
-        stop = self.received is not None
+        why = 1.0 if self.received is not None else 2.0 if self.clock() >= self._deadline else 0.0
         if env.distributed:
-            stop = bool(broadcast_(torch.tensor([1.0 if stop else 0.0], device=env.device), env).item() > 0)
-            if stop and self.received is None:
+            why = float(broadcast_(torch.tensor([why], device=env.device), env).item())
+            if why == 1.0 and self.received is None:
                 self.received = signal.SIGTERM
-        return stop
+        self.out_of_time = why == 2.0
+        return why > 0
 
     def line(self, step: int, max_steps: int, checkpoint: str) -> str:
         """The one line said when the loop stops after the checkpoint of ``step``."""
+        if self.out_of_time:
+            return (f"stopped at the time budget ({self.budget_s / 60:g} min) after step {step} of {max_steps}: wrote "
+                    f"{checkpoint}; run the same command again to continue from step {step}")
         name = signal.Signals(self.received or signal.SIGINT).name
         return (f"stopped by {name} after step {step} of {max_steps}: wrote {checkpoint}; run the same command "
                 f"again to resume from step {step} (with a larger --max-steps to train longer)")
 
     def status(self) -> int:
-        """The exit status, the shell's for the signal: 130 for SIGINT, 143 for SIGTERM."""
-        return 128 + int(self.received or signal.SIGINT)
+        """The exit status, the shell's for the signal: 130 for SIGINT, 143 for SIGTERM; 0 at the time budget."""
+        return 0 if self.out_of_time else 128 + int(self.received or signal.SIGINT)

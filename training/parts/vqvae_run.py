@@ -173,6 +173,8 @@ def build_objective(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: DistEnv)
     vqvae = MultiScaleVQVAE(vq_cfg)
     init_note = init_from(vqvae, Path(args.init)) if args.init else ""
     vqvae = vqvae.to(env.device).train()
+    if args.channels_last:
+        vqvae.to(memory_format=torch.channels_last)
     seed_everything(process_seed(args.seed, env.rank))  # the init above is the same on every rank
     lpips_model, lpips_note = (None, "LPIPS off (--lpips-weight 0)")
     if args.lpips_weight > 0:
@@ -217,7 +219,10 @@ class VQVAERun:
     skips: SkipTracker
 
     def to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
-        return move_to(self.skips.take(batch), self.env.device)
+        batch = move_to(self.skips.take(batch), self.env.device)
+        if self.args.channels_last:
+            batch["image"] = batch["image"].contiguous(memory_format=torch.channels_last)
+        return batch
 
     def validation(self) -> dict[str, float]:
         return validate(self.vqvae, self.val_set, self.env, self.args.val_batch_size, self.precision)
