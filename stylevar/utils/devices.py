@@ -44,7 +44,8 @@ def _no_gpu_driver() -> bool:
     return sys.platform.startswith("linux") and not _gpu_nodes()
 
 
-def _driver_version() -> str:
+def driver_version() -> str:
+    """The NVIDIA kernel driver's version line (Linux), or "not readable"."""
     try:
         with open(_NVIDIA_DRIVER_VERSION) as f:
             return f.readline().strip()
@@ -66,7 +67,7 @@ def cuda_unusable_reason() -> str | None:
         error = "torch finds no CUDA device"
     except (RuntimeError, AssertionError) as e:  # torch's init error: an old driver, no device, no CUDA build
         error = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return (f"this machine has a GPU driver ({nodes[0]}; driver: {_driver_version()}) but {build} cannot use it: "
+    return (f"this machine has a GPU driver ({nodes[0]}; driver: {driver_version()}) but {build} cannot use it: "
             f"{error}. Install a torch build for a CUDA that the driver supports (`nvidia-smi` shows the highest; "
             f"docs/gpus.md), or choose the CPU explicitly (--device cpu)")
 
