@@ -77,10 +77,10 @@ def environment(cfg: DeviceRunConfig) -> dict:
 
 # ------------------------------------------------------------------------------------------ golden tokens
 def strict_fp32() -> None:
-    """No TF32 anywhere: matrix products and cuDNN convolutions in full fp32 (cuDNN's default is TF32)."""
+    """No TF32 anywhere: matrix products and cuDNN convolutions in full fp32 (cuDNN's default is TF32); the legacy
+    switches, as torch.compile's Inductor reads them."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
 
 
 def _golden_models():
