@@ -3,7 +3,15 @@
 #   docker run --gpus all -p 8000:8000 -v "$PWD/models/my-model:/models" stylevar-serve
 # The model directory is a volume at /models (config.json + tokenizer/transformer safetensors);
 # a fresh named volume starts with the embedded demo model.
-FROM nvidia/cuda:12.6.3-runtime-ubuntu24.04
+#
+# torch's CUDA and the host's driver: the pinned torch 2.14.1 / torchvision 0.29.1 are PyPI's Linux wheels, which
+# bundle the CUDA 13.0 libraries (torch.__version__ 2.14.1+cu130, nvidia-*-cu13 dependencies) and so need an NVIDIA
+# driver >= 580 on the host. The base image (no CUDA libraries of its own: the wheels bring them) states the same
+# CUDA, so the NVIDIA container toolkit refuses to start this image on an older driver (NVIDIA_REQUIRE_CUDA) instead
+# of letting the service fall back to the CPU; for an older driver see docs/gpus.md (a CUDA 12 build of torch).
+FROM nvidia/cuda:13.0.0-base-ubuntu24.04
+LABEL org.opencontainers.image.title="stylevar-serve" \
+      io.stylevar.torch-cuda="13.0"
 
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -28,10 +36,11 @@ COPY serve ./serve
 COPY web ./web
 COPY training ./training
 COPY data_tools ./data_tools
-# PyPI's Linux torch wheels bundle the CUDA 12 libraries; the base image supplies the driver hook.
-# Versions are bounded by pyproject.toml (this installs the project itself, not a named package).
+# torch and torchvision pinned (the CUDA build above); every extra a route or a UI tab needs: serve (the API), web
+# (the UI at /ui), video (PyAV: POST /stylize/video and the Video tab), teacher (the UI's Magenta baseline).
+# The project's own dependencies are bounded by pyproject.toml (this installs the project, not a named package).
 # hadolint ignore=DL3013
-RUN pip install ".[serve,web]"
+RUN pip install "torch==2.14.1" "torchvision==0.29.1" ".[serve,web,video,teacher]"
 
 RUN groupadd --gid 10001 stylevar \
     && useradd --create-home --uid 10001 --gid 10001 --shell /usr/sbin/nologin stylevar \

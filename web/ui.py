@@ -26,6 +26,8 @@ from stylevar.loaders.model_dir import DEMO_LABEL
 from stylevar.pipelines.options import UI, Option, offered
 from stylevar.pipelines.request import StylizeRequest
 from stylevar.processing.postprocess import MAX_SEED
+from stylevar.processing.video import EXTRA as VIDEO_EXTRA
+from stylevar.utils.extras import missing_modules
 
 from web.baseline import Baseline, BaselineStatus, default_baselines
 from web.client import Preview, Result, ServiceClient, ServiceError
@@ -340,7 +342,8 @@ class StyleVARUI:
                                         examples_per_page=len(PAINTED_PAIRS), cache_examples=False)
                 c["status"] = gr.Markdown("", elem_id="status")
                 self._outputs(c)
-            with gr.Tab("Video", id="video-tab"):  # a short clip through POST /stylize/video
+            # a short clip through POST /stylize/video; hidden where video is not installed (the route answers 501)
+            with gr.Tab("Video", id="video-tab", visible=not missing_modules(VIDEO_EXTRA)):
                 VideoTab(self.client).blocks()
             self._wire(demo, c)
         return demo

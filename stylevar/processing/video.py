@@ -35,6 +35,7 @@ from PIL import Image
 
 from stylevar.utils.atomic import atomic_write_path, is_write_error, remove_quietly, temp_path, write_failure
 from stylevar.utils.errors import CodedError
+from stylevar.utils.extras import install_line
 
 TemporalMode = Literal["independent", "same-seed", "coherent", "coherent-reuse"]
 TEMPORAL_MODES: tuple[str, ...] = get_args(TemporalMode)
@@ -43,6 +44,7 @@ TEMPORAL_HELP = ("how the frames share their random draws: independent (frame i:
                  "the seed), coherent (the draws follow the content's motion, on a canvas that moves with it, each "
                  "drawing settled with the previous one), coherent-reuse (and all but the finest scale's tokens kept "
                  "where the content did not change)")
+EXTRA = "video"  # pyproject.toml's extra that brings PyAV (stylevar.utils.extras)
 VIDEO_FORMATS = "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,avi,mpegts,flv,ogg,asf,mpeg"  # FFmpeg demuxer names
 # audio codecs an mp4 carries as they are (others cannot be copied and are refused before any work)
 MP4_AUDIO_CODECS = frozenset({"aac", "mp3", "mp2", "opus", "flac", "alac", "ac3", "eac3"})
@@ -113,7 +115,7 @@ def _av() -> Any:
     try:
         import av
     except ModuleNotFoundError as e:
-        raise ModuleNotFoundError("video needs PyAV: pip install 'stylevar[video]'") from e
+        raise ModuleNotFoundError(f"video needs PyAV: {install_line(EXTRA)}") from e
     return av
 
 

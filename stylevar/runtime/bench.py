@@ -234,18 +234,20 @@ def _time_teacher_forcing(bench: _Bench) -> dict:
 
 def _time_naive(bench: _Bench) -> dict:
     """The transformer loop alone against the naive blend, at batch 1: the condition (tokenizer + encoders)
-    is computed once and shared by both paths."""
+    is computed once and shared by both paths. Both loops and the condition run under one autocast, the one
+    `sample_tokens` opens for itself (bf16 on CUDA by default): the naive loop opens none of its own, and timed
+    outside it would run in fp32 against a bf16 fast loop."""
     from stylevar.models.sampling import make_generators
     from stylevar.models.transformer.naive import naive_sample_tokens
 
     model, device = bench.model, bench.device
     content, style = bench.images(1), bench.images(1)
-    with torch.no_grad():
-        cond = model.condition(content, style)
     alpha_K = model.blend_alphas()
     bench.say("sampling loop at batch 1: this path, then the naive blend")
-    fast = bench.timed(lambda: model.sample_tokens(cond, make_generators(0, 1, device), alpha_K))
-    naive = bench.timed(lambda: naive_sample_tokens(model, cond, make_generators(0, 1, device), alpha_K))
+    with torch.no_grad(), model._autocast(device, model.loop_autocast_dtype):  # sample_tokens' own, re-entered
+        cond = model.condition(content, style)
+        fast = bench.timed(lambda: model.sample_tokens(cond, make_generators(0, 1, device), alpha_K))
+        naive = bench.timed(lambda: naive_sample_tokens(model, cond, make_generators(0, 1, device), alpha_K))
     return {"batch": 1, "naive_ms_per_image": 1000 * naive, "fast_ms_per_image": 1000 * fast,
             "speedup": naive / fast}
 

@@ -3,11 +3,14 @@ dtype names ("bf16", "float16", "auto", ...) turned into torch dtypes.
 
 Importing this module does not import torch. On a Linux machine with no GPU driver at all, a CUDA
 request is refused from the device nodes alone, without importing torch (the command line answers in
-well under a second); everywhere else torch itself decides.
+well under a second); everywhere else torch itself decides. When the choice is automatic (None, "auto") and
+this machine has a GPU driver that torch cannot use (a driver older than torch's CUDA build needs, a CPU-only
+torch), the run goes to the CPU with one warning saying why, never silently.
 """
 from __future__ import annotations
 
 import glob
+import logging
 import re
 import sys
 from collections.abc import Sequence
@@ -20,15 +23,65 @@ _CUDA_NAME = re.compile(r"^cuda(?::(\d+))?$")
 # what a GPU driver leaves on Linux: NVIDIA (bare metal and containers), AMD ROCm (torch's "cuda" is HIP
 # there) and WSL2's paravirtual GPU. None of them present: no CUDA device can be available.
 _GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia[0-9]*", "/proc/driver/nvidia/gpus/*", "/dev/kfd", "/dev/dxg")
+_NVIDIA_DRIVER_VERSION = "/proc/driver/nvidia/version"
+
+log = logging.getLogger(__name__)
 
 
 class DeviceError(ValueError):
     """A device that is not a device name, or that this machine does not have."""
 
 
+def _gpu_nodes() -> list[str]:
+    """The GPU driver's device nodes found here (Linux; elsewhere none can be looked for)."""
+    if not sys.platform.startswith("linux"):
+        return []
+    return [node for pattern in _GPU_NODES for node in glob.glob(pattern)]
+
+
 def _no_gpu_driver() -> bool:
     """True only when it is certain that no CUDA device exists (Linux without any GPU driver node)."""
-    return sys.platform.startswith("linux") and not any(glob.glob(pattern) for pattern in _GPU_NODES)
+    return sys.platform.startswith("linux") and not _gpu_nodes()
+
+
+def driver_version() -> str:
+    """The NVIDIA kernel driver's version line (Linux), or "not readable"."""
+    try:
+        with open(_NVIDIA_DRIVER_VERSION) as f:
+            return f.readline().strip()
+    except OSError:
+        return "not readable"
+
+
+def cuda_unusable_reason() -> str | None:
+    """Why torch cannot use the GPU this machine has (its driver's nodes are present but torch finds no CUDA
+    device), from torch's own CUDA initialisation error; None when CUDA works or no GPU driver is seen."""
+    import torch
+
+    nodes = _gpu_nodes()
+    if not nodes or torch.cuda.is_available():
+        return None
+    build = f"torch {torch.__version__} (built for CUDA {torch.version.cuda or 'none: a CPU-only build'})"
+    try:
+        torch.cuda.init()
+        error = "torch finds no CUDA device"
+    except (RuntimeError, AssertionError) as e:  # torch's init error: an old driver, no device, no CUDA build
+        error = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return (f"this machine has a GPU driver ({nodes[0]}; driver: {driver_version()}) but {build} cannot use it: "
+            f"{error}. Install a torch build for a CUDA that the driver supports (`nvidia-smi` shows the highest; "
+            f"docs/gpus.md), or choose the CPU explicitly (--device cpu)")
+
+
+def _auto_device() -> "torch.device":
+    """CUDA if torch can use it, else the CPU, with a warning when a GPU is present but unusable."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    reason = cuda_unusable_reason()
+    if reason:
+        log.warning("device auto: running on the CPU: %s", reason)
+    return torch.device("cpu")
 
 
 def check_device(name: str | None) -> str | None:
@@ -50,7 +103,7 @@ def resolve_device(name: str | None) -> "torch.device":
     import torch
 
     if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return _auto_device()
     try:
         device = torch.device(name)
     except (RuntimeError, ValueError) as e:
@@ -78,7 +131,7 @@ def resolve_devices(names: Sequence[str]) -> "list[torch.device]":
     import torch
 
     if list(names) == ["auto"]:
-        if torch.cuda.is_available():
+        if _auto_device().type == "cuda":
             return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
         return [torch.device("cpu")]
     return [resolve_device(n) for n in names]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -52,25 +51,46 @@ def test_reference_missing_exits_2_naming_the_repository():
         assert "github.com/Senfier-LiqiJing/StyleVAR" in r.stderr and "PYTHONPATH" in r.stderr
 
 
-def test_gpu_bench_script_records_rows_and_regenerates_the_table(tmp_path):
-    table = tmp_path / "README.md"
-    shutil.copy(REPO / "benchmarks" / "README.md", table)
-    record = tmp_path / "results.jsonl"
+def test_gpu_bench_script_writes_its_figures_to_the_given_folder_only(tmp_path):
+    readme = (REPO / "benchmarks" / "README.md").read_text()
+    out = tmp_path / "figures"
     env = {**os.environ, "PRESET": "tiny", "DEVICE": "cpu", "BATCHES": "1", "MODES": "eager", "PYTHON": sys.executable,
-           "RECORD": str(record), "TABLE": str(table), "TRAIN_OUT": str(tmp_path / "train_step.json"),
            # the training step at a CPU's size: compiling the blocks and emulated bf16 cost minutes here
            "TRAIN_BATCHES": "2", "TRAIN_PRECISION": "fp32", "TRAIN_VARIANT": "eager"}
-    r = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_bench.sh")], env=env, capture_output=True, text=True,
-                       timeout=300)
+    script = str(REPO / "benchmarks" / "gpu_bench.sh")
+    r = subprocess.run(["bash", script, str(out)], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    rows = [json.loads(line) for line in record.read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 1 and rows[0]["preset"] == "tiny" and rows[0]["generate"][0]["batch"] == 1
-    assert "| tiny | cpu |" in table.read_text()
-    step = json.loads((tmp_path / "train_step.json").read_text())["steps"]
+    assert "| tiny | cpu |" in (out / "table.md").read_text()
+    assert (REPO / "benchmarks" / "README.md").read_text() == readme, "the checkout's README is left alone"
+    step = json.loads((out / "train_step_tiny.json").read_text())["steps"]
     assert list(step) == ["fp32 batch 2"] and step["fp32 batch 2"]["eager"]["ms_per_step"] > 0
-    bad = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_bench.sh")], env={**env, "MODES": "graphs"},
-                         capture_output=True, text=True, timeout=60)
+    assert "mfu" not in step["fp32 batch 2"]["eager"], "no peak on a CPU: no MFU"
+    bad = subprocess.run(["bash", script, str(out)], env={**env, "MODES": "graphs"}, capture_output=True, text=True,
+                         timeout=60)
     assert bad.returncode == 2 and "unknown mode" in bad.stderr
+    usage = subprocess.run(["bash", script], env=env, capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 2 and "OUTDIR" in usage.stderr
+
+
+def test_gpu_bench_script_says_how_to_install_the_project(tmp_path):
+    """A python without the project: exit 2 naming the install command (INSTALL=1 would run it)."""
+    bare = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    env = {**os.environ, "PYTHON": str(bare / "bin" / "python"), "PYTHONPATH": ""}
+    r = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_bench.sh"), str(tmp_path / "out")], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "the project is not installed" in r.stderr and "pip install -e ." in r.stderr
+
+
+@pytest.mark.parametrize(("name", "peak"), [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
+                                            ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0),
+                                            ("NVIDIA L4", 121.0), ("NVIDIA L40S", 362.0), ("Tesla T4", None)])
+def test_the_peak_is_picked_by_the_gpus_name(name, peak):
+    from benchmarks.gpu_peaks import peak_tflops
+
+    assert peak_tflops(name) == peak
 
 
 def test_overload_benchmark_runs_and_reports_every_figure(tiny_model_dir, tmp_path, capsys):

