@@ -52,11 +52,16 @@ def _key_auth(keys: list[str]) -> Callable[[str, str], bool]:
 def mount(app: FastAPI, ui: StyleVARUI, path: str, *, max_file_size: int | None = None,
           api_keys: list[str] | None = None, blocked: Iterable[str | Path] = (), **kwargs: Any) -> FastAPI:
     """Mount the UI's Blocks on `app` at `path`. It reads no server file but uploads and the examples
-    (`web.files`); `blocked` adds folders it may never read."""
+    (`web.files`); `blocked` adds folders it may never read.
+
+    The mount path is also Gradio's `root_path`: Gradio prefixes the file links it answers with the app's root,
+    which its non-queued events (an example's click fills the inputs through one) work out by cutting the
+    whole request path, the mount's prefix with it, and the browser then asked `/gradio_api/file=...` (404)."""
     blocks = ui.blocks()
     policy = file_policy(blocked)
     app = gr.mount_gradio_app(
-        app, blocks, path=path, css=CSS, allowed_paths=policy.allowed, blocked_paths=policy.blocked,
+        app, blocks, path=path, root_path=path.rstrip("/"), css=CSS, allowed_paths=policy.allowed,
+        blocked_paths=policy.blocked,
         max_file_size=max_file_size, auth=_key_auth(api_keys) if api_keys else None,
         auth_message="This service needs an API key: enter it as the password (any user name)." if api_keys else None,
         ssr_mode=False, pwa=False, footer_links=["api", "gradio"], **kwargs,

@@ -209,11 +209,14 @@ class StyleVARUI:
 
     # ---- handlers ---------------------------------------------------------------------------------
     def on_load(self) -> list[Any]:
-        """Model panel, the model's recommended top-k/top-p and the per-scale alpha sliders."""
+        """Model panel, the model's recommended top-k/top-p, the per-scale alpha sliders and the baseline box: ticked
+        in the page where the baseline can run (the box starts unticked, which is the API's default)."""
+        run_baseline = gr.update(value=self.baseline_ready())
         try:
             info = self.client.model_info()
         except ServiceError as e:
-            return [f"**Model: unknown.** {e.message}", gr.update(), gr.update()] + [gr.update(visible=False)] * MAX_SCALES
+            return [f"**Model: unknown.** {e.message}", gr.update(), gr.update(),
+                    *[gr.update(visible=False)] * MAX_SCALES, run_baseline]
         generation = info.get("config", {}).get("generation", {})
         top_k = gr.update(value=generation.get("top_k", UI_OPTIONS["top_k"].fallback))
         top_p = gr.update(value=generation.get("top_p", UI_OPTIONS["top_p"].fallback))
@@ -226,18 +229,25 @@ class StyleVARUI:
                 sliders.append(gr.update(visible=True, value=value, label=label))
             else:
                 sliders.append(gr.update(visible=False))
-        return [model_markdown(info), top_k, top_p] + sliders
+        return [model_markdown(info), top_k, top_p, *sliders, run_baseline]
+
+    def baseline_ready(self) -> bool:
+        """Whether the panel's default baseline can run."""
+        return self.default_baseline is not None and self.baseline_statuses[self.default_baseline].available
 
     def stylize(self, content: FileInput, style: FileInput, style2: FileInput = None, mask: Any = None,
                 **values: Any) -> Iterator[tuple[Any, Any, Any, Any]]:
-        """Yields (preview, results gallery, status, baseline image) as the picture forms coarse to fine.
+        """Yields (preview, results gallery, status, baseline image) as the picture forms coarse to fine; each
+        message carries all four (None: empty), never one of Gradio's update objects, which an API caller
+        (gradio_client) would receive as they are.
 
         `content`, `style` and `style2` are uploaded files: a path, or Gradio's file data (the event does not
         preprocess its inputs). With `style2` the two styles are blended; strokes painted in the `mask` editor
         confine the first style to them (and the second, if any, to the rest). ``values``: the controls' values by
         name (`api_order`): the options the UI offers, named as in `stylevar.pipelines.options`, and `adain` (run the
         baseline), `adain_alpha` (its strength), `baseline` (which: `magenta` or `adain`; default the panel's),
-        `style1_weight` (the first style's weight), `custom_alphas` and `alpha_1` .. `alpha_16`."""
+        `style1_weight` (the first style's weight), `custom_alphas` and `alpha_1` .. `alpha_16`. The baseline
+        runs only when `adain` is true: the page ticks it on load where one can run, an API caller asks for it."""
         content, style, style2 = uploaded_path(content), uploaded_path(style), uploaded_path(style2)
         if not content or not style:
             raise gr.Error("Add a content image and a style image first (upload, paste, webcam, or pick an example).",
@@ -249,36 +259,38 @@ class StyleVARUI:
         baseline = self._baseline(values)
         yield None, None, "Sending the images to the service…", None
         result: Result | None = None
+        preview = None
         try:
             for event in self.client.stylize_stream(content, styles, options, masks):
                 if isinstance(event, Preview):
                     status = (f"Generating: scale {event.scale + 1} of {event.num_scales} "
                               f"({event.patch_num}×{event.patch_num} tokens)…")
-                    yield tile(event.images), gr.skip(), status, gr.skip()
+                    preview = tile(event.images)
+                    yield preview, None, status, None
                 else:
                     result = event
         except ServiceError as e:
-            yield gr.skip(), gr.skip(), f"**Error:** {e.message}", gr.skip()
+            yield preview, None, f"**Error:** {e.message}", None
             raise gr.Error(e.message, print_exception=False) from None
         assert result is not None  # stylize_stream ends with a Result or raises
         gallery = [(r.image, f"seed {r.seed}") for r in result.images]
         status = (f"Done: {len(result.images)} image(s) from `{result.model}` in {result.inference_ms:.0f} ms "
                   f"(seed {result.seed}).")
         final = tile([r.image for r in result.images])
-        yield final, gallery, status, gr.skip()
-        if baseline is not None:
+        if baseline is None:
+            yield final, gallery, status, None
+        else:
             yield from self._run_baseline(baseline, content, style, values, (final, gallery, status))
 
     def _run_baseline(self, baseline: Baseline, content: str, style: str, values: Mapping[str, Any],
                       done: tuple[Any, Any, str]) -> Iterator[tuple[Any, Any, Any, Any]]:
-        """The baseline's messages after StyleVAR's result ``done`` (preview, gallery, status): the last one
-        carries every output again, as an API caller (gradio_client) reads only that one."""
+        """The messages from StyleVAR's result ``done`` (preview, gallery, status) to the baseline's picture."""
         final, gallery, status = done
         state = self.baseline_statuses[baseline.name]
         if not state.available:  # the panel says why; so does the status line
             yield final, gallery, status + f" {baseline.label} not run: {state.reason}", None
             return
-        yield gr.skip(), gr.skip(), status + f" Running {baseline.label}…", gr.skip()
+        yield final, gallery, status + f" Running {baseline.label}…", None
         try:
             image = baseline.stylize(content, style, alpha=values.get("adain_alpha", 1.0))
         except Exception as e:  # noqa: BLE001 - the StyleVAR result stands; say why the baseline did not
@@ -339,8 +351,9 @@ class StyleVARUI:
                     if pairs:
                         with gr.Column(scale=2):
                             gr.Examples(pairs, inputs=[c["content"], c["style"]], label="Examples (content, style)",
-                                        examples_per_page=len(PAINTED_PAIRS), cache_examples=False)
-                c["status"] = gr.Markdown("", elem_id="status")
+                                        examples_per_page=len(PAINTED_PAIRS), cache_examples=False,
+                                        elem_id="examples")
+                c["status"] = gr.Markdown("", label="Status", elem_id="status")  # the label names the API's output
                 self._outputs(c)
             # a short clip through POST /stylize/video; hidden where video is not installed (the route answers 501)
             with gr.Tab("Video", id="video-tab", visible=not missing_modules(VIDEO_EXTRA)):
@@ -392,7 +405,7 @@ class StyleVARUI:
     def _outputs(self, c: dict[str, Any]) -> None:
         statuses = self.baseline_statuses
         default = self.baselines.get(self.default_baseline or "")
-        ok = default is not None and statuses[default.name].available
+        ok = self.baseline_ready()
         with gr.Row(equal_height=True):
             c["preview"] = gr.Image(label="Coarse-to-fine preview", interactive=False, format="png", height=320,
                                     elem_id="preview", buttons=["fullscreen"])
@@ -405,7 +418,8 @@ class StyleVARUI:
                 c["baseline"] = gr.Radio([(b.label, n) for n, b in self.baselines.items()], label="Baseline",
                                          value=self.default_baseline, interactive=ok, elem_id="baseline-choice",
                                          info="Magenta (Ghiasi et al. 2017) or AdaIN, run in the UI's process")
-                c["adain"] = gr.Checkbox(value=ok, interactive=ok, label="Run the baseline beside StyleVAR")
+                c["adain"] = gr.Checkbox(value=False, interactive=ok, label="Run the baseline beside StyleVAR",
+                                         elem_id="run-baseline")  # ticked on load (`on_load`): off for the API
                 c["adain_alpha"] = gr.Slider(0.0, 1.0, value=1.0, step=0.05, label="Baseline strength",
                                              info="AdaIN's alpha; Magenta's style vector from the content's (0) "
                                                   "to the style's (1)", interactive=ok)
@@ -413,7 +427,7 @@ class StyleVARUI:
 
     def _wire(self, demo: gr.Blocks, c: dict[str, Any]) -> None:
         alpha_sliders = [c[f"alpha_{k + 1}"] for k in range(MAX_SCALES)]
-        demo.load(self.on_load, outputs=[c["model_panel"], c["top_k"], c["top_p"], *alpha_sliders],
+        demo.load(self.on_load, outputs=[c["model_panel"], c["top_k"], c["top_p"], *alpha_sliders, c["adain"]],
                   api_visibility="private")
         c["dice"].click(lambda: random.randint(0, MAX_SEED), outputs=c["seed"], api_visibility="private")
         # the mask is painted on the content: a new content clears the strokes (no decoding here)

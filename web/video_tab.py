@@ -70,7 +70,7 @@ class VideoTab:
             style_strength = gr.Slider(strength.ge, strength.le, value=strength.default, step=strength.step,
                                        label=strength.label, info=strength.help, elem_id="video-style-strength")
         run = gr.Button("Stylize clip", variant="primary", elem_id="video-button")
-        status = gr.Markdown("", elem_id="video-status")
+        status = gr.Markdown("", label="Status", elem_id="video-status")  # the label names the API's output
         result = gr.Video(label="Stylized clip", interactive=False, height=320, elem_id="video-output")
         run.click(self.stylize, inputs=[video, style, temporal, seed, style_strength], outputs=[result, status],
                   api_name="stylize_video", concurrency_limit=self.concurrency_limit,

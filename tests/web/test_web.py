@@ -255,7 +255,8 @@ def test_handler_errors_are_readable(ui, images):
 
 
 def test_on_load_fills_the_model_panel_and_alpha_sliders(ui, patch_nums):
-    panel, top_k, top_p, *sliders = ui.on_load()
+    panel, top_k, top_p, *sliders, run_baseline = ui.on_load()
+    assert run_baseline["value"] is False  # no baseline can run here: the page leaves its box unticked
     assert DEMO_LABEL in panel and f"{len(patch_nums)} scales" in panel
     assert (top_k["value"], top_p["value"]) == (900, 0.96)  # the test model recommends no sampling settings
     assert len(sliders) == MAX_SCALES
@@ -267,7 +268,7 @@ def test_on_load_fills_the_model_panel_and_alpha_sliders(ui, patch_nums):
 def test_model_panel_of_an_unreachable_service(tmp_path, monkeypatch):
     ui = StyleVARUI(UIConfig(api_url=f"http://127.0.0.1:{free_port()}", timeout_s=5),
                     baselines=(no_adain(tmp_path, monkeypatch),))
-    panel, _, _, *sliders = ui.on_load()
+    panel, _, _, *sliders, _ = ui.on_load()
     assert "Cannot reach the StyleVAR service" in panel and not any(s["visible"] for s in sliders)
 
 
@@ -339,12 +340,30 @@ def test_gradio_client_gets_an_image(server, images):
     client = Client(server.url + "/ui/", auth=("anyone", KEY), verbose=False)  # the key is the password
     preview, gallery, status, baseline = client.predict(
         handle_file(str(images / "content.png")), handle_file(str(images / "style.png")),
-        style_strength=0.0, seed=5, api_name="/stylize")
+        style_strength=0.0, seed=5, adain=True, api_name="/stylize")
     assert status.startswith("Done") and "seed 5" in status
     assert Image.open(gallery[0]["image"]).size == CONTENT_SIZE
     assert Image.open(preview).size == CONTENT_SIZE
-    if magenta_available():  # the panel's default on a machine with the teacher extra: Magenta, on by default
+    if magenta_available():  # the panel's default on a machine with the teacher extra: Magenta, when asked for
         assert Image.open(baseline).size == CONTENT_SIZE
+
+
+def test_gradio_client_reads_named_outputs_without_update_objects_and_no_baseline_by_default(server, images):
+    client = Client(server.url + "/ui/", auth=("anyone", KEY), verbose=False)
+    api = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
+    stylize = [r["label"] for r in api["/stylize"]["returns"]]
+    assert stylize[:3] == ["Coarse-to-fine preview", "Results", "Status"] and stylize[3].endswith("(baseline)")
+    assert [r["label"] for r in api["/stylize_video"]["returns"]] == ["Stylized clip", "Status"]
+    defaults = {p["parameter_name"]: p["parameter_default"] for p in api["/stylize"]["parameters"]}
+    assert defaults["adain"] is False  # the baseline runs for an API caller only when asked for
+    job = client.submit(handle_file(str(images / "content.png")), handle_file(str(images / "style.png")), seed=2,
+                        api_name="/stylize")
+    preview, gallery, status, baseline = job.result(timeout=120)
+    assert status.startswith("Done") and "Running" not in status and baseline is None
+    assert Image.open(preview).size == Image.open(gallery[0]["image"]).size == CONTENT_SIZE
+    messages = job.outputs()  # every message of the stream, the previews' among them
+    assert len(messages) > 2 and all(len(m) == 4 for m in messages)
+    assert "__type__" not in json.dumps(messages)  # no Gradio update object in any output
 
 
 def test_loopback_url():

@@ -2,7 +2,8 @@
 
 Starts the service (UI at /ui) on a free loopback port with a tiny random demo model, uploads a content
 and a style image, presses Stylize, waits for the result and checks its size (the content's), and
-saves a screenshot to `test-artifacts/ui.png`. With `STYLEVAR_UPDATE_SCREENSHOT=1` it also writes the
+saves a screenshot to `test-artifacts/ui.png`; and clicks an example, whose two pictures must load (their
+links carry the mount path), then stylizes it. With `STYLEVAR_UPDATE_SCREENSHOT=1` it also writes the
 README's `docs/ui.png`; `STYLEVAR_UI_TEST_MODEL=DIR` runs it on another model directory (one marked
 as the demo model, such as `stylevar/assets/demo`), e.g. to refresh that picture.
 
@@ -101,6 +102,7 @@ def test_stylize_in_the_browser(server, tmp_path):
         page.locator("#preview img").wait_for()  # the coarse-to-fine preview ends on the result
         assert "AdaIN" in page.locator("#adain-status").inner_text()
         if magenta_available():  # the baseline panel's default on a machine with the teacher extra
+            assert page.locator("#run-baseline input").is_checked()  # ticked by the page (unticked for the API)
             baseline = page.locator("#adain-output img")
             baseline.wait_for()
             page.wait_for_function("(el) => el.complete && el.naturalWidth > 0", arg=baseline.element_handle())
@@ -110,3 +112,26 @@ def test_stylize_in_the_browser(server, tmp_path):
     assert Image.open(shot).size[0] == 1280
     if os.environ.get("STYLEVAR_UPDATE_SCREENSHOT") == "1":
         shutil.copy(shot, REPO / "docs" / "ui.png")
+
+
+def loaded_size(page, selector: str) -> tuple[int, int]:
+    """The natural size of the first picture under `selector`, once it has loaded (a broken link never does)."""
+    img = page.locator(selector).first
+    img.wait_for()
+    page.wait_for_function("(el) => el.complete && el.naturalWidth > 0", arg=img.element_handle())
+    return tuple(img.evaluate("(el) => [el.naturalWidth, el.naturalHeight]"))
+
+
+def test_an_example_fills_both_inputs_and_stylizes(server, tmp_path):
+    content, style = example_pairs()[2]
+    ARTIFACTS.mkdir(exist_ok=True)
+    with ui_page(server.url, tmp_path / "chromium-profile", 60_000) as page:
+        page.locator("#examples tr.tr-body").nth(2).click()  # the README's pair: a 3:2 photograph
+        assert loaded_size(page, "#content-input img") == Image.open(content).size
+        assert loaded_size(page, "#style-input img") == Image.open(style).size
+        for selector in ("#content-input img", "#style-input img"):  # under the mount path, as every file link
+            assert page.locator(selector).first.get_attribute("src").startswith(server.url + "/ui/gradio_api/file=")
+        page.click("#stylize-button")
+        page.locator("#status").get_by_text("Done").wait_for()
+        assert loaded_size(page, "#results img") == Image.open(content).size
+        page.screenshot(path=str(ARTIFACTS / "ui_example.png"), full_page=True)
