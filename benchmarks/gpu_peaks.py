@@ -7,6 +7,7 @@ table has no peak: no MFU is reported rather than a wrong one.
 """
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 
@@ -44,8 +45,10 @@ def current_gpu_name() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    name = args[0] if args else current_gpu_name()
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_peaks", description=__doc__.split("\n")[0])
+    p.add_argument("name", nargs="?", default=None,
+                   help="a GPU's name as CUDA gives it (default: this machine's first GPU)")
+    name = p.parse_args(argv).name or current_gpu_name()
     peak = peak_tflops(name) if name else None
     if peak is not None:
         print(f"{peak:g}")

@@ -27,7 +27,7 @@ ENTRY_POINTS = ("stylevar.cli", "serve.__main__", "web.__main__", "data_tools.sy
                 "benchmarks.real_pairs", "benchmarks.reference_pipeline", "benchmarks.style_mix",
                 "benchmarks.teacher_ceiling", "benchmarks.threads", "benchmarks.train_step",
                 "benchmarks.upload_pressure", "benchmarks.upsample", "benchmarks.versus_peer", "benchmarks.repeat_style",
-                "benchmarks.soak")
+                "benchmarks.soak", "benchmarks.device_run", "benchmarks.gpu_peaks")
 HELP_SECONDS = 3.0
 
 
