@@ -47,11 +47,15 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps(asdict(res), indent=1) if args.json else bench.format_result(res))
     if args.record:
         try:
+            for path in filter(None, (args.record, args.table)):  # their folders made, as every output's
+                path.parent.mkdir(parents=True, exist_ok=True)
             bench.append_record(res, args.record)
             if args.table:
                 bench.write_table(args.record, args.table)
         except WriteFailedError as e:
             raise preflight.InputError(str(e)) from e
+        except OSError as e:
+            raise preflight.InputError(f"--record / --table: cannot make the folder: {e}") from e
     return 0
 
 

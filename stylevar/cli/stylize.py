@@ -416,9 +416,9 @@ def check_video(args: argparse.Namespace) -> VideoJob:
         raise preflight.InputError("--num-samples: a video gives one output video (leave it at 1)")
     if args.format is not None:
         raise preflight.InputError("--format: a video is written as an .mp4 (leave --format out)")
-    parent = output.absolute().parent
-    if output.is_dir() or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise preflight.InputError(f"output {output}: cannot be written (is its folder there and writable?)")
+    if output.is_dir() or (output.exists() and not os.access(output, os.W_OK)):
+        raise preflight.InputError(f"output {output}: cannot be written (a folder, or a file not writable)")
+    preflight.output_folder(output.absolute().parent, "output folder")  # made before the video is written
     styles, masks = check_styles(args)
     request = stylize_request(args, **{name: None for name in IMAGE_ONLY})
     return VideoJob(content, info, output, styles, masks, request)
@@ -439,6 +439,7 @@ def _stylize_video(args: argparse.Namespace) -> int:
         bar.update(done - bar.n)
 
     try:
+        job.output.parent.mkdir(parents=True, exist_ok=True)
         result = pipe.stylize_video(job.content, job.styles, job.output, request=job.request, style_masks=job.masks,
                                     temporal=args.temporal, batch_size=args.batch_size, max_side=args.max_size,
                                     progress=progress, info=job.info)

@@ -81,7 +81,7 @@ EARLY_ERRORS = {
     "BMP": (["stylize", "c.bmp", "s.png", "-o", "o.png"], "content image c.bmp: BMP"),
     "not an image": (["stylize", "garbage.png", "s.png", "-o", "o.png"], "content image garbage.png: not a recognised"),
     "torn image": (["stylize", "torn.png", "s.png", "-o", "o.png"], "content image torn.png: "),
-    "output folder missing": ([*S, "-o", "no/such/o.png"], "output folder no/such does not exist"),
+    "output folder a file": ([*S, "-o", "c.png/o.png"], "output folder c.png exists and is not a folder"),
     "output is a folder": ([*S, "-o", "folder"], "output folder is a folder; give a file name"),
     "output extension": ([*S, "-o", "o.gif"], "output o.gif: .gif is not an output image format"),
     "output without extension": ([*S, "-o", "o"], "output o has no extension"),
@@ -181,6 +181,15 @@ def test_a_tiny_input_is_stylized_with_a_warning(micro_model_dir, files, tmp_pat
         assert out.format == "JPEG" and out.size == (1, 1)
 
 
+@pytest.mark.slow
+def test_the_output_folders_are_made(micro_model_dir, files, tmp_path, capsys):
+    out = tmp_path / "outputs" / "deeper" / "x.png"  # a newcomer's `-o outputs/x.png` on a fresh clone
+    rc = cli.main(["stylize", str(files / "c.png"), str(files / "s.png"), "-o", str(out), "--model",
+                   str(micro_model_dir), "--device", "cpu"])
+    assert rc == 0, capsys.readouterr().err
+    assert f"wrote {out} (40x30)" in capsys.readouterr().out and out.is_file()
+
+
 def test_every_command_has_help_and_other_commands_report_early(files, tmp_path, capsys):
     for cmd in cli.commands():
         with pytest.raises(SystemExit) as done:
@@ -197,8 +206,10 @@ def test_every_command_has_help_and_other_commands_report_early(files, tmp_path,
 
 def test_output_checks(tmp_path):
     assert preflight.output_image_path(tmp_path / "a.JPEG") == tmp_path / "a.JPEG"
-    with pytest.raises(preflight.InputError, match="does not exist"):
-        preflight.output_image_path(tmp_path / "missing" / "a.png")
+    assert preflight.output_image_path(tmp_path / "missing" / "a.png") == tmp_path / "missing" / "a.png"  # made
+    (tmp_path / "a.JPEG").write_text("x")
+    with pytest.raises(preflight.InputError, match="deeper cannot be made: .*a.JPEG is not a folder"):
+        preflight.output_image_path(tmp_path / "a.JPEG" / "deeper" / "a.png")
     assert preflight.output_folder(tmp_path / "new" / "deeper") == tmp_path / "new" / "deeper"
     (tmp_path / "file").write_text("x")
     with pytest.raises(preflight.InputError, match="cannot be made"):
