@@ -60,9 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="weigh a token of scale k by (h_k w_k)^-gamma in the loss (PANW's weights; 0: the plain "
                         "mean over tokens, the reference's; 1: every scale the same share)")
     p.add_argument("--alpha-jitter", type=float, default=0.0, help="random +- jitter of the per-scale alphas during training (0: off)")
-    p.add_argument("--lr-drop-step", type=int, default=None,
-                   help="step at which the lr drops (overrides the fraction; a re-run with a larger --max-steps "
-                        "keeps a drop the run has passed)")
+    p.add_argument("--lr-drop-step", type=int, default=None, help="step at which the lr drops (overrides the fraction)")
     p.add_argument("--lr-drop-fraction", type=float, default=0.6, help="fraction of --max-steps at which the lr drops")
     p.add_argument("--lr-drop-factor", type=float, default=0.2, help="lr after the drop = lr * factor (5e-4 -> 1e-4)")
     p.add_argument("--no-augment", action="store_true", help="plain centre crops (no rotation, jitter, style crops)")
