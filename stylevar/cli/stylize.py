@@ -274,10 +274,13 @@ def _stylize(args: argparse.Namespace) -> int:
 
 
 def check_machine(args: argparse.Namespace) -> Path:
-    """The device check, then the model directory (a hub id pulled on first use; offline and not cached: one
-    error here)."""
+    """A local --model folder's files (before torch is imported), the device check, then the model directory (a
+    hub id pulled on first use; offline and not cached: one error here)."""
+    from stylevar.loaders.model_folder import check_model_files  # no torch
     from stylevar.utils.devices import check_device
 
+    if args.model is not None and not hub.is_hub_id(args.model):
+        check_model_files(args.model)
     check_device(args.device)
 
     from stylevar.loaders.pull import resolve_model
