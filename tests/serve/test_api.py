@@ -253,9 +253,12 @@ def test_common_mistakes_get_hints(client):
     assert r.json()["detail"].startswith("unknown field 'seeed'; did you mean 'seed'?; top_k"), r.text
 
 
-def test_upload_limit_applies_to_the_stream_route_too(client):
+def test_upload_limit_applies_to_the_stream_route_too_and_names_its_setting(client):
     r = client.post("/stylize/stream", files=files(b"\x00" * (MAX_UPLOAD + 10)))
     assert r.status_code == 413 and r.json()["error"] == "payload_too_large"
+    declared = int(r.request.headers["content-length"])
+    assert r.json()["detail"] == (f"request body of {declared} bytes is over the limit of {MAX_UPLOAD} bytes "
+                                  "(1.907 MiB), which the service's STYLEVAR_MAX_UPLOAD_BYTES sets")
 
 
 def test_unknown_route_and_method_answer_json(client):
@@ -416,7 +419,8 @@ def test_a_chunked_upload_over_the_limit_is_cut_off_with_413(server):
     r = httpx.post(server.url + "/stylize", content=body(), timeout=60,
                    headers={**AUTH, "Content-Type": f"multipart/form-data; boundary={boundary}"})
     assert r.status_code == 413, r.text
-    assert r.json()["error"] == "payload_too_large"
+    assert r.json() == {"error": "payload_too_large", "detail": f"request body is over the limit of {MAX_UPLOAD} "
+                        "bytes (1.907 MiB), which the service's STYLEVAR_MAX_UPLOAD_BYTES sets"}
 
 
 # ---- the documented curl commands -----------------------------------------------------------------------
