@@ -258,8 +258,9 @@ def _stylize(args: argparse.Namespace) -> int:
     written, skipped = stylize_all(pipe, job, args)
     if written:
         with Image.open(written[0]) as first_out:
-            note = upscale_note(first_out.size, pipe.image_size, pipe.upsampling(args.upsample).mode)
-        if note:
+            notes = [upscale_note(first_out.size, pipe.image_size, pipe.upsampling(args.upsample).mode),
+                     cap_note(job, first_out.size, args.max_size)]
+        for note in filter(None, notes):
             print(note, file=sys.stderr)
     report_skipped(skipped)
     if not written:
@@ -368,6 +369,15 @@ def save_image(img, target: Path, fmt: str) -> None:
 
     target.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_path(target, lambda tmp: img.save(tmp, format=fmt.upper()), what="image")
+
+
+def cap_note(job: StylizeJob, result_size: tuple[int, int], max_size: int | None) -> str | None:
+    """The line saying that --max-size capped the content's size (the service's X-Size-Capped); None when it did
+    not (or CONTENT is several files)."""
+    from stylevar.processing.postprocess import size_cap, size_cap_note
+
+    cap = None if job.first is None else size_cap(job.first.size, result_size, max_size)
+    return None if cap is None else size_cap_note(cap, max_size, "--max-size")
 
 
 def upscale_note(result_size: tuple[int, int], model_side: int, upsample: str = "bicubic") -> str | None:

@@ -195,6 +195,15 @@ def test_the_output_folders_are_made(micro_model_dir, files, tmp_path, capsys):
     assert f"wrote {out} (40x30)" in capsys.readouterr().out and out.is_file()
 
 
+@pytest.mark.slow
+def test_max_size_says_what_it_capped_as_the_service_does(micro_model_dir, files, tmp_path, capsys):
+    rc = cli.main(["stylize", str(files / "c.png"), str(files / "s.png"), "-o", str(tmp_path / "o.png"), "--model",
+                   str(micro_model_dir), "--device", "cpu", "--max-size", "20"])
+    assert rc == 0
+    # the service's X-Size-Capped carries the same 40x30->20x15 (tests/serve/test_uploads.py)
+    assert "note: the result's long side is capped at 20 pixels (--max-size): 40x30->20x15" in capsys.readouterr().err
+
+
 def test_every_command_has_help_and_other_commands_report_early(files, tmp_path, capsys):
     for cmd in cli.commands():
         with pytest.raises(SystemExit) as done:
