@@ -452,3 +452,18 @@ def test_the_documented_curl_commands_fail_visibly_on_an_error(server, tmp_path)
     done = subprocess.run(["bash", "-c", keyed], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert Image.open(tmp_path / "out.png").size == (64, 48)
+
+
+@pytest.mark.skipif(shutil.which("curl") is None or shutil.which("jq") is None, reason="needs curl and jq")
+def test_the_documented_jq_command_keeps_the_error_s_detail(server, tmp_path):
+    """The JSON example piped into jq: an error's code and detail reach the terminal (a bare `.images[].seed`
+    said only "Cannot iterate over null"), with a failing status; an answer gives its seeds."""
+    piped = next(c for c in documented_curls() if "| jq" in c).replace("http://127.0.0.1:8000", server.url)
+    gradient(64, 48).save(tmp_path / "content.jpg")
+    gradient(32, 32).save(tmp_path / "style.jpg")
+    done = subprocess.run(["bash", "-c", piped], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    detail = httpx.post(server.url + "/stylize").json()["detail"]
+    assert done.returncode != 0 and f"unauthorized: {detail}" in done.stderr, (done.returncode, done.stderr)
+    keyed = piped.replace("curl ", f"curl -H 'Authorization: Bearer {KEY}' ", 1)
+    done = subprocess.run(["bash", "-c", keyed], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and len(done.stdout.split()) == 4, (done.stdout, done.stderr)
