@@ -18,15 +18,10 @@ from stylevar.utils import threads
 from stylevar.utils.helptext import HelpFormatter
 
 from serve.http.logs import configure_logging
-from serve.settings import ServeSettings
+from serve.settings import ServeSettings, env_name
 
 SETTINGS_DOC = "docs/serving.md#settings"  # every setting, its default and what it does
 FLAGS = {"host": "--host", "port": "--port", "model_dir": "--model", "device": "--device", "ui": "--no-ui"}
-
-
-def env_name(field: str) -> str:
-    """The environment variable of a setting: ``model_dir`` -> ``STYLEVAR_MODEL_DIR``."""
-    return f"{ServeSettings.model_config['env_prefix']}{field.upper()}"
 
 
 def _default(field: str) -> object:

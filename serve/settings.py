@@ -31,6 +31,11 @@ def _split_commas(value: object) -> object:
     return value
 
 
+def env_name(field: str) -> str:
+    """The environment variable of a setting: ``model_dir`` -> ``STYLEVAR_MODEL_DIR``."""
+    return f"{ServeSettings.model_config['env_prefix']}{field.upper()}"
+
+
 class ServeSettings(BaseSettings):
     """Configuration of one service process. Defaults suit a single-GPU or CPU deployment."""
 

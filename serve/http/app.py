@@ -35,7 +35,7 @@ from serve.http.metrics import ServiceMetrics
 from serve.http.middleware import BeforeBody, BodyTimeout, ContentLengthLimit, RequestMiddleware, bearer_token
 from serve.http.routes import index, model, operations, stylize, video
 from serve.http.routes.index import UI_PATH
-from serve.settings import ServeSettings
+from serve.settings import ServeSettings, env_name
 from serve.http.state import ServiceState, check_key, check_room, require_key
 
 if TYPE_CHECKING:
@@ -177,8 +177,9 @@ def _add_middleware(app: FastAPI, state: ServiceState) -> None:
                        untracked_prefixes=(UI_PATH,), max_discard_bytes=settings.max_upload_bytes)
     # the UI's upload route too: the whole call (all its files) within the API's request limit
     app.add_middleware(ContentLengthLimit, max_bytes=settings.max_upload_bytes,
-                       paths=(*stylize.PATHS, f"{UI_PATH}/gradio_api/upload"))
-    app.add_middleware(ContentLengthLimit, max_bytes=settings.max_video_upload_bytes, paths=(video.PATH,))
+                       paths=(*stylize.PATHS, f"{UI_PATH}/gradio_api/upload"), setting=env_name("max_upload_bytes"))
+    app.add_middleware(ContentLengthLimit, max_bytes=settings.max_video_upload_bytes, paths=(video.PATH,),
+                       setting=env_name("max_video_upload_bytes"))
     app.add_middleware(BodyTimeout, seconds=settings.body_timeout_s, paths=UPLOAD_PATHS)
     # a request the queue would refuse now costs no form parsing (the route checks again when it takes a slot)
     app.add_middleware(BeforeBody, check=functools.partial(check_room, state), paths=stylize.PATHS,

@@ -43,6 +43,17 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+UPLOAD_LIMIT_KEY = "serve.upload_limit"  # in a request's scope: (bytes, setting) of its route's upload limit
+
+
+def upload_too_large(limit: int, setting: str, size: int | None = None) -> JSONResponse:
+    """The 413 of a request body over ``limit`` bytes (``size``: what it declared), naming ``setting``, the
+    service's environment variable that sets the limit."""
+    body = "request body" if size is None else f"request body of {size} bytes"
+    return error_response(413, "payload_too_large", f"{body} is over the limit of {limit} bytes "
+                          f"({limit / 2**20:.4g} MiB), which the service's {setting} sets", {"Connection": "close"})
+
+
 class ServiceError(CodedError):
     """An error answered as `{"error": code, "detail": detail}` with `status`."""
 
@@ -81,6 +92,8 @@ async def coded_error_handler(request: Request, exc: CodedError) -> JSONResponse
 
 
 async def http_error_handler(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if exc.status_code == 413 and UPLOAD_LIMIT_KEY in request.scope:  # a streamed body over its route's limit
+        return upload_too_large(*request.scope[UPLOAD_LIMIT_KEY])
     code = HTTP_ERROR_CODES.get(exc.status_code, f"http_{exc.status_code}")
     return error_response(exc.status_code, code, str(exc.detail), getattr(exc, "headers", None))
 

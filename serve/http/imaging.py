@@ -16,6 +16,7 @@ from PIL import Image
 from starlette.concurrency import run_in_threadpool
 
 from stylevar.processing.images import ACCEPTED_FORMATS, Decoded, ImageTooLargeError, decode_image, too_many_pixels
+from stylevar.processing.postprocess import size_cap
 
 UPLOAD_FORMATS = ACCEPTED_FORMATS
 # how long one upload's decoding may take: past it the decode stops at its next read of the file (422
@@ -23,6 +24,7 @@ UPLOAD_FORMATS = ACCEPTED_FORMATS
 # decoded in 9.6 s on the busy 2-core machine (docs/serving.md, "Decoding bounded in work")
 DECODE_TIMEOUT_S = 20.0
 SHRUNK_HEADER = "X-Content-Shrunk"  # the content was over the pixel limit and shrunk while decoding (`shrink_headers`)
+CAPPED_HEADER = "X-Size-Capped"  # the content's long side was over max_output_side: the result is smaller (`cap_headers`)
 OutputFormat = Literal["png", "jpeg", "webp"]
 MEDIA_TYPES: dict[str, str] = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
 EXTENSIONS: dict[str, str] = {"png": "png", "jpeg": "jpg", "webp": "webp"}
@@ -35,6 +37,14 @@ def decode_upload(data: bytes, *, max_pixels: int, max_side: int | None = None,
     raises `stylevar.processing.images.ImageError`."""
     return decode_image(data, max_pixels=max_pixels, formats=UPLOAD_FORMATS, max_side=max_side,
                         max_whole_pixels=max_whole_pixels, timeout_s=timeout_s)
+
+
+def cap_headers(content: Decoded, result_size: tuple[int, int], max_side: int) -> dict[str, str]:
+    """`X-Size-Capped: 20000x1000->8192x410` when the content's long side was over the service's
+    STYLEVAR_MAX_OUTPUT_SIDE (`stylevar.processing.postprocess.size_cap`, the command line's note for --max-size);
+    nothing when it was not."""
+    cap = size_cap(content.size, result_size, max_side)
+    return {} if cap is None else {CAPPED_HEADER: cap}
 
 
 def shrink_headers(content: Decoded) -> dict[str, str]:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serve.http.errors import ServiceError, error_response
+from serve.http.errors import UPLOAD_LIMIT_KEY, ServiceError, error_response, upload_too_large
 from serve.http.logs import new_request_id, request_id_var
 from serve.http.metrics import ServiceMetrics
 
@@ -178,13 +178,15 @@ class BodyTimeout:
 
 
 class ContentLengthLimit:
-    """Refuse, before reading it, a body whose declared Content-Length exceeds the limit (JSON 413).
+    """Refuse, before reading it, a body whose declared Content-Length exceeds the limit (JSON 413 naming
+    ``setting``, the environment variable that sets it).
 
-    Bodies without a Content-Length are counted as they stream in by the routes' own `max_body_size`.
+    Bodies without a Content-Length are counted as they stream in by the routes' own `max_body_size`; their 413
+    names the setting too (the limit is left in the scope for `serve.http.errors`).
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int, paths: tuple[str, ...]):
-        self.app, self.max_bytes, self.paths = app, max_bytes, paths
+    def __init__(self, app: ASGIApp, max_bytes: int, paths: tuple[str, ...], setting: str):
+        self.app, self.max_bytes, self.paths, self.setting = app, max_bytes, paths, setting
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope.get("path") in self.paths:
@@ -196,12 +198,7 @@ class ContentLengthLimit:
                     except ValueError:
                         declared = None
             if declared is not None and declared > self.max_bytes:
-                body = json.dumps({"error": "payload_too_large",
-                                   "detail": f"request body of {declared} bytes is over the limit of "
-                                             f"{self.max_bytes} bytes"}).encode()
-                await send({"type": "http.response.start", "status": 413, "headers": [
-                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close")]})
-                await send({"type": "http.response.body", "body": body})
+                await upload_too_large(self.max_bytes, self.setting, declared)(scope, receive, send)
                 return
+            scope[UPLOAD_LIMIT_KEY] = (self.max_bytes, self.setting)
         await self.app(scope, receive, send)

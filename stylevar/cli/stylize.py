@@ -258,8 +258,9 @@ def _stylize(args: argparse.Namespace) -> int:
     written, skipped = stylize_all(pipe, job, args)
     if written:
         with Image.open(written[0]) as first_out:
-            note = upscale_note(first_out.size, pipe.image_size, pipe.upsampling(args.upsample).mode)
-        if note:
+            notes = [upscale_note(first_out.size, pipe.image_size, pipe.upsampling(args.upsample).mode),
+                     cap_note(job, first_out.size, args.max_size)]
+        for note in filter(None, notes):
             print(note, file=sys.stderr)
     report_skipped(skipped)
     if not written:
@@ -274,10 +275,13 @@ def _stylize(args: argparse.Namespace) -> int:
 
 
 def check_machine(args: argparse.Namespace) -> Path:
-    """The device check, then the model directory (a hub id pulled on first use; offline and not cached: one
-    error here)."""
+    """A local --model folder's files (before torch is imported), the device check, then the model directory (a
+    hub id pulled on first use; offline and not cached: one error here)."""
+    from stylevar.loaders.model_folder import check_model_files  # no torch
     from stylevar.utils.devices import check_device
 
+    if args.model is not None and not hub.is_hub_id(args.model):
+        check_model_files(args.model)
     check_device(args.device)
 
     from stylevar.loaders.pull import resolve_model
@@ -367,6 +371,15 @@ def save_image(img, target: Path, fmt: str) -> None:
     atomic_write_path(target, lambda tmp: img.save(tmp, format=fmt.upper()), what="image")
 
 
+def cap_note(job: StylizeJob, result_size: tuple[int, int], max_size: int | None) -> str | None:
+    """The line saying that --max-size capped the content's size (the service's X-Size-Capped); None when it did
+    not (or CONTENT is several files)."""
+    from stylevar.processing.postprocess import size_cap, size_cap_note
+
+    cap = None if job.first is None else size_cap(job.first.size, result_size, max_size)
+    return None if cap is None else size_cap_note(cap, max_size, "--max-size")
+
+
 def upscale_note(result_size: tuple[int, int], model_side: int, upsample: str = "bicubic") -> str | None:
     """A line saying that the result is larger than what the model drew (None when it is not)."""
     from stylevar.processing.postprocess import upscale_factor
@@ -416,9 +429,9 @@ def check_video(args: argparse.Namespace) -> VideoJob:
         raise preflight.InputError("--num-samples: a video gives one output video (leave it at 1)")
     if args.format is not None:
         raise preflight.InputError("--format: a video is written as an .mp4 (leave --format out)")
-    parent = output.absolute().parent
-    if output.is_dir() or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise preflight.InputError(f"output {output}: cannot be written (is its folder there and writable?)")
+    if output.is_dir() or (output.exists() and not os.access(output, os.W_OK)):
+        raise preflight.InputError(f"output {output}: cannot be written (a folder, or a file not writable)")
+    preflight.output_folder(output.absolute().parent, "output folder")  # made before the video is written
     styles, masks = check_styles(args)
     request = stylize_request(args, **{name: None for name in IMAGE_ONLY})
     return VideoJob(content, info, output, styles, masks, request)
@@ -439,6 +452,7 @@ def _stylize_video(args: argparse.Namespace) -> int:
         bar.update(done - bar.n)
 
     try:
+        job.output.parent.mkdir(parents=True, exist_ok=True)
         result = pipe.stylize_video(job.content, job.styles, job.output, request=job.request, style_masks=job.masks,
                                     temporal=args.temporal, batch_size=args.batch_size, max_side=args.max_size,
                                     progress=progress, info=job.info)

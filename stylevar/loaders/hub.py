@@ -186,15 +186,19 @@ def _why_local() -> str:
     return f"downloads are off ({_offline_variable()}=1)" if offline() else "the Hub cannot be reached"
 
 
-def unreachable(timeout_s: float = CONNECT_TIMEOUT_S) -> str:
-    """Why the Hub cannot be asked ("" when its endpoint, or the proxy for it, accepts a TCP connection within
-    ``timeout_s``; the name lookup counts in that time)."""
-    from huggingface_hub import constants
+def unreachable(timeout_s: float = CONNECT_TIMEOUT_S, url: str | None = None) -> str:
+    """Why ``url`` (default: the Hub's endpoint) cannot be asked ("" when its host, or the proxy for it, accepts a
+    TCP connection within ``timeout_s``; the name lookup counts in that time)."""
+    if url is None:
+        from huggingface_hub import constants
 
-    endpoint = constants.ENDPOINT
-    url = urllib.parse.urlsplit(endpoint)
-    proxy = None if urllib.request.proxy_bypass(url.hostname or "") else urllib.request.getproxies().get(url.scheme)
-    target = urllib.parse.urlsplit(proxy) if proxy else url
+        endpoint, what = constants.ENDPOINT, "the Hub ({})"
+    else:
+        host = urllib.parse.urlsplit(url)
+        endpoint, what = f"{host.scheme}://{host.netloc}", "{}"
+    parts = urllib.parse.urlsplit(endpoint)
+    proxy = None if urllib.request.proxy_bypass(parts.hostname or "") else urllib.request.getproxies().get(parts.scheme)
+    target = urllib.parse.urlsplit(proxy) if proxy else parts
     address = (target.hostname or "", target.port or (443 if target.scheme == "https" else 80))
     failure: list[str] = ["no answer"]
 
@@ -211,7 +215,13 @@ def unreachable(timeout_s: float = CONNECT_TIMEOUT_S) -> str:
     if not failure:
         return ""
     via = f" through the proxy {target.hostname}:{address[1]}" if proxy else ""
-    return f"the Hub ({endpoint}{via}) cannot be reached: {failure[0]} within {timeout_s:g} s"
+    return f"{what.format(endpoint + via)} cannot be reached: {failure[0]} within {timeout_s:g} s"
+
+
+def local_only() -> str:
+    """Why downloads from the Hub cannot be asked for now ("" when they can): the offline switch, or the probe
+    (`unreachable`)."""
+    return _why_local() if offline() else unreachable()
 
 
 def cached_path(f: HubFile) -> Path | None:
@@ -265,7 +275,7 @@ def _not_cached(model: HubModel, shape: Shape | None, why: str) -> HubError:
 def check_cached(model: HubModel, shape: Shape | None = None) -> bool:
     """Whether `model`'s files must come from the cache alone (offline, or the Hub unreachable: asked once,
     here); then one `HubError` naming every file the cache lacks, at once."""
-    why = _why_local() if offline() else unreachable()
+    why = local_only()
     if not why:
         return False
     if any(cached_path(f) is None for f in model.files()):

@@ -16,31 +16,19 @@ from typing import Any
 
 import torch
 
-from stylevar.loaders.hub import PREFIX, looks_like_repo_id
+# the folder's check, torch-free, is model_folder's; its names stay importable from here
+from stylevar.loaders.model_folder import (DEMO_MODEL_DIR, MODEL_FILES, ModelDirError,  # noqa: F401
+                                           check_model_files, missing_model_files)
 from stylevar.utils.atomic import atomic_write_text
 from stylevar.config import StyleVARConfig, VQVAEConfig
 from stylevar.processing.palette import Palette
-from stylevar.models.pretrained import CONFIG_FILE, read_config, write_config
+from stylevar.models.pretrained import read_config, write_config
 from stylevar.processing.refine import Refinement
-from stylevar.models.tokenizer import MultiScaleVQVAE
 from stylevar.models.transformer import StyleVAR
 from stylevar.processing.upsample import Upsampling
 
-DEMO_MODEL_DIR = Path(__file__).resolve().parents[1] / "assets" / "demo"
 DEMO_LABEL = "demo model (small, trained on generated data)"
 FORMAT_VERSION = 1
-
-
-class ModelDirError(FileNotFoundError):
-    """A model directory that is missing or incomplete."""
-
-
-MODEL_FILES = (CONFIG_FILE, MultiScaleVQVAE.weights_file, StyleVAR.weights_file)
-
-
-def missing_model_files(path: Path) -> list[str]:
-    """The files of a model directory (`MODEL_FILES`) that `path` lacks."""
-    return [name for name in MODEL_FILES if not (path / name).is_file()]
 
 
 @dataclass
@@ -90,29 +78,9 @@ class PipelineConfig:
 
 def check_model_dir(path: str | os.PathLike) -> PipelineConfig:
     """The config of the whole model directory at ``path``. A missing folder or file is a ModelDirError naming
-    it, with the likely fix (`_model_dir_hint`); a config.json that is not a StyleVAR one a ValueError."""
-    path = Path(path)
-    missing = missing_model_files(path)
-    if missing:
-        what = "no such folder" if not path.exists() else f"missing {', '.join(missing)}"
-        raise ModelDirError(f"no usable model at {path}: {what}. {_model_dir_hint(path)}")
-    return PipelineConfig.from_dir(path)
-
-
-def _model_dir_hint(path: Path) -> str:
-    """What the user probably meant by a ``--model`` that is not a model directory: a training run's
-    ``final/``, a Hub repository written without ``hf:``, or how model directories are made."""
-    if path.resolve() == DEMO_MODEL_DIR.resolve():
-        return ("The embedded demo model is not built yet: run `scripts/train_demo_model.sh` to make it, or pass "
-                "another model directory (--model DIR; the service also reads STYLEVAR_MODEL_DIR).")
-    if path.is_dir() and not missing_model_files(path / "final"):
-        return f"It is a training run; its model is {path / 'final'} (--model {path / 'final'})."
-    if not path.exists() and not path.is_absolute() and looks_like_repo_id(path):
-        return (f"A published model on the Hugging Face Hub is written {PREFIX}OWNER/NAME: --model {PREFIX}{path} "
-                "(pulled on first use).")
-    return ("A model directory comes from a training run (RUN/final/), `stylevar convert`, `stylevar pull` or "
-            "`StylePipeline.save_pretrained(DIR)`; pass it with --model DIR (the service also reads "
-            "STYLEVAR_MODEL_DIR), or a published model as --model hf:OWNER/NAME.")
+    it, with the likely fix (`stylevar.loaders.model_folder`); a config.json that is not a StyleVAR one a
+    ValueError."""
+    return PipelineConfig.from_dir(check_model_files(path))
 
 
 def write_model_dir(model: StyleVAR, config: PipelineConfig, folder: str | os.PathLike,

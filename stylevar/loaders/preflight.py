@@ -52,7 +52,8 @@ def small_image_warning(img: Image.Image, role: str) -> str | None:
 
 
 def output_image_path(path: str | os.PathLike) -> Path:
-    """``path`` if an image can be written there in a format its extension names; else InputError."""
+    """``path`` if an image can be written there in a format its extension names (its folder existing, or one
+    that can be made: the writer makes it); else InputError."""
     p = Path(path)
     names = ", ".join(OUTPUT_EXTENSIONS)
     if p.is_dir():
@@ -64,7 +65,7 @@ def output_image_path(path: str | os.PathLike) -> Path:
     Image.init()
     if fmt not in Image.SAVE:
         raise InputError(f"output {p}: this Pillow build cannot write {fmt} images (use {names})")
-    _writable_folder(p.parent, f"output folder {p.parent}")
+    output_folder(p.parent, "output folder")
     if p.exists() and not os.access(p, os.W_OK):
         raise InputError(f"output {p} exists and is not writable")
     return p

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import urllib.error
 import urllib.parse
 import zipfile
 from collections.abc import Iterable, Mapping
@@ -69,6 +70,11 @@ class MissingWeightError(CodedError, FileNotFoundError):
 
 class ChecksumError(ValueError):
     """A downloaded file's sha256 is not the published one (the file is not kept)."""
+
+
+class SourceUnreachableError(ConnectionError):
+    """A weight's source cannot be reached (no network, offline): found by a short probe before any download, so
+    no download starts and nothing retries. The message names the file, its URL and where to put it by hand."""
 
 
 @dataclass(frozen=True)
@@ -304,6 +310,9 @@ def _download(url: str, dest: Path, part: Part, *, progress: bool) -> str:
     expected = (part.sha256 or part.sha256_prefix or "").lower() or None
     try:
         torch.hub.download_url_to_file(url, str(dest), hash_prefix=expected, progress=progress)
+    except urllib.error.URLError as e:  # an HTTP error, or the connection lost after the probe: said with the URL
+        why = f"HTTP {e.code} {e.reason}" if isinstance(e, urllib.error.HTTPError) else str(e.reason)
+        raise OSError(f"cannot download {url}: {why}") from e
     except RuntimeError as e:
         if "invalid hash value" not in str(e):
             raise OSError(f"{url}: {e}") from e
@@ -366,6 +375,41 @@ def _replace(src: Path, dest: Path) -> None:
     atomic_write_path(dest, lambda tmp: os.replace(src, tmp))  # fsynced, then renamed over dest
 
 
+def _from_hub(weight: Weight, hub_file: HubFile, *, progress: bool) -> Path:
+    """The file through huggingface_hub; when the Hub cannot be asked (its offline switch, or `hub.unreachable`'s
+    short probe), from its cache alone, else SourceUnreachableError at once (not huggingface_hub's retries)."""
+    why = hub.local_only()
+    if why and hub.cached_path(hub_file) is None:
+        raise _unreachable(weight, hub_file.filename, hub_file.url, why, weight.manual_path())
+    path = hub.download(hub_file, progress=progress, local_only=bool(why))
+    assert path is not None
+    return path
+
+
+def check_reachable(weight: Weight, mirror: str | None = None) -> None:
+    """SourceUnreachableError when a URL `fetch_weight` would download `weight` from cannot be reached: each host
+    probed once, for at most `hub.CONNECT_TIMEOUT_S` (`hub.unreachable`)."""
+    probed: dict[str, str] = {}
+    for part in weight.parts:
+        url = _part_url(part, mirror)
+        host = urllib.parse.urlsplit(url).netloc
+        if host not in probed:
+            probed[host] = hub.unreachable(url=url)
+        if probed[host]:
+            where = weight.manual_path() / part.path if weight.tree else weight.manual_path()
+            raise _unreachable(weight, part.mirror_name, url, probed[host], where, unpacked=part.unpack != "file")
+
+
+def _unreachable(weight: Weight, filename: str, url: str, why: str, where: Path, *,
+                 unpacked: bool = False) -> SourceUnreachableError:
+    put = f"unpack it into {where}" if unpacked else f"put it at {where}"
+    return SourceUnreachableError(
+        f"cannot download {filename}: {why}\n"
+        f"  its URL: {url}\n"
+        f"  to fetch it by hand, download that URL where there is internet and {put}; or fetch from a mirror "
+        f"that serves it (--mirror URL, STYLEVAR_WEIGHTS_MIRROR)")
+
+
 @dataclass(frozen=True)
 class FetchResult:
     name: str
@@ -382,9 +426,9 @@ def fetch_weight(weight: Weight, *, mirror: str | None = None, force: bool = Fal
     if not weight.downloadable and not mirror:
         raise MissingWeightError(weight, weight.search_paths())
     if weight.hub_file is not None and not mirror:  # huggingface_hub and its cache (a Hub mirror: HF_ENDPOINT)
-        path = hub.download(weight.hub_file, progress=progress)
-        assert path is not None
+        path = _from_hub(weight, weight.hub_file, progress=progress)
         return FetchResult(weight.name, path, (hub.sha256_of(path, progress=progress),))
+    check_reachable(weight, mirror)  # offline: one error within about a second, not a download's wait
     dest = weight.manual_path()  # from a plain URL or --mirror: torch's folder, else STYLEVAR_HOME
     digests = []
     if weight.tree:

@@ -19,9 +19,8 @@ import torch
 from safetensors.torch import save_file
 
 from stylevar.utils.atomic import atomic_write_path, atomic_write_text
+from stylevar.models.files import CONFIG_FILE
 from stylevar.models.state_dict import StateDict, read_state_dict
-
-CONFIG_FILE = "config.json"
 
 
 def save_safetensors(sd: Mapping[str, torch.Tensor], path: str | os.PathLike, dtype: torch.dtype | None = None,

@@ -98,3 +98,17 @@ def upscale_factor(result_size: tuple[int, int], model_side: int) -> float:
     """How much larger than the model's own resolution a result is (1.0 or less: not upscaled): the
     model draws ``model_side`` pixels across the result's long side in every resize mode."""
     return max(result_size) / model_side
+
+
+def size_cap(size: tuple[int, int], result_size: tuple[int, int], max_side: int | None) -> str | None:
+    """``20000x1000->8192x410``: a content of ``size`` whose long side ``max_side`` capped, and the result's size;
+    None when nothing was capped. The service sends it as `X-Size-Capped`, the command line ends its note with it
+    (`size_cap_note`)."""
+    if max_side is None or max(size) <= max_side:
+        return None
+    return f"{size[0]}x{size[1]}->{result_size[0]}x{result_size[1]}"
+
+
+def size_cap_note(cap: str, max_side: int, setting: str) -> str:
+    """The line that says a size was capped (``cap``: `size_cap`'s), and by which ``setting``."""
+    return f"note: the result's long side is capped at {max_side} pixels ({setting}): {cap}"

@@ -166,3 +166,21 @@ def resolve_autocast_dtype(name: "str | torch.dtype | None", device: "torch.devi
     else:
         dtype = parse_dtype(name)
     return None if dtype == torch.float32 else dtype
+
+
+def import_compiler_quietly() -> None:
+    """Import torch's C++ extension loader (Inductor imports it to compile on the CPU) without its "No CUDA runtime
+    is found" warning: at import it looks for a CUDA toolkit (CUDA_HOME, nvcc, /usr/local/cuda) and warns when one
+    is installed but no GPU is usable, which says nothing to a run on the CPU and would be the log's only warning.
+    The module warns only at import, so later imports stay quiet too; a usable GPU never gets the warning."""
+    import logging
+
+    if "torch.utils.cpp_extension" in sys.modules:
+        return
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        import torch.utils.cpp_extension  # noqa: F401
+    finally:
+        logger.setLevel(level)

@@ -81,11 +81,16 @@ EARLY_ERRORS = {
     "BMP": (["stylize", "c.bmp", "s.png", "-o", "o.png"], "content image c.bmp: BMP"),
     "not an image": (["stylize", "garbage.png", "s.png", "-o", "o.png"], "content image garbage.png: not a recognised"),
     "torn image": (["stylize", "torn.png", "s.png", "-o", "o.png"], "content image torn.png: "),
-    "output folder missing": ([*S, "-o", "no/such/o.png"], "output folder no/such does not exist"),
+    "output folder a file": ([*S, "-o", "c.png/o.png"], "output folder c.png exists and is not a folder"),
     "output is a folder": ([*S, "-o", "folder"], "output folder is a folder; give a file name"),
     "output extension": ([*S, "-o", "o.gif"], "output o.gif: .gif is not an output image format"),
     "output without extension": ([*S, "-o", "o"], "output o has no extension"),
     "no output": (S, "the following arguments are required: -o/--output"),
+    # a wrong local --model: said before torch is imported, without the Hub hint (stylevar.loaders.model_folder)
+    "model folder missing": ([*S, "-o", "o.png", "--model", "models/nope"],
+                             "no usable model at models/nope: no such folder. A model directory comes from"),
+    "model folder incomplete": ([*S, "-o", "o.png", "--model", "folder"],
+                                "no usable model at folder: missing config.json, tokenizer.safetensors"),
     "strength above 1": ([*S, "-o", "o.png", "--style-strength", "1.5"],
                          "argument --style-strength: must be in [-1, 1], got 1.5"),
     "strength below -1": ([*S, "-o", "o.png", "--style-strength", "-1.01"], "must be in [-1, 1], got -1.01"),
@@ -181,6 +186,24 @@ def test_a_tiny_input_is_stylized_with_a_warning(micro_model_dir, files, tmp_pat
         assert out.format == "JPEG" and out.size == (1, 1)
 
 
+@pytest.mark.slow
+def test_the_output_folders_are_made(micro_model_dir, files, tmp_path, capsys):
+    out = tmp_path / "outputs" / "deeper" / "x.png"  # a newcomer's `-o outputs/x.png` on a fresh clone
+    rc = cli.main(["stylize", str(files / "c.png"), str(files / "s.png"), "-o", str(out), "--model",
+                   str(micro_model_dir), "--device", "cpu"])
+    assert rc == 0, capsys.readouterr().err
+    assert f"wrote {out} (40x30)" in capsys.readouterr().out and out.is_file()
+
+
+@pytest.mark.slow
+def test_max_size_says_what_it_capped_as_the_service_does(micro_model_dir, files, tmp_path, capsys):
+    rc = cli.main(["stylize", str(files / "c.png"), str(files / "s.png"), "-o", str(tmp_path / "o.png"), "--model",
+                   str(micro_model_dir), "--device", "cpu", "--max-size", "20"])
+    assert rc == 0
+    # the service's X-Size-Capped carries the same 40x30->20x15 (tests/serve/test_uploads.py)
+    assert "note: the result's long side is capped at 20 pixels (--max-size): 40x30->20x15" in capsys.readouterr().err
+
+
 def test_every_command_has_help_and_other_commands_report_early(files, tmp_path, capsys):
     for cmd in cli.commands():
         with pytest.raises(SystemExit) as done:
@@ -197,8 +220,10 @@ def test_every_command_has_help_and_other_commands_report_early(files, tmp_path,
 
 def test_output_checks(tmp_path):
     assert preflight.output_image_path(tmp_path / "a.JPEG") == tmp_path / "a.JPEG"
-    with pytest.raises(preflight.InputError, match="does not exist"):
-        preflight.output_image_path(tmp_path / "missing" / "a.png")
+    assert preflight.output_image_path(tmp_path / "missing" / "a.png") == tmp_path / "missing" / "a.png"  # made
+    (tmp_path / "a.JPEG").write_text("x")
+    with pytest.raises(preflight.InputError, match="deeper cannot be made: .*a.JPEG is not a folder"):
+        preflight.output_image_path(tmp_path / "a.JPEG" / "deeper" / "a.png")
     assert preflight.output_folder(tmp_path / "new" / "deeper") == tmp_path / "new" / "deeper"
     (tmp_path / "file").write_text("x")
     with pytest.raises(preflight.InputError, match="cannot be made"):

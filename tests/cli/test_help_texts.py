@@ -191,3 +191,14 @@ def test_each_option_taking_a_hub_id_writes_it_the_one_way(module, argv, option,
     parser = reached_parser(parser_of(module, monkeypatch, argv), argv)
     helps = [a.help for a in parser._actions if option in a.option_strings]
     assert len(helps) == 1 and ID_FORM in helps[0], helps
+
+
+def test_the_bench_says_what_its_naive_run_costs_in_its_help_and_the_readme():
+    """`stylevar bench --preset d16 --naive` peaked at 10.5 GB and took 16 minutes (issue 61): said before it runs."""
+    from stylevar import cli
+    from stylevar.cli.bench import NAIVE_COST
+
+    text = plain(cli.build_parser(["bench"])._subparsers._group_actions[0].choices["bench"].format_help())
+    assert "10.5 GB" in NAIVE_COST and "16 min" in NAIVE_COST and NAIVE_COST in " ".join(text.split())
+    block = (REPO / "README.md").read_text().split("stylevar bench --preset d16 --naive", 1)[1][:400]
+    assert "10.5 GB" in block and "16 min" in block

@@ -27,7 +27,7 @@ def style(tmp_path):
 @pytest.mark.timeout(120)
 def test_a_clip_round_trips(micro_model_dir, tmp_path, style, capsys):
     clip = make_clip(tmp_path / "c.mov", audio="aac", fmt="mov")
-    out = tmp_path / "o.mp4"
+    out = tmp_path / "clips" / "o.mp4"  # its folder is made
     rc = cli.main(["stylize", str(clip), str(style), "-o", str(out), "--model", str(micro_model_dir),
                    "--device", "cpu", "--seed", "3", "--temporal", "coherent-reuse", "--batch-size", "5"])
     assert rc == 0
@@ -71,7 +71,7 @@ def test_a_clip_cut_short_inside_is_exit_2_and_leaves_nothing(micro_model_dir, t
 
 @pytest.mark.parametrize("args, words", [
     (["-o", "{t}/o.png"], "output {t}/o.png: a video is written as an H.264 .mp4"),
-    (["-o", "{t}/missing/o.mp4"], "output {t}/missing/o.mp4: cannot be written"),
+    (["-o", "{t}/c.mp4/o.mp4"], "output folder {t}/c.mp4 exists and is not a folder"),
     (["-o", "{t}/o.mp4", "--num-samples", "2"], "--num-samples: a video gives one output video"),
     (["-o", "{t}/o.mp4", "--format", "png"], "--format: a video is written as an .mp4"),
 ])

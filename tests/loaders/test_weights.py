@@ -192,8 +192,61 @@ def test_fetch_refuses_unsafe_archives_and_absent_files(weight_homes, server, mo
     with pytest.raises(ValueError, match="outside the target folder"):
         weights.fetch_weight(replace(weight, parts=(weight.parts[1],)), mirror=url, progress=False)
     assert not (sv / "escape.py").exists() and not (sv.parent / "escape.py").exists()
-    with pytest.raises(FileNotFoundError, match="Senfier-LiqiJing/StyleVAR .*StyleVAR_SFT.pth"):
-        weights.fetch("stylevar_sft", progress=False)  # through huggingface_hub: offline and not in its cache
+    with pytest.raises(weights.SourceUnreachableError, match="(?s)downloads are off .*Senfier-LiqiJing/StyleVAR/"
+                                                             "resolve/main/StyleVAR_SFT.pth"):
+        weights.fetch("stylevar_sft", progress=False)  # the Hub, offline, and not in its cache
     with pytest.raises(OSError):  # nothing served under that name: HTTP 404
         weights.fetch("var_d16", mirror=url, progress=False)
     assert not (sv / "var_d16.pth").exists()
+
+
+def test_offline_each_source_fails_at_once_with_its_file_url_and_place(weight_homes, monkeypatch, capsys):
+    """No network (a source on a loopback port nothing listens on): one probe per source, with a short timeout, and
+    no download started (nothing retries); the message names the file, its URL and where to put it by hand."""
+    import socket
+    import urllib.request
+
+    from huggingface_hub import constants
+
+    sv, th = weight_homes
+    closed = f"http://127.0.0.1:{_closed_port()}"
+    monkeypatch.setattr(constants, "ENDPOINT", closed)  # the Hub, for `clip`
+    set_hf_env(monkeypatch, offline=False)
+    for proxy in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(proxy, raising=False)
+    monkeypatch.setattr(urllib.request, "getproxies", dict)
+    timeouts = []
+    connect = socket.create_connection
+    monkeypatch.setattr(socket, "create_connection", lambda address, timeout, *a, **k: (
+        timeouts.append(timeout), connect(address, timeout, *a, **k))[1])
+
+    def no_download(*args, **kwargs):
+        raise AssertionError("a download started for an unreachable source")
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", no_download)
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", no_download)
+    assert main(["weights", "fetch", "clip", "--quiet"]) == 1  # from the Hub
+    assert main(["weights", "fetch", "vgg16", "dreamsim", "--mirror", closed + "/mirror", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert timeouts == [weights.hub.CONNECT_TIMEOUT_S] * 3 and weights.hub.CONNECT_TIMEOUT_S <= 2
+    port = closed.rsplit(":", 1)[1]
+    assert f"vgg16: FAILED: cannot download vgg16-397923af.pth: {closed} cannot be reached" in err
+    assert f"  its URL: {closed}/mirror/vgg16-397923af.pth\n" in err
+    assert f"put it at {th / 'hub' / 'checkpoints' / 'vgg16-397923af.pth'}; or fetch from a mirror" in err
+    assert (f"clip: FAILED: cannot download open_clip_model.safetensors: the Hub ({closed}) cannot be reached: "
+            f"[Errno 111] Connection refused within {weights.hub.CONNECT_TIMEOUT_S:g} s\n"
+            f"  its URL: {weights.get('clip').hub_file.url}\n"  # (huggingface_hub's, from HF_ENDPOINT at its import)
+            "  to fetch it by hand, download that URL where there is internet and put it at "
+            f"{sv / 'open_clip' / 'ViT-B-32-openai' / 'open_clip_model.safetensors'}; or fetch from a mirror") in err
+    assert (f"dreamsim: FAILED: cannot download dreamsim_dino_vitb16_checkpoint.zip: http://127.0.0.1:{port} cannot "
+            f"be reached") in err and f"unpack it into {sv / 'dreamsim'}; or" in err
+    assert "urlopen" not in err and "Retry" not in err and not sv.exists()
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released): a connection there is refused."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -246,11 +246,13 @@ def test_stylize_cli(micro_model_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_cli(capsys):
+def test_bench_cli(capsys, tmp_path):
+    record = tmp_path / "results" / "bench.jsonl"  # its folder is made
     rc = cli_main(["bench", "--preset", "tiny", "--batch-sizes", "1", "--repeats", "1", "--warmup", "0",
-                   "--tf-batch", "1", "--naive", "--json"])
+                   "--tf-batch", "1", "--naive", "--json", "--record", str(record)])
     assert rc == 0
     res = json.loads(capsys.readouterr().out)
+    assert json.loads(record.read_text()) == res
     assert res["generate"][0]["ms_per_image"] > 0 and res["teacher_forcing"]["tokens_per_s"] > 0
     assert res["naive"]["speedup"] > 0
 

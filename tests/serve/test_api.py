@@ -253,9 +253,12 @@ def test_common_mistakes_get_hints(client):
     assert r.json()["detail"].startswith("unknown field 'seeed'; did you mean 'seed'?; top_k"), r.text
 
 
-def test_upload_limit_applies_to_the_stream_route_too(client):
+def test_upload_limit_applies_to_the_stream_route_too_and_names_its_setting(client):
     r = client.post("/stylize/stream", files=files(b"\x00" * (MAX_UPLOAD + 10)))
     assert r.status_code == 413 and r.json()["error"] == "payload_too_large"
+    declared = int(r.request.headers["content-length"])
+    assert r.json()["detail"] == (f"request body of {declared} bytes is over the limit of {MAX_UPLOAD} bytes "
+                                  "(1.907 MiB), which the service's STYLEVAR_MAX_UPLOAD_BYTES sets")
 
 
 def test_unknown_route_and_method_answer_json(client):
@@ -416,7 +419,8 @@ def test_a_chunked_upload_over_the_limit_is_cut_off_with_413(server):
     r = httpx.post(server.url + "/stylize", content=body(), timeout=60,
                    headers={**AUTH, "Content-Type": f"multipart/form-data; boundary={boundary}"})
     assert r.status_code == 413, r.text
-    assert r.json()["error"] == "payload_too_large"
+    assert r.json() == {"error": "payload_too_large", "detail": f"request body is over the limit of {MAX_UPLOAD} "
+                        "bytes (1.907 MiB), which the service's STYLEVAR_MAX_UPLOAD_BYTES sets"}
 
 
 # ---- the documented curl commands -----------------------------------------------------------------------
@@ -448,3 +452,18 @@ def test_the_documented_curl_commands_fail_visibly_on_an_error(server, tmp_path)
     done = subprocess.run(["bash", "-c", keyed], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert Image.open(tmp_path / "out.png").size == (64, 48)
+
+
+@pytest.mark.skipif(shutil.which("curl") is None or shutil.which("jq") is None, reason="needs curl and jq")
+def test_the_documented_jq_command_keeps_the_error_s_detail(server, tmp_path):
+    """The JSON example piped into jq: an error's code and detail reach the terminal (a bare `.images[].seed`
+    said only "Cannot iterate over null"), with a failing status; an answer gives its seeds."""
+    piped = next(c for c in documented_curls() if "| jq" in c).replace("http://127.0.0.1:8000", server.url)
+    gradient(64, 48).save(tmp_path / "content.jpg")
+    gradient(32, 32).save(tmp_path / "style.jpg")
+    done = subprocess.run(["bash", "-c", piped], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    detail = httpx.post(server.url + "/stylize").json()["detail"]
+    assert done.returncode != 0 and f"unauthorized: {detail}" in done.stderr, (done.returncode, done.stderr)
+    keyed = piped.replace("curl ", f"curl -H 'Authorization: Bearer {KEY}' ", 1)
+    done = subprocess.run(["bash", "-c", keyed], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and len(done.stdout.split()) == 4, (done.stdout, done.stderr)

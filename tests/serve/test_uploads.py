@@ -83,6 +83,21 @@ def test_a_36_megapixel_upload_is_decoded_downscaled(http):
     assert out.size == (512, 341)  # the content's aspect ratio at max_output_side, as before
 
 
+def test_the_service_says_when_it_caps_the_result_s_size(http):
+    """A panorama over max_output_side (512 here; 8192 by default) comes back capped, and X-Size-Capped says so: the
+    content's size and the result's, the form of the command line's --max-size note."""
+    wide = solid_png(2000, 100, (30, 160, 90))
+    r = http.post("/stylize", files=files(content=wide))
+    assert r.status_code == 200, r.text
+    out = Image.open(io.BytesIO(r.content))
+    assert out.size == (512, 26) and r.headers["X-Size-Capped"] == "2000x100->512x26"
+    with http.stream("POST", "/stylize/stream", files=files(content=wide)) as streamed:
+        assert streamed.status_code == 200 and streamed.headers["X-Size-Capped"] == "2000x100->512x26"
+        streamed.read()
+    r = http.post("/stylize", files=files())
+    assert r.status_code == 200 and "X-Size-Capped" not in r.headers  # 48 x 32: nothing capped
+
+
 def test_images_decoded_at_full_size_have_their_own_limit(http):
     webp = encode(Image.new("RGB", (1200, 1000), (1, 2, 3)), "WEBP")
     r = http.post("/stylize", files=files(style=webp))

@@ -1,7 +1,8 @@
 """Stopping and extending a run: SIGINT / SIGTERM during training.sft and training.vqvae write a checkpoint at the
 current step, say in one line how to resume and exit non-zero, and the re-run resumes there; a larger --max-steps
-trains a finished run on, step for step as the longer run would have trained, and a change of the learning-rate
-schedule for steps already trained is refused with the option that keeps it (training.parts.extension)."""
+trains a finished run on, step for step as the longer run would have trained (an SFT run past its learning-rate drop
+keeps the drop where it was), and a change of the rate of steps already trained is refused with the option that keeps
+it (training.parts.extension)."""
 from __future__ import annotations
 
 import json
@@ -119,21 +120,23 @@ def test_a_larger_max_steps_trains_a_finished_run_on_as_the_longer_run(inputs, t
     assert json.loads((tmp_path / "extended" / "final" / "config.json").read_text())["extra"]["steps"] == 6
 
 
-def test_moving_the_drop_under_trained_steps_is_refused_with_the_fix(inputs, tmp_path):
+def test_a_finished_run_extends_with_its_drop_kept_and_a_moved_drop_is_refused(inputs, tmp_path):
     out = tmp_path / "run"
     assert run(sft_command(inputs, out, 5)).returncode == 0  # the drop at round(0.6 * 5) = step 3
-    before = (out / "log.jsonl").read_text()
-    refused = run(sft_command(inputs, out, 10))
-    assert refused.returncode == 1 and "Traceback" not in refused.stderr
-    assert (f"error: {out} cannot be continued with these options: it has trained 5 steps with the learning-rate "
-            "drop at step 3; the new options (--max-steps 10) put the drop at step 6, which changes the rate of "
-            "step 4, already trained. Add --lr-drop-step 3 to keep the drop where it was, or choose a new --out."
-            ) in refused.stderr
-    assert (out / "log.jsonl").read_text() == before
-    kept = run(sft_command(inputs, out, 7, "--lr-drop-step", 3))
-    assert kept.returncode == 0, kept.stderr[-3000:]
+    extended = run(sft_command(inputs, out, 7))  # a larger --max-steps alone: the drop stays at step 3
+    assert extended.returncode == 0, extended.stderr[-3000:]
+    assert extended.stderr.count("learning-rate drop kept at step 3, where this run had it: it has trained 5 steps, "
+                                 "and --max-steps 7 alone would put the drop at step 4") == 1
     assert [r["lr"] < 5e-4 for r in read_log(out) if "loss" in r] == [False] * 3 + [True] * 4
-    other = run(sft_command(inputs, out, 9, "--lr-drop-step", 3, "--lr", 1e-3))  # other changes: refused as before
+    before = (out / "log.jsonl").read_text()
+    refused = run(sft_command(inputs, out, 10, "--lr-drop-step", 6))
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert (f"error: {out} cannot be continued with these options: it has trained 7 steps with the learning-rate "
+            "drop at step 3; the new options (--max-steps 10, --lr-drop-step 6) put the drop at step 6, which changes "
+            "the rate of step 4, already trained. Leave out --lr-drop-step (or set it to 3) to keep the drop where it "
+            "was, or choose a new --out.") in refused.stderr
+    assert (out / "log.jsonl").read_text() == before
+    other = run(sft_command(inputs, out, 9, "--lr", 1e-3))  # other changes: refused as before
     assert other.returncode == 1 and "different configuration (lr: 0.0005 -> 0.001)" in other.stderr
 
 

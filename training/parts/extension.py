@@ -1,14 +1,15 @@
 """Training a run longer: which changes of ``--max-steps`` (and of the options that place the learning-rate
-drop) a re-run may make to a finished or stopped run (:class:`RunExtension`, checked by
+drop) a re-run may make to a finished or stopped run (:class:`RunExtension`, applied by
 :meth:`~training.parts.rundir.RunDir.prepare`).
 
 The rule: the learning-rate schedule is the new command's, and a re-run may change those options only where
-the new schedule gives every step the run has already taken the rate it was trained with. Then the extended
-run is the run its new command would have made uninterrupted (the same losses, step for step); any other
-change would leave steps trained at a rate their run's config does not say, and is refused with the option
-that keeps the old rate. ``training.vqvae`` (no drop) and ``training.grpo`` (a drop factor of 1) always
-extend; ``training.sft`` extends freely until its drop (0.6 x --max-steps by default), and after it with
-``--lr-drop-step`` set to where the drop was.
+the new schedule gives every step the run has already taken the rate it was trained with. One change is made
+for the user: a new ``--max-steps`` without ``--lr-drop-step`` that would move a drop the run has already passed
+keeps the drop where the run had it (:meth:`RunExtension.settle`, said once in the log, and written to the run's
+config.json so that later resumes keep it too). Any other change that would leave steps trained at a rate their
+run's config does not say is refused with the option that keeps the old rate. ``training.vqvae`` (no drop) and
+``training.grpo`` (a drop factor of 1) always extend; ``training.sft`` extends until its drop as the longer
+run would have trained from the start, and after it with the drop kept where it was.
 """
 from __future__ import annotations
 
@@ -23,18 +24,43 @@ SCHEDULE_KEYS = ("max_steps", "lr_drop_step", "lr_drop_fraction")  # the run's l
 @dataclass(frozen=True)
 class RunExtension:
     """``schedule(options)``: the learning-rate schedule a recipe's options (``vars(args)``, or the run's
-    config.json) give; the recipe builds its scheduler from the same function."""
+    config.json) give; the recipe builds its scheduler from the same function, on the options :meth:`settle`
+    returns (the run's config.json as written)."""
 
     schedule: Callable[[Mapping[str, Any]], ScheduleConfig]
     keys: tuple[str, ...] = SCHEDULE_KEYS
 
+    def settle(self, old: Mapping[str, Any], new: Mapping[str, Any], steps_done: int) -> tuple[dict[str, Any], str]:
+        """The options the run of ``old`` continues with under the command of ``new``, and a line saying what
+        was kept for it ("" when nothing new was): where ``new`` leaves ``lr_drop_step`` unset and its drop
+        would change the rate of a step already trained, the drop stays where ``old`` had it."""
+        before = self.schedule(old)
+        placed = "lr_drop_step" not in new or new["lr_drop_step"] is not None  # by the new command, or no drop option
+        if placed or self._changed(before, new, steps_done) is None:
+            return dict(new), ""
+        kept = {**new, "lr_drop_step": before.resolved_drop_step}
+        if self._changed(before, kept, steps_done) is not None or old.get("lr_drop_step") == kept["lr_drop_step"]:
+            return kept, ""  # still changed: problem() says why; already kept by an earlier re-run: said then
+        moved = self.schedule(new).resolved_drop_step
+        return kept, (f"learning-rate drop kept at step {before.resolved_drop_step}, where this run had it: it has "
+                      f"trained {steps_done} steps, and --max-steps {kept['max_steps']} alone would put the drop at "
+                      f"step {moved} (--lr-drop-step places it, at a step not yet trained)")
+
     def problem(self, old: Mapping[str, Any], new: Mapping[str, Any], steps_done: int) -> str:
-        """Why ``new`` may not continue the run of ``old`` that has taken ``steps_done`` steps ("" when it may)."""
+        """Why ``new`` (as :meth:`settle` returned it) may not continue the run of ``old`` that has taken
+        ``steps_done`` steps ("" when it may)."""
         before, after = self.schedule(old), self.schedule(new)
-        changed = next((s for s in range(steps_done) if before.factor(s) != after.factor(s)), None)
+        changed = self._changed(before, new, steps_done)
         if changed is None:
             return ""
+        given = ", ".join(f"--{k.replace('_', '-')} {new[k]}" for k in ("max_steps", "lr_drop_step")
+                          if new.get(k) is not None)
         return (f"it has trained {steps_done} steps with the learning-rate drop at step {before.resolved_drop_step}; "
-                f"the new options (--max-steps {after.max_steps}) put the drop at step {after.resolved_drop_step}, "
-                f"which changes the rate of step {changed + 1}, already trained. Add --lr-drop-step "
-                f"{before.resolved_drop_step} to keep the drop where it was")
+                f"the new options ({given}) put the drop at step {after.resolved_drop_step}, which changes the rate "
+                f"of step {changed + 1}, already trained. Leave out --lr-drop-step (or set it to "
+                f"{before.resolved_drop_step}) to keep the drop where it was")
+
+    def _changed(self, before: ScheduleConfig, new: Mapping[str, Any], steps_done: int) -> int | None:
+        """The first trained step (0-based) whose rate the schedule of ``new`` changes (None: none)."""
+        after = self.schedule(new)
+        return next((s for s in range(steps_done) if before.factor(s) != after.factor(s)), None)

@@ -57,9 +57,12 @@ def config_differences(old: Mapping[str, Any], new: Mapping[str, Any], free_keys
 
 @dataclass(frozen=True)
 class RunDir:
-    """``RUN/``: config.json, log.jsonl, tb/, checkpoints/, final/."""
+    """``RUN/``: config.json, log.jsonl, tb/, checkpoints/, final/. From :meth:`prepare`, ``config`` is what
+    config.json holds and ``notes`` the lines worth logging about it (a learning-rate drop kept)."""
 
     root: Path
+    config: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+    notes: tuple[str, ...] = ()
 
     @property
     def config_path(self) -> Path:
@@ -99,22 +102,23 @@ class RunDir:
         work starts; ``absent_as`` names options added since older runs, with the value such a run
         had (`with_absent`), so that it still resumes when the new option is left at that value;
         ``extension`` lets --max-steps (and the learning-rate drop's options) change where the schedule
-        keeps the rate of every step already taken (:class:`RunExtension`: a run trained longer). Every
+        keeps the rate of every step already taken (:class:`RunExtension`: a run trained longer; a drop
+        already passed stays where it was unless the command places it, said in ``notes``). Every
         rank checks, rank 0 writes (an unchanged config.json is not rewritten). Stale
         temporary files of a killed process are removed first, so they cannot keep a full disk full; a
         failed write of config.json (disk full) exits with one line (SystemExit), like the recipes'
         input errors.
         """
-        run = cls(Path(root))
-        new = _jsonable(dict(config))
-        text = json.dumps(new, indent=1, sort_keys=True) + "\n"
+        run, new, notes = cls(Path(root)), _jsonable(dict(config)), ()
         old_text = run.config_path.read_text() if run.config_path.exists() else None
         if old_text is not None:
             try:
                 old = json.loads(old_text)
             except json.JSONDecodeError as e:
                 raise RunConfigMismatchError(f"{run.config_path} is not valid JSON ({e}); use a new --out") from e
-            run._check_same_run(old, new, free_keys, absent_as, extension)
+            new, notes = run._check_same_run(old, new, free_keys, absent_as, extension)
+        text = json.dumps(new, indent=1, sort_keys=True) + "\n"
+        run = cls(run.root, new, notes)
         env.barrier()
         try:
             main_rank_write(env, lambda: run._write_config(text, old_text))
@@ -123,19 +127,25 @@ class RunDir:
         return run
 
     def _check_same_run(self, old: Mapping[str, Any], new: Mapping[str, Any], free_keys: Sequence[str],
-                        absent_as: Mapping[str, Any] | None, extension: RunExtension | None) -> None:
-        """RunConfigMismatchError unless ``new`` continues the run of ``old`` (see :meth:`prepare`)."""
+                        absent_as: Mapping[str, Any] | None,
+                        extension: RunExtension | None) -> tuple[dict[str, Any], tuple[str, ...]]:
+        """The config ``new`` continues the run of ``old`` with (:meth:`RunExtension.settle`) and the notes
+        about it; RunConfigMismatchError unless it may (see :meth:`prepare`)."""
         extendable = extension.keys if extension is not None else ()
         lines = config_differences(old, new, (*free_keys, *extendable), absent_as)
         if lines:
             raise RunConfigMismatchError(f"{self.root} holds a run with a different configuration ({lines}). "
                                          "Re-run the same command to resume it, or choose a new --out.")
-        if extension is not None:
-            done = max((step for step, _ in checkpoint_paths(self.checkpoints)), default=0)
-            problem = extension.problem(with_absent(old, absent_as or {}), new, done)
-            if problem:
-                raise RunConfigMismatchError(f"{self.root} cannot be continued with these options: {problem}, "
-                                             "or choose a new --out.")
+        if extension is None:
+            return dict(new), ()
+        done = max((step for step, _ in checkpoint_paths(self.checkpoints)), default=0)
+        old = with_absent(old, absent_as or {})
+        settled, note = extension.settle(old, new, done)
+        problem = extension.problem(old, settled, done)
+        if problem:
+            raise RunConfigMismatchError(f"{self.root} cannot be continued with these options: {problem}, "
+                                         "or choose a new --out.")
+        return settled, (note,) if note else ()
 
     def _write_config(self, text: str, old_text: str | None) -> None:
         """Remove stale temporary files, make ``checkpoints/``, write config.json unless unchanged."""

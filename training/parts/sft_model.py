@@ -18,6 +18,7 @@ from stylevar.loaders.convert import load_stylevar, load_vqvae
 from stylevar.loaders.model_dir import check_model_dir
 from stylevar.models.tokenizer import MultiScaleVQVAE
 from stylevar.models.transformer import StyleVAR
+from stylevar.utils.devices import import_compiler_quietly
 from training.parts.cli import SFT_COMPILE_MIN_STEPS
 from training.parts.distributed import DistEnv
 from training.parts.rng import seed_everything
@@ -103,6 +104,7 @@ def compile_blocks(model: StyleVAR) -> None:
     import torch._dynamo.config as dynamo_config
     import torch._inductor.config as inductor_config
 
+    import_compiler_quietly()  # no "No CUDA runtime is found" on a CPU run
     inductor_config.fallback_random = True
     dynamo_config.recompile_limit = max(64, dynamo_config.recompile_limit)
     for block in model.blocks:

@@ -280,7 +280,7 @@ def train(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARC
     ddp = fsdp.shard_model(objective, model, env, precision) if sharded else wrap_ddp(objective, env)
     # AdamW's fused kernel on every device and strategy (FSDP's DTensor shards too): one arithmetic for DDP and FSDP
     optimizer = make_adamw(model, args.lr, args.weight_decay, betas=(0.9, 0.95), fused=True)
-    sched = schedule(vars(args))
+    sched = schedule(run.config)  # the options as config.json holds them: a drop already passed kept (extension)
     scheduler = two_level_scheduler(optimizer, sched)
     stream = make_stream(train_set, BatchStreamConfig(global_batch=args.batch_size, grad_accum=args.grad_accum,
                                                       seed=args.seed, num_workers=args.num_workers,
@@ -300,7 +300,7 @@ def train(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARC
         if tr.resumed.path is not None:
             objective.draws = int(tr.resumed.extra.get("draws", 0))  # keys the alpha jitter
         log_start(tr, args, intro, notes, summary)
-        for line in speed_notes + ([cache.describe()] if cache is not None else []):
+        for line in [*run.notes, *speed_notes, *([cache.describe()] if cache is not None else [])]:
             tr.log.info(line)
         step = job.steps(tr, cfg)
         tr.finish(step, job.final_writer())

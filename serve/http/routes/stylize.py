@@ -237,7 +237,8 @@ async def stylize(request: Request, upload: Annotated[StylizeUpload, Depends(sty
     encoded = await run_in_threadpool(encode, state, form, images)
     headers = {"X-Seed": str(job.payload.seeds[0]), "X-Inference-Ms": f"{inference_ms(job):.1f}",
                "X-Model": header_safe(state.runner.pipe.config.name), "Vary": "Accept",
-               **size_headers(state, form, images[0].size), **imaging.shrink_headers(content)}
+               **size_headers(state, form, images[0].size), **imaging.shrink_headers(content),
+               **imaging.cap_headers(content, images[0].size, state.settings.max_output_side)}
     if representation == "json":
         return JSONResponse(result_json(state, job, form, encoded, images), headers=headers)
     if representation == "zip":
@@ -289,11 +290,14 @@ async def stylize_stream(request: Request, upload: Annotated[StylizeUpload, Depe
         encoded = await run_in_threadpool(encode, state, form, images)
         yield sse("result", result_json(state, job, form, encoded, images))
 
+    max_side = state.settings.max_output_side  # the result's size, said before it is drawn
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
                                       "X-Seed": str(job.payload.seeds[0]),
                                       "X-Model": header_safe(state.runner.pipe.config.name),
-                                      **imaging.shrink_headers(content)})
+                                      **imaging.shrink_headers(content),
+                                      **imaging.cap_headers(content, capped_size(content.image.size, max_side),
+                                                            max_side)})
 
 
 def sse(event: str, data: dict) -> str:

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from stylevar.config import VQVAEConfig
+from stylevar.models.files import TOKENIZER_FILE
 from stylevar.models.pretrained import PretrainedModel
 from stylevar.models.state_dict import StateDict, fit_state_dict
 from stylevar.models.tokenizer.autoencoder import Decoder, Encoder
@@ -28,7 +29,7 @@ class MultiScaleVQVAE(PretrainedModel, nn.Module):
     model directory (`stylevar.models.pretrained`)."""
 
     config_section = "tokenizer"
-    weights_file = "tokenizer.safetensors"
+    weights_file = TOKENIZER_FILE
 
     def __init__(self, cfg: VQVAEConfig):
         super().__init__()

@@ -43,6 +43,7 @@ from torch import nn
 
 from stylevar.config import StyleVARConfig
 from stylevar.models.encoders import NUM_COLOUR_STATS, build_image_encoder, colour_statistics, pooled
+from stylevar.models.files import TRANSFORMER_FILE
 from stylevar.models.generation import DEFAULT_GENERATION, GenerationConfig
 from stylevar.models.pretrained import PretrainedModel
 from stylevar.models.sampling import TokenSampler, make_generators, sample
@@ -68,7 +69,7 @@ class StyleVAR(PretrainedModel, nn.Module):
     (`stylevar.models.pretrained`)."""
 
     config_section = "transformer"
-    weights_file = "transformer.safetensors"
+    weights_file = TRANSFORMER_FILE
 
     def __init__(self, cfg: StyleVARConfig, tokenizer: MultiScaleVQVAE):
         super().__init__()
