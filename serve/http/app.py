@@ -36,6 +36,7 @@ from serve.http import openapi
 from serve.http.openapi import DocumentShape
 from serve.http.routes import index, model, operations, stylize, video
 from serve.http.routes.index import UI_PATH
+from serve.http.schemas import HEADERS
 from serve.settings import ServeSettings
 from serve.http.state import ServiceState, check_key, check_room, require_key
 
@@ -194,7 +195,7 @@ def _add_middleware(app: FastAPI, state: ServiceState) -> None:
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
-            expose_headers=["X-Seed", "X-Inference-Ms", "X-Model", "X-Request-ID", "Retry-After"],
+            expose_headers=list(HEADERS),  # every header an answer declares, readable by a page's script
         )
     app.add_middleware(LoginAttemptLimit, limiter=state.auth_failures, paths=(UI_LOGIN_PATH,))
     app.add_middleware(RequestMiddleware, metrics=state.metrics)

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.requests import Request
+from starlette.testclient import TestClient
 
 from serve.http.app import create_app
 from serve.http.errors import ServiceError
@@ -148,6 +149,13 @@ def test_every_header_the_service_names_is_declared():
     source = "\n".join(p.read_text() for p in Path(__file__).parents[2].joinpath("serve").rglob("*.py"))
     named = set(re.findall(r'"(X-[A-Za-z-]+|Retry-After|Content-Disposition)"', source))
     assert named and not named - set(HEADERS), named - set(HEADERS)
+
+
+def test_a_page_on_an_allowed_origin_reads_every_declared_header(tiny_model_dir):
+    app = create_app(ServeSettings(model_dir=tiny_model_dir, ui=False, cors_origins=["https://app.example"]))
+    answer = TestClient(app).get("/healthz", headers={"Origin": "https://app.example"})  # no lifespan: no model
+    exposed = {name.strip() for name in answer.headers["access-control-expose-headers"].split(",")}
+    assert exposed == set(HEADERS)
 
 
 def test_binary_answers_are_declared_as_bytes_too(spec):
