@@ -29,12 +29,15 @@ from serve.engine.batching import BatchConfig, Batcher
 from serve.http.drain import Drain, DrainMiddleware
 from serve.engine.runner import ModelRunner, RunnerOptions
 from serve.engine.sizing import default_max_batch
-from serve.http.errors import install_error_handlers
+from serve.http.errors import ERROR_RESPONSES, install_error_handlers
 from serve.http.memory import MemoryBudget, ReleaseWhenAnswered
 from serve.http.metrics import ServiceMetrics
 from serve.http.middleware import BeforeBody, BodyTimeout, ContentLengthLimit, RequestMiddleware, bearer_token
+from serve.http import openapi
+from serve.http.openapi import DocumentShape
 from serve.http.routes import index, model, operations, stylize, video
 from serve.http.routes.index import UI_PATH
+from serve.http.schemas import HEADERS
 from serve.settings import ServeSettings, env_name
 from serve.http.state import ServiceState, check_key, check_room, require_key
 
@@ -126,7 +129,7 @@ def create_app(settings: ServeSettings | None = None, *, ui_mounter: UiMounter |
     `ui_mounter` mounts the web UI (default: `web.mount_ui`); it is skipped when `settings.ui` is off.
     """
     settings = settings or ServeSettings()
-    check_model_dir(settings.model_dir)
+    model_config = check_model_dir(settings.model_dir)
     state = _service_state(settings)
     if not state.keys and not _is_loopback(settings.host):
         log.warning("listening on %s without API keys: anyone who reaches this port can use the service and "
@@ -140,11 +143,14 @@ def create_app(settings: ServeSettings | None = None, *, ui_mounter: UiMounter |
         docs_url="/docs" if settings.docs else None,
         redoc_url="/redoc" if settings.docs else None,
         openapi_url="/openapi.json" if settings.docs else None,
+        generate_unique_id_function=lambda route: route.name,  # operationId: the route's function (`stylize`)
     )
     app.state.service = state
     install_error_handlers(app)
     _add_middleware(app, state)
     _include_routers(app, settings)
+    openapi.install(app, DocumentShape(keys=bool(state.keys),
+                                       scales=len(model_config.transformer.patch_nums)))
     if settings.ui:
         (ui_mounter or default_ui_mounter)(app, settings)
     else:
@@ -193,7 +199,7 @@ def _add_middleware(app: FastAPI, state: ServiceState) -> None:
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
-            expose_headers=["X-Seed", "X-Inference-Ms", "X-Model", "X-Request-ID", "Retry-After"],
+            expose_headers=list(HEADERS),  # every header an answer declares, readable by a page's script
         )
     app.add_middleware(LoginAttemptLimit, limiter=state.auth_failures, paths=(UI_LOGIN_PATH,))
     app.add_middleware(RequestMiddleware, metrics=state.metrics)
@@ -203,8 +209,9 @@ def _include_routers(app: FastAPI, settings: ServeSettings) -> None:
     app.include_router(index.router)
     app.include_router(operations.router)
     if settings.metrics_access != "off":
-        app.include_router(operations.metrics_router,
-                           dependencies=[Depends(require_key)] if settings.metrics_access == "key" else None)
+        keyed = settings.metrics_access == "key"
+        app.include_router(operations.metrics_router, dependencies=[Depends(require_key)] if keyed else None,
+                           responses={s: ERROR_RESPONSES[s] for s in (401, 429)} if keyed else None)
     app.include_router(model.router)
     app.include_router(stylize.router, max_body_size=settings.max_upload_bytes)
     video.include(app, settings)

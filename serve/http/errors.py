@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve.engine.batching import OverloadedError, QueueFullError, StoppedError
-from serve.http.schemas import ErrorBody
+from serve.http.schemas import ErrorBody, response_headers
 from stylevar.utils.errors import CodedError
 
 IMAGE_ERROR_STATUS = {"not_an_image": 415, "corrupt_image": 422, "image_too_large": 413, "image_too_costly": 422,
@@ -31,8 +31,10 @@ HTTP_ERROR_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 4
                     415: "unsupported_media_type", 422: "validation_error", 429: "too_many_attempts",
                     503: "unavailable"}
 
+RETRY_STATUSES = (429, 503)  # the answers that may say when to try again
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody, "description": text}
+    status: {"model": ErrorBody, "description": text,
+             **({"headers": response_headers(optional=("Retry-After",))} if status in RETRY_STATUSES else {})}
     for status, text in {
         401: "missing or wrong API key", 429: "too many wrong API keys from this client (see Retry-After)",
         406: "the requested media type cannot be produced",

@@ -15,6 +15,7 @@ from serve.http.errors import ServiceError
 
 JSON_MEDIA_TYPE = "application/json"
 ZIP_MEDIA_TYPE = "application/zip"
+BYTES_MEDIA_TYPE = "application/octet-stream"  # any binary answer, as bytes: what a generated client asks for
 Representation = Literal["image", "json", "zip"]
 
 
@@ -25,19 +26,32 @@ def accepted(request: Request) -> MIMEAccept:
     return MIMEAccept((parse_options_header(media)[0], q) for media, q in ranges)
 
 
+def named(accepts: MIMEAccept) -> MIMEAccept:
+    """The media types the Accept header names, without its wildcards."""
+    return MIMEAccept((media, q) for media, q in accepts if "*" not in media)
+
+
 def negotiate(request: Request, media_type: str, num_samples: int) -> Representation:
     """JSON only when the client names `application/json` (a wildcard never selects it); otherwise one
-    sample is the image (`media_type`) and several are a zip archive with one image per sample. Of
-    the acceptable ones the highest q wins; a tie goes to JSON (it was named)."""
+    sample is the image (`media_type`) and several are a zip archive with one image per sample (either also
+    when the client names `application/octet-stream`, see `binary_media`). Of the acceptable ones the highest
+    q wins; a tie goes to JSON (it was named)."""
     accepts = accepted(request)
-    named = MIMEAccept((media, q) for media, q in accepts if "*" not in media)
+    as_bytes = named(accepts).quality(BYTES_MEDIA_TYPE)
     offers: dict[Representation, float] = {
-        "json": named.quality(JSON_MEDIA_TYPE),
-        "image": accepts.quality(media_type) if num_samples == 1 else 0.0,
-        "zip": accepts.quality(ZIP_MEDIA_TYPE) if num_samples > 1 else 0.0,
+        "json": named(accepts).quality(JSON_MEDIA_TYPE),
+        "image": max(accepts.quality(media_type), as_bytes) if num_samples == 1 else 0.0,
+        "zip": max(accepts.quality(ZIP_MEDIA_TYPE), as_bytes) if num_samples > 1 else 0.0,
     }
     best = max(offers, key=lambda name: offers[name])  # dict order breaks ties: json first
     if offers[best] > 0:
         return best
     produced = media_type if num_samples == 1 else f"{ZIP_MEDIA_TYPE} (several samples)"
     raise ServiceError(406, "not_acceptable", f"this request returns {produced} or {JSON_MEDIA_TYPE}")
+
+
+def binary_media(request: Request, media_type: str) -> str:
+    """The Content-Type of a binary answer of `media_type`: `application/octet-stream` when the client names it
+    over `media_type` (a client generated from the OpenAPI document reads any binary answer as bytes)."""
+    accepts = accepted(request)
+    return BYTES_MEDIA_TYPE if named(accepts).quality(BYTES_MEDIA_TYPE) > accepts.quality(media_type) else media_type

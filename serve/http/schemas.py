@@ -9,6 +9,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from stylevar.pipelines.options import FORM, Option, offered
 from stylevar.pipelines.request import RequestError, StylizeRequest
+from stylevar.processing.postprocess import MAX_SEED
 
 FORM_OPTIONS = offered(FORM)
 LIST_ENCODING = "; comma-separated or a JSON list"
@@ -31,16 +32,14 @@ class FormOptions(BaseModel):
 def form_field(opt: Option) -> tuple[Any, Any]:
     """The form field of an option: a list option is text, parsed by the request; None (absent) is left out of
     the schema, as a form cannot send null. The form checks the service's own bounds (`Option.served_le`) and
-    the types; the ranges are in its schema, and checked by the request."""
+    the types; the ranges are in its schema (JSON Schema's `minimum` / `maximum`), and checked by the request. A
+    list option's pattern and example depend on the served model (`serve.http.openapi`)."""
     kind = str if opt.is_list else opt.type
     limits: dict[str, Any] = {"max_length": opt.max_chars} if opt.is_list else {}
-    names = ("ge", "le") if opt.optional else ("minimum", "maximum")  # as pydantic writes a constraint on each
-    schema = {} if opt.is_list else {k: v for k, v in zip(names, (opt.ge, opt.le)) if v is not None}
+    schema = {} if opt.is_list else {k: v for k, v in (("minimum", opt.ge), ("maximum", opt.le)) if v is not None}
     if opt.served_le is not None:
         limits["le"] = opt.served_le
-        schema.pop(names[1], None)
-    if opt.example:
-        limits["examples"] = [opt.example]
+        schema.pop("maximum", None)
     description = opt.describe("absent", LIST_ENCODING if opt.is_list else "")
     return (Union[kind, SkipJsonSchema[None]] if opt.optional else kind,
             Field(opt.default, description=description, json_schema_extra=schema or None, **limits))
@@ -91,3 +90,37 @@ class ModelInfo(BaseModel):
     default_alphas: list[float]
     vocab_size: int
     config: dict[str, Any]
+
+
+TEXT, NUMBER = {"type": "string"}, {"type": "number"}
+HEADERS: dict[str, tuple[str, dict[str, Any]]] = {  # every header the service's answers carry: (description, schema)
+    "X-Request-ID": ("the request's id: the client's own X-Request-ID, else one made; in the access log", TEXT),
+    "Retry-After": ("seconds to wait before trying again", {"type": "integer", "minimum": 0}),
+    "X-Seed": ("seed of the first sample (sample i used seed + i); it gives the same picture again on the same kind of "
+               "device in the same precision, not on another (a GPU's seed on the CPU: docs/gpus.md)",
+               {"type": "integer", "minimum": 0, "maximum": MAX_SEED}),
+    "X-Inference-Ms": ("time the model took, in milliseconds", NUMBER),
+    "X-Model": ("the model's name", TEXT),
+    "X-Model-Size": ("side of the square the model draws, in pixels", {"type": "integer", "minimum": 1}),
+    "X-Upscale": ("the result's long side over X-Model-Size (1 or less: not upscaled)", NUMBER),
+    "X-Upsample": ("how the drawing reached the result's size", {"type": "string", "enum": ["guided", "bicubic"]}),
+    "X-Content-Shrunk": ("only when the content was over the pixel limit and shrunk while decoding: by how much",
+                         TEXT),
+    "X-Size-Capped": ("only when the content's long side was over the service's STYLEVAR_MAX_OUTPUT_SIDE: the "
+                      "content's size and the result's, WxH->wxh", {"type": "string", "pattern": r"^\d+x\d+->\d+x\d+$"}),
+    "Vary": ("Accept: the answer depends on the Accept header", TEXT),
+    "Content-Disposition": ("several samples: the zip's file name", TEXT),
+    "Cache-Control": ("no-cache: the events are not stored", TEXT),
+    "X-Accel-Buffering": ("no: a proxy passes each event on as it comes", TEXT),
+    "X-Frames": ("frames in the clip", {"type": "integer", "minimum": 0}),
+    "X-Fps": ("the clip's frame rate", NUMBER),
+    "X-Temporal": ("how the frames were kept consistent (the `temporal` field)", TEXT),
+    "X-Audio": ("1: the source's audio is kept; 0: the source had none", {"type": "string", "enum": ["0", "1"]}),
+}
+
+
+def response_headers(*names: str, optional: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
+    """The OpenAPI `headers` of an answer that carries `names` (always) and `optional` (sometimes), from `HEADERS`;
+    a route declares them in its `responses` (a header missing from `HEADERS` is a KeyError)."""
+    return {name: {"description": HEADERS[name][0], "required": name not in optional, "schema": HEADERS[name][1]}
+            for name in (*names, *optional)}

@@ -159,16 +159,18 @@ class StylizeRequest(BaseModel):
         return GenerationConfig.resolve(recommended, **{k: getattr(self, k) for k in GENERATION})
 
 
-def check_mix_counts(styles: int, weights: int | None = None, masks: int | None = None) -> None:
+def check_mix_counts(styles: int, weights: int | None = None, masks: int | None = None,
+                     masks_name: str = "style_masks") -> None:
     """A blend's counts agree: 1 to `MAX_STYLES` style images, one weight and one mask per style where given. The one
     check of every surface (`StyleMix`, the service's 422 before any file is read, the command line before any
-    image is opened): a ValueError with the message they all give."""
+    image is opened): a ValueError with the message they all give, the masks named as the surface names them
+    (`masks_name`: the service's form field is `style_mask`)."""
     if not 1 <= styles <= MAX_STYLES:
         raise ValueError(f"style: give 1 to {MAX_STYLES} style images, got {styles}")
     if weights is not None and weights != styles:
         raise ValueError(f"style_weights: {weights} weights for {styles} style images; give one per style")
     if masks is not None and masks != styles:
-        raise ValueError(f"style_masks: {masks} masks for {styles} style images; give one per style")
+        raise ValueError(f"{masks_name}: {masks} masks for {styles} style images; give one per style")
 
 
 @dataclass(frozen=True)

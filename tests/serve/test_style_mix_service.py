@@ -113,6 +113,6 @@ def test_openapi_documents_the_new_fields(http):
         props = spec["components"]["schemas"][ref.rsplit("/", 1)[1]]["properties"]
         assert props["style"]["type"] == "array" and "repeat the field" in props["style"]["description"]
         assert "mask" in str(props["style_mask"]) and "white" in str(props["style_mask"])
-    form_props = spec["components"]["schemas"]["StylizeForm"]["properties"]
-    assert "0.7,0.3" in str(form_props["style_weights"]) and form_props["guidance"]["maximum"] == 10
+    form_props = spec["components"]["schemas"]["Body_stylize"]["properties"]
+    assert "one weight" in str(form_props["style_weights"]) and form_props["guidance"]["maximum"] == 10
     assert "without the style" in form_props["guidance"]["description"]

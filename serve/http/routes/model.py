@@ -12,7 +12,7 @@ from serve.http.state import ServiceState, get_state, require_key, require_loade
 router = APIRouter(dependencies=[Depends(require_key)])
 
 
-@router.get("/v1/model", response_model=ModelInfo, responses={401: ERROR_RESPONSES[401], 503: ERROR_RESPONSES[503]})
+@router.get("/v1/model", response_model=ModelInfo, responses={s: ERROR_RESPONSES[s] for s in (401, 429, 503)})
 async def model_info(state: ServiceState = Depends(get_state)) -> ModelInfo:  # noqa: B008
     """The loaded model: configuration, demo flag, devices, dtype and library version."""
     runner = require_loaded(state).runner

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, Response
 from starlette.concurrency import run_in_threadpool
 
 from serve.http.errors import error_response
-from serve.http.schemas import ErrorBody, Health
+from serve.http.schemas import ErrorBody, Health, response_headers
 from serve.http.state import ServiceState, get_state
 
 router = APIRouter(tags=["operations"])
@@ -25,7 +25,9 @@ async def healthz() -> Health:
     return Health(status="ok")
 
 
-@router.get("/readyz", response_model=Health, responses={503: {"model": ErrorBody}})
+@router.get("/readyz", response_model=Health,
+            responses={503: {"model": ErrorBody, "description": "not ready, or draining",
+                             "headers": response_headers("Retry-After")}})
 async def readyz(state: ServiceState = Depends(get_state)) -> Any:  # noqa: B008
     """The model is loaded and warmed up, and the service is not draining."""
     if state.drain.draining:

@@ -19,6 +19,7 @@ import torch
 from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from PIL import Image
+from pydantic.json_schema import SkipJsonSchema
 from starlette.concurrency import run_in_threadpool
 
 from stylevar.processing.images import (DEFAULT_MAX_PIXELS, Decoded, ImageError, capped_size, decoded_size, fit_of,
@@ -33,24 +34,32 @@ from serve.http.errors import ERROR_RESPONSES, ClientGone, ServiceError, from_co
 from serve.http.jobs import follow_job, job_result, wait_for_job
 from serve.http.memory import Reservation, hold_until_answered
 from serve.http.middleware import bearer_token
-from serve.http.negotiation import ZIP_MEDIA_TYPE, negotiate
-from serve.http.schemas import ImageOut, StylizeForm, StylizeResult
+from serve.http.negotiation import BYTES_MEDIA_TYPE, ZIP_MEDIA_TYPE, binary_media, negotiate
+from serve.http.schemas import ImageOut, StylizeForm, StylizeResult, response_headers
 from serve.http.state import ServiceState, get_state, require_key, require_loaded
 
 REFERENCE_SIDE = 1024  # long side style images and masks are decoded at (they are used at the model's size)
 
 log = logging.getLogger("serve.stylize")
 
+STYLE_COUNT = {"minItems": 1, "maxItems": MAX_STYLES}  # `check_mix`'s counts, in the schema
+MASK_COUNT = {"maxItems": MAX_STYLES}  # none (a form's empty list: the field left out) or one per style
 ContentUpload = Annotated[UploadFile, File(description="content image (JPEG, PNG, WebP)")]
 StyleUploads = Annotated[list[UploadFile], File(
     description=f"style image (JPEG, PNG, WebP); repeat the field for a blend of up to {MAX_STYLES} styles "
-                "(weights: `style_weights`)")]
-MaskUploads = Annotated[list[UploadFile] | None, File(
+                "(weights: `style_weights`)", json_schema_extra=STYLE_COUNT)]
+MaskUploads = Annotated[list[UploadFile] | SkipJsonSchema[None], File(
     description="optional: one grayscale mask per `style` file, in their order (white = the style applies, black = "
                 "the content stays, grey = partly); any size, resized to the content's; an image of any "
-                "accepted format")]
-IMAGE_CONTENT = {m: {"schema": {"type": "string", "format": "binary"}}
-                 for m in (*imaging.MEDIA_TYPES.values(), ZIP_MEDIA_TYPE)}
+                "accepted format", json_schema_extra=MASK_COUNT)]
+BINARY = {"schema": {"type": "string", "format": "binary"}}
+SSE_EVENT = {  # one event of /stylize/stream (OpenAPI 3.2's `itemSchema`: a generator that reads 3.1 gets the text)
+    "type": "object", "required": ["event", "data"],
+    "properties": {"event": {"type": "string", "enum": ["preview", "result", "error"]},
+                   "data": {"type": "string", "contentMediaType": "application/json",
+                            "description": "preview: {scale, num_scales, patch_num, images (base64 PNG)}; result: "
+                                           "the JSON answer of /stylize; error: {error, detail}"}}}
+IMAGE_CONTENT = {m: BINARY for m in (*imaging.MEDIA_TYPES.values(), ZIP_MEDIA_TYPE, BYTES_MEDIA_TYPE)}
 PATHS = ("/stylize", "/stylize/stream")  # the routes that take uploads (the service's upload limit)
 
 router = APIRouter(dependencies=[Depends(require_key)])
@@ -144,7 +153,8 @@ def check_alphas(alphas: tuple[float, ...] | None, n_scales: int) -> None:
 def check_mix(styles: list[UploadFile], masks: list[UploadFile] | None, weights: tuple[float, ...] | None) -> None:
     """The counts of style files, weights and masks agree (422 otherwise), before anything is read."""
     try:
-        check_mix_counts(len(styles), None if weights is None else len(weights), None if masks is None else len(masks))
+        check_mix_counts(len(styles), None if weights is None else len(weights), None if masks is None else len(masks),
+                         masks_name="style_mask")
     except ValueError as e:
         raise ServiceError(422, "validation_error", str(e)) from None
 
@@ -217,8 +227,12 @@ def size_headers(state: ServiceState, form: StylizeRequest, result_size: tuple[i
 @router.post(
     "/stylize", response_class=Response,
     responses={200: {"model": StylizeResult, "content": IMAGE_CONTENT,
-                     "description": "the image (several samples: a zip of images), or JSON with base64 images "
-                                    "when the Accept header names application/json"},
+                     "description": "the image (several samples: a zip of images; as application/octet-stream when "
+                                    "the Accept header names it), or JSON with base64 images when the Accept header "
+                                    "names application/json",
+                     "headers": response_headers("X-Seed", "X-Inference-Ms", "X-Model", "X-Model-Size", "X-Upscale",
+                                                 "X-Upsample", "Vary",
+                                                 optional=("X-Content-Shrunk", "X-Size-Capped", "Content-Disposition"))},
                **ERROR_RESPONSES},
 )
 async def stylize(request: Request, upload: Annotated[StylizeUpload, Depends(stylize_upload)],
@@ -244,14 +258,16 @@ async def stylize(request: Request, upload: Annotated[StylizeUpload, Depends(sty
     if representation == "zip":
         headers["Content-Disposition"] = f'attachment; filename="stylevar-seed-{job.payload.seeds[0]}.zip"'
         archive = imaging.zip_images(encoded, job.payload.seeds, form.format)
-        return Response(archive, media_type=ZIP_MEDIA_TYPE, headers=headers)
-    return Response(encoded[0], media_type=media, headers=headers)
+        return Response(archive, media_type=binary_media(request, ZIP_MEDIA_TYPE), headers=headers)
+    return Response(encoded[0], media_type=binary_media(request, media), headers=headers)
 
 
 @router.post(
     "/stylize/stream", response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
-                     "description": "`preview` events (one per scale, coarse to fine), then `result`"},
+    responses={200: {"content": {"text/event-stream": {"itemSchema": SSE_EVENT}},
+                     "description": "`preview` events (one per scale, coarse to fine), then `result`",
+                     "headers": response_headers("X-Seed", "X-Model", "Cache-Control", "X-Accel-Buffering",
+                                                 optional=("X-Content-Shrunk", "X-Size-Capped"))},
                **ERROR_RESPONSES},
 )
 async def stylize_stream(request: Request, upload: Annotated[StylizeUpload, Depends(stylize_upload)],

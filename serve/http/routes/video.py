@@ -39,9 +39,11 @@ from stylevar.utils.extras import install_line, missing_modules
 from serve.engine.batching import lower_priority, run_or_overloaded
 from serve.http import imaging
 from serve.http.errors import ERROR_RESPONSES, ServiceError, from_coded_error
-from serve.http.schemas import ErrorBody, FormOptions, form_field
+from serve.http.negotiation import BYTES_MEDIA_TYPE, binary_media
+from serve.http.schemas import ErrorBody, FormOptions, form_field, response_headers
 from serve.http.state import ServiceState, get_state, require_key, require_loaded
-from serve.http.routes.stylize import REFERENCE_SIDE, check_alphas, check_mix, header_safe
+from serve.http.routes.stylize import (BINARY, MASK_COUNT, REFERENCE_SIDE, STYLE_COUNT, check_alphas, check_mix,
+                                       header_safe)
 
 log = logging.getLogger("serve.video")
 
@@ -68,9 +70,11 @@ VideoForm = create_model(
 VideoUpload = Annotated[UploadFile, File(description="the clip: MP4/MOV, MKV/WebM, AVI, MPEG-TS ... within the "
                                                      "limits in this route's description")]
 StyleUploads = Annotated[list[UploadFile], File(
-    description=f"style image (JPEG, PNG, WebP); repeat the field for a blend of up to {MAX_STYLES} styles")]
+    description=f"style image (JPEG, PNG, WebP); repeat the field for a blend of up to {MAX_STYLES} styles",
+    json_schema_extra=STYLE_COUNT)]
 MaskUploads = Annotated[Union[list[UploadFile], SkipJsonSchema[None]], File(
-    description="optional: one grayscale mask per `style` file (white = the style applies), resized to each frame")]
+    description="optional: one grayscale mask per `style` file (white = the style applies), resized to each frame",
+    json_schema_extra=MASK_COUNT)]
 
 
 class VideoGate:
@@ -176,8 +180,11 @@ async def decode_styles(st: ServiceState, styles: list[UploadFile], masks: list[
 
 @router.post(
     PATH, response_class=Response,
-    responses={200: {"content": {"video/mp4": {"schema": {"type": "string", "format": "binary"}}},
-                     "description": "the stylized clip, H.264 mp4, with the source's frame rate, timing and audio"},
+    responses={200: {"content": {"video/mp4": BINARY, BYTES_MEDIA_TYPE: BINARY},
+                     "description": "the stylized clip, H.264 mp4, with the source's frame rate, timing and audio "
+                                    "(as application/octet-stream when the Accept header names it)",
+                     "headers": response_headers("X-Seed", "X-Frames", "X-Fps", "X-Inference-Ms", "X-Temporal",
+                                                 "X-Model", "X-Audio")},
                **ERROR_RESPONSES, 501: {"model": ErrorBody, "description": "video is not installed in this service"}},
 )
 async def stylize_video(request: Request, video: VideoUpload, style: StyleUploads,
@@ -210,7 +217,7 @@ async def stylize_video(request: Request, video: VideoUpload, style: StyleUpload
                    "X-Inference-Ms": f"{seconds * 1000:.1f}", "X-Temporal": form.temporal,
                    "X-Model": header_safe(st.runner.pipe.config.name), "X-Audio": "1" if result.audio else "0"}
         log.info("video done", extra={"frames": result.frames, "seconds": round(seconds, 3), "codec": info.codec})
-        return Response(out.read_bytes(), media_type="video/mp4", headers=headers)
+        return Response(out.read_bytes(), media_type=binary_media(request, "video/mp4"), headers=headers)
     finally:
         clip.done()
 
