@@ -10,8 +10,9 @@ the same entries, ids and splits with their new paths (the recipes' format; the 
 it). A role left out names the file `not-packed/<role>`, which does not exist: a tokenizer run given the same
 ``--roles`` never reads it, and any other reader skips each entry with a line naming it, then stops. `DIR/sources.json` is the source manifest's folder's copy (every picture's source and licence) and
 `DIR/pack.json` says what was packed: counts, bytes, seconds, the entries left out (a missing or undecodable image,
-one line each) and the quality. The pack is refused, before anything is written, when `DIR` holds a pack already,
-and it fails with the byte count when it grows past ``--max-mib``.
+one line each) and the quality. The pack is refused, before anything is written, when `DIR` holds files already,
+and it fails with the byte count when it grows past ``--max-mib``, leaving nothing behind (it is built in a folder
+beside `DIR`, renamed into place when whole).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from PIL import Image
 
 from data_tools.index import ManifestEntry, read_manifest, write_manifest
 from stylevar.processing.images import ImageError, load_image
+from stylevar.utils.atomic import atomic_folder
 from stylevar.utils.helptext import HelpFormatter
 
 ROLES = ("content", "style", "target")
@@ -49,7 +51,7 @@ class PackConfig:
             raise ValueError(f"roles must be among {', '.join(ROLES)}, not {', '.join(self.roles) or 'none'}")
 
 
-class PackTooLarge(RuntimeError):
+class PackTooLarge(ValueError):
     """The packed images outgrew ``--max-mib``."""
 
 
@@ -62,10 +64,10 @@ def jpeg_bytes(path: Path, quality: int) -> bytes:
 
 
 class Packer:
-    """Writes each distinct source image once and remembers its packed name."""
+    """Writes each distinct source image once into ``folder`` and remembers its packed name."""
 
-    def __init__(self, cfg: PackConfig):
-        self.cfg = cfg
+    def __init__(self, cfg: PackConfig, folder: Path):
+        self.cfg, self.folder = cfg, folder
         self.names: dict[Path, str] = {}
         self.bytes = 0
 
@@ -77,7 +79,7 @@ class Packer:
                 raise PackTooLarge(f"the pack grew past --max-mib {self.cfg.max_mib:g} ({self.bytes / MIB:.1f} MiB "
                                    f"after {len(self.names) + 1} images): lower --quality or pack fewer triplets")
             name = f"images/{len(self.names):06d}.jpg"
-            (self.cfg.out / name).write_bytes(data)
+            (self.folder / name).write_bytes(data)
             self.names[path] = name
         return self.names[path]
 
@@ -88,29 +90,36 @@ class Packer:
 
 
 def pack(cfg: PackConfig) -> dict:
-    """Pack ``cfg.manifest`` into ``cfg.out``; returns the summary written to `pack.json`."""
+    """Pack ``cfg.manifest`` into ``cfg.out`` (whole or not at all: built beside it, then renamed); returns the
+    summary written to `pack.json`."""
     start = time.perf_counter()
     entries = read_manifest(cfg.manifest)
     root = cfg.manifest.parent
-    if (cfg.out / "manifest.jsonl").exists():
-        raise FileExistsError(f"{cfg.out} holds a pack already: remove it or choose another --out")
-    (cfg.out / "images").mkdir(parents=True, exist_ok=True)
-    packer, packed, left_out = Packer(cfg), [], []
-    for e in entries:
-        try:
-            packed.append(packer.entry(e, root))
-        except (ImageError, OSError) as err:
-            left_out.append({"id": e.id, "reason": f"{type(err).__name__}: {err}"})
-            print(f"[pack] left out {e.id}: {err}", file=sys.stderr)
-    write_manifest(packed, cfg.out / "manifest.jsonl")
-    if (root / "sources.json").is_file():
-        shutil.copyfile(root / "sources.json", cfg.out / "sources.json")
-    summary = {"manifest": str(cfg.manifest), "roles": list(cfg.roles), "quality": cfg.quality, "entries": len(packed),
-               "splits": {s: sum(e.split == s for e in packed) for s in sorted({e.split for e in packed})},
-               "images": len(packer.names), "bytes": packer.bytes, "left_out": left_out,
-               "seconds": round(time.perf_counter() - start, 2)}
-    (cfg.out / "pack.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    if cfg.out.exists() and any(cfg.out.iterdir()):
+        raise FileExistsError(f"{cfg.out} holds files already: remove it or choose another --out")
+    with atomic_folder(cfg.out, what="pack") as folder:
+        (folder / "images").mkdir()
+        packer, packed, left_out = Packer(cfg, folder), [], []
+        for e in entries:
+            try:
+                packed.append(packer.entry(e, root))
+            except (ImageError, OSError) as err:
+                left_out.append({"id": e.id, "reason": f"{type(err).__name__}: {err}"})
+                print(f"[pack] left out {e.id}: {err}", file=sys.stderr)
+        write_manifest(packed, folder / "manifest.jsonl")
+        if (root / "sources.json").is_file():
+            shutil.copyfile(root / "sources.json", folder / "sources.json")
+        summary = pack_summary(cfg, packer, packed, left_out, time.perf_counter() - start)
+        (folder / "pack.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
+
+
+def pack_summary(cfg: PackConfig, packer: Packer, packed: list[ManifestEntry], left_out: list[dict],
+                 seconds: float) -> dict:
+    """What `pack.json` says of a pack."""
+    return {"manifest": str(cfg.manifest), "roles": list(cfg.roles), "quality": cfg.quality, "entries": len(packed),
+               "splits": {s: sum(e.split == s for e in packed) for s in sorted({e.split for e in packed})},
+               "images": len(packer.names), "bytes": packer.bytes, "left_out": left_out, "seconds": round(seconds, 2)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         summary = pack(PackConfig(args.manifest, args.out, tuple(args.roles.split(",")), args.quality, args.max_mib))
-    except (FileNotFoundError, FileExistsError, ValueError, PackTooLarge) as e:
+    except (OSError, ValueError) as e:  # a missing manifest, a pack there already, too large, a failed write
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"[pack] {summary['entries']} triplets, {summary['images']} images, {summary['bytes'] / MIB:.1f} MiB "

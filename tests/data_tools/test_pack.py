@@ -44,12 +44,13 @@ def test_a_broken_image_leaves_out_its_entry_and_a_pack_is_never_overwritten(man
     assert json.loads((out / "pack.json").read_text())["left_out"][0]["id"] == first.id
     assert f"left out {first.id}" in capsys.readouterr().err
     assert pack.main(["--manifest", str(manifest), "--out", str(out)]) == 2
-    assert "holds a pack already" in capsys.readouterr().err
+    assert "holds files already" in capsys.readouterr().err
 
 
-def test_a_pack_past_its_ceiling_fails_with_its_size(manifest, tmp_path, capsys):
+def test_a_pack_past_its_ceiling_fails_with_its_size_and_leaves_nothing(manifest, tmp_path, capsys):
     assert pack.main(["--manifest", str(manifest), "--out", str(tmp_path / "p"), "--max-mib", "0.001"]) == 2
     assert "grew past --max-mib 0.001" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["synth"]
 
 
 def test_roles_left_out_name_a_file_that_is_not_there(manifest, tmp_path, capsys):
