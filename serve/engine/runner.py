@@ -15,7 +15,7 @@ from PIL import Image
 from stylevar.utils.devices import resolve_autocast_dtype
 from stylevar.utils.heap import DEFAULT_KEEP_MB, apply_heap_policy
 from stylevar.utils.threads import decision
-from stylevar.runtime.inference import InferenceConfig, prepare
+from stylevar.runtime.inference import InferenceConfig, prepare_for_serving
 from stylevar.pipelines.pipeline import StylePipeline
 from stylevar.pipelines.request import Stylization, StylizeRequest
 
@@ -77,10 +77,7 @@ class ModelRunner:
         pipe = StylePipeline.from_pretrained(model_dir, device=device, threads=options.threads,
                                              autocast_dtype=resolve_autocast_dtype(options.dtype, device))
         inference = options.inference
-        # CPU layouts, packing and precision; elsewhere a precision or compile asked for (applied, rather than a
-        # setting silently ignored)
-        if device.type == "cpu" or inference.compile or inference.precision != "fp32":
-            prepare(pipe.model, inference)
+        prepare_for_serving(pipe.model, inference)  # CPU layouts and packing, a precision or compile asked for
         chosen = decision()  # what decided the process's threads (from_pretrained asked)
         log.info("model loaded", extra={"model_dir": str(model_dir), "device": str(device),
                                         "precision": inference.precision, "compile": inference.compile,

@@ -50,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"a video: {TEMPORAL_HELP}; docs/video.md")
     p.add_argument("--device", default=None, help=f"cpu, cuda, cuda:1, mps ... (default: {DEVICE_AUTO})")
     p.add_argument("--precision", type=precision_argument, choices=PRECISIONS, default="fp32",
-                   help="on the CPU, as the service's STYLEVAR_PRECISION: fp32 (the model's weights), bf16 (fastest "
+                   help="as the service's STYLEVAR_PRECISION: fp32 (the model's weights), bf16 (fastest "
                         "on CPUs with bf16 units; samples other tokens at some positions, benchmarks/README.md)")
     p.add_argument("--threads", type=threads_argument, default=None, metavar="N|auto|torch",
                    help=f"{THREADS_HELP}; default: auto, or STYLEVAR_THREADS")
@@ -290,16 +290,16 @@ def check_machine(args: argparse.Namespace) -> Path:
 
 
 def load_pipeline(model_dir: Path, args: argparse.Namespace):
-    """The pipeline on its device; on the CPU prepared as the service runs it (layouts, packed linears, precision)."""
-    from stylevar.runtime.inference import InferenceConfig, prepare
+    """The pipeline on its device, prepared as the service runs it (on the CPU layouts and packed linears; the
+    precision on every device)."""
+    from stylevar.runtime.inference import InferenceConfig, prepare_for_serving
     from stylevar.pipelines.pipeline import StylePipeline  # the checks are done: from here on the work
 
     pipe = StylePipeline.from_pretrained(model_dir, device=args.device, threads=args.threads)
     if pipe.config.demo:
         print(f"using the {pipe.config.label}", file=sys.stderr)
     print(f"loaded {pipe.summary()}")  # before packing: packed linears hold their weights as buffers
-    if pipe.device.type == "cpu":
-        prepare(pipe.model, InferenceConfig(precision=args.precision))
+    prepare_for_serving(pipe.model, InferenceConfig(precision=args.precision))
     return pipe
 
 

@@ -15,14 +15,14 @@ training, and a plain model (never prepared) is the exact path the conformance t
   Results equal the plain layers' up to float rounding (tests/runtime/test_inference.py). Not with `compile`
   (inductor packs its own), nor where torch has no oneDNN (`packing_available`).
 - `precision="bf16"` (opt-in): the packed linears hold bfloat16 weights and take bfloat16 inputs, and the
-  sampling loop runs under bf16 autocast (LayerNorm and the residual stream stay float32); the
-  convolutional stacks (the tokenizer's encoder and decoder, both ResNet-18s) run in bfloat16 too
-  (`InDtype`), while the quantizer's codebook search, quant_conv/post_quant_conv and everything between
-  stay float32. Half the weight traffic of fp32 and the CPU's bf16 units (AVX512-BF16, AMX); on a CPU
-  without them bf16 is emulated and slower than fp32, so `prepare` warns. Off the CPU (no packing) the
-  blocks and head are cast to bf16 instead.
-  Tokens of bf16 differ from fp32's at some positions; benchmarks/cpu_pipeline.py measures how many and
-  how much faster it is.
+  sampling loop runs under bf16 autocast (LayerNorm and the residual stream stay float32); both ResNet-18
+  image encoders run in bfloat16 too (`InDtype`), while the tokenizer (encoder, quantizer, decoder) stays
+  float32, as under any autocast (`stylevar.utils.precisions`' policy: the tokens of an image and the picture
+  of a token map are fp32's on every path). Half the weight traffic of fp32 and the CPU's bf16 units
+  (AVX512-BF16, AMX); on a CPU without them bf16 is emulated and slower than fp32, so `prepare` warns. Off
+  the CPU (no packing) the blocks and head are cast to bf16 instead.
+  Sampled tokens of bf16 differ from fp32's at some positions (the condition tokens do not);
+  benchmarks/cpu_pipeline.py measures how many and how much faster it is.
 - `precision="int8"` was removed (stylevar.utils.precisions: its non-deprecated implementation, torchao, is slower
   than fp32 on the CPU); asking for it is a ValueError that says so.
 - `compile`: `torch.compile` of every block (stylevar.models.transformer.fast); it pays off in a long-running
@@ -186,8 +186,6 @@ def prepare(model, cfg: InferenceConfig = InferenceConfig()):
             warnings.warn("precision 'bf16': this CPU has no native bfloat16 arithmetic (AVX512-BF16 or "
                           "AMX); bf16 is emulated here and slower than 'fp32'", RuntimeWarning, stacklevel=2)
         model.loop_autocast_dtype = dtype
-        tok = model.tokenizer
-        tok.encoder, tok.decoder = InDtype(tok.encoder, dtype), InDtype(tok.decoder, dtype)
         model.style_encoder = InDtype(model.style_encoder, dtype)
         model.content_encoder = InDtype(model.content_encoder, dtype)
     if on_cpu and cfg.pack_linears and not cfg.compile and packing_available(dtype):
@@ -201,3 +199,13 @@ def prepare(model, cfg: InferenceConfig = InferenceConfig()):
         compile_model(model)
     model.inference_config = cfg
     return model
+
+
+def prepare_for_serving(model, cfg: InferenceConfig = InferenceConfig()) -> bool:
+    """`prepare` the model as the service and the command line run it, where it changes anything: on the CPU always
+    (layouts, packed linears), elsewhere when ``cfg`` asks for bf16 or compilation (applied rather than a setting
+    silently ignored). Whether it prepared."""
+    if model.pos_1LC.device.type == "cpu" or cfg.compile or cfg.precision != "fp32":
+        prepare(model, cfg)
+        return True
+    return False

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stylevar.utils.precisions import full_precision
+
 
 class Phi(nn.Conv2d):
     def __init__(self, channels: int, ratio: float):
@@ -67,8 +69,10 @@ class MultiScaleQuantizer(nn.Module):
         """f area-resized to pn x pn, as tokens (B, pn * pn, C)."""
         return F.interpolate(f_BCnn, size=(pn, pn), mode="area").flatten(2).transpose(1, 2)
 
+    @full_precision
     def upsampled_residual(self, k: int, idx_Bl: torch.Tensor, n: int) -> torch.Tensor:
-        """Phi(upsample(embedding(tokens of scale k))): what scale k adds to f_hat, (B, C, n, n)."""
+        """Phi(upsample(embedding(tokens of scale k))): what scale k adds to f_hat, (B, C, n, n), in float32 under
+        any autocast (sampling and teacher forcing build f_hat from it; `stylevar.utils.precisions`)."""
         pn = self.patch_nums[k]
         h_BChw = self.embedding(idx_Bl).transpose(1, 2).reshape(idx_Bl.shape[0], self.z_channels, pn, pn)
         if k != self.num_scales - 1:

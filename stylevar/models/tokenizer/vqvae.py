@@ -13,6 +13,7 @@ from stylevar.models.pretrained import PretrainedModel
 from stylevar.models.state_dict import StateDict, fit_state_dict
 from stylevar.models.tokenizer.autoencoder import Decoder, Encoder
 from stylevar.models.tokenizer.quantizer import MultiScaleQuantizer
+from stylevar.utils.precisions import full_precision
 
 
 @dataclass
@@ -26,7 +27,11 @@ class VQVAEOutput:
 class MultiScaleVQVAE(PretrainedModel, nn.Module):
     """The tokenizer. `save_pretrained(folder)` writes `tokenizer.safetensors` and config.json's
     ``"tokenizer"`` section; `from_pretrained(folder)` reads them back from a tokenizer folder or a whole
-    model directory (`stylevar.models.pretrained`)."""
+    model directory (`stylevar.models.pretrained`).
+
+    Encoding and decoding run in float32 under any autocast (`stylevar.utils.precisions`' policy): an image's tokens
+    and a token map's picture are the same on every path. The tokenizer's own training (`forward`) follows its run's
+    precision."""
 
     config_section = "tokenizer"
     weights_file = TOKENIZER_FILE
@@ -77,6 +82,7 @@ class MultiScaleVQVAE(PretrainedModel, nn.Module):
         return self.quant_conv(self.encoder(img_B3HW))
 
     @torch.no_grad()
+    @full_precision
     def encode(self, img_B3HW: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Token maps and the cumulative f_hat after each scale."""
         return self.quantize.quantize(self.latent(img_B3HW))
@@ -86,6 +92,7 @@ class MultiScaleVQVAE(PretrainedModel, nn.Module):
         """Images in [-1, 1] -> K token maps, each (B, pn*pn) int64."""
         return self.encode(img_B3HW)[0]
 
+    @full_precision
     def decode_fhat(self, f_hat_BCnn: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.post_quant_conv(f_hat_BCnn)).clamp(-1, 1)
 

@@ -20,6 +20,14 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def compute_dtype(device: torch.device, default: torch.dtype) -> torch.dtype:
+    """The dtype autocast computes matrix products in on ``device`` now (the model's, the sampling loop's or one
+    around the call), else ``default``: the dtype of the keys and values, hence of the KV cache."""
+    if torch.amp.is_autocast_available(device.type) and torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return default
+
+
 class KVCache:
     """Preallocated keys/values of every target token, written once per scale, for one block."""
 
@@ -56,17 +64,22 @@ class BlendedAttention(nn.Module):
         return x_BLC.view(B, L, self.heads, self.head_dim).transpose(1, 2)
 
     def keys_values(self, h_BLC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        k, v = self.kv_target(h_BLC).chunk(2, dim=-1)
-        k, v = self._split(k), self._split(v + self.v_bias)
+        """Keys and values (B, H, L, c) in the projection's dtype (the autocast dtype under autocast: the bias add
+        and the float32 normalisation CUDA's autocast runs are cast back once, here)."""
+        kv = self.kv_target(h_BLC)
+        k, v = kv.chunk(2, dim=-1)
+        k, v = self._split(k), self._split((v + self.v_bias).to(kv.dtype))
         if self.l2_norm:
-            k = F.normalize(k, dim=-1)
+            k = F.normalize(k, dim=-1).to(kv.dtype)
         return k, v
 
     def queries(self, g_BXC: torch.Tensor) -> torch.Tensor:
-        """Queries (B, H, X, c) of modulated guide tokens (B, X, C): the style streams', then the content's."""
-        q = self._split(self.q_guide(g_BXC))
+        """Queries (B, H, X, c) of modulated guide tokens (B, X, C): the style streams', then the content's, in the
+        projection's dtype (generation keeps every scale's; under autocast they are stored in its dtype, once)."""
+        q_lin = self.q_guide(g_BXC)
+        q = self._split(q_lin)
         if self.l2_norm:
-            q = F.normalize(q, dim=-1) * self.scale_mul_1H11.clamp_max(math.log(100.0)).exp()
+            q = (F.normalize(q, dim=-1) * self.scale_mul_1H11.clamp_max(math.log(100.0)).exp()).to(q_lin.dtype)
         return q
 
     def forward(

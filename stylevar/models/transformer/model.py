@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 import warnings
@@ -49,7 +50,7 @@ from stylevar.models.pretrained import PretrainedModel
 from stylevar.models.sampling import TokenSampler, make_generators, sample
 from stylevar.models.state_dict import StateDict, fit_state_dict
 from stylevar.models.tokenizer import MultiScaleVQVAE
-from stylevar.models.transformer.attention import KVCache
+from stylevar.models.transformer.attention import KVCache, compute_dtype
 from stylevar.models.transformer.block import AdaLNHead, Block, Guide, HeadModulation, token_rows
 from stylevar.models.transformer.condition import Condition, StyleBlend
 from stylevar.models.transformer.pruning import FastSampling, ScalePruner
@@ -60,6 +61,18 @@ class Generated(NamedTuple):
 
     images: torch.Tensor  # (B, 3, H, W) in [0, 1]
     indices: list[torch.Tensor]  # the K sampled token maps, each (B, pn * pn)
+
+
+def _in_model_autocast(method):
+    """``method`` under the model's own autocast (`StyleVAR.autocast_dtype`), wherever it is called from: a condition
+    is the same made inside `generate` or outside it (the service's conditions and their cache)."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self._autocast(self.pos_1LC.device):
+            return method(self, *args, **kwargs)
+
+    return run
 
 
 class StyleVAR(PretrainedModel, nn.Module):
@@ -207,6 +220,7 @@ class StyleVAR(PretrainedModel, nn.Module):
     def lvl_pos(self) -> torch.Tensor:
         return self.lvl_embed(self.lvl_L).unsqueeze(0) + self.pos_1LC  # (1, L, C)
 
+    @_in_model_autocast
     def condition(self, content: torch.Tensor, style: torch.Tensor | StyleBlend, *,
                   unstyled: bool = False) -> Condition:
         """The condition of (content, style); ``style`` one image batch or a `StyleBlend` of several.
@@ -249,6 +263,7 @@ class StyleVAR(PretrainedModel, nn.Module):
         return F.layer_norm(self.word_embed(tokens_BLc) + self.lvl_pos(), (self.cfg.embed_dim,),
                             eps=self.cfg.norm_eps)
 
+    @_in_model_autocast
     def style_parts(self, style: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """What each style image contributes on its own: its embedding (B, C) and token stream (B, L, C)."""
         return self.style_embedding(style), self._stream_ln(style)
@@ -261,6 +276,7 @@ class StyleVAR(PretrainedModel, nn.Module):
             emb_BC = emb_BC + self.colour_in(colour_statistics(img_B3HW))
         return emb_BC
 
+    @_in_model_autocast
     def content_parts(self, content: torch.Tensor, unstyled: bool = False, tokens_BLc: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """What each content image contributes: start token (B, 1, C), token stream (B, L, C), the
@@ -414,7 +430,7 @@ class StyleVAR(PretrainedModel, nn.Module):
         tok, patch_nums = self.tokenizer, self.cfg.patch_nums
         n = tok.latent_size
         lvl_pos = self.lvl_pos()
-        dtype = self.loop_autocast_dtype or self.autocast_dtype or lvl_pos.dtype
+        dtype = compute_dtype(device, lvl_pos.dtype)
         caches = [KVCache(R, self.cfg.num_heads, self.cfg.num_tokens, self.cfg.head_dim, device, dtype)
                   for _ in self.blocks]
         mods = [blk.modulation(run.adaln()) for blk in self.blocks]
