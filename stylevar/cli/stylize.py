@@ -289,7 +289,9 @@ def load_pipeline(model_dir: Path, args: argparse.Namespace):
     """The pipeline on its device; on the CPU prepared as the service runs it (layouts, packed linears, precision)."""
     from stylevar.runtime.inference import InferenceConfig, prepare
     from stylevar.pipelines.pipeline import StylePipeline  # the checks are done: from here on the work
+    from stylevar.utils.matmul_precision import set_matmul_precision
 
+    set_matmul_precision()  # TF32 on CUDA
     pipe = StylePipeline.from_pretrained(model_dir, device=args.device, threads=args.threads)
     if pipe.config.demo:
         print(f"using the {pipe.config.label}", file=sys.stderr)

@@ -14,6 +14,8 @@
   size. Training compiles one graph (train mode; the draws passed in), evaluation-mode teacher forcing one more.
 - `RECOMPILE_LIMIT`: dynamo's per-code-object limit is raised to it, far above that count; a run that still
   hits it says so (`recompile_limit_hits`, reported by `stylevar bench --compile`).
+- Random draws inside a graph (attention dropout, 0 in every preset) are torch's eager ones (Inductor's
+  ``fallback_random``), so a compiled training run draws what an eager one does.
 - `GraphCount` is the backend the blocks compile with: the real backend ("inductor", or "eager" for tests),
   counting the graphs it is handed.
 """
@@ -55,8 +57,11 @@ def compile_blocks(model, backend: str = "inductor") -> GraphCount:
     compile (shared by the blocks). A model compiled already is a ValueError."""
     if compiled(model) is not None:
         raise ValueError(f"the blocks are compiled already (backend {compiled(model).backend})")
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    import torch._inductor.config as inductor_config
+
     count = GraphCount(backend)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    inductor_config.fallback_random = True
     for blk in model.blocks:
         blk.step = torch.compile(blk.step, backend=count, dynamic=None)
     model.compile_count = count
