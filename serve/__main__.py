@@ -78,13 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from stylevar.loaders.model_dir import ModelDirError
-    from stylevar.utils.matmul_precision import set_matmul_precision
 
     from serve.http.app import create_app
     from serve.http.connections import ConnectionPolicy, bounded_protocol
     from serve.http.drain import DrainingServer
-
-    set_matmul_precision()  # TF32 on CUDA, before the models load
 
     try:
         app = create_app(settings)

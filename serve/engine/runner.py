@@ -14,6 +14,7 @@ from PIL import Image
 
 from stylevar.utils.devices import resolve_autocast_dtype
 from stylevar.utils.heap import DEFAULT_KEEP_MB, apply_heap_policy
+from stylevar.utils.matmul_precision import set_matmul_precision
 from stylevar.utils.threads import decision
 from stylevar.runtime.compile import WARM_BATCHES, compiled
 from stylevar.runtime.inference import InferenceConfig, prepare
@@ -74,6 +75,7 @@ class ModelRunner:
     def load(cls, model_dir: Path, device: torch.device, options: RunnerOptions = RunnerOptions(),
              observer: CacheObserver | None = None) -> "ModelRunner":
         t0 = time.perf_counter()
+        set_matmul_precision()  # TF32 on CUDA: however the service starts (python -m serve, an ASGI server)
         heap = apply_heap_policy(keep=options.heap_keep_mb)  # before the load's own (the first decides)
         pipe = StylePipeline.from_pretrained(model_dir, device=device, threads=options.threads,
                                              autocast_dtype=resolve_autocast_dtype(options.dtype, device))
