@@ -45,8 +45,9 @@ NO_MODEL = {
 def _entry_modules() -> set[str]:
     """Every `python -m` main of the service, the library and the recipes, every built-in `stylevar` command,
     and the device scripts of benchmarks/ (benchmarks/device_run*)."""
+    is_main = re.compile(r"^if __name__ == ['\"]__main__['\"]:", re.M)
     mains = {str(p.relative_to(ROOT)) for pkg in ("serve", "stylevar", "training", "web")
-             for p in (ROOT / pkg).rglob("*.py") if re.search(r"^if __name__ == ['\"]__main__['\"]:", p.read_text(), re.M)}
+             for p in (ROOT / pkg).rglob("*.py") if is_main.search(p.read_text())}
     commands = {cmd.arguments.__module__.replace(".", "/") + ".py" for cmd in BUILTIN}
     devices = {str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").glob("device_run*.py")}
     return mains | commands | devices

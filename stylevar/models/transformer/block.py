@@ -1,5 +1,6 @@
 """A StyleVAR block and the head: AdaLN-modulated blended attention and FFN (see `stylevar.models.transformer.model`),
-with stochastic depth on both residual branches in training (`drop_path`)."""
+with stochastic depth on both residual branches in training (timm's drop_path with scale_by_keep, as the reference
+trains: `drop_path_factors`)."""
 from __future__ import annotations
 
 from typing import NamedTuple, TypeVar
@@ -65,15 +66,6 @@ def drop_path_factors(rows: int, p: float, like: torch.Tensor) -> torch.Tensor:
         return like.new_ones((rows, 1, 1))
     keep = 1.0 - p
     return like.new_empty((rows, 1, 1)).bernoulli_(keep).div_(keep)
-
-
-def drop_path(branch_BLC: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """Stochastic depth of a residual branch (timm's drop_path with scale_by_keep, as the reference trains): in
-    training each row scaled by its `drop_path_factors`; otherwise (or with p = 0) the branch itself, untouched."""
-    if not training or p == 0.0:
-        return branch_BLC
-    factors = drop_path_factors(branch_BLC.shape[0], p, branch_BLC)
-    return branch_BLC * factors.view((-1,) + (1,) * (branch_BLC.ndim - 1))
 
 
 class Guide(NamedTuple):
