@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import os
 import platform
 import shutil
@@ -13,13 +12,14 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from benchmarks.gpu_peaks import peak_tflops
+from stylevar.utils.matmul_precision import set_matmul_precision
 
 
 @dataclass(frozen=True)
@@ -76,13 +76,6 @@ def environment(cfg: DeviceRunConfig) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ golden tokens
-def strict_fp32() -> None:
-    """No TF32 anywhere: matrix products and cuDNN convolutions in full fp32 (cuDNN's default is TF32); the legacy
-    switches, as torch.compile's Inductor reads them."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-
-
 def _golden_models():
     """The reference's small configuration with its seeded weights (tests/reference.py) and golden outputs."""
     from stylevar.config import StyleVARConfig, VQVAEConfig
@@ -104,7 +97,7 @@ def _golden_models():
 def golden(cfg: DeviceRunConfig) -> dict:
     """The golden tokens, logits and reconstruction (computed by the reference on the CPU) recomputed on the
     device in strict fp32: tokens that differ per scale, the largest logit and pixel differences."""
-    strict_fp32()
+    set_matmul_precision(tf32=False)  # matrix products and cuDNN convolutions in full fp32 (cuDNN's default: TF32)
     device = torch.device(cfg.device)
     vq, model, data = _golden_models()
     vq, model = vq.to(device).eval(), model.to(device).eval()
@@ -125,20 +118,6 @@ def golden(cfg: DeviceRunConfig) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ generation
-@contextlib.contextmanager
-def compile_backend(backend: str) -> Iterator[None]:
-    """`torch.compile` with ``backend`` for what compiles inside (`compile_model` passes none: inductor)."""
-    if backend == "inductor":
-        yield
-        return
-    original = torch.compile
-    torch.compile = functools.partial(original, backend=backend)  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        torch.compile = original  # type: ignore[assignment]
-
-
 def dynamo_counters() -> dict:
     """torch._dynamo's counters as plain dicts: graphs made, frames, graph breaks, recompile-limit hits."""
     from torch._dynamo.utils import counters
@@ -158,10 +137,10 @@ def generation(cfg: DeviceRunConfig, compiled: bool) -> dict:
 
     peak = peak_tflops(gpu_name(cfg.device) or "")
     bench = BenchConfig(preset=cfg.preset, device=cfg.device, batch_sizes=cfg.batch_sizes, repeats=cfg.repeats,
-                        warmup=cfg.warmup, compile=compiled, tf_batch=1, peak_tflops=peak)
+                        warmup=cfg.warmup, compile=compiled, compile_backend=cfg.compile_backend, tf_batch=1,
+                        peak_tflops=peak)
     counters.clear()
-    with compile_backend(cfg.compile_backend):
-        result = run(bench, progress=say)
+    result = run(bench, progress=say)
     return {**dataclasses.asdict(result), "compile_backend": cfg.compile_backend if compiled else None,
             "dynamo": dynamo_counters()}
 

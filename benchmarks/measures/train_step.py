@@ -22,7 +22,8 @@ from stylevar.runtime.inference import native_cpu_bf16
 from training.parts.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.parts.precision import autocast, make_grad_scaler
 from training.parts.step import clip_and_step
-from training.parts.sft_model import channels_last, compile_blocks
+from stylevar.runtime.compile import compile_blocks
+from training.parts.sft_model import channels_last
 from training.parts.sft_objective import SFTObjective
 from training.parts.token_inputs import encode_triplets
 
@@ -110,10 +111,7 @@ def our_step(model, batch: dict[str, torch.Tensor], levers: Levers, precision: s
     if levers.channels_last and device.type == "cpu":
         channels_last(model)
     if levers.compile:
-        # the variants feed the blocks tensors of other strides and sizes: room for every version of the
-        # compiled block in one process, or dynamo runs the later ones eagerly
-        torch._dynamo.config.recompile_limit = max(64, torch._dynamo.config.recompile_limit)
-        compile_blocks(model)
+        compile_blocks(model)  # the compile policy: room for every version of the block the variants feed
     objective = SFTObjective(model, label_smoothing=LABEL_SMOOTHING, alpha_jitter=0.0, seed=0,
                              fuse_encodes=levers.fuse_encodes)
     optimizer = make_adamw(model, LR, WEIGHT_DECAY, fused=levers.fused_adamw or device.type == "cuda")

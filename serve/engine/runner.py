@@ -14,7 +14,9 @@ from PIL import Image
 
 from stylevar.utils.devices import resolve_autocast_dtype
 from stylevar.utils.heap import DEFAULT_KEEP_MB, apply_heap_policy
+from stylevar.utils.matmul_precision import set_matmul_precision
 from stylevar.utils.threads import decision
+from stylevar.runtime.compile import WARM_BATCHES, compiled
 from stylevar.runtime.inference import InferenceConfig, prepare_for_serving
 from stylevar.pipelines.pipeline import StylePipeline
 from stylevar.pipelines.request import Stylization, StylizeRequest
@@ -73,6 +75,7 @@ class ModelRunner:
     def load(cls, model_dir: Path, device: torch.device, options: RunnerOptions = RunnerOptions(),
              observer: CacheObserver | None = None) -> "ModelRunner":
         t0 = time.perf_counter()
+        set_matmul_precision()  # TF32 on CUDA: however the service starts (python -m serve, an ASGI server)
         heap = apply_heap_policy(keep=options.heap_keep_mb)  # before the load's own (the first decides)
         pipe = StylePipeline.from_pretrained(model_dir, device=device, threads=options.threads,
                                              autocast_dtype=resolve_autocast_dtype(options.dtype, device))
@@ -126,13 +129,18 @@ class ModelRunner:
         return on_scale
 
     def warmup(self) -> float:
-        """One small generate call through the same path as requests; returns its seconds."""
+        """Small generate calls through the same path as requests, before /readyz says ready: a batch of one row;
+        with compiled blocks one batch of each of the compile policy's `WARM_BATCHES`, after which a batch of any
+        size runs graphs compiled here, none on a request (stylevar.runtime.compile). Returns the seconds."""
         t0 = time.perf_counter()
         img = Image.new("RGB", (self.pipe.image_size, self.pipe.image_size), (128, 96, 64))
         cfg = self.pipe.config.transformer
         stylization = self.pipe.prepare(StylizeRequest(seed=0), img, img, max_side=self.max_output_side)
-        job = Job(key=stylization.key, rows=1, payload=StylizeTask(stylization), deadline=float("inf"))
-        self.run([job])
+        count = compiled(self.pipe.model)
+        for rows in WARM_BATCHES if count is not None else (1,):
+            self.run([Job(key=stylization.key, rows=1, payload=StylizeTask(stylization), deadline=float("inf"))
+                      for _ in range(rows)])
         log.info("warm-up done", extra={"device": str(self.device), "scales": len(cfg.patch_nums),
+                                        "graphs": None if count is None else count.graphs,
                                         "seconds": round(time.perf_counter() - t0, 3)})
         return time.perf_counter() - t0

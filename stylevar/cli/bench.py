@@ -26,6 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--naive", action="store_true",
                    help=f"also time the naive blend at batch 1 (on a 2-core CPU: {NAIVE_COST})")
     p.add_argument("--compile", action="store_true", help="torch.compile the per-scale transformer step")
+    p.add_argument("--compile-backend", choices=("inductor", "eager"), default="inductor",
+                   help="with --compile: inductor generates kernels; eager traces the graphs only (their count)")
     p.add_argument("--fp32", action="store_true", help="no bf16 autocast on CUDA")
     p.add_argument("--threads", type=threads_argument, default=None, metavar="N|auto|torch",
                    help=f"{THREADS_HELP}; default: auto")
@@ -42,10 +44,14 @@ def run(args: argparse.Namespace) -> int:
     from stylevar.runtime import bench
     from stylevar.loaders import preflight
     from stylevar.utils.atomic import WriteFailedError
+    from stylevar.utils.matmul_precision import set_matmul_precision
+
+    set_matmul_precision()
 
     cfg = bench.BenchConfig(preset=args.preset, device=args.device,
                             batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")), repeats=args.repeats,
-                            warmup=args.warmup, naive=args.naive, compile=args.compile, bf16=not args.fp32,
+                            warmup=args.warmup, naive=args.naive, compile=args.compile,
+                            compile_backend=args.compile_backend, bf16=not args.fp32,
                             tf_batch=args.tf_batch, threads=args.threads, peak_tflops=args.peak_tflops)
     res = bench.run(cfg, progress=_stderr)
     print(json.dumps(asdict(res), indent=1) if args.json else bench.format_result(res))

@@ -294,7 +294,9 @@ def load_pipeline(model_dir: Path, args: argparse.Namespace):
     precision on every device)."""
     from stylevar.runtime.inference import InferenceConfig, prepare_for_serving
     from stylevar.pipelines.pipeline import StylePipeline  # the checks are done: from here on the work
+    from stylevar.utils.matmul_precision import set_matmul_precision
 
+    set_matmul_precision()  # TF32 on CUDA
     pipe = StylePipeline.from_pretrained(model_dir, device=args.device, threads=args.threads)
     if pipe.config.demo:
         print(f"using the {pipe.config.label}", file=sys.stderr)

@@ -10,6 +10,10 @@ in both and are left out of that comparison.
 While it runs, one progress line per stage goes to stderr (stdout, and so `--json`, is only the result),
 and after one probe call an estimate of the whole run's time, so a long run (d16 with --naive on a CPU
 takes minutes) says so before it starts.
+
+With `compile` the blocks go through the compile policy (stylevar.runtime.compile, on ``compile_backend``), and
+the result says how many graphs generation and teacher forcing compiled and whether dynamo hit its recompile limit
+(then part of the "compiled" run was eager).
 """
 from __future__ import annotations
 
@@ -31,18 +35,26 @@ TABLE_BEGIN, TABLE_END = "<!-- bench-table:begin -->", "<!-- bench-table:end -->
 
 @dataclass
 class BenchConfig:
-    preset: str = "tiny"
+    preset: str | tuple = "tiny"  # a preset's name, or its (VQVAEConfig, StyleVARConfig) pair
     device: str = "cpu"
     batch_sizes: tuple[int, ...] = (1, 8)
     repeats: int = 3
     warmup: int = 1
     naive: bool = False
     compile: bool = False
+    compile_backend: str = "inductor"  # stylevar.runtime.compile.BACKENDS
     bf16: bool = True  # on CUDA
     tf_batch: int = 4
     threads: int | str | None = None  # stylevar.utils.threads: a count, "torch", None (the policy)
     peak_tflops: float | None = None  # device bf16 peak, for the fraction of the compute limit
     seed: int = 0
+
+    @property
+    def preset_name(self) -> str:
+        if isinstance(self.preset, str):
+            return self.preset
+        tr = self.preset[1]
+        return f"custom (depth {tr.depth}, width {tr.embed_dim}, {len(tr.patch_nums)} scales)"
 
 
 @dataclass
@@ -56,6 +68,7 @@ class BenchResult:
     generate: list[dict] = field(default_factory=list)  # per batch size
     teacher_forcing: dict = field(default_factory=dict)
     naive: dict | None = None
+    graphs: dict | None = None  # compiled: graphs per stage, the backend and the recompile-limit hits
 
 
 def sync(device: torch.device) -> None:
@@ -130,14 +143,41 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> Benc
     """The benchmark; ``progress`` (e.g. a stderr printer) gets one line per stage and the estimate."""
     bench = _build(cfg, progress or (lambda line: None))
     use_bf16 = bench.model.autocast_dtype is not None
-    res = BenchResult(cfg.preset, bench.device.type, machine_name(bench.device), _dt.date.today().isoformat(),
+    res = BenchResult(cfg.preset_name, bench.device.type, machine_name(bench.device), _dt.date.today().isoformat(),
                       cfg.compile, "bf16" if use_bf16 else "fp32")
+    graphs = _GraphStages(bench.model)
     _probe(bench)
     res.generate = _time_generate(bench)
+    graphs.stage("generate")
     res.teacher_forcing = _time_teacher_forcing(bench)
+    graphs.stage("teacher_forcing")
     if cfg.naive:
         res.naive = _time_naive(bench)
+    res.graphs = graphs.result()
     return res
+
+
+class _GraphStages:
+    """The graphs each stage of a compiled run added (stylevar.runtime.compile's count), and the recompile-limit
+    hits of the whole run; nothing for an eager run."""
+
+    def __init__(self, model):
+        from stylevar.runtime.compile import compiled, recompile_limit_hits
+
+        self.count, self.stages, self.seen = compiled(model), {}, 0
+        self.hits_before = recompile_limit_hits()
+
+    def stage(self, name: str) -> None:
+        if self.count is not None:
+            self.stages[name], self.seen = self.count.graphs - self.seen, self.count.graphs
+
+    def result(self) -> dict | None:
+        from stylevar.runtime.compile import recompile_limit_hits
+
+        if self.count is None:
+            return None
+        return {"backend": self.count.backend, **self.stages, "total": self.count.graphs,
+                "recompile_limit_hits": recompile_limit_hits() - self.hits_before}
 
 
 def _build(cfg: BenchConfig, say: Callable[[str], None]) -> _Bench:
@@ -152,13 +192,13 @@ def _build(cfg: BenchConfig, say: Callable[[str], None]) -> _Bench:
     pipe = StylePipeline.random(cfg.preset, seed=cfg.seed).to(device)
     model = pipe.model
     n_params = sum(p.numel() for p in model.parameters())
-    say(f"built preset {cfg.preset} with random weights ({n_params / 1e6:.1f} M parameters, "
+    say(f"built preset {cfg.preset_name} with random weights ({n_params / 1e6:.1f} M parameters, "
         f"{pipe.image_size} px) on {device} in {_fmt_seconds(time.perf_counter() - t_build)}")
     model.autocast_dtype = torch.bfloat16 if device.type == "cuda" and cfg.bf16 else None
     if cfg.compile:
-        from stylevar.models.transformer.fast import compile_model
+        from stylevar.runtime.compile import compile_blocks
 
-        compile_model(model)
+        compile_blocks(model, cfg.compile_backend)
     return _Bench(cfg, model, device, pipe.image_size, torch.Generator().manual_seed(cfg.seed), say)
 
 
@@ -264,6 +304,12 @@ def format_result(res: BenchResult) -> str:
         lines.append(f"  measured {res.generate[0]['gflop_per_image']:.2f} GFLOP per generated image")
     tf = res.teacher_forcing
     lines.append(f"  teacher forcing batch {tf['batch']}: {tf['tokens_per_s']:.0f} tokens/s ({tf['ms_per_step']:.1f} ms/step)")
+    if res.graphs:
+        g = res.graphs
+        stages = ", ".join(f"{g[k]} {k.replace('_', ' ')}" for k in ("generate", "teacher_forcing") if k in g)
+        eager = " (part of the run was eager)" if g["recompile_limit_hits"] else ""
+        lines.append(f"  compiled ({g['backend']}): {g['total']} graphs ({stages}); recompile limit hit "
+                     f"{g['recompile_limit_hits']} times{eager}")
     if res.naive:
         n = res.naive
         lines.append(f"  transformer loop, batch 1: naive blend {n['naive_ms_per_image']:.2f} ms/image, this path "

@@ -25,8 +25,9 @@ training, and a plain model (never prepared) is the exact path the conformance t
   benchmarks/cpu_pipeline.py measures how many and how much faster it is.
 - `precision="int8"` was removed (stylevar.utils.precisions: its non-deprecated implementation, torchao, is slower
   than fp32 on the CPU); asking for it is a ValueError that says so.
-- `compile`: `torch.compile` of every block (stylevar.models.transformer.fast); it pays off in a long-running
-  service (compiled once, at warm-up), not for one-off calls.
+- `compile`: `torch.compile` of every block (the compile policy, stylevar.runtime.compile; `compile_backend`
+  "eager" traces without generating code, for tests); it pays off in a long-running service (compiled at warm-up),
+  not for one-off calls.
 - Threads are not set here: the process decides them once, when its first model loads
   (`StylePipeline.from_pretrained`, `stylevar.utils.threads`).
 
@@ -53,6 +54,7 @@ class InferenceConfig:
     channels_last: bool = True
     pack_linears: bool = True
     compile: bool = False
+    compile_backend: str = "inductor"  # stylevar.runtime.compile.BACKENDS
 
     def __post_init__(self):
         check_precision(self.precision)  # a removed precision (int8) says why
@@ -194,9 +196,9 @@ def prepare(model, cfg: InferenceConfig = InferenceConfig()):
         model.blocks.to(dtype)
         model.head.to(dtype)
     if cfg.compile:
-        from stylevar.models.transformer.fast import compile_model
+        from stylevar.runtime.compile import compile_blocks
 
-        compile_model(model)
+        compile_blocks(model, cfg.compile_backend)
     model.inference_config = cfg
     return model
 

@@ -1,5 +1,5 @@
-"""Stochastic depth (`StyleVARConfig.drop_path_rate`, `stylevar.models.transformer.block.drop_path`): the reference's
-schedule, training only; off (rate 0) and in eval mode the computation is today's bit for bit."""
+"""Stochastic depth (`StyleVARConfig.drop_path_rate`, `stylevar.models.transformer.block.drop_path_factors`): the
+reference's schedule, training only; off (rate 0) and in eval mode the computation is today's bit for bit."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +11,7 @@ import torch
 from stylevar.config import StyleVARConfig, presets, reference_drop_path_rate
 from stylevar.pipelines.pipeline import StylePipeline
 from stylevar.models.transformer import StyleVAR
-from stylevar.models.transformer.block import drop_path
+from stylevar.models.transformer.block import drop_path_factors
 from stylevar.models.transformer.naive import naive_teacher_forcing_logits
 from tests.conftest import micro_configs
 
@@ -159,12 +159,15 @@ def test_each_block_drops_its_rows_at_its_rate_and_scales_the_kept_ones(which):
         assert abs(rate - p) <= 4 * (p * (1 - p) / n) ** 0.5 + 1e-9, (p, rate)
 
 
-def test_drop_path_function():
+def test_drop_path_factors():
     x = torch.ones(20000, 3, 2)
-    assert drop_path(x, 0.25, training=False) is x and drop_path(x, 0.0, training=True) is x
+    state = torch.get_rng_state()
+    assert torch.equal(drop_path_factors(20000, 0.0, x), torch.ones(20000, 1, 1))
+    assert torch.equal(torch.get_rng_state(), state), "rate 0 draws nothing"
     torch.manual_seed(0)
-    y = drop_path(x, 0.25, training=True)
-    rows = y[:, 0, 0]
-    torch.testing.assert_close(torch.unique(y), torch.tensor([0.0, 1 / 0.75]))
-    assert torch.equal(y, rows.view(-1, 1, 1).expand_as(y)), "one draw per row"
+    rows = drop_path_factors(20000, 0.25, x)
+    assert rows.shape == (20000, 1, 1) and rows.dtype == x.dtype
+    torch.testing.assert_close(torch.unique(rows), torch.tensor([0.0, 1 / 0.75]))
     assert abs(float((rows == 0).float().mean()) - 0.25) < 0.015
+    torch.manual_seed(0)
+    assert torch.equal(drop_path_factors(20000, 0.25, x), rows), "torch's global generator, one draw per row"

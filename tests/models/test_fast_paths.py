@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from stylevar.pipelines.pipeline import StylePipeline
-from stylevar.models.transformer.fast import compile_model
+from stylevar.runtime.compile import compile_blocks
 from tests.conftest import micro_configs
 
 
@@ -45,7 +45,7 @@ def test_compiled_model_matches_plain():
     with torch.no_grad():
         ref_logits = model.teacher_forcing_logits(c, s, idx)
         ref_images, ref_idx = model.generate_with_indices(c, s, seed=4, top_k=1)
-    compile_model(model)
+    compile_blocks(model)
     with torch.no_grad():
         torch.testing.assert_close(model.teacher_forcing_logits(c, s, idx), ref_logits, atol=1e-4, rtol=0)
         images, out_idx = model.generate_with_indices(c, s, seed=4, top_k=1)

@@ -18,7 +18,8 @@ def test_progress_lines_go_to_stderr_and_json_stays_clean(capsys):
     out, err = capsys.readouterr()
     res = json.loads(out)  # stdout is the JSON result alone
     assert set(res) == {"preset", "device", "machine", "date", "compile", "dtype", "generate", "teacher_forcing",
-                        "naive"}
+                        "naive", "graphs"}
+    assert res["graphs"] is None  # eager: no graph counts
     lines = err.splitlines()
     assert all(line.startswith("bench: ") for line in lines)
     estimate = next(i for i, line in enumerate(lines) if "the whole run will take about" in line)

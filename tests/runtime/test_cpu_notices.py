@@ -1,7 +1,7 @@
 """A run on the CPU of a machine that has a CUDA toolkit but no usable GPU prints no "No CUDA runtime is found":
 torch's C++ extension loader warns so when it is imported (torch.compile's Inductor imports it to compile on the
-CPU); compiling the blocks (`stylevar.models.transformer.fast.compile_model`, training's `compile_blocks`) imports
-it quietly first (`stylevar.utils.devices.import_compiler_quietly`)."""
+CPU); compiling the blocks (`stylevar.runtime.compile.compile_blocks`, for generation, the service and training)
+imports it quietly first (`stylevar.utils.devices.import_compiler_quietly`)."""
 from __future__ import annotations
 
 import os
@@ -17,13 +17,11 @@ COMPILE_THEN_IMPORT = """
 from stylevar.config import presets
 from stylevar.models.tokenizer import MultiScaleVQVAE
 from stylevar.models.transformer import StyleVAR
-from stylevar.models.transformer.fast import compile_model
-from training.parts.sft_model import compile_blocks
+from stylevar.runtime.compile import compile_blocks
 
 vq_cfg, tr_cfg = presets("tiny")
 model = StyleVAR(tr_cfg, MultiScaleVQVAE(vq_cfg))
 compile_blocks(model)
-compile_model(model)
 import torch.utils.cpp_extension  # what Inductor imports at the first compiled step on the CPU
 print("compiled")
 """

@@ -18,7 +18,7 @@ from stylevar.loaders.convert import load_stylevar, load_vqvae
 from stylevar.loaders.model_dir import check_model_dir
 from stylevar.models.tokenizer import MultiScaleVQVAE
 from stylevar.models.transformer import StyleVAR
-from stylevar.utils.devices import import_compiler_quietly
+from stylevar.runtime.compile import compile_blocks
 from training.parts.cli import SFT_COMPILE_MIN_STEPS
 from training.parts.distributed import DistEnv
 from training.parts.rng import seed_everything
@@ -96,21 +96,6 @@ def channels_last(model: StyleVAR) -> None:
         part.to(memory_format=torch.channels_last)
 
 
-def compile_blocks(model: StyleVAR) -> None:
-    """Each transformer block through torch.compile (Inductor fuses the elementwise work around the matrix
-    products, forward and backward); its random draws (drop path) stay torch's eager ones, so a compiled
-    run drops the rows an eager one does. The first step compiles (tens of seconds); train and eval mode and
-    each batch size seen (validation's too) are versions of the block, with room kept for all of them."""
-    import torch._dynamo.config as dynamo_config
-    import torch._inductor.config as inductor_config
-
-    import_compiler_quietly()  # no "No CUDA runtime is found" on a CPU run
-    inductor_config.fallback_random = True
-    dynamo_config.recompile_limit = max(64, dynamo_config.recompile_limit)
-    for block in model.blocks:
-        block.compile()
-
-
 def compiler_missing(device: torch.device) -> str | None:
     """Why torch.compile cannot build kernels for ``device`` here (None: it can): Inductor needs a C++ compiler
     on the CPU and Triton on CUDA."""
@@ -152,7 +137,8 @@ def set_drop_path_rate(model: StyleVAR, rate: float) -> None:
 
 def prepare_model(model: StyleVAR, args: argparse.Namespace, env: DistEnv) -> None:
     """The model on the device in train mode, with the step's layouts: the convolutions NHWC on the CPU (not
-    under FSDP), the blocks compiled when ``args.compile`` (resolved by `resolve_compile`)."""
+    under FSDP), the blocks compiled when ``args.compile`` (resolved by `resolve_compile`; the compile policy,
+    stylevar.runtime.compile: one graph for every block, whatever its drop-path rate)."""
     model.activation_checkpointing = args.activation_checkpointing
     model.to(env.device).train()
     if env.device.type == "cpu" and args.strategy != "fsdp":

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stylevar.utils.matmul_precision import strict_addmm_
 from stylevar.utils.precisions import full_precision
 
 
@@ -61,7 +62,7 @@ class MultiScaleQuantizer(nn.Module):
         emb_VC = self.embedding.weight.detach().float()
         z_NC = z_NC.float()
         d_NV = torch.sum(z_NC.square(), dim=1, keepdim=True) + torch.sum(emb_VC.square(), dim=1)
-        d_NV.addmm_(z_NC, emb_VC.T, alpha=-2, beta=1)
+        strict_addmm_(d_NV, z_NC, emb_VC.T, alpha=-2)  # never TF32: the GPU picks the CPU's codes
         return torch.argmin(d_NV, dim=1)
 
     @staticmethod

@@ -1,5 +1,6 @@
 """A StyleVAR block and the head: AdaLN-modulated blended attention and FFN (see `stylevar.models.transformer.model`),
-with stochastic depth on both residual branches in training (`drop_path`)."""
+with stochastic depth on both residual branches in training (timm's drop_path with scale_by_keep, as the reference
+trains: `drop_path_factors`)."""
 from __future__ import annotations
 
 from typing import NamedTuple, TypeVar
@@ -56,17 +57,15 @@ def _ada_lin(lin: nn.Module, cond_BD: torch.Tensor, n: int, dim: int) -> tuple[t
     return lin(cond_BD).view(-1, 1, n, dim).unbind(2)
 
 
-def drop_path(branch_BLC: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """Stochastic depth of a residual branch (timm's drop_path with scale_by_keep, as the reference trains): in
-    training each row of the batch is zeroed with probability ``p`` and the kept rows are scaled by
-    1 / (1 - p); otherwise (or with p = 0) the branch itself, untouched. The draw is one Bernoulli per row
-    from torch's global generator, as the reference's (so a seeded run repeats its drops, and activation
-    checkpointing, which restores that generator, recomputes the same ones)."""
-    if p == 0.0 or not training:
-        return branch_BLC
+def drop_path_factors(rows: int, p: float, like: torch.Tensor) -> torch.Tensor:
+    """What each row of a residual branch is multiplied by in training, (rows, 1, 1) in ``like``'s dtype and
+    device: 0 with probability ``p`` (one Bernoulli per row from torch's global generator, as the reference's
+    timm drop_path draws it, so a seeded run repeats its drops and activation checkpointing, which restores
+    that generator, recomputes the same ones), else 1 / (1 - p); ones, drawing nothing, for p = 0."""
+    if p == 0.0:
+        return like.new_ones((rows, 1, 1))
     keep = 1.0 - p
-    keep_B11 = branch_BLC.new_empty((branch_BLC.shape[0],) + (1,) * (branch_BLC.ndim - 1)).bernoulli_(keep)
-    return branch_BLC * keep_B11.div_(keep)
+    return like.new_empty((rows, 1, 1)).bernoulli_(keep).div_(keep)
 
 
 class Guide(NamedTuple):
@@ -107,16 +106,30 @@ class Block(nn.Module):
 
     def forward(self, x_BLC: torch.Tensor, mod: Modulation, guide: Guide, mask: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> torch.Tensor:
-        """``mod``: `modulation(cond)` at these positions; ``mask``: teacher forcing's; ``cache``: generation's."""
+        """``mod``: `modulation(cond)` at these positions; ``mask``: teacher forcing's; ``cache``: generation's.
+        In training the drop-path factors of both branches are drawn here, eagerly, and `step` gets them as
+        tensors: the compiled `step` (stylevar.runtime.compile) then never sees this block's rate, so one graph
+        serves every block (a rate read inside it would be a constant of the graph: one graph per block)."""
+        factors = None
+        if self.training:  # checked first: in eval the rate is never read
+            rows = x_BLC.shape[0]
+            factors = (drop_path_factors(rows, self.drop_path, x_BLC), drop_path_factors(rows, self.drop_path, x_BLC))
+        return self.step(x_BLC, mod, guide, mask, cache, factors)
+
+    def step(self, x_BLC: torch.Tensor, mod: Modulation, guide: Guide, mask: torch.Tensor | None,
+             cache: KVCache | None, factors: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """The block's computation; ``factors``: the attention's and the FFN's drop-path factors (training), or
+        None (eval: nothing dropped)."""
         g1, g2, s1, s2, b1, b2 = mod
         h = F.layer_norm(x_BLC, (self.dim,), eps=self.eps) * (1 + s1) + b1
         q_BHXc = guide.q_BHXc
         if q_BHXc is None:
             q_BHXc = self.queries(guide.style_ln_BSlC, guide.content_ln_BlC, mod)
         attn_BLC = self.attn(h, q_BHXc, guide.alpha_BSl1, mask, cache) * g1
-        x_BLC = x_BLC + drop_path(attn_BLC, self.drop_path, self.training)
+        x_BLC = x_BLC + (attn_BLC if factors is None else attn_BLC * factors[0])
         h = F.layer_norm(x_BLC, (self.dim,), eps=self.eps) * (1 + s2) + b2
-        return x_BLC + drop_path(self.ffn(h) * g2, self.drop_path, self.training)
+        ffn_BLC = self.ffn(h) * g2
+        return x_BLC + (ffn_BLC if factors is None else ffn_BLC * factors[1])
 
     def extra_repr(self) -> str:
         return f"drop_path={self.drop_path:g}" if self.drop_path else ""
