@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 
 from benchmarks.gpu_peaks import peak_tflops
-from stylevar.utils.matmul_precision import set_matmul_precision
 
 
 @dataclass(frozen=True)
@@ -97,8 +96,7 @@ def _golden_models():
 def golden(cfg: DeviceRunConfig) -> dict:
     """The golden tokens, logits and reconstruction (computed by the reference on the CPU) recomputed on the
     device in strict fp32: tokens that differ per scale, the largest logit and pixel differences."""
-    set_matmul_precision(tf32=False)  # matrix products and cuDNN convolutions in full fp32 (cuDNN's default: TF32)
-    device = torch.device(cfg.device)
+    device = torch.device(cfg.device)  # strict fp32: the stage's process set no TF32 (benchmarks.device_run)
     vq, model, data = _golden_models()
     vq, model = vq.to(device).eval(), model.to(device).eval()
     out: dict = {"tf32": False, "tokens": {}}

@@ -26,9 +26,10 @@ ENTRY_POINTS = {
     "benchmarks/train_step.py": "python -m benchmarks.train_step --device",
     "benchmarks/grpo_rollouts.py": "python -m benchmarks.grpo_rollouts --device",
     "benchmarks/style_mix.py": "python -m benchmarks.style_mix --device",
+    "benchmarks/device_run.py": "python -m benchmarks.device_run (each stage's process; the golden one strict fp32)",
 }
 # entry points whose setting is made by another module on their way to a model (listed in ENTRY_POINTS)
-SET_BY = {"serve/__main__.py": "serve/engine/runner.py"}
+SET_BY = {"serve/__main__.py": "serve/engine/runner.py", "training/device_tokenizer.py": "training/vqvae.py"}
 # the entry points that run no model's products, each with why
 NO_MODEL = {
     "serve/healthcheck.py": "an HTTP probe of a running service",
