@@ -181,7 +181,8 @@ def export_latest(run: Path) -> Path:
     state = read_checkpoint(path)
     vqvae = MultiScaleVQVAE(VQVAEConfig.from_dict(json.loads((run / "config.json").read_text())["tokenizer"]))
     vqvae.load_state_dict({k.removeprefix("vqvae."): v for k, v in state["model"].items()})
-    return vqvae.save_pretrained(run / "latest", extra={"recipe": "vqvae", "steps": state["step"], "checkpoint": path.name})
+    return vqvae.save_pretrained(run / "latest",
+                                 extra={"recipe": "vqvae", "steps": state["step"], "checkpoint": path.name})
 
 
 def summary(run: Path, env: dict, batch_size: int) -> dict:
