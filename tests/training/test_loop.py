@@ -412,11 +412,18 @@ def test_ddp_two_processes_match_one(tmp_path):
     assert [s for s, _ in CheckpointManager(tmp_path / "ddp" / "checkpoints", CPU1).paths()] == [3, 6]
 
 
-def test_a_non_finite_loss_stops_with_a_clear_error(tmp_path):
+@pytest.mark.parametrize("ends_at", ["log", "checkpoint"])
+def test_a_non_finite_loss_stops_with_a_clear_error_before_any_log_line_or_checkpoint(tmp_path, ends_at):
+    """The step notes a non-finite loss on the device (no host sync); the next log line or checkpoint reads it
+    and stops the run, naming the first step that diverged, with nothing written."""
     class Diverging(ToyObjective):
         def forward(self, batch):
             loss, metrics = super().forward(batch)
-            return loss * float("nan"), metrics
+            return loss * (float("nan") if self.training and self.calls == 2 else 1.0), metrics
+
+        def __call__(self, *a, **kw):
+            self.calls = getattr(self, "calls", 0) + 1
+            return super().__call__(*a, **kw)
 
     env = CPU1
     obj = Diverging()
@@ -424,7 +431,15 @@ def test_a_non_finite_loss_stops_with_a_clear_error(tmp_path):
     state = TrainingState(obj, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
                                BatchStream(_toy_data(), BatchStreamConfig(global_batch=8), env), env,
                                scaler=make_grad_scaler("fp32", env.device))
-    cfg = LoopConfig(max_steps=3, progress=False)
-    with pytest.raises(FloatingPointError, match="loss is nan at step 1"):
-        with TrainingRun.for_loop(RunDir.prepare(tmp_path / "nan", {}, env), state, cfg) as tr:
-            objective_step(tr, list(obj.parameters()), cfg, tr.start + 1)
+    cfg = LoopConfig(max_steps=4, log_every=4, progress=False)
+    run = RunDir.prepare(tmp_path / "nan", {}, env)
+    with pytest.raises(FloatingPointError, match="loss is nan at step 2 on rank 0"):
+        with TrainingRun.for_loop(run, state, cfg) as tr:
+            window = MetricWindow(env)
+            for step in (1, 2, 3):
+                window.add(objective_step(tr, list(obj.parameters()), cfg, step)[0])
+            if ends_at == "log":
+                log_objective_window(tr, cfg, 3, window, 0.1)
+            else:
+                tr.save(3)
+    assert not list(run.checkpoints.glob("step-*")) and not read_log(run.root)
