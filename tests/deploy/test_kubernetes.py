@@ -310,6 +310,7 @@ def test_the_training_job_runs_the_documented_torchrun(rendered):
     import torch.distributed.run as torchrun
 
     from training import sft
+    from training.parts.streams import default_num_workers
 
     resources = rendered["training"]
     job, service = one(resources, "Job"), one(resources, "Service")
@@ -333,6 +334,9 @@ def test_the_training_job_runs_the_documented_torchrun(rendered):
 
     recipe = sft.build_parser().parse_args(args.training_script_args)
     assert recipe.strategy == "fsdp"
+    # loader workers (docs/gpus.md, the loader policy): each rank's share of the pod's CPUs, less the rank itself
+    cpus = int(c["resources"]["requests"]["cpu"])
+    assert recipe.num_workers == default_num_workers("cuda", cpus, int(args.nproc_per_node)) >= 1
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     shared = volumes[mounts["/shared"]]["persistentVolumeClaim"]["claimName"]

@@ -107,6 +107,54 @@ def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ checkpoints
+class _CudaRng:
+    """The CUDA generators of a machine with ``count`` GPUs, for torch.cuda's RNG functions on the CPU: a
+    device it lacks fails as torch's does ("invalid device ordinal")."""
+
+    def __init__(self, count: int):
+        self.states = [torch.full((8,), 10 + i, dtype=torch.uint8) for i in range(count)]
+
+    def _index(self, device) -> int:
+        index = device if isinstance(device, int) else torch.device(device or "cuda").index or 0
+        if index >= len(self.states):
+            raise RuntimeError(f"CUDA error: invalid device ordinal {index}")
+        return index
+
+    def get(self, device="cuda"):
+        return self.states[self._index(device)].clone()
+
+    def set(self, state, device="cuda"):
+        self.states[self._index(device)] = state.clone()
+
+    def install(self, monkeypatch) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: len(self.states))
+        monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [self.get(i) for i in range(len(self.states))])
+        for module in (torch.cuda, torch.cuda.random):  # set_rng_state_all calls its module's set_rng_state
+            monkeypatch.setattr(module, "get_rng_state", self.get)
+            monkeypatch.setattr(module, "set_rng_state", self.set)
+
+
+def test_a_resume_restores_the_cuda_rng_when_the_number_of_gpus_changed(monkeypatch, tmp_path):
+    """A checkpoint written by a process on cuda:0 of a 2-GPU machine resumes on a machine with one GPU (and one
+    written before, holding every visible GPU's state, too): the saved state of the process's device is restored."""
+    saved_on = _CudaRng(2)
+    saved_on.install(monkeypatch)
+    cuda0 = torch.device("cuda", 0)
+    torch.save(capture_rng_state(device=cuda0), tmp_path / "rng.pt")
+    state = torch.load(tmp_path / "rng.pt", weights_only=True)
+    assert len(state["cuda"]) == 1  # this process's GPU only
+    older = {**state, "cuda": [saved_on.get(0), saved_on.get(1)]}
+
+    for saved in (state, older):
+        resumed_on = _CudaRng(1)
+        resumed_on.install(monkeypatch)
+        resumed_on.states[0].zero_()
+        restore_rng_state(saved, device=cuda0)
+        assert torch.equal(resumed_on.states[0], saved_on.states[0])
+    restore_rng_state(state, device=torch.device("cpu"))  # a CPU resume has no CUDA state to restore
+
+
 def test_checkpoints_are_atomic_and_pruned(tmp_path):
     mgr = CheckpointManager(tmp_path / "ck", CPU1, keep=2)
     assert mgr.load().state is None
@@ -412,11 +460,18 @@ def test_ddp_two_processes_match_one(tmp_path):
     assert [s for s, _ in CheckpointManager(tmp_path / "ddp" / "checkpoints", CPU1).paths()] == [3, 6]
 
 
-def test_a_non_finite_loss_stops_with_a_clear_error(tmp_path):
+@pytest.mark.parametrize("ends_at", ["log", "checkpoint"])
+def test_a_non_finite_loss_stops_with_a_clear_error_before_any_log_line_or_checkpoint(tmp_path, ends_at):
+    """The step notes a non-finite loss on the device (no host sync); the next log line or checkpoint reads it
+    and stops the run, naming the first step that diverged, with nothing written."""
     class Diverging(ToyObjective):
         def forward(self, batch):
             loss, metrics = super().forward(batch)
-            return loss * float("nan"), metrics
+            return loss * (float("nan") if self.training and self.calls == 2 else 1.0), metrics
+
+        def __call__(self, *a, **kw):
+            self.calls = getattr(self, "calls", 0) + 1
+            return super().__call__(*a, **kw)
 
     env = CPU1
     obj = Diverging()
@@ -424,7 +479,15 @@ def test_a_non_finite_loss_stops_with_a_clear_error(tmp_path):
     state = TrainingState(obj, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
                                BatchStream(_toy_data(), BatchStreamConfig(global_batch=8), env), env,
                                scaler=make_grad_scaler("fp32", env.device))
-    cfg = LoopConfig(max_steps=3, progress=False)
-    with pytest.raises(FloatingPointError, match="loss is nan at step 1"):
-        with TrainingRun.for_loop(RunDir.prepare(tmp_path / "nan", {}, env), state, cfg) as tr:
-            objective_step(tr, list(obj.parameters()), cfg, tr.start + 1)
+    cfg = LoopConfig(max_steps=4, log_every=4, progress=False)
+    run = RunDir.prepare(tmp_path / "nan", {}, env)
+    with pytest.raises(FloatingPointError, match="loss is nan at step 2 on rank 0"):
+        with TrainingRun.for_loop(run, state, cfg) as tr:
+            window = MetricWindow(env)
+            for step in (1, 2, 3):
+                window.add(objective_step(tr, list(obj.parameters()), cfg, step)[0])
+            if ends_at == "log":
+                log_objective_window(tr, cfg, 3, window, 0.1)
+            else:
+                tr.save(3)
+    assert not list(run.checkpoints.glob("step-*")) and not read_log(run.root)

@@ -54,7 +54,9 @@ def add_loop_args(parser, *, lr: float, batch_size: int, max_grad_norm: float = 
     g.add_argument("--log-every", type=int, default=10, help="steps between lines of RUN/log.jsonl and TensorBoard")
     g.add_argument("--val-every", type=int, default=0, help="validate every N steps (0: only at the end)")
     g.add_argument("--seed", type=int, default=0, help="seed of the model initialisation, the data order and sampling")
-    g.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes per rank")
+    g.add_argument("--num-workers", type=int, default=None,
+                   help="DataLoader worker processes per rank (default: on CUDA the CPUs per process less one, at "
+                        "most 8; on the CPU 0; docs/gpus.md, loader policy)")
     g.add_argument("--device", choices=("cpu", "cuda"), default=None, help=f"where to train (default: {DEVICE_AUTO})")
     g.add_argument("--precision", choices=PRECISIONS, default="auto", help="auto: bf16 autocast on CUDA, fp32 on CPU")
     g.add_argument("--no-progress", action="store_true", help="no tqdm bar")

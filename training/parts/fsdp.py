@@ -38,22 +38,32 @@ from training.parts.checkpoints import SHARDED_SUFFIX, newest_checkpoint, read_c
 from training.parts.rundir import CONFIG_NAME
 
 
+def precision_policies(precision: str) -> dict[str, Any]:
+    """The mixed-precision policy of each kind of unit (``"blocks"``: a transformer block and its ``ada_lin``;
+    ``"root"``: the rest), written once: in bf16 the blocks' parameters are gathered in bfloat16 (the bulk of
+    the weights, half the traffic), the root's in float32 (embeddings, head, the image encoders and their
+    BatchNorm layers: as DDP keeps them); gradients are reduced in float32; no unit casts its forward inputs,
+    so the residual stream stays float32 between blocks and autocast alone decides each operation's dtype, as
+    under DDP with autocast. In fp32 everything is float32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    block_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    return {kind: MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+            for kind, dtype in (("blocks", block_dtype), ("root", torch.float32))}
+
+
 def shard_model(root: nn.Module, model: nn.Module, env, precision: str) -> nn.Module:
-    """``root`` (whose forward runs ``model``, a StyleVAR) sharded in place over the process group; one
-    process: ``root`` unchanged (there is nothing to shard over)."""
+    """``root`` (whose forward runs ``model``, a StyleVAR) sharded in place over the process group, with the
+    units' :func:`precision_policies`; one process: ``root`` unchanged (there is nothing to shard over)."""
     if not env.distributed:
         return root
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import fully_shard
 
-    param_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    policies = precision_policies(precision)
     for block in model.blocks:
-        fully_shard(block.ada_lin, mp_policy=policy)
-        fully_shard(block, mp_policy=policy)
-    # the root's inputs are images the frozen float32 tokenizer encodes: not cast to param_dtype
-    root_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32,
-                                       cast_forward_inputs=False)
-    fully_shard(root, mp_policy=root_policy, ignored_params=set(model.tokenizer.parameters()))
+        fully_shard(block.ada_lin, mp_policy=policies["blocks"])
+        fully_shard(block, mp_policy=policies["blocks"])
+    fully_shard(root, mp_policy=policies["root"], ignored_params=set(model.tokenizer.parameters()))
     return root
 
 

@@ -31,7 +31,7 @@ from training.parts.run import TrainingRun
 from training.parts.rundir import RunDir
 from training.parts.schedule import LoopConfig
 from training.parts.state import TrainingState
-from training.parts.streams import BatchStreamConfig, make_stream, move_to
+from training.parts.streams import BatchStreamConfig, loader_policy, make_stream, move_to
 from training.parts.rewards import Reward, RewardConfig
 
 SUM_KEYS = ("merged", "emergency", "skipped")  # counted over a log window; the rest averaged
@@ -143,7 +143,8 @@ def train(args: argparse.Namespace, grpo_cfg: GRPOConfig, merge_cfg: MergeConfig
     optimizer = make_adamw(model, args.lr, args.weight_decay, betas=(0.9, 0.95))
     scheduler = two_level_scheduler(optimizer, schedule(vars(args)))
     stream = make_stream(dataset, BatchStreamConfig(global_batch=args.batch_size, seed=args.seed,
-                                                    num_workers=args.num_workers, collate_fn=collate_triplets), env)
+                                                    loader=loader_policy(args.num_workers, env.device),
+                                                    collate_fn=collate_triplets), env)
     trainer = GRPOTrainer(model, reward, grpo_cfg, merge_cfg, optimizer, scheduler, env)
     state = TrainingState(model, optimizer, scheduler, stream, env)
     n_lora = sum(p.numel() for p in lora_parameters(model))

@@ -107,7 +107,9 @@ class MetricWindow:
     A key a step lacks is left out of that step; ``last`` keys take their value at the newest step,
     ``summed`` keys their sum over the window, the others their mean. With ``over_ranks`` the record is
     then the mean over ranks (one all-reduce: every rank calls :meth:`record`); metrics that already
-    agree on every rank turn it off. Values that are not finite are left out of the record.
+    agree on every rank turn it off. Values that are not finite are left out of the record. A step's values
+    may be tensors on the device: they are read in :meth:`record`, all of the window's at once (one host sync
+    per log line instead of one per value and step).
     """
 
     def __init__(self, env: DistEnv, *, last: Sequence[str] = (), summed: Sequence[str] = (),
@@ -117,7 +119,7 @@ class MetricWindow:
         self.steps_per_s = math.nan  # of the last recorded window
         self._t0 = time.perf_counter()
 
-    def add(self, stats: Mapping[str, float]) -> None:
+    def add(self, stats: Mapping[str, float | torch.Tensor]) -> None:
         self.rows.append(stats)
 
     def __len__(self) -> int:
@@ -126,7 +128,7 @@ class MetricWindow:
     def record(self) -> dict[str, float]:
         """The window's record; a new window starts."""
         keys = list(dict.fromkeys(k for row in self.rows for k in row))
-        local = torch.tensor([[float(row.get(k, math.nan)) for k in keys] for row in self.rows], dtype=torch.float64)
+        local = _host_table(self.rows, keys)
         reduced = local.nanmean(0)  # a key missing from every step of the window stays nan
         for i, k in enumerate(keys):
             if k in self.last:
@@ -138,3 +140,22 @@ class MetricWindow:
         self.steps_per_s = len(self.rows) / (time.perf_counter() - self._t0)
         self.rows, self._t0 = [], time.perf_counter()
         return {k: float(reduced[i]) for i, k in enumerate(keys) if math.isfinite(reduced[i])}
+
+
+def _host_table(rows: Sequence[Mapping[str, float | torch.Tensor]], keys: Sequence[str]) -> torch.Tensor:
+    """(rows, keys) float64 on the CPU, nan where a row lacks a key; the tensors of each device come over in
+    one copy."""
+    table = torch.full((len(rows), len(keys)), math.nan, dtype=torch.float64)
+    by_device: dict[torch.device, list[tuple[int, int, torch.Tensor]]] = {}
+    for i, row in enumerate(rows):
+        for j, k in enumerate(keys):
+            v = row.get(k)
+            if isinstance(v, torch.Tensor):
+                by_device.setdefault(v.device, []).append((i, j, v.detach().reshape(())))
+            elif v is not None:
+                table[i, j] = float(v)
+    for cells in by_device.values():
+        values = torch.stack([v.to(torch.float64) for _, _, v in cells]).cpu()
+        for (i, j, _), value in zip(cells, values):
+            table[i, j] = value
+    return table

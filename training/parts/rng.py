@@ -35,8 +35,10 @@ def process_seed(seed: int, rank: int) -> int:
     return derived_generator(seed, rank, 0x5EED).initial_seed() % (2**63)
 
 
-def capture_rng_state(generators: Mapping[str, torch.Generator] | None = None) -> dict[str, Any]:
-    """Every RNG state of this process as a dict that ``torch.load(weights_only=True)`` can read."""
+def capture_rng_state(generators: Mapping[str, torch.Generator] | None = None,
+                      device: torch.device | None = None) -> dict[str, Any]:
+    """Every RNG state of this process as a dict that ``torch.load(weights_only=True)`` can read; on CUDA the
+    state of ``device``, the one this process trains on (not every visible GPU's: a resume may see other GPUs)."""
     np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
     py_version, py_internal, py_gauss = random.getstate()
     state: dict[str, Any] = {
@@ -49,13 +51,16 @@ def capture_rng_state(generators: Mapping[str, torch.Generator] | None = None) -
             "gauss": float(np_gauss),
         },
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "cuda": [torch.cuda.get_rng_state(device)] if device is not None and device.type == "cuda" else [],
         "generators": {name: g.get_state() for name, g in (generators or {}).items()},
     }
     return state
 
 
-def restore_rng_state(state: Mapping[str, Any], generators: Mapping[str, torch.Generator] | None = None) -> None:
+def restore_rng_state(state: Mapping[str, Any], generators: Mapping[str, torch.Generator] | None = None,
+                      device: torch.device | None = None) -> None:
+    """Restore a :func:`capture_rng_state`; its CUDA state goes to ``device`` (this process's), whatever the
+    number of GPUs visible when it was saved and now."""
     py = state["python"]
     random.setstate((py["version"], tuple(py["internal"]), py["gauss"]))
     npst = state["numpy"]
@@ -63,8 +68,7 @@ def restore_rng_state(state: Mapping[str, Any], generators: Mapping[str, torch.G
         (npst["name"], npst["keys"].numpy().astype(np.uint32), npst["pos"], npst["has_gauss"], npst["gauss"])
     )
     torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    _restore_cuda(state["cuda"], device)
     saved = state.get("generators", {})
     for name, g in (generators or {}).items():
         if name not in saved:
@@ -72,6 +76,17 @@ def restore_rng_state(state: Mapping[str, Any], generators: Mapping[str, torch.G
         g.set_state(saved[name])
 
 
+def _restore_cuda(states: list[torch.Tensor], device: torch.device | None) -> None:
+    """The saved CUDA state onto ``device``: a checkpoint holds its process's device's state alone; one written
+    before held every visible GPU's, by index (the one of ``device`` is taken where it was saved). Nothing on
+    the CPU, or where the saved run had no GPU."""
+    if not states or device is None or device.type != "cuda":
+        return
+    index = 0 if len(states) == 1 else (device.index or 0)
+    if index < len(states):
+        torch.cuda.set_rng_state(states[index], device)
+
+
 def gather_rng_states(env: DistEnv, generators: Mapping[str, torch.Generator] | None = None) -> list[dict]:
     """RNG states of all ranks (a list indexed by rank)."""
-    return all_gather_object(capture_rng_state(generators), env)
+    return all_gather_object(capture_rng_state(generators, env.device), env)

@@ -5,6 +5,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import torch
+
 from stylevar.utils.atomic import DISK_FULL_ERRNOS, WriteFailedError, atomic_folder
 from training.parts.checkpoints import CheckpointManager
 from training.parts.distributed import main_rank_write
@@ -13,6 +15,29 @@ from training.parts.rundir import RunDir
 from training.parts.schedule import CheckpointSchedule, LoopConfig, Progress, format_duration
 from training.parts.state import TrainingState, resume
 from training.parts.stop import StopSignals
+
+
+class LossWatch:
+    """The first step whose loss was not finite, noted on the device (:meth:`note`: no host sync) and read by
+    :meth:`check` (one sync), which stops the run: :class:`TrainingRun` checks before every checkpoint and
+    RUN/final, the log before every line, so no checkpoint holds the weights of a step that diverged."""
+
+    def __init__(self) -> None:
+        self._step: torch.Tensor | None = None  # 0-d int64 on the loss's device: 0 while every loss was finite
+        self._loss: torch.Tensor | None = None
+
+    def note(self, step: int, loss: torch.Tensor | float) -> None:
+        loss = torch.as_tensor(loss)
+        first_bad = ~torch.isfinite(loss) & (True if self._step is None else self._step == 0)
+        self._step = torch.where(first_bad, step, 0 if self._step is None else self._step)
+        self._loss = torch.where(first_bad, loss, loss if self._loss is None else self._loss)
+
+    def check(self, rank: int, checkpoints: Path) -> None:
+        if self._step is None or not int(self._step):
+            return
+        raise FloatingPointError(
+            f"loss is {float(self._loss)} at step {int(self._step)} on rank {rank}; lower --lr or check the data "
+            f"(re-running resumes from the last checkpoint in {checkpoints})")
 
 
 class TrainingRun:
@@ -42,12 +67,14 @@ class TrainingRun:
 
     def __init__(self, run: RunDir, state: TrainingState, *, max_steps: int, save_every: int,
                  save_every_minutes: float = 0.0, keep: int = 3, seed: int = 0, progress: bool = True,
-                 max_minutes: float = 0.0, clock: Callable[[], float] = time.monotonic):
+                 max_minutes: float = 0.0, clock: Callable[[], float] = time.monotonic, agree_every: int = 1):
         self.run, self.state, self.env = run, state, state.env
         self.max_steps, self.save_every, self.save_every_minutes = max_steps, save_every, save_every_minutes
         self.seed, self.show_progress, self.clock = seed, progress, clock
+        self.agree_every = agree_every  # processes agree on a stop or a timed checkpoint every this many steps
         self.ckpts = CheckpointManager(run.checkpoints, self.env, keep=keep)
         self.stop, self.stopping = StopSignals(max_minutes * 60, clock), False
+        self.losses = LossWatch()
 
     @classmethod
     def for_loop(cls, run: RunDir, state: TrainingState, cfg: LoopConfig,
@@ -55,7 +82,7 @@ class TrainingRun:
         """The run of a loop configured by ``cfg`` (:func:`loop_config`)."""
         return cls(run, state, max_steps=cfg.max_steps, save_every=cfg.save_every,
                    save_every_minutes=cfg.save_every_minutes, keep=cfg.keep_checkpoints, seed=cfg.seed,
-                   progress=cfg.progress, max_minutes=cfg.max_minutes, clock=clock)
+                   progress=cfg.progress, max_minutes=cfg.max_minutes, clock=clock, agree_every=cfg.log_every)
 
     def __enter__(self) -> "TrainingRun":
         try:
@@ -108,13 +135,17 @@ class TrainingRun:
 
     def checkpoint_due(self, step: int) -> bool:
         """Whether ``step`` ends with a checkpoint (the same answer on every rank): by the schedule, or because
-        a signal asked the run to stop."""
-        self.stopping = self.stop.agreed(self.env) and step < self.max_steps
-        return self.stopping or self.schedule.due(step)
+        a signal asked the run to stop. With several processes, rank 0's signal and clock are broadcast (a host
+        sync) only every ``agree_every`` steps (the log steps) and at the last step: a stop or a timed checkpoint
+        waits for the next of them."""
+        agree = not self.env.distributed or step % self.agree_every == 0 or step >= self.max_steps
+        self.stopping = agree and self.stop.agreed(self.env) and step < self.max_steps
+        return self.stopping or self.schedule.due(step, agree=agree)
 
     def save(self, step: int, extra: Mapping[str, Any] | None = None) -> None:
         """The checkpoint of ``step`` (every rank calls it), and the time left; after a stop signal, the line
         that says how to resume and the exit (SystemExit with the signal's status)."""
+        self.losses.check(self.env.rank, self.run.checkpoints)
         state = self.state
         sharded = {"write_sharded": state.write_sharded} if state.sharded else {}
         path = self.ckpts.save(step, state.state_dict(step, extra), **sharded)
@@ -128,6 +159,7 @@ class TrainingRun:
     def finish(self, step: int, write_final: Callable[[Path], None] | None) -> None:
         """The summary line; then ``write_final(folder)`` on rank 0 makes ``RUN/final`` (unless a finished
         run was only re-run)."""
+        self.losses.check(self.env.rank, self.run.checkpoints)
         if step > self.start:
             self.log.info(f"trained steps {self.start + 1}-{step} in {format_duration(self.progress.elapsed_s())}")
         if write_final is None or (self.start >= self.max_steps and self.run.final.exists()):

@@ -70,10 +70,11 @@ class CheckpointSchedule:
         self.every_s, self.clock = every_minutes * 60.0, clock
         self._last = clock()
 
-    def due(self, step: int) -> bool:
+    def due(self, step: int, agree: bool = True) -> bool:
+        """``agree`` False: by steps only (the ranks do not compare clocks at this step)."""
         if step % self.every_steps == 0 or step >= self.max_steps:
             return True
-        if self.every_s <= 0:
+        if self.every_s <= 0 or not agree:
             return False
         late = self.clock() - self._last >= self.every_s
         if self.env.distributed:

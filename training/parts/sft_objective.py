@@ -21,9 +21,9 @@ from training.parts.token_inputs import condition_from_tokens, encode_triplets, 
 
 
 def jittered_alphas(base_K: torch.Tensor, jitter: float, g: torch.Generator) -> torch.Tensor:
-    """alpha_k + U(-jitter, jitter), clamped to [0.01, 0.99]."""
+    """alpha_k + U(-jitter, jitter), clamped to [0.01, 0.99] (on the CPU, as ``base_K`` and ``g``)."""
     u = torch.rand(base_K.shape, generator=g, dtype=torch.float32) * 2 - 1
-    return (base_K.cpu() + jitter * u).clamp(0.01, 0.99)
+    return (base_K + jitter * u).clamp(0.01, 0.99)
 
 
 class SFTObjective(nn.Module):
@@ -62,7 +62,8 @@ class SFTObjective(nn.Module):
         alphas = None
         if self.alpha_jitter > 0:
             g = derived_generator(self.seed, self.draws, 0xA1FA)
-            alphas = jittered_alphas(self.model.alpha_K, self.alpha_jitter, g).to(content.device)
+            base_K = torch.tensor(self.model.cfg.alpha_nums, dtype=torch.float32)  # the host's: no device read
+            alphas = jittered_alphas(base_K, self.alpha_jitter, g).to(content.device, non_blocking=True)
         self.draws += 1
         logits_BLV = self.model.teacher_forcing_logits(content, style, target_idx, alphas=alphas, cond=cond)
         gt_BL = torch.cat(target_idx, dim=1)

@@ -38,7 +38,7 @@ from training.parts.schedule import LoopConfig
 from training.parts.skips import SkipTracker
 from training.parts.state import TrainingState
 from training.parts.step import log_objective_window, objective_step
-from training.parts.streams import BatchStreamConfig, make_stream, move_to
+from training.parts.streams import BatchStreamConfig, loader_policy, make_stream, move_to
 from training.parts.presets import load_preset, match_transformer
 from training.parts.sft_model import build_model, prepare_model, read_tokenizer, resolve_compile
 from training.parts.sft_objective import SFTObjective, validate
@@ -166,7 +166,7 @@ def open_cache(args: argparse.Namespace, train_set: Dataset, model: StyleVAR, en
         return None
     try:
         return open_token_cache(train_set, model.tokenizer, env, batch_size=max(1, args.batch_size // env.world_size),
-                                num_workers=args.num_workers, on_chunk=_cache_progress if env.is_main else None)
+                                num_workers=loader_policy(args.num_workers, env.device).num_workers, on_chunk=_cache_progress if env.is_main else None)
     except TokenCacheError as e:
         raise SystemExit(f"error: --token-cache: {e}") from None
 
@@ -283,9 +283,8 @@ def train(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARC
     sched = schedule(run.config)  # the options as config.json holds them: a drop already passed kept (extension)
     scheduler = two_level_scheduler(optimizer, sched)
     stream = make_stream(train_set, BatchStreamConfig(global_batch=args.batch_size, grad_accum=args.grad_accum,
-                                                      seed=args.seed, num_workers=args.num_workers,
-                                                      collate_fn=collate_triplets,
-                                                      pin_memory=env.device.type == "cuda"), env)
+                                                      seed=args.seed, loader=loader_policy(args.num_workers, env.device),
+                                                      collate_fn=collate_triplets), env)
     job = SFTRun(args, env, precision, model, objective, ddp, val_set, SkipTracker(env), cache)
     state = TrainingState(ddp, optimizer, scheduler, stream, env, scaler=make_grad_scaler(precision, env.device),
                           sharded=sharded)

@@ -68,7 +68,7 @@ class TrainingState:
             self.scaler.load_state_dict(state["scaler"])
         self.stream.load_state_dict(state["data"])
         if int(state["world_size"]) == self.env.world_size:
-            restore_rng_state(state["rng"][self.env.rank], self.generators)
+            restore_rng_state(state["rng"][self.env.rank], self.generators, self.env.device)
         else:
             seed_everything(seed + 7919 * int(state["step"]) + self.env.rank)
             notes.append(

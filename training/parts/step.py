@@ -1,9 +1,13 @@
 """The optimizer step of the recipes whose step is one objective (training.vqvae, training.sft), and its
-log line: accumulation with DDP's no_sync, autocast, loss scaling, clipping, optimizer and scheduler."""
+log line: accumulation with DDP's no_sync, autocast, loss scaling, clipping, optimizer and scheduler.
+
+The step never waits for the device: its loss, metrics and grad norm stay tensors on the device (a float() or
+.item() of one would make the host wait for the GPU every micro-step); the log line reads a window of them at
+once (:class:`~training.parts.log.MetricWindow`), and a loss that is not finite is noted on the device and
+read on log steps and before every checkpoint (:class:`~training.parts.run.LossWatch`)."""
 from __future__ import annotations
 
-import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -21,28 +25,24 @@ def clip_and_step(
     scheduler: Any,
     max_grad_norm: float | None,
     foreach: bool | None = True,
-) -> float:
+) -> torch.Tensor:
     """Unscale, clip (when max_grad_norm > 0), step the optimizer and scheduler, zero the grads.
 
     ``foreach``: the norm and the scaling of all gradients in one foreach pass (None: torch's choice, the
-    for-loop on the CPU); the same norm. Returns the grad norm before clipping (nan when not computed).
+    for-loop on the CPU); the same norm. Returns the grad norm before clipping, a 0-d tensor on the gradients'
+    device (nan when not computed): reading it makes the host wait for the device.
     """
     scaler.unscale_(optimizer)
     if max_grad_norm and max_grad_norm > 0:
         norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=foreach)
-        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # a DTensor when sharded
+        norm = (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).detach()  # a DTensor when sharded
     else:
-        norm = float("nan")
+        norm = torch.full((), float("nan"), device=params[0].device if params else None)
     scaler.step(optimizer)
     scaler.update()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return norm
-
-
-def _mean_metrics(acc: list[Mapping[str, float]]) -> dict[str, float]:
-    keys = list(acc[0]) if acc else []
-    return {k: sum(float(m[k]) for m in acc) / len(acc) for k in keys}
 
 
 def objective_step(tr: TrainingRun, params: Sequence[torch.nn.Parameter], cfg: LoopConfig, step: int,
@@ -52,27 +52,24 @@ def objective_step(tr: TrainingRun, params: Sequence[torch.nn.Parameter], cfg: L
     only), autocast, loss scaling, clipping, the optimizer and scheduler steps.
 
     Returns the step's metrics (``loss`` and the objective's, means over the micro-batches, and
-    ``grad_norm``) and the lr it trained with. A loss that is not finite stops the run.
+    ``grad_norm``; tensors stay on the device, no host sync) and the lr it trained with. A loss that is not
+    finite stops the run at the next log step or checkpoint, naming this step (``tr.losses``).
     """
     state, env = tr.state, tr.env
-    micro: list[dict[str, float]] = []
+    sums: dict[str, Any] = {}
     for k in range(cfg.grad_accum):
         batch = to_device(state.stream.next())
         with no_sync(state.model, active=k < cfg.grad_accum - 1):
             with autocast(cfg.precision, env.device):
                 loss, metrics = state.model(batch)
             state.scaler.scale(loss / cfg.grad_accum).backward()
-        loss_value = float(loss.detach())
-        if not math.isfinite(loss_value):
-            raise FloatingPointError(
-                f"loss is {loss_value} at step {step} on rank {env.rank}; lower --lr or check the data "
-                f"(re-running resumes from the last checkpoint in {tr.run.checkpoints})"
-            )
-        micro.append({"loss": loss_value, **{m: float(v) for m, v in metrics.items()}})
+        for name, v in {"loss": loss, **metrics}.items():
+            v = v.detach().float() if isinstance(v, torch.Tensor) else float(v)
+            sums[name] = v if name not in sums else sums[name] + v
+    stats = {name: v / cfg.grad_accum for name, v in sums.items()}
+    tr.losses.note(step, stats["loss"])
     lr = state.optimizer.param_groups[0]["lr"]
-    grad_norm = clip_and_step(params, state.optimizer, state.scaler, state.scheduler, cfg.max_grad_norm)
-    stats = _mean_metrics(micro)
-    stats["grad_norm"] = grad_norm
+    stats["grad_norm"] = clip_and_step(params, state.optimizer, state.scaler, state.scheduler, cfg.max_grad_norm)
     return stats, lr
 
 
@@ -81,7 +78,8 @@ def log_objective_window(tr: TrainingRun, cfg: LoopConfig, step: int, window: Me
     """The log record of the window ending at ``step`` (``loss`` first, the mean over ranks and micro-steps;
     the lr of ``step``; ``at_step``: values that are the same on every rank, e.g. a count of skipped files;
     the epochs read; steps per second), the progress bar, and after the first window of this process a
-    first estimate of the time left."""
+    first estimate of the time left. A loss that was not finite in the window stops the run here."""
+    tr.losses.check(tr.env.rank, tr.run.checkpoints)
     mean = window.record()
     record = {"loss": mean["loss"], "lr": lr, **mean, **at_step, "epoch": round(tr.state.stream.epoch_progress, 4),
               "steps_per_s": window.steps_per_s}

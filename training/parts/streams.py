@@ -6,7 +6,8 @@ accumulation micro-steps, so the same command gives the same training on 1 or N 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
@@ -58,15 +59,56 @@ class EpochShardSampler(Sampler[int]):
         return len(self._indices())
 
 
+MAX_DEFAULT_WORKERS = 8  # --num-workers' default on CUDA is at most this many per rank
+
+
+@dataclass(frozen=True)
+class LoaderPolicy:
+    """How a run's DataLoaders read, one policy for every recipe (:func:`loader_policy` makes it): ``num_workers``
+    worker processes per rank, which the training stream keeps from epoch to epoch (persistent workers), and
+    pinned host memory when the batches go to a GPU (their copies, ``move_to``'s non-blocking ones, then overlap
+    the step instead of waiting for it)."""
+
+    num_workers: int = 0
+    pin_memory: bool = False
+
+    def __post_init__(self):
+        if self.num_workers < 0:
+            raise ValueError(f"--num-workers must be >= 0, not {self.num_workers}")
+
+    def options(self, *, persistent: bool) -> dict[str, Any]:
+        """DataLoader's keyword arguments; ``persistent``: a loader iterated again and again (the stream's)."""
+        return {"num_workers": self.num_workers, "pin_memory": self.pin_memory,
+                "persistent_workers": persistent and self.num_workers > 0}
+
+
+def default_num_workers(device_type: str, cpus: int, local_processes: int) -> int:
+    """``--num-workers`` when it is not given: on CUDA the CPUs of this process's share (``cpus`` over the
+    processes on this machine) less one for the process itself, at least 1 and at most MAX_DEFAULT_WORKERS; on
+    the CPU 0 (the step's own threads use the cores, and a worker would take one from them)."""
+    if device_type != "cuda":
+        return 0
+    return max(1, min(MAX_DEFAULT_WORKERS, cpus // max(1, local_processes) - 1))
+
+
+def loader_policy(num_workers: int | None, device: torch.device) -> LoaderPolicy:
+    """The policy of a run on ``device``: ``num_workers`` (None: :func:`default_num_workers` from the CPUs this
+    process may use, stylevar.utils.threads.cpu_budget, and torchrun's LOCAL_WORLD_SIZE), pinned memory on CUDA."""
+    if num_workers is None:
+        from stylevar.utils.threads import cpu_budget
+
+        num_workers = default_num_workers(device.type, cpu_budget().cpus, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return LoaderPolicy(num_workers, pin_memory=device.type == "cuda")
+
+
 @dataclass(frozen=True)
 class BatchStreamConfig:
     global_batch: int  # samples per optimizer step, all ranks and micro-steps together
     grad_accum: int = 1
     seed: int = 0
-    num_workers: int = 0
     shuffle: bool = True
     collate_fn: Callable[[list], Any] | None = None
-    pin_memory: bool = False
+    loader: LoaderPolicy = field(default_factory=LoaderPolicy)
 
 
 def micro_batch_size(global_batch: int, grad_accum: int, world_size: int) -> int:
@@ -79,13 +121,45 @@ def micro_batch_size(global_batch: int, grad_accum: int, world_size: int) -> int
     return per
 
 
+class EpochItems(Dataset):
+    """A map-style dataset read by (epoch, index) keys: the dataset's ``set_epoch`` (where it has one) is called
+    with the key's epoch first, in whichever process reads the item (a persistent worker holds its own copy)."""
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        epoch, index = key
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)  # type: ignore[attr-defined]
+        return self.dataset[index]
+
+
+class _Keyed(Sampler[tuple[int, int]]):
+    """An EpochShardSampler's indices as (epoch, index) keys of :class:`EpochItems` (its epoch read at each pass)."""
+
+    def __init__(self, sampler: EpochShardSampler):
+        self.sampler = sampler
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch = self.sampler.epoch
+        return ((epoch, i) for i in self.sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
 class BatchStream:
     """An endless stream of micro-batches over epochs that knows where it is.
 
     ``state_dict()`` gives {epoch, index, seed}: ``index`` is the number of global micro-batch rounds
     already consumed in the epoch. Loading it makes the next batch exactly the one that would have come
-    next. If the dataset has ``set_epoch(epoch)`` it is called before each epoch is read (workers are
-    created per epoch, so they see it).
+    next. One DataLoader serves every epoch (its workers persist, :class:`LoaderPolicy`): its sampler is set to
+    the epoch and position before each pass, and each item is asked for as (epoch, index), so a dataset with
+    ``set_epoch(epoch)`` has it called in the worker that reads the item (:class:`EpochItems`).
     """
 
     def __init__(self, dataset: Dataset, cfg: BatchStreamConfig, env: DistEnv):
@@ -101,6 +175,10 @@ class BatchStream:
         self.epoch = 0
         self.index = 0
         self._it: Iterator | None = None
+        self._sampler = EpochShardSampler(n, epoch=0, seed=cfg.seed, rank=env.rank, world_size=env.world_size,
+                                          shuffle=cfg.shuffle, drop_last=True)
+        self._loader = DataLoader(EpochItems(dataset), batch_size=self.micro_batch, sampler=_Keyed(self._sampler),
+                                  drop_last=True, collate_fn=cfg.collate_fn, **cfg.loader.options(persistent=True))
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "index": self.index, "seed": self.cfg.seed}
@@ -114,27 +192,8 @@ class BatchStream:
     def _open(self) -> Iterator:
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(self.epoch)  # type: ignore[attr-defined]
-        sampler = EpochShardSampler(
-            len(self.dataset),  # type: ignore[arg-type]
-            epoch=self.epoch,
-            seed=self.cfg.seed,
-            rank=self.env.rank,
-            world_size=self.env.world_size,
-            shuffle=self.cfg.shuffle,
-            drop_last=True,
-            start=self.index * self.micro_batch,
-        )
-        loader = DataLoader(
-            self.dataset,
-            batch_size=self.micro_batch,
-            sampler=sampler,
-            drop_last=True,
-            num_workers=self.cfg.num_workers,
-            collate_fn=self.cfg.collate_fn,
-            pin_memory=self.cfg.pin_memory,
-            persistent_workers=False,
-        )
-        return iter(loader)
+        self._sampler.epoch, self._sampler.start = self.epoch, self.index * self.micro_batch
+        return iter(self._loader)
 
     def next(self) -> Any:
         if self.index >= self.batches_per_epoch:
@@ -190,9 +249,9 @@ class IterableBatchStream:
     def _open(self) -> Iterator:
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(self.epoch)  # type: ignore[attr-defined]
-        loader = DataLoader(self.dataset, batch_size=self.micro_batch, drop_last=True,
-                            num_workers=self.cfg.num_workers, collate_fn=self.cfg.collate_fn,
-                            pin_memory=self.cfg.pin_memory)
+        # the epoch is the dataset's own state here (its shard order): new workers for each epoch
+        loader = DataLoader(self.dataset, batch_size=self.micro_batch, drop_last=True, collate_fn=self.cfg.collate_fn,
+                            **self.cfg.loader.options(persistent=False))
         it = iter(loader)
         for _ in range(self.index):  # fast-forward to the saved position
             next(it)

@@ -33,7 +33,7 @@ from training.parts.schedule import LoopConfig
 from training.parts.skips import SkipTracker
 from training.parts.state import TrainingState
 from training.parts.step import log_objective_window, objective_step
-from training.parts.streams import BatchStream, BatchStreamConfig, eval_loader, move_to
+from training.parts.streams import BatchStream, BatchStreamConfig, eval_loader, loader_policy, move_to
 from training.parts.presets import load_preset, resize_tokenizer
 from training.parts.vqvae_objective import (DeadCodeRestarter, LossWeights, VQVAEObjective, build_lpips,
                                            build_style_features)
@@ -267,7 +267,7 @@ def train(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: DistEnv) -> int:
     optimizer = make_adamw(vqvae, args.lr, args.weight_decay, betas=(0.9, 0.95))
     scheduler = two_level_scheduler(optimizer, schedule(vars(args)))
     stream = BatchStream(train_set, BatchStreamConfig(global_batch=args.batch_size, grad_accum=args.grad_accum,
-                                                      seed=args.seed, num_workers=args.num_workers,
+                                                      seed=args.seed, loader=loader_policy(args.num_workers, env.device),
                                                       collate_fn=collate_images), env)
     restarter = DeadCodeRestarter(objective, optimizer, env, every=args.restart_every,
                                   dead_after=args.dead_after, seed=args.seed)
