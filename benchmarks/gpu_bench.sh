@@ -32,7 +32,8 @@ TRAIN_BATCHES=${TRAIN_BATCHES:-16}    # empty: skip the training step
 TRAIN_PRECISION=${TRAIN_PRECISION:-bf16}
 TRAIN_VARIANT=${TRAIN_VARIANT:-default}  # benchmarks/train_step.py's variant: default (blocks compiled) or eager
 
-if ! "$PYTHON" -c "import importlib.metadata as m; m.version('stylevar')" 2>/dev/null; then
+# installed: the package and what it needs (the clone's own folder and its egg-info would pass any lighter check)
+if ! "$PYTHON" -c "import torch, stylevar" 2>/dev/null; then
   if [ "${INSTALL:-0}" = 1 ]; then
     "$PYTHON" -m pip install -e .
   else
