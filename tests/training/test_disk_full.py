@@ -19,11 +19,9 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from data_tools.synth import SynthConfig, generate
 from stylevar.utils.atomic import WriteFailedError, atomic_folder, atomic_write, format_bytes
-from stylevar.config import VQVAEConfig
-from stylevar.models.tokenizer import MultiScaleVQVAE
 from tests.conftest import single_thread_env
+from tests.training.test_sft import write_run_inputs
 from training import sft
 from training.parts import fsdp, rundir
 from training.parts.checkpoints import read_checkpoint
@@ -39,10 +37,6 @@ from training.parts.streams import BatchStream, BatchStreamConfig
 
 REPO = Path(__file__).resolve().parents[2]
 CPU1 = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
-TOK = dict(vocab_size=64, z_channels=8, ch=8, ch_mult=[1, 1, 2], num_res_blocks=1, patch_nums=[1, 2, 4],
-           using_sa=False, using_mid_sa=False)  # 16 px
-TRANS = dict(depth=2, embed_dim=64, num_heads=2, patch_nums=[1, 2, 4], vocab_size=64, z_channels=8,
-             alpha_nums=[0.2, 0.5, 0.7], image_encoder="cnn", encoder_dim=32)
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -146,11 +140,7 @@ def test_an_unchanged_config_is_not_rewritten_and_a_full_disk_is_said(tmp_path, 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("disk_full")
-    manifest = generate(SynthConfig(out=str(root / "data"), count=16, size=16, seed=3, val_fraction=0.0))
-    (root / "preset.json").write_text(json.dumps({"tokenizer": TOK, "transformer": TRANS}))
-    torch.manual_seed(0)
-    MultiScaleVQVAE(VQVAEConfig.from_dict(TOK)).save_pretrained(root / "tok", extra={})
-    return root, manifest
+    return root, write_run_inputs(root, count=16, val_fraction=0.0)["manifest"]
 
 
 def _args(data, out: Path) -> list[str]:

@@ -9,15 +9,12 @@ call (a TorchFunctionMode) while training.sft runs on a tiny model, per optimize
 from __future__ import annotations
 
 import contextlib
-import json
 
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from data_tools.synth import SynthConfig, generate
-from stylevar.config import VQVAEConfig
-from stylevar.models.tokenizer import MultiScaleVQVAE
+from tests.training.test_sft import write_run_inputs
 from training import sft
 from training.parts import sft_run
 from training.parts.distributed import DistEnv
@@ -25,8 +22,6 @@ from training.parts.streams import BatchStream, BatchStreamConfig, LoaderPolicy,
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TOK = dict(vocab_size=64, z_channels=8, ch=8, ch_mult=[1, 1, 2], num_res_blocks=1, patch_nums=[1, 2, 4],
-           using_sa=False, using_mid_sa=False)  # 16 px
 TRANS = dict(depth=2, embed_dim=32, num_heads=2, patch_nums=[1, 2, 4], vocab_size=64, z_channels=8,
              alpha_nums=[0.2, 0.5, 0.7], image_encoder="cnn", encoder_dim=32, drop_path_rate=0.1)
 
@@ -60,11 +55,7 @@ class HostReads(TorchFunctionMode):
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     root = tmp_path_factory.mktemp("syncs")
-    manifest = generate(SynthConfig(out=str(root / "data"), count=16, size=16, seed=3, val_fraction=0.0))
-    (root / "preset.json").write_text(json.dumps({"tokenizer": TOK, "transformer": TRANS}))
-    torch.manual_seed(0)
-    MultiScaleVQVAE(VQVAEConfig.from_dict(TOK)).save_pretrained(root / "tok", extra={})
-    return root, manifest
+    return root, write_run_inputs(root, count=16, val_fraction=0.0, transformer=TRANS)["manifest"]
 
 
 def test_the_sft_step_reads_the_device_on_log_steps_only(inputs, tmp_path, monkeypatch):

@@ -37,11 +37,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 _env = single_thread_env
 
 
-def write_run_inputs(root: Path, count: int) -> dict:
-    """What an SFT run reads, under ``root``: ``count`` synthetic 16 px triplets, the preset, a fresh tokenizer."""
-    manifest = generate(SynthConfig(out=str(root / "data"), count=count, size=16, seed=3, val_fraction=0.2))
+def write_run_inputs(root: Path, count: int, val_fraction: float = 0.2, transformer: dict | None = None) -> dict:
+    """What an SFT run reads, under ``root``: ``count`` synthetic 16 px triplets, the preset (``transformer``, by
+    default ``TRANS``, over ``TOK``), a fresh tokenizer."""
+    manifest = generate(SynthConfig(out=str(root / "data"), count=count, size=16, seed=3, val_fraction=val_fraction))
     preset = root / "preset.json"
-    preset.write_text(json.dumps({"tokenizer": TOK, "transformer": TRANS}))
+    preset.write_text(json.dumps({"tokenizer": TOK, "transformer": TRANS if transformer is None else transformer}))
     torch.manual_seed(0)
     MultiScaleVQVAE(VQVAEConfig.from_dict(TOK)).save_pretrained(root / "tok", extra={})
     return {"root": root, "manifest": manifest, "preset": preset, "tok": root / "tok"}
