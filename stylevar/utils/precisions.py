@@ -10,7 +10,7 @@ The policy, under any autocast (bf16 "auto" on CUDA, a bf16 precision, training'
   to the autocast dtype once where it is stored (the attention's keys, values and precomputed guide queries, the KV
   cache), not at every call;
 - the rest follows autocast (the matrix products in the lower precision).
-`stylevar.runtime.cuda_like_autocast` applies CUDA autocast's op lists on the CPU, so tests see what a GPU runs.
+`stylevar.runtime.cuda_autocast` applies CUDA autocast's op lists on the CPU, so tests see what a GPU runs.
 
 int8 (dynamic int8 quantisation of the transformer's linear layers) is not offered: its non-deprecated
 implementation (torchao) is slower than fp32 on the model's linear shapes on the CPU, while bf16 is both faster
@@ -56,7 +56,10 @@ def full_precision(method):
 
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         device_type = tensors[0].device.type if tensors else "cpu"
-        args = tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+        def fp32(a):
+            return a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+
+        args, kwargs = tuple(map(fp32, args)), {k: fp32(v) for k, v in kwargs.items()}
         if not torch.amp.is_autocast_available(device_type):  # the meta device (sizing): no autocast to leave
             return method(*args, **kwargs)
         with torch.autocast(device_type, enabled=False):
