@@ -21,7 +21,6 @@ import json
 import statistics
 import struct
 import sys
-import threading
 import time
 import zlib
 from collections import Counter
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.measures.peak import PeakSampler
 from serve.settings import demo_model_dir
 from serve.testing import ServerProcess
 from stylevar.utils.helptext import HelpFormatter
@@ -55,26 +55,11 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
-class RssSampler:
-    """Samples a process's resident memory in a background thread; `peak` is the largest sample."""
+class RssSampler(PeakSampler):
+    """Samples a process's resident memory in a background thread; `peak` is the largest sample (bytes)."""
 
     def __init__(self, pid: int, every_s: float = 0.002):
-        self.pid, self.every_s, self.peak = pid, every_s, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, rss_bytes(self.pid))
-            time.sleep(self.every_s)
-
-    def __enter__(self) -> "RssSampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        super().__init__(lambda: rss_bytes(pid), every_s, peak=0)
 
 
 @dataclass

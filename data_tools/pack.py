@@ -26,8 +26,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from PIL import Image
-
 from data_tools.index import ManifestEntry, read_manifest, write_manifest
 from stylevar.processing.images import ImageError, load_image
 from stylevar.utils.atomic import atomic_folder

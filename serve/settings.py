@@ -15,6 +15,7 @@ from stylevar.utils.precisions import REMOVED_PRECISIONS, precision_error  # no 
 from stylevar.utils.heap import DEFAULT_KEEP_MB, MAX_KEEP_MB  # no torch either
 from stylevar.utils.threads import THREADS_ENV, parse_threads  # no torch either
 
+MAX_BATCH_LIMIT = 256  # the most STYLEVAR_MAX_BATCH_SIZE takes, and the largest batch the memory sizing picks
 RENAMED_THREADS = "STYLEVAR_TORCH_THREADS"  # the setting's name before STYLEVAR_THREADS: refused, naming the new one
 
 
@@ -62,7 +63,7 @@ class ServeSettings(BaseSettings):
 
     # batching
     # rows (samples) per generate call; None: what the device's memory holds (serve.engine.sizing; 8 on the CPU)
-    max_batch_size: int | None = Field(None, ge=1, le=256)
+    max_batch_size: int | None = Field(None, ge=1, le=MAX_BATCH_LIMIT)
     max_wait_ms: float = Field(10.0, ge=0, le=10_000)
     queue_size: int = Field(64, ge=1)  # jobs waiting for a worker
     # a request is admitted only if its estimated wait (queue position x measured batch time) is at most

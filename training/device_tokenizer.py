@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=1_000_000,
                    help="steps in all; the budget ends a call first (keep it fixed: the run's schedule depends on it)")
     p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate, after 50 warm-up steps")
-    p.add_argument("--num-workers", type=int, default=None, help="loader processes (default: 8 on CUDA, 0 on the CPU)")
+    p.add_argument("--num-workers", type=int, default=None,
+                   help="loader processes (default: the recipes' loader policy, docs/gpus.md)")
     return p
 
 
@@ -59,22 +60,14 @@ def environment(device: str) -> dict:
         return env
     import torch
 
+    from stylevar.utils.devices import driver_version
+
     env.update(torch=torch.__version__, cuda=torch.version.cuda, cuda_available=torch.cuda.is_available())
     if device == "cuda" and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         env.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
-                   capability=f"{props.major}.{props.minor}", driver=_driver_version())
+                   capability=f"{props.major}.{props.minor}", driver=driver_version())
     return env
-
-
-def _driver_version() -> str | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return pynvml.nvmlSystemGetDriverVersion()
-    except Exception:  # noqa: BLE001 (the driver's version is information only; nvidia-ml-py may be absent)
-        return None
 
 
 def check(env: dict, device: str) -> str | None:
@@ -105,14 +98,14 @@ def batch_to_fill(peak_bytes: dict[int, int], total_bytes: int, share: float = M
 def vqvae_argv(args: argparse.Namespace, preset: str, batch_size: int) -> list[str]:
     """`training.vqvae`'s options for this run: candidate A's recipe (docs/training.md), the device's precision."""
     cuda = args.device == "cuda"
-    workers = args.num_workers if args.num_workers is not None else (8 if cuda else 0)
     return ["--data", args.data, "--preset", preset, "--out", args.out, "--max-steps", str(args.max_steps),
             "--batch-size", str(batch_size), "--lr", str(args.lr), "--warmup-steps", "50", "--roles", "style,target",
             "--style-feature-weight", "0.5", "--gradient-weight", "1", "--lpips-weight", "0",
             "--save-every", str(args.max_steps), "--save-every-minutes", str(args.checkpoint_minutes),
             "--max-minutes", str(args.minutes),
             "--log-every", "10", "--device", args.device, "--precision", "bf16" if cuda else "fp32",
-            "--channels-last", "--num-workers", str(workers), "--no-progress"]
+            "--channels-last", "--no-progress",
+            *(["--num-workers", str(args.num_workers)] if args.num_workers is not None else [])]
 
 
 def run_batch(args: argparse.Namespace, preset: str) -> int:

@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.gpu_peaks import peak_tflops
+from benchmarks.measures.peak import PeakSampler
 
 
 @dataclass(frozen=True)
@@ -172,29 +172,6 @@ def process_memory(pid: int) -> dict:
     return {"gpu_mib": gpu, "host_peak_rss_mib": host}
 
 
-class MemoryWatch:
-    """The largest GPU memory of a process, sampled on a thread every ``every_s`` while in use."""
-
-    def __init__(self, pid: int, every_s: float = 0.5):
-        self.pid, self.every_s, self.peak_gpu_mib = pid, every_s, None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-
-    def _watch(self) -> None:
-        while not self._stop.wait(self.every_s):
-            gpu = process_memory(self.pid)["gpu_mib"]
-            if gpu is not None:
-                self.peak_gpu_mib = max(self.peak_gpu_mib or 0, gpu)
-
-    def __enter__(self) -> "MemoryWatch":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def service(cfg: DeviceRunConfig, time_left: Callable[[], float]) -> dict:
     """`python -m serve --device DEVICE` on a random model of the preset, then `cfg.requests` clients sending
     `POST /stylize` back to back for `cfg.serve_seconds` (benchmarks.load_test): statuses, p50/p99, memory."""
@@ -212,10 +189,10 @@ def service(cfg: DeviceRunConfig, time_left: Callable[[], float]) -> dict:
             ready = process_memory(srv.proc.pid)
             load = LoadConfig(url=srv.url, concurrency=cfg.requests, seconds=cfg.serve_seconds,
                               content=demo_image(256, 192, 0), style=demo_image(128, 128, 1))
-            with MemoryWatch(srv.proc.pid) as watch:
+            with PeakSampler(lambda: process_memory(srv.proc.pid)["gpu_mib"], every_s=0.5) as watch:
                 summary = asyncio.run(run_load(load)).summary()
             after = process_memory(srv.proc.pid)
         return {"clients": cfg.requests, "load": summary, "memory_ready": ready, "memory_after": after,
-                "peak_gpu_mib_under_load": watch.peak_gpu_mib, "log": str(srv.log_path)}
+                "peak_gpu_mib_under_load": watch.peak, "log": str(srv.log_path)}
     finally:
         shutil.rmtree(model_dir, ignore_errors=True)

@@ -63,6 +63,7 @@ class ImageDigest:
 
     def __init__(self, key: int | None = None):
         self.key = secrets.randbits(62) if key is None else key
+        self._coefficients: tuple[tuple, torch.Tensor] | None = None  # the last table, by (device, C, L)
 
     def __call__(self, images_B: torch.Tensor) -> list[str]:
         images_B = images_B.detach()
@@ -80,15 +81,24 @@ class ImageDigest:
         n = bytes_BN.shape[1]
         L = max(1, min(n, DIGEST_CHUNK))
         C = -(-n // L)
-        gen = torch.Generator(device=images_B.device).manual_seed(self.key)
-        coeff_CLK = torch.randint(0, DIGEST_MODULUS, (C, L, DIGEST_HASHES), generator=gen, dtype=torch.float64,
-                                  device=images_B.device)
+        coeff_CLK = self.coefficients(images_B.device, C, L)
         out_BK = []
         for row_N in bytes_BN:
             w_C1L = F.pad(row_N.double(), (0, C * L - n)).view(C, 1, L)
             dots_CK = torch.bmm(w_C1L, coeff_CLK).squeeze(1).fmod_(DIGEST_MODULUS)
             out_BK.append(dots_CK.sum(0).fmod_(DIGEST_MODULUS))
         return torch.stack(out_BK).long()
+
+
+    def coefficients(self, device: torch.device, C: int, L: int) -> torch.Tensor:
+        """(C, L, DIGEST_HASHES) coefficients drawn from the key: the same table for the same device and size, so the
+        last one is kept (the model's inputs have one size: one table, drawn once, instead of two per batch)."""
+        if self._coefficients is None or self._coefficients[0] != (device, C, L):
+            gen = torch.Generator(device=device).manual_seed(self.key)
+            table = torch.randint(0, DIGEST_MODULUS, (C, L, DIGEST_HASHES), generator=gen, dtype=torch.float64,
+                                  device=device)
+            self._coefficients = ((device, C, L), table)
+        return self._coefficients[1]
 
 
 def _blake(shape: torch.Size, dtype: torch.dtype, kind: str, data) -> str:

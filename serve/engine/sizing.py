@@ -13,6 +13,7 @@ from typing import Protocol
 
 import torch
 
+from serve.settings import MAX_BATCH_LIMIT
 from stylevar.pipelines.pipeline import StylePipeline
 from stylevar.runtime.memory import max_batch
 
@@ -20,7 +21,6 @@ CPU_MAX_BATCH = 8
 # the rest of the free memory: the encoders and the tokenizer's decoder (they run before and after the loop), kernel
 # workspaces and the allocator's fragmentation
 MEMORY_FRACTION = 0.8
-MAX_BATCH_LIMIT = 256  # the setting's own bound
 
 
 class Runner(Protocol):
@@ -34,12 +34,6 @@ def free_device_bytes(device: torch.device) -> int:
     return torch.cuda.mem_get_info(device)[0]
 
 
-def loop_dtype(pipe: StylePipeline) -> torch.dtype:
-    """The dtype generation's loop holds its KV caches and queries in."""
-    model = pipe.model
-    return model.loop_autocast_dtype or model.autocast_dtype or torch.float32
-
-
 def device_max_batch(runner: Runner, free_bytes: Callable[[torch.device], int] = free_device_bytes) -> int:
     """The default maximum batch of one loaded runner (module doc); at least 1."""
     if runner.device.type != "cuda":
@@ -47,7 +41,7 @@ def device_max_batch(runner: Runner, free_bytes: Callable[[torch.device], int] =
     pipe = runner.pipe
     budget = int(MEMORY_FRACTION * free_bytes(runner.device))
     guided = pipe.generation_config().guidance > 0
-    return max(1, max_batch(pipe.model.cfg, budget, loop_dtype(pipe), guidance=guided, limit=MAX_BATCH_LIMIT))
+    return max(1, max_batch(pipe.model.cfg, budget, pipe.model.loop_dtype, guidance=guided, limit=MAX_BATCH_LIMIT))
 
 
 def default_max_batch(runners: Sequence[Runner], free_bytes: Callable[[torch.device], int] = free_device_bytes) -> int:

@@ -284,7 +284,7 @@ def _time_naive(bench: _Bench) -> dict:
     content, style = bench.images(1), bench.images(1)
     alpha_K = model.blend_alphas()
     bench.say("sampling loop at batch 1: this path, then the naive blend")
-    with torch.no_grad(), model._autocast(device, model.loop_autocast_dtype):  # sample_tokens' own, re-entered
+    with torch.no_grad(), model.loop_autocast(device):  # sample_tokens' own, re-entered
         cond = model.condition(content, style)
         fast = bench.timed(lambda: model.sample_tokens(cond, make_generators(0, 1, device), alpha_K))
         naive = bench.timed(lambda: naive_sample_tokens(model, cond, make_generators(0, 1, device), alpha_K))

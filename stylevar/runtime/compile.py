@@ -57,8 +57,9 @@ def compiled(model) -> GraphCount | None:
 def compile_blocks(model, backend: str = "inductor") -> GraphCount:
     """Every block's `step` through torch.compile (module doc), in place; returns the count of the graphs they
     compile (shared by the blocks). A model compiled already is a ValueError."""
-    if compiled(model) is not None:
-        raise ValueError(f"the blocks are compiled already (backend {compiled(model).backend})")
+    earlier = compiled(model)
+    if earlier is not None:
+        raise ValueError(f"the blocks are compiled already (backend {earlier.backend})")
     import torch._inductor.config as inductor_config
 
     import_compiler_quietly()  # no "No CUDA runtime is found" on a machine without a usable GPU

@@ -173,8 +173,6 @@ def import_compiler_quietly() -> None:
     is found" warning: at import it looks for a CUDA toolkit (CUDA_HOME, nvcc, /usr/local/cuda) and warns when one
     is installed but no GPU is usable, which says nothing to a run on the CPU and would be the log's only warning.
     The module warns only at import, so later imports stay quiet too; a usable GPU never gets the warning."""
-    import logging
-
     if "torch.utils.cpp_extension" in sys.modules:
         return
     logger = logging.getLogger("torch.utils.cpp_extension")

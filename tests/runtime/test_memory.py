@@ -91,7 +91,7 @@ def test_the_tables_in_the_docs_are_what_the_code_computes():
 
 
 def runner(cfg: StyleVARConfig, device: str, *, autocast=None, guidance: float = 0.0):
-    model = SimpleNamespace(cfg=cfg, loop_autocast_dtype=None, autocast_dtype=autocast)
+    model = SimpleNamespace(cfg=cfg, loop_dtype=autocast or torch.float32)  # what StyleVAR.loop_dtype gives
     pipe = SimpleNamespace(model=model, generation_config=lambda: GenerationConfig(guidance=guidance))
     return SimpleNamespace(pipe=pipe, device=torch.device(device))
 

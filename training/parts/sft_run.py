@@ -152,7 +152,7 @@ def _cache_progress(chunk: int, chunks: int) -> None:
 
 
 def open_cache(args: argparse.Namespace, train_set: Dataset, model: StyleVAR, env: DistEnv,
-               notes: list[str]) -> TokenCache | None:
+               notes: list[str], num_workers: int) -> TokenCache | None:
     """The train split's token maps, built where missing (module training.parts.token_cache): with
     --token-cache, and by default where `why_not_by_default` finds nothing against it (the reason goes to
     ``notes``); None with --no-token-cache or such a reason."""
@@ -166,7 +166,7 @@ def open_cache(args: argparse.Namespace, train_set: Dataset, model: StyleVAR, en
         return None
     try:
         return open_token_cache(train_set, model.tokenizer, env, batch_size=max(1, args.batch_size // env.world_size),
-                                num_workers=loader_policy(args.num_workers, env.device).num_workers, on_chunk=_cache_progress if env.is_main else None)
+                                num_workers=num_workers, on_chunk=_cache_progress if env.is_main else None)
     except TokenCacheError as e:
         raise SystemExit(f"error: --token-cache: {e}") from None
 
@@ -274,7 +274,8 @@ def train(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARC
     args.compile, compile_note = resolve_compile(args, env.device)
     prepare_model(model, args, env)
     speed_notes = [compile_note]
-    cache = open_cache(args, train_set, model, env, speed_notes)
+    loader = loader_policy(args.num_workers, env.device)
+    cache = open_cache(args, train_set, model, env, speed_notes, loader.num_workers)
     objective = SFTObjective(model, label_smoothing=args.label_smoothing, alpha_jitter=args.alpha_jitter,
                              seed=args.seed, scale_gamma=args.scale_gamma)
     ddp = fsdp.shard_model(objective, model, env, precision) if sharded else wrap_ddp(objective, env)
@@ -283,8 +284,7 @@ def train(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleVARC
     sched = schedule(run.config)  # the options as config.json holds them: a drop already passed kept (extension)
     scheduler = two_level_scheduler(optimizer, sched)
     stream = make_stream(train_set, BatchStreamConfig(global_batch=args.batch_size, grad_accum=args.grad_accum,
-                                                      seed=args.seed, loader=loader_policy(args.num_workers, env.device),
-                                                      collate_fn=collate_triplets), env)
+                                                      seed=args.seed, loader=loader, collate_fn=collate_triplets), env)
     job = SFTRun(args, env, precision, model, objective, ddp, val_set, SkipTracker(env), cache)
     state = TrainingState(ddp, optimizer, scheduler, stream, env, scaler=make_grad_scaler(precision, env.device),
                           sharded=sharded)

@@ -203,6 +203,15 @@ class StyleVAR(PretrainedModel, nn.Module):
             return contextlib.nullcontext()
         return torch.autocast(device.type, dtype=dtype)
 
+    @property
+    def loop_dtype(self) -> torch.dtype:
+        """The dtype generation's token loop computes in: its own autocast's, else the model's, else float32."""
+        return self.loop_autocast_dtype or self.autocast_dtype or torch.float32
+
+    def loop_autocast(self, device: torch.device):
+        """The autocast of generation's token loop (`loop_dtype`)."""
+        return self._autocast(device, self.loop_autocast_dtype)
+
     def blend_alphas(self, alphas: Sequence[float] | torch.Tensor | None = None,
                      style_strength: float = 0.0) -> torch.Tensor:
         """Per-scale blend coefficients (K,): the config's, or `alphas`, shifted by 0.5 * style_strength."""
@@ -416,7 +425,7 @@ class StyleVAR(PretrainedModel, nn.Module):
         With `fast` the scales that `self.fast_sampling` prunes merge the 2 x 2 groups of positions where
         the content is flat into one token each (`stylevar.models.transformer.pruning`).
         """
-        with self._autocast(cond.cond_BD.device, self.loop_autocast_dtype):
+        with self.loop_autocast(cond.cond_BD.device):
             return self._sample_tokens(cond, generators, alpha_K, config, on_scale)
 
     def _sample_tokens(self, cond: Condition, generators: list[torch.Generator] | TokenSampler,
