@@ -34,11 +34,8 @@ def server(tmp_path_factory):
     StylePipeline.random("tiny").save_pretrained(model_dir)
     # the `ignored_auth` check sends wrong keys on purpose: no lockout of the client (tests/serve/test_access.py)
     settings = {"STYLEVAR_API_KEYS": KEY, "STYLEVAR_MAX_WAIT_MS": "0", "STYLEVAR_AUTH_MAX_FAILURES": "0"}
-    srv = ServerProcess.serve(model_dir, settings=settings, log_dir=tmp_path_factory.mktemp("logs"))
-    try:
+    with ServerProcess.serve(model_dir, settings=settings, log_dir=tmp_path_factory.mktemp("logs")) as srv:
         yield srv.wait_ready()
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

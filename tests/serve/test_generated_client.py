@@ -23,12 +23,9 @@ PACKAGE = "stylevar_client"
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
-    srv = ServerProcess.serve(tiny_model_dir, settings={"STYLEVAR_API_KEYS": KEY, "STYLEVAR_MAX_WAIT_MS": "0"},
-                              log_dir=tmp_path_factory.mktemp("logs"))
-    try:
+    with ServerProcess.serve(tiny_model_dir, settings={"STYLEVAR_API_KEYS": KEY, "STYLEVAR_MAX_WAIT_MS": "0"},
+                             log_dir=tmp_path_factory.mktemp("logs")) as srv:
         yield srv.wait_ready()
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")
