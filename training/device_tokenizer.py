@@ -20,9 +20,14 @@ import importlib.util
 import json
 import platform
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stylevar.utils.helptext import HelpFormatter
+
+if TYPE_CHECKING:
+    import torch
 
 REPO = Path(__file__).resolve().parents[1]
 CANDIDATES = {"a": REPO / "scripts" / "tokenizer_128_a.json", "b": REPO / "scripts" / "tokenizer_128_b.json"}
@@ -133,8 +138,9 @@ def run_batch(args: argparse.Namespace, preset: str) -> int:
     return measured_batch(args, preset)
 
 
-def measured_batch(args: argparse.Namespace, preset: str) -> int:
-    """:func:`batch_to_fill` from the peak memory of one training step at batch 8 and at batch 16."""
+def training_step(args: argparse.Namespace, preset: str, device: torch.device) -> Callable[[int], float]:
+    """One step of the run's objective and loss (its options, bf16 autocast, channels_last) on random images, as a
+    function of the batch size that returns the loss: what :func:`measured_batch` measures, runnable on the CPU."""
     import torch
 
     from training import vqvae
@@ -144,19 +150,32 @@ def measured_batch(args: argparse.Namespace, preset: str) -> int:
     from training.parts.vqvae_run import build_objective
 
     ns = vqvae.build_parser().parse_args(vqvae_argv(args, preset, 8))
-    env = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cuda"))
+    env = DistEnv(rank=0, world_size=1, local_rank=0, device=device)
     objective, _ = build_objective(ns, load_preset(preset)[0], env)
     side = objective.vqvae.cfg.image_size
+
+    def step(batch: int) -> float:
+        images = torch.rand(batch, 3, side, side, device=device).mul(2).sub(1)
+        with autocast("bf16", device):
+            loss, _ = objective({"image": images.contiguous(memory_format=torch.channels_last)})
+        loss.backward()
+        objective.zero_grad(set_to_none=True)
+        return loss.item()
+
+    return step
+
+
+def measured_batch(args: argparse.Namespace, preset: str) -> int:
+    """:func:`batch_to_fill` from the peak memory of one training step at batch 8 and at batch 16."""
+    import torch
+
+    step = training_step(args, preset, torch.device("cuda"))
     peaks = {}
     for b in (8, 16):
         torch.cuda.reset_peak_memory_stats()
-        images = torch.rand(b, 3, side, side, device="cuda").mul(2).sub(1).contiguous(memory_format=torch.channels_last)
-        with autocast("bf16", env.device):
-            loss, _ = objective({"image": images})
-        loss.backward()
-        objective.zero_grad(set_to_none=True)
+        step(b)
         peaks[b] = torch.cuda.max_memory_allocated()
-    del objective, images, loss
+    del step  # the objective with it
     torch.cuda.empty_cache()
     chosen = batch_to_fill(peaks, torch.cuda.get_device_properties(0).total_memory)
     print(f"[device] peak memory {', '.join(f'{b}: {m / 2**30:.2f} GiB' for b, m in peaks.items())} -> batch {chosen}")

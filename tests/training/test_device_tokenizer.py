@@ -92,6 +92,18 @@ def test_refusals_name_what_is_missing_before_any_work(packed, tmp_path, capsys,
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.usefixtures("one_thread")
+def test_the_step_that_measures_the_gpus_memory_trains_the_runs_objective_in_bf16(packed, tmp_path):
+    """measured_batch's step (on CUDA it reads the peak memory after it), here on the CPU: the run's objective with
+    its style-feature loss, bf16 autocast and channels_last, at two batch sizes."""
+    import torch
+
+    args = device_tokenizer.build_parser().parse_args(dry_run(packed, tmp_path / "run"))
+    step = device_tokenizer.training_step(args, str(packed / "micro.json"), torch.device("cpu"))
+    assert all(0 < step(b) < float("inf") for b in (1, 2))
+    assert not (tmp_path / "run").exists()  # measuring writes nothing
+
+
 def test_the_batch_that_fills_the_gpu_follows_the_measured_line():
     gib = 2**30
     # 2 GiB fixed + 0.25 GiB an image: 80 GiB at 85 % -> (68 - 2) / 0.25 = 264 images -> 256
