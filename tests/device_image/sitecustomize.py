@@ -2,7 +2,8 @@
 PYTHONPATH (:func:`tests.device_image.image_env` puts it there for a child process and its own children). Where
 STYLEVAR_DEVICE_LISTS names package lists (scripts/device/image.txt, the image's, and the wheels a run carries), every
 finder on ``sys.meta_path`` stops finding the packages installed here that no list names, so importing one fails
-as on the lent machine (ModuleNotFoundError) and ``importlib.util.find_spec`` says None for it."""
+as on the lent machine (ModuleNotFoundError) and ``importlib.util.find_spec`` says None for it. It goes by top-level
+name: one that a listed distribution shares with an unlisted one (a namespace such as ``google``) stays visible."""
 from __future__ import annotations
 
 import importlib.metadata
