@@ -38,6 +38,7 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
+from benchmarks.device_config import DeviceRunConfig
 from stylevar.utils.atomic import atomic_write_text
 from stylevar.utils.helptext import RawDescriptionHelpFormatter
 
@@ -49,23 +50,28 @@ MIN_STAGE_S = 5.0  # a stage with less time than this left is skipped
 SUMMARY_RESERVE_S = 2.0  # kept back for the summary
 
 
+DEFAULTS = DeviceRunConfig(out=Path())  # the options' defaults (OUTDIR is the command's argument)
+
+
 def parse_args(argv: list[str] | None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.device_run", description=__doc__,
                                 formatter_class=RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path, help="folder the figures are written to (created)")
-    p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (the dry run)")
-    p.add_argument("--preset", default="d20", help="stylevar preset (random weights): d20, or tiny for a dry run")
-    p.add_argument("--batch-sizes", default="1,16,64", help="generation batch sizes, comma-separated")
-    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the compiled stage; "
-                   "eager: dynamo's graphs only (the CPU dry run)")
-    p.add_argument("--repeats", type=int, default=3, help="timed calls per figure (median)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed calls before them")
-    p.add_argument("--train-batch", type=int, default=16, help="batch of the SFT step")
-    p.add_argument("--train-variant", default="eager", help="benchmarks.train_step variant: eager or default "
-                   "(blocks compiled: minutes of compiling for d20)")
-    p.add_argument("--requests", type=int, default=64, help="concurrent clients of the service")
-    p.add_argument("--serve-seconds", type=float, default=20.0, help="how long the clients send")
-    p.add_argument("--budget-s", type=float, default=480.0, help="the whole run's wall-clock budget")
+    d = DEFAULTS
+    p.add_argument("--device", default=d.device, help="cuda, cuda:N or cpu (the dry run)")
+    p.add_argument("--preset", default=d.preset, help="stylevar preset (random weights): d20, or tiny for a dry run")
+    p.add_argument("--batch-sizes", default=",".join(map(str, d.batch_sizes)),
+                   help="generation batch sizes, comma-separated")
+    p.add_argument("--compile-backend", default=d.compile_backend, help="torch.compile backend of the compiled "
+                   "stage; eager: dynamo's graphs only (the CPU dry run)")
+    p.add_argument("--repeats", type=int, default=d.repeats, help="timed calls per figure (median)")
+    p.add_argument("--warmup", type=int, default=d.warmup, help="untimed calls before them")
+    p.add_argument("--train-batch", type=int, default=d.train_batch, help="batch of the SFT step")
+    p.add_argument("--train-variant", default=d.train_variant, help="benchmarks.train_step variant: eager or "
+                   "default (blocks compiled: minutes of compiling for d20)")
+    p.add_argument("--requests", type=int, default=d.requests, help="concurrent clients of the service")
+    p.add_argument("--serve-seconds", type=float, default=d.serve_seconds, help="how long the clients send")
+    p.add_argument("--budget-s", type=float, default=d.budget_s, help="the whole run's wall-clock budget")
     p.add_argument("--stages", default=",".join(name for name, _ in STAGES), help="the stages to run")
     p.add_argument("--stage", help=argparse.SUPPRESS)  # a child: run this one stage
     p.add_argument("--stage-limit-s", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -85,9 +91,7 @@ def parse_args(argv: list[str] | None):
     return a, batches, stages
 
 
-def config_of(a, batches: tuple[int, ...]):
-    from benchmarks.measures.device_run import DeviceRunConfig
-
+def config_of(a, batches: tuple[int, ...]) -> DeviceRunConfig:
     return DeviceRunConfig(out=a.out.resolve(), device=a.device, preset=a.preset, batch_sizes=batches,
                            compile_backend=a.compile_backend, repeats=a.repeats, warmup=a.warmup,
                            train_batch=a.train_batch, train_variant=a.train_variant, requests=a.requests,

@@ -12,29 +12,13 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from benchmarks.device_config import DeviceRunConfig
 from benchmarks.gpu_peaks import peak_tflops
 from benchmarks.measures.peak import PeakSampler
-
-
-@dataclass(frozen=True)
-class DeviceRunConfig:
-    out: Path
-    device: str = "cuda"
-    preset: str = "d20"
-    batch_sizes: tuple[int, ...] = (1, 16, 64)
-    compile_backend: str = "inductor"  # "eager": dynamo's graphs without code generation (the CPU dry run)
-    repeats: int = 3
-    warmup: int = 1
-    train_batch: int = 16
-    train_variant: str = "eager"  # benchmarks.train_step's variant: eager, or default (blocks compiled)
-    requests: int = 64  # concurrent clients of the service
-    serve_seconds: float = 20.0  # how long they send back to back
-    budget_s: float = 480.0  # the whole run
 
 
 def say(line: str) -> None:
@@ -120,9 +104,10 @@ def dynamo_counters() -> dict:
     """torch._dynamo's counters as plain dicts: graphs made, frames, graph breaks, recompile-limit hits."""
     from torch._dynamo.utils import counters
 
+    from stylevar.runtime.compile import recompile_limit_hits
+
     raw = {group: {str(k): v for k, v in c.items()} for group, c in counters.items() if c}
-    limit = sum(v for k, v in raw.get("unimplemented", {}).items() if "recompile limit" in k.lower())
-    return {"graphs": raw.get("stats", {}).get("unique_graphs", 0), "recompile_limit_hits": limit,
+    return {"graphs": raw.get("stats", {}).get("unique_graphs", 0), "recompile_limit_hits": recompile_limit_hits(),
             "graph_breaks": sum(raw.get("graph_break", {}).values()), "counters": raw}
 
 

@@ -89,7 +89,6 @@ class ImageDigest:
             out_BK.append(dots_CK.sum(0).fmod_(DIGEST_MODULUS))
         return torch.stack(out_BK).long()
 
-
     def coefficients(self, device: torch.device, C: int, L: int) -> torch.Tensor:
         """(C, L, DIGEST_HASHES) coefficients drawn from the key: the same table for the same device and size, so the
         last one is kept (the model's inputs have one size: one table, drawn once, instead of two per batch)."""

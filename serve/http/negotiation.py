@@ -37,9 +37,10 @@ def negotiate(request: Request, media_type: str, num_samples: int) -> Representa
     when the client names `application/octet-stream`, see `binary_media`). Of the acceptable ones the highest
     q wins; a tie goes to JSON (it was named)."""
     accepts = accepted(request)
-    as_bytes = named(accepts).quality(BYTES_MEDIA_TYPE)
+    explicit = named(accepts)
+    as_bytes = explicit.quality(BYTES_MEDIA_TYPE)
     offers: dict[Representation, float] = {
-        "json": named(accepts).quality(JSON_MEDIA_TYPE),
+        "json": explicit.quality(JSON_MEDIA_TYPE),
         "image": max(accepts.quality(media_type), as_bytes) if num_samples == 1 else 0.0,
         "zip": max(accepts.quality(ZIP_MEDIA_TYPE), as_bytes) if num_samples > 1 else 0.0,
     }

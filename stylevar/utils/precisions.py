@@ -46,6 +46,13 @@ def check_precision(name: object) -> str:
     return name  # type: ignore[return-value]
 
 
+def _float32(value):
+    """A floating tensor as float32; anything else as it is."""
+    import torch
+
+    return value.float() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+
 def full_precision(method):
     """``method`` run in float32 whatever autocast is on around it (the precision policy, module doc): autocast off
     on its tensors' device, its floating tensor arguments cast to float32. Wraps the tokenizer's entry points."""
@@ -56,10 +63,7 @@ def full_precision(method):
 
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         device_type = tensors[0].device.type if tensors else "cpu"
-        def fp32(a):
-            return a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-
-        args, kwargs = tuple(map(fp32, args)), {k: fp32(v) for k, v in kwargs.items()}
+        args, kwargs = tuple(map(_float32, args)), {k: _float32(v) for k, v in kwargs.items()}
         if not torch.amp.is_autocast_available(device_type):  # the meta device (sizing): no autocast to leave
             return method(*args, **kwargs)
         with torch.autocast(device_type, enabled=False):

@@ -84,15 +84,6 @@ def test_gpu_bench_script_says_how_to_install_the_project(tmp_path):
     assert r.returncode == 2 and "the project is not installed" in r.stderr and "pip install -e ." in r.stderr
 
 
-@pytest.mark.parametrize(("name", "peak"), [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
-                                            ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0),
-                                            ("NVIDIA L4", 121.0), ("NVIDIA L40S", 362.0), ("Tesla T4", None)])
-def test_the_peak_is_picked_by_the_gpus_name(name, peak):
-    from benchmarks.gpu_peaks import peak_tflops
-
-    assert peak_tflops(name) == peak
-
-
 def test_overload_benchmark_runs_and_reports_every_figure(tiny_model_dir, tmp_path, capsys):
     from benchmarks import overload
 

@@ -11,7 +11,8 @@ import pytest
 
 from benchmarks import device_run
 from tests.device_image import image_env
-from tests.training.test_sft import REPO
+
+REPO = Path(__file__).resolve().parents[2]
 
 DRY_RUN = ["--device", "cpu", "--preset", "tiny", "--batch-sizes", "1,2", "--requests", "3", "--serve-seconds", "1",
            "--compile-backend", "eager", "--repeats", "1", "--warmup", "0", "--train-batch", "2",

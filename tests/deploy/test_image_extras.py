@@ -74,8 +74,9 @@ def test_the_images_extras_cover_every_mounted_route_and_tab(app):
     assert set(EXTRA_MODULES) <= set(declared) and extras <= set(declared)
     needed = route_extras(app)
     assert needed["/stylize/video"] == "video" and needed["/stylize"] == "serve"
-    cmd = exec_form([rest for w, rest in instructions(DOCKERFILE) if w == "CMD"][-1])
-    assert "--no-ui" not in cmd and env_of(instructions(DOCKERFILE)).get("STYLEVAR_UI", "true") != "false"
+    steps = instructions(DOCKERFILE)
+    cmd = exec_form([rest for w, rest in steps if w == "CMD"][-1])
+    assert "--no-ui" not in cmd and env_of(steps).get("STYLEVAR_UI", "true") != "false"
     needed.update(UI_EXTRAS)  # the image's CMD mounts the UI
     uncovered = {where: extra for where, extra in needed.items() if extra not in extras}
     assert not uncovered, f"the image does not install what these need: {uncovered}"
@@ -105,13 +106,14 @@ def test_a_route_whose_extra_is_missing_answers_501_with_the_install_line(app, m
 def test_the_video_tab_is_hidden_when_video_is_missing(monkeypatch):
     from web.ui import UIConfig, build_ui
 
-    def video_tab(config: dict) -> dict:
+    def video_tab_visible():
+        config = build_ui(UIConfig(api_url="http://127.0.0.1:9")).get_config_file()
         [tab] = [c for c in config["components"] if c.get("props", {}).get("id") == "video-tab"]
-        return tab["props"]
+        return tab["props"]["visible"]
 
-    assert video_tab(build_ui(UIConfig(api_url="http://127.0.0.1:9")).get_config_file())["visible"] is True
+    assert video_tab_visible() is True
     monkeypatch.setitem(sys.modules, "av", None)
-    assert video_tab(build_ui(UIConfig(api_url="http://127.0.0.1:9")).get_config_file())["visible"] is False
+    assert video_tab_visible() is False
 
 
 def test_unknown_extra_is_refused():

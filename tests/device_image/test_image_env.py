@@ -15,9 +15,10 @@ from tests.device_image.sitecustomize import listed
 
 PROBE = """
 import importlib, importlib.util, json, sys
-found = {m: importlib.util.find_spec(m) is not None for m in sys.argv[1:]}
+imports, modules = sys.argv[1] == "import", sys.argv[2:]
+found = {m: importlib.util.find_spec(m) is not None for m in modules}
 errors = {}
-for m in sys.argv[1:]:
+for m in modules if imports else ():
     try:
         importlib.import_module(m)
     except ModuleNotFoundError as e:
@@ -28,9 +29,10 @@ MODULES = ["torch", "numpy", "PIL", "safetensors", "webdataset", "styletransfer_
            "fastapi", "gradio", "lpips"]
 
 
-def probe(env) -> dict:
-    done = subprocess.run([sys.executable, "-c", PROBE, *MODULES], env=env, capture_output=True, text=True,
-                          timeout=300)
+def probe(env, imports: bool = True) -> dict:
+    """What a child finds of MODULES, and (``imports``) what importing them fails on."""
+    done = subprocess.run([sys.executable, "-c", PROBE, "import" if imports else "find", *MODULES], env=env,
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout)
 
@@ -46,7 +48,7 @@ def test_a_child_finds_only_the_images_packages_and_the_carried_wheels(carried, 
 def test_without_the_lists_nothing_is_hidden():
     env = image_env("tokenizer")
     del env["STYLEVAR_DEVICE_LISTS"]
-    assert all(probe(env)["found"].values())
+    assert all(probe(env, imports=False)["found"].values())
 
 
 @pytest.mark.parametrize("carried", ["tokenizer", "service"])
@@ -54,7 +56,7 @@ def test_the_carried_wheels_are_pinned_and_installed_here(carried):
     lines = [line.split("#", 1)[0].strip() for line in (LISTS / f"{carried}.txt").read_text().splitlines()]
     pins = [line for line in lines if line]
     assert pins and all("==" in pin for pin in pins), pins  # scripts/device_wheels.sh downloads exactly these
-    for name in listed(str(LISTS / f"{carried}.txt")):
+    wheels, image = listed(str(LISTS / f"{carried}.txt")), listed(str(LISTS / "image.txt"))
+    for name in wheels:
         importlib.metadata.version(name)  # PackageNotFoundError: the suite could not check what the call imports
-    assert "torch" in listed(str(LISTS / "image.txt")) and not listed(str(LISTS / "image.txt")) & listed(
-        str(LISTS / f"{carried}.txt"))  # a wheel carried is one the image lacks
+    assert "torch" in image and not image & wheels  # a wheel carried is one the image lacks

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from serve.testing import free_port
 from stylevar.loaders import paths
 from stylevar.loaders import weights
 from stylevar.cli import main
@@ -209,7 +210,7 @@ def test_offline_each_source_fails_at_once_with_its_file_url_and_place(weight_ho
     from huggingface_hub import constants
 
     sv, th = weight_homes
-    closed = f"http://127.0.0.1:{_closed_port()}"
+    closed = f"http://127.0.0.1:{free_port()}"
     monkeypatch.setattr(constants, "ENDPOINT", closed)  # the Hub, for `clip`
     set_hf_env(monkeypatch, offline=False)
     for proxy in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
@@ -229,7 +230,6 @@ def test_offline_each_source_fails_at_once_with_its_file_url_and_place(weight_ho
     assert main(["weights", "fetch", "vgg16", "dreamsim", "--mirror", closed + "/mirror", "--quiet"]) == 1
     err = capsys.readouterr().err
     assert timeouts == [weights.hub.CONNECT_TIMEOUT_S] * 3 and weights.hub.CONNECT_TIMEOUT_S <= 2
-    port = closed.rsplit(":", 1)[1]
     assert f"vgg16: FAILED: cannot download vgg16-397923af.pth: {closed} cannot be reached" in err
     assert f"  its URL: {closed}/mirror/vgg16-397923af.pth\n" in err
     assert f"put it at {th / 'hub' / 'checkpoints' / 'vgg16-397923af.pth'}; or fetch from a mirror" in err
@@ -238,15 +238,6 @@ def test_offline_each_source_fails_at_once_with_its_file_url_and_place(weight_ho
             f"  its URL: {weights.get('clip').hub_file.url}\n"  # (huggingface_hub's, from HF_ENDPOINT at its import)
             "  to fetch it by hand, download that URL where there is internet and put it at "
             f"{sv / 'open_clip' / 'ViT-B-32-openai' / 'open_clip_model.safetensors'}; or fetch from a mirror") in err
-    assert (f"dreamsim: FAILED: cannot download dreamsim_dino_vitb16_checkpoint.zip: http://127.0.0.1:{port} cannot "
+    assert (f"dreamsim: FAILED: cannot download dreamsim_dino_vitb16_checkpoint.zip: {closed} cannot "
             f"be reached") in err and f"unpack it into {sv / 'dreamsim'}; or" in err
     assert "urlopen" not in err and "Retry" not in err and not sv.exists()
-
-
-def _closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released): a connection there is refused."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

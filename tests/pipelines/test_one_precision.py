@@ -5,7 +5,6 @@ while `generate` made them under it, with the tokenizer under bf16 autocast: a G
 from __future__ import annotations
 
 import base64
-import io
 
 import numpy as np
 import pytest
@@ -22,23 +21,13 @@ from stylevar.loaders.model_dir import DEMO_MODEL_DIR
 from stylevar.pipelines.request import StylizeRequest
 from stylevar.runtime.inference import InferenceConfig, prepare
 from stylevar.utils.devices import resolve_autocast_dtype
+from tests.pipelines.test_one_request import pixels, png
 from web.client import form_fields
 
 VALUES = dict(seed=7, num_samples=4, guidance=0.5)
 FLAGS = ["--seed", "7", "--num-samples", "4", "--guidance", "0.5", "--max-size", "256"]
 CONTENT = Image.fromarray(np.random.default_rng(3).integers(0, 256, (30, 44, 3), dtype=np.uint8), "RGB")
 STYLE = Image.fromarray(np.random.default_rng(4).integers(0, 256, (20, 20, 3), dtype=np.uint8), "RGB")
-
-
-def _pixels(data: bytes) -> list:
-    with Image.open(io.BytesIO(data)) as im:
-        return np.asarray(im.convert("RGB")).tolist()
-
-
-def _png(img: Image.Image) -> bytes:
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()
 
 
 @pytest.fixture
@@ -65,12 +54,12 @@ def test_the_service_the_cli_and_the_python_call_give_one_picture_in_bf16(gpu_au
     settings = ServeSettings(model_dir=DEMO_MODEL_DIR, device=["cpu"], ui=False, warmup=False, max_output_side=256)
     assert settings.precision == "bf16"
     with TestClient(create_app(settings)) as http:
-        r = http.post("/stylize", files={"content": ("c.png", _png(CONTENT), "image/png"),
-                                         "style": ("s.png", _png(STYLE), "image/png")},
+        r = http.post("/stylize", files={"content": ("c.png", png(CONTENT), "image/png"),
+                                         "style": ("s.png", png(STYLE), "image/png")},
                       data=form_fields(StylizeRequest.of(**VALUES)), headers={"Accept": "application/json"})
         assert r.status_code == 200, r.text
         assert http.app.state.service.runner.pipe.model.autocast_dtype == torch.bfloat16
-    served = [_pixels(base64.b64decode(im["data"])) for im in r.json()["images"]]
+    served = [pixels(base64.b64decode(im["data"])).tolist() for im in r.json()["images"]]
 
     pipe = StylePipeline.from_pretrained(DEMO_MODEL_DIR, device="cpu")
     prepare(pipe.model, InferenceConfig(precision="bf16"))
@@ -80,4 +69,4 @@ def test_the_service_the_cli_and_the_python_call_give_one_picture_in_bf16(gpu_au
     STYLE.save(tmp_path / "s.png")
     assert cli.main(["stylize", str(tmp_path / "c.png"), str(tmp_path / "s.png"), "-o", str(tmp_path / "o.png"),
                      *FLAGS, "--model", str(DEMO_MODEL_DIR), "--precision", "bf16"]) == 0
-    assert [_pixels((tmp_path / f"o-seed-{s}.png").read_bytes()) for s in (7, 8, 9, 10)] == served
+    assert [pixels((tmp_path / f"o-seed-{s}.png").read_bytes()).tolist() for s in (7, 8, 9, 10)] == served

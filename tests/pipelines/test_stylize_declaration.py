@@ -27,6 +27,7 @@ from stylevar.models.generation import DEFAULT_GENERATION, GenerationConfig
 from stylevar.pipelines.options import CLI, DECLARED, EVERYWHERE, FORM, PYTHON, UI, Option
 from stylevar.pipelines.request import RequestError, StylizeRequest
 from tests.conftest import micro_configs
+from tests.serve.test_openapi import FILE_FIELDS, form
 from web.client import form_fields
 from web.ui import MAX_SCALES, UIConfig, build_ui
 
@@ -45,10 +46,7 @@ def every_option_set() -> StylizeRequest:
 @functools.cache
 def form_schema() -> dict:
     spec = create_app(ServeSettings()).openapi()
-    body = spec["paths"]["/stylize"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]["$ref"]
-    files = ("content", "style", "style_mask")
-    return {k: v for k, v in spec["components"]["schemas"][body.rsplit("/", 1)[1]]["properties"].items()
-            if k not in files}
+    return {k: v for k, v in form(spec, "/stylize")["properties"].items() if k not in FILE_FIELDS}
 
 
 def client_fields() -> set[str]:

@@ -18,16 +18,14 @@ def test_naive_and_fast_loops_run_under_the_same_autocast(micro_pipeline, monkey
     seen: dict[str, tuple[bool, torch.dtype | None]] = {}
     fast_loop, naive_loop = model._sample_tokens, naive.naive_sample_tokens
 
-    def fast(*args, **kwargs):
-        seen["fast"] = _autocast_state()
-        return fast_loop(*args, **kwargs)
+    def recording(key, loop):
+        def run(*args, **kwargs):
+            seen[key] = _autocast_state()
+            return loop(*args, **kwargs)
+        return run
 
-    def slow(*args, **kwargs):
-        seen["naive"] = _autocast_state()
-        return naive_loop(*args, **kwargs)
-
-    monkeypatch.setattr(model, "_sample_tokens", fast)
-    monkeypatch.setattr(naive, "naive_sample_tokens", slow)
+    monkeypatch.setattr(model, "_sample_tokens", recording("fast", fast_loop))
+    monkeypatch.setattr(naive, "naive_sample_tokens", recording("naive", naive_loop))
     monkeypatch.setattr(model, "autocast_dtype", torch.bfloat16)  # what `bench` sets on CUDA
     cfg = bench.BenchConfig(repeats=1, warmup=0, naive=True)
     run = bench._Bench(cfg, model, torch.device("cpu"), micro_pipeline.image_size, torch.Generator().manual_seed(0),

@@ -53,8 +53,9 @@ def test_generation_and_training_compile_one_set_of_graphs_for_all_blocks():
 
 def test_compiled_steps_compute_the_eager_ones_with_drop_path():
     vq, tr = d20_shaped()
-    eager = StylePipeline.random((vq, dataclasses.replace(tr, depth=4, drop_path_rate=0.5)), seed=0).model
-    compiled = StylePipeline.random((vq, dataclasses.replace(tr, depth=4, drop_path_rate=0.5)), seed=0).model
+    config = (vq, dataclasses.replace(tr, depth=4, drop_path_rate=0.5))
+    eager = StylePipeline.random(config, seed=0).model
+    compiled = StylePipeline.random(config, seed=0).model
     compile_blocks(compiled, "eager")
     c = _images(4)
     idx = eager.tokenizer.encode_indices(c)

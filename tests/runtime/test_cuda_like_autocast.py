@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from PIL import Image
 
-from serve.engine.batching import BatchConfig, Batcher, Job
+from serve.engine.batching import BatchConfig, Batcher
 from serve.engine.conditions import ConditionCache
 from serve.engine.runner import ModelRunner, StylizeTask
 from stylevar.models.generation import DEFAULT_GENERATION
@@ -21,12 +20,16 @@ from stylevar.processing.postprocess import OutputOptions
 from stylevar.runtime.cuda_autocast import CudaLikeAutocast, cuda_like_autocast
 from stylevar.utils.precisions import full_precision
 from tests.conftest import micro_configs
+from tests.serve.test_cache import _image
 from training.parts.sft_objective import SFTObjective
 
 
-def _image(seed: int) -> Image.Image:
-    g = torch.Generator().manual_seed(seed)
-    return Image.fromarray((torch.rand(28, 40, 3, generator=g) * 255).to(torch.uint8).numpy(), "RGB")
+@pytest.fixture
+def bf16_pipe() -> StylePipeline:
+    """The micro pipeline with what "auto" gives on CUDA: the model's autocast (made CUDA's by CudaLikeAutocast)."""
+    pipe = StylePipeline.random(micro_configs(), seed=3)
+    pipe.model.autocast_dtype = torch.bfloat16
+    return pipe
 
 
 @pytest.fixture
@@ -79,19 +82,15 @@ def test_it_casts_as_cuda_autocast_does_where_cpu_autocast_does_not():
     assert lin(x).dtype == torch.float32
 
 
-def test_the_pipeline_keeps_queries_keys_values_and_cache_in_bf16(dtypes):
-    pipe = StylePipeline.random(micro_configs(), seed=3)
-    pipe.model.autocast_dtype = torch.bfloat16  # what "auto" gives on CUDA: the model's autocast, made CUDA's
+def test_the_pipeline_keeps_queries_keys_values_and_cache_in_bf16(dtypes, bf16_pipe):
     with CudaLikeAutocast():
-        out = pipe(_image(1), StyleMix.of(_image(2)), seed=0, guidance=0.5)
+        out = bf16_pipe(_image(1), StyleMix.of(_image(2)), seed=0, guidance=0.5)
     assert out.size == (40, 28)
     assert dtypes == {name: {torch.bfloat16} for name in dtypes}
 
 
-def test_the_batcher_keeps_queries_keys_values_and_cache_in_bf16(dtypes):
-    pipe = StylePipeline.random(micro_configs(), seed=3)
-    pipe.model.autocast_dtype = torch.bfloat16
-    runner = ModelRunner(pipe, 1024, ConditionCache(64 * 2**20))
+def test_the_batcher_keeps_queries_keys_values_and_cache_in_bf16(dtypes, bf16_pipe):
+    runner = ModelRunner(bf16_pipe, 1024, ConditionCache(64 * 2**20))
 
     def run(jobs):  # the worker thread's autocast regions made CUDA's
         with CudaLikeAutocast():

@@ -436,20 +436,27 @@ def documented_curls() -> list[str]:
     return commands
 
 
+def run_documented(command: str, server, tmp_path: Path, key: str | None = None) -> subprocess.CompletedProcess:
+    """``command`` run by bash in ``tmp_path`` (beside the content.jpg and style.jpg it names) against ``server``,
+    with ``key`` as a bearer token when given."""
+    gradient(64, 48).save(tmp_path / "content.jpg")
+    gradient(32, 32).save(tmp_path / "style.jpg")
+    command = command.replace("http://127.0.0.1:8000", server.url)
+    if key is not None:
+        command = command.replace("curl ", f"curl -H 'Authorization: Bearer {key}' ", 1)
+    return subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+
 @pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
 def test_the_documented_curl_commands_fail_visibly_on_an_error(server, tmp_path):
     """Each documented curl command asks curl to fail on an error answer; the first one, run as printed against a
     service with API keys (and without a key: 401), exits 22 and says so, the JSON error kept in out.png."""
     commands = documented_curls()
     assert len(commands) == 4 and all("--fail-with-body" in c for c in commands), commands
-    gradient(64, 48).save(tmp_path / "content.jpg")
-    gradient(32, 32).save(tmp_path / "style.jpg")
-    first = commands[0].replace("http://127.0.0.1:8000", server.url)
-    done = subprocess.run(["bash", "-c", first], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    done = run_documented(commands[0], server, tmp_path)
     assert done.returncode == 22 and "401" in done.stderr, (done.returncode, done.stderr)
     assert json.loads((tmp_path / "out.png").read_text())["error"] == "unauthorized"
-    keyed = first.replace("curl ", f"curl -H 'Authorization: Bearer {KEY}' ", 1)
-    done = subprocess.run(["bash", "-c", keyed], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    done = run_documented(commands[0], server, tmp_path, key=KEY)
     assert done.returncode == 0, done.stderr
     assert Image.open(tmp_path / "out.png").size == (64, 48)
 
@@ -458,12 +465,9 @@ def test_the_documented_curl_commands_fail_visibly_on_an_error(server, tmp_path)
 def test_the_documented_jq_command_keeps_the_error_s_detail(server, tmp_path):
     """The JSON example piped into jq: an error's code and detail reach the terminal (a bare `.images[].seed`
     said only "Cannot iterate over null"), with a failing status; an answer gives its seeds."""
-    piped = next(c for c in documented_curls() if "| jq" in c).replace("http://127.0.0.1:8000", server.url)
-    gradient(64, 48).save(tmp_path / "content.jpg")
-    gradient(32, 32).save(tmp_path / "style.jpg")
-    done = subprocess.run(["bash", "-c", piped], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    piped = next(c for c in documented_curls() if "| jq" in c)
+    done = run_documented(piped, server, tmp_path)
     detail = httpx.post(server.url + "/stylize").json()["detail"]
     assert done.returncode != 0 and f"unauthorized: {detail}" in done.stderr, (done.returncode, done.stderr)
-    keyed = piped.replace("curl ", f"curl -H 'Authorization: Bearer {KEY}' ", 1)
-    done = subprocess.run(["bash", "-c", keyed], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    done = run_documented(piped, server, tmp_path, key=KEY)
     assert done.returncode == 0 and len(done.stdout.split()) == 4, (done.stdout, done.stderr)

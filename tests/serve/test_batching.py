@@ -438,20 +438,23 @@ def test_out_of_memory_retry_runs_after_the_failed_call_is_freed(metrics):
     assert alive_at == [("on_oom", False), ("retry", False), ("retry", False)]
 
 
+def oom():
+    raise torch.OutOfMemoryError("CUDA out of memory")
+
+
 def test_attempt_gives_back_out_of_memory_and_raises_the_rest():
+    def not_memory():
+        raise ValueError("not memory")
+
     assert attempt(lambda: 3) == (True, 3)
-    assert attempt(lambda: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory"))) == (False, None)
+    assert attempt(oom) == (False, None)
     with pytest.raises(ValueError, match="not memory"):
-        attempt(lambda: (_ for _ in ()).throw(ValueError("not memory")))
+        attempt(not_memory)
 
 
 def test_run_or_overloaded_frees_then_refuses():
     freed: list[bool] = []
-
-    def clip():
-        raise torch.OutOfMemoryError("CUDA out of memory")
-
     with pytest.raises(OverloadedError, match="the clip does not fit"):
-        run_or_overloaded(clip, "the clip does not fit", on_oom=lambda: freed.append(True))
+        run_or_overloaded(oom, "the clip does not fit", on_oom=lambda: freed.append(True))
     assert freed == [True]
     assert run_or_overloaded(lambda: "ok", "-", on_oom=lambda: freed.append(False)) == "ok" and freed == [True]

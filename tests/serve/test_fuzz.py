@@ -19,7 +19,6 @@ import pytest
 from PIL import Image
 
 from serve.testing import ServerProcess
-from stylevar.pipelines.pipeline import StylePipeline
 from tests.processing.test_video_io import make_clip
 
 pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
@@ -29,12 +28,10 @@ HOOKS = Path(__file__).with_name("schemathesis_hooks.py")
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    model_dir = tmp_path_factory.mktemp("tiny-model")
-    StylePipeline.random("tiny").save_pretrained(model_dir)
+def server(tiny_model_dir, tmp_path_factory):
     # the `ignored_auth` check sends wrong keys on purpose: no lockout of the client (tests/serve/test_access.py)
     settings = {"STYLEVAR_API_KEYS": KEY, "STYLEVAR_MAX_WAIT_MS": "0", "STYLEVAR_AUTH_MAX_FAILURES": "0"}
-    with ServerProcess.serve(model_dir, settings=settings, log_dir=tmp_path_factory.mktemp("logs")) as srv:
+    with ServerProcess.serve(tiny_model_dir, settings=settings, log_dir=tmp_path_factory.mktemp("logs")) as srv:
         yield srv.wait_ready()
 
 

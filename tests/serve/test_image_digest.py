@@ -76,7 +76,7 @@ class HostBytes:
 def test_on_a_device_only_five_numbers_an_image_come_to_the_host(monkeypatch):
     """Issue 60, point 10: every model input was copied to the host to be hashed (a copy and a wait per image).
     On a device (its path run on CPU tensors) one batch brings B x 5 residues over, once."""
-    monkeypatch.setattr(conditions, "_on_host", lambda images: False, raising=False)
+    monkeypatch.setattr(conditions, "_on_host", lambda images: False)
     cache = ConditionCache(1 << 20)
     x = batch(2)
     host = HostBytes(monkeypatch)

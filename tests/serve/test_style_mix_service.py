@@ -10,6 +10,7 @@ from PIL import Image
 
 from serve.http.app import create_app
 from serve.settings import ServeSettings
+from tests.serve.test_openapi import form as openapi_form
 
 
 def encode(img: Image.Image, fmt: str = "PNG") -> bytes:
@@ -109,10 +110,9 @@ def test_a_masked_guided_blend_is_served_in_the_content_frame(http):
 def test_openapi_documents_the_new_fields(http):
     spec = http.get("/openapi.json").json()
     for route in ("/stylize", "/stylize/stream"):
-        ref = spec["paths"][route]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]["$ref"]
-        props = spec["components"]["schemas"][ref.rsplit("/", 1)[1]]["properties"]
+        props = openapi_form(spec, route)["properties"]
         assert props["style"]["type"] == "array" and "repeat the field" in props["style"]["description"]
         assert "mask" in str(props["style_mask"]) and "white" in str(props["style_mask"])
-    form_props = spec["components"]["schemas"]["Body_stylize"]["properties"]
+    form_props = openapi_form(spec, "/stylize")["properties"]
     assert "one weight" in str(form_props["style_weights"]) and form_props["guidance"]["maximum"] == 10
     assert "without the style" in form_props["guidance"]["description"]

@@ -21,7 +21,8 @@ from torch.utils.data import TensorDataset
 
 from stylevar.utils.atomic import WriteFailedError, atomic_folder, atomic_write, format_bytes
 from tests.conftest import single_thread_env
-from tests.training.test_sft import write_run_inputs
+from tests.training.test_loop import CPU1
+from tests.training.test_sft import _args as sft_args, _weights, write_run_inputs
 from training import sft
 from training.parts import fsdp, rundir
 from training.parts.checkpoints import read_checkpoint
@@ -36,7 +37,6 @@ from training.parts.step import objective_step
 from training.parts.streams import BatchStream, BatchStreamConfig
 
 REPO = Path(__file__).resolve().parents[2]
-CPU1 = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -139,20 +139,11 @@ def test_an_unchanged_config_is_not_rewritten_and_a_full_disk_is_said(tmp_path, 
 # ------------------------------------------------------------------------------------------ training.sft
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("disk_full")
-    return root, write_run_inputs(root, count=16, val_fraction=0.0)["manifest"]
+    return write_run_inputs(tmp_path_factory.mktemp("disk_full"), count=16, val_fraction=0.0)
 
 
 def _args(data, out: Path) -> list[str]:
-    root, manifest = data
-    return ["--data", str(manifest), "--preset", str(root / "preset.json"), "--tokenizer", str(root / "tok"),
-            "--out", str(out), "--max-steps", "6", "--save-every", "2", "--batch-size", "4", "--no-progress"]
-
-
-def _final_weights(run: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return load_file(str(run / "final" / "transformer.safetensors"))
+    return sft_args(data, out, 6, "--save-every", 2, "--batch-size", 4)
 
 
 def _assert_resumes_to_the_uninterrupted_result(data, run: Path, tmp_path: Path, capsys) -> None:
@@ -160,7 +151,7 @@ def _assert_resumes_to_the_uninterrupted_result(data, run: Path, tmp_path: Path,
     assert sft.main(_args(data, run)) == 0
     assert "resumed from step 4" in capsys.readouterr().err
     sft.main(_args(data, tmp_path / "uninterrupted"))
-    a, b = _final_weights(run), _final_weights(tmp_path / "uninterrupted")
+    a, b = _weights(run), _weights(tmp_path / "uninterrupted")
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 

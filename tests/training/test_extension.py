@@ -6,14 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
-from training.parts.distributed import DistEnv
+from tests.training.test_loop import CPU1
 from training.parts.extension import RunExtension
 from training.parts.rundir import RunConfigMismatchError, RunDir
 from training.parts.sft_run import schedule as sft_schedule
 
-CPU1 = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 SFT = RunExtension(sft_schedule)
 OPTIONS = {"lr": 5e-4, "max_steps": 300, "warmup_steps": 20, "lr_drop_step": None, "lr_drop_fraction": 0.6,
            "lr_drop_factor": 0.2}

@@ -9,21 +9,24 @@ call (a TorchFunctionMode) while training.sft runs on a tiny model, per optimize
 from __future__ import annotations
 
 import contextlib
+import signal
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from tests.training.test_sft import write_run_inputs
+from tests.training.test_loop import CPU1
+from tests.training.test_sft import TRANS as SFT_TRANS, _args, write_run_inputs
 from training import sft
-from training.parts import sft_run
+from training.parts import schedule, sft_run, stop
 from training.parts.distributed import DistEnv
+from training.parts.run import TrainingRun
 from training.parts.streams import BatchStream, BatchStreamConfig, LoaderPolicy, default_num_workers, loader_policy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TRANS = dict(depth=2, embed_dim=32, num_heads=2, patch_nums=[1, 2, 4], vocab_size=64, z_channels=8,
-             alpha_nums=[0.2, 0.5, 0.7], image_encoder="cnn", encoder_dim=32, drop_path_rate=0.1)
+TRANS = {**SFT_TRANS, "embed_dim": 32, "drop_path_rate": 0.1}
 
 # what makes the host wait for a GPU: reading a value, a copy to the host, an output shape that depends on values
 READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__float__, torch.Tensor.__int__, torch.Tensor.__bool__,
@@ -54,50 +57,35 @@ class HostReads(TorchFunctionMode):
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("syncs")
-    return root, write_run_inputs(root, count=16, val_fraction=0.0, transformer=TRANS)["manifest"]
+    return write_run_inputs(tmp_path_factory.mktemp("syncs"), count=16, val_fraction=0.0, transformer=TRANS)
 
 
 def test_the_sft_step_reads_the_device_on_log_steps_only(inputs, tmp_path, monkeypatch):
-    root, manifest = inputs
     reads = HostReads()
     step_of = sft_run.objective_step
 
+    def paused(fn):
+        """``fn`` with the counting paused."""
+        def call(*args):
+            with reads.pause():
+                return fn(*args)
+        return call
+
     def counted_step(tr, params, cfg, step, to_device):
         reads.step = step
-
-        def load(batch):
-            with reads.pause():
-                return to_device(batch)
-        return step_of(tr, params, cfg, step, _Paused(tr, reads, load))
+        stream = tr.state.stream
+        if not hasattr(stream, "_counted"):  # the stream's next() (to_device's argument) is data loading too
+            stream.next, stream._counted = paused(stream.next), True
+        return step_of(tr, params, cfg, step, paused(to_device))
 
     monkeypatch.setattr(sft_run, "objective_step", counted_step)
     with reads:
-        sft.main(["--data", str(manifest), "--preset", str(root / "preset.json"), "--tokenizer", str(root / "tok"),
-                  "--out", str(tmp_path / "run"), "--max-steps", "8", "--log-every", "4", "--batch-size", "4",
-                  "--grad-accum", "2", "--alpha-jitter", "0.1", "--save-every", "100", "--save-every-minutes", "0",
-                  "--no-token-cache", "--no-compile", "--no-progress"])
+        sft.main(_args(inputs, tmp_path / "run", 8, "--log-every", 4, "--batch-size", 4, "--grad-accum", 2,
+                       "--alpha-jitter", 0.1, "--save-every", 100, "--save-every-minutes", 0, "--no-token-cache",
+                       "--no-compile"))
     between = {step: names for step, names in reads.by_step.items() if step not in (0, 4, 8)}  # 0: the set-up
     assert not between, f"host reads in steps that do not log: {between}"
     assert reads.by_step.get(4), "the log step reads the window (else nothing was counted)"
-
-
-class _Paused:
-    """``to_device`` with the counting paused, the stream's ``next()`` (its argument) included."""
-
-    def __init__(self, tr, reads: HostReads, load):
-        self.reads, self.load = reads, load
-        stream = tr.state.stream
-        if not hasattr(stream, "_counted"):
-            plain = stream.next
-
-            def next_paused():
-                with reads.pause():
-                    return plain()
-            stream.next, stream._counted = next_paused, True
-
-    def __call__(self, batch):
-        return self.load(batch)
 
 
 # ------------------------------------------------------------------------------------------ the loader policy
@@ -132,8 +120,7 @@ def test_the_training_stream_keeps_its_workers_across_epochs_and_passes_the_epoc
         def __getitem__(self, i):
             return torch.tensor([self.epoch, i])
 
-    env = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
-    stream = BatchStream(Epochs(), BatchStreamConfig(global_batch=4, shuffle=False, loader=LoaderPolicy(2)), env)
+    stream = BatchStream(Epochs(), BatchStreamConfig(global_batch=4, shuffle=False, loader=LoaderPolicy(2)), CPU1)
     assert stream._loader.persistent_workers and stream._loader.num_workers == 2
     epochs = [stream.next()[:, 0].tolist() for _ in range(6)]
     assert epochs == [[0] * 4, [0] * 4, [1] * 4, [1] * 4, [2] * 4, [2] * 4]
@@ -146,12 +133,6 @@ def test_the_training_stream_keeps_its_workers_across_epochs_and_passes_the_epoc
 def test_ranks_agree_on_a_stop_or_a_timed_checkpoint_on_log_steps_only(tmp_path, monkeypatch):
     """Rank 0's signal and clock reach the other ranks by a broadcast (a host read on a GPU): every log step and
     the last, not every step; a signal then stops the run at the next log step, checkpointed there."""
-    import signal
-    from types import SimpleNamespace
-
-    from training.parts import schedule, stop
-    from training.parts.run import TrainingRun
-
     broadcasts: list[int] = []
     now = {"step": 0}
 

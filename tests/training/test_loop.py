@@ -106,7 +106,6 @@ def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path):
         restore_rng_state(state, {"other": torch.Generator()})
 
 
-# ------------------------------------------------------------------------------------------ checkpoints
 class _CudaRng:
     """The CUDA generators of a machine with ``count`` GPUs, for torch.cuda's RNG functions on the CPU: a
     device it lacks fails as torch's does ("invalid device ordinal")."""
@@ -155,6 +154,7 @@ def test_a_resume_restores_the_cuda_rng_when_the_number_of_gpus_changed(monkeypa
     restore_rng_state(state, device=torch.device("cpu"))  # a CPU resume has no CUDA state to restore
 
 
+# ------------------------------------------------------------------------------------------ checkpoints
 def test_checkpoints_are_atomic_and_pruned(tmp_path):
     mgr = CheckpointManager(tmp_path / "ck", CPU1, keep=2)
     assert mgr.load().state is None
@@ -465,13 +465,12 @@ def test_a_non_finite_loss_stops_with_a_clear_error_before_any_log_line_or_check
     """The step notes a non-finite loss on the device (no host sync); the next log line or checkpoint reads it
     and stops the run, naming the first step that diverged, with nothing written."""
     class Diverging(ToyObjective):
+        calls = 0
+
         def forward(self, batch):
+            self.calls += 1
             loss, metrics = super().forward(batch)
             return loss * (float("nan") if self.training and self.calls == 2 else 1.0), metrics
-
-        def __call__(self, *a, **kw):
-            self.calls = getattr(self, "calls", 0) + 1
-            return super().__call__(*a, **kw)
 
     env = CPU1
     obj = Diverging()

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from stylevar import StylePipeline
 from tests.conftest import single_thread_env
-from tests.training.test_sft import REPO, _args, _weights, setup  # noqa: F401 - setup is the module's fixture
+from tests.training.test_sft import REPO, TOK, TRANS, _args, _weights, setup  # noqa: F401 - setup is the module's fixture
 from training.parts import fsdp
 from training.parts.log import read_log
 
@@ -162,10 +162,8 @@ def test_fsdp_checkpoints_export_to_the_final_model_and_match_ddp(setup, tmp_pat
 
 
 # ------------------------------------------------------------------------------------------ FSDP2 in bf16
-BF16_TOK = dict(vocab_size=64, z_channels=8, ch=8, ch_mult=[1, 1, 2, 2, 4], num_res_blocks=1, patch_nums=[1, 2, 4],
-                using_sa=False, using_mid_sa=False)  # 64 px: ResNet-18's last stage still sees 2 x 2
-BF16_TRANS = dict(depth=2, embed_dim=64, num_heads=2, patch_nums=[1, 2, 4], vocab_size=64, z_channels=8,
-                  alpha_nums=[0.2, 0.5, 0.7], image_encoder="resnet18", encoder_dim=512)
+BF16_TOK = {**TOK, "ch_mult": [1, 1, 2, 2, 4]}  # 64 px: ResNet-18's last stage still sees 2 x 2
+BF16_TRANS = {**TRANS, "image_encoder": "resnet18", "encoder_dim": 512}
 
 
 def _gradients(module: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -12,16 +12,15 @@ from data_tools.synth import SynthConfig, generate
 from stylevar.loaders.convert import load_vqvae
 from stylevar.config import VQVAEConfig
 from stylevar.models.tokenizer import MultiScaleVQVAE
+from tests.training.test_loop import CPU1
 from training import vqvae
 from training.parts import vqvae_objective
 from training.parts import vqvae_run
 from training.parts.optim import make_adamw
-from training.parts.distributed import DistEnv
 from training.parts.log import read_log
 
 TOK = dict(vocab_size=64, z_channels=8, ch=8, ch_mult=[1, 1, 2], num_res_blocks=1, patch_nums=[1, 2, 4],
            using_sa=False, using_mid_sa=False)  # 16 px
-CPU1 = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]

@@ -79,6 +79,14 @@ def server(tmp_path_factory):
         srv.stop()
 
 
+def loaded_size(page, selector: str) -> tuple[int, int]:
+    """The natural size of the first picture under `selector`, once it has loaded (a broken link never does)."""
+    img = page.locator(selector).first
+    img.wait_for()
+    page.wait_for_function("(el) => el.complete && el.naturalWidth > 0", arg=img.element_handle())
+    return tuple(img.evaluate("(el) => [el.naturalWidth, el.naturalHeight]"))
+
+
 def test_stylize_in_the_browser(server, tmp_path):
     pairs = example_pairs()
     content_path, style_path = tmp_path / "content.png", tmp_path / f"style{Path(pairs[2][1]).suffix}"
@@ -94,32 +102,17 @@ def test_stylize_in_the_browser(server, tmp_path):
         page.locator("#style-input img").wait_for()
         page.click("#stylize-button")
         page.locator("#status").get_by_text("Done").wait_for()
-        result = page.locator("#results img").first
-        result.wait_for()
-        page.wait_for_function("(el) => el.complete && el.naturalWidth > 0", arg=result.element_handle())
-        size = result.evaluate("(el) => [el.naturalWidth, el.naturalHeight]")
-        assert tuple(size) == CONTENT_SIZE
+        assert loaded_size(page, "#results img") == CONTENT_SIZE
         page.locator("#preview img").wait_for()  # the coarse-to-fine preview ends on the result
         assert "AdaIN" in page.locator("#adain-status").inner_text()
         if magenta_available():  # the baseline panel's default on a machine with the teacher extra
             assert page.locator("#run-baseline input").is_checked()  # ticked by the page (unticked for the API)
-            baseline = page.locator("#adain-output img")
-            baseline.wait_for()
-            page.wait_for_function("(el) => el.complete && el.naturalWidth > 0", arg=baseline.element_handle())
-            assert tuple(baseline.evaluate("(el) => [el.naturalWidth, el.naturalHeight]")) == CONTENT_SIZE
+            assert loaded_size(page, "#adain-output img") == CONTENT_SIZE
         page.screenshot(path=str(shot), full_page=True)
 
     assert Image.open(shot).size[0] == 1280
     if os.environ.get("STYLEVAR_UPDATE_SCREENSHOT") == "1":
         shutil.copy(shot, REPO / "docs" / "ui.png")
-
-
-def loaded_size(page, selector: str) -> tuple[int, int]:
-    """The natural size of the first picture under `selector`, once it has loaded (a broken link never does)."""
-    img = page.locator(selector).first
-    img.wait_for()
-    page.wait_for_function("(el) => el.complete && el.naturalWidth > 0", arg=img.element_handle())
-    return tuple(img.evaluate("(el) => [el.naturalWidth, el.naturalHeight]"))
 
 
 def test_an_example_fills_both_inputs_and_stylizes(server, tmp_path):

@@ -36,12 +36,14 @@ class RunExtension:
         would change the rate of a step already trained, the drop stays where ``old`` had it."""
         before = self.schedule(old)
         placed = "lr_drop_step" not in new or new["lr_drop_step"] is not None  # by the new command, or no drop option
-        if placed or self._changed(before, new, steps_done) is None:
+        after = self.schedule(new)
+        if placed or self._changed(before, after, steps_done) is None:
             return dict(new), ""
         kept = {**new, "lr_drop_step": before.resolved_drop_step}
-        if self._changed(before, kept, steps_done) is not None or old.get("lr_drop_step") == kept["lr_drop_step"]:
+        if (self._changed(before, self.schedule(kept), steps_done) is not None
+                or old.get("lr_drop_step") == kept["lr_drop_step"]):
             return kept, ""  # still changed: problem() says why; already kept by an earlier re-run: said then
-        moved = self.schedule(new).resolved_drop_step
+        moved = after.resolved_drop_step
         return kept, (f"learning-rate drop kept at step {before.resolved_drop_step}, where this run had it: it has "
                       f"trained {steps_done} steps, and --max-steps {kept['max_steps']} alone would put the drop at "
                       f"step {moved} (--lr-drop-step places it, at a step not yet trained)")
@@ -50,7 +52,7 @@ class RunExtension:
         """Why ``new`` (as :meth:`settle` returned it) may not continue the run of ``old`` that has taken
         ``steps_done`` steps ("" when it may)."""
         before, after = self.schedule(old), self.schedule(new)
-        changed = self._changed(before, new, steps_done)
+        changed = self._changed(before, after, steps_done)
         if changed is None:
             return ""
         given = ", ".join(f"--{k.replace('_', '-')} {new[k]}" for k in ("max_steps", "lr_drop_step")
@@ -60,7 +62,7 @@ class RunExtension:
                 f"of step {changed + 1}, already trained. Leave out --lr-drop-step (or set it to "
                 f"{before.resolved_drop_step}) to keep the drop where it was")
 
-    def _changed(self, before: ScheduleConfig, new: Mapping[str, Any], steps_done: int) -> int | None:
-        """The first trained step (0-based) whose rate the schedule of ``new`` changes (None: none)."""
-        after = self.schedule(new)
+    @staticmethod
+    def _changed(before: ScheduleConfig, after: ScheduleConfig, steps_done: int) -> int | None:
+        """The first trained step (0-based) whose rate ``after`` changes from ``before`` (None: none)."""
         return next((s for s in range(steps_done) if before.factor(s) != after.factor(s)), None)

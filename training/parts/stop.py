@@ -14,6 +14,8 @@ import torch
 from training.parts.distributed import DistEnv, broadcast_
 
 CAUGHT = (signal.SIGINT, signal.SIGTERM)
+# why a loop stops after a step, as rank 0 broadcasts it (a float: the value travels as a tensor)
+GO_ON, BY_SIGNAL, OUT_OF_TIME = 0.0, 1.0, 2.0
 
 
 class StopSignals:
@@ -51,13 +53,13 @@ class StopSignals:
     def agreed(self, env: DistEnv) -> bool:
         """Whether to stop after this step: rank 0's answer on every rank (torchrun passes a signal on to every
         process, and the ranks must checkpoint at the same step)."""
-        why = 1.0 if self.received is not None else 2.0 if self.clock() >= self._deadline else 0.0
+        why = BY_SIGNAL if self.received is not None else OUT_OF_TIME if self.clock() >= self._deadline else GO_ON
         if env.distributed:
             why = float(broadcast_(torch.tensor([why], device=env.device), env).item())
-            if why == 1.0 and self.received is None:
+            if why == BY_SIGNAL and self.received is None:
                 self.received = signal.SIGTERM
-        self.out_of_time = why == 2.0
-        return why > 0
+        self.out_of_time = why == OUT_OF_TIME
+        return why != GO_ON
 
     def line(self, step: int, max_steps: int, checkpoint: str) -> str:
         """The one line said when the loop stops after the checkpoint of ``step``."""

@@ -190,8 +190,7 @@ class BatchStream:
         self._it = None
 
     def _open(self) -> Iterator:
-        if hasattr(self.dataset, "set_epoch"):
-            self.dataset.set_epoch(self.epoch)  # type: ignore[attr-defined]
+        # the dataset's set_epoch: by EpochItems, in the process that reads each item
         self._sampler.epoch, self._sampler.start = self.epoch, self.index * self.micro_batch
         return iter(self._loader)
 
