@@ -1,54 +1,192 @@
-"""CPU inference, stage by stage, on the reference-shaped configuration.
-
-The configuration, written in the reference's config.json fields (`REFERENCE_CONFIG`): VAR's tokenizer
-layout (ch_mult (1, 1, 2, 2, 4), downsampling 16) at base width ch 32 as in the reference's golden_small
-config, V = 4096, Cvae 32, 8 scales (1, 2, 3, 4, 5, 6, 8, 10) = 255 tokens at 160 px, and a depth-8
-StyleVAR (width 512, 8 heads) with ResNet-18 image encoders; random weights. (The issue does not state the
-tokenizer width; ch 32 is the one its stage times fit: 3.4 GFLOP per encode, 6.2 per decode, against 84 and
-154 at the published ch 160.)
+"""CPU inference, stage by stage, on the reference-shaped configuration (`benchmarks.reference`), random weights.
 
     python -m benchmarks.cpu_pipeline [--batch-sizes 1,4] [--repeats 7] [--warmup 2] [--threads 2] \
         [--precisions fp32,bf16] [--reference] [--agreement-seeds 8] [--fast [--fast-keep F] [--fast-min-tokens N]] [--json]
 
-Per batch size it prints, for the plain model (as built: the path the conformance tests check) and a
-prepared copy per `--precisions` entry (`stylevar.runtime.inference.prepare`), the median ms per image of each stage
-and of the whole `generate` call:
-  encode    two VQ-VAE encodes (content and style: encoder, quant_conv, multi-scale quantisation)
-  encoders  the two ResNet-18 image encoders (pooled)
-  condition everything `StyleVAR.condition` does (the two rows above plus the token embeddings)
-  loop      `StyleVAR.sample_tokens` (the coarse-to-fine transformer loop, top-k 900 / top-p 0.96)
-  decode    the final VQ-VAE decode
-  total     `StyleVAR.generate` end to end (what a caller waits for)
-Each stage is timed with the models' calls taking turns in one process (same inputs), so a shared
-machine's changing load weighs on each alike; stages are separate medians, so `condition + loop + decode`
-is close to, not equal to, `total`. For bf16 it also prints the token agreement with the plain fp32 model
-(same inputs and seeds, `--agreement-seeds` images). (int8 was removed: stylevar.utils.precisions.)
-
-`--fast` adds the row `fp32 fast`: the prepared fp32 model with fast sampling (`GenerationConfig.fast`,
-`stylevar.models.transformer.pruning`: the flat 2 x 2 groups of the last scales merged) in its loop and total, with
-the model's plan or `--fast-keep` / `--fast-min-tokens`; its token agreement with the plain model
-is printed too (random weights: what it says about quality is benchmarks/fast_sampling.py's on the demo model).
-
-`--reference` also times the public reference implementation (`benchmarks.reference_pipeline`; a checkout
-of it on PYTHONPATH, nothing vendored) in the same turns, at identical weights: this project's models are
-then loaded from the reference's own random state dicts through this project's checkpoint loaders, and the
-greedy images of the two are compared (they agree to float rounding). Its loop is its total less its other
-stages. Without `--reference` the ratio printed is to the issue's side-by-side measurement on an idle
-machine (the reference at 1.40x this project's plain time at batch 1, 1.49x at batch 4, as then).
+Per batch size: median ms per image of each stage (STAGES) for the plain model and a prepared copy per precision
+(`stylevar.runtime.inference.prepare`), the models taking turns; token agreement with fp32; `--fast` adds the prepared
+model with fast sampling; `--reference` times the public reference in the same turns at identical weights.
 """
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import json
+import os
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from benchmarks.side_by_side import timing_arguments
+from benchmarks.harness import time_turns, timing_arguments
 from stylevar.utils.helptext import HelpFormatter
 from stylevar.utils.threads import apply_threads  # no torch
 
 if TYPE_CHECKING:
-    from benchmarks.measures.cpu_pipeline import StageBenchConfig
+    import torch
+
+# the stages of one image-to-image call, in the order they are timed: two VQ-VAE encodes, the two ResNet-18 encoders,
+# all of `StyleVAR.condition`, the coarse-to-fine loop (top-k 900 / top-p 0.96), the final decode, `generate` whole
+STAGES = ("encode", "encoders", "condition", "loop", "decode", "total")
+
+
+@dataclass(frozen=True)
+class StageBenchConfig:
+    batch_sizes: tuple[int, ...] = (1, 4)
+    repeats: int = 7
+    warmup: int = 2
+    threads: int = 2
+    precisions: tuple[str, ...] = ("fp32",)  # prepared models timed beside the plain one
+    reference: bool = False  # time the public reference too, at identical weights (its checkout on PYTHONPATH)
+    agreement_seeds: int = 8
+    seed: int = 0
+    fast: bool = False  # also time the prepared fp32 model with fast sampling (row "fp32 fast")
+    fast_keep: float | None = None  # its plan's keep fraction; None: the model's plan's
+    fast_min_tokens: int | None = None  # its plan's smallest merged scale; None: the model's plan's
+
+
+def build(cfg: StageBenchConfig, state: tuple[dict, dict] | None = None):
+    """The plain reference-shaped model: random weights (seed `cfg.seed`), or the reference's state dicts
+    ``(vqvae_sd, stylevar_sd)`` loaded through this project's checkpoint loaders (identical weights)."""
+    from benchmarks.reference import reference_shaped, reference_weights
+    from stylevar.pipelines.pipeline import StylePipeline
+
+    if state is None:
+        return StylePipeline.random(reference_shaped(), seed=cfg.seed).model.eval()
+    return reference_weights(*state).eval()
+
+
+def prepared_copy(plain, precision: str):
+    """A copy of the plain model, prepared for inference (`stylevar.runtime.inference.prepare`) at ``precision``."""
+    from stylevar.runtime.inference import InferenceConfig, prepare
+
+    return prepare(copy.deepcopy(plain), InferenceConfig(precision=precision))
+
+
+FAST = "fp32 fast"  # the row of the prepared fp32 model sampling with `fast=True`
+
+
+def stage_fns(model, content: torch.Tensor, style: torch.Tensor, fast: bool = False) -> dict:
+    """One call of each stage of this project's model (STAGES), on these inputs; ``fast``: the loop and the
+    total with fast sampling."""
+    from stylevar.models.encoders import pooled
+    from stylevar.models.generation import GenerationConfig
+    from stylevar.models.sampling import make_generators
+
+    batch, tok, alpha_K = content.shape[0], model.tokenizer, model.blend_alphas()
+    cond = model.condition(content, style)
+    f_hat, _ = model.sample_tokens(cond, make_generators(0, batch, content.device), alpha_K)
+    return {
+        "encode": lambda: (tok.encode(content), tok.encode(style)),
+        "encoders": lambda: (pooled(model.style_encoder, style), pooled(model.content_encoder, content)),
+        "condition": lambda: model.condition(content, style),
+        "loop": lambda: model.sample_tokens(cond, make_generators(0, batch, content.device), alpha_K,
+                                               GenerationConfig(fast=fast)),
+        "decode": lambda: tok.decode_fhat(f_hat),
+        "total": lambda: model.generate(content, style, seed=0, fast=fast),
+    }
+
+
+def time_stages(models: dict, batch: int, cfg: StageBenchConfig, reference=None) -> dict[str, dict[str, float]]:
+    """Median ms per image of every stage for each model (same weights), stage by stage with the models'
+    calls taking turns, so a shared machine's changing load weighs on each alike. ``reference``: the public
+    reference's models (`benchmarks.reference`), timed in the same turns on the stages it has; its
+    loop is its total less its other stages."""
+    from benchmarks.reference import images, reference_stage_fns
+
+    size = next(iter(models.values())).tokenizer.cfg.image_size
+    content, style = images(batch, size, cfg.seed + batch)
+    fns = {name: stage_fns(m, content, style, fast=name == FAST) for name, m in models.items()}
+    if reference is not None:
+        fns = {"reference": reference_stage_fns(reference, content, style), **fns}
+    out = time_turns(fns, batch, cfg.repeats, cfg.warmup, STAGES)
+    if reference is not None:
+        ref = out["reference"]
+        ref["loop"] = ref["total"] - ref["encode"] - ref["encoders"] - ref["decode"]
+    return out
+
+
+def token_agreement(fp32_model, other_model, cfg: StageBenchConfig, fast: bool = False) -> float:
+    """Fraction of sampled tokens that are equal, same inputs and seed, over `agreement_seeds` seeds (``fast``: the
+    other model samples with fast sampling)."""
+    import torch
+
+    from benchmarks.reference import images
+
+    equal = total = 0
+    size = fp32_model.tokenizer.cfg.image_size
+    for s in range(cfg.agreement_seeds):
+        content, style = images(1, size, 1000 + s)
+        _, a = fp32_model.generate_with_indices(content, style, seed=s)
+        _, b = other_model.generate_with_indices(content, style, seed=s, fast=fast)
+        a, b = torch.cat(a, 1), torch.cat(b, 1)
+        equal += int((a == b).sum())
+        total += a.numel()
+    return equal / total
+
+
+def greedy_difference(reference, model) -> float:
+    """Largest pixel difference (in [0, 1]) between the reference's and this model's greedy (top-k 1)
+    images at identical weights: the two compute the same thing, so this is float rounding."""
+    from benchmarks.reference import images, reference_generate
+
+    content, style = images(1, model.tokenizer.cfg.image_size, 7)
+    ours = model.generate(content, style, top_k=1, seed=0)
+    theirs = reference_generate(reference, content, style, seed=0, top_k=1, top_p=0.0)
+    return float((ours - theirs).abs().max())
+
+
+def measure(cfg: StageBenchConfig, reference=None) -> dict:
+    """Every figure of one run: stage times per batch size, token agreement, and the greedy difference to the
+    reference (when given: its models, `benchmarks.reference.build_reference`)."""
+    import torch
+
+    plain = build(cfg, None if reference is None else (reference.vae.state_dict(), reference.model.state_dict()))
+    models = {"plain": plain, **{x: prepared_copy(plain, x) for x in cfg.precisions}}
+    if cfg.fast:
+        models[FAST] = models["fp32"] if "fp32" in models else prepared_copy(plain, "fp32")
+        plan = models[FAST].fast_sampling
+        models[FAST].fast_sampling = dataclasses.replace(
+            plan, keep=plan.keep if cfg.fast_keep is None else cfg.fast_keep,
+            min_tokens=plan.min_tokens if cfg.fast_min_tokens is None else cfg.fast_min_tokens)
+    out = {"config": "reference-shaped d8, 160 px, 8 scales (255 tokens), V 4096", "threads": cfg.threads,
+           "repeats": cfg.repeats, "load": os.getloadavg()[0], "stages_ms_per_image": {}}
+    with torch.inference_mode():
+        if reference is not None:
+            out["reference_greedy_max_pixel_difference"] = greedy_difference(reference, plain)
+        for B in cfg.batch_sizes:
+            out["stages_ms_per_image"][B] = time_stages(models, B, cfg, reference)
+        out["token_agreement_with_fp32"] = {x: token_agreement(plain, models[x], cfg)
+                                            for x in cfg.precisions if x != "fp32"}
+        if cfg.fast:
+            out["token_agreement_with_fp32"][FAST] = token_agreement(plain, models[FAST], cfg, fast=True)
+        out["fast_plan"] = dataclasses.asdict(models[FAST].fast_sampling)
+    out["load_after"] = os.getloadavg()[0]
+    return out
+
+
+def print_report(out: dict, cfg: StageBenchConfig) -> None:
+    """The figures of `measure` as a table, with the ratio to the reference (when measured) per batch size."""
+    print(f"{out['config']}; {cfg.threads} threads; median of {cfg.repeats}; load {out['load']:.2f} -> "
+          f"{out['load_after']:.2f}")
+    if "reference_greedy_max_pixel_difference" in out:
+        print(f"  identical weights: greedy images of the reference and this project differ by at most "
+              f"{out['reference_greedy_max_pixel_difference']:.2e}")
+    for B, per_model in out["stages_ms_per_image"].items():
+        for name, st in per_model.items():
+            cells = "  ".join(f"{k} {st[k]:7.1f}" if k in st else f"{k} {'-':>7}" for k in STAGES)
+            print(f"  batch {B} {name:>9}: ms/image  {cells}")
+        if "reference" not in per_model:
+            continue
+        ref = per_model["reference"]["total"]
+        print(f"    vs the reference ({ref:.0f} ms/image, measured in the same turns): "
+              + ", ".join(f"{n} {ref / st['total']:.2f}x faster" for n, st in per_model.items() if n != "reference"))
+    if "fast_plan" in out:
+        plan = out["fast_plan"]
+        print(f"  {FAST}: fast sampling, {plan['keep']:g} of the 2 x 2 groups kept on every scale of at least "
+              f"{plan['min_tokens']} positions")
+    for x, agreement in out["token_agreement_with_fp32"].items():
+        print(f"  {x}: token agreement with fp32 (same seeds, {cfg.agreement_seeds} images): {100 * agreement:.2f}%")
 
 
 def parse_config(argv: list[str] | None) -> tuple[StageBenchConfig, bool]:
@@ -75,8 +213,6 @@ def parse_config(argv: list[str] | None) -> tuple[StageBenchConfig, bool]:
     for x in precisions:
         if precision_error(x):  # a removed one (int8) says why
             p.error(f"--precisions: {precision_error(x)}")
-    from benchmarks.measures.cpu_pipeline import StageBenchConfig  # torch: once the options are checked
-
     cfg = StageBenchConfig(batch_sizes=tuple(int(b) for b in a.batch_sizes.split(",")), repeats=a.repeats,
                            warmup=a.warmup, threads=a.threads, precisions=precisions, reference=a.reference,
                            agreement_seeds=a.agreement_seeds,
@@ -87,12 +223,10 @@ def parse_config(argv: list[str] | None) -> tuple[StageBenchConfig, bool]:
 
 def main(argv: list[str] | None = None) -> int:
     cfg, as_json = parse_config(argv)
-    from benchmarks.measures.cpu_pipeline import measure, print_report
-
     apply_threads(cfg.threads)
     reference = None
     if cfg.reference:
-        from benchmarks.measures.reference_pipeline import ReferenceMissing, build_reference, missing_message
+        from benchmarks.reference import ReferenceMissing, build_reference, missing_message
 
         try:
             reference = build_reference(cfg.seed)
@@ -105,7 +239,6 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print_report(out, cfg)
     return 0
-
 
 
 if __name__ == "__main__":

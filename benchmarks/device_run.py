@@ -1,53 +1,94 @@
-"""The prepared device run: what only a GPU can measure, as one bounded command (issue 60).
+"""The GPU run: what only a GPU can measure, as one bounded command. Run it on your GPU:
 
     python -m benchmarks.device_run OUTDIR [--device cuda] [--preset d20]          # at most 8 minutes
     python -m benchmarks.device_run OUTDIR --device cpu --preset tiny --batch-sizes 1,2 --requests 4 \\
         --serve-seconds 2 --compile-backend eager                                  # the CPU dry run (the tests')
 
-Stages, in this order, each in a child process of its own (`--stage`) with a time limit, a share of the whole
-run's budget (`--budget-s`, 480 s): a stage past its limit is killed with everything it started, recorded as
-`timed_out`, and the run goes on; a stage that fails records its error and the run goes on.
-
-- `environment`: the GPU (name, count, capability, memory), the driver, torch and its CUDA and cuDNN, the dense
-  bf16 peak the MFU is taken against (benchmarks/gpu_peaks.py), and, when a GPU is present but unusable, why.
-- `golden`: the reference's golden tokens, logits and reconstruction (tests/data/reference, computed on the CPU)
-  recomputed on the device with TF32 off: tokens that differ per scale, the largest logit and pixel differences.
-- `generate_eager`: `stylevar bench` (random weights of the preset) at each batch size: ms/image, images/s, peak
-  memory (torch.cuda.max_memory_allocated), % of the peak; torch._dynamo's counters (no graphs when eager).
-- `sft_step`: one SFT optimizer step of the preset in bf16 autocast (benchmarks.train_step): ms/step, samples/s,
-  the memory a step needs, MFU.
-- `service`: `python -m serve --device DEVICE` on a random model of the preset, `--requests` clients sending
-  `POST /stylize` back to back for `--serve-seconds` (benchmarks.load_test): statuses, p50/p95/p99, the service's
-  GPU memory (nvidia-smi: when ready, the peak under load) and its peak host memory.
-- `generate_compiled`: as `generate_eager` with the blocks compiled, and the graphs torch._dynamo made and its
-  recompile-limit hits (last: compiling may take whatever the budget has left).
-
-Every stage writes OUTDIR/<stage>.json (`status`, `seconds`, `limit_s`, its `figures` or `error`) and its log
-OUTDIR/<stage>.log; OUTDIR/device_run.json gathers them all. Exit status 0 when every stage is `ok`, else 1.
+Each stage of STAGES runs in a child process of its own with a share of `--budget-s` (past it, the stage and all it
+started are killed and recorded `timed_out`; a failing stage records its error; the run goes on), writing
+OUTDIR/<stage>.json and .log; OUTDIR/device_run.json gathers them. Exit status 0 when every stage is `ok`.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import dataclasses
 import json
 import os
+import platform
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks.device_config import DeviceRunConfig
+from benchmarks.harness import PeakSampler, proc_bytes
 from stylevar.utils.atomic import atomic_write_text
 from stylevar.utils.helptext import RawDescriptionHelpFormatter
 
-# (stage, share of the budget): the last one takes whatever is left
+# (stage, share of the budget), in order; the last one takes whatever is left:
+#   environment        the GPU, driver, torch, CUDA, cuDNN, the bf16 peak (MFU), why CUDA is unusable
+#   golden             the reference's golden tokens, logits and reconstruction (tests/data/reference) in strict fp32
+#   generate_eager     `stylevar bench` of the preset (random weights) at each batch size: ms/image, memory, % of peak
+#   sft_step           one bf16 SFT optimizer step (benchmarks.train_step): ms/step, samples/s, memory, MFU
+#   service            `python -m serve` under `--requests` clients (benchmarks.load_test): latency, GPU memory
+#   generate_compiled  as generate_eager with the blocks compiled: torch._dynamo's graphs and recompile-limit hits
 STAGES: tuple[tuple[str, float], ...] = (("environment", 0.06), ("golden", 0.1), ("generate_eager", 0.17),
                                          ("sft_step", 0.13), ("service", 0.23), ("generate_compiled", 1.0))
 REPO = Path(__file__).resolve().parents[1]  # the children run `-m benchmarks.device_run` from here
 MIN_STAGE_S = 5.0  # a stage with less time than this left is skipped
 SUMMARY_RESERVE_S = 2.0  # kept back for the summary
+
+# (pattern on the device name, TFLOP/s): the first match wins, so each variant comes before its family
+PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
+    (r"\bH100\b.*\bPCIe\b", 756.0),
+    (r"\bH100\b.*\bNVL\b", 835.0),
+    (r"\bH200\b.*\bNVL\b", 835.0),
+    (r"\bH100\b", 989.0),  # SXM ("NVIDIA H100 80GB HBM3")
+    (r"\bH200\b", 989.0),  # SXM
+    (r"\bGH200\b", 989.0),
+    (r"\bB200\b", 2250.0),
+    (r"\bA100\b", 312.0),
+    (r"\bA800\b", 312.0),
+    (r"\bL40S\b", 362.0),
+    (r"\bL40\b", 181.0),
+    (r"\bL4\b", 121.0),
+    (r"\bA10\b", 125.0),
+    (r"\bA6000\b", 155.0),  # RTX A6000
+)
+
+
+def peak_tflops(name: str) -> float | None:
+    """The dense bf16 peak of the GPU called ``name`` (e.g. "NVIDIA H100 80GB HBM3"), None when unknown."""
+    for pattern, tflops in PEAK_BF16_TFLOPS:
+        if re.search(pattern, name, flags=re.IGNORECASE):
+            return tflops
+    return None
+
+
+@dataclass(frozen=True)
+class DeviceRunConfig:
+    """One run's options."""
+
+    out: Path
+    device: str = "cuda"
+    preset: str = "d20"
+    batch_sizes: tuple[int, ...] = (1, 16, 64)
+    compile_backend: str = "inductor"  # "eager": dynamo's graphs without code generation (the CPU dry run)
+    repeats: int = 3
+    warmup: int = 1
+    train_batch: int = 16
+    train_variant: str = "eager"  # benchmarks.train_step's variant: eager, or default (blocks compiled)
+    requests: int = 64  # concurrent clients of the service
+    serve_seconds: float = 20.0  # how long they send back to back
+    budget_s: float = 480.0  # the whole run
 
 
 DEFAULTS = DeviceRunConfig(out=Path())  # the options' defaults (OUTDIR is the command's argument)
@@ -98,23 +139,189 @@ def config_of(a, batches: tuple[int, ...]) -> DeviceRunConfig:
                            serve_seconds=a.serve_seconds, budget_s=a.budget_s)
 
 
+def say(line: str) -> None:
+    print(f"device_run: {line}", file=sys.stderr, flush=True)
+
+
+def gpu_name(device: str) -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else None
+
+
+def nvidia_smi(*query: str) -> list[str]:
+    """nvidia-smi's CSV lines for ``query`` (no header, no units); [] where there is no nvidia-smi."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    run = subprocess.run(["nvidia-smi", *query, "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                         timeout=30)
+    return [line.strip() for line in run.stdout.splitlines() if line.strip()] if run.returncode == 0 else []
+
+
+# ------------------------------------------------------------------------------------------ environment
+def environment(cfg: DeviceRunConfig) -> dict:
+    """The machine: GPU, driver, torch and its CUDA, and why CUDA is unusable when a GPU is present but unused."""
+    import torch
+
+    from stylevar.utils.devices import cuda_unusable_reason, driver_version
+
+    out = {"python": platform.python_version(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
+           "torch": torch.__version__, "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
+           "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+           "device": cfg.device, "cuda_unusable": cuda_unusable_reason()}
+    if cfg.device.startswith("cuda"):
+        props = torch.cuda.get_device_properties(torch.device(cfg.device))
+        index = torch.device(cfg.device).index or 0
+        smi = nvidia_smi("--query-gpu=name,driver_version,memory.total", "-i", str(index))
+        out.update(gpu=props.name, gpu_count=torch.cuda.device_count(), capability=f"{props.major}.{props.minor}",
+                   gpu_memory_gib=round(props.total_memory / 2 ** 30, 2), nvidia_smi=smi,
+                   driver=smi[0].split(", ")[1] if smi else driver_version(), bf16=torch.cuda.is_bf16_supported(),
+                   peak_bf16_tflops=peak_tflops(props.name))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ golden tokens
+def _golden_models():
+    """The reference's small configuration with its seeded weights (tests/reference.py) and golden outputs."""
+    import torch
+
+    from stylevar.config import StyleVARConfig, VQVAEConfig
+    from stylevar.loaders.convert import load_stylevar, load_vqvae
+    from tests import reference
+
+    root = reference.reference_dir()
+    folder, ref_cfg = root / "golden_small", reference.read_config(root)
+
+    def state(table: str, offset: int) -> dict[str, torch.Tensor]:
+        return reference.seeded_state(reference.read_key_table(folder / table), ref_cfg["patch_nums"],
+                                      ref_cfg["seed"] + offset)
+
+    vq = load_vqvae(state("vae_keys.tsv", 0), VQVAEConfig.from_reference(ref_cfg))
+    model = load_stylevar(state("stylevar_keys.tsv", 1000), StyleVARConfig.from_reference(ref_cfg), vq)
+    return vq, model, torch.load(folder / "golden.pt", weights_only=True)
+
+
+def golden(cfg: DeviceRunConfig) -> dict:
+    """The golden tokens, logits and reconstruction (computed by the reference on the CPU) recomputed on the
+    device in strict fp32: tokens that differ per scale, the largest logit and pixel differences."""
+    import torch
+
+    device = torch.device(cfg.device)  # strict fp32: the stage's process set no TF32 (benchmarks.device_run)
+    vq, model, data = _golden_models()
+    vq, model = vq.to(device).eval(), model.to(device).eval()
+    out: dict = {"tf32": False, "tokens": {}}
+    with torch.no_grad():
+        for name in ("content", "style", "target"):
+            idx = vq.encode_indices(data[name].to(device))
+            differ = [int((a.cpu() != b).sum()) for a, b in zip(idx, data[f"{name}_idx"])]
+            out["tokens"][name] = {"differ_per_scale": differ, "total": sum(b.numel() for b in data[f"{name}_idx"])}
+        target = [t.to(device) for t in data["target_idx"]]
+        logits = model.teacher_forcing_logits(data["content"].to(device), data["style"].to(device), target)
+        recon = vq.decode_indices(target)
+    out["logits_max_abs_diff"] = float((logits.float().cpu() - data["logits"]).abs().max())
+    out["recon_max_abs_diff"] = float((recon.float().cpu() - data["recon"]).abs().max())
+    out["tokens_equal"] = all(sum(t["differ_per_scale"]) == 0 for t in out["tokens"].values())
+    out["within_1e-4"] = out["logits_max_abs_diff"] <= 1e-4 and out["recon_max_abs_diff"] <= 1e-4
+    return out
+
+
+# ------------------------------------------------------------------------------------------ generation
+def dynamo_counters() -> dict:
+    """torch._dynamo's counters as plain dicts: graphs made, frames, graph breaks, recompile-limit hits."""
+    from torch._dynamo.utils import counters
+
+    from stylevar.runtime.compile import recompile_limit_hits
+
+    raw = {group: {str(k): v for k, v in c.items()} for group, c in counters.items() if c}
+    return {"graphs": raw.get("stats", {}).get("unique_graphs", 0), "recompile_limit_hits": recompile_limit_hits(),
+            "graph_breaks": sum(raw.get("graph_break", {}).values()), "counters": raw}
+
+
+def generation(cfg: DeviceRunConfig, compiled: bool) -> dict:
+    """`stylevar bench` (stylevar.runtime.bench) at each batch size: ms/image, images/s, peak memory, the fraction
+    of the GPU's peak; compiled, the graphs torch._dynamo made and its recompile-limit hits."""
+    from torch._dynamo.utils import counters
+
+    from stylevar.runtime.bench import BenchConfig, run
+
+    peak = peak_tflops(gpu_name(cfg.device) or "")
+    bench = BenchConfig(preset=cfg.preset, device=cfg.device, batch_sizes=cfg.batch_sizes, repeats=cfg.repeats,
+                        warmup=cfg.warmup, compile=compiled, compile_backend=cfg.compile_backend, tf_batch=1,
+                        peak_tflops=peak)
+    counters.clear()
+    result = run(bench, progress=say)
+    return {**dataclasses.asdict(result), "compile_backend": cfg.compile_backend if compiled else None,
+            "dynamo": dynamo_counters()}
+
+
+# ------------------------------------------------------------------------------------------ training step
+def sft_step(cfg: DeviceRunConfig) -> dict:
+    """One SFT optimizer step in bf16 autocast (benchmarks.train_step's measurement, this project's step alone)."""
+    from benchmarks.train_step import StepBenchConfig, measure
+
+    peak = peak_tflops(gpu_name(cfg.device) or "") or 0.0
+    step = StepBenchConfig(batch_sizes=(cfg.train_batch,), precisions=("bf16",), repeats=cfg.repeats,
+                           warmup=cfg.warmup, threads=os.cpu_count() or 1, reference=False, preset=cfg.preset,
+                           device=cfg.device, peak_tflops=peak, variants=(cfg.train_variant,))
+    return measure(step)
+
+
+# ------------------------------------------------------------------------------------------ the service
+def process_memory(pid: int) -> dict:
+    """A process's GPU memory (nvidia-smi, MiB; None without one) and its peak resident host memory (MiB)."""
+    gpu = None
+    for line in nvidia_smi("--query-compute-apps=pid,used_memory"):
+        app_pid, used = (x.strip() for x in line.split(",")[:2])
+        if app_pid == str(pid):
+            gpu = (gpu or 0) + int(used)
+    host = None
+    with contextlib.suppress(OSError, RuntimeError):
+        host = proc_bytes(pid, "VmHWM") / 2 ** 20
+    return {"gpu_mib": gpu, "host_peak_rss_mib": host}
+
+
+def service(cfg: DeviceRunConfig, time_left: Callable[[], float]) -> dict:
+    """`python -m serve --device DEVICE` on a random model of the preset, then `cfg.requests` clients sending
+    `POST /stylize` back to back for `cfg.serve_seconds` (benchmarks.load_test): statuses, p50/p99, memory."""
+    from benchmarks.load_test import LoadConfig, demo_image, run_load
+    from serve.testing import ServerProcess
+    from stylevar.pipelines.pipeline import StylePipeline
+
+    model_dir = Path(tempfile.mkdtemp(prefix="device-run-model-"))  # not under OUTDIR: d20 is gigabytes
+    try:
+        StylePipeline.random(cfg.preset, name=f"{cfg.preset}-random").save_pretrained(model_dir)
+        settings = {"STYLEVAR_DEVICE": cfg.device, "STYLEVAR_THREADS": str(max(1, (os.cpu_count() or 2) // 2))}
+        with ServerProcess.serve(model_dir, settings=settings, extra_args=("--no-ui", "--device", cfg.device),
+                                 log_dir=cfg.out) as srv:
+            srv.wait_ready(timeout=max(1.0, time_left() - cfg.serve_seconds - 10))
+            ready = process_memory(srv.proc.pid)
+            load = LoadConfig(url=srv.url, concurrency=cfg.requests, seconds=cfg.serve_seconds,
+                              content=demo_image(256, 192, 0), style=demo_image(128, 128, 1))
+            with PeakSampler(lambda: process_memory(srv.proc.pid)["gpu_mib"], every_s=0.5) as watch:
+                summary = asyncio.run(run_load(load)).summary()
+            after = process_memory(srv.proc.pid)
+        return {"clients": cfg.requests, "load": summary, "memory_ready": ready, "memory_after": after,
+                "peak_gpu_mib_under_load": watch.peak, "log": str(srv.log_path)}
+    finally:
+        shutil.rmtree(model_dir, ignore_errors=True)
+
+
 # ------------------------------------------------------------------------------------------ a child: one stage
 def run_one_stage(name: str, cfg, limit_s: float) -> dict:
     """The figures of stage ``name`` (this process is its child)."""
-    from benchmarks.measures import device_run as stages
     from stylevar.utils.matmul_precision import set_matmul_precision
 
     start = time.monotonic()
     set_matmul_precision(tf32=name != "golden")  # the policy's TF32; the golden tokens compare in strict fp32
     if name == "environment":
-        return stages.environment(cfg)
+        return environment(cfg)
     if name == "golden":
-        return stages.golden(cfg)
+        return golden(cfg)
     if name in ("generate_eager", "generate_compiled"):
-        return stages.generation(cfg, compiled=name == "generate_compiled")
+        return generation(cfg, compiled=name == "generate_compiled")
     if name == "sft_step":
-        return stages.sft_step(cfg)
-    return stages.service(cfg, lambda: limit_s - (time.monotonic() - start))
+        return sft_step(cfg)
+    return service(cfg, lambda: limit_s - (time.monotonic() - start))
 
 
 def child(name: str, cfg, limit_s: float) -> int:

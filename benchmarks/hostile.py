@@ -1,4 +1,4 @@
-"""Hostile requests for `benchmarks.soak`: each probe of the reliability rounds (issue 55 and before), on loopback.
+"""Hostile requests for `benchmarks.soak`: each probe of the reliability checks, on loopback.
 
 Every probe is a coroutine `probe(url, sizes) -> dict` that sends its requests from a loopback address of its own
 (127.0.0.x, so that the service's per-client connection limit counts it apart from the ordinary clients), waits

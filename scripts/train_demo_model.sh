@@ -42,7 +42,7 @@ MORE_COUNT=${MORE_COUNT:-3200}      # part 3: teacher triplets attempted with an
 MORE_PHOTO_STYLES=${MORE_PHOTO_STYLES:-0.25}  # their share painted in another content photograph's style
 MORE_SFT_STEPS=${MORE_SFT_STEPS:-600}
 PALETTE=${PALETTE:-distribution:1}  # the export's palette step (training.demo --palette)
-UPSAMPLE_STRENGTH=${UPSAMPLE_STRENGTH:-2}  # the guided upsampling's strength (benchmarks.upsample detail, on training pictures)
+UPSAMPLE_STRENGTH=${UPSAMPLE_STRENGTH:-2}  # the guided upsampling's strength (chosen on training pictures: the demo model's card)
 PICTURES=${PICTURES:-$ROOT/pictures}  # training pictures: contents/ and styles/, each with SOURCES.json
 HELDOUT=${HELDOUT:-$ROOT/heldout}     # the judges: contents/ with SOURCES.json (photographs and styles)
 HELDOUT_PHOTOS=${HELDOUT_PHOTOS:-BytheWater,ColdRipple,ColorfulCups,EveningGlow,FallenLeaf,--Grey,Kite,OneStandsOut,--Path,Volna}
@@ -120,15 +120,10 @@ stage sft_more "$ROOT/sft_more/final/transformer.safetensors" \
   --val-every 300 --val-max-batches 2 --no-augment --seed "$SEED" --device "$DEVICE" --no-progress
 # the held-out judges: pictures from two packages no stage above reads
 stage heldout "$HELDOUT/contents/SOURCES.json" "$PY" -m data_tools.pictures --out "$HELDOUT" --held-out
-# the ceilings on the judges: the teacher's own pictures at N px, and through each tokenizer
-stage ceiling "$ROOT/ceiling.json" \
-  "$PY" -m benchmarks.teacher_ceiling --contents "$HELDOUT/contents" --styles "$HELDOUT/contents" \
-  --photos "$HELDOUT_PHOTOS" --art "$HELDOUT_ART" \
-  --tokenizer "$ROOT/tokenizer/final" --tokenizer "$ROOT/tokenizer_teach/final" --out "$ROOT/ceiling.json"
 # the palette step: the whole colour distribution (chosen on tuning pairs of training pictures at the returned
 # size, docs/training.md; the 64 px rule's choice and every candidate stay in the card)
 "$PY" -m training.demo --model "$ROOT/sft_more/final" --data "$ROOT/teach_more/manifest.jsonl" --out "$OUT" \
   --palette "$PALETTE" --upsample-strength "$UPSAMPLE_STRENGTH" \
   --timings "$TIMINGS" --n "$EVAL_N" --calibration "$CALIBRATION_N" --experiments benchmarks/fidelity.md \
-  --ceiling "$ROOT/ceiling.json" --real-contents "$HELDOUT/contents" --real-photos "$HELDOUT_PHOTOS" \
+  --real-contents "$HELDOUT/contents" --real-photos "$HELDOUT_PHOTOS" \
   --real-art "$HELDOUT_ART"

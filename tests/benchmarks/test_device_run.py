@@ -1,5 +1,6 @@
-"""The prepared device run (benchmarks/device_run.py): its CPU dry run writes every stage's figures, a stage past its
-limit is killed with everything it started, a failing stage is recorded and the run goes on, bad options are refused."""
+"""The GPU run (benchmarks/device_run.py): its CPU dry run writes every stage's figures, a stage past its limit is
+killed with everything it started, a failing stage is recorded and the run goes on, bad options are refused; the bf16
+peak of a GPU is picked by its name."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from benchmarks import device_run
-from tests.device_image import image_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,9 +29,8 @@ def figures(out, stage: str) -> dict:
 @pytest.mark.timeout(1600)
 def test_the_cpu_dry_run_writes_every_stages_figures(tmp_path):
     out = tmp_path / "run"
-    # with the packages of a lent machine only: its image's and the wheels the call carries (scripts/device)
     run = subprocess.run([sys.executable, "-m", "benchmarks.device_run", str(out), *DRY_RUN], cwd=REPO,
-                         env=image_env("service"), capture_output=True, text=True, timeout=1600)
+                         capture_output=True, text=True, timeout=1600)
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads((out / "device_run.json").read_text())
     assert list(summary["stages"]) == [name for name, _ in device_run.STAGES]
@@ -98,3 +97,10 @@ def test_bad_options_are_refused(bad, tmp_path, capsys):
 def test_a_stage_gets_its_share_and_never_more_than_is_left():
     assert device_run.stage_limit(0.1, 480.0, 480.0) == pytest.approx(48.0)
     assert device_run.stage_limit(1.0, 480.0, 100.0) == pytest.approx(100.0 - device_run.SUMMARY_RESERVE_S)
+
+
+@pytest.mark.parametrize(("name", "peak"), [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
+                                            ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0),
+                                            ("NVIDIA L4", 121.0), ("NVIDIA L40S", 362.0), ("Tesla T4", None)])
+def test_the_peak_is_picked_by_the_gpus_name(name, peak):
+    assert device_run.peak_tflops(name) == peak

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from benchmarks import threads as bench
-from benchmarks.measures.threads import candidate
+from benchmarks.threads import candidate
 from stylevar.utils.threads import CpuBudget
 
 pytestmark = pytest.mark.slow  # worker subprocesses; the fast lane (-m "not slow") leaves this file out

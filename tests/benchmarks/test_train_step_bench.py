@@ -1,22 +1,17 @@
 """benchmarks/train_step.py at a micro size, without the reference: every variant steps, the levers leave what
-is learned unchanged (float rounding), the report and the JSON have their fields, gpu_bench.sh runs it."""
+is learned unchanged (float rounding), the report and the JSON have their fields."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from benchmarks import train_step
-from benchmarks.measures import train_step as measures
-from benchmarks.train_step_config import EAGER as EAGER_STEP, StepBenchConfig
+from benchmarks.train_step import EAGER as EAGER_STEP, StepBenchConfig
 from stylevar.runtime.bench import flops_of
-from tests.conftest import micro_configs, single_thread_env
+from tests.conftest import micro_configs
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
@@ -38,7 +33,7 @@ def _check(agreement: dict) -> None:
 
 def test_each_lever_learns_what_todays_step_learns():
     cfg = StepBenchConfig(reference=False)
-    agreement = measures.lever_agreement(_micro(), 2, cfg, EAGER)
+    agreement = train_step.lever_agreement(_micro(), 2, cfg, EAGER)
     assert set(agreement) == set(EAGER)
     _check(agreement)
 
@@ -58,15 +53,15 @@ def test_compiled_blocks_learn_what_eager_ones_learn():
     with torch.no_grad():  # open the blocks' gates, so that a drop shows in the loss
         for blk in model.blocks:
             blk.ada_lin[1].bias[: 2 * tr.embed_dim].fill_(1.0)
-    agreement = measures.lever_agreement(model, 4, StepBenchConfig(reference=False),
+    agreement = train_step.lever_agreement(model, 4, StepBenchConfig(reference=False),
                                            ("compiled blocks", "default", "cached+compiled"))
     _check(agreement)
 
 
 def test_the_step_trains_and_flops_are_counted():
     model = _micro()
-    batch = measures.triplets(2, model.tokenizer.cfg.image_size, 0)
-    step = measures.our_step(model, batch, EAGER_STEP, "fp32")  # the default compiles: slow
+    batch = train_step.triplets(2, model.tokenizer.cfg.image_size, 0)
+    step = train_step.our_step(model, batch, EAGER_STEP, "fp32")  # the default compiles: slow
     losses = [step() for _ in range(4)]
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
     assert flops_of(step) > 0
@@ -88,13 +83,3 @@ def test_the_command_reports_samples_per_second_and_mfu(capsys):
     with pytest.raises(SystemExit):
         train_step.main(["--preset", "tiny"])  # the reference runs at its own shape only
 
-
-@pytest.mark.slow
-def test_gpu_bench_script_runs_the_training_step(tmp_path):
-    env = {**single_thread_env(), "PRESET": "tiny", "DEVICE": "cpu", "BATCHES": "1", "MODES": "eager",
-           "TRAIN_BATCHES": "1", "TRAIN_PRECISION": "fp32", "PYTHON": sys.executable, "INFERENCE": "0"}
-    done = subprocess.run(["bash", "benchmarks/gpu_bench.sh", str(tmp_path)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads((tmp_path / "train_step_tiny.json").read_text())
-    assert result["steps"]["fp32 batch 1"]["default"]["samples_per_s"] > 0

@@ -21,13 +21,10 @@ ENTRY_POINTS = ("stylevar.cli", "serve.__main__", "web.__main__", "data_tools.sy
                 "data_tools.shards", "data_tools.teach", "data_tools.pictures", "data_tools.pack", "training.vqvae",
                 "training.device_tokenizer", "training.sft",
                 "training.grpo", "training.demo", "training.merge_lora", "training.sharding",
-                "stylevar.evaluate.__main__", "benchmarks.cpu_pipeline", "benchmarks.fast_sampling",
-                "benchmarks.fidelity", "benchmarks.flicker", "benchmarks.fullsize_memory", "benchmarks.grpo_rollouts",
-                "benchmarks.load_test", "benchmarks.memory_table", "benchmarks.overload", "benchmarks.precision_quality",
-                "benchmarks.real_pairs", "benchmarks.reference_pipeline", "benchmarks.style_mix",
-                "benchmarks.teacher_ceiling", "benchmarks.threads", "benchmarks.train_step",
-                "benchmarks.upload_pressure", "benchmarks.upsample", "benchmarks.versus_peer", "benchmarks.repeat_style",
-                "benchmarks.soak", "benchmarks.device_run", "benchmarks.gpu_peaks")
+                "stylevar.evaluate.__main__", "benchmarks.cpu_pipeline", "benchmarks.device_run",
+                "benchmarks.load_test", "benchmarks.memory_table", "benchmarks.overload", "benchmarks.real_pairs",
+                "benchmarks.soak", "benchmarks.threads", "benchmarks.train_step", "benchmarks.upload_pressure",
+                "benchmarks.versus_peer")
 HELP_SECONDS = 3.0
 
 

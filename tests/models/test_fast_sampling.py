@@ -225,24 +225,9 @@ def test_the_pipeline_takes_fast(micro_pipeline, fast_calls):
 
 
 @pytest.mark.slow
-def test_the_quality_benchmark_reports_every_row(capsys):
-    from benchmarks import fast_sampling
-    from benchmarks.measures.fast_sampling import MEASURES
-
-    assert fast_sampling.main(["--n", "2", "--keep", "0.5", "--threads", "1", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    for part in ("synthetic", "photos"):
-        rows = out[part]
-        assert set(rows) == {"full sampler", "full sampler, seed + 1000", "fast, keep 0.5"}
-        fast = rows["fast, keep 0.5"]
-        assert fast["coarse_identical"] == 1.0 and 0 < fast["agreement_pruned"] <= fast["agreement"] <= 1
-        assert all(k in fast for k in MEASURES)
-
-
-@pytest.mark.slow
 def test_the_speed_benchmark_times_the_fast_row(capsys):
     from benchmarks import cpu_pipeline
-    from benchmarks.measures.cpu_pipeline import FAST
+    from benchmarks.cpu_pipeline import FAST
 
     assert cpu_pipeline.main(["--batch-sizes", "1", "--repeats", "1", "--warmup", "0", "--fast-keep", "0.5",
                               "--agreement-seeds", "1", "--json"]) == 0

@@ -24,8 +24,6 @@ ENTRY_POINTS = {
     "training/vqvae.py": "python -m training.vqvae",
     "training/demo.py": "python -m training.demo",
     "benchmarks/train_step.py": "python -m benchmarks.train_step --device",
-    "benchmarks/grpo_rollouts.py": "python -m benchmarks.grpo_rollouts --device",
-    "benchmarks/style_mix.py": "python -m benchmarks.style_mix --device",
     "benchmarks/device_run.py": "python -m benchmarks.device_run (each stage's process; the golden one strict fp32)",
 }
 # entry points whose setting is made by another module on their way to a model (listed in ENTRY_POINTS)
@@ -45,12 +43,12 @@ NO_MODEL = {
 
 def _entry_modules() -> set[str]:
     """Every `python -m` main of the service, the library and the recipes, every built-in `stylevar` command,
-    and the device scripts of benchmarks/ (benchmarks/device_run*)."""
+    and the GPU run of benchmarks/ (benchmarks/device_run.py)."""
     is_main = re.compile(r"^if __name__ == ['\"]__main__['\"]:", re.M)
     mains = {str(p.relative_to(ROOT)) for pkg in ("serve", "stylevar", "training", "web")
              for p in (ROOT / pkg).rglob("*.py") if is_main.search(p.read_text())}
     commands = {cmd.arguments.__module__.replace(".", "/") + ".py" for cmd in BUILTIN}
-    devices = {str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").glob("device_run*.py")}
+    devices = {str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").glob("device_run.py")}
     return mains | commands | devices
 
 

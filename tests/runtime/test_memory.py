@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from benchmarks.measures.memory_table import GiB, fitting_table, serving_table
+from benchmarks.memory_table import GiB, fitting_table, serving_table
 from serve.engine.sizing import CPU_MAX_BATCH, MEMORY_FRACTION, device_max_batch, default_max_batch
 from stylevar.config import StyleVARConfig, presets
 from stylevar.models.generation import DEFAULT_GENERATION, GenerationConfig

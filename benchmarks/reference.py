@@ -1,11 +1,14 @@
-"""The public reference's side of the CPU benchmarks (`python -m benchmarks.reference_pipeline`, whose docstring
-says how it runs): its checkout imported, its models built from seeded random weights and its stages timed."""
+"""The public reference StyleVAR (https://github.com/Senfier-LiqiJing/StyleVAR, not vendored: a checkout on
+PYTHONPATH) at the reference-shaped configuration (its golden_small config at 160 px: 8 scales = 255 tokens, V 4096,
+ch 32, depth 8), built from seeded random weights, and the same configuration in this project's models. What
+`benchmarks.cpu_pipeline --reference` and `benchmarks.train_step` run beside this project's code. Around the checkout:
+a stand-in `dist` module when none is importable, random ResNet-18 weights under torchvision's file name in a
+temporary TORCH_HOME (nothing is downloaded), PyTorch's default initialisers put back after its builder disables them.
+"""
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib.util
-import json
 import os
 import sys
 import tempfile
@@ -17,12 +20,12 @@ import torch
 import torchvision
 from torch import nn
 
-from benchmarks.side_by_side import REFERENCE_CONFIG, images, time_turns
-from stylevar.config import StyleVARConfig
-from stylevar.utils.threads import apply_threads
+from stylevar.config import StyleVARConfig, VQVAEConfig
 
+# the configuration in the reference's own config.json fields (as in its golden_small config, at 160 px)
+REFERENCE_CONFIG = {"patch_nums": [1, 2, 3, 4, 5, 6, 8, 10], "V": 4096, "Cvae": 32, "ch": 32, "share_quant_resi": 4,
+                    "depth": 8, "attn_l2_norm": True}
 REFERENCE_URL = "https://github.com/Senfier-LiqiJing/StyleVAR"
-IMAGE_SIZE = 160
 TOP_K, TOP_P = 900, 0.96  # the reference's inference defaults (eval/infer_grpo.py, eval/eval_pipeline.py)
 
 # PyTorch's own initialisers, kept before the reference's builder replaces them with no-ops
@@ -40,7 +43,7 @@ def import_reference() -> types.ModuleType:
         dist = types.ModuleType("dist")
         dist.get_device = lambda: torch.device("cpu")  # type: ignore[attr-defined]
         dist.initialized = lambda: False  # type: ignore[attr-defined]
-        # what the reference's trainer asks of it (benchmarks/train_step.py), as one CPU process
+        # what the reference's trainer asks of it (benchmarks.train_step), as one CPU process
         dist.get_world_size, dist.get_rank = (lambda: 1), (lambda: 0)  # type: ignore[attr-defined]
         dist.is_master, dist.barrier = (lambda: True), (lambda: None)  # type: ignore[attr-defined]
         dist.allreduce = lambda *a, **k: None  # type: ignore[attr-defined]
@@ -107,6 +110,30 @@ def build_reference(seed: int = 0) -> ReferenceBundle:
     return ReferenceBundle(vae.float().eval(), model.float().eval())
 
 
+def reference_shaped() -> tuple[VQVAEConfig, StyleVARConfig]:
+    """The reference-shaped configuration: 160 px, 8 scales up to 10 x 10, V 4096, depth 8."""
+    vq = VQVAEConfig.from_reference(REFERENCE_CONFIG)
+    assert vq.image_size == 160
+    return vq, StyleVARConfig.from_reference(REFERENCE_CONFIG)
+
+
+def reference_weights(vqvae_sd: dict, stylevar_sd: dict):
+    """This project's reference-shaped StyleVAR loaded from the reference's state dicts through its own checkpoint
+    loaders (`stylevar.loaders.convert`): the same weights as the reference's models."""
+    from stylevar.loaders.convert import load_stylevar, load_vqvae
+
+    vq_cfg, tr_cfg = reference_shaped()
+    return load_stylevar(stylevar_sd, tr_cfg, load_vqvae(vqvae_sd, vq_cfg))
+
+
+def images(batch: int, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded random content and style batches, (B, 3, size, size) in [-1, 1]."""
+    g = torch.Generator().manual_seed(seed)
+    content = torch.rand(batch, 3, size, size, generator=g) * 2 - 1
+    style = torch.rand(batch, 3, size, size, generator=g) * 2 - 1
+    return content, style
+
+
 def reference_generate(bundle: ReferenceBundle, content_B3HW: torch.Tensor, style_B3HW: torch.Tensor,
                        seed: int, top_k: int = TOP_K, top_p: float = TOP_P) -> torch.Tensor:
     """The reference's whole inference call, as eval/infer_grpo.py makes it: images in [-1, 1] in, [0, 1] out."""
@@ -131,43 +158,3 @@ def reference_stage_fns(bundle: ReferenceBundle, content: torch.Tensor, style: t
         "decode": lambda: vae.fhat_to_img(f_hat),
         "total": lambda: reference_generate(bundle, content, style, seed=0),
     }
-
-
-@torch.inference_mode()
-def time_reference(bundle: ReferenceBundle, batch: int, repeats: int, warmup: int, stages: bool,
-                   seed: int = 0) -> dict[str, float]:
-    """Median ms per image of the whole call (and, with `stages`, of the reference's stage functions)."""
-    content, style = images(batch, IMAGE_SIZE, seed + batch)
-    fns = reference_stage_fns(bundle, content, style)
-    if not stages:
-        fns = {"total": fns["total"]}
-    out = time_turns({"reference": fns}, batch, repeats, warmup)["reference"]
-    if stages:
-        out["loop (rest)"] = out["total"] - out["encode"] - out["encoders"] - out["decode"]
-    return out
-
-
-def execute(a: argparse.Namespace) -> int:
-    """`python -m benchmarks.reference_pipeline` once its options are read: the reference built (exit 2 naming
-    where to get it when it is missing) and timed per batch size; the table or the JSON printed."""
-    apply_threads(a.threads)
-    try:
-        bundle = build_reference(a.seed)
-    except ReferenceMissing as e:
-        print(f"reference_pipeline: {missing_message(e)}", file=sys.stderr)
-        return 2
-    out = {"implementation": f"reference ({REFERENCE_URL})", "config": "reference-shaped d8, 160 px, 8 scales, V 4096",
-           "threads": a.threads, "repeats": a.repeats, "warmup": a.warmup, "loadavg_before": os.getloadavg(),
-           "ms_per_image": {}}
-    for b in (int(s) for s in a.batch_sizes.split(",")):
-        out["ms_per_image"][b] = time_reference(bundle, b, a.repeats, a.warmup, a.stages, a.seed)
-    out["loadavg_after"] = os.getloadavg()
-    if a.json:
-        print(json.dumps(out))
-        return 0
-    print(f"{out['implementation']}, {out['config']}; {a.threads} threads; median of {a.repeats}; "
-          f"load {out['loadavg_before'][0]:.2f} -> {out['loadavg_after'][0]:.2f}")
-    for b, st in out["ms_per_image"].items():
-        print(f"  batch {b}: ms/image  " + "  ".join(f"{k} {v:7.1f}" for k, v in st.items()))
-    return 0
-
