@@ -160,7 +160,7 @@ def measure(cfg: StageBenchConfig, reference=None) -> dict:
                                             for x in cfg.precisions if x != "fp32"}
         if cfg.fast:
             out["token_agreement_with_fp32"][FAST] = token_agreement(plain, models[FAST], cfg, fast=True)
-        out["fast_plan"] = dataclasses.asdict(models[FAST].fast_sampling)
+            out["fast_plan"] = dataclasses.asdict(models[FAST].fast_sampling)
     out["load_after"] = os.getloadavg()[0]
     return out
 

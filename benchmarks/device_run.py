@@ -46,7 +46,8 @@ REPO = Path(__file__).resolve().parents[1]  # the children run `-m benchmarks.de
 MIN_STAGE_S = 5.0  # a stage with less time than this left is skipped
 SUMMARY_RESERVE_S = 2.0  # kept back for the summary
 
-# (pattern on the device name, TFLOP/s): the first match wins, so each variant comes before its family
+# dense bf16 tensor-core peaks (TFLOP/s, no sparsity, NVIDIA's data sheets) by a pattern on the GPU's name, for the
+# MFU; the first match wins, so each variant comes before its family; a GPU not listed gets no MFU
 PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
     (r"\bH100\b.*\bPCIe\b", 756.0),
     (r"\bH100\b.*\bNVL\b", 835.0),

@@ -21,10 +21,12 @@ import httpx
 import numpy as np
 from PIL import Image
 
+from benchmarks.load_test import demo_image
+
 
 @dataclass(frozen=True)
 class Sizes:
-    """How large the hostile payloads are (the defaults: the issue's)."""
+    """How large the hostile payloads are (the defaults: the soak's)."""
 
     stream_side: tuple[int, int] = (3580, 3574)  # the unread streams' content, 4 samples each
     big_side: int = 6000  # the 36 MP burst's PNGs and the slow readers'
@@ -42,11 +44,7 @@ def gradient_png(w: int, h: int, level: int = 1) -> bytes:
 
 
 def small_png(seed: int, side: int = 256) -> bytes:
-    rng = np.random.default_rng(seed)
-    buf = io.BytesIO()
-    Image.fromarray(rng.integers(0, 255, (side // 8, side // 8, 3), dtype=np.uint8), "RGB").resize(
-        (side, side), Image.BICUBIC).save(buf, "PNG")
-    return buf.getvalue()
+    return demo_image(side, side, seed)
 
 
 def ztxt_bomb() -> bytes:
@@ -152,7 +150,7 @@ def pair(content: bytes, style: bytes) -> dict:
 
 # ---- the probes -----------------------------------------------------------------------------------
 async def unread_streams(url: str, sizes: Sizes) -> dict:
-    """Finding 1: two event streams of a large content, 4 samples each, never read."""
+    """Two event streams of a large content, 4 samples each, never read."""
     files = pair(gradient_png(*sizes.stream_side), small_png(1))
     request = multipart(url, "/stylize/stream", files, {"num_samples": "4"})
     outcomes = await asyncio.gather(*[held_unread(url, "127.0.0.2", request, sizes.hold_s) for _ in range(2)])
@@ -160,7 +158,7 @@ async def unread_streams(url: str, sizes: Sizes) -> dict:
 
 
 async def slow_readers(url: str, sizes: Sizes) -> dict:
-    """Finding 4: clients that never read their full-size results."""
+    """Clients that never read their full-size results."""
     request = multipart(url, "/stylize", pair(gradient_png(sizes.big_side, sizes.big_side), small_png(2)))
     outcomes = await asyncio.gather(*[held_unread(url, "127.0.0.3", request, sizes.hold_s)
                                       for _ in range(sizes.slow_readers)])
@@ -168,7 +166,7 @@ async def slow_readers(url: str, sizes: Sizes) -> dict:
 
 
 async def made_up_methods(url: str, sizes: Sizes) -> dict:
-    """Finding 3: 3,000 requests with made-up methods, then the size and time of a scrape."""
+    """3,000 requests with made-up methods, then the size and time of a scrape."""
     statuses: Counter = Counter()
     async with client("127.0.0.4", 30) as c:
         before = len((await c.get(url + "/metrics")).content)
@@ -183,7 +181,7 @@ async def made_up_methods(url: str, sizes: Sizes) -> dict:
 
 
 async def burst_after_tiny(url: str, sizes: Sizes) -> dict:
-    """Finding 5: two tiny requests (one refused), then concurrent 36 MP PNGs."""
+    """Two tiny requests (one refused), then concurrent 36 MP PNGs."""
     big = gradient_png(sizes.big_side, sizes.big_side)
     async with client("127.0.0.5", 180) as c:
         tiny = [await timed(c.post(url + "/stylize", files=pair(small_png(3, 64), small_png(4, 64)))),
@@ -194,7 +192,7 @@ async def burst_after_tiny(url: str, sizes: Sizes) -> dict:
 
 
 async def scan_bomb_style(url: str, sizes: Sizes) -> dict:
-    """Finding 2: a progressive JPEG of many scans as the style, twice (fixed in another branch of issue 55)."""
+    """A progressive JPEG of many scans as the style, twice."""
     bomb = scan_bomb(sizes.scan_side, sizes.scans)
     files = {"content": ("c.png", small_png(6), "image/png"), "style": ("s.jpg", bomb, "image/jpeg")}
     async with client("127.0.0.6", 180) as c:
@@ -203,7 +201,7 @@ async def scan_bomb_style(url: str, sizes: Sizes) -> dict:
 
 
 async def bad_videos(url: str, sizes: Sizes) -> dict:
-    """Finding 6: an MKV with no frame count and 301 frames; 3,000 frames of 2 x 2 px."""
+    """An MKV with no frame count and 301 frames; 3,000 frames of 2 x 2 px."""
     async with client("127.0.0.7", 180) as c:
         answers = []
         for name, data in (("mkv-301.mkv", clip_bytes(301, (64, 48), "matroska")),
@@ -214,7 +212,7 @@ async def bad_videos(url: str, sizes: Sizes) -> dict:
 
 
 async def stalled_upload(url: str, sizes: Sizes) -> dict:
-    """Finding 8: a Content-Length of 100 kB, 1 kB sent, then nothing."""
+    """A Content-Length of 100 kB, 1 kB sent, then nothing."""
     reader, writer = await raw_socket(url, "127.0.0.8")
     t0 = time.perf_counter()
     writer.write(b"POST /stylize HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
@@ -236,7 +234,7 @@ async def connection_flood(url: str, sizes: Sizes) -> dict:
 
 
 async def form_abuse(url: str, sizes: Sizes) -> dict:
-    """The earlier rounds': a zTXt bomb, alphas nested 100,000 deep, style weights of 1e39."""
+    """Form abuse: a zTXt bomb, alphas nested 100,000 deep, style weights of 1e39."""
     async with client("127.0.0.10", 60) as c:
         post = c.post
         return {"ztxt_bomb": await timed(post(url + "/stylize", files=pair(ztxt_bomb(), small_png(9)))),

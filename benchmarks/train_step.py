@@ -30,6 +30,7 @@ from stylevar.utils.threads import apply_threads  # no torch
 if TYPE_CHECKING:
     import torch
 
+
 @dataclass(frozen=True)
 class Levers:
     """How this project's step is run (each one changes speed, not what is learned beyond float rounding)."""
@@ -42,7 +43,7 @@ class Levers:
     compile: bool = False  # the transformer blocks through torch.compile (training.sft --compile)
 
 
-TODAY = Levers(fuse_encodes=False, fused_adamw=False, foreach_clip=False)
+TODAY = Levers(fuse_encodes=False, fused_adamw=False, foreach_clip=False)  # the step before the levers
 EAGER = Levers(channels_last=True)  # training.sft --no-compile (the earlier default; NHWC on the CPU only)
 DEFAULT = Levers(channels_last=True, compile=True)  # training.sft's default, augmented data (no cache), a long run
 CACHED = Levers(token_cache=True, channels_last=True)  # --no-augment --no-compile
@@ -74,6 +75,7 @@ class StepBenchConfig:
     peak_tflops: float = 0.0  # > 0: MFU = counted FLOPs per second over this peak
     variants: tuple[str, ...] = tuple(VARIANTS)
     seed: int = 0
+
 
 LABEL_SMOOTHING, LR, WEIGHT_DECAY, MAX_GRAD_NORM = 0.1, 1e-4, 0.05, 2.0
 # the reference's no-weight-decay name fragments (train/train_sft.py's filter_params call)

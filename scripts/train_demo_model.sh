@@ -124,6 +124,6 @@ stage heldout "$HELDOUT/contents/SOURCES.json" "$PY" -m data_tools.pictures --ou
 # size, docs/training.md; the 64 px rule's choice and every candidate stay in the card)
 "$PY" -m training.demo --model "$ROOT/sft_more/final" --data "$ROOT/teach_more/manifest.jsonl" --out "$OUT" \
   --palette "$PALETTE" --upsample-strength "$UPSAMPLE_STRENGTH" \
-  --timings "$TIMINGS" --n "$EVAL_N" --calibration "$CALIBRATION_N" --experiments benchmarks/fidelity.md \
+  --timings "$TIMINGS" --n "$EVAL_N" --calibration "$CALIBRATION_N" --experiments benchmarks/results/fidelity.md \
   --real-contents "$HELDOUT/contents" --real-photos "$HELDOUT_PHOTOS" \
   --real-art "$HELDOUT_ART"

@@ -61,4 +61,3 @@ def test_overload_benchmark_runs_and_reports_every_figure(tiny_model_dir, tmp_pa
         assert set(run["rss_mb"]) == {"start", "peak", "end"} and run["rss_mb"]["peak"] >= run["rss_mb"]["start"]
     table = capsys.readouterr().out
     assert "| run | sent | 200 | 503 |" in table and table.count("\n| 1 |") == 1
-

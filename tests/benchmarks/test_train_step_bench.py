@@ -82,4 +82,3 @@ def test_the_command_reports_samples_per_second_and_mfu(capsys):
     assert "fp32 batch 1" in text and "samples/s" in text and "MFU" in text
     with pytest.raises(SystemExit):
         train_step.main(["--preset", "tiny"])  # the reference runs at its own shape only
-

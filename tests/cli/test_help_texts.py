@@ -23,8 +23,7 @@ ENTRY_POINTS = ("stylevar.cli", "serve.__main__", "web.__main__", "data_tools.sy
                 "training.grpo", "training.demo", "training.merge_lora", "training.sharding",
                 "stylevar.evaluate.__main__", "benchmarks.cpu_pipeline", "benchmarks.device_run",
                 "benchmarks.load_test", "benchmarks.memory_table", "benchmarks.overload", "benchmarks.real_pairs",
-                "benchmarks.soak", "benchmarks.threads", "benchmarks.train_step", "benchmarks.upload_pressure",
-                "benchmarks.versus_peer")
+                "benchmarks.soak", "benchmarks.threads", "benchmarks.train_step", "benchmarks.versus_peer")
 HELP_SECONDS = 3.0
 
 
