@@ -22,7 +22,7 @@ and of the whole `generate` call:
 Each stage is timed with the models' calls taking turns in one process (same inputs), so a shared
 machine's changing load weighs on each alike; stages are separate medians, so `condition + loop + decode`
 is close to, not equal to, `total`. For bf16 it also prints the token agreement with the plain fp32 model
-(same inputs and seeds, `--agreement-seeds` images). (int8 was removed: stylevar.utils.precisions.)
+(same inputs and seeds, `--agreement-seeds` images). (int8 was removed: stylevar.utils.precision.)
 
 `--fast` adds the row `fp32 fast`: the prepared fp32 model with fast sampling (`GenerationConfig.fast`,
 `stylevar.models.transformer.pruning`: the flat 2 x 2 groups of the last scales merged) in its loop and total, with
@@ -69,7 +69,7 @@ def parse_config(argv: list[str] | None) -> tuple[StageBenchConfig, bool]:
                    help="fast sampling's smallest merged scale, in positions (default: the model's plan's)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     a = p.parse_args(argv)
-    from stylevar.utils.precisions import precision_error
+    from stylevar.utils.precision import precision_error
 
     precisions = tuple(x for x in a.precisions.split(",") if x)
     for x in precisions:

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: leave as is)")
     args = p.parse_args(argv)
     from benchmarks.measures.grpo_rollouts import measure  # torch: once the options are parsed
-    from stylevar.utils.matmul_precision import set_matmul_precision
+    from stylevar.utils.precision import set_matmul_precision
 
     set_matmul_precision()  # TF32 on CUDA
 

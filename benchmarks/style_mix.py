@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.figures_only and not args.figures:
         p.error("--figures-only needs --figures DIR")
     from benchmarks.measures.style_mix import execute  # torch: once the options are parsed
-    from stylevar.utils.matmul_precision import set_matmul_precision
+    from stylevar.utils.precision import set_matmul_precision
 
     set_matmul_precision()  # TF32 on CUDA
 

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     # torch: once the options are parsed
     from benchmarks.measures.reference_pipeline import ReferenceMissing, missing_message
     from benchmarks.measures.train_step import measure, print_report
-    from stylevar.utils.matmul_precision import set_matmul_precision
+    from stylevar.utils.precision import set_matmul_precision
 
     apply_threads(cfg.threads)
     set_matmul_precision()  # TF32 on CUDA

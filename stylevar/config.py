@@ -12,6 +12,10 @@ from typing import Any
 OFFICIAL_PATCH_NUMS = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)
 TINY_PATCH_NUMS = (1, 2, 3, 4, 6, 8)
 PRESETS = ("tiny", "d16", "d20", "d24", "d30")
+# a model directory's files: config.json (each model's section, and the pipeline's) and each model's weights
+CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer.safetensors"  # MultiScaleVQVAE.weights_file
+TRANSFORMER_FILE = "transformer.safetensors"  # StyleVAR.weights_file
 
 
 def reference_drop_path_rate(depth: int) -> float:

@@ -20,7 +20,7 @@ from stylevar.runtime.bench import sync
 from stylevar.config import presets
 from stylevar.runtime.inference import native_cpu_bf16
 from training.parts.optim import ScheduleConfig, make_adamw, two_level_scheduler
-from training.parts.precision import autocast, make_grad_scaler
+from stylevar.utils.precision import autocast, make_grad_scaler
 from training.parts.step import clip_and_step
 from stylevar.runtime.compile import compile_blocks
 from training.parts.sft_model import channels_last

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stylevar.loaders.paths import home
 from stylevar.utils.errors import CodedError
 
 PREFIX = "hf:"
@@ -47,6 +46,13 @@ CONNECT_TIMEOUT_S = 1.0  # how long `unreachable` waits for the endpoint to acce
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")  # huggingface_hub's offline switches
 
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def home() -> Path:
+    """The project's one cache root, `$STYLEVAR_HOME` (default `~/.cache/stylevar`, read on each call): weights
+    placed by hand, pulled model directories and their locks live there."""
+    env = os.environ.get("STYLEVAR_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "stylevar"
 
 
 class HubError(CodedError, FileNotFoundError):

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from stylevar.loaders.hub import (DEFAULT_PRESET, SHAPE_FILE, VAE_FILE, HubFile, HubModel, Shape, check_cached,
-                                  download_model, is_hub_id, optional_file, sha256_of)
-from stylevar.loaders.paths import home
+                                  download_model, home, is_hub_id, optional_file, sha256_of)
+from stylevar.loaders.model_dir import PipelineConfig, missing_model_files, write_model_dir
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,6 @@ def _source_matches(folder: Path, model: HubModel, shape: Shape) -> bool:
     if (source.get("repo"), source.get("variant"), source.get("revision"), source.get("shape")) != (
             model.repo_id, model.variant, model.revision, shape.key):
         return False
-    from stylevar.loaders.model_dir import missing_model_files  # (torch: only once a pulled folder is there)
-
     return not missing_model_files(folder)
 
 
@@ -150,7 +148,6 @@ def _pull_into(model: HubModel, shape: Shape, dest: Path, progress: bool, local_
 
         from stylevar.utils.atomic import atomic_folder
         from stylevar.loaders.convert import load_stylevar, load_vqvae
-        from stylevar.loaders.model_dir import PipelineConfig, write_model_dir
 
         tokenizer = load_vqvae(paths[VAE_FILE], vq_cfg)
         steps.update()

@@ -6,7 +6,7 @@ the paths searched and the command that fetches it); `stylevar weights fetch NAM
 request (checksum verified where one is published, written atomically).
 
 Where files are looked for, and how `fetch` gets them:
-- `stylevar.loaders.paths.home()`: `$STYLEVAR_HOME`, default `~/.cache/stylevar`; every entry can live here (a file
+- `stylevar.loaders.hub.home()`: `$STYLEVAR_HOME`, default `~/.cache/stylevar`; every entry can live here (a file
   placed by hand).
 - Files hosted on the Hugging Face Hub (VAR, StyleVAR, CLIP) are looked for first in huggingface_hub's
   cache (`HF_HUB_CACHE`, else `$HF_HOME/hub`); `fetch` downloads them through huggingface_hub
@@ -39,8 +39,7 @@ from typing import Literal
 
 from stylevar.loaders import hub
 from stylevar.utils.atomic import atomic_write_path, replace_folder
-from stylevar.loaders.hub import HubFile
-from stylevar.loaders.paths import home
+from stylevar.loaders.hub import HubFile, home
 from stylevar.utils.errors import CodedError
 
 Location = Literal["torch", "stylevar", "hf"]

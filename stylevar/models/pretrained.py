@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from stylevar.utils.atomic import atomic_write_path, atomic_write_text
-from stylevar.models.files import CONFIG_FILE
+from stylevar.config import CONFIG_FILE
 from stylevar.models.state_dict import StateDict, read_state_dict
 
 

@@ -26,7 +26,8 @@ from PIL import Image
 from stylevar.pipelines.coherence import (DEFAULT_TEMPORAL, Coherence, FrameSampler, TemporalMode, coherence_of, gray,
                                 shift_grid)
 from stylevar.config import StyleVARConfig, VQVAEConfig, presets
-from stylevar.utils.devices import resolve_autocast_dtype, resolve_device
+from stylevar.utils.precision import resolve_autocast_dtype
+from stylevar.utils.devices import resolve_device
 from stylevar.utils.heap import apply_heap_policy
 from stylevar.utils.threads import apply_threads
 from stylevar.models.generation import GenerationConfig
@@ -95,7 +96,7 @@ class StylePipeline:
         """Load a model directory (default: the embedded demo model), or a hub id
         ``hf:OWNER/NAME[@REVISION][:grpo|sft]`` (pulled on first use, see `stylevar.loaders.pull`). ``autocast_dtype``:
         "auto" = bf16 on CUDA and none on the CPU; None = float32 everywhere; or a dtype or its name ("bf16", "float16",
-        ...; see `stylevar.utils.devices.resolve_autocast_dtype`). ``threads``: torch's CPU threads, a count, "torch"
+        ...; see `stylevar.utils.precision.resolve_autocast_dtype`). ``threads``: torch's CPU threads, a count, "torch"
         (its count left as it is) or None (the process's first load decides by `stylevar.utils.threads`:
         STYLEVAR_THREADS, OMP_NUM_THREADS, an earlier torch.set_num_threads, else one fewer than the CPUs the process
         may use). The process's heap keeps freed memory for reuse (`stylevar.utils.heap`, decided at the first

@@ -17,13 +17,13 @@ training, and a plain model (never prepared) is the exact path the conformance t
 - `precision="bf16"` (opt-in): the packed linears hold bfloat16 weights and take bfloat16 inputs, and the
   sampling loop runs under bf16 autocast (LayerNorm and the residual stream stay float32); both ResNet-18
   image encoders run in bfloat16 too (`InDtype`), while the tokenizer (encoder, quantizer, decoder) stays
-  float32, as under any autocast (`stylevar.utils.precisions`' policy: the tokens of an image and the picture
+  float32, as under any autocast (`stylevar.utils.precision`' policy: the tokens of an image and the picture
   of a token map are fp32's on every path). Half the weight traffic of fp32 and the CPU's bf16 units
   (AVX512-BF16, AMX); on a CPU without them bf16 is emulated and slower than fp32, so `prepare` warns. Off
   the CPU (no packing) the blocks and head are cast to bf16 instead.
   Sampled tokens of bf16 differ from fp32's at some positions (the condition tokens do not);
   benchmarks/cpu_pipeline.py measures how many and how much faster it is.
-- `precision="int8"` was removed (stylevar.utils.precisions: its non-deprecated implementation, torchao, is slower
+- `precision="int8"` was removed (stylevar.utils.precision: its non-deprecated implementation, torchao, is slower
   than fp32 on the CPU); asking for it is a ValueError that says so.
 - `compile`: `torch.compile` of every block (the compile policy, stylevar.runtime.compile; `compile_backend`
   "eager" traces without generating code, for tests); it pays off in a long-running service (compiled at warm-up),
@@ -44,12 +44,12 @@ from typing import Literal
 import torch
 from torch import nn
 
-from stylevar.utils.precisions import PRECISIONS, check_precision  # noqa: F401 (PRECISIONS: re-exported)
+from stylevar.utils.precision import PRECISIONS, check_precision  # noqa: F401 (PRECISIONS: re-exported)
 
 
 @dataclass(frozen=True)
 class InferenceConfig:
-    precision: Literal["fp32", "bf16"] = "fp32"  # stylevar.utils.precisions.PRECISIONS
+    precision: Literal["fp32", "bf16"] = "fp32"  # stylevar.utils.precision.PRECISIONS
     fuse_batchnorm: bool = True
     channels_last: bool = True
     pack_linears: bool = True

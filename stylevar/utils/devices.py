@@ -1,5 +1,4 @@
-"""Device names a user passes (`--device cuda:1`): parsed and checked before any model is built; and
-dtype names ("bf16", "float16", "auto", ...) turned into torch dtypes.
+"""Device names a user passes (`--device cuda:1`): parsed and checked before any model is built.
 
 Importing this module does not import torch. On a Linux machine with no GPU driver at all, a CUDA
 request is refused from the device nodes alone, without importing torch (the command line answers in
@@ -135,37 +134,6 @@ def resolve_devices(names: Sequence[str]) -> "list[torch.device]":
             return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
         return [torch.device("cpu")]
     return [resolve_device(n) for n in names]
-
-
-# every spelling of a dtype the project's settings accept (the service: float32/bfloat16/float16;
-# training: fp32/bf16/fp16)
-DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-               "float16": "float16", "fp16": "float16"}
-
-
-def parse_dtype(name: str) -> "torch.dtype":
-    """The torch dtype for a name in `DTYPE_NAMES` ("bf16" -> torch.bfloat16); ValueError for any other."""
-    import torch
-
-    if name not in DTYPE_NAMES:
-        raise ValueError(f"unknown dtype {name!r}; one of {', '.join(DTYPE_NAMES)}")
-    return getattr(torch, DTYPE_NAMES[name])
-
-
-def resolve_autocast_dtype(name: "str | torch.dtype | None", device: "torch.device") -> "torch.dtype | None":
-    """The autocast dtype for ``device``; None means plain float32 (also for "float32"/"fp32" and None).
-
-    "auto": bfloat16 on a CUDA device that supports it, else None. A torch dtype passes through.
-    """
-    import torch
-
-    if name is None or isinstance(name, torch.dtype):
-        dtype = name
-    elif name == "auto":
-        dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
-    else:
-        dtype = parse_dtype(name)
-    return None if dtype == torch.float32 else dtype
 
 
 def import_compiler_quietly() -> None:

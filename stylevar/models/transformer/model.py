@@ -42,9 +42,8 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from stylevar.config import StyleVARConfig
+from stylevar.config import TRANSFORMER_FILE, StyleVARConfig
 from stylevar.models.encoders import NUM_COLOUR_STATS, build_image_encoder, colour_statistics, pooled
-from stylevar.models.files import TRANSFORMER_FILE
 from stylevar.models.generation import DEFAULT_GENERATION, GenerationConfig
 from stylevar.models.pretrained import PretrainedModel
 from stylevar.models.sampling import TokenSampler, make_generators, sample
