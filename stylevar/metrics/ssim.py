@@ -1,12 +1,5 @@
-"""SSIM two ways.
-
-`ssim`: as the StyleVAR paper's evaluation code computes it (the widespread "pytorch-ssim" recipe):
-Gaussian window 11, sigma 1.5, C1 = 0.01^2, C2 = 0.03^2 (data range 1), per-channel convolution with
-zero padding 5 so the SSIM map keeps the image size, mean over channels and all pixels. Near the border
-the window reaches into the zero padding, which lowers local means and variances there.
-
-`ssim_standard`: torchmetrics' SSIM (same window and constants, data range 1): the map is only kept
-where the window lies inside the image (a 5-pixel border is dropped), the usual "valid" SSIM.
+"""SSIM two ways: `ssim` as the StyleVAR paper's evaluation computes it ("pytorch-ssim": Gaussian window 11, sigma
+1.5, zero padding, so the map keeps the image size) and `ssim_standard`, torchmetrics' "valid" SSIM.
 """
 from __future__ import annotations
 

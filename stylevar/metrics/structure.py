@@ -1,12 +1,5 @@
-"""Structure kept from the content: correlation of edge maps.
-
-`edge_correlation(a, b)`: for each image pair, the Pearson correlation between the Sobel gradient
-magnitudes of the two images' Rec. 601 luminance, over all pixels (borders replicated). 1 means the
-edges sit at the same places with proportional strength, 0 means the edge maps are unrelated. Colour
-and texture changes that keep the edges keep the score high; a blurry or rearranged picture scores low.
-
-The two images must have one size; callers compare at the model's working resolution (the demo model's
-64 px), so that a low-resolution model is not charged for detail it never sees.
+"""Structure kept from the content: `edge_correlation(a, b)`, the Pearson correlation of the two images' Sobel
+gradient magnitudes (on luminance), per pair. Callers compare at the model's working resolution.
 """
 from __future__ import annotations
 

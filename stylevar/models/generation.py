@@ -1,11 +1,6 @@
-"""The settings of one generation, with their defaults defined once: sampling (top-k, top-p, seed) and
-the blend (style strength, per-scale alphas, guidance), and whether the finest scales are pruned (fast).
-
-`StyleVAR.generate` and `sample_tokens` take one (or its fields as keyword arguments); its defaults are
-`DEFAULT_GENERATION`'s. A model directory's config.json may recommend some of them
-(`"generation": {"top_k": 64, "top_p": 0.9}`); `GenerationConfig.resolve` puts a caller's values over the
-model's over these defaults (once per request: `StylePipeline.prepare`). The stylize request
-(`stylevar.pipelines.request`) takes its sampling and blend defaults from here. This module imports no torch (the command line's help reads it).
+"""The settings of one generation, with their defaults defined once (`DEFAULT_GENERATION`): sampling (top-k,
+top-p, seed), the blend (style strength, per-scale alphas, guidance) and fast sampling. `GenerationConfig.resolve`
+puts a caller's values over a model's recommended ones (config.json) over the defaults. No torch.
 """
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
-"""StylePipeline: a model directory in, PIL images in and out.
+"""StylePipeline: a model directory (`stylevar.loaders.model_dir`) or hub id in, PIL images in and out.
 
-A model directory (`stylevar.loaders.model_dir`) holds `config.json`, `tokenizer.safetensors`,
-`transformer.safetensors` and a `README.md` model card. Each model reads and writes its own weights file
-and config.json section (`MultiScaleVQVAE` / `StyleVAR`.save_pretrained, from_pretrained); the pipeline
-composes them with the rest of config.json (`PipelineConfig`). A hub id is pulled into a model directory
-first (`stylevar.loaders.pull`). The embedded demo model lives in `stylevar/assets/demo/`. Video: `stylize_frames`
-(frames in, frames out, `stylevar.pipelines.coherence` across them) and `stylize_video` (a file in, an mp4 out, through
-`stylevar.processing.video`).
+The pipeline composes the tokenizer and the transformer with the rest of config.json (`PipelineConfig`): it
+resolves a `StylizeRequest`, draws it, and finishes the output (refine, palette, upsample). Video:
+`stylize_frames` (frames in, frames out, coherent across them) and `stylize_video` (a file in, an mp4 out).
 """
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """Images at the edges of the library: safe decoding, mode conversion, square fitting and back.
 
-Inside the library images are float tensors (B, 3, H, W); PIL appears only here, in the pipeline,
-the service, the UI and the tools.
-
-8-bit PNG is decoded strip by strip (`stylevar.processing.png_strips`), not by pyvips: the measurement behind that
-choice is in benchmarks/README.md, "Decoding large uploads". A JPEG's scans are counted before it is decoded
-(`stylevar.processing.decode_bounds`).
+Inside the library images are float tensors (B, 3, H, W); PIL appears only here, in the pipeline, the service,
+the UI and the tools. 8-bit PNG is decoded strip by strip (`stylevar.processing.png_strips`); a JPEG's scans
+are counted before it is decoded (`stylevar.processing.decode_bounds`).
 """
 from __future__ import annotations
 

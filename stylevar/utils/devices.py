@@ -1,10 +1,7 @@
 """Device names a user passes (`--device cuda:1`): parsed and checked before any model is built.
 
-Importing this module does not import torch. On a Linux machine with no GPU driver at all, a CUDA
-request is refused from the device nodes alone, without importing torch (the command line answers in
-well under a second); everywhere else torch itself decides. When the choice is automatic (None, "auto") and
-this machine has a GPU driver that torch cannot use (a driver older than torch's CUDA build needs, a CPU-only
-torch), the run goes to the CPU with one warning saying why, never silently.
+No torch at import: on Linux with no GPU driver a CUDA request is refused from the device nodes alone. When the
+choice is automatic and a GPU driver is present that torch cannot use, the run goes to the CPU with one warning.
 """
 from __future__ import annotations
 
