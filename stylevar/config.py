@@ -85,8 +85,7 @@ class VQVAEConfig(Serializable):
     @classmethod
     def preset(cls, name: str) -> "VQVAEConfig":
         if name == "tiny":
-            # 64 px through an 8 x 8 latent (downsampling 8), 6 scales, 130 tokens: narrow and shallow so
-            # that tokenizer + SFT + GRPO train in about 90 minutes on two CPU cores
+            # 64 px through an 8 x 8 latent (downsampling 8), 6 scales, 130 tokens: trainable on a CPU
             return cls(vocab_size=512, z_channels=16, ch=32, ch_mult=(1, 2, 2, 4), num_res_blocks=1,
                        patch_nums=TINY_PATCH_NUMS, norm_groups=8)
         if name in PRESETS:
@@ -122,22 +121,13 @@ class StyleVARConfig(Serializable):
     image_encoder: str = "resnet18"  # "resnet18" (official) or "cnn" (tiny)
     encoder_dim: int = 512
     dropout: float = 0.0
-    # Opt-in variant (never part of a published preset): the content's token stream is also added to the
-    # target's input stream, position by position, through a zero-initialised linear map, so the content's
-    # layout reaches the residual path directly and not only through attention weights. Off, the model is
-    # the published architecture exactly (no extra weights).
+    # opt-in variants, off in every published preset (off: the published architecture exactly), each through a
+    # zero-initialised linear map: the content's token stream added to the target's inputs position by position,
+    # and the style's colour statistics (`stylevar.models.encoders.colour_statistics`) added to its AdaLN embedding
     content_injection: bool = False
-    # Opt-in variant (never part of a published preset): explicit colour statistics of the style image
-    # (`stylevar.models.encoders.colour_statistics`: per-channel moments and a luminance-ordered palette) are added
-    # to the style embedding that drives AdaLN, through a zero-initialised linear map. The pooled image
-    # encoders end in a GroupNorm, which removes most of an image's mean colour, and the first scale's token
-    # sees the style only through AdaLN. Off, the model is the published architecture exactly.
     colour_stats: bool = False
-    # Stochastic depth, in training only: block i drops its attention and FFN branches, each row of the batch
-    # on its own, with probability linspace(0, drop_path_rate, depth)[i], the kept rows scaled by 1 / (1 - p)
-    # (timm's drop_path, as the reference trains). Eval mode and generation never drop. The published presets
-    # and converted reference checkpoints carry the reference's 0.1 * depth / 24; 0 (the default, and what a
-    # config.json without the field reads as) is off.
+    # stochastic depth in training only (timm's drop_path per row, block i at linspace(0, rate, depth)[i]); the
+    # published presets and converted checkpoints carry the reference's `reference_drop_path_rate`; 0 is off
     drop_path_rate: float = 0.0
 
     def __post_init__(self):

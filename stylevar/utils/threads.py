@@ -185,7 +185,7 @@ class ThreadChoice:
 
 def choose_threads(threads: int | str | None = None, environ: Mapping[str, str] | None = None,
                    budget: CpuBudget | None = None) -> ThreadChoice:
-    """Steps 1, 2, 3 and 5 of the module doc's order (step 4 needs torch: `apply_threads`). No torch."""
+    """`apply_threads`' order without its step that needs torch (an earlier ``torch.set_num_threads``)."""
     environ = os.environ if environ is None else environ
     def explicit(value: int | str, source: str) -> ThreadChoice:
         return ThreadChoice(None if value == KEEP else int(value), source)
@@ -216,8 +216,10 @@ def decision() -> ThreadChoice | None:
 
 
 def apply_threads(threads: int | str | None = None, environ: Mapping[str, str] | None = None) -> ThreadChoice:
-    """Set torch's intra-op threads by the module doc's order; returns what decided. Without an explicit count
-    (``threads`` None or "auto") after the process has decided, nothing changes."""
+    """Set torch's intra-op threads; returns what decided. The first that applies decides: an explicit count
+    (``threads``, then ``STYLEVAR_THREADS``; "torch" keeps torch's), ``OMP_NUM_THREADS``/``MKL_NUM_THREADS``, a
+    count set with ``torch.set_num_threads`` before the first load, the policy. Without an explicit count after
+    the process has decided, nothing changes."""
     global _decided
     value = parse_threads(threads)
     if value is None and _decided is not None:
