@@ -15,8 +15,7 @@ from pathlib import Path
 import torch
 
 from stylevar.config import StyleVARConfig, VQVAEConfig
-from stylevar.metrics.ssim import ssim_standard
-from stylevar.metrics.structure import edge_correlation
+from stylevar.metrics.structure import edge_correlation, ssim_standard
 from stylevar.pipelines.pipeline import StylePipeline
 from training.parts import demo_export as demo
 from training.parts.demo_card import ARROWS

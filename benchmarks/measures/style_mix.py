@@ -12,8 +12,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from stylevar.processing.images import pil_to_tensor
-from stylevar.metrics.ssim import ssim_standard
-from stylevar.metrics.structure import edge_correlation
+from stylevar.metrics.structure import edge_correlation, ssim_standard
 from stylevar.pipelines.pipeline import StyleMix, StylePipeline
 from stylevar.processing.refine import Refinement
 from training.parts.demo_export import Triplet, heldout_triplets, photo_triplets

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from stylevar.models.sampling import keyed_sample, position_keys
+from stylevar.processing.upsample import luminance
 from stylevar.processing.video import DEFAULT_TEMPORAL, TEMPORAL_MODES, TemporalMode
 
 __all__ = ["DEFAULT_TEMPORAL", "TEMPORAL_MODES", "TemporalMode", "Coherence", "FrameSampler", "coherence_of",
@@ -64,12 +65,6 @@ def coherence_of(mode: TemporalMode | Coherence) -> Coherence | None:
 
 
 # ---- motion ---------------------------------------------------------------------------------------
-def gray(frames_B3HW: torch.Tensor) -> torch.Tensor:
-    """(B, H, W) Rec. 601 luma of images in [0, 1]."""
-    w = frames_B3HW.new_tensor((0.299, 0.587, 0.114)).view(1, 3, 1, 1)
-    return (frames_B3HW * w).sum(1)
-
-
 def estimate_shift(a_HW: torch.Tensor, b_HW: torch.Tensor) -> torch.Tensor:
     """The global translation d (dx, dy) in pixels with b(p) ~ a(p - d): phase correlation of the two
     (Hann-windowed) images, the peak refined to a fraction of a pixel by a parabola through its neighbours."""
@@ -154,7 +149,7 @@ class FrameSampler:
         estimate: the pipeline passes the frames themselves, at most 256 pixels a side), ``scale``: model pixels
         per guide pixel (x, y)."""
         frames = frames_B3SS.detach().float()
-        guides = gray(frames) if guides_BHW is None else guides_BHW.detach().float()
+        guides = luminance(frames)[:, 0] if guides_BHW is None else guides_BHW.detach().float()
         per_px = torch.tensor(scale, dtype=torch.float32)
         motions, changes, cuts = [], [], []
         prev_g, prev_c = self._prev_gray, self._prev_colour

@@ -19,8 +19,8 @@ from typing import Any, Callable, Sequence
 import torch
 from PIL import Image
 
-from stylevar.pipelines.coherence import (DEFAULT_TEMPORAL, Coherence, FrameSampler, TemporalMode, coherence_of, gray,
-                                shift_grid)
+from stylevar.pipelines.coherence import (DEFAULT_TEMPORAL, Coherence, FrameSampler, TemporalMode, coherence_of,
+                                          shift_grid)
 from stylevar.config import StyleVARConfig, VQVAEConfig, presets
 from stylevar.utils.precision import resolve_autocast_dtype
 from stylevar.utils.devices import resolve_device
@@ -35,7 +35,7 @@ from stylevar.loaders.model_dir import DEMO_MODEL_DIR, PipelineConfig, check_mod
 from stylevar.processing.palette import match_palette
 from stylevar.loaders.pull import resolve_model
 from stylevar.processing.refine import refine
-from stylevar.processing.upsample import Upsampling, upscale
+from stylevar.processing.upsample import Upsampling, luminance, upscale
 from stylevar.models.tokenizer import MultiScaleVQVAE
 from stylevar.models.transformer import Condition, StyleBlend, StyleVAR
 from stylevar.processing.video import VideoInfo, VideoLimits, VideoWriter, probe, read_frames
@@ -411,4 +411,4 @@ def _guides(frames: list[Image.Image], resize: ResizeMode, side: int) -> tuple[t
     rgb = torch.stack([pil_to_tensor(to_rgb(im).crop(box).resize(size, Image.BILINEAR) if f < 1 or box != (0, 0, w, h)
                                      else to_rgb(im)) for im in frames])
     left, top, right, bottom = fit.box
-    return gray(rgb), ((right - left) / size[0], (bottom - top) / size[1])
+    return luminance(rgb)[:, 0], ((right - left) / size[0], (bottom - top) / size[1])
