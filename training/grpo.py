@@ -47,7 +47,7 @@ import argparse
 import sys
 
 from stylevar.loaders import hub
-from stylevar.models.generation import DEFAULT_GENERATION
+from stylevar.config import DEFAULT_GENERATION
 from training.parts.cli import add_loop_args, recipe_parser
 from training.parts.rewards import REWARDS
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from benchmarks.side_by_side import STAGES, images, reference_shaped, reference_weights, time_turns
-from stylevar.models.generation import GenerationConfig
+from stylevar.config import GenerationConfig
 from stylevar.pipelines.pipeline import StylePipeline
 
 # the side-by-side measurement of the reference code on this configuration (CPU, 2 threads):

@@ -8,7 +8,7 @@ import os
 
 import torch
 
-from stylevar.models.generation import GenerationConfig
+from stylevar.config import GenerationConfig
 from stylevar.loaders.model_dir import DEMO_MODEL_DIR
 from stylevar.pipelines.pipeline import StyleMix, StylePipeline
 from stylevar.models.transformer.pruning import FastSampling

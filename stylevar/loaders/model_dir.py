@@ -92,7 +92,7 @@ class PipelineConfig:
     name: str = "stylevar"
     demo: bool = False
     # the model's recommended generation settings (e.g. {"top_k": 64, "top_p": 0.9}); a caller's explicit
-    # value wins, and without either the defaults of `stylevar.models.generation.GenerationConfig` apply
+    # value wins, and without either the defaults of `stylevar.config.GenerationConfig` apply
     generation: dict[str, Any] = field(default_factory=dict)
     # the output steps (stylevar.processing.refine, .palette, .upsample): off or default unless config.json asks
     refine: Refinement = field(default_factory=lambda: _steps()[0]())

@@ -21,12 +21,11 @@ from PIL import Image
 
 from stylevar.pipelines.coherence import (DEFAULT_TEMPORAL, Coherence, FrameSampler, TemporalMode, coherence_of,
                                           shift_grid)
-from stylevar.config import StyleVARConfig, VQVAEConfig, presets
+from stylevar.config import GenerationConfig, StyleVARConfig, VQVAEConfig, presets
 from stylevar.utils.precision import resolve_autocast_dtype
 from stylevar.utils.devices import resolve_device
 from stylevar.utils.heap import apply_heap_policy
 from stylevar.utils.threads import apply_threads
-from stylevar.models.generation import GenerationConfig
 from stylevar.pipelines.options import PYTHON, offered
 from stylevar.pipelines.request import IMAGE_ONLY, StyleMix, Stylization, StylizeRequest
 from stylevar.processing.images import Fit, ResizeMode, fit_of, fit_square, pil_to_tensor, tensor_to_pil, to_rgb

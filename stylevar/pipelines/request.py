@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from PIL import Image
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from stylevar.models.generation import DEFAULT_GENERATION, GenerationConfig
+from stylevar.config import DEFAULT_GENERATION, GenerationConfig
 from stylevar.processing.images import ResizeMode
 from stylevar.processing.postprocess import (DEFAULT_UPSAMPLE, MAX_SEED, MAX_STYLES, OutputOptions, UpsampleMode,
                                              check_style_weights)

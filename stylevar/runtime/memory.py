@@ -16,8 +16,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from stylevar.config import StyleVARConfig
-from stylevar.models.generation import DEFAULT_GENERATION
+from stylevar.config import DEFAULT_GENERATION, StyleVARConfig
 from stylevar.models.sampling import sample
 from stylevar.models.transformer.attention import KVCache
 from stylevar.models.transformer.block import AdaLNHead, Block, Guide

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from serve.engine.batching import BatchConfig, Batcher
 from serve.engine.conditions import ConditionCache
 from serve.engine.runner import ModelRunner, StylizeTask
-from stylevar.models.generation import DEFAULT_GENERATION
+from stylevar.config import DEFAULT_GENERATION
 from stylevar.models.transformer.attention import BlendedAttention, KVCache
 from stylevar.models.transformer.block import Block
 from stylevar.pipelines.pipeline import StylePipeline

@@ -21,9 +21,8 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from stylevar.config import TRANSFORMER_FILE, StyleVARConfig
+from stylevar.config import DEFAULT_GENERATION, TRANSFORMER_FILE, GenerationConfig, StyleVARConfig
 from stylevar.models.encoders import NUM_COLOUR_STATS, build_image_encoder, colour_statistics, pooled
-from stylevar.models.generation import DEFAULT_GENERATION, GenerationConfig
 from stylevar.models.pretrained import PretrainedModel
 from stylevar.models.sampling import TokenSampler, make_generators, sample
 from stylevar.models.state_dict import StateDict, fit_state_dict
@@ -342,7 +341,7 @@ class StyleVAR(PretrainedModel, nn.Module):
         """Sample the target coarse to fine: images (B, 3, H, W) in [0, 1]. `generate_with_indices` also
         gives the sampled token maps.
 
-        ``config``: the sampling and blend settings (`stylevar.models.generation.GenerationConfig`), or its fields
+        ``config``: the sampling and blend settings (`stylevar.config.GenerationConfig`), or its fields
         as keyword ``settings`` (the defaults are its). ``seed``: the rows' seeds, over ``config.seed``.
 
         `style`: one image batch, or a `StyleBlend` of several. `guidance` >= 0: push the logits away from

@@ -9,7 +9,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from stylevar.models.generation import DEFAULT_GENERATION
+from stylevar.config import DEFAULT_GENERATION
 from stylevar.models.sampling import make_generators, sample
 from stylevar.models.transformer.block import Block
 from stylevar.models.transformer.condition import Condition
