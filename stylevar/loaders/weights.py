@@ -3,8 +3,8 @@ it comes from and how to check it.
 
 Nothing is downloaded implicitly: a missing file is a `MissingWeightError` naming the paths searched and the
 command that fetches it (`stylevar weights fetch NAME`: checksum checked, written atomically). Files are looked
-for in `stylevar.loaders.hub.home()`, then in huggingface_hub's cache (Hub files) or torch hub's checkpoints
-folder (torchvision files). Reading and checking a weight file is `stylevar.models.state_dict`'s.
+for first in huggingface_hub's cache (Hub files) or torch hub's checkpoints folder (torchvision files), then in
+`stylevar.loaders.hub.home()`. Reading and checking a weight file is `stylevar.models.state_dict`'s.
 """
 from __future__ import annotations
 
