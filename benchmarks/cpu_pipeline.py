@@ -70,7 +70,7 @@ def stage_fns(model, content: torch.Tensor, style: torch.Tensor, fast: bool = Fa
     """One call of each stage of this project's model (STAGES), on these inputs; ``fast``: the loop and the
     total with fast sampling."""
     from stylevar.models.encoders import pooled
-    from stylevar.models.generation import GenerationConfig
+    from stylevar.config import GenerationConfig
     from stylevar.models.sampling import make_generators
 
     batch, tok, alpha_K = content.shape[0], model.tokenizer, model.blend_alphas()
@@ -207,7 +207,7 @@ def parse_config(argv: list[str] | None) -> tuple[StageBenchConfig, bool]:
                    help="fast sampling's smallest merged scale, in positions (default: the model's plan's)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     a = p.parse_args(argv)
-    from stylevar.utils.precisions import precision_error
+    from stylevar.utils.precision import precision_error
 
     precisions = tuple(x for x in a.precisions.split(",") if x)
     for x in precisions:

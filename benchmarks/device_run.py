@@ -310,7 +310,7 @@ def service(cfg: DeviceRunConfig, time_left: Callable[[], float]) -> dict:
 # ------------------------------------------------------------------------------------------ a child: one stage
 def run_one_stage(name: str, cfg, limit_s: float) -> dict:
     """The figures of stage ``name`` (this process is its child)."""
-    from stylevar.utils.matmul_precision import set_matmul_precision
+    from stylevar.utils.precision import set_matmul_precision
 
     start = time.monotonic()
     set_matmul_precision(tf32=name != "golden")  # the policy's TF32; the golden tokens compare in strict fp32

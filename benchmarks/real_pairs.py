@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from stylevar.utils.helptext import HelpFormatter
-from stylevar.utils.precisions import PRECISIONS  # no torch
+from stylevar.utils.precision import PRECISIONS  # no torch
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -167,7 +167,7 @@ def our_step(model, batch: dict[str, torch.Tensor], levers: Levers, precision: s
     """One optimizer step of training.sft's objective on ``batch`` (the model in train mode)."""
     from stylevar.runtime.compile import compile_blocks
     from training.parts.optim import ScheduleConfig, make_adamw, two_level_scheduler
-    from training.parts.precision import autocast, make_grad_scaler
+    from stylevar.utils.precision import autocast, make_grad_scaler
     from training.parts.sft_model import channels_last
     from training.parts.sft_objective import SFTObjective
     from training.parts.step import clip_and_step
@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg, as_json = parse_config(argv)
     # torch: once the options are parsed
     from benchmarks.reference import ReferenceMissing, missing_message
-    from stylevar.utils.matmul_precision import set_matmul_precision
+    from stylevar.utils.precision import set_matmul_precision
 
     apply_threads(cfg.threads)
     set_matmul_precision()  # TF32 on CUDA

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from stylevar.utils.precisions import REMOVED_PRECISIONS, precision_error  # no torch
+from stylevar.utils.precision import REMOVED_PRECISIONS, precision_error  # no torch
 from stylevar.utils.heap import DEFAULT_KEEP_MB, MAX_KEEP_MB  # no torch either
 from stylevar.utils.threads import THREADS_ENV, parse_threads  # no torch either
 
@@ -53,7 +53,7 @@ class ServeSettings(BaseSettings):
     threads: int | Literal["torch"] | None = None
     # the transformer's linear layers (stylevar.runtime.inference): "fp32" the model's own weights; "bf16" bfloat16
     # weights and sampling loop (fastest where the CPU has bf16 units); bf16 tokens differ from fp32's at some
-    # positions (benchmarks/README.md). "int8" was removed: refused with why (stylevar.utils.precisions)
+    # positions (benchmarks/README.md). "int8" was removed: refused with why (stylevar.utils.precision)
     precision: Literal["fp32", "bf16"] = "fp32"
     # MiB of freed memory the process's heap keeps for the next request instead of handing it back to the system
     # (stylevar.utils.heap; glibc only); 0: the C library's own thresholds

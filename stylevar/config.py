@@ -1,17 +1,24 @@
-"""Configuration dataclasses for the tokenizer and the transformer, with named presets.
+"""Configuration dataclasses: the tokenizer's and the transformer's, with named presets, and the settings of one
+generation (`GenerationConfig`, its defaults `DEFAULT_GENERATION`). No torch.
 
-`d16` ... `d30` are the published StyleVAR shapes (VAR's `vae_ch160v4096z32` tokenizer, 256 px,
-10 scales). `tiny` is the CPU-sized configuration the demo model is trained with.
+`d16` ... `d30` are the published StyleVAR shapes (VAR's `vae_ch160v4096z32` tokenizer, 256 px, 10 scales);
+`tiny` is the CPU-sized configuration the demo model is trained with. `GenerationConfig.resolve` puts a caller's
+values over a model's recommended ones (config.json's ``"generation"``) over the defaults.
 """
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 OFFICIAL_PATCH_NUMS = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)
 TINY_PATCH_NUMS = (1, 2, 3, 4, 6, 8)
 PRESETS = ("tiny", "d16", "d20", "d24", "d30")
+# a model directory's files: config.json (each model's section, and the pipeline's) and each model's weights
+CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer.safetensors"  # MultiScaleVQVAE.weights_file
+TRANSFORMER_FILE = "transformer.safetensors"  # StyleVAR.weights_file
 
 
 def reference_drop_path_rate(depth: int) -> float:
@@ -81,8 +88,7 @@ class VQVAEConfig(Serializable):
     @classmethod
     def preset(cls, name: str) -> "VQVAEConfig":
         if name == "tiny":
-            # 64 px through an 8 x 8 latent (downsampling 8), 6 scales, 130 tokens: narrow and shallow so
-            # that tokenizer + SFT + GRPO train in about 90 minutes on two CPU cores
+            # 64 px through an 8 x 8 latent (downsampling 8), 6 scales, 130 tokens: trainable on a CPU
             return cls(vocab_size=512, z_channels=16, ch=32, ch_mult=(1, 2, 2, 4), num_res_blocks=1,
                        patch_nums=TINY_PATCH_NUMS, norm_groups=8)
         if name in PRESETS:
@@ -118,22 +124,13 @@ class StyleVARConfig(Serializable):
     image_encoder: str = "resnet18"  # "resnet18" (official) or "cnn" (tiny)
     encoder_dim: int = 512
     dropout: float = 0.0
-    # Opt-in variant (never part of a published preset): the content's token stream is also added to the
-    # target's input stream, position by position, through a zero-initialised linear map, so the content's
-    # layout reaches the residual path directly and not only through attention weights. Off, the model is
-    # the published architecture exactly (no extra weights).
+    # opt-in variants, off in every published preset (off: the published architecture exactly), each through a
+    # zero-initialised linear map: the content's token stream added to the target's inputs position by position,
+    # and the style's colour statistics (`stylevar.models.encoders.colour_statistics`) added to its AdaLN embedding
     content_injection: bool = False
-    # Opt-in variant (never part of a published preset): explicit colour statistics of the style image
-    # (`stylevar.models.encoders.colour_statistics`: per-channel moments and a luminance-ordered palette) are added
-    # to the style embedding that drives AdaLN, through a zero-initialised linear map. The pooled image
-    # encoders end in a GroupNorm, which removes most of an image's mean colour, and the first scale's token
-    # sees the style only through AdaLN. Off, the model is the published architecture exactly.
     colour_stats: bool = False
-    # Stochastic depth, in training only: block i drops its attention and FFN branches, each row of the batch
-    # on its own, with probability linspace(0, drop_path_rate, depth)[i], the kept rows scaled by 1 / (1 - p)
-    # (timm's drop_path, as the reference trains). Eval mode and generation never drop. The published presets
-    # and converted reference checkpoints carry the reference's 0.1 * depth / 24; 0 (the default, and what a
-    # config.json without the field reads as) is off.
+    # stochastic depth in training only (timm's drop_path per row, block i at linspace(0, rate, depth)[i]); the
+    # published presets and converted checkpoints carry the reference's `reference_drop_path_rate`; 0 is off
     drop_path_rate: float = 0.0
 
     def __post_init__(self):
@@ -205,3 +202,33 @@ class StyleVARConfig(Serializable):
 def presets(name: str) -> tuple[VQVAEConfig, StyleVARConfig]:
     """Both configurations of a named preset."""
     return VQVAEConfig.preset(name), StyleVARConfig.preset(name)
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    top_k: int = 900  # 0 switches top-k off
+    top_p: float = 0.96  # 0 or 1 switches nucleus sampling off
+    seed: int | Sequence[int] | None = None  # one for the batch, or one per row; None: a random one
+    style_strength: float = 0.0  # -1 keeps more of the content .. 1 takes more of the style
+    alphas: Sequence[float] | None = None  # the blend weight of each scale (a tensor too); None: the model's
+    guidance: float = 0.0  # >= 0: push away from the prediction without the style; 0: the plain model
+    # prune the finest scales' computation (stylevar.models.transformer.pruning; the model's `fast_sampling` plan);
+    # False: the full sampler
+    fast: bool = False
+
+    @classmethod
+    def from_kwargs(cls, settings: Mapping[str, Any]) -> GenerationConfig:
+        """From keyword settings, None meaning unset (the default). An unknown name is a TypeError."""
+        return cls(**{k: v for k, v in settings.items() if v is not None})
+
+    @classmethod
+    def resolve(cls, recommended: Mapping[str, Any], **settings: Any) -> GenerationConfig:
+        """The caller's ``settings`` (None = unset) over a model's ``recommended`` ones over the defaults."""
+        return cls.from_kwargs({**recommended, **{k: v for k, v in settings.items() if v is not None}})
+
+    def kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of `StyleVAR.generate`."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+DEFAULT_GENERATION = GenerationConfig()

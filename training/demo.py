@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from training.parts.demo_export import export
-    from stylevar.utils.matmul_precision import set_matmul_precision
+    from stylevar.utils.precision import set_matmul_precision
 
     set_matmul_precision()  # TF32 on CUDA
     return export(args)

@@ -145,7 +145,7 @@ def training_step(args: argparse.Namespace, preset: str, device: torch.device) -
 
     from training import vqvae
     from training.parts.distributed import DistEnv
-    from training.parts.precision import autocast
+    from stylevar.utils.precision import autocast
     from training.parts.presets import load_preset
     from training.parts.vqvae_run import build_objective
 

@@ -47,7 +47,7 @@ import argparse
 import sys
 
 from stylevar.loaders import hub
-from stylevar.models.generation import DEFAULT_GENERATION
+from stylevar.config import DEFAULT_GENERATION
 from training.parts.cli import add_loop_args, recipe_parser
 from training.parts.rewards import REWARDS
 
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from training.parts.grpo_run import execute  # torch and the models: once the options are parsed
-    from stylevar.utils.matmul_precision import set_matmul_precision
+    from stylevar.utils.precision import set_matmul_precision
 
     set_matmul_precision()  # TF32 on CUDA
 

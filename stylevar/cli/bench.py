@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from stylevar.runtime import bench
     from stylevar.loaders import preflight
     from stylevar.utils.atomic import WriteFailedError
-    from stylevar.utils.matmul_precision import set_matmul_precision
+    from stylevar.utils.precision import set_matmul_precision
 
     set_matmul_precision()
 

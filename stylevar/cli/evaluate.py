@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     from stylevar.evaluate.config import MISSING, EvalConfig
     from stylevar.evaluate import runner
     from stylevar.metrics.definitions import NAMES
-    from stylevar.utils.matmul_precision import set_matmul_precision
+    from stylevar.utils.precision import set_matmul_precision
 
     metrics = tuple(NAMES) if args.metrics == ["all"] else tuple(args.metrics)
     cfg = EvalConfig(
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, lpips_net=args.lpips_net, image_size=args.image_size,
         grid_rows=args.grid_rows, warmup=not args.no_warmup, progress=not args.quiet,
     )
-    set_matmul_precision()  # stylevar.utils.matmul_precision: TF32 on CUDA
+    set_matmul_precision()  # stylevar.utils.precision: TF32 on CUDA
     try:
         result = runner.run(cfg)
     except runner.MissingWeightsError as e:

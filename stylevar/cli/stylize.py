@@ -15,7 +15,7 @@ from stylevar.loaders import hub  # no torch
 from stylevar.utils.helptext import DEVICE_AUTO
 from stylevar.pipelines.options import CLI, IMAGE_ONLY, Option, offered  # no torch
 from stylevar.pipelines.request import RequestError, StylizeRequest  # no torch either
-from stylevar.utils.precisions import PRECISIONS, REMOVED_PRECISIONS, precision_error  # no torch
+from stylevar.utils.precision import PRECISIONS, REMOVED_PRECISIONS, precision_error  # no torch
 from stylevar.utils.threads import THREADS_HELP  # no torch
 from stylevar.processing.video import DEFAULT_TEMPORAL, TEMPORAL_HELP, TEMPORAL_MODES  # no torch either
 
@@ -277,7 +277,7 @@ def _stylize(args: argparse.Namespace) -> int:
 def check_machine(args: argparse.Namespace) -> Path:
     """A local --model folder's files (before torch is imported), the device check, then the model directory (a
     hub id pulled on first use; offline and not cached: one error here)."""
-    from stylevar.loaders.model_folder import check_model_files  # no torch
+    from stylevar.loaders.model_dir import check_model_files  # no torch
     from stylevar.utils.devices import check_device
 
     if args.model is not None and not hub.is_hub_id(args.model):
@@ -294,7 +294,7 @@ def load_pipeline(model_dir: Path, args: argparse.Namespace):
     precision on every device)."""
     from stylevar.runtime.inference import InferenceConfig, prepare_for_serving
     from stylevar.pipelines.pipeline import StylePipeline  # the checks are done: from here on the work
-    from stylevar.utils.matmul_precision import set_matmul_precision
+    from stylevar.utils.precision import set_matmul_precision
 
     set_matmul_precision()  # TF32 on CUDA
     pipe = StylePipeline.from_pretrained(model_dir, device=args.device, threads=args.threads)

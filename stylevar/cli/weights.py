@@ -27,7 +27,7 @@ def status_rows() -> list[dict[str, str]]:
 
 def status(args: argparse.Namespace) -> int:
     from stylevar.loaders import hub
-    from stylevar.loaders.paths import home
+    from stylevar.loaders.hub import home
     from stylevar.loaders.weights import torch_hub_dir
 
     rows = status_rows()

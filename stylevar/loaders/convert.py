@@ -1,12 +1,8 @@
 """The reference-format checkpoint converter: the published layouts in, this project's models out.
 
-Reference StyleVAR checkpoints store full (3C, C) qkv matrices for both the guide and the target
-projections; only the guide's Q rows and the target's K/V rows are ever used, so they load into
-`q_guide` and `kv_target` and the rest is dropped. Derived buffers are recomputed, never trusted.
-This module sits above the models: it reads a checkpoint (`stylevar.models.state_dict.read_file`), rearranges
-it into the project's layout and hands it to `MultiScaleVQVAE.from_state_dict` / `StyleVAR.from_state_dict`,
-which check it against the model. The project's own format (safetensors files, a config.json section per
-model) is `stylevar.models.pretrained`'s; the models read it without this module.
+The reference's full (3C, C) qkv matrices load into `q_guide` and `kv_target` (the only rows used); derived
+buffers are recomputed. A checkpoint is read (`stylevar.models.state_dict`), rearranged, and checked by the
+models' `from_state_dict`. The project's own format is `stylevar.models.pretrained`'s.
 """
 from __future__ import annotations
 

@@ -1,20 +1,10 @@
-"""Files on the Hugging Face Hub: hub ids, the cache, downloads. This module fetches files only; turning
-a published model into a model directory (`stylevar pull`, `resolve_model`) is `stylevar.loaders.pull`'s.
+"""Files on the Hugging Face Hub: hub ids (`hf:OWNER/NAME[@REVISION][:VARIANT]`), the cache, downloads, and the
+project's cache root (`home()`). It fetches files only; a model directory from them is `stylevar.loaders.pull`'s.
 
-Every download goes through `huggingface_hub`, so its cache (`HF_HOME` / `HF_HUB_CACHE`), its token
-(`HF_TOKEN`), its offline switch (`HF_HUB_OFFLINE=1`) and its endpoint (`HF_ENDPOINT`, for a mirror of the
-Hub) apply, as huggingface_hub read them when it was imported (`cache_dir`, `offline` ask it).
-
-A hub id names a published StyleVAR model: `hf:OWNER/NAME[@REVISION][:VARIANT]` (variant `grpo`, the
-default, or `sft`). Its repository holds the reference checkpoints (`vae_ch160v4096z32.pth` and
-`StyleVAR-GRPO.pth` or `StyleVAR_SFT.pth`) and, optionally, `stylevar_config.json` (the reference config
-fields of its weights, as `stylevar convert --config` takes). `check_cached` decides once, before any
-download, whether the Hub may be asked: not with `HF_HUB_OFFLINE=1`, nor when its endpoint (or the proxy in
-between) does not answer a connection within `CONNECT_TIMEOUT_S` (`unreachable`; huggingface_hub would retry
-for about 25 s). Then the files come from the cache alone, and with any of them missing it raises one
-`HubError` naming the repository, every missing file and the `stylevar pull` command.
-
-This module imports neither torch nor huggingface_hub until it needs them.
+Downloads go through `huggingface_hub` (its cache, token, offline switch and endpoint apply). `check_cached`
+decides once whether the Hub may be asked (not offline, and its endpoint answers within `CONNECT_TIMEOUT_S`);
+if not, missing files are one `HubError` naming them and the `stylevar pull` command. Imports neither torch nor
+huggingface_hub until needed.
 """
 from __future__ import annotations
 
@@ -31,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stylevar.loaders.paths import home
 from stylevar.utils.errors import CodedError
 
 PREFIX = "hf:"
@@ -47,6 +36,13 @@ CONNECT_TIMEOUT_S = 1.0  # how long `unreachable` waits for the endpoint to acce
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")  # huggingface_hub's offline switches
 
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def home() -> Path:
+    """The project's one cache root, `$STYLEVAR_HOME` (default `~/.cache/stylevar`, read on each call): weights
+    placed by hand, pulled model directories and their locks live there."""
+    env = os.environ.get("STYLEVAR_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "stylevar"
 
 
 class HubError(CodedError, FileNotFoundError):

@@ -1,9 +1,5 @@
-"""Checks of the files a user names on the command line, run before any model loads.
-
-Each failure is an :class:`InputError` (a ValueError) whose one-line message names the path; the
-command line prints it and exits non-zero. Input images are decoded by the same function, with the
-same accepted formats and messages, as the service's uploads. Importing this module does not import
-torch.
+"""Checks of the files a user names on the command line, run before any model loads (no torch): each failure is
+an `InputError` (a ValueError) whose one line names the path. Images are decoded as the service's uploads are.
 """
 from __future__ import annotations
 

@@ -1,18 +1,9 @@
-"""Published models into model directories: `stylevar pull` and the `--model` resolver.
+"""Published models into model directories: `stylevar pull` and the `--model` resolver (`resolve_model`).
 
-Pulling a hub id (`stylevar.loaders.hub.HubModel`) downloads its reference checkpoints (`stylevar.loaders.hub`), converts
-them (`stylevar.loaders.convert`) and writes a model directory (`stylevar.loaders.model_dir`) whose `config.json` records
-the repository, the revision, the commit and the sha256 of each source file. The model's shape is the
-`d20` preset unless the repository carries `stylevar_config.json` (the reference config fields, as
-`stylevar convert --config` takes) or the caller names another (`--preset`, `--config`).
-
-`resolve_model(value)` is the one function every entry point calls on its `--model` value: a hub id
-becomes its model directory (pulled on first use, which is an explicit request for it), anything else is
-taken as a directory as it is. Offline or with the Hub unreachable and files missing from the cache, it raises
-`HubError` before any other work (in about a second), naming the repository, the files and the `stylevar pull`
-command.
-
-This module imports neither torch nor huggingface_hub until it needs them.
+Pulling a hub id downloads its reference checkpoints, converts them (`stylevar.loaders.convert`) and writes a
+model directory whose config.json records the repository, revision, commit and each file's sha256. The shape is
+the `d20` preset unless the repository's `stylevar_config.json` or the caller says otherwise. A path is taken as
+a directory as it is. Imports neither torch nor huggingface_hub until needed.
 """
 from __future__ import annotations
 
@@ -26,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from stylevar.loaders.hub import (DEFAULT_PRESET, SHAPE_FILE, VAE_FILE, HubFile, HubModel, Shape, check_cached,
-                                  download_model, is_hub_id, optional_file, sha256_of)
-from stylevar.loaders.paths import home
+                                  download_model, home, is_hub_id, optional_file, sha256_of)
+from stylevar.loaders.model_dir import PipelineConfig, missing_model_files, write_model_dir
 
 
 @dataclass(frozen=True)
@@ -45,8 +36,6 @@ def _source_matches(folder: Path, model: HubModel, shape: Shape) -> bool:
     if (source.get("repo"), source.get("variant"), source.get("revision"), source.get("shape")) != (
             model.repo_id, model.variant, model.revision, shape.key):
         return False
-    from stylevar.loaders.model_dir import missing_model_files  # (torch: only once a pulled folder is there)
-
     return not missing_model_files(folder)
 
 
@@ -150,7 +139,6 @@ def _pull_into(model: HubModel, shape: Shape, dest: Path, progress: bool, local_
 
         from stylevar.utils.atomic import atomic_folder
         from stylevar.loaders.convert import load_stylevar, load_vqvae
-        from stylevar.loaders.model_dir import PipelineConfig, write_model_dir
 
         tokenizer = load_vqvae(paths[VAE_FILE], vq_cfg)
         steps.update()

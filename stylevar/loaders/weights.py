@@ -1,28 +1,10 @@
-"""Registry and cache of every external weight the project uses.
+"""Registry and cache of every external weight the project uses: what each file is, where it is looked for, where
+it comes from and how to check it.
 
-Each entry says what the file is, where it is looked for, where it comes from and how to check it.
-Nothing is ever downloaded implicitly: a missing file raises `MissingWeightError` (naming the file,
-the paths searched and the command that fetches it); `stylevar weights fetch NAME` downloads on
-request (checksum verified where one is published, written atomically).
-
-Where files are looked for, and how `fetch` gets them:
-- `stylevar.loaders.paths.home()`: `$STYLEVAR_HOME`, default `~/.cache/stylevar`; every entry can live here (a file
-  placed by hand).
-- Files hosted on the Hugging Face Hub (VAR, StyleVAR, CLIP) are looked for first in huggingface_hub's
-  cache (`HF_HUB_CACHE`, else `$HF_HOME/hub`); `fetch` downloads them through huggingface_hub
-  (`stylevar.loaders.hub.download`: its cache, `HF_TOKEN`, `HF_HUB_OFFLINE`, `HF_ENDPOINT`).
-- torchvision files (VGG-19, VGG-16, AlexNet, ResNet-18) are looked for first where torchvision itself
-  keeps them, `torch.hub.get_dir()/checkpoints/` (`$TORCH_HOME/hub`, `TORCH_HOME` defaulting to
-  `$XDG_CACHE_HOME/torch`, else `~/.cache/torch`); `fetch` downloads them, and every other file from a
-  plain URL, with torch's `torch.hub.download_url_to_file` (temporary file, sha256 prefix check, rename).
-
-Not pooch: its `fetch` downloads whatever is absent (no look-up-only mode), keeps one folder per registry (here
-torch's, huggingface_hub's and STYLEVAR_HOME are searched), compares whole digests (torchvision publishes a prefix)
-and would hash every large file at each look-up; torch's downloader does the rest.
-
-Reading a weight file and checking it against a model (`weights_only=True`, every missing, unexpected
-and wrongly shaped key in one error) is `stylevar.models.state_dict`'s: `read_state_dict`, `check_state_dict`,
-`load_into`.
+Nothing is downloaded implicitly: a missing file is a `MissingWeightError` naming the paths searched and the
+command that fetches it (`stylevar weights fetch NAME`: checksum checked, written atomically). Files are looked
+for first in huggingface_hub's cache (Hub files) or torch hub's checkpoints folder (torchvision files), then in
+`stylevar.loaders.hub.home()`. Reading and checking a weight file is `stylevar.models.state_dict`'s.
 """
 from __future__ import annotations
 
@@ -39,8 +21,7 @@ from typing import Literal
 
 from stylevar.loaders import hub
 from stylevar.utils.atomic import atomic_write_path, replace_folder
-from stylevar.loaders.hub import HubFile
-from stylevar.loaders.paths import home
+from stylevar.loaders.hub import HubFile, home
 from stylevar.utils.errors import CodedError
 
 Location = Literal["torch", "stylevar", "hf"]

@@ -1,9 +1,8 @@
 """Evaluation metrics of the StyleVAR paper: style / content loss (VGG-19), LPIPS, SSIM, DreamSim, CLIP.
 
-Images are float tensors (B, 3, H, W) in [0, 1], resized to 256 x 256. See docs/metrics.md for the
-exact definitions. `compute` loads the model it needs on every call; use `MetricSuite` to load each
-model once and evaluate many batches. Their names, references and weights: `stylevar.metrics.definitions` (no torch: the
-commands' --help reads it).
+Images are float tensors (B, 3, H, W) in [0, 1], resized to 256 x 256 (docs/metrics.md). `compute` loads the
+model it needs on every call; `MetricSuite` loads each once for many batches. Names, references and weights:
+`stylevar.metrics.definitions` (no torch).
 """
 from __future__ import annotations
 

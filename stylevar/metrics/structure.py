@@ -1,27 +1,64 @@
-"""Structure kept from the content: correlation of edge maps.
-
-`edge_correlation(a, b)`: for each image pair, the Pearson correlation between the Sobel gradient
-magnitudes of the two images' Rec. 601 luminance, over all pixels (borders replicated). 1 means the
-edges sit at the same places with proportional strength, 0 means the edge maps are unrelated. Colour
-and texture changes that keep the edges keep the score high; a blurry or rearranged picture scores low.
-
-The two images must have one size; callers compare at the model's working resolution (the demo model's
-64 px), so that a low-resolution model is not charged for detail it never sees.
+"""Structure kept from the content. SSIM two ways: `ssim` as the StyleVAR paper's evaluation computes it
+("pytorch-ssim": Gaussian window 11, sigma 1.5, zero padding, so the map keeps the image size) and `ssim_standard`,
+torchmetrics' "valid" SSIM. `edge_correlation(a, b)`: the Pearson correlation of the two images' Sobel gradient
+magnitudes (on luminance), per pair; callers compare at the model's working resolution.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-_LUMA = (0.299, 0.587, 0.114)
+from stylevar.processing.upsample import luminance
+
+WINDOW = 11
+SIGMA = 1.5
+C1 = 0.01**2
+C2 = 0.03**2
+
+
+def gaussian_window(size: int = WINDOW, sigma: float = SIGMA, dtype=torch.float32, device=None) -> torch.Tensor:
+    """(size, size) normalised Gaussian window."""
+    x = torch.arange(size, dtype=torch.float64, device=device) - (size - 1) / 2
+    g = torch.exp(-(x**2) / (2 * sigma**2))
+    g = g / g.sum()
+    return torch.outer(g, g).to(dtype)
+
+
+def ssim(x_B3HW: torch.Tensor, y_B3HW: torch.Tensor) -> torch.Tensor:
+    """Paper SSIM (zero-padded, same-size map) per image: (B,). Inputs in [0, 1]."""
+    if x_B3HW.shape != y_B3HW.shape or x_B3HW.ndim != 4:
+        raise ValueError(f"ssim needs two (B, C, H, W) tensors of one shape, got {tuple(x_B3HW.shape)} and {tuple(y_B3HW.shape)}")
+    c = x_B3HW.shape[1]
+    w = gaussian_window(dtype=x_B3HW.dtype, device=x_B3HW.device).expand(c, 1, WINDOW, WINDOW)
+
+    def blur(t: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(t, w, padding=WINDOW // 2, groups=c)
+
+    mu_x, mu_y = blur(x_B3HW), blur(y_B3HW)
+    var_x = blur(x_B3HW * x_B3HW) - mu_x**2
+    var_y = blur(y_B3HW * y_B3HW) - mu_y**2
+    cov = blur(x_B3HW * y_B3HW) - mu_x * mu_y
+    ssim_map = ((2 * mu_x * mu_y + C1) * (2 * cov + C2)) / ((mu_x**2 + mu_y**2 + C1) * (var_x + var_y + C2))
+    return ssim_map.mean((1, 2, 3))
+
+
+def ssim_standard(x_B3HW: torch.Tensor, y_B3HW: torch.Tensor) -> torch.Tensor:
+    """Valid-region SSIM from torchmetrics, per image: (B,). Inputs in [0, 1]."""
+    from torchmetrics.functional.image import structural_similarity_index_measure
+
+    out = structural_similarity_index_measure(
+        x_B3HW, y_B3HW, gaussian_kernel=True, sigma=SIGMA, kernel_size=WINDOW, data_range=1.0,
+        k1=0.01, k2=0.03, reduction="none",
+    )
+    return out.reshape(-1)
+
 
 
 def sobel_magnitude(img_B3HW: torch.Tensor) -> torch.Tensor:
     """|grad| of the luminance, (B, H, W), images in [0, 1]."""
     if img_B3HW.ndim != 4 or img_B3HW.shape[1] != 3:
         raise ValueError(f"expected (B, 3, H, W) images, got {tuple(img_B3HW.shape)}")
-    luma = torch.tensor(_LUMA, dtype=img_B3HW.dtype, device=img_B3HW.device).view(1, 3, 1, 1)
-    y_B1HW = (img_B3HW * luma).sum(1, keepdim=True)
+    y_B1HW = luminance(img_B3HW)
     kx = torch.tensor([[1.0, 0.0, -1.0], [2.0, 0.0, -2.0], [1.0, 0.0, -1.0]], dtype=img_B3HW.dtype,
                       device=img_B3HW.device)
     k_2133 = torch.stack([kx, kx.T]).unsqueeze(1)

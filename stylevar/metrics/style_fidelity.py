@@ -1,21 +1,8 @@
 """How much of the style an image took, without downloaded weights: its colours and its texture.
 
-`colour_swd(a, b)`: the sliced Wasserstein distance between the two images' pixel distributions in CIELAB
-(kornia's sRGB -> Lab, D65), in Lab units divided by 100: each pixel is a point (L, a, b); the points are
-projected on `projections` fixed random directions, and the mean absolute difference of the two images'
-sorted projections (their quantile functions, at 256 levels, so the images may differ in size) is averaged
-over the directions. 0 for identical colour distributions whatever the layout (a shifted or mirrored copy
-scores 0); it grows with any change of palette, not only of the mean colour.
-
-`texture_distance(a, b)`: the relative distance between the Gram matrices of a small random-weight
-convolution net (`TextureNet`, fixed by a seed: three 3 x 3 conv + ReLU layers, 16/32/64 channels, 2 x 2
-average pooling between them) applied to each image's luminance, normalised to zero mean and unit
-deviation, so that the palette does not count (colour is `colour_swd`'s). Per layer ||G_a - G_b||_F /
-(||G_a||_F + ||G_b||_F), averaged over the layers: in [0, 1], 0 for the same texture statistics. Random
-conv features keep enough of an image's local structure for Gram statistics to tell textures apart
-(Ustyuzhaninov et al. 2017, "What does it take to generate natural textures?").
-
-Images are (B, 3, H, W) in [0, 1]; both functions give one value per pair, (B,).
+`colour_swd(a, b)`: the sliced Wasserstein distance between the two images' pixel distributions in CIELAB (/100).
+`texture_distance(a, b)`: the relative Gram-matrix distance of a fixed random conv net's features on normalised
+luminance (`TextureNet`), in [0, 1]. Images are (B, 3, H, W) in [0, 1]; both give a value per pair, (B,).
 """
 from __future__ import annotations
 

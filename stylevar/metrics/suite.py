@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from stylevar.metrics import definitions as defs
 from stylevar.loaders import weights
-from stylevar.metrics.ssim import ssim, ssim_standard
+from stylevar.metrics.structure import ssim, ssim_standard
 
 IMAGE_SIZE = 256
 

@@ -1,13 +1,5 @@
-"""Style and content loss on torchvision VGG-19 features (the StyleVAR paper's definitions).
-
-- Input: images in [0, 1], normalised by the ImageNet mean/std.
-- Style loss: at the outputs of `features` indices 0, 5, 10, 19, 28 (conv1_1 ... conv5_1, before ReLU),
-  Gram matrices (B, C, C) divided by C*H*W; MSE between the generated and the style Grams, summed over
-  the five layers.
-- Content loss: MSE between the outputs of `features` index 21 (conv4_2, before ReLU).
-
-torchvision's VGG uses in-place ReLUs, which would overwrite a captured conv output; they are made
-out-of-place here so the captured maps really are the pre-ReLU values.
+"""Style and content loss on torchvision VGG-19 features (the StyleVAR paper's definitions): Gram matrices at
+conv1_1 ... conv5_1 for style, conv4_2 for content, on ImageNet-normalised [0, 1] input, pre-ReLU.
 """
 from __future__ import annotations
 

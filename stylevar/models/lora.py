@@ -1,19 +1,8 @@
 """LoRA adapters on StyleVAR's linear layers: attach, switch off, snapshot, merge, remove.
 
-A wrapped linear keeps its frozen weight as ``base_weight`` (and its ``bias``) and learns a low-rank
-update: ``W = base_weight + scaling * lora_B @ lora_A`` with ``lora_A`` (r, in), ``lora_B`` (out, r),
-``scaling = alpha / r``; ``lora_B`` starts at zero so an attached model computes what the base does.
-These are the names the published GRPO checkpoints use (``<name>.base_weight``, ``<name>.lora_A``,
-``<name>.lora_B``), which :func:`stylevar.loaders.convert.bake_lora` bakes.
-
-The naive baseline (`stylevar.models.transformer.naive`) reads the projections' ``weight`` directly, so the
-adapter exposes the effective matrix as a ``weight`` property as well as applying the low-rank path in
-``forward``.
-
-Typical use (GRPO): ``attach_lora(model, LoRAConfig(rank, alpha))``; the reference policy is the same
-model under ``with lora_disabled(model):`` (no copy); ``merge_lora(model)`` bakes the update into the
-base weights and restarts the adapters at zero; ``unload_lora(model)`` gives back plain ``nn.Linear``s.
-Training checkpoints are not read here: ``training.merge_lora`` (``stylevar merge-lora``) bakes a GRPO run's.
+A wrapped linear keeps its frozen ``base_weight`` and learns ``W = base_weight + alpha / r * lora_B @ lora_A``
+(``lora_B`` starts at zero), with the names the published GRPO checkpoints use; it also exposes the effective
+``weight`` (the naive baseline reads it). GRPO's reference policy is the same model under `lora_disabled`.
 """
 from __future__ import annotations
 

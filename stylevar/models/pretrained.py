@@ -1,11 +1,6 @@
-"""The project's own weight format: safetensors files, and each model's section of a folder's config.json.
-
-A model (`MultiScaleVQVAE`, `StyleVAR`) saves and loads itself (`save_pretrained(folder)` /
-`from_pretrained(folder)`, the shape of diffusers' models): its weights go to its own file
-(`tokenizer.safetensors`, `transformer.safetensors`) and its config dataclass to its own section of
-``folder/config.json`` (``"tokenizer"``, ``"transformer"``), other sections left as they are. A model
-directory is both models in one folder, plus the pipeline's sections (`stylevar.pipelines.pipeline`); a
-tokenizer folder (``training.vqvae``'s RUN/final) is the tokenizer alone.
+"""The project's own weight format: each model (`MultiScaleVQVAE`, `StyleVAR`) saves and loads itself
+(`save_pretrained` / `from_pretrained`): its weights to its own safetensors file, its config to its own section
+of the folder's config.json, other sections left as they are.
 """
 from __future__ import annotations
 
@@ -19,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from stylevar.utils.atomic import atomic_write_path, atomic_write_text
-from stylevar.models.files import CONFIG_FILE
+from stylevar.config import CONFIG_FILE
 from stylevar.models.state_dict import StateDict, read_state_dict
 
 

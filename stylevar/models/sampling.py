@@ -1,18 +1,9 @@
 """Top-k / top-p sampling of token logits with private generators (the global RNG is never touched).
 
-`sample` draws one token per position from the softmax of the logits restricted to the top-k and then to
-the top-p nucleus, as an exponential race: every vocabulary entry i gets a uniform number u_i, in
-vocabulary order, and the token is the candidate with the largest p_i / -log(u_i) (the -log(u_i) are
-independent Exp(1) draws, so candidate i wins with probability p_i / sum p). A token's draw does not depend
-on the other tokens' logits, so a small change of the logits (bf16 against fp32) rarely changes
-the token. It costs one uniform per entry (`torch.multinomial` draws an exponential per entry, about six
-times slower on the CPU), and the filtering works on the k best candidates only: `topk` gives them sorted,
-so the nucleus needs no sort of the whole vocabulary.
-
-Keyed draws (video, `stylevar.pipelines.coherence`): `keyed_uniforms` gives the race's numbers as a hash of a position
-key and the vocabulary entry instead of a generator's stream, so that a draw depends on (seed, scale,
-position) alone, and only the candidates' numbers are computed. A `TokenSampler` (any callable) passed where
-the generators go draws a scale's tokens itself; with generators the draw is the one above, bit for bit.
+`sample` draws each token as an exponential race over the top-k/top-p candidates: one uniform u_i per
+vocabulary entry, the winner the largest p_i / -log(u_i), so a draw hardly moves when the logits move a little.
+`keyed_uniforms` gives the race's numbers as a hash of (seed, scale, position) for video; a `TokenSampler`
+passed where the generators go draws a scale's tokens itself.
 """
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
 """Reading a state dict from a file and checking it against a model: the one place for both.
 
-`read_file` reads `.safetensors` with safetensors and every other file (`.pth`, `.pt`, ...) with
-`torch.load(weights_only=True)`, memory-mapped where the file's serialisation allows it, onto the CPU.
-`read_state_dict` adds the check that the file holds a state dict. `check_state_dict` compares one with
-what a model expects and raises one error naming every missing, unexpected and wrongly shaped key;
+`read_file` reads safetensors, or anything else with ``torch.load(weights_only=True)``, memory-mapped onto the
+CPU; `check_state_dict` raises one error naming every missing, unexpected and wrongly shaped key;
 `fit_state_dict` is that check for a model's own weights, derived buffers taken from the model.
-
-The models (`MultiScaleVQVAE` / `StyleVAR`.from_state_dict), the reference-format converter
-(`stylevar.loaders.convert`) and the users of the weight registry (`stylevar.loaders.weights`: metrics, baselines) read
-and check through here.
 """
 from __future__ import annotations
 

@@ -1,36 +1,10 @@
 """Coherent sampling of video frames: the same content draws the same tokens from frame to frame.
 
-Drawn frame by frame with its own seed, every frame samples its own tokens and the picture flickers. The
-sampler (`stylevar.models.sampling`) is an exponential race on one uniform per vocabulary entry and position, so a
-token changes only where the model's distribution changes or its numbers change. `FrameSampler` draws the
-frames of a clip (the rows of each `generate` call, in order, and call after call) so that neither changes
-more than the content does. It measures a global motion between consecutive frames (phase correlation of
-their luminance at the model's resolution) and keeps the content's accumulated shift; then:
-
-- ``anchor``: a position's numbers are a hash of (seed, scale, position on a grid that moves with the
-  content), `stylevar.models.sampling.keyed_uniforms`, so under a pan the numbers travel with the picture instead
-  of staying on the screen (the grid moves by whole tokens of each scale);
-- ``align``: the model draws on a canvas that moves with the content by whole tokens of scale
-  ``align_scale``: each frame is moved by what is left of the shift (under half a token) before the model
-  sees it and the drawing is moved back (bicubic, at the model's resolution) before it is upsampled from the
-  frame itself (`StylePipeline.stylize_frames`). Tokens sit on a fixed grid; without this a sub-token motion
-  changes every token's content, with it the content under a token of that scale and finer is the same from
-  frame to frame, moved by whole tokens;
-- ``reuse_scales``: the first k scales' tokens taken from the previous frame (moved by the grid's whole-token
-  step) where the content changed less than ``reuse_threshold`` there (mean absolute difference in [0, 1] of
-  the frame and the previous frame moved by the motion, averaged over the token's area);
-- ``settle``: the drawing on the canvas (at the model's resolution, before it is moved back and upsampled)
-  averaged with the previous frame's moved by the canvas's whole-token step, where the content changed less
-  than ``reuse_threshold``: out_t = (1 - settle) drawing_t + settle out_{t-1}. Between two steps of the canvas
-  the drawings hardly differ; at a step the model redraws a little differently, and this spreads that change
-  over a few frames instead of one;
-- ``blend``: each scale's log-probabilities mixed with the previous frame's (moved by the canvas's shift,
-  bilinear on the token grid), an exponential average along the clip (measured: no consistent gain,
-  docs/video.md; off in both modes).
-
-A frame whose mean change passes ``cut_threshold`` is a cut: it is drawn afresh (no reuse, no settling, no
-blend, no motion). Everything stays on the model's device; a clip holds the previous frame's tokens (and, blending,
-log-probabilities) of every scale between calls.
+`FrameSampler` measures the global motion between frames (phase correlation of their luminance) and keeps the
+content's accumulated shift; then ``anchor`` keys the sampler's draws to a grid that moves with the content,
+``align`` draws on a canvas moved by whole tokens, ``reuse_scales`` takes coarse tokens from the previous frame
+where the content hardly changed, ``settle`` averages the drawing with the previous one there, and ``blend``
+mixes log-probabilities along the clip. A frame past ``cut_threshold`` is a cut, drawn afresh (docs/video.md).
 """
 from __future__ import annotations
 
@@ -42,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from stylevar.models.sampling import keyed_sample, position_keys
+from stylevar.processing.upsample import luminance
 from stylevar.processing.video import DEFAULT_TEMPORAL, TEMPORAL_MODES, TemporalMode
 
 __all__ = ["DEFAULT_TEMPORAL", "TEMPORAL_MODES", "TemporalMode", "Coherence", "FrameSampler", "coherence_of",
@@ -90,12 +65,6 @@ def coherence_of(mode: TemporalMode | Coherence) -> Coherence | None:
 
 
 # ---- motion ---------------------------------------------------------------------------------------
-def gray(frames_B3HW: torch.Tensor) -> torch.Tensor:
-    """(B, H, W) Rec. 601 luma of images in [0, 1]."""
-    w = frames_B3HW.new_tensor((0.299, 0.587, 0.114)).view(1, 3, 1, 1)
-    return (frames_B3HW * w).sum(1)
-
-
 def estimate_shift(a_HW: torch.Tensor, b_HW: torch.Tensor) -> torch.Tensor:
     """The global translation d (dx, dy) in pixels with b(p) ~ a(p - d): phase correlation of the two
     (Hann-windowed) images, the peak refined to a fraction of a pixel by a parabola through its neighbours."""
@@ -180,7 +149,7 @@ class FrameSampler:
         estimate: the pipeline passes the frames themselves, at most 256 pixels a side), ``scale``: model pixels
         per guide pixel (x, y)."""
         frames = frames_B3SS.detach().float()
-        guides = gray(frames) if guides_BHW is None else guides_BHW.detach().float()
+        guides = luminance(frames)[:, 0] if guides_BHW is None else guides_BHW.detach().float()
         per_px = torch.tensor(scale, dtype=torch.float32)
         motions, changes, cuts = [], [], []
         prev_g, prev_c = self._prev_gray, self._prev_colour

@@ -1,12 +1,8 @@
-"""StylePipeline: a model directory in, PIL images in and out.
+"""StylePipeline: a model directory (`stylevar.loaders.model_dir`) or hub id in, PIL images in and out.
 
-A model directory (`stylevar.loaders.model_dir`) holds `config.json`, `tokenizer.safetensors`,
-`transformer.safetensors` and a `README.md` model card. Each model reads and writes its own weights file
-and config.json section (`MultiScaleVQVAE` / `StyleVAR`.save_pretrained, from_pretrained); the pipeline
-composes them with the rest of config.json (`PipelineConfig`). A hub id is pulled into a model directory
-first (`stylevar.loaders.pull`). The embedded demo model lives in `stylevar/assets/demo/`. Video: `stylize_frames`
-(frames in, frames out, `stylevar.pipelines.coherence` across them) and `stylize_video` (a file in, an mp4 out, through
-`stylevar.processing.video`).
+The pipeline composes the tokenizer and the transformer with the rest of config.json (`PipelineConfig`): it
+resolves a `StylizeRequest`, draws it, and finishes the output (refine, palette, upsample). Video:
+`stylize_frames` (frames in, frames out, coherent across them) and `stylize_video` (a file in, an mp4 out).
 """
 from __future__ import annotations
 
@@ -23,13 +19,13 @@ from typing import Any, Callable, Sequence
 import torch
 from PIL import Image
 
-from stylevar.pipelines.coherence import (DEFAULT_TEMPORAL, Coherence, FrameSampler, TemporalMode, coherence_of, gray,
-                                shift_grid)
-from stylevar.config import StyleVARConfig, VQVAEConfig, presets
-from stylevar.utils.devices import resolve_autocast_dtype, resolve_device
+from stylevar.pipelines.coherence import (DEFAULT_TEMPORAL, Coherence, FrameSampler, TemporalMode, coherence_of,
+                                          shift_grid)
+from stylevar.config import GenerationConfig, StyleVARConfig, VQVAEConfig, presets
+from stylevar.utils.precision import resolve_autocast_dtype
+from stylevar.utils.devices import resolve_device
 from stylevar.utils.heap import apply_heap_policy
 from stylevar.utils.threads import apply_threads
-from stylevar.models.generation import GenerationConfig
 from stylevar.pipelines.options import PYTHON, offered
 from stylevar.pipelines.request import IMAGE_ONLY, StyleMix, Stylization, StylizeRequest
 from stylevar.processing.images import Fit, ResizeMode, fit_of, fit_square, pil_to_tensor, tensor_to_pil, to_rgb
@@ -38,7 +34,7 @@ from stylevar.loaders.model_dir import DEMO_MODEL_DIR, PipelineConfig, check_mod
 from stylevar.processing.palette import match_palette
 from stylevar.loaders.pull import resolve_model
 from stylevar.processing.refine import refine
-from stylevar.processing.upsample import Upsampling, upscale
+from stylevar.processing.upsample import Upsampling, luminance, upscale
 from stylevar.models.tokenizer import MultiScaleVQVAE
 from stylevar.models.transformer import Condition, StyleBlend, StyleVAR
 from stylevar.processing.video import VideoInfo, VideoLimits, VideoWriter, probe, read_frames
@@ -95,7 +91,7 @@ class StylePipeline:
         """Load a model directory (default: the embedded demo model), or a hub id
         ``hf:OWNER/NAME[@REVISION][:grpo|sft]`` (pulled on first use, see `stylevar.loaders.pull`). ``autocast_dtype``:
         "auto" = bf16 on CUDA and none on the CPU; None = float32 everywhere; or a dtype or its name ("bf16", "float16",
-        ...; see `stylevar.utils.devices.resolve_autocast_dtype`). ``threads``: torch's CPU threads, a count, "torch"
+        ...; see `stylevar.utils.precision.resolve_autocast_dtype`). ``threads``: torch's CPU threads, a count, "torch"
         (its count left as it is) or None (the process's first load decides by `stylevar.utils.threads`:
         STYLEVAR_THREADS, OMP_NUM_THREADS, an earlier torch.set_num_threads, else one fewer than the CPUs the process
         may use). The process's heap keeps freed memory for reuse (`stylevar.utils.heap`, decided at the first
@@ -414,4 +410,4 @@ def _guides(frames: list[Image.Image], resize: ResizeMode, side: int) -> tuple[t
     rgb = torch.stack([pil_to_tensor(to_rgb(im).crop(box).resize(size, Image.BILINEAR) if f < 1 or box != (0, 0, w, h)
                                      else to_rgb(im)) for im in frames])
     left, top, right, bottom = fit.box
-    return gray(rgb), ((right - left) / size[0], (bottom - top) / size[1])
+    return luminance(rgb)[:, 0], ((right - left) / size[0], (bottom - top) / size[1])

@@ -1,11 +1,9 @@
 """One stylize request: every option declared once (type, range, help), validated once, resolved once.
 
-`StylizeRequest` is the declaration: a pydantic model whose fields carry their range (pydantic's ``ge`` / ``le``),
-their help (``description``) and how the surfaces offer them (an `Offer` in the field's metadata). The Python call,
-the service's form, the command line, the UI and the video route all build one; its errors read the same
-everywhere (`RequestError`: ``top_p: Input should be less than or equal to 1``). `StylePipeline.prepare` resolves
-it against the model's config.json once, into a `Stylization`, which `StylePipeline.run` draws.
-No torch here: the command line's --help reads it.
+`StylizeRequest` is a pydantic model whose fields carry their range, their help and how the surfaces offer them
+(an `Offer`); the Python call, the service's form, the command line, the UI and the video route all build one,
+and its errors (`RequestError`) read the same everywhere. `StylePipeline.prepare` resolves it into a
+`Stylization`. No torch: the command line's --help reads it.
 """
 from __future__ import annotations
 
@@ -17,7 +15,7 @@ from typing import Annotated, Any, Literal
 from PIL import Image
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from stylevar.models.generation import DEFAULT_GENERATION, GenerationConfig
+from stylevar.config import DEFAULT_GENERATION, GenerationConfig
 from stylevar.processing.images import ResizeMode
 from stylevar.processing.postprocess import (DEFAULT_UPSAMPLE, MAX_SEED, MAX_STYLES, OutputOptions, UpsampleMode,
                                              check_style_weights)

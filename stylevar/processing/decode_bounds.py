@@ -1,14 +1,6 @@
-"""Bounds on the work of decoding one image, beside its pixel limits: a JPEG's scans, counted from its markers before
-any pixel is decoded (`file_scans`), and a file whose reads stop at a deadline (`TimedReader`).
-
-Decoding a progressive JPEG takes time in proportion to its scans times its pixels (every scan visits every block of
-its components, at any DCT scale), so a valid 6000 x 6000 file of 1.3 MB holding 20,000 repeated scans kept a decoder
-busy for 89 s. Encoders write few scans: libjpeg's progressive script (`jpeg_simple_progression`, which Pillow, cjpeg
-and jpegtran write) has 10 for a colour image, 6 for grayscale and 18 for CMYK (measured with Pillow 12); mozjpeg's
-scan search keeps a subset of its 64 candidate scans (`jpeg_search_progression`) and its fixed script has 13; cameras
-and phones write baseline JPEGs, one scan. A JPEG with more than `MAX_SCANS` is refused before it is decoded: at 64 the
-slowest such file takes about 0.03 s a scan per 36 megapixels on the 2-core machine (docs/serving.md). libjpeg-turbo
-has the same guard, off by default (TurboJPEG's `TJPARAM_SCANLIMIT`, 500 in its fuzzers).
+"""Bounds on the work of decoding one image, beside its pixel limits: a JPEG's scans counted from its markers
+before any pixel is decoded (`file_scans`; more than `MAX_SCANS` is refused, since a progressive JPEG's decode
+time grows with scans times pixels), and a file whose reads stop at a deadline (`TimedReader`).
 """
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """Images at the edges of the library: safe decoding, mode conversion, square fitting and back.
 
-Inside the library images are float tensors (B, 3, H, W); PIL appears only here, in the pipeline,
-the service, the UI and the tools.
-
-8-bit PNG is decoded strip by strip (`stylevar.processing.png_strips`), not by pyvips: the measurement behind that
-choice is in benchmarks/README.md, "Decoding large uploads". A JPEG's scans are counted before it is decoded
-(`stylevar.processing.decode_bounds`).
+Inside the library images are float tensors (B, 3, H, W); PIL appears only here, in the pipeline, the service,
+the UI and the tools. 8-bit PNG is decoded strip by strip (`stylevar.processing.png_strips`); a JPEG's scans
+are counted before it is decoded (`stylevar.processing.decode_bounds`).
 """
 from __future__ import annotations
 
@@ -172,8 +169,7 @@ _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, IndexError, KeyErr
                   OverflowError, RecursionError, struct.error, zlib.error)
 _STRIP_BYTES = 2 << 20  # rows decoded / reduced at a time when decoding downscaled
 _JPEG_KINDS = ("JPEG", "MPO")  # an MPO is a JPEG with more pictures after the first (Pillow names it so)
-# a PNG's decoder holds whole rows: a 40M x 1 image would hold 160 MB for its one row (1.2 GB measured while
-# decoding), so wider ones are refused; 1M pixels a row is 4 MB of RGBA, far wider than any photograph
+# a PNG's decoder holds whole rows, so wider ones are refused; 1M pixels a row is 4 MB of RGBA
 MAX_PNG_WIDTH = 1 << 20
 _ORIENTATION = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
                 5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
@@ -391,9 +387,7 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB") if img.mode != "RGB" else img
 
 
-# a content image shrunk to the model's square is first reduced by whole factors (a box filter) to within 3x of it,
-# then resized: Pillow's "indistinguishable from fair resampling in most cases"; 1024 px to 64 px in 1.1 ms, not 5.3
-# (0.1-0.3 levels mean difference on the bundled examples)
+# a content image shrunk to the model's square is first box-reduced by whole factors to within 3x of it, then resized
 REDUCING_GAP = 3.0
 
 

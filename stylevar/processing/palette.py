@@ -1,31 +1,9 @@
-"""Palette matching: the model's drawing moved toward the style's colours.
+"""Palette matching: the model's drawing moved toward the style's colours, layout and edges kept.
 
-A small model trained on a few thousand synthetic triplets keeps the content's layout but takes only part
-of the style's colours: its first scale's token, which sets the mean colour, is hard to predict, and
-sampling errors at the finer scales drift it further (benchmarks/fidelity.md measures both). This step
-takes the rest of the way with the statistic that the colour of a style is mostly made of: in CIELAB
-(kornia's sRGB -> Lab, D65), each channel of the drawing is shifted and scaled so that its mean and
-standard deviation move ``strength`` of the way from the drawing's own toward the style's, the transfer of
-Reinhard et al. (2001) applied to the drawing instead of the content. Strength 1 is the full transfer;
-0 leaves the drawing untouched. Layout and texture are the model's: an affine map per channel keeps every
-edge where it was.
-
-``method="distribution"`` matches the whole colour distribution instead of two moments: the iterative
-distribution transfer of Pitie, Kokaram and Dahyot (ICCV 2005) in CIELAB. Each of ``iterations`` rounds
-projects the drawing's and the style's pixels on a fixed orthonormal basis (the first round on the Lab
-axes, then rotations drawn from a fixed seed, so the step is deterministic), maps each projected axis
-through the monotone piecewise-linear function that sends the drawing's quantiles to the style's, and
-rotates back. Equal colours stay equal (a map of values, not of ranks), so flat regions stay flat and
-every edge stays where it was; the result's sliced Wasserstein distance to the style's colours goes to
-about zero as the rounds grow. ``strength`` mixes the drawing (0) with the transferred drawing (1) in Lab.
-
-With several styles the drawing is matched to each, and the results are mixed pixel by pixel with each
-style's share of the blend (its weight, within its mask), so each region takes its own style's palette;
-where no style applies (outside every mask) the drawing stays as drawn.
-
-A model directory's ``config.json`` may carry ``"palette": {"strength": s, "method": m}``; without it the pipeline
-returns the transformer's colours, so published checkpoints compute what the reference computes. The demo
-recipe chooses the strength on its training split (`training.parts.demo_export.choose_palette`).
+``method="moments"``: in CIELAB, each channel's mean and deviation moved ``strength`` of the way toward the
+style's (Reinhard et al. 2001). ``method="distribution"``: the iterative distribution transfer of Pitie, Kokaram
+and Dahyot (2005) in CIELAB, deterministic. With several styles each region takes its own style's palette.
+Off unless the model directory's config.json asks for it (``"palette"``).
 """
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""What is done to a request around the model call: the seeds of several samples, the output size
-limit and colour preservation.
-
-One implementation for every entry point: ``StylePipeline.prepare`` and ``StylePipeline.run`` apply them for the
-Python call, the service and ``stylevar stylize`` alike, so the Python API returns what ``POST /stylize``
-returns for the same inputs, seed and options.
+"""What is done to a request around the model call, once for every entry point (the Python call, the service and
+``stylevar stylize`` return the same for the same inputs): the seeds of several samples, the output size limit
+and colour preservation.
 """
 from __future__ import annotations
 

@@ -1,20 +1,6 @@
-"""Content-guided refinement: the model's output filtered with the content image as the guide.
-
-A small tokenizer blurs edges: its reconstruction is the ceiling of what any transformer over its tokens
-can draw (benchmarks/fidelity.md measures it). This step gives the content's edges back to the output
-without touching its colours: the guided filter of He, Sun and Tang (ECCV 2010), with the content
-image as the guide I and the model's output p as the input. In every (2r+1) x (2r+1) window the output
-is fitted as a linear function of the content, q = a * I + b (least squares, a ridge of ``eps`` on a);
-the windowed means of a and b are applied per pixel. Where the output varies with the content, its
-edges are put where the content's are and sharpened; where it does not (a flat region of the content),
-the output is smoothed. Window means are kept, so the output's colours (its style) are unchanged.
-This is the fast form of the smoothing step that photorealistic stylization uses (Li et al., ECCV
-2018, "A closed-form solution to photorealistic image stylization").
-
-A model directory's ``config.json`` may carry ``"refine": {"radius": R, "eps": E}`` (radius in pixels
-at the model's resolution); without it, or with radius 0, the pipeline returns the transformer's output
-as it is, so published checkpoints compute exactly what the reference computes. The demo recipe
-chooses R and E on its training split (`training.parts.demo_export.choose_refinement`).
+"""Content-guided refinement: the model's output filtered with the content image as the guide (the guided filter
+of He, Sun and Tang), at the model's resolution. It puts the output's edges where the content's are without
+changing its colours. Off unless the model directory's config.json asks for it (``"refine": {"radius", "eps"}``).
 """
 from __future__ import annotations
 

@@ -1,41 +1,11 @@
-"""From the model's resolution to the size the user gets back: bicubic, or content-guided detail transfer.
+"""From the model's resolution to the size the user gets back (the content's size, or `max_side`).
 
-Every model draws a small square (the demo 64 px, the published d20 256 px); the result is returned at the
-content's size (or `max_side`). Stretched on its own, a 64 px drawing is a blur at 512 px. The content is
-there at full size, and it holds exactly what the drawing lacks: the fine edges.
-
-``mode="bicubic"``: the drawing resized (Pillow's bicubic), what every release before this one returned.
-
-``mode="guided"``: the drawing brought to the output size plus the content's own fine detail, in the amount
-the drawing's local relation to the content asks for. At the model's resolution, in every (2r+1) x (2r+1)
-window, each colour channel p_c of the drawing is fitted as a linear function of the content's luminance Y,
-p_c ~ a_c * Y + b_c (least squares with a ridge ``eps`` on a_c; the coefficients of the guided filter of
-He, Sun and Tang, ECCV 2010, averaged over the windows that cover a pixel). At the output size:
-
-    out_c = up(p)_c + strength * up(a_c)(x) * (Y_full(x) - up(Y_low)(x))
-
-where Y_full is the content's luminance at the output size, Y_low the luminance the model saw (the
-content at the model's resolution), and up() bilinear interpolation to the output size. Y_full - up(Y_low)
-is the detail that downscaling took from the content; a_c says how the drawing follows the content there
-(0 where the drawing is flat or unrelated to it, so the style's own texture is left alone; negative where
-the drawing inverts the content's brightness). The low frequencies, hence the colours, are the drawing's:
-this is the fast guided filter's upsampling (He and Sun, 2015, arXiv:1505.00996) applied to the detail
-only. The drawing itself is interpolated bilinearly too, not by Pillow's bicubic: the detail term carries
-the edges, the two differ by 0.3 levels on average at 1024 px, and one interpolation of seven channels
-costs a fifth less than a bicubic resize plus a read-back of it (1024 px at one thread: 37 against 48 ms).
-At the model's own size Y_full = Y_low and the drawing is returned unchanged.
-
-Memory stays bounded: the coefficients live at the model's resolution, and the output is computed in
-strips of about ``strip_pixels`` pixels (each strip's bilinear weights computed for its own rows, so
-strips give what one piece gives), each written into the result: beyond the returned image and the content
-it holds a few float strips, whatever the image's size. It runs on the drawing's device (CPU or GPU); on a GPU
-the strips are written into one uint8 result there, brought to the host once (not once per strip, which would
-make the host wait for the device at every strip), the content's luminance uploaded from page-locked memory.
-
-This is post-processing after the model: the model's output at its own resolution (published-model
-conformance) is untouched. `stylevar.processing.refine` is a different step: a guided filter *at the model's
-resolution*, part of the demo model's own output (its config.json); this one only adds what lies beyond
-that resolution.
+``mode="bicubic"``: the drawing resized. ``mode="guided"``: the drawing brought to the output size plus the
+content's own fine detail, in the amount the drawing's local linear relation to the content's luminance asks
+for (the guided filter of He, Sun and Tang, fitted at the model's resolution and applied to the detail only):
+out_c = up(p)_c + strength * up(a_c) * (Y_full - up(Y_low)). Computed in strips, so memory stays bounded
+whatever the image's size; on the drawing's device. Post-processing only: the model's own output is untouched
+(`stylevar.processing.refine` works at the model's resolution).
 """
 from __future__ import annotations
 

@@ -1,26 +1,9 @@
-"""Video in and out: header probing, frames decoded as a stream, H.264 mp4 out with the audio copied.
+"""Video in and out through PyAV (the `video` extra): header probing (`probe`, `count_frames`), frames decoded as
+a stream (`read_frames`), and H.264 mp4 out with the audio copied (`VideoWriter`, written atomically).
 
-Through PyAV (``pip install 'stylevar[video]'``): its wheels bundle FFmpeg (libx264, AAC, Opus, VP9, AV1
-decoders), so it installs from the registry alone on a fresh machine; torchcodec needs a system FFmpeg.
-PyAV 18 gives rotation metadata with decoded frames only: :func:`probe` tells the stored picture's size.
-
-- :func:`probe` reads a header (no frame decoded) into a :class:`VideoInfo`, checked against :class:`VideoLimits`;
-  :func:`count_frames` counts the frames from the packets (demuxed, not decoded), checked against the same limits.
-- :func:`read_frames` yields RGB PIL frames one at a time (``info["time_s"]``, ``info["index"]``), checking
-  the limits from the header first and again on every frame (a header may lie, or say nothing).
-- :class:`VideoWriter` encodes PIL frames to H.264 (libx264, else mpeg4), yuv420p (an odd side loses its
-  last row / column), mp4 with ``faststart``; it keeps the frame rate and timestamps (to 1/90000 s) and
-  copies the audio of ``audio_from`` packet for packet (a remux), interleaved with the video. The mp4 is
-  written under a temporary name next to the destination and renamed when complete (stylevar.utils.atomic).
-
-:data:`TEMPORAL_MODES`: how the frames of a stylized clip share their random draws (`stylevar.pipelines.coherence` draws
-them; named here, without torch, for the command line's help and the UI).
-
-Every way an input fails is a :class:`VideoError` with a ``code`` and a one-line message naming the file
-(a missing file stays ``FileNotFoundError``). Only :data:`VIDEO_FORMATS`, and only local files, are opened
-(FFmpeg's whitelists: a playlist never makes FFmpeg open other files or URLs). A decoding error (truncated
-or damaged data) is ``corrupt_video`` after the frames before it; so is a stream that ends over a frame
-before its header's duration (a truncated mkv).
+Every limit (`VideoLimits`) is checked from the header and again on every frame. Only `VIDEO_FORMATS` and local
+files are opened; every failure is a `VideoError` with a ``code`` naming the file. `TEMPORAL_MODES` names how a
+clip's frames share their draws (`stylevar.pipelines.coherence`), without torch.
 """
 from __future__ import annotations
 

@@ -1,19 +1,8 @@
 """`stylevar bench`: generation and teacher-forcing speed of a preset with random weights.
 
-Figures: ms per image and images/s for `generate` at each batch size (tokenizer encode/decode and the
-image encoders included), teacher-forcing training tokens/s (forward + backward), peak memory on CUDA,
-measured FLOPs per image and, given the device's peak, the fraction of it reached. `--naive` also times
-the transformer's sampling loop against the naive blend (stylevar.models.transformer.naive) at batch 1 with the
-same weights; the condition (tokenizer encoding, image encoders) and the final decode are the same work
-in both and are left out of that comparison.
-
-While it runs, one progress line per stage goes to stderr (stdout, and so `--json`, is only the result),
-and after one probe call an estimate of the whole run's time, so a long run (d16 with --naive on a CPU
-takes minutes) says so before it starts.
-
-With `compile` the blocks go through the compile policy (stylevar.runtime.compile, on ``compile_backend``), and
-the result says how many graphs generation and teacher forcing compiled and whether dynamo hit its recompile limit
-(then part of the "compiled" run was eager).
+It reports ms per image and images/s per batch size, teacher-forcing tokens/s, peak CUDA memory, FLOPs per image
+and the fraction of a given peak; `--naive` times the sampling loop against the naive blend; with `compile`, the
+graphs compiled and whether dynamo hit its recompile limit. Progress goes to stderr, the result to stdout.
 """
 from __future__ import annotations
 

@@ -1,23 +1,10 @@
-"""The compile policy (ARCHITECTURE.md's one device policy): how the transformer's blocks go through
-`torch.compile`, written once for generation, the service, the benchmark and training.
+"""The compile policy: how the transformer's blocks go through `torch.compile`, once for generation, the service,
+the benchmark and training.
 
-- What is compiled: each block's `Block.step`, its computation. The drop-path draws stay eager in
-  `Block.forward` and come in as tensors, so no graph holds a block's own constant (its rate): the blocks share
-  one code object, and with it one set of graphs (dynamo keeps its graphs and its recompile limit per code
-  object). A rate read inside the graph made one graph per block, and d20 generation ran into the limit and
-  silently fell back to eager.
-- Shapes: automatic dynamic (``dynamic=None``): a first call compiles static shapes, and a size that changes
-  becomes symbolic in the graph compiled then. Generation makes one graph for its first scale (an empty KV
-  cache) and one for every later scale (the token count symbolic); dynamo always specialises a size of 1, so
-  batch 1 has its own pair and batch 2 makes the pair every larger batch reuses (`WARM_BATCHES`: the service
-  runs both before /readyz says ready). About 4 graphs in all, against K + 1 with static shapes for each batch
-  size. Training compiles one graph (train mode; the draws passed in), evaluation-mode teacher forcing one more.
-- `RECOMPILE_LIMIT`: dynamo's per-code-object limit is raised to it, far above that count; a run that still
-  hits it says so (`recompile_limit_hits`, reported by `stylevar bench --compile`).
-- Random draws inside a graph (attention dropout, 0 in every preset) are torch's eager ones (Inductor's
-  ``fallback_random``), so a compiled training run draws what an eager one does.
-- `GraphCount` is the backend the blocks compile with: the real backend ("inductor", or "eager" for tests),
-  counting the graphs it is handed.
+Each block's `Block.step` is compiled (drop-path draws come in as tensors, so every block shares one code object
+and one set of graphs); shapes are automatic dynamic, so a batch size is not a recompile (`WARM_BATCHES` warms
+the two graph pairs); dynamo's limit is raised to `RECOMPILE_LIMIT`; random draws are eager ones. `GraphCount`
+is the backend, counting the graphs it is handed.
 """
 from __future__ import annotations
 

@@ -1,38 +1,9 @@
-"""Inference-only preparation of a loaded model: CPU speed settings, opt-in bf16 and compilation.
-
-`prepare(model, InferenceConfig(...))` changes a model in place for serving; nothing here is used by
-training, and a plain model (never prepared) is the exact path the conformance tests check.
-
-- `fuse_batchnorm`: each eval-mode BatchNorm of the ResNet-18 image encoders is folded into the conv
-  before it (one conv instead of conv + normalisation; equal up to float rounding).
-- `channels_last`: the convolutional parts (tokenizer, image encoders) hold their weights in NHWC, the
-  layout oneDNN's CPU convolutions work in, so no layout conversion runs around every conv.
-- `pack_linears` (CPU): the transformer's linear layers (every block's guide queries, target keys/values,
-  output projection and FFN, and the head) hold their weights in oneDNN's blocked layout, packed once
-  (`PackedLinear`), instead of a plain matrix that the matrix product re-packs at every call. The sampling
-  loop multiplies few rows (1 to 100 tokens per scale) by these matrices, so per-call packing weighs
-  (benchmarks/README.md, "CPU inference, stage by stage", has the figures).
-  Results equal the plain layers' up to float rounding (tests/runtime/test_inference.py). Not with `compile`
-  (inductor packs its own), nor where torch has no oneDNN (`packing_available`).
-- `precision="bf16"` (opt-in): the packed linears hold bfloat16 weights and take bfloat16 inputs, and the
-  sampling loop runs under bf16 autocast (LayerNorm and the residual stream stay float32); both ResNet-18
-  image encoders run in bfloat16 too (`InDtype`), while the tokenizer (encoder, quantizer, decoder) stays
-  float32, as under any autocast (`stylevar.utils.precisions`' policy: the tokens of an image and the picture
-  of a token map are fp32's on every path). Half the weight traffic of fp32 and the CPU's bf16 units
-  (AVX512-BF16, AMX); on a CPU without them bf16 is emulated and slower than fp32, so `prepare` warns. Off
-  the CPU (no packing) the blocks and head are cast to bf16 instead.
-  Sampled tokens of bf16 differ from fp32's at some positions (the condition tokens do not);
-  benchmarks/cpu_pipeline.py measures how many and how much faster it is.
-- `precision="int8"` was removed (stylevar.utils.precisions: its non-deprecated implementation, torchao, is slower
-  than fp32 on the CPU); asking for it is a ValueError that says so.
-- `compile`: `torch.compile` of every block (the compile policy, stylevar.runtime.compile; `compile_backend`
-  "eager" traces without generating code, for tests); it pays off in a long-running service (compiled at warm-up),
-  not for one-off calls.
-- Threads are not set here: the process decides them once, when its first model loads
-  (`StylePipeline.from_pretrained`, `stylevar.utils.threads`).
-
-A prepared model cannot be saved as a model directory (its state dict no longer has the published
-layout): `prepared(model)` tells, and `StylePipeline.save_pretrained` refuses.
+"""Inference-only preparation of a loaded model, in place (`prepare(model, InferenceConfig(...))`): BatchNorm folded
+into the image encoders' convs, channels-last convolutions, the transformer's linears packed once in oneDNN's
+layout on the CPU (`PackedLinear`), the opt-in bf16 precision (the tokenizer stays float32: the precision policy,
+`stylevar.utils.precision`) and compiled blocks (`stylevar.runtime.compile`). Results equal the plain model's up
+to float rounding (bf16: up to some sampled tokens). A plain model is the path the conformance tests check; a
+prepared one cannot be saved as a model directory (`prepared(model)` tells).
 """
 from __future__ import annotations
 
@@ -44,12 +15,12 @@ from typing import Literal
 import torch
 from torch import nn
 
-from stylevar.utils.precisions import PRECISIONS, check_precision  # noqa: F401 (PRECISIONS: re-exported)
+from stylevar.utils.precision import PRECISIONS, check_precision  # noqa: F401 (PRECISIONS: re-exported)
 
 
 @dataclass(frozen=True)
 class InferenceConfig:
-    precision: Literal["fp32", "bf16"] = "fp32"  # stylevar.utils.precisions.PRECISIONS
+    precision: Literal["fp32", "bf16"] = "fp32"  # stylevar.utils.precision.PRECISIONS
     fuse_batchnorm: bool = True
     channels_last: bool = True
     pack_linears: bool = True

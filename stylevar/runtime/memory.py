@@ -1,24 +1,8 @@
 """Device memory of generation per batch size, measured on the meta device (exact shapes, no memory).
 
-`generate`'s sampling loop holds, for R rows (the batch's B samples, 2B with guidance: the unstyled rows run in
-the same batch), one style stream and the loop's dtype:
-
-    kv_cache  every block's preallocated keys and values of every target token (`KVCache`):
-              depth x 2 x R x L x C elements
-    queries   every block's guide queries of every scale, made before the loop (`Block.queries`):
-              depth x R x 2 x L x C elements (the style's and the content's)
-    step      every block's AdaLN modulations (R x 6C each), and the most that one step adds beside them: a
-              block at the finest scale (its modulated tokens, keys
-              and values, the attention, the FFN), then the head's float32 logits and the sampling race there;
-              or one block's queries while they are being made, whichever is more
-
-L is the token count of all scales (680 for 256 px), C the width. The first two are the KV cache and
-queries the real classes allocate; the step is the peak of the tensors alive (`LiveBytes`) while the real
-modules (one `Block`, the head, `stylevar.models.sampling.sample`) run on the meta device. Every term is
-linear in R. The attention on the meta device is torch's math path, which keeps each step's attention weights
-(R x heads x 2l x L); a GPU's fused kernels do not: the step is an upper bound. Not counted: the weights (resident
-before any batch), the encoders and the tokenizer (they run before and after the loop, when its tensors are
-not allocated), the allocator's fragmentation, kernels' workspaces and the CUDA context.
+For R rows the sampling loop holds the KV cache (depth x 2 x R x L x C), the guide queries of every scale
+(depth x R x 2 x L x C) and one step's peak, measured by running the real modules on the meta device
+(`LiveBytes`), an upper bound. Every term is linear in R; weights, encoders and the CUDA context are not counted.
 """
 from __future__ import annotations
 
@@ -32,8 +16,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from stylevar.config import StyleVARConfig
-from stylevar.models.generation import DEFAULT_GENERATION
+from stylevar.config import DEFAULT_GENERATION, StyleVARConfig
 from stylevar.models.sampling import sample
 from stylevar.models.transformer.attention import KVCache
 from stylevar.models.transformer.block import AdaLNHead, Block, Guide

@@ -1,21 +1,9 @@
 """Atomic writes: a file or folder appears whole under its name, or not at all.
 
-Everything that must survive a crash or a full disk (training checkpoints, run configs, model weights,
-manifests) is written through here: the data goes to a temporary name in the destination's folder (the
-same filesystem, so the rename is atomic), is fsynced, then renamed over the destination, and the folder
-is fsynced so the rename survives a power loss. A failed write (disk full, quota, an I/O error) leaves
-the destination as it was, removes the partial temporary data (so it does not keep the disk full) and
-raises :class:`WriteFailedError`, whose one-line message names the file, its folder, why ("disk full",
-or the OS's words) and, when known, the bytes the write needed and the bytes free.
-
-Temporary names start with a dot and end in ``.tmp``: ``.NAME.PID.tmp`` for a file, ``.NAME.tmp`` for a
-folder, so a listing can skip them and a resume can remove the stale ones a killed process left.
-
-``torch.save`` into a file reports a failed ``write`` as its own RuntimeError ("unexpected pos ..."),
-which no longer says why; :func:`atomic_write` keeps the OSError from the file's ``write`` as the
-RuntimeError's cause. The errno is ``OSError.errno`` (ENOSPC and EDQUOT are a full disk, EROFS, EACCES, EIO
-say themselves), never read out of a message: a writer that raises without an OSError behind it (safetensors'
-Rust writer) gives none, and such a failure with under 1 MiB free, or less than the write needed, is a full disk.
+Data goes to a temporary name in the destination's folder (``.NAME.PID.tmp``, ``.NAME.tmp`` for a folder), is
+fsynced and renamed over the destination, and the folder fsynced. A failed write leaves the destination as it
+was, removes the partial data and raises `WriteFailedError`: one line naming the file, why ("disk full", or the
+OS's words) and, when known, the bytes needed and free.
 """
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""Device names a user passes (`--device cuda:1`): parsed and checked before any model is built; and
-dtype names ("bf16", "float16", "auto", ...) turned into torch dtypes.
+"""Device names a user passes (`--device cuda:1`): parsed and checked before any model is built.
 
-Importing this module does not import torch. On a Linux machine with no GPU driver at all, a CUDA
-request is refused from the device nodes alone, without importing torch (the command line answers in
-well under a second); everywhere else torch itself decides. When the choice is automatic (None, "auto") and
-this machine has a GPU driver that torch cannot use (a driver older than torch's CUDA build needs, a CPU-only
-torch), the run goes to the CPU with one warning saying why, never silently.
+No torch at import: on Linux with no GPU driver a CUDA request is refused from the device nodes alone. When the
+choice is automatic and a GPU driver is present that torch cannot use, the run goes to the CPU with one warning.
 """
 from __future__ import annotations
 
@@ -135,37 +131,6 @@ def resolve_devices(names: Sequence[str]) -> "list[torch.device]":
             return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
         return [torch.device("cpu")]
     return [resolve_device(n) for n in names]
-
-
-# every spelling of a dtype the project's settings accept (the service: float32/bfloat16/float16;
-# training: fp32/bf16/fp16)
-DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-               "float16": "float16", "fp16": "float16"}
-
-
-def parse_dtype(name: str) -> "torch.dtype":
-    """The torch dtype for a name in `DTYPE_NAMES` ("bf16" -> torch.bfloat16); ValueError for any other."""
-    import torch
-
-    if name not in DTYPE_NAMES:
-        raise ValueError(f"unknown dtype {name!r}; one of {', '.join(DTYPE_NAMES)}")
-    return getattr(torch, DTYPE_NAMES[name])
-
-
-def resolve_autocast_dtype(name: "str | torch.dtype | None", device: "torch.device") -> "torch.dtype | None":
-    """The autocast dtype for ``device``; None means plain float32 (also for "float32"/"fp32" and None).
-
-    "auto": bfloat16 on a CUDA device that supports it, else None. A torch dtype passes through.
-    """
-    import torch
-
-    if name is None or isinstance(name, torch.dtype):
-        dtype = name
-    elif name == "auto":
-        dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
-    else:
-        dtype = parse_dtype(name)
-    return None if dtype == torch.float32 else dtype
 
 
 def import_compiler_quietly() -> None:

@@ -1,10 +1,5 @@
-"""`CodedError`: the one base of the errors that carry a `code`, a short machine-readable reason.
-
-The code names what went wrong for a program (the service answers it as `{"error": code}`; the UI and the
-command line choose their advice by it), the message says it to a person. Each family sets its codes as
-class attributes (`ImageError.code = "bad_image"`, `NotAnImageError.code = "not_an_image"`, ...); an error
-made on the spot may pass its own (`CodedError("...", code="...")`). A family keeps its other base
-(ValueError, FileNotFoundError) so callers that catch that still do.
+"""`CodedError`: the base of the errors that carry a `code`, a short machine-readable reason beside the message
+(the service answers it as `{"error": code}`; the UI and the command line choose their advice by it).
 """
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The optional extras of pyproject.toml that a feature needs at run time: the modules each one brings, which of
-them this process cannot import (looked up, not imported), and the one line that installs them.
-
-A feature names its extra where it lives (`stylevar.processing.video.EXTRA`, `stylevar.loaders.teacher.EXTRA`); the
-service answers 501 with `install_line` for a route whose extra is missing, and the UI hides its tab.
+"""The optional extras of pyproject.toml that a feature needs at run time: the modules each brings, which of them
+this process cannot import (looked up, not imported), and the line that installs them (`install_line`).
 """
 from __future__ import annotations
 

@@ -1,21 +1,8 @@
-"""What the process's C heap does with memory it frees: kept for the next request instead of handed back to the
-operating system, and the one setting that says how much.
+"""What the process's C heap (glibc) does with memory it frees: kept for the next request instead of handed back.
 
-glibc's malloc serves a block above its mmap threshold (128 KiB at start, raised by itself up to 32 MiB as such
-blocks are freed) with a fresh mapping that it unmaps when the block is freed, and hands back free memory at the
-top of its heap beyond its trim threshold (twice the mmap threshold). A stylization lives on short-lived buffers of
-a few MB each (Pillow's images, torch's tensors, numpy's arrays), so every request faulted in, page by page, the
-memory the one before had just handed back: about 4,400 page faults per 1024 px request on the demo model, each a
-kernel entry and a zeroed page (about 2 us each on the development machine, a virtual one: ~10 ms of a 0.2 s
-request, before the caches they cool). The policy fixes the mmap threshold at 32 MiB (glibc's largest on 64-bit)
-and the trim threshold at ``STYLEVAR_HEAP_KEEP_MB`` (default 1024): freed blocks are reused, and the same request
-faults 0.2 times on average (benchmarks/README.md, "Ours beside the pretrained peer").
-
-The cost: the process keeps up to that much freed memory mapped, so its resident size stays near its peak after a
-large request instead of shrinking; the peak itself is unchanged. ``STYLEVAR_HEAP_KEEP_MB=0`` leaves glibc's own
-thresholds. Only where the C library is glibc (Linux); elsewhere nothing is set. Like the threads
-(`stylevar.utils.threads`), a process decides once, at its first model load (`StylePipeline.from_pretrained`, which
-the service and the command line go through).
+The policy fixes malloc's mmap threshold at 32 MiB and its trim threshold at ``STYLEVAR_HEAP_KEEP_MB`` (default
+1024; 0 leaves glibc's own), so a request's short-lived buffers reuse freed memory instead of faulting fresh
+pages. The cost: resident size stays near its peak. A process decides once, at its first model load.
 """
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""How every command's ``--help`` reads: the one formatter of the project's parsers (the `stylevar` command and
-its sub-commands, the training recipes, the service, the web client, the data tools, the benchmarks).
-
-- a default is shown once: ``(default: X)`` is added only where the help text does not already say what the
-  default is, and never for None, False, an empty value or a flag (an option that takes no value);
-- a required option says ``(required)``;
-- a description taken from a module's docstring reads as plain text: reST's ``literal`` becomes `literal`
-  and a role such as :class:`~package.module.Name` becomes `Name`.
-
-No torch here (nor anything beyond the standard library): every ``--help`` imports it.
+"""How every command's ``--help`` reads: the one formatter of the project's parsers. A default is shown once (not
+where the help says it, nor for None, False, empty values or flags), a required option says so, and reST markup
+in a module docstring reads as plain text. Standard library only: every ``--help`` imports it.
 """
 from __future__ import annotations
 

@@ -1,37 +1,10 @@
-"""How many CPU threads torch runs: the CPUs this process may use, and the one policy that picks torch's intra-op
-thread count from them, for the service, the command line and the library alike. No torch at import: the entry
-points (`python -m serve`, `stylevar`) call `prepare_environment` before they import torch.
+"""How many CPU threads torch runs, one policy for the service, the command line and the library.
 
-The CPUs the process may use (`cpu_budget`): those of its affinity mask (`os.sched_getaffinity`, what taskset,
-cpusets and Kubernetes' static CPU manager give it), and its cgroup's CPU quota where one is set (cgroup v2
-``cpu.max``, v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, the least of the process's cgroup and its parents'):
-a quota of 1.5 CPUs counts as 2 (rounded up: the quota throttles all the process's threads together, so a second
-thread adds work for part of every period instead of being waited for), 0.5 as 1; never fewer than 1.
-
-The policy (`DEFAULT_RULE`, "spare-one"): one thread fewer than those CPUs (at least one), and never more than
-torch's own choice (its count of physical cores). Torch splits each operation evenly over its threads and waits for
-the last one, so a thread that shares its core with another process (a test run, a training job, the service's own
-event loop and decoding) holds back every operation; a core left to the rest of the machine keeps that from
-happening on a busy machine, at the cost of one core's share on an idle one. The entry points also set
-``OMP_WAIT_POLICY=PASSIVE`` unless a wait setting is in the environment (idle OpenMP threads sleep instead of
-spinning on a core others want); the library cannot (OpenMP reads it when torch is imported: set it yourself before
-``import torch``). `benchmarks/threads.py` measures the candidates (benchmarks/README.md, "Threads").
-
-Who decides, in this order (the first that applies):
-
-1. an explicit count: ``threads=`` of `StylePipeline.from_pretrained` or `apply_threads`, ``stylevar stylize
-   --threads``, the service's ``STYLEVAR_THREADS`` setting; ``"torch"`` leaves torch's count as it is;
-2. ``STYLEVAR_THREADS`` in the environment (the library reads it too);
-3. ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` in the environment: torch read it when it started, its count stays;
-4. a count set with ``torch.set_num_threads`` before the first model loads: it stays (told from torch's own count
-   by its value: a count equal to one torch picks by itself, this machine's logical CPUs or physical cores, cannot
-   be told apart; pass it as ``threads=`` to keep it);
-5. the policy.
-
-A process decides once, at its first model load (or `apply_threads` call); later loads without an explicit count
-leave torch's count alone, so ``torch.set_num_threads`` after loading always wins. Torch's inter-op threads are
-left as they are: that pool starts only for inter-op parallel work (``torch.jit.fork``), which stylevar never runs,
-and its size can be set once per process only (setting it here would make a caller's own later call fail).
+`cpu_budget`: the CPUs this process may use (its affinity mask and its cgroup's CPU quota, rounded up). The
+policy (`DEFAULT_RULE`, "spare-one"): one thread fewer than those, at most torch's own choice. An explicit count
+(``threads=``, ``--threads``, ``STYLEVAR_THREADS``), ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` or an earlier
+``torch.set_num_threads`` wins over it. A process decides once, at its first model load. No torch at import:
+the entry points call `prepare_environment` (which also sets ``OMP_WAIT_POLICY=PASSIVE``) before importing it.
 """
 from __future__ import annotations
 
@@ -212,7 +185,7 @@ class ThreadChoice:
 
 def choose_threads(threads: int | str | None = None, environ: Mapping[str, str] | None = None,
                    budget: CpuBudget | None = None) -> ThreadChoice:
-    """Steps 1, 2, 3 and 5 of the module doc's order (step 4 needs torch: `apply_threads`). No torch."""
+    """`apply_threads`' order without its step that needs torch (an earlier ``torch.set_num_threads``)."""
     environ = os.environ if environ is None else environ
     def explicit(value: int | str, source: str) -> ThreadChoice:
         return ThreadChoice(None if value == KEEP else int(value), source)
@@ -243,8 +216,10 @@ def decision() -> ThreadChoice | None:
 
 
 def apply_threads(threads: int | str | None = None, environ: Mapping[str, str] | None = None) -> ThreadChoice:
-    """Set torch's intra-op threads by the module doc's order; returns what decided. Without an explicit count
-    (``threads`` None or "auto") after the process has decided, nothing changes."""
+    """Set torch's intra-op threads; returns what decided. The first that applies decides: an explicit count
+    (``threads``, then ``STYLEVAR_THREADS``; "torch" keeps torch's), ``OMP_NUM_THREADS``/``MKL_NUM_THREADS``, a
+    count set with ``torch.set_num_threads`` before the first load, the policy. Without an explicit count after
+    the process has decided, nothing changes."""
     global _decided
     value = parse_threads(threads)
     if value is None and _decided is not None:

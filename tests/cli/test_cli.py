@@ -86,7 +86,7 @@ EARLY_ERRORS = {
     "output extension": ([*S, "-o", "o.gif"], "output o.gif: .gif is not an output image format"),
     "output without extension": ([*S, "-o", "o"], "output o has no extension"),
     "no output": (S, "the following arguments are required: -o/--output"),
-    # a wrong local --model: said before torch is imported, without the Hub hint (stylevar.loaders.model_folder)
+    # a wrong local --model: said before torch is imported, without the Hub hint (stylevar.loaders.model_dir)
     "model folder missing": ([*S, "-o", "o.png", "--model", "models/nope"],
                              "no usable model at models/nope: no such folder. A model directory comes from"),
     "model folder incomplete": ([*S, "-o", "o.png", "--model", "folder"],

@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import save_file
 
 from stylevar.loaders.convert import read_state
-from stylevar.utils.devices import parse_dtype, resolve_autocast_dtype
-from stylevar.models.generation import DEFAULT_GENERATION, GenerationConfig
+from stylevar.utils.precision import parse_dtype, resolve_autocast_dtype
+from stylevar.config import DEFAULT_GENERATION, GenerationConfig
 from stylevar.loaders.model_dir import MODEL_FILES, ModelDirError, PipelineConfig, check_model_dir
 from stylevar.pipelines.pipeline import StylePipeline
 from stylevar.models.pretrained import load_safetensors

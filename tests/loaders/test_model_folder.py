@@ -1,4 +1,4 @@
-"""A --model that is not a model directory (stylevar.loaders.model_folder, no torch): the Hub hint only for a name
+"""A --model that is not a model directory (stylevar.loaders.model_dir, no torch): the Hub hint only for a name
 written exactly OWNER/NAME that is no local path; the check itself imports no torch."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from stylevar.loaders.model_folder import ModelDirError, check_model_files, names_a_hub_repository
+from stylevar.loaders.model_dir import ModelDirError, check_model_files, names_a_hub_repository
 
 HUB_HINT = "A published model on the Hugging Face Hub is written hf:OWNER/NAME"
 
@@ -29,7 +29,7 @@ def test_the_hub_hint_is_only_for_an_owner_name_that_is_no_local_path(tmp_path, 
 
 
 def test_the_check_imports_no_torch(tmp_path):
-    code = ("import sys\nfrom stylevar.loaders.model_folder import check_model_files\n"
+    code = ("import sys\nfrom stylevar.loaders.model_dir import check_model_files\n"
             "try:\n    check_model_files(sys.argv[1])\nexcept FileNotFoundError as e:\n    print(e)\n"
             "print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from serve.testing import free_port
-from stylevar.loaders import paths
+from stylevar.loaders.hub import home
 from stylevar.loaders import weights
 from stylevar.cli import main
 from stylevar.loaders.hub import HubFile
@@ -70,7 +70,7 @@ def test_registry_covers_the_issue_list():
 
 def test_search_paths_and_resolve(weight_homes):
     sv, th = weight_homes
-    assert paths.home() == sv
+    assert home() == sv
     assert weights.get("vgg19").search_paths() == [th / "hub" / "checkpoints" / "vgg19-dcbb9e9d.pth",
                                                    sv / "vgg19-dcbb9e9d.pth"]
     assert weights.get("adain_decoder").search_paths() == [sv / "decoder.pth"]

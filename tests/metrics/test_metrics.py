@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from stylevar import metrics
 from stylevar.loaders import weights
 from stylevar.metrics.definitions import NAMES
-from stylevar.metrics.ssim import gaussian_window, ssim, ssim_standard
+from stylevar.metrics.structure import gaussian_window, ssim, ssim_standard
 from stylevar.metrics.vgg import CONTENT_LAYER, STYLE_LAYERS, VGGLosses, gram_matrix
 from stylevar.models.state_dict import WeightMismatchError, read_state_dict
 from tests.conftest import use_weight_cache

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from stylevar.loaders.convert import load_stylevar, load_vqvae
-from stylevar.models.generation import GenerationConfig
+from stylevar.config import GenerationConfig
 from stylevar.models.state_dict import CheckpointError
 from stylevar.cli import main as cli_main
 from stylevar.pipelines.pipeline import StylePipeline

@@ -17,7 +17,7 @@ from serve.http.app import create_app
 from serve.settings import ServeSettings
 from stylevar import cli
 from stylevar.cli import stylize as stylize_cli
-from stylevar.models.generation import DEFAULT_GENERATION, GenerationConfig
+from stylevar.config import DEFAULT_GENERATION, GenerationConfig
 from stylevar.pipelines.request import StylizeRequest
 from stylevar.models.transformer import StyleBlend, StyleVAR
 from stylevar.models.transformer import pruning

@@ -1,4 +1,4 @@
-"""One precision policy (stylevar.utils.precisions): the tokenizer's encode, quantizer and decode run in float32 under any
+"""One precision policy (stylevar.utils.precision): the tokenizer's encode, quantizer and decode run in float32 under any
 autocast, so an image's condition tokens and a token map's picture are fp32's on every path (the demo model's two
 finest scales flipped 0.4% of these noise images' tokens under CPU bf16 autocast; the prepared bf16 precision ran the
 tokenizer's convolutions in bf16), and validation's conditions hold the tokens training's encode gives."""
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from stylevar.models.transformer import StyleVAR
-from stylevar.runtime.cuda_autocast import cuda_like_autocast
+from stylevar.utils.precision import cuda_like_autocast
 from stylevar.runtime.inference import InferenceConfig, prepare
 from stylevar.loaders.model_dir import DEMO_MODEL_DIR
 from training.parts.token_inputs import condition_from_tokens, encode_triplets

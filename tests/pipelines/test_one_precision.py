@@ -20,7 +20,7 @@ from stylevar import StyleMix, StylePipeline, cli
 from stylevar.loaders.model_dir import DEMO_MODEL_DIR
 from stylevar.pipelines.request import StylizeRequest
 from stylevar.runtime.inference import InferenceConfig, prepare
-from stylevar.utils.devices import resolve_autocast_dtype
+from stylevar.utils.precision import resolve_autocast_dtype
 from tests.pipelines.test_one_request import pixels, png
 from web.client import form_fields
 

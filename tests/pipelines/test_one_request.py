@@ -17,7 +17,7 @@ from serve.http.routes.video import VideoForm
 from serve.settings import ServeSettings
 from stylevar import StyleMix, StylePipeline, cli
 from stylevar.cli.stylize import stylize_request
-from stylevar.models.generation import GenerationConfig
+from stylevar.config import GenerationConfig
 from stylevar.pipelines.request import IMAGE_ONLY, StylizeRequest
 from web.client import Result, ResultImage, VideoResult, form_fields
 from web.ui import StyleVARUI, UIConfig

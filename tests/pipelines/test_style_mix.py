@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from stylevar.models.generation import GenerationConfig
+from stylevar.config import GenerationConfig
 
 from stylevar.pipelines.pipeline import StyleMix, StylePipeline
 from stylevar.models.transformer import StyleBlend

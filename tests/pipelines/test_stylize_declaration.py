@@ -23,7 +23,7 @@ from serve.http.app import create_app
 from serve.http.schemas import StylizeForm
 from serve.settings import ServeSettings
 from stylevar import cli
-from stylevar.models.generation import DEFAULT_GENERATION, GenerationConfig
+from stylevar.config import DEFAULT_GENERATION, GenerationConfig
 from stylevar.pipelines.options import CLI, DECLARED, EVERYWHERE, FORM, PYTHON, UI, Option
 from stylevar.pipelines.request import RequestError, StylizeRequest
 from tests.conftest import micro_configs

@@ -1,4 +1,4 @@
-"""CUDA's autocast on the CPU (stylevar.runtime.cuda_autocast): it casts as CUDA does (norms, sums and exp in
+"""CUDA's autocast on the CPU (stylevar.utils.precision): it casts as CUDA does (norms, sums and exp in
 float32, matrix products in bf16, float32 regions respected), and under it the pipeline, the service's batcher and an
 SFT step run with the attention's queries, keys, values, KV cache and precomputed guide queries in bf16 (CUDA's
 float32 layer_norm/normalize once made them float32: ~9 GB of guide queries for 64 rows of d20, cast at every call)."""
@@ -11,14 +11,14 @@ import torch.nn.functional as F
 from serve.engine.batching import BatchConfig, Batcher
 from serve.engine.conditions import ConditionCache
 from serve.engine.runner import ModelRunner, StylizeTask
-from stylevar.models.generation import DEFAULT_GENERATION
+from stylevar.config import DEFAULT_GENERATION
 from stylevar.models.transformer.attention import BlendedAttention, KVCache
 from stylevar.models.transformer.block import Block
 from stylevar.pipelines.pipeline import StylePipeline
 from stylevar.pipelines.request import StyleMix, Stylization, StylizeRequest
 from stylevar.processing.postprocess import OutputOptions
-from stylevar.runtime.cuda_autocast import CudaLikeAutocast, cuda_like_autocast
-from stylevar.utils.precisions import full_precision
+from stylevar.utils.precision import cuda_like_autocast, cuda_like_casts as CudaLikeAutocast
+from stylevar.utils.precision import full_precision
 from tests.conftest import micro_configs
 from tests.serve.test_cache import _image
 from training.parts.sft_objective import SFTObjective

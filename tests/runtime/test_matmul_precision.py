@@ -1,4 +1,4 @@
-"""The matmul precision (stylevar.utils.matmul_precision): set once per process by every entry point, TF32 on
+"""The matmul precision (stylevar.utils.precision): set once per process by every entry point, TF32 on
 CUDA only, and the quantizer's distances never in TF32."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from stylevar.cli import BUILTIN
-from stylevar.utils.matmul_precision import set_matmul_precision, strict_addmm_
+from stylevar.utils.precision import set_matmul_precision, strict_addmm_
 
 ROOT = Path(__file__).resolve().parents[2]
 # every entry point that runs a model, by its module: each calls set_matmul_precision before the work

@@ -11,8 +11,7 @@ import torch
 
 from benchmarks.memory_table import GiB, fitting_table, serving_table
 from serve.engine.sizing import CPU_MAX_BATCH, MEMORY_FRACTION, device_max_batch, default_max_batch
-from stylevar.config import StyleVARConfig, presets
-from stylevar.models.generation import DEFAULT_GENERATION, GenerationConfig
+from stylevar.config import DEFAULT_GENERATION, GenerationConfig, StyleVARConfig, presets
 from stylevar.models.tokenizer import MultiScaleVQVAE
 from stylevar.models.transformer import StyleVAR
 from stylevar.runtime.memory import LiveBytes, generation_memory, max_batch

@@ -10,7 +10,7 @@ from serve.engine.batching import Job
 from serve.engine.conditions import ConditionCache, cached_condition
 from serve.engine.runner import ModelRunner, StylizeTask
 from serve.http.metrics import ServiceMetrics
-from stylevar.models.generation import DEFAULT_GENERATION
+from stylevar.config import DEFAULT_GENERATION
 from stylevar.pipelines.pipeline import StylePipeline
 from stylevar.pipelines.request import StyleMix, Stylization, StylizeRequest
 from stylevar.processing.postprocess import OutputOptions

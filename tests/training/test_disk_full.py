@@ -28,7 +28,7 @@ from training.parts import fsdp, rundir
 from training.parts.checkpoints import read_checkpoint
 from stylevar.runtime.distributed import leave_process_group
 from training.parts.distributed import DistEnv, setup_distributed, wrap_ddp
-from training.parts.precision import make_grad_scaler
+from stylevar.utils.precision import make_grad_scaler
 from training.parts.run import TrainingRun
 from training.parts.rundir import RunDir
 from training.parts.schedule import LoopConfig

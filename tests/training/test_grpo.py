@@ -456,7 +456,7 @@ def test_ssim_and_l1_rewards():
         assert torch.allclose(same, torch.zeros(3), atol=1e-5), name
         r_noisy, r_far = rew(noisy, target, target, target), rew(far, target, target, target)
         assert torch.all(r_noisy < 0) and torch.all(r_far < r_noisy), name
-    from stylevar.metrics.ssim import ssim
+    from stylevar.metrics.structure import ssim
 
     r = Reward(RewardConfig("ssim", scale=2.0, image_size=32))(noisy, target, target, target)
     torch.testing.assert_close(r, -2.0 * (1 - ssim(noisy, target)))

@@ -20,7 +20,7 @@ from training.parts.checkpoints import CheckpointManager, CheckpointsUnreadableE
 from stylevar.runtime.distributed import leave_process_group
 from training.parts.distributed import DistEnv, setup_distributed, wrap_ddp
 from training.parts.log import MetricWindow, read_log
-from training.parts.precision import make_grad_scaler
+from stylevar.utils.precision import make_grad_scaler
 from training.parts.rng import capture_rng_state, derived_generator, restore_rng_state, seed_everything
 from training.parts.run import TrainingRun
 from training.parts.rundir import RunConfigMismatchError, RunDir

@@ -8,7 +8,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from stylevar.utils.helptext import DEVICE_AUTO, HelpFormatter
-from training.parts.precision import PRECISIONS
+from stylevar.utils.precision import TRAINING_PRECISIONS as PRECISIONS
 
 if TYPE_CHECKING:
     from training.parts.schedule import LoopConfig

@@ -21,7 +21,7 @@ from data_tools import synth
 from stylevar.baselines.reinhard import reinhard_transfer
 from stylevar.evaluate.benchmarks import load_benchmark
 from stylevar.evaluate.scoring import Scored, batch_slices, score_batches
-from stylevar.models.generation import DEFAULT_GENERATION
+from stylevar.config import DEFAULT_GENERATION
 from stylevar.processing.images import load_image, pil_to_tensor
 from stylevar.metrics.structure import edge_correlation
 from stylevar.metrics.style_fidelity import colour_swd, texture_distance

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from stylevar.loaders import hub
-from stylevar.utils.devices import resolve_autocast_dtype
+from stylevar.utils.precision import resolve_autocast_dtype
 from stylevar.models.lora import LoRAConfig, attach_lora, lora_parameters, unload_lora
 from stylevar.loaders.model_dir import ModelDirError, check_model_dir
 from stylevar.pipelines.pipeline import StylePipeline
@@ -26,7 +26,7 @@ from training.parts.checkpoints import CheckpointsUnreadableError
 from training.parts.cli import loop_config
 from training.parts.distributed import DistEnv, setup_distributed
 from training.parts.log import MetricWindow
-from training.parts.precision import resolve_precision
+from stylevar.utils.precision import resolve_precision
 from training.parts.run import TrainingRun
 from training.parts.rundir import RunDir
 from training.parts.schedule import LoopConfig

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from stylevar.models.generation import DEFAULT_GENERATION
+from stylevar.config import DEFAULT_GENERATION
 from stylevar.models.lora import load_lora_state_dict, lora_disabled, lora_parameters, merge_lora, snapshot_lora
 from stylevar.models.transformer import Condition, StyleVAR
 from training.parts.grpo_objective import (entropy_per_scale, fp32_policy, group_advantages, grpo_loss, k3_kl,

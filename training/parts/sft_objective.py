@@ -13,7 +13,7 @@ from torch.utils.data import Dataset, IterableDataset
 from stylevar.models.transformer import Condition, StyleVAR
 from training.parts.data import collate_triplets
 from training.parts.distributed import DistEnv, all_reduce_sum
-from training.parts.precision import autocast
+from stylevar.utils.precision import autocast
 from training.parts.rng import derived_generator
 from training.parts.scale_weights import panw_weights
 from training.parts.streams import eval_loader

@@ -30,7 +30,7 @@ from training.parts.checkpoints import CheckpointsUnreadableError
 from training.parts.cli import FREE_KEYS, loop_config
 from training.parts.distributed import DistEnv, setup_distributed, wrap_ddp
 from training.parts.log import MetricWindow
-from training.parts.precision import make_grad_scaler, resolve_precision
+from stylevar.utils.precision import make_grad_scaler, resolve_precision
 from training.parts.rng import process_seed, seed_everything
 from training.parts.run import TrainingRun
 from training.parts.rundir import RunConfigMismatchError, RunDir

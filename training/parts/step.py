@@ -13,7 +13,7 @@ import torch
 
 from training.parts.distributed import no_sync
 from training.parts.log import MetricWindow
-from training.parts.precision import autocast
+from stylevar.utils.precision import autocast
 from training.parts.run import TrainingRun
 from training.parts.schedule import LoopConfig
 

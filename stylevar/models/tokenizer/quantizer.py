@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stylevar.utils.matmul_precision import strict_addmm_
-from stylevar.utils.precisions import full_precision
+from stylevar.utils.precision import strict_addmm_
+from stylevar.utils.precision import full_precision
 
 
 class Phi(nn.Conv2d):
@@ -73,7 +73,7 @@ class MultiScaleQuantizer(nn.Module):
     @full_precision
     def upsampled_residual(self, k: int, idx_Bl: torch.Tensor, n: int) -> torch.Tensor:
         """Phi(upsample(embedding(tokens of scale k))): what scale k adds to f_hat, (B, C, n, n), in float32 under
-        any autocast (sampling and teacher forcing build f_hat from it; `stylevar.utils.precisions`)."""
+        any autocast (sampling and teacher forcing build f_hat from it; `stylevar.utils.precision`)."""
         pn = self.patch_nums[k]
         h_BChw = self.embedding(idx_Bl).transpose(1, 2).reshape(idx_Bl.shape[0], self.z_channels, pn, pn)
         if k != self.num_scales - 1:

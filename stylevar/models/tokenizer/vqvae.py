@@ -7,13 +7,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from stylevar.config import VQVAEConfig
-from stylevar.models.files import TOKENIZER_FILE
+from stylevar.config import TOKENIZER_FILE, VQVAEConfig
 from stylevar.models.pretrained import PretrainedModel
 from stylevar.models.state_dict import StateDict, fit_state_dict
 from stylevar.models.tokenizer.autoencoder import Decoder, Encoder
 from stylevar.models.tokenizer.quantizer import MultiScaleQuantizer
-from stylevar.utils.precisions import full_precision
+from stylevar.utils.precision import full_precision
 
 
 @dataclass
@@ -29,7 +28,7 @@ class MultiScaleVQVAE(PretrainedModel, nn.Module):
     ``"tokenizer"`` section; `from_pretrained(folder)` reads them back from a tokenizer folder or a whole
     model directory (`stylevar.models.pretrained`).
 
-    Encoding and decoding run in float32 under any autocast (`stylevar.utils.precisions`' policy): an image's tokens
+    Encoding and decoding run in float32 under any autocast (`stylevar.utils.precision`' policy): an image's tokens
     and a token map's picture are the same on every path. The tokenizer's own training (`forward`) follows its run's
     precision."""
 

@@ -1,15 +1,8 @@
 """Blended cross-attention: the target's history gives keys and values; style and content tokens ask.
 
-For scale k, out = alpha_k * attn(q_style) + (1 - alpha_k) * attn(q_content), projected once (the
-projection is affine and the weights sum to 1, so blending before it is exact). Only what is used is
-computed: Q for the two guide streams (one attention call over both), K/V for the target. The guide
-queries do not depend on what is sampled, so generation computes them for every scale before its loop
-(`Block.queries`) and passes each scale's rows in.
-
-Several styles (S streams) generalise the blend per query token t:
-out(t) = attn(q_content)(t) + sum_s beta_s(t) * (attn(q_style_s)(t) - attn(q_content)(t)), where
-beta_s(t) >= 0 and sum_s beta_s(t) <= 1 (the rest is the content's share). One style with
-beta(t) = alpha_k is the published blend, computed by the same operations.
+For scale k, out = alpha_k * attn(q_style) + (1 - alpha_k) * attn(q_content), projected once. With S styles,
+out(t) = attn(q_content)(t) + sum_s beta_s(t) * (attn(q_style_s)(t) - attn(q_content)(t)), sum_s beta_s <= 1.
+The guide queries do not depend on what is sampled: generation computes them before its loop (`Block.queries`).
 """
 from __future__ import annotations
 

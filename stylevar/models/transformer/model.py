@@ -1,31 +1,10 @@
 """StyleVAR: predicts a target's token maps coarse to fine, conditioned on a content and a style image.
 
-Three token streams share the embeddings (word_embed(code) + lvl_embed(level) + pos_1LC):
-  target   the next-scale inputs built from the target's own f_hat (teacher forcing) or from what was
-           sampled so far (generation); its first token is the content embedding (+ pos_start);
-  style    the style image's cumulative f_hat at each scale's resolution (L tokens), fixed per image;
-  content  the same for the content image.
-Every block: target -> keys/values, style and content -> queries (level-causal), blended per scale by
-alpha_k; AdaLN from the style embedding. With `cfg.content_injection` (an opt-in variant, off in the
-published presets) the content stream is also added to the target's inputs through a zero-initialised
-linear map (`content_in`); with `cfg.colour_stats` (likewise opt-in) the style's colour statistics join its
-AdaLN embedding through a zero-initialised linear map (`colour_in`). The block and the head are
-`stylevar.models.transformer.block`'s, `StyleBlend` and `Condition` `stylevar.models.transformer.condition`'s; this module
-reads top to bottom: embeddings, conditioning, teacher forcing, generation.
-
-Beyond the paper (all off by default, where the computation is the published one):
-  several styles  `StyleBlend`: S style streams ask the target side by side; at token t style s gets
-           beta_s(t) = alpha_k * coverage(t) * share_s(t), the content the rest (attention.py). The
-           shares come from the weights and the masks (area-resized to each scale's grid):
-           share_s = w_s m_s / sum_j w_j m_j, coverage = min(1, sum of m_s over the styles of weight > 0)
-           (regions painted for different styles cover a coarse token between them; overlapping ones do
-           not stack past 1). The AdaLN embedding is the weight-blend of the styles'; with masks it is
-           blended per token: sum_s beta_s(t)/alpha_k * e_s + (1 - coverage(t)) * e_unstyled, so that where
-           no style applies the model is conditioned as "without the style" (below) throughout.
-  guidance g      logits + g * coverage * (logits - logits without the style), where "without the
-           style" is the same model given the content image as its style: every query stream is then
-           the content's (the blend drops out) and AdaLN takes the content's style embedding. Training
-           free; the unstyled rows run in the same batch and follow the guided samples.
+Three token streams share the embeddings: the target (teacher forcing or what was sampled so far), the style and
+the content (each image's cumulative f_hat per scale). Every block: the target gives keys/values, style and
+content ask, blended per scale by alpha_k; AdaLN from the style embedding. Beyond the paper, all off by default:
+several styles with weights and masks (`StyleBlend`), guidance against the model given the content as its style,
+content injection and colour statistics. Reads top to bottom: embeddings, conditioning, teacher forcing, generation.
 """
 from __future__ import annotations
 
@@ -42,10 +21,8 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from stylevar.config import StyleVARConfig
+from stylevar.config import DEFAULT_GENERATION, TRANSFORMER_FILE, GenerationConfig, StyleVARConfig
 from stylevar.models.encoders import NUM_COLOUR_STATS, build_image_encoder, colour_statistics, pooled
-from stylevar.models.files import TRANSFORMER_FILE
-from stylevar.models.generation import DEFAULT_GENERATION, GenerationConfig
 from stylevar.models.pretrained import PretrainedModel
 from stylevar.models.sampling import TokenSampler, make_generators, sample
 from stylevar.models.state_dict import StateDict, fit_state_dict
@@ -364,7 +341,7 @@ class StyleVAR(PretrainedModel, nn.Module):
         """Sample the target coarse to fine: images (B, 3, H, W) in [0, 1]. `generate_with_indices` also
         gives the sampled token maps.
 
-        ``config``: the sampling and blend settings (`stylevar.models.generation.GenerationConfig`), or its fields
+        ``config``: the sampling and blend settings (`stylevar.config.GenerationConfig`), or its fields
         as keyword ``settings`` (the defaults are its). ``seed``: the rows' seeds, over ``config.seed``.
 
         `style`: one image batch, or a `StyleBlend` of several. `guidance` >= 0: push the logits away from

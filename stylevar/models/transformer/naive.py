@@ -1,11 +1,6 @@
-"""The naive blend, kept as a baseline for `stylevar bench --naive` and as a second implementation that
-the fast path is tested against.
-
-It does what a direct transcription of the method does: two independent cross-attention calls per block
-(style queries, content queries), each projecting its guide stream and the target with the full Q/K/V
-matrix, two output projections blended afterwards, AdaLN recomputed at every call, and a generation cache
-per call grown by concatenation at every scale. With the
-same weights it computes the same numbers as `StyleVAR`, only with more work.
+"""The naive blend: a direct transcription of the method (two cross-attention calls per block, full Q/K/V
+projections, a cache grown by concatenation), computing `StyleVAR`'s numbers with more work. The baseline of
+`stylevar bench --naive` and a second implementation that the fast path is tested against.
 """
 from __future__ import annotations
 
@@ -14,7 +9,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from stylevar.models.generation import DEFAULT_GENERATION
+from stylevar.config import DEFAULT_GENERATION
 from stylevar.models.sampling import make_generators, sample
 from stylevar.models.transformer.block import Block
 from stylevar.models.transformer.condition import Condition

@@ -1,18 +1,9 @@
 """Fast sampling (opt-in, `GenerationConfig.fast`): training-free token merging at the finest scales of the loop.
 
-Each scale of at least `min_tokens` positions (`FastSampling`; with the defaults the scales from 5 x 5 up)
-is cut into 2 x 2 groups of positions. The `keep` fraction of the groups where the content carries the most
-detail (the high-frequency energy of the condition's LayerNorm'ed content stream on the scale's grid,
-|x - mean3x3(x)|^2, summed over the group) is computed position by position, as the full sampler does;
-every other group is merged into one token: its input, its guide streams (style and content tokens), its
-blend coefficients and (masked blends) its AdaLN modulations are the means of the group's four, and the
-token goes through the blocks once. With an odd side the last row and column are computed position by
-position. Each merged token's hidden state after the last block is copied back to its four positions, each
-plus its own input less the group's mean input (the residual stream's first-order correction), and every
-position goes through the head and the sampler as usual (the same draws as the full sampler's). Merged and
-single tokens' keys and values join the cache (later scales see them). keep 0 computes a scale at half
-resolution. The scales before the first merged one are the full sampler's computation, so their tokens are
-the same for the same seed. Off (the default), nothing here runs.
+Each scale of at least `min_tokens` positions is cut into 2 x 2 groups; the `keep` fraction with the most content
+detail is computed position by position, every other group goes through the blocks as one merged token, copied
+back to its four positions with a first-order residual correction. Heads and draws are the full sampler's; the
+scales before the first merged one give the same tokens. Off, nothing here runs.
 """
 from __future__ import annotations
 
