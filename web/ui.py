@@ -373,6 +373,7 @@ class StyleVARUI:
                                   sources=["upload", "clipboard", "webcam"], elem_id="style-input")
         with gr.Row(equal_height=True):
             c["style_strength"] = control(UI_OPTIONS["style_strength"], scale=3)
+            # the help's first sentence, one line at 1280 px (the rest, seeds across devices: docs/gpus.md)
             c["seed"] = control(UI_OPTIONS["seed"], scale=2, info=UI_OPTIONS["seed"].help.split(". ")[0])
             c["dice"] = gr.Button("Randomise seed", scale=0, min_width=110, elem_id="randomise-seed")
 
