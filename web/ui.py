@@ -51,9 +51,12 @@ PAINTED_PAIRS = (("photo_astronaut.jpg", "painting_church_at_auvers.jpg"),
                  ("photo_dune.jpg", "painting_the_harvest.jpg"),
                  ("photo_cat.jpg", "painting_painter_on_his_way_to_work.jpg"),
                  ("photo_coffee.jpg", "painting_entrance_hall.jpg"))
+# the results gallery's cells fill its height instead of being squares: a picture is shown whole, without bands
 CSS = """
 #preview img { image-rendering: pixelated; width: 100%; height: 100%; object-fit: contain; }
 #model-panel { font-size: 0.95em; }
+#results .grid-container { height: 100%; }
+#results .thumbnail-item { aspect-ratio: auto; }
 """
 
 
@@ -168,7 +171,7 @@ def control(opt: Option, **layout: Any) -> Any:
     """The control of an option: a choice is a radio, a flag a checkbox, a number with a step a slider (to `ui_le`
     where set), one without a number box. It starts at the option's `start`, else its default, else its fallback."""
     value = next((v for v in (opt.start, opt.default, opt.fallback) if v is not None), None)
-    common = dict(label=opt.label, info=opt.help, elem_id=opt.name.replace("_", "-"), **layout)
+    common = dict(label=opt.label, info=opt.help, elem_id=opt.name.replace("_", "-")) | layout
     if opt.choices:  # the one it starts at first
         return gr.Radio(sorted(opt.choices, key=lambda choice: choice != value), value=value, **common)
     if opt.type is bool:
@@ -370,7 +373,8 @@ class StyleVARUI:
                                   sources=["upload", "clipboard", "webcam"], elem_id="style-input")
         with gr.Row(equal_height=True):
             c["style_strength"] = control(UI_OPTIONS["style_strength"], scale=3)
-            c["seed"] = control(UI_OPTIONS["seed"], scale=1)
+            # the help's first sentence, one line at 1280 px (the rest, seeds across devices: docs/gpus.md)
+            c["seed"] = control(UI_OPTIONS["seed"], scale=2, info=UI_OPTIONS["seed"].help.split(". ")[0])
             c["dice"] = gr.Button("Randomise seed", scale=0, min_width=110, elem_id="randomise-seed")
 
     def _advanced(self, c: dict[str, Any]) -> None:
@@ -407,9 +411,9 @@ class StyleVARUI:
         default = self.baselines.get(self.default_baseline or "")
         ok = self.baseline_ready()
         with gr.Row(equal_height=True):
-            c["preview"] = gr.Image(label="Coarse-to-fine preview", interactive=False, format="png", height=320,
+            c["preview"] = gr.Image(label="Coarse-to-fine preview", interactive=False, format="png", height=300,
                                     elem_id="preview", buttons=["fullscreen"])
-            c["results"] = gr.Gallery(label="Results", format="png", columns=2, height=320, elem_id="results",
+            c["results"] = gr.Gallery(label="Results", format="png", columns=2, height=300, elem_id="results",
                                       object_fit="contain", buttons=["download", "download_all", "fullscreen"],
                                       interactive=False)
             with gr.Column():

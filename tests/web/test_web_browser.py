@@ -1,15 +1,10 @@
-"""The UI in a real browser: Debian chromium, driven by Playwright, against `python -m serve`.
+"""The UI in a real browser: Debian chromium (/usr/bin/chromium; headless, a fresh profile, no background
+connections; Playwright never downloads a browser) driven by Playwright against `python -m serve`.
 
-Starts the service (UI at /ui) on a free loopback port with a tiny random demo model, uploads a content
-and a style image, presses Stylize, waits for the result and checks its size (the content's), and
-saves a screenshot to `test-artifacts/ui.png`; and clicks an example, whose two pictures must load (their
-links carry the mount path), then stylizes it. With `STYLEVAR_UPDATE_SCREENSHOT=1` it also writes the
-README's `docs/ui.png`; `STYLEVAR_UI_TEST_MODEL=DIR` runs it on another model directory (one marked
-as the demo model, such as `stylevar/assets/demo`), e.g. to refresh that picture.
-
-Chromium is kept off the network and away from any profile: headless, fresh --user-data-dir, and the
-flags that stop its background connections. Playwright never downloads a browser here: it drives
-/usr/bin/chromium (`apt-get install chromium`).
+With a tiny random demo model it stylizes an upload (the result at the content's size), checks the layout at
+1280 px (the whole result in view, the seed's help on one line) and saves `test-artifacts/ui.png`, and stylizes
+a clicked example (its pictures' links carry the mount path). `STYLEVAR_UPDATE_SCREENSHOT=1` also writes
+`docs/ui.png`; `STYLEVAR_UI_TEST_MODEL=DIR` runs on another demo model, such as `stylevar/assets/demo`.
 """
 from __future__ import annotations
 
@@ -33,6 +28,17 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 CONTENT_SIZE = (240, 160)  # 3:2, not the model's square
+VIEWPORT = {"width": 1280, "height": 800}
+# page-space boxes (left, top, right, bottom) of the layout `test_stylize_in_the_browser` checks
+LAYOUT_JS = """() => {
+  const box = (el) => { const r = el.getBoundingClientRect();
+                        return [r.left + scrollX, r.top + scrollY, r.right + scrollX, r.bottom + scrollY]; };
+  const img = document.querySelector('#results img'), info = document.querySelector('#seed .info-text');
+  return {img: box(img), natural: [img.naturalWidth, img.naturalHeight], fit: getComputedStyle(img).objectFit,
+          gallery: box(document.querySelector('#results .grid-wrap')), block: box(document.querySelector('#results')),
+          button: box(document.querySelector('#stylize-button')), page_width: document.documentElement.scrollWidth,
+          info: box(info), info_font_px: parseFloat(getComputedStyle(info).fontSize)};
+}"""
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -54,7 +60,7 @@ def ui_page(server_url: str, profile_dir: Path, timeout_ms: int) -> Iterator:
     with sync_playwright() as p:
         browser = p.chromium.launch_persistent_context(
             str(profile_dir), executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS,
-            viewport={"width": 1280, "height": 1000})
+            viewport=VIEWPORT)
         try:
             page = browser.new_page()
             page.set_default_timeout(timeout_ms)
@@ -87,6 +93,31 @@ def loaded_size(page, selector: str) -> tuple[int, int]:
     return tuple(img.evaluate("(el) => [el.naturalWidth, el.naturalHeight]"))
 
 
+def shown_picture(img: list[float], natural: list[int], fit: str) -> list[float]:
+    """Where an <img> box draws its picture, scaled to fit whole and centred (object-fit contain, or a box of
+    the picture's own aspect); a fit that crops or stretches it fails."""
+    left, top, right, bottom = img
+    scale = min((right - left) / natural[0], (bottom - top) / natural[1])
+    w, h = natural[0] * scale, natural[1] * scale
+    assert fit == "contain" or abs(w - (right - left)) + abs(h - (bottom - top)) < 2, (fit, img, natural)
+    x, y = left + (right - left - w) / 2, top + (bottom - top - h) / 2
+    return [x, y, x + w, y + h]
+
+
+def assert_layout(page) -> None:
+    """At 1280 px the results picture is whole and in the page, with no empty band above it; the seed's help
+    is one line; pressing Stylize and seeing the whole result takes one screen."""
+    m = page.evaluate(LAYOUT_JS)
+    pic = shown_picture(m["img"], m["natural"], m["fit"])
+    assert m["page_width"] <= VIEWPORT["width"] and 0 <= m["img"][0] and m["img"][2] <= VIEWPORT["width"], m
+    gallery = m["gallery"]  # the gallery scrolls what does not fit its box: the picture must be inside it
+    assert gallery[0] - 0.5 <= pic[0] and pic[2] <= gallery[2] + 0.5, (pic, m)
+    assert gallery[1] - 0.5 <= pic[1] and pic[3] <= gallery[3] + 0.5, (pic, m)
+    assert pic[1] - m["block"][1] <= 40, (pic, m)  # the label's and the download button's strip only
+    assert m["info"][3] - m["info"][1] < 2 * m["info_font_px"], m
+    assert pic[3] - m["button"][1] <= VIEWPORT["height"], (pic, m)
+
+
 def test_stylize_in_the_browser(server, tmp_path):
     pairs = example_pairs()
     content_path, style_path = tmp_path / "content.png", tmp_path / f"style{Path(pairs[2][1]).suffix}"
@@ -108,6 +139,7 @@ def test_stylize_in_the_browser(server, tmp_path):
         if magenta_available():  # the baseline panel's default on a machine with the teacher extra
             assert page.locator("#run-baseline input").is_checked()  # ticked by the page (unticked for the API)
             assert loaded_size(page, "#adain-output img") == CONTENT_SIZE
+        assert_layout(page)
         page.screenshot(path=str(shot), full_page=True)
 
     assert Image.open(shot).size[0] == 1280
