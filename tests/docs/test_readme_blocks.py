@@ -1,4 +1,4 @@
-"""Every fenced code block of README.md and docs/ui.md runs as written, or says why it is not run here.
+"""Every fenced code block of README.md, docs/ui.md and docs/video.md runs as written, or says why it is not run here.
 
 A block that is not run here carries a marker on the line before its fence:
 ``<!-- readme-test: not run: REASON -->`` (downloads, a service that runs until stopped, files a reader
@@ -23,7 +23,7 @@ import pytest
 pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file out
 
 REPO = Path(__file__).resolve().parents[2]
-DOCUMENTS = ("README.md", "docs/ui.md")
+DOCUMENTS = ("README.md", "docs/ui.md", "docs/video.md")
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
 MARK = re.compile(r"<!-- readme-test: (not run: .+|run by tests/\S+\.py.*) -->")
 
