@@ -1,6 +1,6 @@
 """Evaluation metrics of the StyleVAR paper: style / content loss (VGG-19), LPIPS, SSIM, DreamSim, CLIP.
 
-Images are float tensors (B, 3, H, W) in [0, 1], resized to 256 x 256 (docs/metrics.md). `compute` loads the
+Images are float tensors (B, 3, H, W) in [0, 1], resized to 256 x 256 (docs/evaluation.md). `compute` loads the
 model it needs on every call; `MetricSuite` loads each once for many batches. Names, references and weights:
 `stylevar.metrics.definitions` (no torch).
 """
