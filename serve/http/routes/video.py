@@ -41,7 +41,7 @@ from serve.http import imaging
 from serve.http.errors import ERROR_RESPONSES, ServiceError, from_coded_error
 from serve.http.negotiation import BYTES_MEDIA_TYPE, binary_media
 from serve.http.schemas import ErrorBody, FormOptions, form_field, response_headers
-from serve.http.state import ServiceState, get_state, require_key, require_loaded
+from serve.http.state import ServiceState, get_state, refuse_unknown_fields, require_key, require_loaded
 from serve.http.routes.stylize import (BINARY, MASK_COUNT, REFERENCE_SIDE, STYLE_COUNT, check_alphas, check_mix,
                                        header_safe)
 
@@ -51,7 +51,7 @@ PATH = "/stylize/video"
 STOP_MARGIN_S = 1.0  # a clip is stopped when what is left of the drain is under twice its longest frame step plus this
 VIDEO_OPTIONS = [opt for opt in offered(FORM) if opt.name not in IMAGE_ONLY]
 
-router = APIRouter(dependencies=[Depends(require_key)])
+router = APIRouter(dependencies=[Depends(require_key), Depends(refuse_unknown_fields)])
 
 
 class VideoOptions(FormOptions):
