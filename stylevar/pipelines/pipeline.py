@@ -27,6 +27,7 @@ from stylevar.pipelines.coherence import (DEFAULT_TEMPORAL, Coherence, FrameSamp
                                 shift_grid)
 from stylevar.config import StyleVARConfig, VQVAEConfig, presets
 from stylevar.utils.devices import resolve_autocast_dtype, resolve_device
+from stylevar.utils.errors import unknown_name
 from stylevar.utils.heap import apply_heap_policy
 from stylevar.utils.threads import apply_threads
 from stylevar.models.generation import GenerationConfig
@@ -254,9 +255,10 @@ class StylePipeline:
     def request(caller: str, options: dict[str, Any], without: tuple[str, ...] = ()) -> StylizeRequest:
         """The Python call's options as a `StylizeRequest` (the fields but ``format``, and ``without``): an unknown
         name is a TypeError, a refused value a `stylevar.pipelines.request.RequestError` (a ValueError)."""
-        unknown = (set(options) - {opt.name for opt in offered(PYTHON)}) | (set(without) & set(options))
+        known = {opt.name for opt in offered(PYTHON)} - set(without)
+        unknown = sorted(set(options) - known)
         if unknown:
-            raise TypeError(f"{caller}() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+            raise TypeError(f"{caller}(): " + "; ".join(unknown_name("keyword argument", k, known) for k in unknown))
         return StylizeRequest.of(**options)
 
     def prepare(self, request: StylizeRequest, content: Image.Image | None,

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from PIL import Image
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from stylevar.utils.errors import unknown_name
 from stylevar.models.generation import DEFAULT_GENERATION, GenerationConfig
 from stylevar.processing.images import ResizeMode
 from stylevar.processing.postprocess import (DEFAULT_UPSAMPLE, MAX_SEED, MAX_STYLES, OutputOptions, UpsampleMode,
@@ -142,7 +143,7 @@ class StylizeRequest(BaseModel):
         refuses a `RequestError` (a ValueError) with the service's message."""
         unknown = set(values) - set(cls.model_fields)
         if unknown:
-            raise TypeError(f"unknown stylize option(s): {', '.join(sorted(unknown))}")
+            raise TypeError("; ".join(unknown_name("stylize option", k, cls.model_fields) for k in sorted(unknown)))
         try:
             return cls(**{k: v for k, v in values.items() if v is not None})
         except ValidationError as e:
