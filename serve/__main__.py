@@ -59,19 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(settings.log_json, settings.log_level)
     log = logging.getLogger("serve")
 
-    from stylevar.loaders.hub import HubError, is_hub_id
-    from stylevar.loaders.pull import resolve_model
-
-    if is_hub_id(settings.model_dir):  # pulled on first use; offline and not cached: one error before any work
-        try:
-            settings = settings.model_copy(update={"model_dir": resolve_model(str(settings.model_dir))})
-        except (HubError, ValueError) as e:
-            print(f"cannot start: {e}", file=sys.stderr)
-            return 2
-
     import uvicorn
 
+    from stylevar.loaders.hub import HubError, is_hub_id
     from stylevar.loaders.model_dir import ModelDirError
+    from stylevar.loaders.pull import resolve_model
 
     from serve.http.app import create_app, load_runners
     from serve.http.connections import ConnectionPolicy, bounded_protocol
@@ -79,11 +71,13 @@ def main(argv: list[str] | None = None) -> int:
 
     log.info("starting", extra={"host": settings.host, "port": settings.port, "model_dir": str(settings.model_dir),
                                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")})
-    try:  # the model loads before the server starts: a model that cannot is one plain error, as the hub's above
+    try:  # a hub id is pulled on first use, and the model loads before the server starts: what fails is one line
+        if is_hub_id(settings.model_dir):
+            settings = settings.model_copy(update={"model_dir": resolve_model(str(settings.model_dir))})
         app = create_app(settings)
         state = app.state.service
         load_runners(state)
-    except (ModelDirError, ValueError) as e:
+    except (HubError, ModelDirError, ValueError) as e:
         print(f"cannot start: {e}", file=sys.stderr)
         return 2
     state.on_ready = lambda: print(ready_line(app, settings), flush=True)

@@ -1,19 +1,10 @@
-"""The service's OpenAPI document (`/openapi.json`) as generated clients read it: FastAPI's, shaped once.
+"""The service's OpenAPI document (`/openapi.json`) shaped once for generated clients (`install(app, shape)`).
 
-FastAPI writes an upload form that takes a model's fields as `allOf` [the model] beside the files, and a file as
-OpenAPI 3.1's `contentMediaType` alone: generators (openapi-python-client) drop the one and type the other as
-text. `install(app, shape)` has the app serve its document shaped when it is first asked for:
-
-- each multipart body is one plain object, the files then the form's fields (`flatten_forms`), closed
-  (`additionalProperties: false`) unless the service ignores unknown fields;
-- each file is `format: binary` beside `contentMediaType` (`mark_binary`);
-- the list options' `pattern` and example fit the served model (`fit_list_options`): one alpha in [0, 1] per scale,
-  1 to `MAX_STYLES` weights >= 0, not all 0 (the example: the weight of one style);
-- every answer declares `X-Request-ID` (the request middleware sets it on each);
-- the bearer security, and the 401 and 429 answers, only where the service has API keys.
-
-The routes declare the rest: their answers' media types and headers (`serve.http.schemas.response_headers`).
-docs/serving.md ("Generated clients") says how clients are generated from it.
+FastAPI writes an upload form as `allOf` [the form model] beside the files, and a file as `contentMediaType` alone;
+generators drop the one and type the other as text. So each multipart body becomes one plain object, closed
+(`additionalProperties: false`) unless the service ignores unknown fields, each file is `format: binary` too, the
+list options' pattern and example fit the served model, every answer declares `X-Request-ID`, and the bearer
+security and 401/429 answers appear only where the service has API keys.
 """
 from __future__ import annotations
 
