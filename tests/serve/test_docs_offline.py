@@ -28,12 +28,9 @@ def test_the_pages_name_only_the_services_own_files(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
-    srv = ServerProcess.serve(tiny_model_dir, settings={"STYLEVAR_WARMUP": "false"},
-                              log_dir=tmp_path_factory.mktemp("logs"))
-    try:
+    with ServerProcess.serve(tiny_model_dir, settings={"STYLEVAR_WARMUP": "false"},
+                             log_dir=tmp_path_factory.mktemp("logs")) as srv:
         yield srv.wait_ready()
-    finally:
-        srv.stop()
 
 
 @pytest.mark.slow
