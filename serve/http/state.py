@@ -106,9 +106,10 @@ def require_key(request: Request,
     check_key(state, request.scope, credentials.credentials if credentials is not None else None)
 
 
-async def refuse_unknown_fields(request: Request, state: ServiceState = Depends(get_state)) -> None:  # noqa: B008
-    """A form route's dependency: 422 naming each field the route does not declare and the nearest one it does,
-    unless the service's `allow_unknown_fields` is set (then such fields are ignored)."""
+async def refuse_unknown_fields(request: Request, state: ServiceState) -> None:
+    """422 naming each field of the request's form that its route does not declare and the nearest one it does,
+    unless the service's `allow_unknown_fields` is set (then they are ignored). A form route calls it once its
+    fields are valid (an invalid one's 422 names the unknown fields too: `serve.http.errors.field_hints`)."""
     if not state.settings.allow_unknown_fields:
         hints = field_hints(request, await request.form())
         if hints:

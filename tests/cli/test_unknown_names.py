@@ -1,5 +1,5 @@
 """A misspelt option is named beside the nearest valid one on every surface that takes options by name: each
-`stylevar` sub-command, `python -m serve`, and the Python call (a TypeError); a model that cannot load is one line."""
+`stylevar` sub-command, `python -m serve`, and the Python call (a TypeError)."""
 from __future__ import annotations
 
 import pytest
@@ -53,13 +53,3 @@ def test_the_python_call_names_the_nearest_keyword():
     with pytest.raises(TypeError, match=r"unknown stylize option 'seeed'; did you mean 'seed'\?"):
         StylizeRequest.of(seeed=1)
 
-
-def test_a_missing_model_is_one_line(tmp_path, capsys):
-    for name in ("c.png", "s.png"):
-        Image.new("RGB", (32, 32)).save(tmp_path / name)
-    missing = tmp_path / "models" / "missing"
-    rc = main(["stylize", "--model", str(missing), str(tmp_path / "c.png"), str(tmp_path / "s.png"),
-               "-o", str(tmp_path / "o.png")])
-    err = capsys.readouterr().err
-    assert rc == EXIT_USAGE and len(err.strip().splitlines()) == 1
-    assert err.startswith(f"stylevar stylize: error: no usable model at {missing}: no such folder") and "--model" in err

@@ -87,14 +87,11 @@ def test_the_ready_line_says_where_everything_is(loaded):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["models/missing", "hf:nobody/nothing"])
-def test_a_model_that_cannot_load_is_one_plain_error(model, tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "serve", "--model", model, "--no-ui"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+def test_a_hub_model_that_cannot_be_fetched_is_one_plain_error(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path)}  # a missing folder: test_units
+    done = subprocess.run([sys.executable, "-m", "serve", "--model", "hf:nobody/nothing", "--no-ui"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and done.stdout == ""
-    errors = [line for line in done.stderr.splitlines() if not line.startswith('{"ts"')]  # the info logs stay
-    assert errors[0].startswith(f"cannot start: {model}" if model.startswith("hf:") else
-                                f"cannot start: no usable model at {model}: no such folder"), done.stderr
+    said = "\n".join(line for line in done.stderr.splitlines() if not line.startswith('{"ts"'))  # the info logs stay
+    assert said.startswith("cannot start: hf:nobody/nothing") and "stylevar pull nobody/nothing" in said, said
     assert "Traceback" not in done.stderr and '"level": "ERROR"' not in done.stderr
-    assert "--model" in done.stderr or "stylevar pull" in done.stderr  # what to do

@@ -63,7 +63,7 @@ SSE_EVENT = {  # one event of /stylize/stream (OpenAPI 3.2's `itemSchema`: a gen
 IMAGE_CONTENT = {m: BINARY for m in (*imaging.MEDIA_TYPES.values(), ZIP_MEDIA_TYPE, BYTES_MEDIA_TYPE)}
 PATHS = ("/stylize", "/stylize/stream")  # the routes that take uploads (the service's upload limit)
 
-router = APIRouter(dependencies=[Depends(require_key), Depends(refuse_unknown_fields)])
+router = APIRouter(dependencies=[Depends(require_key)])
 
 
 @dataclass(frozen=True)
@@ -76,9 +76,11 @@ class StylizeUpload:
     request: StylizeRequest  # the form's fields as a request (stylevar.pipelines.request)
 
 
-def stylize_upload(content: ContentUpload, style: StyleUploads, form: Annotated[StylizeForm, Form()],
-                   style_mask: MaskUploads = None) -> StylizeUpload:
-    """The form fields both stylize routes take."""
+async def stylize_upload(request: Request, state: Annotated[ServiceState, Depends(get_state)], content: ContentUpload,
+                         style: StyleUploads, form: Annotated[StylizeForm, Form()],
+                         style_mask: MaskUploads = None) -> StylizeUpload:
+    """The form fields both stylize routes take (and no others: `refuse_unknown_fields`)."""
+    await refuse_unknown_fields(request, state)
     return StylizeUpload(content, style, style_mask, form.request())
 
 

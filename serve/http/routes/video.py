@@ -46,7 +46,7 @@ PATH = "/stylize/video"
 STOP_MARGIN_S = 1.0  # a clip is stopped when what is left of the drain is under twice its longest frame step plus this
 VIDEO_OPTIONS = [opt for opt in offered(FORM) if opt.name not in IMAGE_ONLY]
 
-router = APIRouter(dependencies=[Depends(require_key), Depends(refuse_unknown_fields)])
+router = APIRouter(dependencies=[Depends(require_key)])
 
 
 class VideoOptions(FormOptions):
@@ -186,6 +186,7 @@ async def stylize_video(request: Request, video: VideoUpload, style: StyleUpload
                         form: Annotated[VideoForm, Form()], state: Annotated[ServiceState, Depends(get_state)],
                         style_mask: MaskUploads = None) -> Response:
     """Re-draw every frame of `video` in the style of `style`: a short clip, within the limits below."""
+    await refuse_unknown_fields(request, state)
     require_extra()
     st = require_loaded(state)
     req = form.request()
