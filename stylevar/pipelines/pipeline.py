@@ -27,7 +27,6 @@ from stylevar.pipelines.coherence import (DEFAULT_TEMPORAL, Coherence, FrameSamp
                                 shift_grid)
 from stylevar.config import StyleVARConfig, VQVAEConfig, presets
 from stylevar.utils.devices import resolve_autocast_dtype, resolve_device
-from stylevar.utils.errors import unknown_name
 from stylevar.utils.heap import apply_heap_policy
 from stylevar.utils.threads import apply_threads
 from stylevar.models.generation import GenerationConfig
@@ -35,6 +34,7 @@ from stylevar.pipelines.options import PYTHON, offered
 from stylevar.pipelines.request import IMAGE_ONLY, StyleMix, Stylization, StylizeRequest
 from stylevar.processing.images import Fit, ResizeMode, fit_of, fit_square, pil_to_tensor, tensor_to_pil, to_rgb
 from stylevar.processing.postprocess import MAX_SEED, OutputOptions, UpsampleMode, finish, sample_seeds
+from stylevar.utils.errors import unknown_name
 from stylevar.loaders.model_dir import DEMO_MODEL_DIR, PipelineConfig, check_model_dir, write_model_dir
 from stylevar.processing.palette import match_palette
 from stylevar.loaders.pull import resolve_model

@@ -17,11 +17,11 @@ from typing import Annotated, Any, Literal
 from PIL import Image
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from stylevar.utils.errors import unknown_name
 from stylevar.models.generation import DEFAULT_GENERATION, GenerationConfig
 from stylevar.processing.images import ResizeMode
 from stylevar.processing.postprocess import (DEFAULT_UPSAMPLE, MAX_SEED, MAX_STYLES, OutputOptions, UpsampleMode,
                                              check_style_weights)
+from stylevar.utils.errors import unknown_name
 
 FORM, CLI, UI, PYTHON = "form", "cli", "ui", "python"  # the service's form, the command line, the UI, the pipeline
 EVERYWHERE = frozenset({FORM, CLI, UI, PYTHON})
