@@ -6,16 +6,15 @@ the service (`serve.http.drain`, `STYLEVAR_DRAIN_TIMEOUT_S`) and exits with 0.
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
 
 from pydantic import ValidationError
 
+from stylevar.cli.command import Parser
 from stylevar.loaders import hub
 from stylevar.utils import threads
-from stylevar.utils.helptext import HelpFormatter
 
 from serve.http.logs import configure_logging
 from serve.settings import ServeSettings, env_name
@@ -28,10 +27,10 @@ def _default(field: str) -> object:
     return ServeSettings.model_fields[field].default
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Parser:
     others = ", ".join(env_name(f) for f in ServeSettings.model_fields if f not in FLAGS)
-    p = argparse.ArgumentParser(
-        prog="python -m serve", description="StyleVAR inference service (API + UI)", formatter_class=HelpFormatter,
+    p = Parser(  # an unknown option is named beside the nearest one (stylevar.cli.command)
+        prog="python -m serve", description="StyleVAR inference service (API + UI)",
         epilog=f"Every option is also a setting, an environment variable STYLEVAR_<NAME> (an option given here wins); "
                f"the others are settings only: {others}. Every setting, its default and what it does: {SETTINGS_DOC}.")
     p.add_argument("--host", help=f"bind address ({env_name('host')}; default: {_default('host')})")
@@ -60,32 +59,28 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(settings.log_json, settings.log_level)
     log = logging.getLogger("serve")
 
-    from stylevar.loaders.hub import HubError, is_hub_id
-    from stylevar.loaders.pull import resolve_model
-
-    if is_hub_id(settings.model_dir):  # pulled on first use; offline and not cached: one error before any work
-        try:
-            settings = settings.model_copy(update={"model_dir": resolve_model(str(settings.model_dir))})
-        except (HubError, ValueError) as e:
-            print(f"cannot start: {e}", file=sys.stderr)
-            return 2
-
     import uvicorn
 
+    from stylevar.loaders.hub import HubError, is_hub_id
     from stylevar.loaders.model_dir import ModelDirError
+    from stylevar.loaders.pull import resolve_model
 
-    from serve.http.app import create_app
+    from serve.http.app import create_app, load_runners
     from serve.http.connections import ConnectionPolicy, bounded_protocol
     from serve.http.drain import DrainingServer
 
-    try:
-        app = create_app(settings)
-    except (ModelDirError, ValueError) as e:
-        log.error("cannot start: %s", e)
-        return 2
     log.info("starting", extra={"host": settings.host, "port": settings.port, "model_dir": str(settings.model_dir),
                                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")})
-    state = app.state.service
+    try:  # a hub id is pulled on first use, and the model loads before the server starts: what fails is one line
+        if is_hub_id(settings.model_dir):
+            settings = settings.model_copy(update={"model_dir": resolve_model(str(settings.model_dir))})
+        app = create_app(settings)
+        state = app.state.service
+        load_runners(state)
+    except (HubError, ModelDirError, ValueError) as e:
+        print(f"cannot start: {e}", file=sys.stderr)
+        return 2
+    state.on_ready = lambda: print(ready_line(app, settings), flush=True)
     # X-Forwarded-For is believed only from the proxies named in STYLEVAR_FORWARDED_ALLOW_IPS (none by default:
     # uvicorn's own default trusts loopback, so a client on the host could pose as any address)
     proxies = settings.forwarded_allow_ips
@@ -97,6 +92,17 @@ def main(argv: list[str] | None = None) -> int:
     server = DrainingServer(config, state.drain, on_drain=state.begin_drain)
     server.run()
     return 0 if server.started else 3  # 3: uvicorn's startup failure
+
+
+def ready_line(app, settings: ServeSettings) -> str:
+    """Where the UI, the API and its documentation are, said once the model is ready (beside the logs)."""
+    from serve.http.routes.index import ui_mounted
+
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(settings.host, settings.host)
+    base = f"http://{f'[{host}]' if ':' in host and not host.startswith('[') else host}:{settings.port}"
+    parts = [f"UI {base}/"] if ui_mounted(app) else []
+    parts += [f"API {base}/stylize"] + ([f"docs {base}{app.docs_url}"] if app.docs_url else [])
+    return f"StyleVAR ready ({app.state.service.runner.pipe.config.name}): " + "  ".join(parts)
 
 
 if __name__ == "__main__":

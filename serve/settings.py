@@ -125,7 +125,9 @@ class ServeSettings(BaseSettings):
     # wrong API keys (or UI passwords) from one client within the window before it gets 429; 0: no limit
     auth_max_failures: int = Field(10, ge=0)
     auth_failure_window_s: float = Field(300.0, gt=0)
-    docs: bool = True  # /docs, /redoc and /openapi.json
+    # a form field a route does not declare (a misspelt option) is refused (422, naming the nearest field); true: ignored
+    allow_unknown_fields: bool = False
+    docs: bool = True  # /docs, /redoc and /openapi.json (their scripts served by the service itself: no CDN)
     # /metrics: "public" (no key), "key" (the API key when keys are set, like the API) or "off"
     metrics_access: Literal["public", "key", "off"] = "public"
     cors_origins: Annotated[list[str], NoDecode] = []

@@ -35,7 +35,7 @@ from serve.http.metrics import ServiceMetrics
 from serve.http.middleware import BeforeBody, BodyTimeout, ContentLengthLimit, RequestMiddleware, bearer_token
 from serve.http import openapi
 from serve.http.openapi import DocumentShape
-from serve.http.routes import index, model, operations, stylize, video
+from serve.http.routes import docs, index, model, operations, stylize, video
 from serve.http.routes.index import UI_PATH
 from serve.http.schemas import HEADERS
 from serve.settings import ServeSettings, env_name
@@ -93,11 +93,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Load a model runner per device, start the batcher, warm up in the background; stop them at the end."""
     state: ServiceState = app.state.service
     settings = state.settings
-    state.status = "loading model"
-    state.runners = await run_in_threadpool(
-        lambda: [ModelRunner.load(settings.model_dir, d, RunnerOptions.from_settings(settings), state.metrics)
-                 for d in state.devices]
-    )
+    if not state.runners:  # `python -m serve` loads them before the server starts
+        await run_in_threadpool(load_runners, state)
     max_batch = settings.max_batch_size or default_max_batch(state.runners)
     log.info("batches of at most %d rows%s", max_batch, "" if settings.max_batch_size else " (from device memory)")
     state.batcher = Batcher(
@@ -123,6 +120,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await run_in_threadpool(warm.join, join_s)
 
 
+def load_runners(state: ServiceState) -> None:
+    """A model runner per device, into ``state``."""
+    state.status = "loading model"
+    options = RunnerOptions.from_settings(state.settings)
+    state.runners = [ModelRunner.load(state.settings.model_dir, d, options, state.metrics) for d in state.devices]
+
+
 def create_app(settings: ServeSettings | None = None, *, ui_mounter: UiMounter | None = None) -> FastAPI:
     """Build the service. The model is loaded at startup (lifespan) and warmed up in the background.
 
@@ -140,8 +144,7 @@ def create_app(settings: ServeSettings | None = None, *, ui_mounter: UiMounter |
         version=stylevar.__version__,
         description="Reference-based image style transfer with a Visual Autoregressive model.",
         lifespan=lifespan,
-        docs_url="/docs" if settings.docs else None,
-        redoc_url="/redoc" if settings.docs else None,
+        docs_url=None, redoc_url=None,  # served from the service's own files (serve.http.routes.docs)
         openapi_url="/openapi.json" if settings.docs else None,
         generate_unique_id_function=lambda route: route.name,  # operationId: the route's function (`stylize`)
     )
@@ -149,8 +152,10 @@ def create_app(settings: ServeSettings | None = None, *, ui_mounter: UiMounter |
     install_error_handlers(app)
     _add_middleware(app, state)
     _include_routers(app, settings)
-    openapi.install(app, DocumentShape(keys=bool(state.keys),
-                                       scales=len(model_config.transformer.patch_nums)))
+    if settings.docs:
+        docs.install(app)
+    openapi.install(app, DocumentShape(keys=bool(state.keys), scales=len(model_config.transformer.patch_nums),
+                                       closed_forms=not settings.allow_unknown_fields))
     if settings.ui:
         (ui_mounter or default_ui_mounter)(app, settings)
     else:
@@ -246,6 +251,8 @@ def _warm_up(state: ServiceState) -> None:
         state.ready = True
         state.status = "ready"
         state.metrics.ready.set(1)
+        if state.on_ready is not None:
+            state.on_ready()
     except Exception:
         log.exception("warm-up failed")
         state.status = "warm-up failed"

@@ -7,7 +7,6 @@ OpenAPI schema.
 """
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -17,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve.engine.batching import OverloadedError, QueueFullError, StoppedError
 from serve.http.schemas import ErrorBody, response_headers
-from stylevar.utils.errors import CodedError
+from stylevar.utils.errors import CodedError, unknown_name
 
 IMAGE_ERROR_STATUS = {"not_an_image": 415, "corrupt_image": 422, "image_too_large": 413, "image_too_costly": 422,
                       "bad_image": 422}
@@ -121,11 +120,7 @@ def field_hints(request: Request, body: Any) -> list[str]:
     if not hasattr(body, "keys"):
         return []
     known = form_fields(request)
-    hints = []
-    for name in sorted(set(body.keys()) - known) if known else ():
-        close = difflib.get_close_matches(name, sorted(known), n=1)
-        hints.append(f"unknown field {name!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
-    return hints
+    return [unknown_name("field", name, known) for name in sorted(set(body.keys()) - known)] if known else []
 
 
 def error_message(err: dict[str, Any]) -> str:

@@ -1,18 +1,10 @@
-"""The service's OpenAPI document (`/openapi.json`) as generated clients read it: FastAPI's, shaped once.
+"""The service's OpenAPI document (`/openapi.json`) shaped once for generated clients (`install(app, shape)`).
 
-FastAPI writes an upload form that takes a model's fields as `allOf` [the model] beside the files, and a file as
-OpenAPI 3.1's `contentMediaType` alone: generators (openapi-python-client) drop the one and type the other as
-text. `install(app, shape)` has the app serve its document shaped when it is first asked for:
-
-- each multipart body is one plain object, the files then the form's fields (`flatten_forms`);
-- each file is `format: binary` beside `contentMediaType` (`mark_binary`);
-- the list options' `pattern` and example fit the served model (`fit_list_options`): one alpha in [0, 1] per scale,
-  1 to `MAX_STYLES` weights >= 0, not all 0 (the example: the weight of one style);
-- every answer declares `X-Request-ID` (the request middleware sets it on each);
-- the bearer security, and the 401 and 429 answers, only where the service has API keys.
-
-The routes declare the rest: their answers' media types and headers (`serve.http.schemas.response_headers`).
-docs/serving.md ("Generated clients") says how clients are generated from it.
+FastAPI writes an upload form as `allOf` [the form model] beside the files, and a file as `contentMediaType` alone;
+generators drop the one and type the other as text. So each multipart body becomes one plain object, closed
+(`additionalProperties: false`) unless the service ignores unknown fields, each file is `format: binary` too, the
+list options' pattern and example fit the served model, every answer declares `X-Request-ID`, and the bearer
+security and 401/429 answers appear only where the service has API keys.
 """
 from __future__ import annotations
 
@@ -40,6 +32,7 @@ class DocumentShape:
 
     keys: bool  # the service has API keys
     scales: int  # the served model's scale count (one alpha each)
+    closed_forms: bool = True  # a form field a route does not declare is refused (STYLEVAR_ALLOW_UNKNOWN_FIELDS off)
 
 
 def list_pattern(items: str) -> str:
@@ -86,11 +79,13 @@ def form_bodies(spec: Schema) -> Iterator[Schema]:
             yield body
 
 
-def flatten_forms(spec: Schema) -> None:
-    """Each multipart body's `allOf` parts (the form models) merged into its own properties; the models, no longer
-    referred to, left out of the components."""
+def flatten_forms(spec: Schema, closed: bool) -> None:
+    """Each multipart body's `allOf` parts (the form models) merged into its own properties (`closed`: no others);
+    the models, no longer referred to, left out of the components."""
     schemas, merged = spec["components"]["schemas"], set()
     for body in form_bodies(spec):
+        if closed:
+            body["additionalProperties"] = False
         for part in body.pop("allOf", ()):
             form = referenced(schemas, part)
             merged.add(part.get("$ref", "").rsplit("/", 1)[-1])
@@ -141,7 +136,7 @@ def declare_security(spec: Schema, keys: bool) -> None:
 
 def shaped(spec: Schema, shape: DocumentShape) -> Schema:
     """FastAPI's document, shaped for generated clients (in place; returned)."""
-    flatten_forms(spec)
+    flatten_forms(spec, shape.closed_forms)
     mark_binary(spec["components"]["schemas"])
     fit_list_options(spec, shape.scales)
     declare_security(spec, shape.keys)

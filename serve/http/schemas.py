@@ -7,6 +7,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.json_schema import SkipJsonSchema
 
+from stylevar.loaders.preflight import SMALL_SIDE
 from stylevar.pipelines.options import FORM, Option, offered
 from stylevar.pipelines.request import RequestError, StylizeRequest
 from stylevar.processing.postprocess import MAX_SEED
@@ -108,6 +109,8 @@ HEADERS: dict[str, tuple[str, dict[str, Any]]] = {  # every header the service's
                          TEXT),
     "X-Size-Capped": ("only when the content's long side was over the service's STYLEVAR_MAX_OUTPUT_SIDE: the "
                       "content's size and the result's, WxH->wxh", {"type": "string", "pattern": r"^\d+x\d+->\d+x\d+$"}),
+    "X-StyleVAR-Warning": (f"only when the content or a style image is under {SMALL_SIDE}x{SMALL_SIDE} pixels (too "
+                           "small to carry much): what the command line warns, the images and their sizes", TEXT),
     "Vary": ("Accept: the answer depends on the Accept header", TEXT),
     "Content-Disposition": ("several samples: the zip's file name", TEXT),
     "Cache-Control": ("no-cache: the events are not stored", TEXT),

@@ -5,6 +5,7 @@ The dependencies are module-level functions of the request, so a test can replac
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -16,7 +17,7 @@ from serve.http.access import FailureLimiter, KeyRing, client_of, too_many_attem
 from serve.engine.batching import Batcher, BatchError
 from serve.http.drain import Drain
 from serve.engine.runner import ModelRunner
-from serve.http.errors import ServiceError, from_coded_error
+from serve.http.errors import ServiceError, field_hints, from_coded_error
 from serve.http.memory import MemoryBudget
 from serve.http.metrics import ServiceMetrics
 from serve.settings import ServeSettings
@@ -36,6 +37,7 @@ class ServiceState:
     ready: bool = False
     status: str = "starting"
     drain: Drain = field(default_factory=lambda: Drain(ServeSettings.model_fields["drain_timeout_s"].default))
+    on_ready: Callable[[], None] | None = None  # called once, when the model is warm (`python -m serve` says where)
 
     @property
     def runner(self) -> ModelRunner:
@@ -102,3 +104,13 @@ def require_key(request: Request,
     """A route dependency: `check_key` on the request's Bearer token. (The upload routes are checked before
     their body is read, by `serve.http.middleware.BeforeBody`; this is the same check, for every route.)"""
     check_key(state, request.scope, credentials.credentials if credentials is not None else None)
+
+
+async def refuse_unknown_fields(request: Request, state: ServiceState) -> None:
+    """422 naming each field of the request's form that its route does not declare and the nearest one it does,
+    unless the service's `allow_unknown_fields` is set (then they are ignored). A form route calls it once its
+    fields are valid (an invalid one's 422 names the unknown fields too: `serve.http.errors.field_hints`)."""
+    if not state.settings.allow_unknown_fields:
+        hints = field_hints(request, await request.form())
+        if hints:
+            raise ServiceError(422, "validation_error", "; ".join(hints))

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
+from stylevar.utils.errors import unknown_name
 from stylevar.utils.helptext import HelpFormatter
 
 EXIT_USAGE = 2  # a bad argument or input, found before the work
@@ -31,3 +33,19 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        """argparse's, but first each long option that neither this parser nor the chosen sub-command takes is
+        named beside the nearest one they do take."""
+        argv = list(sys.argv[1:] if args is None else args)
+        chosen = self
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = next((action.choices[w] for w in argv if w in action.choices), self)
+        known = [*self._option_string_actions, *chosen._option_string_actions]
+        words = argv[:argv.index("--")] if "--" in argv else argv
+        unknown = [name for name in (w.split("=", 1)[0] for w in words if w.startswith("--"))
+                   if not any(k.startswith(name) for k in known)]  # a prefix of one is argparse's to resolve
+        if unknown:
+            chosen.error("; ".join(unknown_name("option", name, known) for name in unknown))
+        return super().parse_args(argv, namespace)

@@ -47,8 +47,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for k, w in result.skipped_metrics.items():
         print(f"note: {k} marked {MISSING} (weight {w} not present)", file=sys.stderr)
-    for name, absent in result.skipped_methods.items():
-        print(f"note: method {name} not run (missing weights {absent})", file=sys.stderr)
+    for note in result.shortfalls:
+        print(f"note: {note}", file=sys.stderr)
     print((Path(cfg.out) / "results.md").read_text(encoding="utf-8"))
     print("wrote " + ", ".join(str(p) for p in result.files), file=sys.stderr)
     return 0

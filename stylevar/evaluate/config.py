@@ -53,6 +53,7 @@ class RunResult:
     files: list[Path] = field(default_factory=list)
     skipped_metrics: dict[str, str] = field(default_factory=dict)  # metric -> missing weight
     skipped_methods: dict[str, str] = field(default_factory=dict)  # method -> missing weight(s)
+    shortfalls: list[str] = field(default_factory=list)  # why the tables have fewer rows than asked
     rank: int = 0  # this process's under torchrun: only process 0 writes files
 
 

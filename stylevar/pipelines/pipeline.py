@@ -30,6 +30,7 @@ from stylevar.pipelines.options import PYTHON, offered
 from stylevar.pipelines.request import IMAGE_ONLY, StyleMix, Stylization, StylizeRequest
 from stylevar.processing.images import Fit, ResizeMode, fit_of, fit_square, pil_to_tensor, tensor_to_pil, to_rgb
 from stylevar.processing.postprocess import MAX_SEED, OutputOptions, UpsampleMode, finish, sample_seeds
+from stylevar.utils.errors import unknown_name
 from stylevar.loaders.model_dir import DEMO_MODEL_DIR, PipelineConfig, check_model_dir, write_model_dir
 from stylevar.processing.palette import match_palette
 from stylevar.loaders.pull import resolve_model
@@ -250,9 +251,10 @@ class StylePipeline:
     def request(caller: str, options: dict[str, Any], without: tuple[str, ...] = ()) -> StylizeRequest:
         """The Python call's options as a `StylizeRequest` (the fields but ``format``, and ``without``): an unknown
         name is a TypeError, a refused value a `stylevar.pipelines.request.RequestError` (a ValueError)."""
-        unknown = (set(options) - {opt.name for opt in offered(PYTHON)}) | (set(without) & set(options))
+        known = {opt.name for opt in offered(PYTHON)} - set(without)
+        unknown = sorted(set(options) - known)
         if unknown:
-            raise TypeError(f"{caller}() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+            raise TypeError(f"{caller}(): " + "; ".join(unknown_name("keyword argument", k, known) for k in unknown))
         return StylizeRequest.of(**options)
 
     def prepare(self, request: StylizeRequest, content: Image.Image | None,

@@ -19,6 +19,7 @@ from stylevar.config import DEFAULT_GENERATION, GenerationConfig
 from stylevar.processing.images import ResizeMode
 from stylevar.processing.postprocess import (DEFAULT_UPSAMPLE, MAX_SEED, MAX_STYLES, OutputOptions, UpsampleMode,
                                              check_style_weights)
+from stylevar.utils.errors import unknown_name
 
 FORM, CLI, UI, PYTHON = "form", "cli", "ui", "python"  # the service's form, the command line, the UI, the pipeline
 EVERYWHERE = frozenset({FORM, CLI, UI, PYTHON})
@@ -140,7 +141,7 @@ class StylizeRequest(BaseModel):
         refuses a `RequestError` (a ValueError) with the service's message."""
         unknown = set(values) - set(cls.model_fields)
         if unknown:
-            raise TypeError(f"unknown stylize option(s): {', '.join(sorted(unknown))}")
+            raise TypeError("; ".join(unknown_name("stylize option", k, cls.model_fields) for k in sorted(unknown)))
         try:
             return cls(**{k: v for k, v in values.items() if v is not None})
         except ValidationError as e:

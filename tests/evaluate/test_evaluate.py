@@ -81,6 +81,8 @@ def test_without_weights_exits_with_the_documented_message(data, micro_model_dir
     assert "vgg19 (vgg19-dcbb9e9d.pth), needed by style_loss, content_loss, AdaIN (paper eval)" in err
     assert "adain_decoder (decoder.pth), needed by AdaIN, AdaIN (paper eval)" in err
     assert "stylevar weights fetch vgg19 vgg16 dreamsim clip" in err
+    assert ("or compare with a method that needs no download instead of AdaIN, AdaIN (paper eval): --method magenta"
+            in err)
     assert "--allow-missing" in err
     assert not (tmp_path / "out").exists()  # nothing ran
 
@@ -121,6 +123,19 @@ def test_allow_missing_writes_every_output(data, micro_model_dir, cache, tmp_pat
     grid = Image.open(out / "samples_paired.png")
     cell, pad, header_h = 160, 4, 28
     assert grid.size == (6 * (cell + pad) + pad, header_h + 2 * (cell + pad) + pad)  # content|style|target|3 methods
+
+
+def test_allow_missing_says_why_the_table_is_shorter_than_asked(data, weight_homes, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["evaluate", "--method", "reinhard", "--method", "adain", "--benchmark", f"paired={data['paired']}",
+                 "--n", "5", "--metrics", "ssim", "--image-size", str(SIZE), "--out", str(out), "--quiet",
+                 "--no-warmup", "--allow-missing"]) == 0
+    err = capsys.readouterr().err
+    drawn = f"paired: 3 of 5 rows: 2 pairs not drawn because split `val` of {data['paired']} has only 3 (--split all)"
+    methods = "1 of 2 benchmark x method rows: AdaIN not run because weights adain_decoder, adain_vgg are missing"
+    assert f"note: {drawn}\n" in err and f"note: {methods}\n" in err
+    md = (out / "results.md").read_text()
+    assert f"- {drawn}." in md and f"- {methods}." in md
 
 
 @pytest.mark.slow

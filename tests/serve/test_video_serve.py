@@ -121,7 +121,8 @@ def test_other_refusals(client, server, tmp_path):
     r = post(client, b"\0" * 3_100_000)
     assert r.status_code == 413
     assert post(client, clip, temporal="smooth").status_code == 422
-    assert post(client, clip, num_samples="2").status_code == 200  # not a field of the video form: ignored
+    r = post(client, clip, num_samples="2")  # not a field of the video form
+    assert r.status_code == 422 and r.json()["detail"].startswith("unknown field 'num_samples'"), r.text
     r = client.post("/stylize/video", files={"video": ("c.mp4", clip), "style": ("s.png", b"not an image")})
     assert (r.status_code, r.json()["error"]) == (415, "not_an_image")
 

@@ -16,14 +16,14 @@ ROUTES = ("POST /stylize", "POST /stylize/stream", "POST /stylize/video", "GET /
 router = APIRouter(tags=["operations"])
 
 
-def ui_mounted(request: Request) -> bool:
-    return any(getattr(route, "path", None) == UI_PATH for route in request.app.routes)
+def ui_mounted(app: Any) -> bool:
+    return any(getattr(route, "path", None) == UI_PATH for route in app.routes)
 
 
 @router.get("/", include_in_schema=False, response_model=None)
 async def index(request: Request) -> Any:
     """The UI (307 to /ui) when mounted; else the API's index: its version, documentation and routes."""
-    if ui_mounted(request):
+    if ui_mounted(request.app):
         return RedirectResponse(UI_PATH, status_code=307)
     docs = request.app.docs_url
     return {"service": "StyleVAR", "version": stylevar.__version__, "ui": None,

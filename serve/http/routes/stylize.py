@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 
 from stylevar.processing.images import (DEFAULT_MAX_PIXELS, Decoded, ImageError, capped_size, decoded_size, fit_of,
                                         tensor_to_pil, unfit)
+from stylevar.loaders.preflight import small_image_warning
 from stylevar.pipelines.request import StylizeRequest, check_mix_counts
 from stylevar.processing.postprocess import MAX_STYLES, os_random_seed, upscale_factor
 
@@ -36,7 +37,7 @@ from serve.http.memory import Reservation, hold_until_answered
 from serve.http.middleware import bearer_token
 from serve.http.negotiation import BYTES_MEDIA_TYPE, ZIP_MEDIA_TYPE, binary_media, negotiate
 from serve.http.schemas import ImageOut, StylizeForm, StylizeResult, response_headers
-from serve.http.state import ServiceState, get_state, require_key, require_loaded
+from serve.http.state import ServiceState, get_state, refuse_unknown_fields, require_key, require_loaded
 
 REFERENCE_SIDE = 1024  # long side style images and masks are decoded at (they are used at the model's size)
 
@@ -75,9 +76,11 @@ class StylizeUpload:
     request: StylizeRequest  # the form's fields as a request (stylevar.pipelines.request)
 
 
-def stylize_upload(content: ContentUpload, style: StyleUploads, form: Annotated[StylizeForm, Form()],
-                   style_mask: MaskUploads = None) -> StylizeUpload:
-    """The form fields both stylize routes take."""
+async def stylize_upload(request: Request, state: Annotated[ServiceState, Depends(get_state)], content: ContentUpload,
+                         style: StyleUploads, form: Annotated[StylizeForm, Form()],
+                         style_mask: MaskUploads = None) -> StylizeUpload:
+    """The form fields both stylize routes take (and no others: `refuse_unknown_fields`)."""
+    await refuse_unknown_fields(request, state)
     return StylizeUpload(content, style, style_mask, form.request())
 
 
@@ -160,11 +163,11 @@ def check_mix(styles: list[UploadFile], masks: list[UploadFile] | None, weights:
 
 
 async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
-                 on_preview: PreviewFn | None = None) -> tuple[Job, Decoded]:
+                 on_preview: PreviewFn | None = None) -> tuple[Job, Decoded, dict[str, str]]:
     """Check the fields, take a queue slot (503 at once when the queue is full) and the request's pixels (a wait,
     or 503), then decode the images (downscaled, a bounded number at a time) and queue the job with what is left of
-    the request's deadline: it counts from the request's arrival, the upload and decoding included. `ClientGone`
-    when the client leaves while the request waits for its pixels."""
+    the request's deadline: it counts from the request's arrival, the upload and decoding included. Returns the job,
+    the content and `small_image_headers`; `ClientGone` when the client leaves while the request waits for memory."""
     rid = request.state.request_id
     st = require_loaded(state)
     settings, styles, masks = st.settings, upload.styles, upload.masks
@@ -196,7 +199,14 @@ async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
             st.metrics.rejected.labels(e.code).inc()
             raise from_coded_error(e) from e
         job.future.add_done_callback(lambda f: reservation.model_done(not f.cancelled() and f.exception() is None))
-    return job, decoded[0]
+    return job, decoded[0], small_image_headers(plan, decoded)
+
+
+def small_image_headers(plan: Plan, images: list[Decoded]) -> dict[str, str]:
+    """X-StyleVAR-Warning where the content or a style is too small to carry much (the command line's warning)."""
+    notes = [note for (name, _, _), d in zip(plan, images)
+             if not name.startswith("style_mask") and (note := small_image_warning(d.image, name.split()[0]))]
+    return {"X-StyleVAR-Warning": "; ".join(n.removeprefix("warning: ") for n in notes)} if notes else {}
 
 
 def encode(state: ServiceState, form: StylizeRequest, images: list[Image.Image]) -> list[bytes]:
@@ -232,7 +242,8 @@ def size_headers(state: ServiceState, form: StylizeRequest, result_size: tuple[i
                                     "names application/json",
                      "headers": response_headers("X-Seed", "X-Inference-Ms", "X-Model", "X-Model-Size", "X-Upscale",
                                                  "X-Upsample", "Vary",
-                                                 optional=("X-Content-Shrunk", "X-Size-Capped", "Content-Disposition"))},
+                                                 optional=("X-Content-Shrunk", "X-Size-Capped", "X-StyleVAR-Warning",
+                                                           "Content-Disposition"))},
                **ERROR_RESPONSES},
 )
 async def stylize(request: Request, upload: Annotated[StylizeUpload, Depends(stylize_upload)],
@@ -243,7 +254,7 @@ async def stylize(request: Request, upload: Annotated[StylizeUpload, Depends(sty
     media = imaging.MEDIA_TYPES[form.format]
     representation = negotiate(request, media, form.num_samples)
     try:
-        job, content = await submit(state, upload, request)
+        job, content, warning = await submit(state, upload, request)
         images = await wait_for_job(job, request)
     except ClientGone:
         log.info("client went away; job dropped")
@@ -251,7 +262,7 @@ async def stylize(request: Request, upload: Annotated[StylizeUpload, Depends(sty
     encoded = await run_in_threadpool(encode, state, form, images)
     headers = {"X-Seed": str(job.payload.seeds[0]), "X-Inference-Ms": f"{inference_ms(job):.1f}",
                "X-Model": header_safe(state.runner.pipe.config.name), "Vary": "Accept",
-               **size_headers(state, form, images[0].size), **imaging.shrink_headers(content),
+               **size_headers(state, form, images[0].size), **imaging.shrink_headers(content), **warning,
                **imaging.cap_headers(content, images[0].size, state.settings.max_output_side)}
     if representation == "json":
         return JSONResponse(result_json(state, job, form, encoded, images), headers=headers)
@@ -267,7 +278,7 @@ async def stylize(request: Request, upload: Annotated[StylizeUpload, Depends(sty
     responses={200: {"content": {"text/event-stream": {"itemSchema": SSE_EVENT}},
                      "description": "`preview` events (one per scale, coarse to fine), then `result`",
                      "headers": response_headers("X-Seed", "X-Model", "Cache-Control", "X-Accel-Buffering",
-                                                 optional=("X-Content-Shrunk", "X-Size-Capped"))},
+                                                 optional=("X-Content-Shrunk", "X-Size-Capped", "X-StyleVAR-Warning"))},
                **ERROR_RESPONSES},
 )
 async def stylize_stream(request: Request, upload: Annotated[StylizeUpload, Depends(stylize_upload)],
@@ -281,7 +292,7 @@ async def stylize_stream(request: Request, upload: Annotated[StylizeUpload, Depe
 
     form = upload.request
     try:
-        job, content = await submit(state, upload, request, on_preview)
+        job, content, warning = await submit(state, upload, request, on_preview)
     except ClientGone:
         log.info("client went away while waiting for memory")
         return Response(status_code=499)
@@ -311,7 +322,7 @@ async def stylize_stream(request: Request, upload: Annotated[StylizeUpload, Depe
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
                                       "X-Seed": str(job.payload.seeds[0]),
                                       "X-Model": header_safe(state.runner.pipe.config.name),
-                                      **imaging.shrink_headers(content),
+                                      **imaging.shrink_headers(content), **warning,
                                       **imaging.cap_headers(content, capped_size(content.image.size, max_side),
                                                             max_side)})
 

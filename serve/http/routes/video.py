@@ -1,15 +1,10 @@
 """`POST /stylize/video`: a short clip re-drawn in the style of one image (or a blend), answered as an H.264 mp4.
 
-The clip goes to a temporary file (the route's body limit is `max_video_upload_bytes`), its header is checked
-against the service's limits (`max_video_duration_s`, `max_video_frames`, `max_video_pixels`; again while
-decoding, as a header may lie), then `StylePipeline.stylize_video` runs on a thread beside the batcher's
-workers, `video_concurrency` clips at a time (one more is 503 `busy` with Retry-After), each on a thread of its
-own at the batch workers' CPU priority (`worker_nice`). Before any model work its frames are counted from the
-container's packets (demuxed, not decoded): an over-limit clip is refused in the time of a demux. The frame rate,
-the timing and the audio are kept. A clip past `video_timeout_s`, whose client went away, or still running when
-the service's drain is about to end (503 `shutting_down`), is stopped between two frames; one that runs out of
-device memory is 503 `out_of_memory` with Retry-After (as an image that does not fit alone), its memory freed
-first. Its temporary folder and its slot are given back once its thread has stopped, never under it. Longer clips belong to the command line (`stylevar stylize clip.mp4 style.png -o out.mp4`).
+The clip is saved to a temporary file and checked against the service's limits from its header and again while
+decoding; `StylePipeline.stylize_video` then runs on a thread of its own at the workers' CPU priority,
+`video_concurrency` clips at a time (one more is 503 `busy`). A clip past `video_timeout_s`, whose client left, or
+still running near the drain's end is stopped between two frames; its folder and slot are given back once its
+thread has stopped. Longer clips belong to the command line (`stylevar stylize clip.mp4 style.png -o out.mp4`).
 """
 from __future__ import annotations
 
@@ -41,7 +36,7 @@ from serve.http import imaging
 from serve.http.errors import ERROR_RESPONSES, ServiceError, from_coded_error
 from serve.http.negotiation import BYTES_MEDIA_TYPE, binary_media
 from serve.http.schemas import ErrorBody, FormOptions, form_field, response_headers
-from serve.http.state import ServiceState, get_state, require_key, require_loaded
+from serve.http.state import ServiceState, get_state, refuse_unknown_fields, require_key, require_loaded
 from serve.http.routes.stylize import (BINARY, MASK_COUNT, REFERENCE_SIDE, STYLE_COUNT, check_alphas, check_mix,
                                        header_safe)
 
@@ -191,6 +186,7 @@ async def stylize_video(request: Request, video: VideoUpload, style: StyleUpload
                         form: Annotated[VideoForm, Form()], state: Annotated[ServiceState, Depends(get_state)],
                         style_mask: MaskUploads = None) -> Response:
     """Re-draw every frame of `video` in the style of `style`: a short clip, within the limits below."""
+    await refuse_unknown_fields(request, state)
     require_extra()
     st = require_loaded(state)
     req = form.request()

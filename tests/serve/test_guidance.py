@@ -1,0 +1,97 @@
+"""What the service tells someone new to it: a misspelt form field is refused with the nearest one (and the document
+says the forms are closed), a picture too small to carry much is answered with the command line's warning, and
+`python -m serve` says where the UI, the API and the docs are, or why it cannot start, in one plain line."""
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from serve.__main__ import ready_line
+from serve.http.app import create_app
+from serve.settings import ServeSettings
+from tests.serve.test_openapi import form
+
+UPLOADS = {"/stylize": "content", "/stylize/stream": "content", "/stylize/video": "video"}
+
+
+def png(size: tuple[int, int]) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", size, (200, 60, 30)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def app_with(model_dir, **over):
+    return create_app(ServeSettings(**{"model_dir": model_dir, "device": ["cpu"], "ui": False, "warmup": False,
+                                       **over}))
+
+
+@pytest.mark.parametrize("path", list(UPLOADS))
+def test_a_misspelt_field_is_refused_with_the_nearest_name(tiny_model_dir, path):
+    http = TestClient(app_with(tiny_model_dir))  # no lifespan: no model, the form is checked first
+    files = {UPLOADS[path]: ("c.png", png((32, 32)), "image/png"), "style": ("s.png", png((32, 32)), "image/png")}
+    r = http.post(path, files=files, data={"style_strenght": "0.9", "seed": "1"})
+    assert r.status_code == 422, r.text
+    assert r.json() == {"error": "validation_error",
+                        "detail": "unknown field 'style_strenght'; did you mean 'style_strength'?"}
+    assert http.post(path, files=files, data={"seed": "1"}).status_code == 503  # known fields pass: not loaded yet
+
+
+def test_unknown_fields_are_ignored_when_the_setting_allows_them(tiny_model_dir):
+    files = {"content": ("c.png", png((32, 32)), "image/png"), "style": ("s.png", png((32, 32)), "image/png")}
+    lenient = app_with(tiny_model_dir, allow_unknown_fields=True)
+    r = TestClient(lenient).post("/stylize", files=files, data={"style_strenght": "0.9"})
+    assert r.status_code == 503 and r.json()["error"] == "not_ready"
+    assert "additionalProperties" not in form(lenient.openapi(), "/stylize")
+    strict = app_with(tiny_model_dir).openapi()
+    assert all(form(strict, path)["additionalProperties"] is False for path in UPLOADS)
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir):
+    """A loaded service (its lifespan run), and the event its `on_ready` sets."""
+    app, ready = app_with(tiny_model_dir, port=8123), threading.Event()
+    app.state.service.on_ready = ready.set
+    with TestClient(app) as http:
+        yield app, http, ready
+
+
+def test_a_tiny_picture_is_answered_with_the_command_lines_warning(loaded):
+    _, http, _ = loaded
+    files = {"content": ("c.png", png((1, 1)), "image/png"), "style": ("s.png", png((40, 12)), "image/png")}
+    r = http.post("/stylize", files=files, data={"seed": "3"})
+    assert r.status_code == 200, r.text
+    assert r.headers["X-StyleVAR-Warning"] == (
+        "the content image is only 1x1 pixels; it is scaled up to the model's size and carries little content "
+        "(use an image of at least 16x16); the style image is only 40x12 pixels; it is scaled up to the model's "
+        "size and carries little style (use an image of at least 16x16)")
+    files["content"] = ("c.png", png((32, 32)), "image/png")
+    files["style"] = ("s.png", png((16, 16)), "image/png")
+    assert "X-StyleVAR-Warning" not in http.post("/stylize", files=files, data={"seed": "3"}).headers
+
+
+def test_the_ready_line_says_where_everything_is(loaded):
+    app, _, ready = loaded
+    assert ready.wait(60)
+    settings = app.state.service.settings
+    assert ready_line(app, settings) == ("StyleVAR ready (tiny-test): API http://127.0.0.1:8123/stylize  "
+                                         "docs http://127.0.0.1:8123/docs")
+    wide = settings.model_copy(update={"host": "0.0.0.0"})
+    assert "API http://127.0.0.1:8123/stylize" in ready_line(app, wide)
+
+
+@pytest.mark.slow
+def test_a_hub_model_that_cannot_be_fetched_is_one_plain_error(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path)}  # a missing folder: test_units
+    done = subprocess.run([sys.executable, "-m", "serve", "--model", "hf:nobody/nothing", "--no-ui"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stdout == ""
+    said = "\n".join(line for line in done.stderr.splitlines() if not line.startswith('{"ts"'))  # the info logs stay
+    assert said.startswith("cannot start: hf:nobody/nothing") and "stylevar pull nobody/nothing" in said, said
+    assert "Traceback" not in done.stderr and '"level": "ERROR"' not in done.stderr
