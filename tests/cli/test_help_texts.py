@@ -18,8 +18,8 @@ from tests.conftest import single_thread_env
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRY_POINTS = ("stylevar.cli", "serve.__main__", "web.__main__", "data_tools.synth", "data_tools.index",
-                "data_tools.shards", "data_tools.teach", "data_tools.pictures", "data_tools.pack", "training.vqvae",
-                "training.device_tokenizer", "training.sft",
+                "data_tools.shards", "data_tools.teach", "data_tools.pictures", "training.vqvae",
+                "training.sft",
                 "training.grpo", "training.demo", "training.merge_lora", "training.sharding",
                 "stylevar.evaluate.__main__", "benchmarks.cpu_pipeline", "benchmarks.fast_sampling",
                 "benchmarks.fidelity", "benchmarks.flicker", "benchmarks.fullsize_memory", "benchmarks.grpo_rollouts",

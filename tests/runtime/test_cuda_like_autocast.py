@@ -21,7 +21,7 @@ from stylevar.runtime.cuda_autocast import CudaLikeAutocast, cuda_like_autocast
 from stylevar.utils.precisions import full_precision
 from tests.conftest import micro_configs
 from tests.serve.test_cache import _image
-from training.parts.sft_objective import SFTObjective
+from training.sft.objective import SFTObjective
 
 
 @pytest.fixture

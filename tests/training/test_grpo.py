@@ -15,17 +15,17 @@ from stylevar.models.lora import LoRAConfig, attach_lora, lora_modules, lora_par
 from stylevar.pipelines.pipeline import StylePipeline
 from tests.conftest import micro_configs, run_recipe, single_thread_env
 from tests.models.test_lora import lively
-from training import grpo
-from training.parts import grpo_objective
-from training.parts import grpo_trainer
+from training.grpo import __main__ as grpo
+from training.grpo import objective as grpo_objective
+from training.grpo import trainer as grpo_trainer
 from training.parts.data import collate_triplets, open_triplets
-from training.parts.merge_control import MergeConfig, MergeController
+from training.grpo.merge_control import MergeConfig, MergeController
 from training.parts.optim import make_adamw
 from training.parts.checkpoints import CheckpointManager
 from training.parts.distributed import DistEnv
 from training.parts.log import read_log
 from training.parts.scale_weights import panw_weights
-from training.parts.rewards import Reward, RewardConfig
+from training.grpo.rewards import Reward, RewardConfig
 
 REPO = Path(__file__).resolve().parents[2]
 PY = REPO / ".venv" / "bin" / "python"

@@ -16,9 +16,9 @@ from stylevar.models.pretrained import load_safetensors
 from stylevar.models.tokenizer import MultiScaleVQVAE
 from tests import reference
 from tests.conftest import run_recipe, single_thread_env
-from training import sft
-from training.parts.sft_model import with_variants
-from training.parts.sft_objective import SFTObjective
+from training.sft import __main__ as sft
+from training.sft.model import with_variants
+from training.sft.objective import SFTObjective
 from training.parts.log import read_log
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,9 +13,9 @@ from stylevar.loaders.convert import load_vqvae
 from stylevar.config import VQVAEConfig
 from stylevar.models.tokenizer import MultiScaleVQVAE
 from tests.training.test_loop import CPU1
-from training import vqvae
-from training.parts import vqvae_objective
-from training.parts import vqvae_run
+from training.vqvae import __main__ as vqvae
+from training.vqvae import objective as vqvae_objective
+from training.vqvae import run as vqvae_run
 from training.parts.optim import make_adamw
 from training.parts.log import read_log
 

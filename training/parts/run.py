@@ -67,11 +67,13 @@ class TrainingRun:
 
     def __init__(self, run: RunDir, state: TrainingState, *, max_steps: int, save_every: int,
                  save_every_minutes: float = 0.0, keep: int = 3, seed: int = 0, progress: bool = True,
-                 max_minutes: float = 0.0, clock: Callable[[], float] = time.monotonic, agree_every: int = 1):
+                 max_minutes: float = 0.0, clock: Callable[[], float] = time.monotonic, agree_every: int = 1,
+                 warmup_steps: int = 1):
         self.run, self.state, self.env = run, state, state.env
         self.max_steps, self.save_every, self.save_every_minutes = max_steps, save_every, save_every_minutes
         self.seed, self.show_progress, self.clock = seed, progress, clock
         self.agree_every = agree_every  # processes agree on a stop or a timed checkpoint every this many steps
+        self.warmup_steps = warmup_steps  # the steps the time left leaves out (Progress)
         self.ckpts = CheckpointManager(run.checkpoints, self.env, keep=keep)
         self.stop, self.stopping = StopSignals(max_minutes * 60, clock), False
         self.losses = LossWatch()
@@ -82,7 +84,8 @@ class TrainingRun:
         """The run of a loop configured by ``cfg`` (:func:`loop_config`)."""
         return cls(run, state, max_steps=cfg.max_steps, save_every=cfg.save_every,
                    save_every_minutes=cfg.save_every_minutes, keep=cfg.keep_checkpoints, seed=cfg.seed,
-                   progress=cfg.progress, max_minutes=cfg.max_minutes, clock=clock, agree_every=cfg.log_every)
+                   progress=cfg.progress, max_minutes=cfg.max_minutes, clock=clock, agree_every=cfg.log_every,
+                   warmup_steps=cfg.log_every)
 
     def __enter__(self) -> "TrainingRun":
         try:
@@ -110,7 +113,7 @@ class TrainingRun:
             self.log.info(f"already at step {self.start} >= --max-steps {self.max_steps}")
         self.schedule = CheckpointSchedule(self.env, max_steps=self.max_steps, every_steps=self.save_every,
                                            every_minutes=self.save_every_minutes, clock=self.clock)
-        self.progress = Progress(self.start, self.max_steps, clock=self.clock)
+        self.progress = Progress(self.start, self.max_steps, clock=self.clock, warmup_steps=self.warmup_steps)
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> None:
         self.stop.__exit__()
@@ -138,6 +141,7 @@ class TrainingRun:
         a signal asked the run to stop. With several processes, rank 0's signal and clock are broadcast (a host
         sync) only every ``agree_every`` steps (the log steps) and at the last step: a stop or a timed checkpoint
         waits for the next of them."""
+        self.progress.passed(step)
         agree = not self.env.distributed or step % self.agree_every == 0 or step >= self.max_steps
         self.stopping = agree and self.stop.agreed(self.env) and step < self.max_steps
         return self.stopping or self.schedule.due(step, agree=agree)

@@ -40,8 +40,8 @@ from training.parts.state import TrainingState
 from training.parts.step import log_objective_window, objective_step
 from training.parts.streams import BatchStreamConfig, loader_policy, make_stream, move_to
 from training.parts.presets import load_preset, match_transformer
-from training.parts.sft_model import build_model, prepare_model, read_tokenizer, resolve_compile
-from training.parts.sft_objective import SFTObjective, validate
+from training.sft.model import build_model, prepare_model, read_tokenizer, resolve_compile
+from training.sft.objective import SFTObjective, validate
 from training.parts.token_cache import TokenCache, TokenCacheError, open_token_cache, why_not_by_default
 
 # options added after runs began, with what such a run computed (it resumes when they are left so)
