@@ -8,10 +8,11 @@ from typing import Any, Callable, Mapping
 import torch
 
 from stylevar.utils.atomic import DISK_FULL_ERRNOS, WriteFailedError, atomic_folder
-from training.parts.checkpoints import CheckpointManager
-from training.parts.distributed import main_rank_write
+from stylevar.runtime.distributed import leave_process_group
+from training.parts.checkpoints import CheckpointManager, CheckpointsUnreadableError
+from training.parts.distributed import DistEnv, main_rank_write, setup_distributed
 from training.parts.log import RunLogger
-from training.parts.rundir import RunDir
+from training.parts.rundir import RunConfigMismatchError, RunDir
 from training.parts.schedule import CheckpointSchedule, LoopConfig, Progress, format_duration
 from training.parts.state import TrainingState, resume
 from training.parts.stop import StopSignals
@@ -175,3 +176,17 @@ class TrainingRun:
             self.log.info(f"wrote {self.run.final}")
 
         main_rank_write(self.env, write)
+
+
+def on_every_process(device: str | None, train: Callable[[DistEnv], int]) -> int:
+    """``train(env)`` in this process of the run (torchrun's or alone), the process group left at the end, after
+    every rank has finished; a RUN/ made by another command, or with no readable checkpoint, is one line."""
+    env = setup_distributed(device)
+    try:
+        code = train(env)
+        env.barrier()  # every rank has finished before any leaves the group (gloo aborts a rank otherwise)
+        return code
+    except (CheckpointsUnreadableError, RunConfigMismatchError) as e:
+        raise SystemExit(f"error: {e}") from None
+    finally:
+        leave_process_group()

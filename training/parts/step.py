@@ -1,10 +1,9 @@
-"""The optimizer step of the recipes whose step is one objective (training.vqvae, training.sft), and its
-log line: accumulation with DDP's no_sync, autocast, loss scaling, clipping, optimizer and scheduler.
+"""The optimizer step of the recipes whose step is one objective (training.vqvae, training.sft), and its log
+line: accumulation with DDP's no_sync, autocast, loss scaling, clipping, optimizer and scheduler.
 
-The step never waits for the device: its loss, metrics and grad norm stay tensors on the device (a float() or
-.item() of one would make the host wait for the GPU every micro-step); the log line reads a window of them at
-once (:class:`~training.parts.log.MetricWindow`), and a loss that is not finite is noted on the device and
-read on log steps and before every checkpoint (:class:`~training.parts.run.LossWatch`)."""
+The step never waits for the device: its loss, metrics and grad norm stay tensors there; the log line reads a
+window of them at once (:class:`~training.parts.log.MetricWindow`) and a loss that is not finite is read on log
+steps and before every checkpoint (:class:`~training.parts.run.LossWatch`)."""
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence

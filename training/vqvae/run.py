@@ -16,17 +16,15 @@ from torch.utils.data import Dataset
 from stylevar.config import VQVAEConfig
 from stylevar.processing.images import fit_square
 from stylevar.models.tokenizer import MultiScaleVQVAE
-from stylevar.runtime.distributed import leave_process_group
 from training.parts.data import ROLES, TripletDataset, open_triplets, to_unit, try_load, warn_skip
 from training.parts.extension import RunExtension
 from training.parts.optim import ScheduleConfig, make_adamw, two_level_scheduler
-from training.parts.checkpoints import CheckpointsUnreadableError
 from training.parts.cli import FREE_KEYS, loop_config
-from training.parts.distributed import DistEnv, all_reduce_sum, setup_distributed, wrap_ddp
+from training.parts.distributed import DistEnv, all_reduce_sum, wrap_ddp
 from training.parts.log import MetricWindow
 from training.parts.precision import autocast, make_grad_scaler, resolve_precision
-from training.parts.run import TrainingRun
-from training.parts.rundir import RunConfigMismatchError, RunDir
+from training.parts.run import TrainingRun, on_every_process
+from training.parts.rundir import RunDir
 from training.parts.schedule import LoopConfig
 from training.parts.skips import SkipTracker
 from training.parts.state import TrainingState
@@ -123,13 +121,7 @@ def check_inputs(args: argparse.Namespace) -> VQVAEConfig:
 def execute(args: argparse.Namespace) -> int:
     """``python -m training.vqvae`` once its options are parsed: the checks, then the run (on every process)."""
     vq_cfg = check_inputs(args)
-    env = setup_distributed(args.device)
-    try:
-        return train(args, vq_cfg, env)
-    except CheckpointsUnreadableError as e:
-        raise SystemExit(f"error: {e}") from None
-    finally:
-        leave_process_group()
+    return on_every_process(args.device, lambda env: train(args, vq_cfg, env))
 
 
 def schedule(options: Mapping[str, Any]) -> ScheduleConfig:
@@ -141,10 +133,7 @@ def schedule(options: Mapping[str, Any]) -> ScheduleConfig:
 def open_run(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: DistEnv) -> RunDir:
     """RUN/, its config written or checked against the earlier run's."""
     config = {"recipe": "vqvae", **vars(args), "tokenizer": vq_cfg.to_dict()}
-    try:
-        return RunDir.prepare(args.out, config, env, free_keys=FREE_KEYS, extension=RunExtension(schedule))
-    except RunConfigMismatchError as e:
-        raise SystemExit(f"error: {e}") from None
+    return RunDir.prepare(args.out, config, env, free_keys=FREE_KEYS, extension=RunExtension(schedule))
 
 
 def open_images(args: argparse.Namespace, image_size: int) -> tuple[ImageSet, ImageSet | None]:
