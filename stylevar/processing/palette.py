@@ -25,7 +25,7 @@ where no style applies (outside every mask) the drawing stays as drawn.
 
 A model directory's ``config.json`` may carry ``"palette": {"strength": s, "method": m}``; without it the pipeline
 returns the transformer's colours, so published checkpoints compute what the reference computes. The demo
-recipe chooses the strength on its training split (`training.parts.demo_export.choose_palette`).
+recipe chooses the strength on its training split (`training.demo.export.choose_palette`).
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ This is the fast form of the smoothing step that photorealistic stylization uses
 A model directory's ``config.json`` may carry ``"refine": {"radius": R, "eps": E}`` (radius in pixels
 at the model's resolution); without it, or with radius 0, the pipeline returns the transformer's output
 as it is, so published checkpoints compute exactly what the reference computes. The demo recipe
-chooses R and E on its training split (`training.parts.demo_export.choose_refinement`).
+chooses R and E on its training split (`training.demo.export.choose_refinement`).
 """
 from __future__ import annotations
 
