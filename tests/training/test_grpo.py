@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ from training.parts.scale_weights import panw_weights
 from training.grpo.rewards import Reward, RewardConfig
 
 REPO = Path(__file__).resolve().parents[2]
-PY = REPO / ".venv" / "bin" / "python"
+PY = Path(sys.executable)  # the environment the tests run in
 PAPER_TABLE = (0.0337, 0.0128, 0.0072, 0.0048, 0.0035, 0.0027, 0.0018, 0.0013, 0.0009, 0.0007)
 
 
@@ -414,7 +415,7 @@ def test_torchrun_two_processes_match_one(setup, tmp_path):
     single = subprocess.run([str(PY), "-m", "training.grpo", *_args(setup, tmp_path / "one", 2, *common)],
                             cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr[-3000:]
-    torchrun = REPO / ".venv" / "bin" / "torchrun"
+    torchrun = PY.with_name("torchrun")
     two = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", "-m", "training.grpo",
                           *_args(setup, tmp_path / "two", 2, *common)],
                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
