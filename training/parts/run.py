@@ -74,7 +74,8 @@ class TrainingRun:
         self.max_steps, self.save_every, self.save_every_minutes = max_steps, save_every, save_every_minutes
         self.seed, self.show_progress, self.clock = seed, progress, clock
         self.agree_every = agree_every  # processes agree on a stop or a timed checkpoint every this many steps
-        self.warmup_steps = warmup_steps  # the steps the time left leaves out (Progress)
+        self.warmup_steps = warmup_steps  # the steps the time left leaves out
+        self.progress = Progress(0, max_steps, clock=clock, warmup_steps=warmup_steps)  # from the resumed step: _start
         self.ckpts = CheckpointManager(run.checkpoints, self.env, keep=keep)
         self.stop, self.stopping = StopSignals(max_minutes * 60, clock), False
         self.losses = LossWatch()
