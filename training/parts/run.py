@@ -43,19 +43,13 @@ class LossWatch:
 
 class TrainingRun:
     """One invocation of a recipe on RUN/, around its own step loop: the resume from the newest readable
-    checkpoint (said in the log), checkpoints on a :class:`CheckpointSchedule` (each with the time left,
-    :class:`Progress`), and at the end a summary line and ``RUN/final`` (written to a temp folder on rank 0,
-    then renamed). ``log`` is the run's :class:`RunLogger`; ``resumed.extra`` the recipe's own saved state.
+    checkpoint, checkpoints on a :class:`CheckpointSchedule` (each with the time left, :class:`Progress`), and at
+    the end a summary line and ``RUN/final`` (written to a temp folder on rank 0, then renamed). ``log`` is the
+    run's :class:`RunLogger`; ``resumed.extra`` the recipe's own saved state.
 
-    A write that fails during the run (a checkpoint, RUN/final or the log on a full disk) ends it with one
-    line, ``SystemExit("error: cannot write checkpoint step-... in FOLDER: disk full (...); it needs about
-    N, M free. The last good checkpoint, ..., is kept: ...")`` (exit status 1), on every rank; the partial
-    file is gone and a re-run resumes from that checkpoint.
-
-    Ctrl-C (SIGINT) or SIGTERM inside the block (:class:`StopSignals`) ends the current step, writes its
-    checkpoint (``checkpoint_due`` says yes) and exits from ``save`` with one line saying how to resume
-    (status 130 / 143); the re-run resumes at that step. A signal at the last step lets the run finish. So does the
-    end of ``max_minutes`` of steps (a time budget), with status 0.
+    A write that fails (a full disk) ends the run on every rank with one line naming the last good checkpoint.
+    SIGINT or SIGTERM (:class:`StopSignals`) ends the current step, writes its checkpoint and exits from ``save``
+    with one line saying how to resume (status 130 / 143); so does the end of ``max_minutes`` (status 0).
 
         with TrainingRun(run, state, max_steps=N, save_every=..., seed=...) as tr:
             step = tr.start
