@@ -168,8 +168,8 @@ def our_step(model, batch: dict[str, torch.Tensor], levers: Levers, precision: s
     from stylevar.runtime.compile import compile_blocks
     from training.parts.optim import ScheduleConfig, make_adamw, two_level_scheduler
     from stylevar.utils.precision import autocast, make_grad_scaler
-    from training.parts.sft_model import channels_last
-    from training.parts.sft_objective import SFTObjective
+    from training.sft.model import channels_last
+    from training.sft.objective import SFTObjective
     from training.parts.step import clip_and_step
 
     model.train()
@@ -197,7 +197,7 @@ def our_step(model, batch: dict[str, torch.Tensor], levers: Levers, precision: s
 
 def our_loss(model, batch: dict[str, torch.Tensor], seed: int) -> float:
     import torch
-    from training.parts.sft_objective import SFTObjective
+    from training.sft.objective import SFTObjective
 
     objective = SFTObjective(model, label_smoothing=LABEL_SMOOTHING, alpha_jitter=0.0, seed=0)
     with torch.no_grad():

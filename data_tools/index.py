@@ -1,23 +1,11 @@
 """Triplet manifests: the JSON-lines format, seeded splits, and indexers for dataset layouts.
 
-A manifest line is `{"content": rel, "style": rel, "target": rel, "split": "train"|"val", "id": str}`
-with paths relative to the manifest's folder; `target` is absent for unpaired evaluation pairs.
+    python -m data_tools.index --layout omnistyle|imagepulse|pairs --root DIR --out MANIFEST [--seed 42]
 
-`python -m data_tools.index --layout L --root DIR --out MANIFEST [--seed 42] [--val-fraction F]
-[--workers N]` indexes one of these layouts:
-
-- `omnistyle` (OmniStyle-150K): `root/content/*`, `root/style/*` and
-  `root/target/<content_stem>&&<style_stem>.<ext>`; each target's name gives its content and style.
-- `imagepulse`: `root/<id>/{content,style,target}.<ext>`, one folder per triplet.
-- `pairs`: unpaired evaluation pairs (e.g. COCO contents and WikiArt styles): `--root` is the content
-  folder, `--styles` the style folder (both searched recursively); `--count` pairs (default: one per
-  content image) are drawn with the seed; each content is used once per pass, styles are reshuffled
-  every pass. No target. Only the images a pair needs are checked, in seeded order.
-
-Every image is decoded (with `stylevar.processing.images.load_image`) in a thread pool. Files that do not decode
-and triplets that cannot be completed are left out and listed in `<out>.report.json` with reasons.
-The split is seeded: `round(n * val_fraction)` items (at least one when the fraction is positive and
-n >= 2) go to `val`. `--val-fraction` defaults to 0.05, and to 1.0 (all `val`) for `pairs`.
+`omnistyle`: `root/{content,style}/*` and `root/target/<content>&&<style>.<ext>`; `imagepulse`: one folder per
+triplet; `pairs`: unpaired evaluation pairs (`--root` contents, `--styles` styles, `--count` pairs, no target).
+Every image is decoded in a thread pool; what does not decode is left out and listed in `<out>.report.json`.
+The split is seeded (`--val-fraction`, 0.05; 1.0 for `pairs`).
 """
 from __future__ import annotations
 

@@ -2,13 +2,10 @@
 
     python -m data_tools.pictures --out DIR [--cache DIR]
 
-Downloads the Debian packages below with `apt-get download` (no installation, no root needed beyond that),
-unpacks them into the cache and copies the chosen files into `DIR/contents` and `DIR/styles`, each folder
-with a `SOURCES.json` giving every file's package, path, copyright holder and licence (read from the
-package's machine-readable `debian/copyright` where it is one, else the package-wide statement below).
-scikit-image's bundled sample photographs are added when scikit-image is importable. Nothing here is
-committed to the repository: these pictures train and tune the demo model; the held-out pictures that
-judge it (`heldout` below) are never used for either.
+Downloads the Debian packages below (`apt-get download`, no installation), unpacks them into the cache and copies
+the chosen files into `DIR/contents` and `DIR/styles`, each with a `SOURCES.json` (package, path, copyright holder
+and licence of every file); scikit-image's sample photographs join when it is importable. The held-out pictures
+that judge the demo model (`heldout` below) never train or tune it.
 """
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
-"""Files packed in a Qt resource bundle (`.rcc`, the binary form `rcc -binary` writes), read without Qt.
+"""Files packed in a Qt resource bundle (`.rcc`, as `rcc -binary` writes it), read without Qt.
 
     files = read_rcc(Path("details.rcc"))        # {"gcompris/src/activities/.../x.webp": bytes, ...}
 
-The bundle holds a header (magic ``qres``, format version, offsets of the tree, the data and the names), a
-tree of fixed-size entries (directories name their first child and child count; files name their data), a
-table of names (UTF-16BE with their length) and the data blocks (a 32-bit length, then the bytes, zlib- or
-zstd-compressed where the entry's flags say so). All numbers are big-endian. Used by `data_tools.pictures`
-to take paintings out of GCompris's activities.
+A header (magic ``qres``, version, offsets), a tree of fixed-size entries, a table of UTF-16BE names and the data
+blocks (a 32-bit length, then the bytes, zlib- or zstd-compressed per the entry's flags); big-endian throughout.
 """
 from __future__ import annotations
 

@@ -1,21 +1,11 @@
 """WebDataset tar shards from a triplet manifest.
 
-`python -m data_tools.shards --manifest M --out DIR [--shard-size 1000] [--workers N] [--overwrite]`
-writes `DIR/{split}-000000.tar`, `DIR/{split}-000001.tar`, ... (webdataset's `ShardWriter`), one
-sample per manifest entry, in manifest order:
+    python -m data_tools.shards --manifest M --out DIR [--shard-size 1000] [--workers N] [--overwrite]
 
-- `<key>.content.<ext>`, `<key>.style.<ext>`, `<key>.target.<ext>` (no target for unpaired entries):
-  the source files' bytes unchanged, `<ext>` from the decoded format (`png`, `jpg` or `webp`; other
-  formats are re-encoded as PNG, so synthetic PNG triplets are stored as `content.png` etc.);
-- `<key>.json`: `{"split", "id", "index", "content", "style", "target"}`, where `index` is the entry's
-  position among its split's entries in the manifest (what `training.parts.data.TripletDataset` calls
-  the item's index, so augmentations match between the two readers) and the paths are the
-  manifest's.
-
-The key is `<split>-<index:08d>` (no dots, which webdataset would read as extensions). Every image is
-decoded first (thread pool); an entry with a missing or undecodable image is left out and listed in
-`DIR/shards.json` next to the per-split sample counts and shard names. Tar members carry mtime 0, so
-the same manifest gives byte-identical shards.
+Writes `DIR/{split}-000000.tar`, ...: per entry `<split>-<index:08d>.{content,style,target}.<ext>` (the source
+bytes; other formats than png, jpg and webp as PNG) and `.json` (split, id, index as `TripletDataset` counts it,
+paths). Entries with an unusable image are left out and listed in `DIR/shards.json` with the counts; tar members
+carry mtime 0, so the same manifest gives byte-identical shards.
 """
 from __future__ import annotations
 

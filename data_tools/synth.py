@@ -1,35 +1,12 @@
 """Procedural (content, style, target) triplets with a known, deterministic target.
 
-A triplet is drawn from one `numpy.random.Generator` (content and style pictures: `data_tools.drawing`):
+Content: a procedural scene (`data_tools.drawing`); style: a palette of 3-5 colours painted as a texture; target:
+the content's equalised luminance read on the style's palette ramp, modulated by the style's texture
+(:func:`stylize`), so every luminance edge of the content stays an edge of the target.
 
-- **content**: a procedural scene on a gradient sky: geometric shapes, a (wavy) horizon, a city
-  skyline with windows, a sun with halo over the sea, mountain ranges, or banded gradients.
-- **style**: a palette of 3-5 colours (sorted dark to light by luminance) and a texture that paints
-  them: stripes, dots, value noise, brush strokes, checker or waves, with a light smooth grain.
-- **target**: a deterministic function of the content image and the style (its palette and its
-  rendered image) that keeps the content's shapes: every edge of the content's luminance is an edge
-  of the target, at the same place. With L = Rec. 601 luminance of the content in [0, 1] and
-  n = palette size:
+    python -m data_tools.synth --out DIR --count N --size S --seed K [--val-fraction 0.05] [--examples DIR]
 
-  1. *equalised tone*: q = the empirical CDF of L at each pixel (mid-rank for ties), so q spreads over
-     [0, 1] whatever the content's exposure; it is monotone in L, so no luminance edge is lost, and two
-     large flat regions of close luminance are pushed apart;
-  2. *colour ramp*: base = the palette (sorted dark to light) as a piecewise-linear ramp, colour i at
-     q = i / (n - 1), read at q (a continuous recolouring, not a posterisation: shading and gradients of
-     the content survive);
-  3. *texture*: T = the style image's luminance min-max normalised to [0, 1];
-     base *= 1 + 0.15 * (T - mean(T)) (the style's pattern shows through, mean brightness kept);
-  4. target = round(clip(base, 0, 255)) as 8-bit RGB.
-
-  The target's colours come from the style's palette (its mean colour moves toward the style's) while
-  the content's layout is kept: benchmarks/fidelity.md ("Ceilings before any transformer",
-  `python -m benchmarks.fidelity ceiling`) measures how much of the content's edges it keeps.
-
-Files: `python -m data_tools.synth --out DIR --count N --size S --seed K [--val-fraction 0.05]` writes
-`DIR/{content,style,target}/<id>.png` and `DIR/manifest.jsonl`. Triplet i is drawn from
-`numpy.random.default_rng([seed, i])`, so it does not depend on `count`, and the same seed gives
-byte-identical files (PNG at a fixed compression level, no metadata). `--examples DIR` writes the
-gallery: one 256 px content image per scene kind and one style image per texture kind.
+Triplet i comes from `numpy.random.default_rng([seed, i])`: the same seed gives byte-identical PNGs.
 """
 from __future__ import annotations
 
@@ -88,7 +65,8 @@ def palette_ramp(palette_n3: Array, q_HW: Array) -> Array:
 
 
 def stylize(content_HW3: Array, style: Style) -> Array:
-    """The target rule of the module docstring: (S, S, 3) float32 in [0, 255] (not yet rounded)."""
+    """The target: the equalised tone of the content's luminance on the style's palette ramp, times 1 + 0.15 (T -
+    mean T) with T the style's normalised luminance: (S, S, 3) float32 in [0, 255] (not yet rounded)."""
     lum = luma(np.asarray(content_HW3, dtype=np.float32)) / 255.0
     base = palette_ramp(style.palette, equalised_tone(lum))
     t = luma(style.image.astype(np.float32))

@@ -2,19 +2,10 @@
 
     python -m data_tools.teach --contents DIR --styles DIR --out DIR --size 64 --count 4000 [--rank R --world-size W]
 
-Triplet i draws its content picture, a square crop of it, its style picture and a crop of that from a
-generator seeded by (seed, i) alone, so the data does not depend on how many machines made it or how often
-a run was restarted. The teacher (`stylevar.baselines.magenta`) paints the content crop at its own working
-size (384 px) and the result is shrunk to `--size`; the content and style crops are stored at that size too.
-A target whose edges no longer follow the content's (edge correlation below `--min-edge-corr`, the
-filter OmniStyle applies to lost content) is dropped and logged.
-
-Output: `OUT/{content,style,target}/<id>.png`, `OUT/manifest.jsonl` (the recipes' format, each line also
-naming the source and licence of its two pictures) and `OUT/sources.json` (every input picture's source
-and licence, from a `SOURCES.json` beside the pictures when the folder has one). Rank r of W makes the
-items i with i % W == r and logs each finished item to `OUT/parts/rank-r-of-W.jsonl`; a killed run started
-again skips what its log holds. The rank that finishes last writes the manifest; `--merge` writes it from
-the logs at any time. Unreadable pictures are skipped with one line each.
+Triplet i's pictures and crops come from (seed, i) alone; the teacher (`stylevar.baselines.magenta`) paints at
+384 px and the result is shrunk to `--size`. Targets whose edges no longer follow the content's
+(`--min-edge-corr`) are dropped. Rank r of W makes the items i % W == r, logging each to `OUT/parts/`, so a
+killed run skips what it made; the last rank (or `--merge`) writes `OUT/manifest.jsonl` and `OUT/sources.json`.
 """
 from __future__ import annotations
 

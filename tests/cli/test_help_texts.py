@@ -18,10 +18,9 @@ from tests.conftest import single_thread_env
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRY_POINTS = ("stylevar.cli", "serve.__main__", "web.__main__", "data_tools.synth", "data_tools.index",
-                "data_tools.shards", "data_tools.teach", "data_tools.pictures", "data_tools.pack", "training.vqvae",
-                "training.device_tokenizer", "training.sft",
-                "training.grpo", "training.demo", "training.merge_lora", "training.sharding",
-                "stylevar.evaluate.__main__", "benchmarks.cpu_pipeline", "benchmarks.device_run",
+                "data_tools.shards", "data_tools.teach", "data_tools.pictures", "training.vqvae.__main__",
+                "training.sft.__main__", "training.grpo.__main__", "training.demo.__main__", "training.merge_lora",
+                "training.sharding", "stylevar.evaluate.__main__", "benchmarks.cpu_pipeline", "benchmarks.device_run",
                 "benchmarks.load_test", "benchmarks.memory_table", "benchmarks.overload", "benchmarks.real_pairs",
                 "benchmarks.soak", "benchmarks.threads", "benchmarks.train_step", "benchmarks.versus_peer")
 HELP_SECONDS = 3.0
@@ -88,9 +87,9 @@ def test_every_module_with_a_command_is_an_entry_point():
     """A new `python -m` tool (a module with a main()) is listed here, so its --help is checked too."""
     found = set()
     for folder in ("training", "data_tools", "benchmarks"):
-        for path in (REPO / folder).glob("*.py"):
+        for path in [*(REPO / folder).glob("*.py"), *(REPO / folder).glob("*/__main__.py")]:
             if re.search(r"^def main\(", path.read_text(encoding="utf-8"), re.M):
-                found.add(f"{folder}.{path.stem}")
+                found.add(".".join(path.relative_to(REPO).with_suffix("").parts))
     assert found - {"data_tools.__main__"} <= set(ENTRY_POINTS), sorted(found - set(ENTRY_POINTS))
 
 
@@ -179,7 +178,7 @@ def test_the_service_help_names_every_setting_and_where_each_is_described():
 
 @pytest.mark.parametrize("module, argv, option", [
     ("stylevar.cli", ("stylize", "--help"), "--model"), ("serve.__main__", ("--help",), "--model"),
-    ("training.sft", ("--help",), "--init"), ("training.grpo", ("--help",), "--init"),
+    ("training.sft.__main__", ("--help",), "--init"), ("training.grpo.__main__", ("--help",), "--init"),
     ("stylevar.cli", ("evaluate", "--help"), "--method")])
 def test_each_option_taking_a_hub_id_writes_it_the_one_way(module, argv, option, monkeypatch):
     from stylevar.loaders.hub import ID_FORM

@@ -309,7 +309,7 @@ def test_the_autoscaling_metric_is_exposed_by_the_service(rendered, app):
 def test_the_training_job_runs_the_documented_torchrun(rendered):
     import torch.distributed.run as torchrun
 
-    from training import sft
+    from training.sft import __main__ as sft
     from training.parts.streams import default_num_workers
 
     resources = rendered["training"]

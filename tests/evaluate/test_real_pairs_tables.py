@@ -61,9 +61,9 @@ def test_measure_cells_defaults_to_the_measures():
 
 
 def test_demo_card_variants_table_with_earlier_and_new_results():
-    """The card's variants table (`training.parts.demo_card.card_real`): as many cells as its header, for a
+    """The card's variants table (`training.demo.card.card_real`): as many cells as its header, for a
     result with the new measures and for one recorded before them."""
-    from training.parts.demo_card import Report, card_real
+    from training.demo.card import Report, card_real
 
     real = {"n_pairs": 4, "score_size": 256, "rows": _rows("sharpness", *PRETRAINED_MEASURES), "photos": ["a"],
             "styles": ["b"], "max_side": 1024}

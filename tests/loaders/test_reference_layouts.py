@@ -14,7 +14,7 @@ import torch
 from stylevar.loaders.convert import load_stylevar, load_vqvae
 from stylevar.config import StyleVARConfig, VQVAEConfig
 from tests import reference
-from training.parts.var_init import init_from_var
+from training.sft.var_init import init_from_var
 
 # sha256 over (name, raw bytes) of every entry of the golden_small states, as the reference's own builder
 # made them (tests/data/reference/README.md): the golden outputs hold only to these exact tensors

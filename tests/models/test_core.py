@@ -12,7 +12,7 @@ from stylevar.models.state_dict import CheckpointError
 from stylevar.cli import main as cli_main
 from stylevar.pipelines.pipeline import StylePipeline
 from stylevar.models.transformer.naive import naive_generate, naive_teacher_forcing_logits
-from training.parts.var_init import init_from_var
+from training.sft.var_init import init_from_var
 
 
 @pytest.fixture(scope="module")

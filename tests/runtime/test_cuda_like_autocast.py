@@ -21,7 +21,7 @@ from stylevar.utils.precision import cuda_like_autocast, cuda_like_casts as Cuda
 from stylevar.utils.precision import full_precision
 from tests.conftest import micro_configs
 from tests.serve.test_cache import _image
-from training.parts.sft_objective import SFTObjective
+from training.sft.objective import SFTObjective
 
 
 @pytest.fixture

@@ -19,15 +19,15 @@ ENTRY_POINTS = {
     "stylevar/cli/stylize.py": "stylevar stylize",
     "stylevar/cli/bench.py": "stylevar bench",
     "stylevar/cli/evaluate.py": "stylevar evaluate (and python -m / torchrun -m stylevar.evaluate)",
-    "training/sft.py": "python -m training.sft",
-    "training/grpo.py": "python -m training.grpo",
-    "training/vqvae.py": "python -m training.vqvae",
-    "training/demo.py": "python -m training.demo",
+    "training/sft/__main__.py": "python -m training.sft",
+    "training/grpo/__main__.py": "python -m training.grpo",
+    "training/vqvae/__main__.py": "python -m training.vqvae",
+    "training/demo/__main__.py": "python -m training.demo",
     "benchmarks/train_step.py": "python -m benchmarks.train_step --device",
     "benchmarks/device_run.py": "python -m benchmarks.device_run (each stage's process; the golden one strict fp32)",
 }
 # entry points whose setting is made by another module on their way to a model (listed in ENTRY_POINTS)
-SET_BY = {"serve/__main__.py": "serve/engine/runner.py", "training/device_tokenizer.py": "training/vqvae.py"}
+SET_BY = {"serve/__main__.py": "serve/engine/runner.py"}
 # the entry points that run no model's products, each with why
 NO_MODEL = {
     "serve/healthcheck.py": "an HTTP probe of a running service",

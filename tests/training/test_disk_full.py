@@ -23,7 +23,7 @@ from stylevar.utils.atomic import WriteFailedError, atomic_folder, atomic_write,
 from tests.conftest import single_thread_env
 from tests.training.test_loop import CPU1
 from tests.training.test_sft import _args as sft_args, _weights, write_run_inputs
-from training import sft
+from training.sft import __main__ as sft
 from training.parts import fsdp, rundir
 from training.parts.checkpoints import read_checkpoint
 from stylevar.runtime.distributed import leave_process_group

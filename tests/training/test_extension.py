@@ -10,7 +10,7 @@ import pytest
 from tests.training.test_loop import CPU1
 from training.parts.extension import RunExtension
 from training.parts.rundir import RunConfigMismatchError, RunDir
-from training.parts.sft_run import schedule as sft_schedule
+from training.sft.run import schedule as sft_schedule
 
 SFT = RunExtension(sft_schedule)
 OPTIONS = {"lr": 5e-4, "max_steps": 300, "warmup_steps": 20, "lr_drop_step": None, "lr_drop_fraction": 0.6,

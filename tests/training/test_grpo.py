@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,20 +16,20 @@ from stylevar.models.lora import LoRAConfig, attach_lora, lora_modules, lora_par
 from stylevar.pipelines.pipeline import StylePipeline
 from tests.conftest import micro_configs, run_recipe, single_thread_env
 from tests.models.test_lora import lively
-from training import grpo
-from training.parts import grpo_objective
-from training.parts import grpo_trainer
+from training.grpo import __main__ as grpo
+from training.grpo import objective as grpo_objective
+from training.grpo import trainer as grpo_trainer
 from training.parts.data import collate_triplets, open_triplets
-from training.parts.merge_control import MergeConfig, MergeController
+from training.grpo.merge_control import MergeConfig, MergeController
 from training.parts.optim import make_adamw
 from training.parts.checkpoints import CheckpointManager
 from training.parts.distributed import DistEnv
 from training.parts.log import read_log
 from training.parts.scale_weights import panw_weights
-from training.parts.rewards import Reward, RewardConfig
+from training.grpo.rewards import Reward, RewardConfig
 
 REPO = Path(__file__).resolve().parents[2]
-PY = REPO / ".venv" / "bin" / "python"
+PY = Path(sys.executable)  # the environment the tests run in
 PAPER_TABLE = (0.0337, 0.0128, 0.0072, 0.0048, 0.0035, 0.0027, 0.0018, 0.0013, 0.0009, 0.0007)
 
 
@@ -414,7 +415,7 @@ def test_torchrun_two_processes_match_one(setup, tmp_path):
     single = subprocess.run([str(PY), "-m", "training.grpo", *_args(setup, tmp_path / "one", 2, *common)],
                             cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr[-3000:]
-    torchrun = REPO / ".venv" / "bin" / "torchrun"
+    torchrun = PY.with_name("torchrun")
     two = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", "-m", "training.grpo",
                           *_args(setup, tmp_path / "two", 2, *common)],
                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)

@@ -18,8 +18,9 @@ from torch.overrides import TorchFunctionMode
 
 from tests.training.test_loop import CPU1
 from tests.training.test_sft import TRANS as SFT_TRANS, _args, write_run_inputs
-from training import sft
-from training.parts import schedule, sft_run, stop
+from training.sft import __main__ as sft
+from training.parts import schedule, stop
+from training.sft import run as sft_run
 from training.parts.distributed import DistEnv
 from training.parts.run import TrainingRun
 from training.parts.streams import BatchStream, BatchStreamConfig, LoaderPolicy, default_num_workers, loader_policy

@@ -24,7 +24,7 @@ from stylevar.utils.precision import make_grad_scaler
 from training.parts.rng import capture_rng_state, derived_generator, restore_rng_state, seed_everything
 from training.parts.run import TrainingRun
 from training.parts.rundir import RunConfigMismatchError, RunDir
-from training.parts.schedule import CheckpointSchedule, LoopConfig
+from training.parts.schedule import CheckpointSchedule, LoopConfig, Progress
 from training.parts.state import TrainingState
 from training.parts.step import log_objective_window, objective_step
 from training.parts.streams import BatchStream, BatchStreamConfig, EpochShardSampler
@@ -343,6 +343,22 @@ def test_checkpoint_schedule_rules():
         CheckpointSchedule(CPU1, max_steps=10, every_steps=4, every_minutes=-1.0)
     with pytest.raises(ValueError, match="save_every_minutes"):
         LoopConfig(max_steps=3, save_every_minutes=float("nan"))
+
+
+def test_the_time_left_leaves_the_warm_up_out():
+    """A 100 s first step (compilation) then 1 s steps: no estimate until a step after the warm-up, then the rate
+    of the steps after it, not the first step's."""
+    now = [0.0]
+    progress = Progress(0, 1000, clock=lambda: now[0], warmup_steps=10)
+    for step, seconds in enumerate([100.0] + [1.0] * 29, start=1):
+        now[0] += seconds
+        if step == 10:
+            assert progress.line(step) == "step 10/1000 (1%), estimating the time left..."
+        progress.passed(step)
+    assert progress.line(30).startswith("step 30/1000 (3%), 1 steps/s, about 16 min left")  # 970 s
+    assert [s for s in range(1, 40) if progress.first_lines_due(s)] == [10, 20]
+    resumed = Progress(500, 1000, clock=lambda: now[0], warmup_steps=10)
+    assert "estimating" in resumed.line(505) and resumed.first_lines_due(510)
 
 
 def _damage(path, how: str) -> bytes:

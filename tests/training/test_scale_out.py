@@ -187,7 +187,7 @@ def _bf16_worker(rank: int, port: int, out: str) -> None:
     from stylevar.runtime.distributed import leave_process_group
     from training.parts.distributed import setup_distributed, wrap_ddp
     from stylevar.utils.precision import autocast
-    from training.parts.sft_objective import SFTObjective
+    from training.sft.objective import SFTObjective
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
                       LOCAL_RANK=str(rank))

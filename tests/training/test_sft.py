@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,14 +17,14 @@ from stylevar.models.pretrained import load_safetensors
 from stylevar.models.tokenizer import MultiScaleVQVAE
 from tests import reference
 from tests.conftest import run_recipe, single_thread_env
-from training import sft
-from training.parts.sft_model import with_variants
-from training.parts.sft_objective import SFTObjective
+from training.sft import __main__ as sft
+from training.sft.model import with_variants
+from training.sft.objective import SFTObjective
 from training.parts.log import read_log
 
 REPO = Path(__file__).resolve().parents[2]
-PY = REPO / ".venv" / "bin" / "python"
-TORCHRUN = REPO / ".venv" / "bin" / "torchrun"
+PY = Path(sys.executable)  # the environment the tests run in
+TORCHRUN = PY.with_name("torchrun")
 
 TOK = dict(vocab_size=64, z_channels=8, ch=8, ch_mult=[1, 1, 2], num_res_blocks=1, patch_nums=[1, 2, 4],
            using_sa=False, using_mid_sa=False)  # 16 px

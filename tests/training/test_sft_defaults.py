@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training import sft
-from training.parts import sft_model
+from training.sft import __main__ as sft
+from training.sft import model as sft_model
 from training.parts.cli import SFT_COMPILE_MIN_STEPS
 from training.parts.data import AugmentConfig, open_triplets
 from training.parts.log import read_log
-from training.parts.sft_model import resolve_compile
+from training.sft.model import resolve_compile
 from training.parts.token_cache import why_not_by_default
 from tests.training.test_sft import _args as sft_args, write_run_inputs
 

@@ -19,7 +19,7 @@ from tests.training.test_sft import write_run_inputs
 from training.parts.extension import RunExtension
 from training.parts.log import read_log
 from training.parts.optim import ScheduleConfig
-from training.parts.sft_run import schedule as sft_schedule
+from training.sft.run import schedule as sft_schedule
 
 pytestmark = pytest.mark.slow  # training runs (the fast lane leaves them out)
 

@@ -15,11 +15,11 @@ from stylevar.pipelines.pipeline import StylePipeline
 from stylevar.models.tokenizer import MultiScaleVQVAE
 from stylevar.models.transformer import StyleVAR
 from tests.conftest import micro_configs
-from training import sft
+from training.sft import __main__ as sft
 from training.parts import token_cache
 from training.parts.data import AugmentConfig, TripletDataset
 from training.parts.distributed import DistEnv
-from training.parts.sft_objective import SFTObjective
+from training.sft.objective import SFTObjective
 from training.parts.token_inputs import condition_from_tokens, encode_triplets, tokens_from_indices
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]

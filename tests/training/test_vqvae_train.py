@@ -13,9 +13,9 @@ from stylevar.loaders.convert import load_vqvae
 from stylevar.config import VQVAEConfig
 from stylevar.models.tokenizer import MultiScaleVQVAE
 from tests.training.test_loop import CPU1
-from training import vqvae
-from training.parts import vqvae_objective
-from training.parts import vqvae_run
+from training.vqvae import __main__ as vqvae
+from training.vqvae import objective as vqvae_objective
+from training.vqvae import run as vqvae_run
 from training.parts.optim import make_adamw
 from training.parts.log import read_log
 
@@ -158,7 +158,7 @@ def test_init_starts_from_a_saved_tokenizer_and_refuses_another_config(data, tmp
     vqvae.main([*common, "--preset", str(data["preset"]), "--out", str(first), "--max-steps", "2"])
     saved = MultiScaleVQVAE.from_pretrained(first / "final")
     fresh = MultiScaleVQVAE(VQVAEConfig.from_dict(TOK))
-    vqvae_run.init_from(fresh, first / "final")
+    vqvae_objective.init_from(fresh, first / "final")
     for k, v in fresh.state_dict().items():
         assert torch.equal(v, saved.state_dict()[k]), k
     vqvae.main([*common, "--preset", str(data["preset"]), "--out", str(tmp_path / "second"), "--max-steps", "1",

@@ -13,8 +13,8 @@ import torch
 from data_tools.synth import SynthConfig, generate
 from stylevar.config import VQVAEConfig
 from stylevar.models.tokenizer import MultiScaleVQVAE
-from training import vqvae
-from training.parts import vqvae_objective
+from training.vqvae import __main__ as vqvae
+from training.vqvae import objective as vqvae_objective
 from training.parts.log import read_log
 
 # 16 px; 32 px at space-to-channel 2 (the style predictor's smallest input: its stride is 32)

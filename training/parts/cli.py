@@ -32,13 +32,28 @@ def recipe_parser(module: str, doc: str, *, data_help: str = DATA_HELP) -> argpa
     return p
 
 
-def add_loop_args(parser, *, lr: float, batch_size: int, max_grad_norm: float = 2.0) -> None:
-    """--out --max-steps --batch-size --grad-accum --lr --warmup-steps ... (see --help)."""
+def batch_size_option(text: str) -> int | str:
+    """``--batch-size``: a positive number, or ``auto`` where the recipe offers it."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number of samples or auto")
+    return value
+
+
+def add_loop_args(parser, *, lr: float, batch_size: int, max_grad_norm: float = 2.0, auto_batch: str = "") -> None:
+    """--out --max-steps --batch-size --grad-accum --lr --warmup-steps ... (see --help); ``auto_batch``: what
+    ``--batch-size auto`` does (empty: it is not offered)."""
     g = parser.add_argument_group("run and loop")
     g.add_argument("--out", required=True, help="RUN directory; re-running the same command resumes it")
     g.add_argument("--max-steps", type=int, required=True, help="optimizer steps in all")
-    g.add_argument("--batch-size", type=int, default=batch_size,
-                   help="global batch: samples per optimizer step over all processes and accumulation steps")
+    g.add_argument("--batch-size", type=batch_size_option if auto_batch else int, default=batch_size,
+                   help="global batch: samples per optimizer step over all processes and accumulation steps"
+                        + (f"; auto: {auto_batch}" if auto_batch else ""))
     g.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step")
     g.add_argument("--lr", type=float, default=lr, help="peak learning rate (AdamW)")
     g.add_argument("--warmup-steps", type=int, default=0, help="linear learning-rate warm-up steps")

@@ -1,28 +1,10 @@
-"""Triplet datasets for training: manifests (map-style) and webdataset shards (iterable), one item format.
+"""Triplet datasets for training: manifests (map-style) and webdataset shards (iterable), one item format:
+`{"content", "style", "target": (3, S, S) float32 in [-1, 1], "id", "index", "skipped": list[str]}`.
 
-An item is `{"content", "style", "target": (3, S, S) float32 in [-1, 1], "id": str, "index": int,
-"skipped": list[str]}`; `target` is absent for unpaired evaluation pairs. `index` is the item's
-position among its split's manifest entries and `skipped` names the files that were passed over to
-produce it (see below).
-
-Images are fitted to S x S by a centre crop. With `AugmentConfig` (the SFT augmentations) the
-content is rotated by a small random angle (zoomed so that no empty corners appear) and
-brightness-jittered, the target gets the same rotation (so it stays aligned with its content;
-`rotate_target=False` turns this off) and the style is a random resized crop of the original
-image. With `palette_permute` the style and the target also get one random permutation of their RGB channels
-(the same for both; the content keeps its colours): six palettes per style, each with the target that follows it,
-so that a model learns to take the style's colours rather than remember them per style (`geometry=False` keeps
-the plain crops and permutes only). Every random number comes from a `torch.Generator` seeded with (seed, epoch, index), so an
-item is the same whichever worker or rank loads it and a resumed run sees the same pixels.
-
-Bad data never stops a run: a missing or undecodable image makes `TripletDataset` warn (naming the
-file) and return the next valid entry instead; the shard reader skips the sample. Files found bad
-are kept in `dataset.skipped` (path -> reason) in the process that loaded them, and each item's
-`skipped` list carries them across DataLoader workers to the training loop (`collate_triplets`
-concatenates them). A missing manifest or shard raises FileNotFoundError before any work starts.
-
-`open_triplets(paths, split, image_size, augment)` accepts manifest files, folders holding
-`manifest.jsonl` or `{split}-*.tar` shards, tar files and brace/glob shard patterns.
+Images are centre-cropped to S x S; `AugmentConfig` adds the SFT augmentations (rotation and brightness of the
+content, the target rotated with it, random style crops, a shared RGB order for style and target), every random
+number drawn from (seed, epoch, index). A missing or undecodable image is skipped with a warning and named in the
+item's `skipped` list. `open_triplets` takes manifests, folders, shard tars and shard patterns.
 """
 from __future__ import annotations
 

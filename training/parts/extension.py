@@ -1,15 +1,10 @@
-"""Training a run longer: which changes of ``--max-steps`` (and of the options that place the learning-rate
-drop) a re-run may make to a finished or stopped run (:class:`RunExtension`, applied by
-:meth:`~training.parts.rundir.RunDir.prepare`).
+"""Training a run longer: which changes of ``--max-steps`` (and of the options that place the learning-rate drop) a
+re-run may make to a run (:class:`RunExtension`, applied by :meth:`~training.parts.rundir.RunDir.prepare`).
 
-The rule: the learning-rate schedule is the new command's, and a re-run may change those options only where
-the new schedule gives every step the run has already taken the rate it was trained with. One change is made
-for the user: a new ``--max-steps`` without ``--lr-drop-step`` that would move a drop the run has already passed
-keeps the drop where the run had it (:meth:`RunExtension.settle`, said once in the log, and written to the run's
-config.json so that later resumes keep it too). Any other change that would leave steps trained at a rate their
-run's config does not say is refused with the option that keeps the old rate. ``training.vqvae`` (no drop) and
-``training.grpo`` (a drop factor of 1) always extend; ``training.sft`` extends until its drop as the longer
-run would have trained from the start, and after it with the drop kept where it was.
+A re-run may change them only where the new schedule gives every step already taken the rate it was trained with.
+A new ``--max-steps`` without ``--lr-drop-step`` that would move a drop already passed keeps the drop where it was
+(:meth:`RunExtension.settle`, said in the log and written to the run's config.json); any other such change is
+refused, naming the option that keeps the old rate.
 """
 from __future__ import annotations
 

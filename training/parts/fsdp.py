@@ -1,24 +1,10 @@
-"""Fully sharded data parallel training (FSDP2) for the large presets: ``training.sft --strategy fsdp``.
+"""Fully sharded data parallel training (FSDP2): ``training.sft --strategy fsdp``.
 
-    torchrun --nproc-per-node 8 -m training.sft --strategy fsdp --preset d30 ... --out RUN
-    python -m training.sharding RUN --out MODEL_DIR     # a model directory from RUN's newest sharded checkpoint
-
-``--strategy ddp`` (the default) keeps a whole copy of the weights, gradients and AdamW state on every
-process. ``--strategy fsdp`` shards all three over the processes (``torch.distributed.fsdp.fully_shard``):
-one unit per transformer block (with the block's AdaLN projection ``ada_lin`` a unit of its own, because
-``Block.modulation`` runs before ``Block.forward``), and the root (the objective: embeddings, encoders,
-head). The frozen tokenizer is left out of the sharding (``ignored_params``): it stays whole, in float32,
-on every process. Mixed precision (:class:`MixedPrecisionPolicy`): with bf16 precision the gathered
-parameters are bfloat16 and gradients are reduced in float32; otherwise (fp32, the CPU) everything is
-float32. The optimizer is built over the sharded parameters, so its state is sharded too.
-
-Checkpoints of an fsdp run are written with ``torch.distributed.checkpoint`` (DCP): every process writes
-its shards of the model and optimizer into ``RUN/checkpoints/step-XXXXXXXX.dcp/`` and rank 0 then writes
-``step-XXXXXXXX.pt`` with the rest (step, scheduler, data position, RNG states, the recipe's state) and
-the folder's name, last, so a checkpoint is complete once its ``.pt`` exists. A DCP checkpoint loads at
-any world size (DCP reshards on load), also into one process without a process group. ``RUN/final`` is a
-plain model directory: at the end the full state dict is gathered to rank 0
-(``get_model_state_dict(full_state_dict=True)``), and :func:`export_model_dir` makes one from a checkpoint
+Weights, gradients and AdamW state are sharded over the processes, one unit per transformer block (its AdaLN
+projection a unit of its own) and the root; the frozen tokenizer stays whole in float32. With bf16 the gathered
+parameters are bfloat16 and gradients are reduced in float32. Checkpoints go through torch.distributed.checkpoint
+(``step-N.dcp/`` written by every process, then rank 0's ``step-N.pt`` last, so a checkpoint is complete once its
+``.pt`` exists) and load at any world size; :func:`export_model_dir` makes a model directory of one
 (``python -m training.sharding``).
 """
 from __future__ import annotations

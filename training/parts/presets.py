@@ -1,12 +1,6 @@
-"""Model configurations for the training recipes: a named preset, or a JSON file, optionally resized.
-
-``--preset`` takes a preset name (tiny, d16, d20, d24, d30) or a path to a JSON file
-``{"tokenizer": {VQVAEConfig fields}, "transformer": {StyleVARConfig fields}}`` (either part may be
-left out; the missing fields keep their dataclass defaults), which is how tests and experiments build
-small custom models without code.
-
-``--image-size S`` keeps the tokenizer's downsampling and drops the finest scales so that
-``patch_nums[-1] * downsample == S`` (e.g. tiny at 64 px: patch_nums (1, 2, 3, 4)).
+"""Model configurations for the training recipes: ``--preset`` is a preset name (tiny, d16, d20, d24, d30) or a
+JSON file ``{"tokenizer": {VQVAEConfig fields}, "transformer": {StyleVARConfig fields}}`` (either part optional);
+``--image-size S`` drops the tokenizer's finest scales so that ``patch_nums[-1] * downsample == S``.
 """
 from __future__ import annotations
 

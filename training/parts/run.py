@@ -8,10 +8,11 @@ from typing import Any, Callable, Mapping
 import torch
 
 from stylevar.utils.atomic import DISK_FULL_ERRNOS, WriteFailedError, atomic_folder
-from training.parts.checkpoints import CheckpointManager
-from training.parts.distributed import main_rank_write
+from stylevar.runtime.distributed import leave_process_group
+from training.parts.checkpoints import CheckpointManager, CheckpointsUnreadableError
+from training.parts.distributed import DistEnv, main_rank_write, setup_distributed
 from training.parts.log import RunLogger
-from training.parts.rundir import RunDir
+from training.parts.rundir import RunConfigMismatchError, RunDir
 from training.parts.schedule import CheckpointSchedule, LoopConfig, Progress, format_duration
 from training.parts.state import TrainingState, resume
 from training.parts.stop import StopSignals
@@ -42,19 +43,13 @@ class LossWatch:
 
 class TrainingRun:
     """One invocation of a recipe on RUN/, around its own step loop: the resume from the newest readable
-    checkpoint (said in the log), checkpoints on a :class:`CheckpointSchedule` (each with the time left,
-    :class:`Progress`), and at the end a summary line and ``RUN/final`` (written to a temp folder on rank 0,
-    then renamed). ``log`` is the run's :class:`RunLogger`; ``resumed.extra`` the recipe's own saved state.
+    checkpoint, checkpoints on a :class:`CheckpointSchedule` (each with the time left, :class:`Progress`), and at
+    the end a summary line and ``RUN/final`` (written to a temp folder on rank 0, then renamed). ``log`` is the
+    run's :class:`RunLogger`; ``resumed.extra`` the recipe's own saved state.
 
-    A write that fails during the run (a checkpoint, RUN/final or the log on a full disk) ends it with one
-    line, ``SystemExit("error: cannot write checkpoint step-... in FOLDER: disk full (...); it needs about
-    N, M free. The last good checkpoint, ..., is kept: ...")`` (exit status 1), on every rank; the partial
-    file is gone and a re-run resumes from that checkpoint.
-
-    Ctrl-C (SIGINT) or SIGTERM inside the block (:class:`StopSignals`) ends the current step, writes its
-    checkpoint (``checkpoint_due`` says yes) and exits from ``save`` with one line saying how to resume
-    (status 130 / 143); the re-run resumes at that step. A signal at the last step lets the run finish. So does the
-    end of ``max_minutes`` of steps (a time budget), with status 0.
+    A write that fails (a full disk) ends the run on every rank with one line naming the last good checkpoint.
+    SIGINT or SIGTERM (:class:`StopSignals`) ends the current step, writes its checkpoint and exits from ``save``
+    with one line saying how to resume (status 130 / 143); so does the end of ``max_minutes`` (status 0).
 
         with TrainingRun(run, state, max_steps=N, save_every=..., seed=...) as tr:
             step = tr.start
@@ -67,11 +62,14 @@ class TrainingRun:
 
     def __init__(self, run: RunDir, state: TrainingState, *, max_steps: int, save_every: int,
                  save_every_minutes: float = 0.0, keep: int = 3, seed: int = 0, progress: bool = True,
-                 max_minutes: float = 0.0, clock: Callable[[], float] = time.monotonic, agree_every: int = 1):
+                 max_minutes: float = 0.0, clock: Callable[[], float] = time.monotonic, agree_every: int = 1,
+                 warmup_steps: int = 1):
         self.run, self.state, self.env = run, state, state.env
         self.max_steps, self.save_every, self.save_every_minutes = max_steps, save_every, save_every_minutes
         self.seed, self.show_progress, self.clock = seed, progress, clock
         self.agree_every = agree_every  # processes agree on a stop or a timed checkpoint every this many steps
+        self.warmup_steps = warmup_steps  # the steps the time left leaves out
+        self.progress = Progress(0, max_steps, clock=clock, warmup_steps=warmup_steps)  # from the resumed step: _start
         self.ckpts = CheckpointManager(run.checkpoints, self.env, keep=keep)
         self.stop, self.stopping = StopSignals(max_minutes * 60, clock), False
         self.losses = LossWatch()
@@ -82,7 +80,8 @@ class TrainingRun:
         """The run of a loop configured by ``cfg`` (:func:`loop_config`)."""
         return cls(run, state, max_steps=cfg.max_steps, save_every=cfg.save_every,
                    save_every_minutes=cfg.save_every_minutes, keep=cfg.keep_checkpoints, seed=cfg.seed,
-                   progress=cfg.progress, max_minutes=cfg.max_minutes, clock=clock, agree_every=cfg.log_every)
+                   progress=cfg.progress, max_minutes=cfg.max_minutes, clock=clock, agree_every=cfg.log_every,
+                   warmup_steps=cfg.log_every)
 
     def __enter__(self) -> "TrainingRun":
         try:
@@ -110,7 +109,7 @@ class TrainingRun:
             self.log.info(f"already at step {self.start} >= --max-steps {self.max_steps}")
         self.schedule = CheckpointSchedule(self.env, max_steps=self.max_steps, every_steps=self.save_every,
                                            every_minutes=self.save_every_minutes, clock=self.clock)
-        self.progress = Progress(self.start, self.max_steps, clock=self.clock)
+        self.progress = Progress(self.start, self.max_steps, clock=self.clock, warmup_steps=self.warmup_steps)
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> None:
         self.stop.__exit__()
@@ -138,6 +137,7 @@ class TrainingRun:
         a signal asked the run to stop. With several processes, rank 0's signal and clock are broadcast (a host
         sync) only every ``agree_every`` steps (the log steps) and at the last step: a stop or a timed checkpoint
         waits for the next of them."""
+        self.progress.passed(step)
         agree = not self.env.distributed or step % self.agree_every == 0 or step >= self.max_steps
         self.stopping = agree and self.stop.agreed(self.env) and step < self.max_steps
         return self.stopping or self.schedule.due(step, agree=agree)
@@ -171,3 +171,17 @@ class TrainingRun:
             self.log.info(f"wrote {self.run.final}")
 
         main_rank_write(self.env, write)
+
+
+def on_every_process(device: str | None, train: Callable[[DistEnv], int]) -> int:
+    """``train(env)`` in this process of the run (torchrun's or alone), the process group left at the end, after
+    every rank has finished; a RUN/ made by another command, or with no readable checkpoint, is one line."""
+    env = setup_distributed(device)
+    try:
+        code = train(env)
+        env.barrier()  # every rank has finished before any leaves the group (gloo aborts a rank otherwise)
+        return code
+    except (CheckpointsUnreadableError, RunConfigMismatchError) as e:
+        raise SystemExit(f"error: {e}") from None
+    finally:
+        leave_process_group()

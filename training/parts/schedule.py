@@ -87,23 +87,36 @@ class CheckpointSchedule:
 
 
 class Progress:
-    """Steps per second since this process started training, and the time left at that rate."""
+    """Steps per second and the time left at that rate, measured from the end of the warm-up: the first
+    ``warmup_steps`` steps of this process (compilation, the loaders' start, the allocator's growth) are left out,
+    and the line says ``estimating...`` until a step after them. :meth:`passed` notes each finished step."""
 
-    def __init__(self, start_step: int, max_steps: int, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, start_step: int, max_steps: int, clock: Callable[[], float] = time.monotonic,
+                 warmup_steps: int = 1):
         self.start_step, self.max_steps, self.clock = start_step, max_steps, clock
+        self.warmup_steps = max(warmup_steps, 1)
         self._t0 = clock()
+        self._warm: float | None = None  # the clock when step start_step + warmup_steps had finished
 
     def elapsed_s(self) -> float:
         return self.clock() - self._t0
 
+    def passed(self, step: int) -> None:
+        if self._warm is None and step >= self.start_step + self.warmup_steps:
+            self._warm = self.clock()
+
+    def first_lines_due(self, step: int) -> bool:
+        """The steps whose line a recipe prints unasked: the end of the warm-up, and as many steps later."""
+        return step - self.start_step in (self.warmup_steps, 2 * self.warmup_steps)
+
     def line(self, step: int) -> str:
         """``step 120/600 (20%), 0.71 steps/s, about 11 min left (ends about 14:12)``."""
-        done = step - self.start_step
         head = f"step {step}/{self.max_steps} ({100 * step // self.max_steps}%)"
-        elapsed = self.elapsed_s()
-        if done <= 0 or elapsed <= 0:
-            return head
-        rate = done / elapsed
+        done = step - self.start_step - self.warmup_steps
+        seconds = self.clock() - self._warm if self._warm is not None else 0.0
+        if done <= 0 or seconds <= 0:
+            return f"{head}, estimating the time left..."
+        rate = done / seconds
         left_s = (self.max_steps - step) / rate
         ends = datetime.datetime.now() + datetime.timedelta(seconds=left_s)
         return f"{head}, {rate:.3g} steps/s, about {format_duration(left_s)} left (ends about {ends:%H:%M})"

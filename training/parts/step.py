@@ -1,10 +1,9 @@
-"""The optimizer step of the recipes whose step is one objective (training.vqvae, training.sft), and its
-log line: accumulation with DDP's no_sync, autocast, loss scaling, clipping, optimizer and scheduler.
+"""The optimizer step of the recipes whose step is one objective (training.vqvae, training.sft), and its log
+line: accumulation with DDP's no_sync, autocast, loss scaling, clipping, optimizer and scheduler.
 
-The step never waits for the device: its loss, metrics and grad norm stay tensors on the device (a float() or
-.item() of one would make the host wait for the GPU every micro-step); the log line reads a window of them at
-once (:class:`~training.parts.log.MetricWindow`), and a loss that is not finite is noted on the device and
-read on log steps and before every checkpoint (:class:`~training.parts.run.LossWatch`)."""
+The step never waits for the device: its loss, metrics and grad norm stay tensors there; the log line reads a
+window of them at once (:class:`~training.parts.log.MetricWindow`) and a loss that is not finite is read on log
+steps and before every checkpoint (:class:`~training.parts.run.LossWatch`)."""
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
@@ -77,13 +76,13 @@ def log_objective_window(tr: TrainingRun, cfg: LoopConfig, step: int, window: Me
                          **at_step: float) -> None:
     """The log record of the window ending at ``step`` (``loss`` first, the mean over ranks and micro-steps;
     the lr of ``step``; ``at_step``: values that are the same on every rank, e.g. a count of skipped files;
-    the epochs read; steps per second), the progress bar, and after the first window of this process a
-    first estimate of the time left. A loss that was not finite in the window stops the run here."""
+    the epochs read; steps per second), the progress bar, and at the end of the warm-up and one window
+    later the time left. A loss that was not finite in the window stops the run here."""
     tr.losses.check(tr.env.rank, tr.run.checkpoints)
     mean = window.record()
     record = {"loss": mean["loss"], "lr": lr, **mean, **at_step, "epoch": round(tr.state.stream.epoch_progress, 4),
               "steps_per_s": window.steps_per_s}
     tr.log.log(step, record)
     tr.log.advance(step, {"loss": record["loss"], "lr": lr})
-    if step - tr.start <= cfg.log_every and step < cfg.max_steps:
+    if tr.progress.first_lines_due(step) and step < cfg.max_steps:
         tr.log.info(tr.progress.line(step))

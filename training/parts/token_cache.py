@@ -1,20 +1,10 @@
-"""Token cache: the frozen tokenizer's token maps of every training triplet (target, style, content), computed
-once and read back in every later epoch and every later run on the same data with the same tokenizer
-(``training.sft --token-cache``), so that no step encodes an image.
+"""Token cache: the frozen tokenizer's token maps of every training triplet, computed once and read back in later
+epochs and runs on the same data (``training.sft --token-cache``; data without augmentation only).
 
-Only for data that is the same in every epoch: a manifest read without augmentation (``--no-augment``);
-augmented images differ from epoch to epoch, and so would their tokens. The image encoders are trained, so
-the images themselves are still loaded (by the DataLoader's workers, off the step); what the cache saves is
-the tokenizer's encoder and quantizer, three images per triplet per step.
-
-Where: beside the data, ``<first manifest's folder>/.token-cache/<key>/``. The key is a sha256 over the
-tokenizer's config and weights (`tokenizer_checksum`), the image size, the split and the manifests'
-bytes: another tokenizer, size, split or manifest never finds these maps. Each file
-``chunk-NNNNNN.safetensors`` holds the maps of `CHUNK` consecutive items ``(n, 3, L)`` (int16; int32 for
-codebooks over 32767 entries), and in its metadata the fingerprint of those items' image files (path, size,
-modification time): a chunk whose images changed is built again. Chunks are written atomically, so a build
-that is killed resumes at the chunks still missing; under torchrun every rank builds every world_size-th
-chunk, then all read all.
+Beside the data, ``<first manifest's folder>/.token-cache/<key>/``: the key hashes the tokenizer's config and
+weights, the image size, the split and the manifests. Each ``chunk-NNNNNN.safetensors`` holds `CHUNK` items'
+maps ``(n, 3, L)`` and the fingerprint of their image files (a chunk whose images changed is built again).
+Chunks are written atomically, so a killed build resumes; under torchrun each rank builds every world_size-th.
 """
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""The SFT step's inputs from the frozen tokenizer, computed once per step: the target's token maps (labels and
-teacher-forcing inputs) and the style's and content's token streams, from ONE encode of the three image
-batches (3B images in one tokenizer call instead of three calls of B) or from token maps read back from a
-`training.parts.token_cache.TokenCache`, made into the model's `Condition` without encoding any image again.
-
-What the model computes from them is `StyleVAR.condition(content, style)`'s single-style case, term for
-term (tests/training/test_token_cache.py compares the two): the style embedding from the style encoder (trainable),
-the content's start token from the content encoder (trainable), and each stream LayerNorm(word_embed(tokens)
-+ level and position embeddings); only where the token maps come from differs.
+"""The SFT step's inputs from the frozen tokenizer: the target's token maps and the style's and content's token
+streams, from one encode of the three image batches or from a `training.parts.token_cache.TokenCache`, made into
+the model's `Condition` without encoding any image again: term for term `StyleVAR.condition(content, style)`'s
+single-style case (tests/training/test_token_cache.py compares the two).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The demo model's card (its README.md), written by `training.parts.demo_export.export` from what it measured:
+"""The demo model's card (its README.md), written by `training.demo.export.export` from what it measured:
 the title and what the model learned from, the model's settings, the real pairs beside the teacher, the
 evaluation tables with how sampling, refinement and palette step were chosen, and the training times."""
 from __future__ import annotations
@@ -201,7 +201,7 @@ def evaluation_tables(pipe: StylePipeline, r: Report) -> str:
     vq = pipe.config.tokenizer
     return f"""## Evaluation
 {r.n} held-out synthetic triplets drawn from a synthesis seed the recipe never trains on (`HELDOUT_SEED` in
-`training/parts/demo_export.py`), and four real photographs (`stylevar/assets/photos`: scikit-image's astronaut,
+`training/demo/export.py`), and four real photographs (`stylevar/assets/photos`: scikit-image's astronaut,
 coffee, chelsea, rocket) with synthetic styles. All images are compared at the model's {vq.image_size} px:
 edge correlation = Pearson correlation of the Sobel magnitudes of output and content
 (`stylevar.metrics.structure`); SSIM to the target as the paper computes it (`ssim`) and the standard

@@ -1,6 +1,6 @@
 """One GRPO step (``python -m training.grpo``, steps 1 to 5 of its docstring): :class:`GRPOTrainer` draws the
 rollouts (seeded per row), scores them with the reward, takes the clipped policy loss with KL and PANW through
-the optimizer, and merges the LoRA adapters when :class:`~training.parts.merge_control.MergeController` says so."""
+the optimizer, and merges the LoRA adapters when :class:`~training.grpo.merge_control.MergeController` says so."""
 from __future__ import annotations
 
 import math
@@ -17,13 +17,13 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from stylevar.config import DEFAULT_GENERATION
 from stylevar.models.lora import load_lora_state_dict, lora_disabled, lora_parameters, merge_lora, snapshot_lora
 from stylevar.models.transformer import Condition, StyleVAR
-from training.parts.grpo_objective import (entropy_per_scale, fp32_policy, group_advantages, grpo_loss, k3_kl,
+from training.grpo.objective import (entropy_per_scale, fp32_policy, group_advantages, grpo_loss, k3_kl,
                                      sampled_logprobs, token_logprobs)
-from training.parts.merge_control import MergeConfig, MergeController
+from training.grpo.merge_control import MergeConfig, MergeController
 from training.parts.distributed import DistEnv, all_reduce_max, all_reduce_sum
 from training.parts.rng import derived_generator
 from training.parts.scale_weights import panw_weights
-from training.parts.rewards import Reward
+from training.grpo.rewards import Reward
 
 
 def rollout_seed(seed: int, step: int, index: int) -> int:

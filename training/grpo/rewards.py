@@ -1,23 +1,9 @@
 """GRPO rewards: R = -lambda * dist(generated, target), one value per rollout (higher is better).
 
-Every reward is the negative of a distance that is 0 for a perfect match, scaled by ``lambda``
-(``--reward-scale``, default 5, the paper's value for DreamSim):
-
-    dreamsim  dist = DreamSim(generated, target)                   (stylevar.metrics, needs weights)
-    lpips     dist = LPIPS(generated, target)                      (stylevar.metrics, needs weights)
-    clip      dist = 1 - cos(CLIP(generated), CLIP(target))        (stylevar.metrics, needs weights)
-    ssim      dist = 1 - SSIM(generated, target)                   (paper SSIM, no weights)
-    l1        dist = mean |generated - target| over pixels, [0, 1] (no weights)
-
-With ``style_weight`` w > 0 (``--reward-style-weight``) the distance gains a style-fidelity term measured
-against the style image, not the target: dist + w * colour_swd(generated, style)
-(`stylevar.metrics.style_fidelity`: sliced Wasserstein distance of the Lab colour distributions; no weights).
-
-Images are (N, 3, H, W) in [0, 1]. DreamSim, LPIPS, CLIP and SSIM go through ``MetricSuite`` and are
-computed at ``image_size`` (default 256, the evaluation resolution); L1 at the images' own size.
-Missing weights raise ``MissingWeightError`` when the reward is built, before any training starts.
-Group-relative advantages do not depend on the scale or an offset of R; ``lambda`` matters for the
-reward EMA that drives LoRA merging (``--merge-min-gain`` is in reward units).
+``dreamsim``, ``lpips``, ``clip`` (1 - cosine) and ``ssim`` (1 - SSIM) go through ``MetricSuite`` at
+``image_size``; ``l1`` is the mean pixel distance. ``--reward-style-weight`` w adds w * colour_swd(generated,
+style). Images are (N, 3, H, W) in [0, 1]; missing weights raise ``MissingWeightError`` when the reward is built.
+``lambda`` (``--reward-scale``) sets the units of the reward EMA that drives LoRA merging.
 
 Importing this module does not import torch (``python -m training.grpo --help`` reads :data:`REWARDS`).
 """

@@ -1,27 +1,11 @@
 """Train the multi-scale VQ-VAE tokenizer: ``python -m training.vqvae``.
 
-    python -m training.vqvae --data MANIFEST [--data ...] --preset tiny --out RUN --max-steps N \
-        --batch-size B [--lr 2e-4] [--image-size S]
+    python -m training.vqvae --data MANIFEST [--data ...] --preset tiny|FILE.json --out RUN --max-steps N \
+        --batch-size B|auto [--lr 2e-4] [--image-size S] [--device cuda --max-minutes M]
     torchrun --nproc_per_node G -m training.vqvae ...      # the same run on G processes
 
-Loss = L1 + L2 reconstruction + the quantizer's VQ loss (codebook + commitment), plus LPIPS when its
-weights are available (``--lpips-weight``; skipped with a log line otherwise), and, when weighted, two losses
-that keep strokes (``--gradient-weight``, ``--style-feature-weight``: docs/training.md). Codebook usage is logged
-(``usage``: fraction of the codebook hit in the batch; ``active``: fraction hit within the last
-``--dead-after`` steps). Dead-code restarts: every ``--restart-every`` steps, codebook entries not hit
-for ``--dead-after`` steps are re-initialised from random encoder outputs of the current batch
-(area-resized to the scales, as the quantizer sees them), on rank 0 and broadcast, and their AdamW
-moments are reset.
-
-The training images are every distinct image (content, style and target) of the manifests' train
-split, centre-cropped to the tokenizer's size; validation uses the val split (reconstruction loss and
-PSNR). ``RUN/final/`` holds ``tokenizer.safetensors`` + ``config.json`` (``{"tokenizer": {...}}``),
-loadable with ``MultiScaleVQVAE.from_pretrained(RUN/final)`` and usable as
-``training.sft --tokenizer RUN/final``.
-
-This module is the command (its options; ``--help`` imports no torch); the run is made of
-`training.parts.vqvae_objective` (the loss and the dead-code restarts) and `training.parts.vqvae_run` (the checks, RUN/,
-the images, the step loop, the validation, RUN/final).
+Reconstruction (L1, L2, LPIPS when its weights are present, stroke losses when weighted) plus the VQ loss, with
+dead-code restarts. ``RUN/final/`` is a tokenizer folder (``MultiScaleVQVAE.from_pretrained``, ``--tokenizer``).
 """
 from __future__ import annotations
 
@@ -54,13 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-batch-size", type=int, default=32, help="images per validation batch")
     p.add_argument("--channels-last", action="store_true",
                    help="convolutions in NHWC (weights and images): faster on GPUs with tensor cores")
-    add_loop_args(p, lr=2e-4, batch_size=32, max_grad_norm=1.0)
+    add_loop_args(p, lr=2e-4, batch_size=32, max_grad_norm=1.0,
+                  auto_batch="the largest power of two whose step fits in the GPU's free memory (CUDA; a resumed "
+                             "run keeps its batch)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from training.parts.vqvae_run import execute  # torch and the models: once the options are parsed
+    from training.vqvae.run import execute  # torch and the models: once the options are parsed
     from stylevar.utils.precision import set_matmul_precision
 
     set_matmul_precision()  # TF32 on CUDA

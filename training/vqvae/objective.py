@@ -4,16 +4,20 @@ on the teacher's style predictor's features, an L1 loss on the images' differenc
 (:class:`VQVAEObjective`); and the dead-code restarts (:class:`DeadCodeRestarter`)."""
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stylevar.config import VQVAEConfig
 from stylevar.models.tokenizer import MultiScaleVQVAE
+from stylevar.models.tokenizer.autoencoder import widen_to_space_to_channel
 from training.parts.distributed import DistEnv, all_reduce_sum, broadcast_
-from training.parts.rng import derived_generator
+from training.parts.rng import derived_generator, process_seed, seed_everything
 
 
 def build_lpips(device: torch.device) -> tuple[nn.Module | None, str]:
@@ -170,3 +174,42 @@ class DeadCodeRestarter:
         self.restarted_total += int(dead.numel())
         out["restarted_total"] = float(self.restarted_total)
         return out
+
+
+def build_objective(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: DistEnv) -> tuple[VQVAEObjective, str]:
+    """A fresh tokenizer (seeded: the same on every rank) in its objective, and what the log says of its
+    initialisation and of LPIPS."""
+    seed_everything(args.seed)
+    vqvae = MultiScaleVQVAE(vq_cfg)
+    init_note = init_from(vqvae, Path(args.init)) if args.init else ""
+    vqvae = vqvae.to(env.device).train()
+    if args.channels_last:
+        vqvae.to(memory_format=torch.channels_last)
+    seed_everything(process_seed(args.seed, env.rank))  # the init above is the same on every rank
+    lpips_model, lpips_note = (None, "LPIPS off (--lpips-weight 0)")
+    if args.lpips_weight > 0:
+        lpips_model, lpips_note = build_lpips(env.device)
+    weights = LossWeights(args.l1_weight, args.l2_weight, args.vq_weight, args.lpips_weight if lpips_model else 0.0,
+                          args.style_feature_weight, args.gradient_weight)
+    style_model = build_style_features(env.device) if args.style_feature_weight > 0 else None
+    return (VQVAEObjective(vqvae, weights, lpips_model, style_model),
+            "; ".join(n for n in (init_note, lpips_note) if n))
+
+
+def init_from(vqvae: MultiScaleVQVAE, folder: Path) -> str:
+    """Copy a saved tokenizer's weights into `vqvae`; its config must be the run's, or the same at space-to-channel
+    1 (widened: `widen_to_space_to_channel`). What was done, for the log."""
+    try:
+        src = MultiScaleVQVAE.from_pretrained(folder)
+    except (FileNotFoundError, OSError, ValueError) as e:
+        raise SystemExit(f"error: --init {folder}: {e}") from None
+    ours, theirs = vqvae.cfg.to_dict(), src.cfg.to_dict()
+    s = vqvae.cfg.space_to_channel
+    if theirs == ours:
+        vqvae.load_state_dict(src.state_dict())
+        return f"initialised from {folder}"
+    if s > 1 and theirs == {**ours, "space_to_channel": 1}:
+        vqvae.load_state_dict(widen_to_space_to_channel(src.state_dict(), s))
+        return f"initialised from {folder}, widened to space-to-channel {s} (its twin at {src.cfg.image_size} px)"
+    diff = {k: (v, ours.get(k)) for k, v in theirs.items() if ours.get(k) != v}
+    raise SystemExit(f"error: --init {folder}: its tokenizer config differs from the preset's (theirs, ours): {diff}")

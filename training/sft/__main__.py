@@ -3,35 +3,10 @@
     python -m training.sft --data MANIFEST_OR_SHARDS [--data ...] --preset tiny|d16|d20 \
         --tokenizer DIR_OR_PTH --out RUN --max-steps N --batch-size B [--grad-accum K] \
         [--init-var VAR.pth | --init MODEL_DIR_OR_PTH]
-    torchrun --nproc_per_node G -m training.sft ...          # the same run on G processes
-    torchrun --nnodes N --nproc-per-node G --rdzv-backend c10d --rdzv-endpoint HOST:PORT -m training.sft ...
-    torchrun ... -m training.sft --strategy fsdp ...          # weights, grads, AdamW state sharded (FSDP2)
+    torchrun --nproc_per_node G -m training.sft ...          # the same run on G processes (--strategy fsdp: sharded)
 
-Objective: teacher-forced cross-entropy over all L target tokens with label smoothing
-(``model.teacher_forcing_logits(content, style, target_indices)``, target tokens from the frozen
-tokenizer). AdamW (0.9, 0.95), no weight decay on embeddings, norms, biases and attention scales; the
-paper's two-level lr (``--lr`` until ``--lr-drop-step`` or ``--lr-drop-fraction`` of the steps, then
-``--lr * --lr-drop-factor``; paper: 5e-4 for epochs 1-6 of 10, then 1e-4) after a linear warmup; grad
-clipping; bf16 autocast on CUDA. ``--alpha-jitter J`` draws the per-scale blend alphas uniformly in
-``alpha +- J`` (clamped to [0.01, 0.99]) for each micro-batch, the same on every rank. Stochastic depth as
-the reference trains (``StyleVARConfig.drop_path_rate``: the published presets 0.1 * depth / 24, tiny 0;
-``--drop-path-rate`` overrides the model's).
-
-The step (benchmarks/train_step.py measures it against the reference's): target, style and content through
-the tokenizer in one call (`training.parts.token_inputs`), or, with the token cache, their token maps read
-back from a cache beside the data (`training.parts.token_cache`; on by default where the data is the same every
-epoch: ``--no-augment`` and a manifest); AdamW's fused kernel; the gradient norm in one foreach pass; on the
-CPU the convolutions in NHWC (`channels_last`); the blocks through torch.compile (`compile_blocks`; on by
-default where it can run, ``--no-compile`` to stay eager). Each of these trains the same to float rounding.
-
-This module is the command (its options; ``--help`` imports no torch); the run is made of
-`training.parts.sft_model` (the tokenizer, the initial model, variants, stochastic depth, layouts),
-`training.parts.sft_objective` (the loss and the validation) and `training.parts.sft_run` (the checks, RUN/, the data,
-the step loop, RUN/final).
-
-Logged per step: ``loss`` (smoothed CE), ``ce`` (plain CE), ``acc`` (top-1 over all tokens), ``lr``;
-validation: ``val_loss`` (plain CE), ``val_acc`` and ``val_acc_s{k}`` per scale. ``RUN/final/`` is a
-model directory (``StylePipeline.from_pretrained(RUN/final)``).
+Teacher-forced cross-entropy over the target's tokens with label smoothing, AdamW and the paper's two-level lr
+after a warm-up. ``RUN/final/`` is a model directory (``StylePipeline.from_pretrained(RUN/final)``).
 """
 from __future__ import annotations
 
@@ -95,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from training.parts.sft_run import execute  # torch and the models: once the options are parsed
+    from training.sft.run import execute  # torch and the models: once the options are parsed
     from stylevar.utils.precision import set_matmul_precision
 
     set_matmul_precision()  # TF32 on CUDA

@@ -1,7 +1,7 @@
 """The demo model's evaluation and export (`python -m training.demo`, whose doc says what it does): the held-out
 synthetic triplets and photographs, the choices of sampling, refinement and palette step on training
 triplets, the tables against the weight-free baselines, the real pairs beside the teacher; the model card is
-`training.parts.demo_card`'s."""
+`training.demo.card`'s."""
 from __future__ import annotations
 
 import argparse
@@ -31,7 +31,7 @@ from stylevar.processing.refine import Refinement, refine
 from stylevar.evaluate.real_pairs import RAW_ROW, RealPairs
 from stylevar.evaluate.real_pairs import evaluate as evaluate_real, markdown as real_markdown
 from stylevar.utils.threads import apply_threads
-from training.parts.demo_card import MIN_SEED_SPREAD, Report, model_card, palette_label, table_markdown
+from training.demo.card import MIN_SEED_SPREAD, Report, model_card, palette_label, table_markdown
 
 BASE_METRICS = ("ssim", "ssim_standard")
 OPTIONAL_METRICS = ("lpips", "dreamsim", "clip")

@@ -1,24 +1,11 @@
 """Evaluate a trained model against weight-free baselines and export it as the embedded demo model.
 
     python -m training.demo --model RUN/final --data MANIFEST --out stylevar/assets/demo \
-        [--timings TIMINGS.json] [--n 64] [--seed 0]
+        [--timings TIMINGS.json] [--n 64] [--seed 0] [--real-contents DIR --real-styles DIR]
 
-The recommended sampling settings (top-k, top-p) are chosen first, on training triplets: the best SSIM
-to the target among the candidates whose samples still differ from seed to seed (`MIN_SEED_SPREAD`),
-and stored in config.json; then, on the same triplets, the content-guided refinement (`stylevar.processing.refine`:
-its radius and eps, or none) with the best SSIM to the target. Evaluation: held-out synthetic triplets drawn from a synthesis seed the recipe
-never trains on (`HELDOUT_SEED`), and real photographs (`stylevar/assets/photos`) with synthetic styles;
-methods: the model, copy-content (the content image itself) and Reinhard colour transfer; metrics: edge
-correlation with the content (`stylevar.metrics.structure`, at the model's resolution), SSIM to the target
-(the paper's definition and the standard "valid" one), L1 to the target, the distance of the mean colour
-to the style's, the seed spread, and any further metric whose weights are in the cache. The model is
-saved in float16 when that changes the evaluation by less than 0.002 SSIM, else in float32, with a
-model card (README.md) that records the table, the training settings and the measured times.
-With `--real-contents` the card also gives the held-out real photographs x real styles beside the teacher
-(`stylevar.evaluate.real_pairs`: results at the content's size, scored at 256 px) and a sample grid of
-them (`real_pairs.png`); `--ceiling` and `--compare` add the ceilings and other models' rows.
-
-This module is the command (its options; ``--help`` imports no torch); the work is `training.parts.demo_export`.
+Sampling settings, refinement and palette step are chosen on training triplets; the model is evaluated on
+held-out triplets and photographs beside copy-content and Reinhard, and saved (float16 where that changes the
+evaluation by less than 0.002 SSIM) with a model card (``training.demo.export``, ``training.demo.card``).
 """
 from __future__ import annotations
 
@@ -71,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from training.parts.demo_export import export
+    from training.demo.export import export
     from stylevar.utils.precision import set_matmul_precision
 
     set_matmul_precision()  # TF32 on CUDA

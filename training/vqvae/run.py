@@ -16,27 +16,23 @@ from torch.utils.data import Dataset
 from stylevar.config import VQVAEConfig
 from stylevar.processing.images import fit_square
 from stylevar.models.tokenizer import MultiScaleVQVAE
-from stylevar.models.tokenizer.autoencoder import widen_to_space_to_channel
-from stylevar.runtime.distributed import leave_process_group
 from training.parts.data import ROLES, TripletDataset, open_triplets, to_unit, try_load, warn_skip
 from training.parts.extension import RunExtension
 from training.parts.optim import ScheduleConfig, make_adamw, two_level_scheduler
-from training.parts.checkpoints import CheckpointsUnreadableError
 from training.parts.cli import FREE_KEYS, loop_config
-from training.parts.distributed import DistEnv, all_reduce_sum, setup_distributed, wrap_ddp
+from training.parts.distributed import DistEnv, all_reduce_sum, wrap_ddp
 from training.parts.log import MetricWindow
 from stylevar.utils.precision import autocast, make_grad_scaler, resolve_precision
-from training.parts.rng import process_seed, seed_everything
-from training.parts.run import TrainingRun
-from training.parts.rundir import RunConfigMismatchError, RunDir
+from training.parts.run import TrainingRun, on_every_process
+from training.parts.rundir import RunDir
 from training.parts.schedule import LoopConfig
 from training.parts.skips import SkipTracker
 from training.parts.state import TrainingState
 from training.parts.step import log_objective_window, objective_step
 from training.parts.streams import BatchStream, BatchStreamConfig, eval_loader, loader_policy, move_to
 from training.parts.presets import load_preset, resize_tokenizer
-from training.parts.vqvae_objective import (DeadCodeRestarter, LossWeights, VQVAEObjective, build_lpips,
-                                           build_style_features)
+from training.vqvae.batch import resolve_batch
+from training.vqvae.objective import DeadCodeRestarter, build_objective
 
 
 class ImageSet(Dataset):
@@ -125,13 +121,7 @@ def check_inputs(args: argparse.Namespace) -> VQVAEConfig:
 def execute(args: argparse.Namespace) -> int:
     """``python -m training.vqvae`` once its options are parsed: the checks, then the run (on every process)."""
     vq_cfg = check_inputs(args)
-    env = setup_distributed(args.device)
-    try:
-        return train(args, vq_cfg, env)
-    except CheckpointsUnreadableError as e:
-        raise SystemExit(f"error: {e}") from None
-    finally:
-        leave_process_group()
+    return on_every_process(args.device, lambda env: train(args, vq_cfg, env))
 
 
 def schedule(options: Mapping[str, Any]) -> ScheduleConfig:
@@ -143,10 +133,7 @@ def schedule(options: Mapping[str, Any]) -> ScheduleConfig:
 def open_run(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: DistEnv) -> RunDir:
     """RUN/, its config written or checked against the earlier run's."""
     config = {"recipe": "vqvae", **vars(args), "tokenizer": vq_cfg.to_dict()}
-    try:
-        return RunDir.prepare(args.out, config, env, free_keys=FREE_KEYS, extension=RunExtension(schedule))
-    except RunConfigMismatchError as e:
-        raise SystemExit(f"error: {e}") from None
+    return RunDir.prepare(args.out, config, env, free_keys=FREE_KEYS, extension=RunExtension(schedule))
 
 
 def open_images(args: argparse.Namespace, image_size: int) -> tuple[ImageSet, ImageSet | None]:
@@ -164,45 +151,6 @@ def open_images(args: argparse.Namespace, image_size: int) -> tuple[ImageSet, Im
     except ValueError:
         val_set = None  # no val split
     return train_set, val_set
-
-
-def build_objective(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: DistEnv) -> tuple[VQVAEObjective, str]:
-    """A fresh tokenizer (seeded: the same on every rank) in its objective, and what the log says of its
-    initialisation and of LPIPS."""
-    seed_everything(args.seed)
-    vqvae = MultiScaleVQVAE(vq_cfg)
-    init_note = init_from(vqvae, Path(args.init)) if args.init else ""
-    vqvae = vqvae.to(env.device).train()
-    if args.channels_last:
-        vqvae.to(memory_format=torch.channels_last)
-    seed_everything(process_seed(args.seed, env.rank))  # the init above is the same on every rank
-    lpips_model, lpips_note = (None, "LPIPS off (--lpips-weight 0)")
-    if args.lpips_weight > 0:
-        lpips_model, lpips_note = build_lpips(env.device)
-    weights = LossWeights(args.l1_weight, args.l2_weight, args.vq_weight, args.lpips_weight if lpips_model else 0.0,
-                          args.style_feature_weight, args.gradient_weight)
-    style_model = build_style_features(env.device) if args.style_feature_weight > 0 else None
-    return (VQVAEObjective(vqvae, weights, lpips_model, style_model),
-            "; ".join(n for n in (init_note, lpips_note) if n))
-
-
-def init_from(vqvae: MultiScaleVQVAE, folder: Path) -> str:
-    """Copy a saved tokenizer's weights into `vqvae`; its config must be the run's, or the same at space-to-channel
-    1 (widened: `widen_to_space_to_channel`). What was done, for the log."""
-    try:
-        src = MultiScaleVQVAE.from_pretrained(folder)
-    except (FileNotFoundError, OSError, ValueError) as e:
-        raise SystemExit(f"error: --init {folder}: {e}") from None
-    ours, theirs = vqvae.cfg.to_dict(), src.cfg.to_dict()
-    s = vqvae.cfg.space_to_channel
-    if theirs == ours:
-        vqvae.load_state_dict(src.state_dict())
-        return f"initialised from {folder}"
-    if s > 1 and theirs == {**ours, "space_to_channel": 1}:
-        vqvae.load_state_dict(widen_to_space_to_channel(src.state_dict(), s))
-        return f"initialised from {folder}, widened to space-to-channel {s} (its twin at {src.cfg.image_size} px)"
-    diff = {k: (v, ours.get(k)) for k, v in theirs.items() if ours.get(k) != v}
-    raise SystemExit(f"error: --init {folder}: its tokenizer config differs from the preset's (theirs, ours): {diff}")
 
 
 @dataclass
@@ -257,6 +205,9 @@ class VQVAERun:
 
 def train(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: DistEnv) -> int:
     precision = resolve_precision(args.precision, env.device)
+    batch_note = ""
+    if args.batch_size == "auto":
+        args.batch_size, batch_note = resolve_batch(args, vq_cfg, env)
     run = open_run(args, vq_cfg, env)
     train_set, val_set = open_images(args, vq_cfg.image_size)
     objective, lpips_note = build_objective(args, vq_cfg, env)
@@ -280,6 +231,8 @@ def train(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: DistEnv) -> int:
         tr.log.info(f"{len(train_set)} training images, {len(val_set) if val_set else 0} validation images, "
                     f"{vq_cfg.image_size}px, patch_nums {vq_cfg.patch_nums}, world size {env.world_size}, {precision}")
         tr.log.info(lpips_note)
+        if batch_note:
+            tr.log.info(batch_note)
         step = job.steps(tr, cfg)
         tr.finish(step, job.write_final)
     job.skips.report(run, {**train_set.skipped, **(val_set.skipped if val_set else {})})

@@ -21,27 +21,25 @@ from stylevar.models.pretrained import CONFIG_FILE
 from stylevar.loaders.pull import resolve_model
 from stylevar.models.tokenizer import MultiScaleVQVAE
 from stylevar.models.transformer import StyleVAR
-from stylevar.runtime.distributed import leave_process_group
 from training.parts.data import AugmentConfig, check_data_args, collate_triplets, dataset_size, open_triplets
 from training.parts.extension import RunExtension
 from training.parts.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.parts import fsdp
-from training.parts.checkpoints import CheckpointsUnreadableError
 from training.parts.cli import FREE_KEYS, loop_config
-from training.parts.distributed import DistEnv, setup_distributed, wrap_ddp
+from training.parts.distributed import DistEnv, wrap_ddp
 from training.parts.log import MetricWindow
 from stylevar.utils.precision import make_grad_scaler, resolve_precision
 from training.parts.rng import process_seed, seed_everything
-from training.parts.run import TrainingRun
-from training.parts.rundir import RunConfigMismatchError, RunDir
+from training.parts.run import TrainingRun, on_every_process
+from training.parts.rundir import RunDir
 from training.parts.schedule import LoopConfig
 from training.parts.skips import SkipTracker
 from training.parts.state import TrainingState
 from training.parts.step import log_objective_window, objective_step
 from training.parts.streams import BatchStreamConfig, loader_policy, make_stream, move_to
 from training.parts.presets import load_preset, match_transformer
-from training.parts.sft_model import build_model, prepare_model, read_tokenizer, resolve_compile
-from training.parts.sft_objective import SFTObjective, validate
+from training.sft.model import build_model, prepare_model, read_tokenizer, resolve_compile
+from training.sft.objective import SFTObjective, validate
 from training.parts.token_cache import TokenCache, TokenCacheError, open_token_cache, why_not_by_default
 
 # options added after runs began, with what such a run computed (it resumes when they are left so)
@@ -91,15 +89,7 @@ def execute(args: argparse.Namespace) -> int:
         vq_preset, tr_preset = load_preset(args.preset)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
-    env = setup_distributed(args.device)
-    try:
-        code = train(args, vq_preset, tr_preset, env)
-        env.barrier()  # every rank has finished before any leaves the group (gloo aborts a rank otherwise)
-        return code
-    except CheckpointsUnreadableError as e:
-        raise SystemExit(f"error: {e}") from None
-    finally:
-        leave_process_group()
+    return on_every_process(args.device, lambda env: train(args, vq_preset, tr_preset, env))
 
 
 def schedule(options: Mapping[str, Any]) -> ScheduleConfig:
@@ -118,12 +108,9 @@ def open_run(args: argparse.Namespace, vq_preset: VQVAEConfig, tr_preset: StyleV
         raise SystemExit(f"error: --tokenizer {args.tokenizer}: {e}") from None
     config = {"recipe": "sft", **vars(args), "tokenizer_config": vqvae.cfg.to_dict(),
               "transformer_config": match_transformer(tr_preset, vqvae.cfg).to_dict()}
-    try:
-        run = RunDir.prepare(args.out, config, env, free_keys=(*FREE_KEYS, "activation_checkpointing", "name",
-                                                               "token_cache", "compile"), absent_as=ADDED_OPTIONS,
-                             extension=RunExtension(schedule))
-    except RunConfigMismatchError as e:
-        raise SystemExit(f"error: {e}") from None
+    run = RunDir.prepare(args.out, config, env, free_keys=(*FREE_KEYS, "activation_checkpointing", "name",
+                                                           "token_cache", "compile"), absent_as=ADDED_OPTIONS,
+                         extension=RunExtension(schedule))
     return vqvae, run
 
 

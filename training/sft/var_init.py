@@ -1,10 +1,8 @@
 """StyleVAR initialised from a class-conditional VAR checkpoint (`training.sft --init-var`).
 
-VAR's blocks have one self-attention `mat_qkv`; StyleVAR's take their queries from the guide streams and
-their keys and values from the target, so each block's `mat_qkv` / `q_bias` / `v_bias` are split between
-the guide (Q) and the target (K, V) projections. What VAR has no counterpart for (`class_emb`) is dropped;
-what it lacks (the image encoders, `feat_emb`) starts fresh, the ResNet-18 trunks from torchvision's
-ImageNet weights when those are in the weight cache (`stylevar.loaders.weights`).
+Each block's `mat_qkv` / `q_bias` / `v_bias` are split between the guide (Q) and the target (K, V) projections;
+`class_emb` is dropped; what VAR lacks (the image encoders, `feat_emb`) starts fresh, the ResNet-18 trunks from
+torchvision's ImageNet weights when those are in the weight cache (`stylevar.loaders.weights`).
 """
 from __future__ import annotations
 

@@ -15,24 +15,22 @@ from stylevar.loaders.model_dir import ModelDirError, check_model_dir
 from stylevar.pipelines.pipeline import StylePipeline
 from stylevar.loaders.pull import resolve_model
 from stylevar.models.transformer import StyleVAR
-from stylevar.runtime.distributed import leave_process_group
 from training.parts.data import check_data_args, collate_triplets, dataset_size, open_triplets
-from training.parts.grpo_trainer import GRPOConfig, GRPOTrainer
-from training.parts.merge_control import MergeConfig
+from training.grpo.trainer import GRPOConfig, GRPOTrainer
+from training.grpo.merge_control import MergeConfig
 from training.parts.extension import RunExtension
 from training.parts.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.parts import cli
-from training.parts.checkpoints import CheckpointsUnreadableError
 from training.parts.cli import loop_config
-from training.parts.distributed import DistEnv, setup_distributed
+from training.parts.distributed import DistEnv
 from training.parts.log import MetricWindow
 from stylevar.utils.precision import resolve_precision
-from training.parts.run import TrainingRun
+from training.parts.run import TrainingRun, on_every_process
 from training.parts.rundir import RunDir
 from training.parts.schedule import LoopConfig
 from training.parts.state import TrainingState
 from training.parts.streams import BatchStreamConfig, loader_policy, make_stream, move_to
-from training.parts.rewards import Reward, RewardConfig
+from training.grpo.rewards import Reward, RewardConfig
 
 SUM_KEYS = ("merged", "emergency", "skipped")  # counted over a log window; the rest averaged
 LAST_KEYS = ("reward_ema", "merges_total")  # their value at the logged step
@@ -77,13 +75,7 @@ def execute(args: argparse.Namespace) -> int:
                                   style_weight=args.reward_style_weight)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
-    env = setup_distributed(args.device)
-    try:
-        return train(args, grpo_cfg, merge_cfg, lora_cfg, reward_cfg, env)
-    except CheckpointsUnreadableError as e:
-        raise SystemExit(f"error: {e}") from None
-    finally:
-        leave_process_group()
+    return on_every_process(args.device, lambda env: train(args, grpo_cfg, merge_cfg, lora_cfg, reward_cfg, env))
 
 
 def final_writer(model: StyleVAR, base_config: Any, args: argparse.Namespace) -> Callable[[Path], None]:
@@ -118,7 +110,7 @@ def grpo_steps(tr: TrainingRun, cfg: LoopConfig, trainer: GRPOTrainer, saved: Ma
         if cfg.log_due(step):
             log.log(step, {**window.record(), "lr": lr})
             log.advance(step, {"reward": stats["reward_mean"], "kl": stats["kl"]})
-        if step == start + 1 and step < cfg.max_steps:  # a first ETA after the first step
+        if tr.progress.first_lines_due(step) and step < cfg.max_steps:
             log.info(tr.progress.line(step))
         if tr.checkpoint_due(step):
             tr.save(step, extra={"merge": trainer.controller.state_dict(), **saved})

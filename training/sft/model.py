@@ -23,7 +23,7 @@ from training.parts.cli import SFT_COMPILE_MIN_STEPS
 from training.parts.distributed import DistEnv
 from training.parts.rng import seed_everything
 from training.parts.presets import match_transformer, resize_tokenizer
-from training.parts.var_init import init_from_var
+from training.sft.var_init import init_from_var
 
 
 def read_tokenizer(src: str, preset_cfg: VQVAEConfig, image_size: int | None) -> MultiScaleVQVAE:
