@@ -38,14 +38,23 @@ class Parser(argparse.ArgumentParser):
         """argparse's, but first each long option that neither this parser nor the chosen sub-command takes is
         named beside the nearest one they do take."""
         argv = list(sys.argv[1:] if args is None else args)
-        chosen = self
-        for action in self._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                chosen = next((action.choices[w] for w in argv if w in action.choices), self)
-        known = [*self._option_string_actions, *chosen._option_string_actions]
         words = argv[:argv.index("--")] if "--" in argv else argv
+        chain = chosen_parsers(self, words)
+        known = [name for parser in chain for name in parser._option_string_actions]
         unknown = [name for name in (w.split("=", 1)[0] for w in words if w.startswith("--"))
                    if not any(k.startswith(name) for k in known)]  # a prefix of one is argparse's to resolve
         if unknown:
-            chosen.error("; ".join(unknown_name("option", name, known) for name in unknown))
+            chain[-1].error("; ".join(unknown_name("option", name, known) for name in unknown))
         return super().parse_args(argv, namespace)
+
+
+def chosen_parsers(parser: argparse.ArgumentParser, words: list[str]) -> list[argparse.ArgumentParser]:
+    """``parser`` and the sub-command parsers ``words`` choose below it, outermost first (`stylevar weights fetch`:
+    three parsers)."""
+    chain = [parser]
+    while True:
+        subs = [a for a in chain[-1]._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = next((subs[0].choices[w] for w in words if subs and w in subs[0].choices), None)
+        if chosen is None:
+            return chain
+        chain.append(chosen)

@@ -21,6 +21,8 @@ from stylevar.pipelines.request import StylizeRequest
     (["pull", "--revison", "main", "someone/model"],
      "stylevar pull: error: unknown option '--revison'; did you mean '--revision'?"),
     (["--verison"], "stylevar: error: unknown option '--verison'; did you mean '--version'?"),
+    (["weights", "fetch", "clip", "--quiett"],  # a sub-command's sub-command: its own options are known too
+     "stylevar weights fetch: error: unknown option '--quiett'; did you mean '--quiet'?"),
 ])
 def test_an_unknown_option_is_named_with_the_nearest(argv, said, capsys):
     with pytest.raises(SystemExit) as stop:

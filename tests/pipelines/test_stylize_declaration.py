@@ -139,7 +139,7 @@ def test_the_ui_controls_start_and_end_where_the_declaration_says():
     assert {f"alpha_{k + 1}" for k in range(MAX_SCALES)} <= params
     for opt in (o for o in DECLARED.values() if o.on(UI) and not o.is_list):
         props = components[opt.name.replace("_", "-")]["props"]
-        assert props["label"] == opt.label and props["info"] == opt.help, opt.name
+        assert props["label"] == opt.label and props["info"] and opt.help.startswith(props["info"]), opt.name
         start = next(v for v in (opt.start, opt.default, opt.fallback) if v is not None)
         assert props["value"] == start, opt.name
         if opt.choices:
