@@ -14,15 +14,15 @@ training, and a plain model (never prepared) is the exact path the conformance t
   (benchmarks/README.md, "CPU inference, stage by stage", has the figures).
   Results equal the plain layers' up to float rounding (tests/runtime/test_inference.py). Not with `compile`
   (inductor packs its own), nor where torch has no oneDNN (`packing_available`).
-- `precision="bf16"` (opt-in): the packed linears hold bfloat16 weights and take bfloat16 inputs, and the
-  sampling loop runs under bf16 autocast (LayerNorm and the residual stream stay float32); both ResNet-18
-  image encoders run in bfloat16 too (`InDtype`), while the tokenizer (encoder, quantizer, decoder) stays
-  float32, as under any autocast (`stylevar.utils.precisions`' policy: the tokens of an image and the picture
-  of a token map are fp32's on every path). Half the weight traffic of fp32 and the CPU's bf16 units
-  (AVX512-BF16, AMX); on a CPU without them bf16 is emulated and slower than fp32, so `prepare` warns. Off
-  the CPU (no packing) the blocks and head are cast to bf16 instead.
-  Sampled tokens of bf16 differ from fp32's at some positions (the condition tokens do not);
-  benchmarks/cpu_pipeline.py measures how many and how much faster it is.
+- `precision="bf16"` (opt-in): `bf16_parts` names, in one table, what runs in bfloat16. Always the sampling
+  loop (packed linears in bf16, bf16 autocast; LayerNorm and the residual stream stay float32) and both
+  ResNet-18 image encoders (`InDtype`). On a CPU with native bf16 (AVX512-BF16, AMX) also the tokenizer's
+  decoder (with post_quant_conv); its encoder and quantizer stay float32, so an image's tokens are fp32's on
+  every path (`stylevar.utils.precisions`' policy). On a CPU without bf16 units bf16 is emulated and slower
+  than fp32, so `prepare` warns; off the CPU the blocks and head are cast instead.
+  What a seed reproduces under bf16: the same image on the same machine and torch, run after run; against
+  fp32 the condition tokens are equal, some sampled tokens differ, and the decoded pixels differ slightly
+  (tests/runtime/test_bf16_tokenizer.py bounds it; benchmarks/roofline.py times each part).
 - `precision="int8"` was removed (stylevar.utils.precisions: its non-deprecated implementation, torchao, is slower
   than fp32 on the CPU); asking for it is a ValueError that says so.
 - `compile`: `torch.compile` of every block (the compile policy, stylevar.runtime.compile; `compile_backend`
@@ -169,9 +169,38 @@ def _replace_linears(model, make) -> None:
         setattr(holder, attr, make(getattr(holder, attr)))
 
 
+# the parts of a model that precision "bf16" may run in bfloat16 (`bf16_parts` says which do where)
+BF16_PARTS = ("loop", "image_encoders", "tokenizer_decoder", "tokenizer_encoder")
+
+
+def bf16_parts(native: bool) -> frozenset[str]:
+    """The parts (`BF16_PARTS`) that precision "bf16" runs in bfloat16; ``native``: on a CPU with native bf16.
+    The tokenizer's decoder changes pixels, never tokens, so it joins where bf16 is native. Its encoder does not:
+    in bf16 it changes some of an image's tokens on the finer scales (benchmarks/bf16_tokenizer.py measures how
+    many), and an image's tokens must not depend on the path."""
+    return frozenset(BF16_PARTS[:3]) if native else frozenset(BF16_PARTS[:2])
+
+
+def run_bf16(model, parts: frozenset[str]) -> None:
+    """``parts`` (`BF16_PARTS`) of a model set to run in bfloat16; each wrapped part returns float32, so the
+    quantizer (`stylevar.utils.precisions.full_precision`) still computes in float32. The loop's linears are
+    `prepare`'s to pack; here the loop gets its autocast dtype."""
+    bf16, tok = torch.bfloat16, model.tokenizer
+    if "loop" in parts:
+        model.loop_autocast_dtype = bf16
+    if "image_encoders" in parts:
+        model.style_encoder = InDtype(model.style_encoder, bf16)
+        model.content_encoder = InDtype(model.content_encoder, bf16)
+    if "tokenizer_decoder" in parts:
+        tok.post_quant_conv, tok.decoder = InDtype(tok.post_quant_conv, bf16), InDtype(tok.decoder, bf16)
+    if "tokenizer_encoder" in parts:
+        tok.encoder, tok.quant_conv = InDtype(tok.encoder, bf16), InDtype(tok.quant_conv, bf16)
+
+
 @torch.no_grad()
-def prepare(model, cfg: InferenceConfig = InferenceConfig()):
-    """Make a StyleVAR (with its tokenizer) faster for inference, in place (module doc). Returns it."""
+def prepare(model, cfg: InferenceConfig = InferenceConfig(), *, parts: frozenset[str] | None = None):
+    """Make a StyleVAR (with its tokenizer) faster for inference, in place (module doc). Returns it. ``parts``:
+    under precision "bf16", the parts that run in bfloat16 instead of `bf16_parts`' choice (for measurements)."""
     if prepared(model) is not None:
         raise ValueError(f"this model was already prepared ({prepared(model)})")
     model.eval().requires_grad_(False)
@@ -182,14 +211,13 @@ def prepare(model, cfg: InferenceConfig = InferenceConfig()):
     if cfg.channels_last:
         for part in (model.tokenizer, model.style_encoder, model.content_encoder):
             part.to(memory_format=torch.channels_last)
-    dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
-    if dtype == torch.bfloat16:
+    if cfg.precision == "bf16":
         if on_cpu and not native_cpu_bf16():
             warnings.warn("precision 'bf16': this CPU has no native bfloat16 arithmetic (AVX512-BF16 or "
                           "AMX); bf16 is emulated here and slower than 'fp32'", RuntimeWarning, stacklevel=2)
-        model.loop_autocast_dtype = dtype
-        model.style_encoder = InDtype(model.style_encoder, dtype)
-        model.content_encoder = InDtype(model.content_encoder, dtype)
+        parts = bf16_parts(on_cpu and native_cpu_bf16()) if parts is None else parts
+        run_bf16(model, parts)
+    dtype = torch.bfloat16 if cfg.precision == "bf16" and "loop" in parts else torch.float32
     if on_cpu and cfg.pack_linears and not cfg.compile and packing_available(dtype):
         _replace_linears(model, lambda lin: PackedLinear(lin, dtype))
     elif dtype == torch.bfloat16:
