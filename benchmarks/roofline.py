@@ -12,8 +12,8 @@ whose arithmetic the prepared ones share; per image, counted at the first batch 
 fraction of the peak of the dtype the stage runs in. The whole image ("total"): the FLOPs of one `generate` call,
 the sum of the stages' times (what generate adds, the condition's embeddings, is a sliver of its FLOPs), and the
 fraction of the best peak. The models are prepared copies (`stylevar.runtime.inference.prepare`) of one
-random-weight model of the preset; where bf16 runs part of the tokenizer, the row "bf16 tok-fp32" keeps the whole
-tokenizer in fp32 for comparison.
+random-weight model of the preset; beside bf16 (`bf16_parts`' choice on this CPU) the row "bf16 decoder switched"
+runs the tokenizer's decoder in the other dtype, for comparison.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ PEAK_KERNELS = ("conv", "packed_linear", "mm")
 STAGE_PARTS = {"encode_content": "tokenizer_encoder", "encode_style": "tokenizer_encoder",
                "encoder_content": "image_encoders", "encoder_style": "image_encoders", "loop": "loop",
                "decode": "tokenizer_decoder"}
-BEFORE = "bf16 tok-fp32"  # bf16 with the tokenizer in fp32 (bf16_parts(native=False))
+ALT = "bf16 decoder switched"  # bf16 with the tokenizer's decoder in the other dtype than bf16_parts' choice
 
 
 def _median_s(fn, repeats: int, warmup: int) -> float:
@@ -153,22 +153,23 @@ def time_models(models: dict, content, style, repeats: int, warmup: int, skip: d
 
 
 def build_models(preset: str, precisions: list[str]) -> tuple[object, dict, dict]:
-    """The plain model, its prepared copies by row name, and each row's bf16 parts."""
+    """The plain model, its prepared copies by row name, and each row's bf16 parts: with bf16, beside the parts that
+    `bf16_parts` picks on this CPU, a row with the tokenizer's decoder switched (`ALT`)."""
     from stylevar.config import presets
     from stylevar.pipelines.pipeline import StylePipeline
     from stylevar.runtime.inference import (
         InferenceConfig,
         bf16_parts,
-        native_cpu_bf16,
+        cpu_bf16_tiles,
         prepare,
     )
 
     plain = StylePipeline.random(presets(preset), seed=0).model.eval()
     rows = {}
     for precision in precisions:
-        rows[precision] = frozenset() if precision == "fp32" else bf16_parts(native_cpu_bf16())
-        if precision == "bf16" and rows[precision] != bf16_parts(False):
-            rows[BEFORE] = bf16_parts(False)
+        rows[precision] = frozenset() if precision == "fp32" else bf16_parts(cpu_bf16_tiles())
+        if precision == "bf16":
+            rows[ALT] = rows["bf16"] ^ {"tokenizer_decoder"}
     models = {name: prepare(copy.deepcopy(plain), InferenceConfig(precision="fp32" if name == "fp32" else "bf16"),
                             parts=None if name == "fp32" else parts) for name, parts in rows.items()}
     return plain, models, rows
@@ -192,18 +193,18 @@ def measure(args) -> dict:
            "load_before": os.getloadavg(), "peak_gflops": peaks, "bf16_parts": {n: sorted(p) for n, p in rows.items()},
            "batches": {}}
     flops, same = {}, frozenset()
-    if BEFORE in rows:
-        same = frozenset(s for s in STAGE_PARTS if stage_dtype(s, rows[BEFORE]) == stage_dtype(s, rows["bf16"]))
+    if ALT in rows:
+        same = frozenset(s for s in STAGE_PARTS if stage_dtype(s, rows[ALT]) == stage_dtype(s, rows["bf16"]))
         out["timed_once_for_both_bf16_rows"] = sorted(same)
     for batch in args.batch_sizes:
         g = torch.Generator().manual_seed(batch)
         content, style = (torch.rand(batch, 3, size, size, generator=g) * 2 - 1 for _ in range(2))
         # FLOPs per image do not depend on the batch: counted once, at the first batch size
         flops = flops or {k: v / batch for k, v in count_flops(plain, content, style).items()}
-        seconds = time_models(models, content, style, args.repeats, args.warmup, {BEFORE: same})
-        if BEFORE in seconds:  # its other stages are bf16's, module for module
-            seconds[BEFORE] = {**{k: v for k, v in seconds["bf16"].items() if k.split()[0] in same},
-                               **seconds[BEFORE]}
+        seconds = time_models(models, content, style, args.repeats, args.warmup, {ALT: same})
+        if ALT in seconds:  # its other stages are bf16's, module for module
+            seconds[ALT] = {**{k: v for k, v in seconds["bf16"].items() if k.split()[0] in same},
+                               **seconds[ALT]}
         table = {}
         for name, per in seconds.items():
             per["total"] = sum(per[stage] for stage in STAGE_PARTS)  # the rest of generate: its embeddings
@@ -253,11 +254,12 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
-    from benchmarks.measures.report import emit
-
     args = parse_args(argv)
     out = measure(args)
-    return emit(out, args.json, markdown(out))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    print(markdown(out))
+    return 0
 
 
 if __name__ == "__main__":

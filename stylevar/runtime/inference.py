@@ -16,10 +16,10 @@ training, and a plain model (never prepared) is the exact path the conformance t
   (inductor packs its own), nor where torch has no oneDNN (`packing_available`).
 - `precision="bf16"` (opt-in): `bf16_parts` names, in one table, what runs in bfloat16. Always the sampling
   loop (packed linears in bf16, bf16 autocast; LayerNorm and the residual stream stay float32) and both
-  ResNet-18 image encoders (`InDtype`). On a CPU with native bf16 (AVX512-BF16, AMX) also the tokenizer's
-  decoder (with post_quant_conv); its encoder and quantizer stay float32, so an image's tokens are fp32's on
-  every path (`stylevar.utils.precisions`' policy). On a CPU without bf16 units bf16 is emulated and slower
-  than fp32, so `prepare` warns; off the CPU the blocks and head are cast instead.
+  ResNet-18 image encoders (`InDtype`). On a CPU with AMX tiles also the tokenizer's decoder (with
+  post_quant_conv); its encoder and quantizer stay float32, so an image's tokens are fp32's on every path
+  (`stylevar.utils.precisions`' policy). On a CPU without bf16 units (AVX512-BF16, AMX) bf16 is emulated and
+  slower than fp32, so `prepare` warns; off the CPU the blocks and head are cast instead.
   What a seed reproduces under bf16: the same image on the same machine and torch, run after run; against
   fp32 the condition tokens are equal, some sampled tokens differ, and the decoded pixels differ slightly
   (tests/runtime/test_bf16_tokenizer.py bounds it; benchmarks/roofline.py times each part).
@@ -63,6 +63,11 @@ class InferenceConfig:
 def native_cpu_bf16() -> bool:
     """Whether this CPU computes bfloat16 matrix products natively (AVX512-BF16 or AMX)."""
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def cpu_bf16_tiles() -> bool:
+    """Whether this CPU has AMX tiles, on which bf16 convolutions outrun fp32's (`bf16_parts`)."""
+    return bool(torch.cpu._is_amx_tile_supported())
 
 
 def packing_available(dtype: torch.dtype = torch.float32) -> bool:
@@ -173,12 +178,13 @@ def _replace_linears(model, make) -> None:
 BF16_PARTS = ("loop", "image_encoders", "tokenizer_decoder", "tokenizer_encoder")
 
 
-def bf16_parts(native: bool) -> frozenset[str]:
-    """The parts (`BF16_PARTS`) that precision "bf16" runs in bfloat16; ``native``: on a CPU with native bf16.
-    The tokenizer's decoder changes pixels, never tokens, so it joins where bf16 is native. Its encoder does not:
-    in bf16 it changes some of an image's tokens on the finer scales (benchmarks/bf16_tokenizer.py measures how
-    many), and an image's tokens must not depend on the path."""
-    return frozenset(BF16_PARTS[:3]) if native else frozenset(BF16_PARTS[:2])
+def bf16_parts(tiles: bool) -> frozenset[str]:
+    """The parts (`BF16_PARTS`) that precision "bf16" runs in bfloat16; ``tiles``: on a CPU with AMX tiles
+    (`cpu_bf16_tiles`). The tokenizer's decoder changes pixels, never tokens, so it joins there; with AVX512-BF16
+    alone its bf16 convolutions ran slower than fp32's (benchmarks/roofline.py), so it stays fp32. The encoder
+    never does: in bf16 it changes some of an image's tokens on the finer scales (benchmarks/bf16_tokenizer.py
+    measures how many), and an image's tokens must not depend on the path."""
+    return frozenset(BF16_PARTS[:3]) if tiles else frozenset(BF16_PARTS[:2])
 
 
 def run_bf16(model, parts: frozenset[str]) -> None:
@@ -215,7 +221,7 @@ def prepare(model, cfg: InferenceConfig = InferenceConfig(), *, parts: frozenset
         if on_cpu and not native_cpu_bf16():
             warnings.warn("precision 'bf16': this CPU has no native bfloat16 arithmetic (AVX512-BF16 or "
                           "AMX); bf16 is emulated here and slower than 'fp32'", RuntimeWarning, stacklevel=2)
-        parts = bf16_parts(on_cpu and native_cpu_bf16()) if parts is None else parts
+        parts = bf16_parts(on_cpu and cpu_bf16_tiles()) if parts is None else parts
         run_bf16(model, parts)
     dtype = torch.bfloat16 if cfg.precision == "bf16" and "loop" in parts else torch.float32
     if on_cpu and cfg.pack_linears and not cfg.compile and packing_available(dtype):

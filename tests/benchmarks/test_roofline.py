@@ -20,7 +20,9 @@ def test_tiny_run_reports_every_stage_with_consistent_flops(tmp_path, capsys):
     assert set(result["peak_gflops"]) == {"fp32", "bf16"}
     assert all(set(k) == set(roofline.PEAK_KERNELS) and min(k.values()) > 0 for k in result["peak_gflops"].values())
     models = result["batches"]["1"]
-    assert {"fp32", "bf16"} <= set(models) and set(models) <= {"fp32", "bf16", roofline.BEFORE}
+    assert set(models) == {"fp32", "bf16", roofline.ALT}
+    assert set(result["bf16_parts"][roofline.ALT]) ^ set(result["bf16_parts"]["bf16"]) == {"tokenizer_decoder"}
+    assert models["bf16"]["decode"]["dtype"] != models[roofline.ALT]["decode"]["dtype"]
     scales = [f"loop {k}" for k in range(6)]  # the tiny preset's six scales
     for stages in models.values():
         assert set(stages) == {*roofline.STAGE_PARTS, *scales, "total"}

@@ -1,6 +1,6 @@
-"""Precision "bf16" and the tokenizer: which parts run in bf16 where (`bf16_parts`); the bf16 decoder never changes
-a token, stays within 2/255 of fp32's pixels on the trained demo model and close on average on the golden
-(random-weight) set; at precision fp32 the prepared tokenizer encodes and decodes exactly as the plain one."""
+"""Precision "bf16" and the tokenizer: which parts run in bf16 where (`bf16_parts`: the decoder on AMX tiles); the
+bf16 decoder never changes a token, stays within 2/255 of fp32's pixels on the trained demo model and close on
+average on the golden (random-weight) set; at precision fp32 the prepared tokenizer is the plain one."""
 from __future__ import annotations
 
 import copy
@@ -20,8 +20,8 @@ from stylevar.runtime.inference import (
 
 TOKENIZER_PARTS = {"tokenizer_decoder", "tokenizer_encoder"}
 NATIVE = torch.cpu._is_avx512_bf16_supported()
-needs_native = pytest.mark.skipif(not NATIVE, reason="this CPU has no native bf16 (AVX512-BF16), where bf16 runs "
-                                                     "the tokenizer: the bound is a property of those units")
+needs_native = pytest.mark.skipif(not NATIVE, reason="this CPU has no native bf16 (AVX512-BF16): the bound is "
+                                                     "one of those units' rounding, not an emulation's")
 
 
 @pytest.fixture(scope="module")
@@ -29,27 +29,20 @@ def golden_model(golden):
     return load_stylevar(golden["stylevar_sd"], golden["tr_cfg"], load_vqvae(golden["vae_sd"], golden["vq_cfg"])).eval()
 
 
-def _bf16(model, native: bool, monkeypatch):
-    monkeypatch.setattr(inference, "native_cpu_bf16", lambda: native)
-    with pytest.warns(RuntimeWarning) if not native else _no_warning():
-        return prepare(copy.deepcopy(model), InferenceConfig(precision="bf16"))
+def _bf16(model, tiles: bool, monkeypatch):
+    """``model`` prepared at bf16 as on a CPU with native bf16, with AMX tiles or without."""
+    monkeypatch.setattr(inference, "native_cpu_bf16", lambda: True)
+    monkeypatch.setattr(inference, "cpu_bf16_tiles", lambda: tiles)
+    return prepare(copy.deepcopy(model), InferenceConfig(precision="bf16"))
 
 
-class _no_warning:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-def test_the_table_runs_the_decoder_in_bf16_only_where_bf16_is_native_and_never_the_encoder():
+def test_the_table_runs_the_decoder_in_bf16_only_on_amx_tiles_and_never_the_encoder():
     assert bf16_parts(True) == {"loop", "image_encoders", "tokenizer_decoder"}
     assert bf16_parts(False) == {"loop", "image_encoders"}
     assert set(BF16_PARTS) == bf16_parts(True) | {"tokenizer_encoder"}
 
 
-def test_native_bf16_wraps_the_decoder_and_keeps_the_encoder_and_quantizer_fp32(golden_model, monkeypatch):
+def test_amx_tiles_wrap_the_decoder_and_keep_the_encoder_and_quantizer_fp32(golden_model, monkeypatch):
     tok = _bf16(golden_model, True, monkeypatch).tokenizer
     for part in (tok.decoder, tok.post_quant_conv):
         assert isinstance(part, InDtype) and part.dtype == torch.bfloat16
@@ -67,7 +60,7 @@ def test_the_encoder_part_wraps_its_convolutions_and_returns_float32(golden, gol
         assert tok.latent(golden["data"]["content"]).dtype == torch.float32  # the quantizer's distances: fp32
 
 
-def test_without_native_bf16_nothing_of_the_tokenizer_is_bf16(golden_model, monkeypatch):
+def test_without_amx_tiles_nothing_of_the_tokenizer_is_bf16(golden_model, monkeypatch):
     model = _bf16(golden_model, False, monkeypatch)
     assert {p.dtype for p in model.tokenizer.parameters()} == {torch.float32}
     assert not any(isinstance(m, InDtype) for m in model.tokenizer.modules())
