@@ -1,9 +1,10 @@
 """Inference-only preparation of a loaded model, in place (`prepare(model, InferenceConfig(...))`): BatchNorm folded
 into the image encoders' convs, channels-last convolutions, the transformer's linears packed once in oneDNN's
-layout on the CPU (`PackedLinear`), the opt-in bf16 precision (the tokenizer stays float32: the precision policy,
-`stylevar.utils.precision`) and compiled blocks (`stylevar.runtime.compile`). Results equal the plain model's up
-to float rounding (bf16: up to some sampled tokens). A plain model is the path the conformance tests check; a
-prepared one cannot be saved as a model directory (`prepared(model)` tells).
+layout on the CPU (`PackedLinear`), the opt-in bf16 precision and compiled blocks (`stylevar.runtime.compile`).
+Under bf16, `bf16_parts` says in one table what runs in bfloat16: the sampling loop and the image encoders always,
+the tokenizer's decoder only on AMX tiles; its encoder and quantizer stay float32, so an image's tokens are fp32's.
+A bf16 seed repeats its image on the same machine and torch; against fp32 some sampled tokens and pixels differ.
+A plain model is the path the conformance tests check; a prepared one cannot be saved (`prepared(model)` tells).
 """
 from __future__ import annotations
 
@@ -34,6 +35,11 @@ class InferenceConfig:
 def native_cpu_bf16() -> bool:
     """Whether this CPU computes bfloat16 matrix products natively (AVX512-BF16 or AMX)."""
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def cpu_bf16_tiles() -> bool:
+    """Whether this CPU has AMX tiles, on which bf16 convolutions outrun fp32's (`bf16_parts`)."""
+    return bool(torch.cpu._is_amx_tile_supported())
 
 
 def packing_available(dtype: torch.dtype = torch.float32) -> bool:
@@ -140,9 +146,39 @@ def _replace_linears(model, make) -> None:
         setattr(holder, attr, make(getattr(holder, attr)))
 
 
+# the parts of a model that precision "bf16" may run in bfloat16 (`bf16_parts` says which do where)
+BF16_PARTS = ("loop", "image_encoders", "tokenizer_decoder", "tokenizer_encoder")
+
+
+def bf16_parts(tiles: bool) -> frozenset[str]:
+    """The parts (`BF16_PARTS`) that precision "bf16" runs in bfloat16; ``tiles``: on a CPU with AMX tiles
+    (`cpu_bf16_tiles`). The tokenizer's decoder changes pixels, never tokens, so it joins there; with AVX512-BF16
+    alone its bf16 convolutions ran slower than fp32's (benchmarks/roofline.py), so it stays fp32. The encoder
+    never does: in bf16 it changes some of an image's tokens on the finer scales (benchmarks/bf16_tokenizer.py
+    measures how many), and an image's tokens must not depend on the path."""
+    return frozenset(BF16_PARTS[:3]) if tiles else frozenset(BF16_PARTS[:2])
+
+
+def run_bf16(model, parts: frozenset[str]) -> None:
+    """``parts`` (`BF16_PARTS`) of a model set to run in bfloat16; each wrapped part returns float32, so the
+    quantizer (`stylevar.utils.precision.full_precision`) still computes in float32. The loop's linears are
+    `prepare`'s to pack; here the loop gets its autocast dtype."""
+    bf16, tok = torch.bfloat16, model.tokenizer
+    if "loop" in parts:
+        model.loop_autocast_dtype = bf16
+    if "image_encoders" in parts:
+        model.style_encoder = InDtype(model.style_encoder, bf16)
+        model.content_encoder = InDtype(model.content_encoder, bf16)
+    if "tokenizer_decoder" in parts:
+        tok.post_quant_conv, tok.decoder = InDtype(tok.post_quant_conv, bf16), InDtype(tok.decoder, bf16)
+    if "tokenizer_encoder" in parts:
+        tok.encoder, tok.quant_conv = InDtype(tok.encoder, bf16), InDtype(tok.quant_conv, bf16)
+
+
 @torch.no_grad()
-def prepare(model, cfg: InferenceConfig = InferenceConfig()):
-    """Make a StyleVAR (with its tokenizer) faster for inference, in place (module doc). Returns it."""
+def prepare(model, cfg: InferenceConfig = InferenceConfig(), *, parts: frozenset[str] | None = None):
+    """Make a StyleVAR (with its tokenizer) faster for inference, in place (module doc). Returns it. ``parts``:
+    under precision "bf16", the parts that run in bfloat16 instead of `bf16_parts`' choice (for measurements)."""
     if prepared(model) is not None:
         raise ValueError(f"this model was already prepared ({prepared(model)})")
     model.eval().requires_grad_(False)
@@ -153,14 +189,13 @@ def prepare(model, cfg: InferenceConfig = InferenceConfig()):
     if cfg.channels_last:
         for part in (model.tokenizer, model.style_encoder, model.content_encoder):
             part.to(memory_format=torch.channels_last)
-    dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
-    if dtype == torch.bfloat16:
+    if cfg.precision == "bf16":
         if on_cpu and not native_cpu_bf16():
             warnings.warn("precision 'bf16': this CPU has no native bfloat16 arithmetic (AVX512-BF16 or "
                           "AMX); bf16 is emulated here and slower than 'fp32'", RuntimeWarning, stacklevel=2)
-        model.loop_autocast_dtype = dtype
-        model.style_encoder = InDtype(model.style_encoder, dtype)
-        model.content_encoder = InDtype(model.content_encoder, dtype)
+        parts = bf16_parts(on_cpu and cpu_bf16_tiles()) if parts is None else parts
+        run_bf16(model, parts)
+    dtype = torch.bfloat16 if cfg.precision == "bf16" and "loop" in parts else torch.float32
     if on_cpu and cfg.pack_linears and not cfg.compile and packing_available(dtype):
         _replace_linears(model, lambda lin: PackedLinear(lin, dtype))
     elif dtype == torch.bfloat16:

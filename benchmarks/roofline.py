@@ -1,0 +1,266 @@
+"""How close CPU inference comes to the machine's matrix-product peak, stage by stage.
+
+    python -m benchmarks.roofline [--preset d20] [--batch-sizes 1 4] [--precisions fp32 bf16] [--threads 2]
+        [--repeats 3] [--warmup 1] [--json OUT]
+
+The peak is measured in the same run, per dtype (fp32, bf16): the best of a oneDNN channels-last convolution at
+a tokenizer-like shape, a packed linear (oneDNN's blocked weight) and a plain GEMM, each the median of its calls.
+Per stage of one image (the content and style tokenizer encodes, the two image encoders, each scale of the
+sampling loop and the loop in all, the decode) it reports the FLOPs (torch's FlopCounterMode on the plain model,
+whose arithmetic the prepared ones share; per image, counted at the first batch size), the median time per image
+(the models and their stages taking turns, so a changing load weighs on each alike) and the achieved rate as a
+fraction of the peak of the dtype the stage runs in. The whole image ("total"): the FLOPs of one `generate` call,
+the sum of the stages' times (what generate adds, the condition's embeddings, is a sliver of its FLOPs), and the
+fraction of the best peak. The models are prepared copies (`stylevar.runtime.inference.prepare`) of one
+random-weight model of the preset; beside bf16 (`bf16_parts`' choice on this CPU) the row "bf16 decoder switched"
+runs the tokenizer's decoder in the other dtype, for comparison.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+PEAK_KERNELS = ("conv", "packed_linear", "mm")
+# the part of the model (stylevar.runtime.inference.BF16_PARTS) that each stage's arithmetic runs in
+STAGE_PARTS = {"encode_content": "tokenizer_encoder", "encode_style": "tokenizer_encoder",
+               "encoder_content": "image_encoders", "encoder_style": "image_encoders", "loop": "loop",
+               "decode": "tokenizer_decoder"}
+ALT = "bf16 decoder switched"  # bf16 with the tokenizer's decoder in the other dtype than bf16_parts' choice
+
+
+def _median_s(fn, repeats: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def peak_kernels(dtype, repeats: int = 5) -> dict[str, float]:
+    """GFLOP/s of each peak kernel (`PEAK_KERNELS`) in ``dtype``."""
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 320, 32, 32, generator=g).to(dtype, memory_format=torch.channels_last)
+    w = torch.randn(320, 320, 3, 3, generator=g).div(90).to(dtype, memory_format=torch.channels_last)
+    a, b = torch.randn(1024, 1024, generator=g).to(dtype), torch.randn(1024, 1024, generator=g).to(dtype)
+    rows, lin_w = torch.randn(256, 1280, generator=g).to(dtype), torch.randn(1280, 1280, generator=g).to(dtype)
+    packed = torch.ops.mkldnn._reorder_linear_weight(lin_w)
+    kernels = {"conv": (lambda: F.conv2d(x, w, padding=1), 2 * 320 * 320 * 9 * 32 * 32),
+               "packed_linear": (lambda: torch.ops.mkldnn._linear_pointwise(rows, packed, None, "none", [], ""),
+                                 2 * 256 * 1280 * 1280),
+               "mm": (lambda: torch.mm(a, b), 2 * 1024 ** 3)}
+    with torch.inference_mode():
+        return {name: flops / _median_s(fn, repeats, 2) / 1e9 for name, (fn, flops) in kernels.items()}
+
+
+class ScaleMarks:
+    """While entered, a reading of ``clock`` each time the model's head runs (once per scale of the loop)."""
+
+    def __init__(self, model, clock):
+        self.model, self.clock, self.marks = model, clock, []
+
+    def __enter__(self):
+        self.handle = self.model.head.register_forward_hook(lambda *_: self.marks.append(self.clock()))
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+    def per_scale(self, start: float, end: float) -> list[float]:
+        """The reading's increase over each scale (the loop's set-up in the first, its tail in the last)."""
+        edges = [start, *self.marks[:-1], end]
+        return [b - a for a, b in itertools.pairwise(edges)]
+
+
+def stage_calls(model, content, style, skip=frozenset()) -> dict:
+    """One call of each timed stage on these inputs but those in ``skip`` ("loop" returns its per-scale split as
+    well). The decode decodes a random latent: its arithmetic does not depend on the values."""
+    import torch
+
+    from stylevar.models.encoders import pooled
+    from stylevar.models.sampling import make_generators
+
+    batch, tok, alpha_K = content.shape[0], model.tokenizer, model.blend_alphas()
+    cond = None if "loop" in skip else model.condition(content, style)
+    n = tok.latent_size
+    f_hat = torch.randn(batch, tok.cfg.z_channels, n, n, generator=torch.Generator().manual_seed(0))
+
+    def loop(clock=time.perf_counter):
+        with ScaleMarks(model, clock) as marks:
+            start = clock()
+            model.sample_tokens(cond, make_generators(0, batch, content.device), alpha_K)
+            return marks.per_scale(start, clock())
+
+    calls = {"encode_content": lambda: tok.encode(content), "encode_style": lambda: tok.encode(style),
+             "encoder_content": lambda: pooled(model.content_encoder, content),
+             "encoder_style": lambda: pooled(model.style_encoder, style), "loop": loop,
+             "decode": lambda: tok.decode_fhat(f_hat)}
+    return {stage: call for stage, call in calls.items() if stage not in skip}
+
+
+def count_flops(plain, content, style) -> dict[str, float]:
+    """FLOPs of each stage (and of each scale: "loop k") and of the whole `generate` call ("total"), on the plain
+    model."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+    # the CPU's fused attention is not in torch's table; its FLOPs are those of the attention it computes
+    cpu_sdpa = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu:
+                lambda q, k, v, *_, out_shape=None, **__: sdpa_flop_count(q, k, v)}
+    out = {}
+    calls = {**stage_calls(plain, content, style), "total": lambda: plain.generate(content, style, seed=0)}
+    for name, call in calls.items():
+        with torch.inference_mode(), FlopCounterMode(display=False, custom_mapping=cpu_sdpa) as counter:
+            result = call(counter.get_total_flops) if name == "loop" else call()
+        out[name] = float(counter.get_total_flops())
+        for k, flops in enumerate(result if name == "loop" else []):
+            out[f"loop {k}"] = float(flops)
+    return out
+
+
+def time_models(models: dict, content, style, repeats: int, warmup: int, skip: dict) -> dict[str, dict[str, float]]:
+    """Median seconds of each model's stages (and scales) but those in ``skip[name]``, the models and stages taking
+    turns call by call."""
+    import torch
+
+    with torch.inference_mode():
+        calls = {name: stage_calls(m, content, style, skip.get(name, ())) for name, m in models.items()}
+    samples: dict[str, dict[str, list[float]]] = {name: {} for name in models}
+    with torch.inference_mode():
+        for r in range(warmup + repeats):
+            for name, stages in calls.items():
+                for stage, call in stages.items():
+                    t0 = time.perf_counter()
+                    result = call()
+                    took = time.perf_counter() - t0
+                    if r < warmup:
+                        continue
+                    samples[name].setdefault(stage, []).append(took)
+                    for k, s in enumerate(result if stage == "loop" else []):
+                        samples[name].setdefault(f"loop {k}", []).append(s)
+    return {name: {k: statistics.median(v) for k, v in per.items()} for name, per in samples.items()}
+
+
+def build_models(preset: str, precisions: list[str]) -> tuple[object, dict, dict]:
+    """The plain model, its prepared copies by row name, and each row's bf16 parts: with bf16, beside the parts that
+    `bf16_parts` picks on this CPU, a row with the tokenizer's decoder switched (`ALT`)."""
+    from stylevar.config import presets
+    from stylevar.pipelines.pipeline import StylePipeline
+    from stylevar.runtime.inference import (
+        InferenceConfig,
+        bf16_parts,
+        cpu_bf16_tiles,
+        prepare,
+    )
+
+    plain = StylePipeline.random(presets(preset), seed=0).model.eval()
+    rows = {}
+    for precision in precisions:
+        rows[precision] = frozenset() if precision == "fp32" else bf16_parts(cpu_bf16_tiles())
+        if precision == "bf16":
+            rows[ALT] = rows["bf16"] ^ {"tokenizer_decoder"}
+    models = {name: prepare(copy.deepcopy(plain), InferenceConfig(precision="fp32" if name == "fp32" else "bf16"),
+                            parts=None if name == "fp32" else parts) for name, parts in rows.items()}
+    return plain, models, rows
+
+
+def stage_dtype(stage: str, parts: frozenset[str]) -> str:
+    part = "loop" if stage.startswith("loop") else STAGE_PARTS.get(stage)
+    return "bf16" if part in parts else "fp32"
+
+
+def measure(args) -> dict:
+    """Every figure of one run (module doc)."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    peaks = {d: peak_kernels(getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[d])) for d in ("fp32", "bf16")}
+    best = {d: max(k.values()) for d, k in peaks.items()}
+    plain, models, rows = build_models(args.preset, args.precisions)
+    size = plain.tokenizer.cfg.image_size
+    out = {"preset": args.preset, "image_size": size, "threads": args.threads, "repeats": args.repeats,
+           "load_before": os.getloadavg(), "peak_gflops": peaks, "bf16_parts": {n: sorted(p) for n, p in rows.items()},
+           "batches": {}}
+    flops, same = {}, frozenset()
+    if ALT in rows:
+        same = frozenset(s for s in STAGE_PARTS if stage_dtype(s, rows[ALT]) == stage_dtype(s, rows["bf16"]))
+        out["timed_once_for_both_bf16_rows"] = sorted(same)
+    for batch in args.batch_sizes:
+        g = torch.Generator().manual_seed(batch)
+        content, style = (torch.rand(batch, 3, size, size, generator=g) * 2 - 1 for _ in range(2))
+        # FLOPs per image do not depend on the batch: counted once, at the first batch size
+        flops = flops or {k: v / batch for k, v in count_flops(plain, content, style).items()}
+        seconds = time_models(models, content, style, args.repeats, args.warmup, {ALT: same})
+        if ALT in seconds:  # its other stages are bf16's, module for module
+            seconds[ALT] = {**{k: v for k, v in seconds["bf16"].items() if k.split()[0] in same},
+                               **seconds[ALT]}
+        table = {}
+        for name, per in seconds.items():
+            per["total"] = sum(per[stage] for stage in STAGE_PARTS)  # the rest of generate: its embeddings
+            table[name] = {}
+            for stage, s in per.items():
+                dtype = "best" if stage == "total" else stage_dtype(stage, rows[name])
+                peak = max(best.values()) if stage == "total" else best[dtype]
+                rate = flops[stage] * batch / s / 1e9
+                table[name][stage] = {"gflop": flops[stage] / 1e9, "ms": 1e3 * s / batch, "dtype": dtype,
+                                      "gflops": rate, "fraction_of_peak": rate / peak}
+        out["batches"][str(batch)] = table
+        if args.json:  # each batch size's figures as soon as they are measured
+            args.json.write_text(json.dumps({**out, "load_after": os.getloadavg()}, indent=1))
+    out["load_after"] = os.getloadavg()
+    return out
+
+
+def markdown(out: dict) -> str:
+    """The peaks and, per batch size, one row per stage with each model's time and fraction of peak."""
+    lines = [(f"preset {out['preset']}, {out['image_size']} px, {out['threads']} threads, median of {out['repeats']}; "
+              f"load {out['load_before'][0]:.2f} -> {out['load_after'][0]:.2f}"), "",
+             ("| peak GFLOP/s | " + " | ".join(PEAK_KERNELS) + " |"), "|---" * (len(PEAK_KERNELS) + 1) + "|"]
+    lines += [f"| {d} | " + " | ".join(f"{k[n]:.1f}" for n in PEAK_KERNELS) + " |" for d, k in out["peak_gflops"].items()]
+    for batch, table in out["batches"].items():
+        names = list(table)
+        first = table[names[0]]
+        lines += ["", f"batch {batch} (per image)", "",
+                  "| stage | GFLOP | " + " | ".join(f"{n} ms | {n} % peak" for n in names) + " |",
+                  "|---" * (2 + 2 * len(names)) + "|"]
+        for stage in first:
+            cells = " | ".join(f"{table[n][stage]['ms']:.1f} | {100 * table[n][stage]['fraction_of_peak']:.1f} "
+                               f"({table[n][stage]['dtype']})" for n in names)
+            lines.append(f"| {stage} | {first[stage]['gflop']:.3f} | {cells} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="d20", help="stylevar.config preset (random weights)")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    p.add_argument("--threads", type=int, default=2, help="torch's CPU threads")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds (their median is reported)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed rounds before the timed ones")
+    p.add_argument("--json", type=Path, help="also write every figure here")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    out = measure(args)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    print(markdown(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,37 @@
+"""benchmarks/roofline.py on the tiny preset (64 px, one timed round): the peaks, a row per stage and scale for
+every model, FLOPs that are positive and add up to the whole call's, and the same figures in the JSON."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import roofline
+
+pytestmark = pytest.mark.slow  # three tiny models timed and counted: about a minute on two busy cores
+
+
+def test_tiny_run_reports_every_stage_with_consistent_flops(tmp_path, capsys):
+    out = tmp_path / "roofline.json"
+    assert roofline.main(["--preset", "tiny", "--batch-sizes", "1", "--precisions", "fp32", "bf16",
+                          "--repeats", "1", "--warmup", "0", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert set(result["peak_gflops"]) == {"fp32", "bf16"}
+    assert all(set(k) == set(roofline.PEAK_KERNELS) and min(k.values()) > 0 for k in result["peak_gflops"].values())
+    models = result["batches"]["1"]
+    assert set(models) == {"fp32", "bf16", roofline.ALT}
+    assert set(result["bf16_parts"][roofline.ALT]) ^ set(result["bf16_parts"]["bf16"]) == {"tokenizer_decoder"}
+    assert models["bf16"]["decode"]["dtype"] != models[roofline.ALT]["decode"]["dtype"]
+    scales = [f"loop {k}" for k in range(6)]  # the tiny preset's six scales
+    for stages in models.values():
+        assert set(stages) == {*roofline.STAGE_PARTS, *scales, "total"}
+        assert all(s["gflop"] > 0 and s["ms"] > 0 and s["fraction_of_peak"] > 0 for s in stages.values())
+        parts = sum(stages[s]["gflop"] for s in roofline.STAGE_PARTS)
+        assert parts == pytest.approx(stages["total"]["gflop"], rel=0.02)  # the rest: condition embeddings
+        assert sum(stages[s]["gflop"] for s in scales) == pytest.approx(stages["loop"]["gflop"], rel=1e-6)
+        assert stages["encode_content"]["dtype"] == "fp32"
+    assert models["bf16"]["loop 0"]["dtype"] == "bf16" and models["fp32"]["loop 0"]["dtype"] == "fp32"
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| peak GFLOP/s") and len(rows) == 3 + 1 + len(models["fp32"])
+    assert all(line.count("|") == rows[3].count("|") for line in rows[3:])
