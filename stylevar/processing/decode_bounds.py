@@ -20,10 +20,8 @@ _END_OF_SCAN = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
 
 
 def count_scans(data: bytes | memoryview | mmap.mmap, stop_after: int = MAX_SCANS) -> int:
-    """The scans (SOS markers) of the JPEG in `data`, up to its first EOI (the second picture of an MPO, or the video a
-    motion photo carries after it, is not counted); counting stops at `stop_after + 1`. The markers between scans are
-    skipped by their lengths and each scan's data by one regular-expression search, so this reads the file once at
-    C speed however its scans are laid out. A malformed layout ends the count (the decoder then says what is wrong)."""
+    """The scans (SOS markers) of the JPEG in `data` up to its first EOI (an MPO's second picture is not counted),
+    read in one pass; counting stops at `stop_after + 1` and a malformed layout ends it."""
     n, i, end = 0, 2, len(data)
     while i + 4 <= end and n <= stop_after:
         if data[i] != 0xFF:
@@ -69,9 +67,8 @@ class DecodeTimeout(Exception):
 
 
 class TimedReader:
-    """A file whose reads raise `DecodeTimeout` once `timeout_s` has passed since it was made. Pillow's decoders read
-    as they go (a JPEG 64 KiB at a time, a PNG strip each IDAT piece), so a decode stops within one read's work of its
-    time; a WebP is read whole first and decoded in one call, which its own pixel limit bounds."""
+    """A file whose reads raise `DecodeTimeout` once `timeout_s` has passed since it was made: a decode stops within
+    one read's work of its time (a WebP, read whole first, is bounded by its own pixel limit)."""
 
     def __init__(self, raw: BinaryIO, timeout_s: float):
         self.raw, self.timeout_s = raw, timeout_s

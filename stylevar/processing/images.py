@@ -1,8 +1,6 @@
 """Images at the edges of the library: safe decoding, mode conversion, square fitting and back.
 
-Inside the library images are float tensors (B, 3, H, W); PIL appears only here, in the pipeline, the service,
-the UI and the tools. 8-bit PNG is decoded strip by strip (`stylevar.processing.png_strips`); a JPEG's scans
-are counted before it is decoded (`stylevar.processing.decode_bounds`).
+Inside the library images are float tensors (B, 3, H, W); PIL appears only here and in the surfaces.
 """
 from __future__ import annotations
 
@@ -29,8 +27,7 @@ if TYPE_CHECKING:  # torch is imported where tensors are made: decoding alone (t
 ResizeMode = Literal["crop", "pad", "stretch"]
 RESIZE_MODES = ("crop", "pad", "stretch")
 DEFAULT_MAX_PIXELS = 40_000_000  # pixels of a decoded image; a larger file is shrunk while decoding (decoded_size)
-# the most pixels a file may have at all: Pillow's own bound (2 x Image.MAX_IMAGE_PIXELS), past which it refuses to open
-# a file as a decompression bomb; 16000 x 11000 passes, a 200-megapixel phone photo (16320 x 12240) does not
+# the most pixels a file may have at all: Pillow's own decompression-bomb bound (2 x Image.MAX_IMAGE_PIXELS)
 MAX_SOURCE_PIXELS = 178_956_970
 
 
@@ -92,20 +89,14 @@ def decode_image(
     max_whole_pixels: int | None = None,
     timeout_s: float | None = None,
 ) -> Decoded:
-    """Decode an image to 8-bit RGB, applying EXIF orientation. Every way it can fail is an `ImageError` (a missing
-    file stays `FileNotFoundError`), whose message names the file (not raw bytes). Sizes are checked from the header
-    before any pixel is decoded; `formats` (e.g. `ACCEPTED_FORMATS`) limits which decoders ever see the bytes.
-    Grayscale, palette, alpha (composited on white), CMYK and 16-bit images are converted; an MPO (a camera's JPEG
-    with a second picture) gives its first, primary picture.
+    """Decode an image to 8-bit RGB with EXIF orientation applied (an MPO gives its primary picture). Every failure
+    is an `ImageError` naming the file (a missing file stays `FileNotFoundError`); sizes are checked from the header
+    first, and `formats` (e.g. `ACCEPTED_FORMATS`) limits which decoders see the bytes.
 
-    `max_side` decodes downscaled: the long side at most `max_side`, at the size `unfit` gives (`capped_size`). JPEG
-    decodes at a reduced DCT scale and 8-bit PNG one strip of rows at a time, so neither exists at full size in
-    memory; other images (WebP, 16-bit or interlaced PNG) only whole (WebP takes about 16 bytes a pixel while it
-    decodes), so `max_whole_pixels` gives them a lower pixel limit of their own. An image still over `max_pixels` is
-    halved while decoding until it fits (`decoded_size`: 12000 x 9000 -> 6000 x 4500), which only JPEG and 8-bit PNG
-    allow; no file may have more than `MAX_SOURCE_PIXELS`. The work is bounded too: a JPEG with more scans than any
-    encoder writes is refused unread (`stylevar.processing.decode_bounds`), and with `timeout_s` a decode that runs
-    longer fails at its next read of the file (`ImageTooCostlyError`).
+    `max_side` decodes downscaled to `capped_size` (JPEG at a reduced DCT scale, 8-bit PNG strip by strip; other
+    images only whole, under `max_whole_pixels`). An image over `max_pixels` is halved while decoding until it fits
+    (`decoded_size`); no file may exceed `MAX_SOURCE_PIXELS`. A JPEG with too many scans is refused unread, and with
+    `timeout_s` a longer decode fails (`ImageTooCostlyError`).
     """
     limits = _Limits(max_pixels, formats, max_side, max_whole_pixels)
     try:
@@ -268,8 +259,7 @@ def _check(img: Image.Image, source: object, limits: _Limits, streamable: bool) 
 
 def shrink_factor(size: tuple[int, int], max_pixels: int | None, max_side: int | None = None) -> int:
     """1, or how many times smaller (2, 4, 8 ...) each side of an image of `size` is decoded so that, its long side
-    then capped at `max_side`, it has at most `max_pixels` (sides rounded up, as JPEG's DCT scaling and a box
-    reduction give them)."""
+    then capped at `max_side`, it has at most `max_pixels` (sides rounded up)."""
     factor = 1
     while max_pixels is not None and factor < max(size) and math.prod(_at(size, factor, max_side)) > max_pixels:
         factor *= 2
@@ -429,11 +419,8 @@ def fit_square(img: Image.Image, side: int, mode: ResizeMode = "crop") -> tuple[
 
 
 def unfit(img: Image.Image, fit: Fit, max_side: int | None = None) -> Image.Image:
-    """Map a square result back to the original size (capped at `max_side`).
-
-    `pad` and `stretch` give the original aspect ratio; `crop` gives the centre square it generated.
-    `max_side` caps the long side of the result (for `crop`, the square's side).
-    """
+    """Map a square result back to the original size, its long side capped at `max_side` (`pad` and `stretch`:
+    the original aspect ratio; `crop`: the centre square it generated)."""
     if fit.mode == "pad":
         img = img.crop(fit.box)
     return img.resize(result_size(fit, max_side), Image.BICUBIC)

@@ -22,12 +22,8 @@ MAX_STYLES = 4  # style images per request (a blend): each adds a query stream t
 
 @dataclass(frozen=True)
 class OutputOptions:
-    """How a stylized image is finished.
-
-    ``max_side``: long side of the result (None: the content's size); the result keeps the content's
-    aspect ratio (``crop``: its centre square). ``preserve_color``: the result's luminance with the
-    content's chroma.
-    """
+    """How a stylized image is finished. ``max_side``: long side of the result (None: the content's size);
+    ``preserve_color``: the result's luminance with the content's chroma."""
 
     max_side: int | None = None
     preserve_color: bool = False
@@ -38,9 +34,8 @@ class OutputOptions:
 
 
 def check_style_weights(weights: Sequence[float]) -> tuple[float, ...]:
-    """Style weights as the model computes with them: each finite and >= 0 in float32 (1e39 is not), their
-    float32 sum finite and > 0 (1e-320 and 0 are all zero), so that normalising them is defined. The one
-    rule for every surface (the service checks it before a request is admitted). Returns them as floats."""
+    """Style weights as floats, each finite and >= 0 in float32 with a finite sum > 0 so that normalising them is
+    defined: the one rule for every surface."""
     values = tuple(float(w) for w in weights)
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         w32 = np.asarray(values, dtype=np.float32)
@@ -72,11 +67,7 @@ def os_random_seed() -> int:
 
 
 def preserve_color(result: Image.Image, content: Image.Image) -> Image.Image:
-    """Keep the content's colours and the result's texture.
-
-    The luminance (Y of YCbCr) comes from the stylized result, the chroma (Cb, Cr) from the content
-    image resampled onto the result's frame.
-    """
+    """The result's luminance (Y of YCbCr) with the content's chroma (Cb, Cr), resampled onto the result's frame."""
     content = ImageOps.fit(content.convert("RGB"), result.size, Image.BICUBIC)
     y, _, _ = result.convert("YCbCr").split()
     _, cb, cr = content.convert("YCbCr").split()
@@ -99,8 +90,7 @@ def upscale_factor(result_size: tuple[int, int], model_side: int) -> float:
 
 def size_cap(size: tuple[int, int], result_size: tuple[int, int], max_side: int | None) -> str | None:
     """``20000x1000->8192x410``: a content of ``size`` whose long side ``max_side`` capped, and the result's size;
-    None when nothing was capped. The service sends it as `X-Size-Capped`, the command line ends its note with it
-    (`size_cap_note`)."""
+    None when nothing was capped (the service's `X-Size-Capped`)."""
     if max_side is None or max(size) <= max_side:
         return None
     return f"{size[0]}x{size[1]}->{result_size[0]}x{result_size[1]}"

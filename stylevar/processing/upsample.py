@@ -1,11 +1,8 @@
 """From the model's resolution to the size the user gets back (the content's size, or `max_side`).
 
-``mode="bicubic"``: the drawing resized. ``mode="guided"``: the drawing brought to the output size plus the
-content's own fine detail, in the amount the drawing's local linear relation to the content's luminance asks
-for (the guided filter of He, Sun and Tang, fitted at the model's resolution and applied to the detail only):
-out_c = up(p)_c + strength * up(a_c) * (Y_full - up(Y_low)). Computed in strips, so memory stays bounded
-whatever the image's size; on the drawing's device. Post-processing only: the model's own output is untouched
-(`stylevar.processing.refine` works at the model's resolution).
+``mode="bicubic"``: the drawing resized. ``mode="guided"``: the drawing resized plus the content's fine detail,
+weighted by a guided filter fitted at the model's resolution (He, Sun and Tang):
+out_c = up(p)_c + strength * up(a_c) * (Y_full - up(Y_low)). Computed in strips, so memory stays bounded.
 """
 from __future__ import annotations
 
@@ -31,8 +28,7 @@ class Upsampling(Serializable):
     strength: float = 1.0  # how much of the content's fine detail; 0 is bicubic
     radius: int = 2  # window radius at the model's resolution
     eps: float = 1e-3  # ridge on a_c, in squared [0, 1] intensity units: larger = less detail in low contrast
-    # output pixels computed at once: a memory bound that leaves the result as it is; strips of 2^17 pixels stay
-    # in the core's cache (1024 px at one thread: 36 ms against 43 ms in one piece of 2^20)
+    # output pixels computed at once: a memory bound that leaves the result as it is
     strip_pixels: int = 1 << 17
 
     def __post_init__(self) -> None:
@@ -119,15 +115,13 @@ def _crop_box(x_CSS: torch.Tensor, fit: Fit) -> torch.Tensor:
 @torch.no_grad()
 def upscale(drawing_3SS: torch.Tensor, seen_3SS: torch.Tensor, fit: Fit, content: Image.Image,
             max_side: int | None, cfg: Upsampling) -> Image.Image:
-    """The drawing (in [0, 1], the model's square) at the result's size (`stylevar.processing.images.unfit`'s rules),
-    upsampled as `cfg` says. `seen_3SS`: the content as the model saw it (the same square, in [0, 1]);
-    `content`: the content image at its own size."""
+    """The drawing (in [0, 1], the model's square) upsampled as `cfg` says to the size `unfit` gives. `seen_3SS`:
+    the content as the model saw it; `content`: the content image at its own size."""
     W, H = result_size(fit, max_side)
     low_h, low_w = fit.box[3] - fit.box[1], fit.box[2] - fit.box[0]
     if not cfg.guided or (W <= low_w and H <= low_h):
         return unfit(tensor_to_pil(drawing_3SS), fit, max_side)
-    # the 8-bit picture the model drew (what `unfit` resizes): float rounding of the drawing (batched rows, a
-    # prepared model) stays out of the result
+    # the 8-bit picture the model drew (what `unfit` resizes): float rounding stays out of the result
     levels_3hw = to_levels(_crop_box(drawing_3SS, fit))
     seen_y = luminance(_crop_box(seen_3SS.float().to(levels_3hw.device), fit).unsqueeze(0))
     slopes = detail_slopes(levels_3hw.unsqueeze(0) / 255.0, seen_y, cfg.radius, cfg.eps)[0]  # (3, h, w)

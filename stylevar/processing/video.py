@@ -109,9 +109,8 @@ def probe(path: str | os.PathLike, limits: VideoLimits | None = None) -> VideoIn
 
 
 def count_frames(path: str | os.PathLike, limits: VideoLimits | None = None) -> int:
-    """The first video stream's frames, counted from the container's packets (demuxed, none decoded): what a
-    header that gives no count (Matroska, WebM) or lies cannot tell. Stops with a :class:`VideoError` at the first
-    packet past ``limits`` (frames, or the span of their timestamps), so an over-limit clip costs a demux only."""
+    """The first video stream's frames, counted from its packets (none decoded), for headers that give no count or
+    lie. A :class:`VideoError` at the first packet past ``limits`` (frames, or their timestamps' span)."""
     av = _av()
     with _open_input(path) as container:
         stream, info = _header(container, path, limits)
@@ -284,10 +283,9 @@ def _even(size: tuple[int, int]) -> tuple[int, int]:
 class VideoWriter:
     """``with VideoWriter("out.mp4", info, audio_from="in.mp4") as out: out.write(image, time_s)``.
 
-    ``fps``: a :class:`VideoInfo` (its rate) or a number; ``size`` (w, h): the first frame's when None. A
-    frame's ``time_s`` keeps the source's timing (and the copied audio's sync); else frame i is at i / fps.
-    Nothing appears under ``path`` unless the block completes; a failed write (disk full) is a WriteFailedError.
-    """
+    ``fps``: a :class:`VideoInfo` or a number; ``size`` (w, h): the first frame's when None. A frame's ``time_s``
+    keeps the source's timing, else frame i is at i / fps. Nothing appears under ``path`` unless the block
+    completes; a failed write is a WriteFailedError."""
 
     def __init__(self, path: str | os.PathLike, fps: VideoInfo | Fraction | float, size: tuple[int, int] | None = None,
                  *, audio_from: str | os.PathLike | None = None, crf: int = 18, preset: str = "medium"):
