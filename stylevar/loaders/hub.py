@@ -1,10 +1,6 @@
-"""Files on the Hugging Face Hub: hub ids (`hf:OWNER/NAME[@REVISION][:VARIANT]`), the cache, downloads, and the
-project's cache root (`home()`). It fetches files only; a model directory from them is `stylevar.loaders.pull`'s.
-
-Downloads go through `huggingface_hub` (its cache, token, offline switch and endpoint apply). `check_cached`
-decides once whether the Hub may be asked (not offline, and its endpoint answers within `CONNECT_TIMEOUT_S`);
-if not, missing files are one `HubError` naming them and the `stylevar pull` command. Imports neither torch nor
-huggingface_hub until needed.
+"""Files on the Hugging Face Hub: hub ids (`hf:OWNER/NAME[@REVISION][:VARIANT]`), the cache, downloads through
+`huggingface_hub`, and the project's cache root (`home()`). `check_cached` decides once whether the Hub may be
+asked; if not, missing files are one `HubError` naming them. Imports neither torch nor huggingface_hub until needed.
 """
 from __future__ import annotations
 
@@ -52,7 +48,6 @@ class HubError(CodedError, FileNotFoundError):
     code = "hub_unavailable"
 
 
-# ------------------------------------------------------------------------------------------------ ids
 @dataclass(frozen=True)
 class HubFile:
     """One file of a Hub repository at a revision."""
@@ -129,7 +124,6 @@ def looks_like_repo_id(value: str | os.PathLike) -> bool:
     return bool(_REPO_RE.match(re.split(r"[@:]", os.fspath(value), maxsplit=1)[0]))
 
 
-# ------------------------------------------------------------------------------------------------ shapes
 @dataclass(frozen=True)
 class Shape:
     """Which configuration the checkpoints are read with: the repository's default, a preset, or reference fields."""
@@ -154,10 +148,7 @@ class Shape:
         return hashlib.sha256(json.dumps(self.reference, sort_keys=True).encode()).hexdigest()
 
 
-# ------------------------------------------------------------------------------------------------ the cache
-# huggingface_hub reads its variables (HF_HUB_CACHE, HF_HOME, HF_HUB_OFFLINE, ...) once, when it is first imported;
-# these two ask it, so this module and huggingface_hub's own calls always agree.
-def cache_dir() -> Path:
+def cache_dir() -> Path:  # asks huggingface_hub, which reads its variables once, when first imported
     """huggingface_hub's cache folder (HF_HUB_CACHE, else HF_HOME/hub, else its default)."""
     from huggingface_hub import constants
 
@@ -297,9 +288,8 @@ def download_model(model: HubModel, shape: Shape | None = None, *, progress: boo
 
 
 def download(f: HubFile, *, progress: bool = True, missing_ok: bool = False, local_only: bool = False) -> Path | None:
-    """The file through huggingface_hub (its cache, token, offline switch, endpoint); `HubError` if it cannot
-    be had. With `missing_ok`, None when the repository has no such file (or, offline, the cache has none);
-    with `local_only` (`check_cached` said so), from the cache alone."""
+    """The file through huggingface_hub; `HubError` if it cannot be had. With `missing_ok`, None when the
+    repository (or, offline, the cache) has no such file; with `local_only`, from the cache alone."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub import errors as hf_errors
 

@@ -13,8 +13,7 @@ from stylevar.utils.errors import CodedError
 
 # output file extensions: the formats the service returns (and accepts)
 OUTPUT_EXTENSIONS: dict[str, str] = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP"}
-# an input whose short side is below this is scaled up many times to the model's size: it still works,
-# but carries little of the content or style, so the command line says so
+# an input whose short side is below this carries little of the content or style: the command line says so
 SMALL_SIDE = 16
 
 

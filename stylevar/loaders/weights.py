@@ -1,10 +1,6 @@
 """Registry and cache of every external weight the project uses: what each file is, where it is looked for, where
-it comes from and how to check it.
-
-Nothing is downloaded implicitly: a missing file is a `MissingWeightError` naming the paths searched and the
-command that fetches it (`stylevar weights fetch NAME`: checksum checked, written atomically). Files are looked
-for first in huggingface_hub's cache (Hub files) or torch hub's checkpoints folder (torchvision files), then in
-`stylevar.loaders.hub.home()`. Reading and checking a weight file is `stylevar.models.state_dict`'s.
+it comes from and how to check it. Nothing is downloaded implicitly: a missing file is a `MissingWeightError`
+naming the paths searched and the command that fetches it.
 """
 from __future__ import annotations
 
@@ -60,13 +56,9 @@ class SourceUnreachableError(ConnectionError):
 
 @dataclass(frozen=True)
 class Part:
-    """One download of a weight. `path` is relative to the weight's folder (or the file itself).
-
-    `unpack`: `file` (kept as downloaded), `zip` (extracted into the folder; an archive that wraps its
-    files in one folder of its own is unwrapped), `zip-folder` (a zip with one top folder, e.g. a GitHub
-    archive, extracted and renamed to `path`). `check` lists glob patterns, relative to the weight's
-    folder, that must match once the part is in place (default: `path`).
-    """
+    """One download of a weight. `path` is relative to the weight's folder (or the file itself). `unpack`: `file`,
+    `zip` (extracted into the folder, a lone wrapping folder unwrapped) or `zip-folder` (its one top folder renamed
+    to `path`). `check`: glob patterns that must match once the part is in place (default: `path`)."""
 
     path: str
     url: str | None
@@ -139,9 +131,11 @@ class Weight:
         return self.search_paths()[-1 if self.location == "hf" else 0]
 
     def complete(self, path: Path) -> bool:
-        if not self.tree:
-            return path.is_file()
-        return path.is_dir() and all(_matches(path, pattern) for part in self.parts for pattern in part.checks())
+        return path.is_dir() and not self.absent(path) if self.tree else path.is_file()
+
+    def absent(self, folder: Path) -> list[str]:
+        """The check patterns no file in `folder` matches."""
+        return [pat for part in self.parts for pat in part.checks() if not _matches(folder, pat)]
 
     def find(self) -> Path | None:
         for path in self.search_paths():
@@ -255,8 +249,7 @@ def resolve(name: str) -> Path:
     if weight.tree:
         partial = [p for p in searched if p.is_dir()]
         if partial:
-            absent = [pat for part in weight.parts for pat in part.checks() if not _matches(partial[0], pat)]
-            detail = f"{partial[0]} is incomplete, it lacks: {', '.join(absent)}"
+            detail = f"{partial[0]} is incomplete, it lacks: {', '.join(weight.absent(partial[0]))}"
     raise MissingWeightError(weight, searched, detail)
 
 
@@ -271,9 +264,6 @@ def missing(names: Iterable[str]) -> dict[str, MissingWeightError]:
     return out
 
 
-# ----------------------------------------------------------------------------------------------- fetching
-
-
 def _part_url(part: Part, mirror: str | None) -> str:
     if mirror:
         return mirror.rstrip("/") + "/" + part.mirror_name
@@ -283,8 +273,8 @@ def _part_url(part: Part, mirror: str | None) -> str:
 
 
 def _download(url: str, dest: Path, part: Part, *, progress: bool) -> str:
-    """`url` to `dest` through torch's `download_url_to_file` (temporary file next to `dest`, sha256 prefix
-    check, rename: a failed or mismatching download leaves nothing behind). Returns the sha256."""
+    """`url` to `dest` through torch's `download_url_to_file`, its sha256 returned; a failed or mismatching
+    download leaves nothing behind."""
     import torch.hub
 
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -343,8 +333,7 @@ def _install_part(part: Part, url: str, folder: Path, *, progress: bool) -> str:
 
 
 def _replace(src: Path, dest: Path) -> None:
-    """Move a complete unpacked entry (a folder or a file, on the same filesystem) over ``dest`` through
-    `stylevar.utils.atomic` (an old entry of the other kind removed first)."""
+    """Move a complete unpacked entry (a folder or a file, on the same filesystem) atomically over ``dest``."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     if src.is_dir():
         if dest.exists() and not dest.is_dir():
@@ -418,8 +407,7 @@ def fetch_weight(weight: Weight, *, mirror: str | None = None, force: bool = Fal
                 continue  # this part is already in place
             digests.append(_install_part(part, _part_url(part, mirror), dest, progress=progress))
         if not weight.complete(dest):
-            absent = [pat for part in weight.parts for pat in part.checks() if not _matches(dest, pat)]
-            raise ValueError(f"{weight.name}: downloads did not produce {', '.join(absent)} in {dest}")
+            raise ValueError(f"{weight.name}: downloads did not produce {', '.join(weight.absent(dest))} in {dest}")
     else:
         part = weight.parts[0]
         digests.append(_download(_part_url(part, mirror), dest, part, progress=progress))

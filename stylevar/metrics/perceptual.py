@@ -28,9 +28,6 @@ DREAMSIM_SIZE = 224
 CLIP_SIZE = 224
 
 
-# ------------------------------------------------------------------------------------------------ LPIPS
-
-
 class LPIPSMetric(nn.Module):
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -65,9 +62,6 @@ class LPIPSMetric(nn.Module):
     @torch.no_grad()
     def forward(self, a_B3HW: torch.Tensor, b_B3HW: torch.Tensor) -> torch.Tensor:
         return self.model(a_B3HW * 2 - 1, b_B3HW * 2 - 1).reshape(-1)
-
-
-# ------------------------------------------------------------------------------------------------ DreamSim
 
 
 @contextlib.contextmanager
@@ -131,9 +125,6 @@ class DreamSimMetric(nn.Module):
         a = F.interpolate(a_B3HW, size=size, mode="bilinear", align_corners=False)
         b = F.interpolate(b_B3HW, size=size, mode="bilinear", align_corners=False)
         return self.model(a, b).reshape(-1)
-
-
-# ------------------------------------------------------------------------------------------------ CLIP
 
 
 class _DropLogMessage(logging.Filter):

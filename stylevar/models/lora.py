@@ -110,7 +110,6 @@ class LoRALinear(nn.Module):
                 f"scaling={self.scaling:g}, enabled={self.enabled}")
 
 
-# ------------------------------------------------------------------------------------------ attaching
 def _blocks(model: nn.Module) -> nn.ModuleList:
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, nn.ModuleList):
@@ -182,7 +181,6 @@ def lora_disabled(model: nn.Module) -> Iterator[nn.Module]:
             m.enabled = before[name]
 
 
-# ------------------------------------------------------------------------------------------ state
 def lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """``{<module>.lora_A, <module>.lora_B: tensor}`` (views of the live parameters)."""
     out: dict[str, torch.Tensor] = {}
@@ -212,7 +210,6 @@ def load_lora_state_dict(model: nn.Module, state: Mapping[str, torch.Tensor]) ->
         v.copy_(state[k])
 
 
-# ------------------------------------------------------------------------------------------ merging
 @torch.no_grad()
 def merge_lora(model: nn.Module, *, restart: bool = True, generator: torch.Generator | None = None) -> None:
     """Bake every adapter's update into its base weight; with ``restart`` the adapters start again at

@@ -64,7 +64,6 @@ def coherence_of(mode: TemporalMode | Coherence) -> Coherence | None:
     return None
 
 
-# ---- motion ---------------------------------------------------------------------------------------
 def estimate_shift(a_HW: torch.Tensor, b_HW: torch.Tensor) -> torch.Tensor:
     """The global translation d (dx, dy) in pixels with b(p) ~ a(p - d): phase correlation of the two
     (Hann-windowed) images, the peak refined to a fraction of a pixel by a parabola through its neighbours."""
@@ -119,7 +118,6 @@ class FrameMotion:
         return self.offset_B2 - self.raw_B2
 
 
-# ---- the sampler ----------------------------------------------------------------------------------
 class FrameSampler:
     """Draws the tokens of a clip's frames (a `stylevar.models.sampling.TokenSampler`): pass it as the seed of
     `StyleVAR.generate` (or `StylePipeline.stylize_batch`), calling `begin(frames)` before each call, with

@@ -35,7 +35,6 @@ THREADS_HELP = (f"torch's CPU threads: a count, '{KEEP}' (torch's own choice) or
                 f"than the CPUs this process may use, at least 1; docs/serving.md#threads)")
 
 
-# ------------------------------------------------------------------------------------------ the CPUs
 @dataclass(frozen=True)
 class CpuBudget:
     """The CPUs of the affinity mask and the cgroup's quota in CPUs (None: no quota)."""
@@ -154,7 +153,6 @@ def torch_own_counts() -> set[int]:
     return {c for c in counts if c}
 
 
-# ------------------------------------------------------------------------------------------ the decision
 def parse_threads(value: int | str | None) -> int | str | None:
     """A thread count as the surfaces take it: None, "", "auto" or 0 -> None (the policy); "torch" -> "torch";
     a positive integer (or its digits) -> that count. Anything else is a ValueError saying what is taken."""
