@@ -1,6 +1,6 @@
 """Learned perceptual metrics: LPIPS (VGG-16 or AlexNet), DreamSim (dino_vitb16) and CLIP similarity (ViT-B-32),
-each a value per pair (B,). Every loader resolves its files through `stylevar.loaders.weights` first (a missing
-file is a `MissingWeightError` before any library could try a download) and checks keys and shapes.
+each a value per pair (B,). Every loader resolves its files through `stylevar.loaders.weights` first (never a
+download) and checks keys and shapes.
 """
 from __future__ import annotations
 

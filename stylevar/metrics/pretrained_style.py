@@ -1,9 +1,8 @@
 """Style measured by a pretrained network, and sharpness: what a blur cannot fake.
 
-`StylePredictor` is the teacher's style predictor (needs the `teacher` extra): `style_cosine` compares two
-images' style vectors, `style_gram_distance` their Gram matrices on the predictor's own features (in [0, 1]).
-`sharpness(a, reference)` is the mean absolute Laplacian of the luminance over the reference's (no network).
-Images are (B, 3, H, W) in [0, 1]; each function gives a value per pair, (B,).
+`style_cosine` and `style_gram_distance` compare two images through the teacher's `StylePredictor` (the `teacher`
+extra); `sharpness(a, reference)` is the mean absolute Laplacian of the luminance over the reference's. Images are
+(B, 3, H, W) in [0, 1]; each function gives a value per pair, (B,).
 """
 from __future__ import annotations
 
@@ -24,10 +23,8 @@ _LAPLACIAN = torch.tensor([[0.0, 1.0, 0.0], [1.0, -4.0, 1.0], [0.0, 1.0, 0.0]])
 class StylePredictor(nn.Module):
     """`predictor(images_B3HW) -> (style vectors (B, 100), [features (B, C, s, s) for s in GRAM_SIDES])`.
 
-    The ONNX graph run by torch, node by node: its int8 weights dequantized once, its activations' quantize /
-    dequantize pairs kept as a fake quantization with a straight-through gradient, so that it gives the
-    onnxruntime session's numbers and can also be a training loss (`requires_grad_` is off: the network is
-    fixed). The graph is Magenta's, so only its operators are known here; another graph is refused."""
+    Magenta's ONNX graph run by torch node by node (another graph is refused): int8 weights dequantized once,
+    activations fake-quantized with a straight-through gradient, so it matches onnxruntime and can be a loss."""
 
     OPS = ("QuantizeLinear", "DequantizeLinear", "Transpose", "Conv", "Clip", "Add", "GlobalAveragePool", "Reshape")
 

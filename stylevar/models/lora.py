@@ -1,8 +1,7 @@
 """LoRA adapters on StyleVAR's linear layers: attach, switch off, snapshot, merge, remove.
 
 A wrapped linear keeps its frozen ``base_weight`` and learns ``W = base_weight + alpha / r * lora_B @ lora_A``
-(``lora_B`` starts at zero), with the names the published GRPO checkpoints use; it also exposes the effective
-``weight`` (the naive baseline reads it). GRPO's reference policy is the same model under `lora_disabled`.
+(``lora_B`` starts at zero), named as the published GRPO checkpoints are, and exposes the effective ``weight``.
 """
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# linears inside each block `blocks[i]` that GRPO adapts (guide and target projections, output
-# projection, both FFN layers)
+# linears inside each block `blocks[i]` that GRPO adapts
 DEFAULT_TARGETS = ("attn.q_guide", "attn.kv_target", "attn.proj", "ffn.fc1", "ffn.fc2")
 
 
@@ -123,11 +121,8 @@ def _split(path: str) -> tuple[str, str]:
 
 
 def attach_lora(model: nn.Module, cfg: LoRAConfig, *, seed: int = 0) -> list[str]:
-    """Wrap ``cfg.targets`` of every block in :class:`LoRALinear`, freeze everything else.
-
-    Returns the wrapped module names (e.g. ``blocks.0.attn.q_guide``). The A matrices are drawn from a
-    private generator seeded with ``seed`` (the global RNG is not touched).
-    """
+    """Wrap ``cfg.targets`` of every block in :class:`LoRALinear` and freeze everything else; returns the wrapped
+    module names. The A matrices come from a private generator seeded with ``seed``."""
     if lora_modules(model):
         raise LoRAError("the model already has LoRA adapters")
     blocks = _blocks(model)

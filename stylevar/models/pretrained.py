@@ -71,9 +71,8 @@ def update_config(folder: str | os.PathLike, sections: Mapping[str, Any]) -> Non
 
 
 class PretrainedModel:
-    """`save_pretrained` and the reading half of `from_pretrained` for an nn.Module with a config dataclass
-    `cfg` (``to_dict``/``from_dict``): its weights in `weights_file`, its config in config.json's
-    `config_section`. A subclass's `from_pretrained` builds itself from `read_pretrained`'s parts."""
+    """`save_pretrained` and the reading half of `from_pretrained` for an nn.Module with a config dataclass `cfg`:
+    weights in `weights_file`, config in config.json's `config_section`."""
 
     config_section: ClassVar[str]
     weights_file: ClassVar[str]

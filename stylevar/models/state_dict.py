@@ -1,8 +1,7 @@
 """Reading a state dict from a file and checking it against a model: the one place for both.
 
-`read_file` reads safetensors, or anything else with ``torch.load(weights_only=True)``, memory-mapped onto the
-CPU; `check_state_dict` raises one error naming every missing, unexpected and wrongly shaped key;
-`fit_state_dict` is that check for a model's own weights, derived buffers taken from the model.
+`read_file` reads safetensors or ``torch.load(weights_only=True)`` files onto the CPU; `check_state_dict` raises
+one error naming every missing, unexpected and wrongly shaped key.
 """
 from __future__ import annotations
 
@@ -141,9 +140,8 @@ def load_into(module: torch.nn.Module, path: str | os.PathLike, *, source: str |
 
 
 def fit_state_dict(sd: StateDict, own: StateDict, what: str) -> StateDict:
-    """``sd`` with its derived buffers (`DERIVED_KEYS`) dropped and the model's own values taken instead,
-    checked against the model's state dict ``own`` (every mismatch in one CheckpointMismatchError naming
-    ``what``)."""
+    """``sd`` with its derived buffers (`DERIVED_KEYS`) taken from the model's state dict ``own``, checked against
+    it (every mismatch in one CheckpointMismatchError naming ``what``)."""
     out = {k: v for k, v in sd.items() if not DERIVED_KEYS.search(k)}
     for k, v in own.items():
         if DERIVED_KEYS.search(k):

@@ -170,9 +170,8 @@ class Decoder(nn.Module):
 
 
 def widen_to_space_to_channel(sd: dict[str, torch.Tensor], s: int) -> dict[str, torch.Tensor]:
-    """A tokenizer's weights (space-to-channel 1) as those of its space-to-channel-`s` twin that starts out as
-    it on the image shrunk s times (2 x 2 mean for s = 2) and upsampled (nearest) back: the stem averages the
-    s x s pixels it receives, the head repeats each output pixel s x s times. Only the stem and the head change."""
+    """A tokenizer's weights (space-to-channel 1) as those of its space-to-channel-`s` twin, which starts out as it
+    on the image shrunk s times: only the stem (averaging) and the head (repeating) change."""
     out = dict(sd)
     w_in = sd["encoder.conv_in.weight"]  # (ch, 3, 3, 3)
     out["encoder.conv_in.weight"] = w_in.repeat_interleave(s * s, dim=1) / (s * s)

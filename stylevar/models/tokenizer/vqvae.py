@@ -24,13 +24,9 @@ class VQVAEOutput:
 
 
 class MultiScaleVQVAE(PretrainedModel, nn.Module):
-    """The tokenizer. `save_pretrained(folder)` writes `tokenizer.safetensors` and config.json's
-    ``"tokenizer"`` section; `from_pretrained(folder)` reads them back from a tokenizer folder or a whole
-    model directory (`stylevar.models.pretrained`).
-
-    Encoding and decoding run in float32 under any autocast (`stylevar.utils.precision`' policy): an image's tokens
-    and a token map's picture are the same on every path. The tokenizer's own training (`forward`) follows its run's
-    precision."""
+    """The tokenizer. `save_pretrained(folder)` writes `tokenizer.safetensors` and config.json's ``"tokenizer"``
+    section; `from_pretrained(folder)` reads them back from a tokenizer folder or a whole model directory.
+    Encoding and decoding run in float32 under any autocast; training (`forward`) follows its run's precision."""
 
     config_section = "tokenizer"
     weights_file = TOKENIZER_FILE

@@ -1,6 +1,5 @@
-"""A StyleVAR block and the head: AdaLN-modulated blended attention and FFN (see `stylevar.models.transformer.model`),
-with stochastic depth on both residual branches in training (timm's drop_path with scale_by_keep, as the reference
-trains: `drop_path_factors`)."""
+"""A StyleVAR block and the head: AdaLN-modulated blended attention and FFN, with stochastic depth on both residual
+branches in training (`drop_path_factors`)."""
 from __future__ import annotations
 
 from typing import NamedTuple, TypeVar
@@ -58,10 +57,8 @@ def _ada_lin(lin: nn.Module, cond_BD: torch.Tensor, n: int, dim: int) -> tuple[t
 
 
 def drop_path_factors(rows: int, p: float, like: torch.Tensor) -> torch.Tensor:
-    """What each row of a residual branch is multiplied by in training, (rows, 1, 1) in ``like``'s dtype and
-    device: 0 with probability ``p`` (one Bernoulli per row from torch's global generator, as the reference's
-    timm drop_path draws it, so a seeded run repeats its drops and activation checkpointing, which restores
-    that generator, recomputes the same ones), else 1 / (1 - p); ones, drawing nothing, for p = 0."""
+    """What each row of a residual branch is multiplied by in training, (rows, 1, 1) like ``like``: 0 with
+    probability ``p`` (drawn from torch's global generator, so checkpointing recomputes the same), else 1 / (1 - p)."""
     if p == 0.0:
         return like.new_ones((rows, 1, 1))
     keep = 1.0 - p
@@ -107,9 +104,7 @@ class Block(nn.Module):
     def forward(self, x_BLC: torch.Tensor, mod: Modulation, guide: Guide, mask: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> torch.Tensor:
         """``mod``: `modulation(cond)` at these positions; ``mask``: teacher forcing's; ``cache``: generation's.
-        In training the drop-path factors of both branches are drawn here, eagerly, and `step` gets them as
-        tensors: the compiled `step` (stylevar.runtime.compile) then never sees this block's rate, so one graph
-        serves every block (a rate read inside it would be a constant of the graph: one graph per block)."""
+        Drop-path factors are drawn here, outside `step`, so one compiled graph serves every block."""
         factors = None
         if self.training:  # checked first: in eval the rate is never read
             rows = x_BLC.shape[0]

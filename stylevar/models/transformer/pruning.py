@@ -1,9 +1,7 @@
 """Fast sampling (opt-in, `GenerationConfig.fast`): training-free token merging at the finest scales of the loop.
 
-Each scale of at least `min_tokens` positions is cut into 2 x 2 groups; the `keep` fraction with the most content
-detail is computed position by position, every other group goes through the blocks as one merged token, copied
-back to its four positions with a first-order residual correction. Heads and draws are the full sampler's; the
-scales before the first merged one give the same tokens. Off, nothing here runs.
+At the finest scales, 2 x 2 groups with little content detail go through the blocks as one merged token, copied
+back to their four positions with a first-order residual correction (`FastSampling`). Off, nothing here runs.
 """
 from __future__ import annotations
 
@@ -20,9 +18,8 @@ from stylevar.models.transformer.condition import Condition
 
 @dataclass(frozen=True)
 class FastSampling:
-    """Which scales fast sampling merges and how much: every scale of at least ``min_tokens`` positions
-    computes the ``keep`` fraction of its 2 x 2 groups (those of the most content detail) position by
-    position and merges the others (0: every group merged; 1: the scale in full)."""
+    """Every scale of at least ``min_tokens`` positions computes the ``keep`` fraction of its 2 x 2 groups (the
+    most detailed) position by position and merges the others (0: every group merged; 1: the scale in full)."""
 
     keep: float = 0.25
     min_tokens: int = 25
