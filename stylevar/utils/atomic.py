@@ -1,9 +1,7 @@
 """Atomic writes: a file or folder appears whole under its name, or not at all.
 
-Data goes to a temporary name in the destination's folder (``.NAME.PID.tmp``, ``.NAME.tmp`` for a folder), is
-fsynced and renamed over the destination, and the folder fsynced. A failed write leaves the destination as it
-was, removes the partial data and raises `WriteFailedError`: one line naming the file, why ("disk full", or the
-OS's words) and, when known, the bytes needed and free.
+Data goes to a temporary name in the destination's folder, is fsynced and renamed over the destination. A failed
+write leaves the destination as it was, removes the partial data and raises `WriteFailedError`.
 """
 from __future__ import annotations
 
@@ -20,11 +18,8 @@ _NEARLY_FULL = 1 << 20  # free bytes under which a write failure that gives no e
 
 
 class WriteFailedError(OSError):
-    """A write that did not happen: the destination is as it was and the partial data removed.
-
-    ``path`` is the destination, ``disk_full`` whether the filesystem (or quota) was full, ``needed`` the
-    bytes the write needed and ``free`` those free after the partial data was removed (None: not known).
-    """
+    """A write that did not happen: the destination is as it was and the partial data removed. ``needed`` and
+    ``free`` are bytes (None: not known)."""
 
     def __init__(self, message: str, *, path: Path | None = None, code: int | None = None,
                  disk_full: bool = False, needed: int | None = None, free: int | None = None):
@@ -49,10 +44,8 @@ def temp_folder(dest: Path) -> Path:
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any], *, size: int | None = None,
                  what: str = "") -> Path:
-    """Make ``path`` by ``write(file)`` (a binary file open on a temporary file next to it), atomically.
-
-    ``size`` (bytes, when known) and ``what`` ("checkpoint") go into the :class:`WriteFailedError` message.
-    """
+    """Make ``path`` by ``write(file)`` (a binary file open next to it), atomically; ``size`` and ``what`` go
+    into the :class:`WriteFailedError` message."""
     path = Path(path)
     tmp = temp_path(path)
 
@@ -119,9 +112,7 @@ def replace_folder(tmp: Path, dest: Path) -> None:
 
 
 def is_write_error(exc: BaseException) -> bool:
-    """Whether ``exc`` from a writer means the write failed (an OSError or RuntimeError, itself or behind
-    it), rather than that the writer was given something it cannot write or that the process is being
-    stopped."""
+    """Whether ``exc`` from a writer means the write failed (an OSError or RuntimeError, itself or behind it)."""
     if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
         return False
     return any(isinstance(e, (OSError, RuntimeError)) for e in _chain(exc))

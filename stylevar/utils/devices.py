@@ -16,8 +16,7 @@ if TYPE_CHECKING:
     import torch
 
 _CUDA_NAME = re.compile(r"^cuda(?::(\d+))?$")
-# what a GPU driver leaves on Linux: NVIDIA (bare metal and containers), AMD ROCm (torch's "cuda" is HIP
-# there) and WSL2's paravirtual GPU. None of them present: no CUDA device can be available.
+# what a GPU driver leaves on Linux (NVIDIA, AMD ROCm, WSL2): none of them, no CUDA device can be available
 _GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia[0-9]*", "/proc/driver/nvidia/gpus/*", "/dev/kfd", "/dev/dxg")
 _NVIDIA_DRIVER_VERSION = "/proc/driver/nvidia/version"
 
@@ -81,11 +80,8 @@ def _auto_device() -> "torch.device":
 
 
 def check_device(name: str | None) -> str | None:
-    """``name`` unchanged if this machine can run on it (None: choose automatically); else DeviceError.
-
-    ``cpu`` is always fine and imports nothing; ``cuda`` / ``cuda:N`` on a machine without any GPU driver
-    is refused without importing torch; anything else is parsed and checked by torch.
-    """
+    """``name`` unchanged if this machine can run on it (None: choose automatically); else DeviceError. CUDA on a
+    machine without any GPU driver is refused without importing torch."""
     if name is None or name == "cpu":
         return name
     if _CUDA_NAME.match(name) and _no_gpu_driver():
@@ -134,10 +130,8 @@ def resolve_devices(names: Sequence[str]) -> "list[torch.device]":
 
 
 def import_compiler_quietly() -> None:
-    """Import torch's C++ extension loader (Inductor imports it to compile on the CPU) without its "No CUDA runtime
-    is found" warning: at import it looks for a CUDA toolkit (CUDA_HOME, nvcc, /usr/local/cuda) and warns when one
-    is installed but no GPU is usable, which says nothing to a run on the CPU and would be the log's only warning.
-    The module warns only at import, so later imports stay quiet too; a usable GPU never gets the warning."""
+    """Import torch's C++ extension loader (which Inductor needs on the CPU) without its import-time "No CUDA
+    runtime is found" warning, meaningless to a run on the CPU."""
     if "torch.utils.cpp_extension" in sys.modules:
         return
     logger = logging.getLogger("torch.utils.cpp_extension")

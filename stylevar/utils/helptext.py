@@ -1,6 +1,5 @@
-"""How every command's ``--help`` reads: the one formatter of the project's parsers. A default is shown once (not
-where the help says it, nor for None, False, empty values or flags), a required option says so, and reST markup
-in a module docstring reads as plain text. Standard library only: every ``--help`` imports it.
+"""How every command's ``--help`` reads: the one formatter of the project's parsers (a default shown once, required
+options said so, reST markup as plain text). Standard library only.
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """How many CPU threads torch runs, one policy for the service, the command line and the library.
 
-`cpu_budget`: the CPUs this process may use (its affinity mask and its cgroup's CPU quota, rounded up). The
-policy (`DEFAULT_RULE`, "spare-one"): one thread fewer than those, at most torch's own choice. An explicit count
-(``threads=``, ``--threads``, ``STYLEVAR_THREADS``), ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` or an earlier
-``torch.set_num_threads`` wins over it. A process decides once, at its first model load. No torch at import:
-the entry points call `prepare_environment` (which also sets ``OMP_WAIT_POLICY=PASSIVE``) before importing it.
+The policy (`DEFAULT_RULE`, "spare-one"): one thread fewer than the CPUs this process may use (`cpu_budget`), at
+most torch's own choice; an explicit count or the OpenMP/MKL variables win over it. A process decides once, at
+its first model load. No torch at import.
 """
 from __future__ import annotations
 
@@ -214,10 +212,8 @@ def decision() -> ThreadChoice | None:
 
 
 def apply_threads(threads: int | str | None = None, environ: Mapping[str, str] | None = None) -> ThreadChoice:
-    """Set torch's intra-op threads; returns what decided. The first that applies decides: an explicit count
-    (``threads``, then ``STYLEVAR_THREADS``; "torch" keeps torch's), ``OMP_NUM_THREADS``/``MKL_NUM_THREADS``, a
-    count set with ``torch.set_num_threads`` before the first load, the policy. Without an explicit count after
-    the process has decided, nothing changes."""
+    """Set torch's intra-op threads and return what decided: an explicit count (``threads``, ``STYLEVAR_THREADS``),
+    ``OMP_NUM_THREADS``/``MKL_NUM_THREADS``, an earlier ``torch.set_num_threads``, else the policy."""
     global _decided
     value = parse_threads(threads)
     if value is None and _decided is not None:
@@ -238,9 +234,8 @@ def apply_threads(threads: int | str | None = None, environ: Mapping[str, str] |
 
 
 def prepare_environment(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
-    """For an entry point, before it imports torch: ``OMP_WAIT_POLICY=PASSIVE`` (the policy's wait setting) in
-    ``environ`` (None: this process's, left alone once torch is imported: OpenMP has read it) unless a wait setting
-    (`WAIT_ENV`) is there already. Returns what it set."""
+    """For an entry point, before it imports torch: ``OMP_WAIT_POLICY=PASSIVE`` in ``environ`` unless a wait
+    setting (`WAIT_ENV`) is there already; returns what it set."""
     if environ is None:
         if "torch" in sys.modules:
             return {}
