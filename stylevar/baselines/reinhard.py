@@ -1,7 +1,6 @@
 """Reinhard et al. (2001) colour transfer: the content recoloured to the style's Lab mean and std.
 
-A weight-free baseline: it moves colour statistics and nothing else (no texture, no structure change).
-Lab conversion uses LittleCMS through PIL's ImageCms (sRGB -> CIELAB, 8 bits per channel).
+A weight-free baseline: it moves colour statistics and nothing else (Lab through PIL's ImageCms).
 """
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """The `stylevar` command.
 
-One module per sub-command (``stylevar/cli/<command>.py``) declares its arguments and the code it runs,
-importing the library only inside the functions that run it (so `stylevar --help` and `--version` never
-import torch). Other packages add sub-commands through the ``stylevar.commands`` entry-point group
-(pyproject.toml): each entry names a :class:`~stylevar.cli.command.Command` in a module that imports no
-torch (training contributes `merge-lora`). Every argument and file check runs before a model loads, and
-every error a user can cause is one line on stderr and a non-zero exit.
+One module per sub-command declares its arguments and the code it runs, importing the library only when it
+runs (`--help` never imports torch); other packages add sub-commands through the ``stylevar.commands``
+entry-point group. Every error a user can cause is one line on stderr and a non-zero exit.
 """
 from __future__ import annotations
 

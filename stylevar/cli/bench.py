@@ -11,7 +11,6 @@ from stylevar.cli.values import threads_argument
 from stylevar.config import PRESETS
 from stylevar.utils.threads import THREADS_HELP  # no torch
 
-# what --naive costs (measured on the 2-core CPU machine; the README's block says the same)
 NAIVE_COST = "--preset d16 --naive peaks at about 10.5 GB of memory and takes about 16 min; tiny: 0.9 GB, 13 s"
 
 

@@ -1,6 +1,4 @@
-"""An evaluation over torchrun's processes (WORLD_SIZE > 1): which batches this rank scores, and the merge.
-
-(Named for the ranks, not "sharding": that word is FSDP's here, training.parts.fsdp and training.sharding.)"""
+"""An evaluation over torchrun's processes (WORLD_SIZE > 1): which batches this rank scores, and the merge."""
 from __future__ import annotations
 
 import sys

@@ -1,8 +1,7 @@
 """`run`: every method on every benchmark, scored per sample, averaged per benchmark and method.
 
-The checks (the output folder, the methods, the benchmarks' files, the weights) run before any model or
-metric loads. Under torchrun the batches are shared out among the processes (`ranks.Shard`) and process
-0 merges the per-sample records and writes the files; every process returns the merged result.
+Every check runs before any model or metric loads. Under torchrun the batches are shared out among the processes
+and process 0 merges the records and writes the files; every process returns the merged result.
 """
 from __future__ import annotations
 
@@ -82,7 +81,7 @@ def run(cfg: EvalConfig) -> RunResult:
     """Evaluate every method on every benchmark and write the outputs to `cfg.out` (see the module doc)."""
     from tqdm.auto import tqdm
 
-    # every check before any model or metric loads (and before hours of work end at an unwritable --out)
+    # every check before any model or metric loads
     output_folder(cfg.out, "--out folder")
     shard, device = start_shard(resolve_device(cfg.device))
     methods = [make_method(spec) for spec in cfg.methods]
