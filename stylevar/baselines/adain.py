@@ -71,8 +71,7 @@ def decoder_layers() -> nn.Sequential:
 
 def channel_mean_std(feat_BCHW: torch.Tensor, eps: float = EPS, unbiased: bool = True
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel mean and std (variance + eps, then sqrt), each (B, C, 1, 1). ``unbiased``: the variance
-    divides by n - 1 (the AdaIN authors' code) or by n (the StyleVAR paper's evaluation code)."""
+    """Per-channel mean and std, each (B, C, 1, 1); ``unbiased``: the variance divides by n - 1, else n."""
     b, c = feat_BCHW.shape[:2]
     flat = feat_BCHW.reshape(b, c, -1)
     mean = flat.mean(2).view(b, c, 1, 1)

@@ -41,8 +41,7 @@ def _chosen(argv: Sequence[str]) -> str | None:
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The parser for ``argv``: every command is listed, and the chosen one has its full arguments
-    (``argv`` None: all of them, which imports every command's library modules)."""
+    """The parser for ``argv``: every command listed, the chosen one (None: all) with its full arguments."""
     from stylevar import __version__
 
     chosen = _chosen(argv) if argv is not None else None

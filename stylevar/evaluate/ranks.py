@@ -37,8 +37,7 @@ class Shard:
 
 
 def start_shard(device: torch.device) -> tuple[Shard, torch.device]:
-    """Under torchrun (WORLD_SIZE > 1): join the process group (env://; nccl on CUDA, gloo on the CPU), each rank
-    on its own GPU (`rank_device`: ``--device cuda:0`` put every rank on GPU 0); else a single process."""
+    """Under torchrun (WORLD_SIZE > 1): join the process group, each rank on its own GPU; else a single process."""
     launch = Torchrun.from_env()
     if not launch.distributed:
         return Shard(), device

@@ -66,8 +66,7 @@ def check_weights(cfg: EvalConfig, methods: list[Method]) -> dict[str, weights.M
 
 @dataclass
 class _Run:
-    """What scoring a benchmark needs: the config, the metrics, this process's shard, the device, the
-    progress bar and the result being filled in."""
+    """What scoring a benchmark needs: config, metrics, shard, device, progress bar and the result."""
 
     cfg: EvalConfig
     suite: MetricSuite
@@ -128,8 +127,7 @@ def shortfalls(cfg: EvalConfig, benchmarks: list[Benchmark], methods: int, resul
 
 
 def _evaluate_benchmark(state: _Run, bench: Benchmark, methods: list[Method]) -> dict[str, list[torch.Tensor]]:
-    """Score every method on one benchmark (records and mean rows into ``state.result``); returns the
-    benchmark's samples grid (its first images and each method's outputs of them)."""
+    """Score every method on one benchmark into ``state.result``; returns its samples grid."""
     data = Triplets.load(bench, state.cfg.image_size, state.cfg.seed)
     rows = min(state.cfg.grid_rows, len(bench.samples))
     grid = data.grid(rows)

@@ -35,8 +35,7 @@ _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
 def home() -> Path:
-    """The project's one cache root, `$STYLEVAR_HOME` (default `~/.cache/stylevar`, read on each call): weights
-    placed by hand, pulled model directories and their locks live there."""
+    """The project's cache root, `$STYLEVAR_HOME` (default `~/.cache/stylevar`, read on each call)."""
     env = os.environ.get("STYLEVAR_HOME")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "stylevar"
 
@@ -174,8 +173,7 @@ def _why_local() -> str:
 
 
 def unreachable(timeout_s: float = CONNECT_TIMEOUT_S, url: str | None = None) -> str:
-    """Why ``url`` (default: the Hub's endpoint) cannot be asked ("" when its host, or the proxy for it, accepts a
-    TCP connection within ``timeout_s``; the name lookup counts in that time)."""
+    """Why ``url`` (default: the Hub's endpoint) cannot be asked; "" when it connects within ``timeout_s``."""
     if url is None:
         from huggingface_hub import constants
 
@@ -206,8 +204,7 @@ def unreachable(timeout_s: float = CONNECT_TIMEOUT_S, url: str | None = None) ->
 
 
 def local_only() -> str:
-    """Why downloads from the Hub cannot be asked for now ("" when they can): the offline switch, or the probe
-    (`unreachable`)."""
+    """Why downloads from the Hub cannot be asked for now ("" when they can)."""
     return _why_local() if offline() else unreachable()
 
 
@@ -248,8 +245,7 @@ def _unavailable(what: str, repo_id: str, revision: str, files: list[str], why: 
 
 
 def _not_cached(model: HubModel, shape: Shape | None, why: str) -> HubError:
-    """The one error for a model whose files are not all cached while the Hub cannot be asked: every missing file
-    and the `stylevar pull` command to run where there is internet."""
+    """The one error for a model whose files are not all cached while the Hub cannot be asked."""
     absent = [f.filename for f in model.files() if cached_path(f) is None]
     instead = (f", or unset {_offline_variable()}" if offline() else
                ", or set HF_ENDPOINT to a mirror of the Hub that this machine reaches")
@@ -260,8 +256,7 @@ def _not_cached(model: HubModel, shape: Shape | None, why: str) -> HubError:
 
 
 def check_cached(model: HubModel, shape: Shape | None = None) -> bool:
-    """Whether `model`'s files must come from the cache alone (offline, or the Hub unreachable: asked once,
-    here); then one `HubError` naming every file the cache lacks, at once."""
+    """Whether `model`'s files must come from the cache alone; then one `HubError` naming every file it lacks."""
     why = local_only()
     if not why:
         return False
@@ -272,8 +267,7 @@ def check_cached(model: HubModel, shape: Shape | None = None) -> bool:
 
 def download_model(model: HubModel, shape: Shape | None = None, *, progress: bool = True,
                    local_only: bool = False) -> dict[str, Path]:
-    """Every file of `model` (`download`); when the Hub answered the probe but not the download, the error still
-    names every file the cache lacks and the `stylevar pull` command (`_not_cached`)."""
+    """Every file of `model` (`download`); a failure names every file the cache lacks (`_not_cached`)."""
     paths = {}
     for f in model.files():
         try:
@@ -331,8 +325,7 @@ def _silent_bar():
 
 
 def optional_file(f: HubFile, *, local_only: bool = False) -> Path | None:
-    """An optional file of the repository: its path, or None when the repository has none (`local_only`: or
-    the cache has none)."""
+    """An optional file of the repository: its path, or None when the repository (or the cache) has none."""
     found = cached_path(f)
     if found is not None or _cached_absent(f):
         return found

@@ -50,8 +50,7 @@ class ChecksumError(ValueError):
 
 
 class SourceUnreachableError(ConnectionError):
-    """A weight's source cannot be reached (no network, offline): found by a short probe before any download, so
-    no download starts and nothing retries. The message names the file, its URL and where to put it by hand."""
+    """A weight's source cannot be reached: found by a short probe before any download starts."""
 
 
 @dataclass(frozen=True)
@@ -346,8 +345,7 @@ def _replace(src: Path, dest: Path) -> None:
 
 
 def _from_hub(weight: Weight, hub_file: HubFile, *, progress: bool) -> Path:
-    """The file through huggingface_hub; when the Hub cannot be asked (its offline switch, or `hub.unreachable`'s
-    short probe), from its cache alone, else SourceUnreachableError at once (not huggingface_hub's retries)."""
+    """The file through huggingface_hub, or from its cache alone when the Hub cannot be asked."""
     why = hub.local_only()
     if why and hub.cached_path(hub_file) is None:
         raise _unreachable(weight, hub_file.filename, hub_file.url, why, weight.manual_path())
@@ -357,8 +355,7 @@ def _from_hub(weight: Weight, hub_file: HubFile, *, progress: bool) -> Path:
 
 
 def check_reachable(weight: Weight, mirror: str | None = None) -> None:
-    """SourceUnreachableError when a URL `fetch_weight` would download `weight` from cannot be reached: each host
-    probed once, for at most `hub.CONNECT_TIMEOUT_S` (`hub.unreachable`)."""
+    """SourceUnreachableError when a URL `fetch_weight` would download from cannot be reached."""
     probed: dict[str, str] = {}
     for part in weight.parts:
         url = _part_url(part, mirror)

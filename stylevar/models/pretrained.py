@@ -29,8 +29,7 @@ def save_safetensors(sd: Mapping[str, torch.Tensor], path: str | os.PathLike, dt
 
 
 def _save_file(sd: Mapping[str, torch.Tensor], tmp: Path, metadata: dict[str, str] | None) -> None:
-    """safetensors' writer, its failures raised as OSError (it gives no errno: the file is opened here first,
-    so a folder that cannot be written says why; a full disk is told by the space left)."""
+    """safetensors' writer, its failures raised as OSError (a full disk told by the space left)."""
     from safetensors import SafetensorError
 
     open(tmp, "wb").close()
@@ -55,8 +54,7 @@ def read_config(folder: str | os.PathLike) -> dict[str, Any]:
 
 
 def write_config(folder: str | os.PathLike, config: Mapping[str, Any]) -> None:
-    """``folder/config.json`` (one space of indent, a final newline: the layout of every model directory),
-    written atomically."""
+    """``folder/config.json`` (one space of indent, a final newline), written atomically."""
     atomic_write_text(Path(folder) / CONFIG_FILE, json.dumps(config, indent=1) + "\n")
 
 

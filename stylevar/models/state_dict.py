@@ -19,13 +19,11 @@ DERIVED_KEYS = re.compile(r"(^|\.)(lvl_1L|attn_bias_for_masking|zero_k_bias\w*|n
 
 
 class CheckpointError(ValueError):
-    """A checkpoint or weight file that cannot be used: unreadable, no state dict, wrong layout or shapes,
-    LoRA-only."""
+    """A checkpoint or weight file that cannot be used (unreadable, wrong layout or shapes, LoRA-only)."""
 
 
 class WeightMismatchError(CheckpointError):
-    """A state dict whose keys or shapes are not the expected layout. `missing`, `unexpected` and
-    `wrong_shape` list them; the message names them all (the first 12 of each kind)."""
+    """A state dict whose keys or shapes are not the expected layout (`missing`, `unexpected`, `wrong_shape`)."""
 
     def __init__(self, source: str, missing: Sequence[str], unexpected: Sequence[str],
                  wrong_shape: Sequence[str | tuple[str, tuple[int, ...], tuple[int, ...]]]):

@@ -49,8 +49,7 @@ class Coherence:
 
 
 def coherence_of(mode: TemporalMode | Coherence) -> Coherence | None:
-    """The sampler of a temporal mode (a `Coherence` as it is): None for the per-frame seeds (independent,
-    same-seed)."""
+    """The sampler of a temporal mode; None for the per-frame seeds (independent, same-seed)."""
     if isinstance(mode, Coherence):
         return mode
     if mode not in TEMPORAL_MODES:
@@ -188,8 +187,7 @@ class FrameSampler:
         return torch.stack(out).to(drawings_B3SS.dtype)
 
     def _still(self, b: int) -> torch.Tensor:
-        """(1, S, S) bool: where frame b's content changed less than ``reuse_threshold`` (averaged over the finest
-        tokens), on the canvas."""
+        """(1, S, S) bool: where frame b's content changed less than ``reuse_threshold``, on the canvas."""
         assert self.motion is not None
         cell = max(1, round(self.side / self.patch_nums[-1]))
         change = F.avg_pool2d(self.motion.change_BHW[b][None, None], cell, ceil_mode=True)

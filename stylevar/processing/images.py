@@ -50,8 +50,7 @@ class ImageTooLargeError(ImageError):
 
 
 class ImageTooCostlyError(ImageError):
-    """An image whose decoding would take more work than any ordinary file needs (a JPEG scan bomb), or took longer
-    than its time."""
+    """An image whose decoding would take more work than any ordinary file needs, or took longer than its time."""
 
     code = "image_too_costly"
 

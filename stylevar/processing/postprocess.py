@@ -61,8 +61,7 @@ def sample_seeds(seed: int | None, num_samples: int) -> list[int]:
 
 
 def os_random_seed() -> int:
-    """A seed from the operating system's randomness: what the service draws for a request without one (torch's
-    global generator starts from the same seed in every process, so replicas would repeat each other)."""
+    """A seed from the OS's randomness, for a service request without one (replicas must not repeat each other)."""
     return secrets.randbelow(MAX_SEED + 1)
 
 
@@ -75,8 +74,7 @@ def preserve_color(result: Image.Image, content: Image.Image) -> Image.Image:
 
 
 def finish(images: Sequence[Image.Image], content: Image.Image, options: OutputOptions) -> list[Image.Image]:
-    """The model's results for one content image, finished as ``options`` ask (the size limit is
-    applied when the square result is mapped back, in ``StylePipeline.stylize_batch``)."""
+    """The model's results for one content image, finished as ``options`` ask."""
     if options.preserve_color:
         return [preserve_color(im, content) for im in images]
     return list(images)

@@ -82,8 +82,7 @@ def _axis_weights(n_out: int, n_in: int, start: int, stop: int, device: torch.de
 
 
 def _widened(x_Chw: torch.Tensor, W: int) -> torch.Tensor:
-    """`x` resized bilinearly along its width to `W`, channels last: (h, W, C). One matrix product at the
-    model's rows (each output column is a two-tap blend of input columns), computed once per image."""
+    """`x` resized bilinearly along its width to `W`, channels last: (h, W, C), once per image."""
     lo, hi, w = _axis_weights(W, x_Chw.shape[2], 0, W, x_Chw.device)
     taps_Ww = x_Chw.new_zeros(W, x_Chw.shape[2])
     cols = torch.arange(W, device=x_Chw.device)
@@ -93,8 +92,7 @@ def _widened(x_Chw: torch.Tensor, W: int) -> torch.Tensor:
 
 
 def _rows_of(x_hWC: torch.Tensor, H: int, rows: tuple[int, int]) -> torch.Tensor:
-    """Rows [rows) of the width-resized `x` resized bilinearly to `H` rows: (rows, W, C), exactly those rows
-    of the whole (the rows gathered by `index_select`, a copy per row: 7x faster than indexing with a tensor)."""
+    """Rows [rows) of the width-resized `x` resized bilinearly to `H` rows: (rows, W, C), exactly those of the whole."""
     lo, hi, w = _axis_weights(H, x_hWC.shape[0], *rows, x_hWC.device)
     return torch.lerp(x_hWC.index_select(0, lo), x_hWC.index_select(0, hi), w[:, None, None])
 
@@ -133,8 +131,7 @@ def upscale(drawing_3SS: torch.Tensor, seen_3SS: torch.Tensor, fit: Fit, content
 
 
 def _strips(low_hW7: torch.Tensor, guide: Image.Image, H: int, step: int) -> Iterator[tuple[int, torch.Tensor]]:
-    """(top row, the result's rows from there as uint8 (rows, W, 3) on the drawing's device), `step` rows at a
-    time, each computed on its own."""
+    """(top row, the result's rows from there as uint8 (rows, W, 3)), `step` rows at a time."""
     W, device = low_hW7.shape[1], low_hW7.device
     for top in range(0, H, step):
         rows = (top, min(H, top + step))
@@ -153,8 +150,7 @@ def _pasted(strips: Iterator[tuple[int, torch.Tensor]], size: tuple[int, int]) -
 
 
 def _gathered(strips: Iterator[tuple[int, torch.Tensor]], size: tuple[int, int], device: torch.device) -> Image.Image:
-    """Device strips written into one uint8 result on the device, brought to the host once: the device runs the
-    strips one after another without waiting for the host (one copy per strip would sync the host each time)."""
+    """Device strips written into one uint8 result on the device, brought to the host once."""
     W, H = size
     out_HW3 = torch.empty((H, W, 3), dtype=torch.uint8, device=device)
     for top, strip_rW3 in strips:
@@ -163,8 +159,7 @@ def _gathered(strips: Iterator[tuple[int, torch.Tensor]], size: tuple[int, int],
 
 
 def _luma(img: Image.Image, device: torch.device) -> torch.Tensor:
-    """An RGB image's luma (Rec. 601, `_LUMA`) as (H, W) float in 0..255 on `device`: Pillow's own conversion to
-    32-bit float, which is not rounded (4x faster than the product of the pixels with `_LUMA`)."""
+    """An RGB image's luma (Rec. 601, `_LUMA`) as (H, W) float in 0..255 on `device`, unrounded."""
     luma_HW = torch.from_numpy(np.array(img.convert("F")))
     if device.type == "cuda":  # from page-locked memory, without waiting: a pageable copy would sync the host
         return luma_HW.pin_memory().to(device, non_blocking=True)

@@ -355,8 +355,7 @@ class VideoWriter:
             self._raise(e)
 
     def _on_grid(self, time_s: float | None) -> Fraction:
-        """``time_s`` (default: the frame's index / fps), snapped to the frame-rate grid when within 1 ms of it
-        (Matroska's timestamps are whole milliseconds): a constant rate stays exactly constant."""
+        """``time_s`` (default: index / fps), snapped to the frame-rate grid when within 1 ms of it."""
         if time_s is None:
             return self._count / self.fps
         index = round(time_s * self.fps)

@@ -145,8 +145,7 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> Benc
 
 
 class _GraphStages:
-    """The graphs each stage of a compiled run added (stylevar.runtime.compile's count), and the recompile-limit
-    hits of the whole run; nothing for an eager run."""
+    """The graphs each stage of a compiled run added, and the run's recompile-limit hits."""
 
     def __init__(self, model):
         from stylevar.runtime.compile import compiled, recompile_limit_hits
@@ -168,8 +167,7 @@ class _GraphStages:
 
 
 def _build(cfg: BenchConfig, say: Callable[[str], None]) -> _Bench:
-    """The preset with random weights on the device (bf16 autocast on CUDA unless switched off, compiled
-    when asked); a missing device is one clear error, before any model is built."""
+    """The preset with random weights on the device (bf16 autocast on CUDA unless off, compiled when asked)."""
     from stylevar.utils.devices import resolve_device
     from stylevar.pipelines.pipeline import StylePipeline
 

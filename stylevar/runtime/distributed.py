@@ -35,8 +35,7 @@ class Torchrun:
 
 
 def rank_device(device: torch.device, launch: Torchrun) -> torch.device:
-    """The device this process computes on: under torchrun a CUDA device is the rank's own GPU,
-    ``cuda:LOCAL_RANK``, whatever index was named; otherwise ``device`` as given."""
+    """The device this process computes on: under torchrun the rank's own GPU, else ``device`` as given."""
     if launch.distributed and device.type == "cuda":
         return torch.device("cuda", launch.local_rank)
     return device

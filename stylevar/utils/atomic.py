@@ -137,8 +137,7 @@ def write_failure(path: Path, exc: BaseException, *, size: int | None = None, wh
 
 
 def _no_room(free: int | None, size: int | None) -> bool:
-    """Whether a failure that gave no errno is a full disk: under 1 MiB free, or fewer bytes than the write needed
-    (safetensors' writer reserves the whole file first)."""
+    """Whether a failure that gave no errno is a full disk (under 1 MiB or fewer bytes than needed free)."""
     return free is not None and (free < _NEARLY_FULL or (size is not None and free < size))
 
 
@@ -163,8 +162,7 @@ def _reason(exc: BaseException, code: int | None, full: bool) -> str:
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """``exc``, then what it was raised from or while handling (torch.save's RuntimeError is raised while
-    handling the file's OSError), and the failures a DCP CheckpointException wraps."""
+    """``exc``, then what it was raised from or while handling, and the failures a DCP exception wraps."""
     todo, seen = [exc], set()
     while todo:
         e = todo.pop(0)

@@ -49,8 +49,7 @@ def driver_version() -> str:
 
 
 def cuda_unusable_reason() -> str | None:
-    """Why torch cannot use the GPU this machine has (its driver's nodes are present but torch finds no CUDA
-    device), from torch's own CUDA initialisation error; None when CUDA works or no GPU driver is seen."""
+    """Why torch cannot use the GPU this machine has, from torch's own error; None when it can or there is none."""
     import torch
 
     nodes = _gpu_nodes()

@@ -54,8 +54,7 @@ def glibc_mallopt() -> Callable[[int, int], int] | None:
 
 
 def apply_heap_policy(environ: Mapping[str, str] | None = None, *, keep: int | None = None) -> HeapChoice:
-    """Set the heap's thresholds once per process and return the decision; ``keep``: the MiB to keep, else
-    `keep_mb` of ``environ``."""
+    """Set the heap's thresholds once per process; returns the decision (``keep``: MiB, else `keep_mb`)."""
     global _decided
     if _decided is not None:
         return _decided

@@ -23,8 +23,7 @@ DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", 
 
 
 def precision_error(name: object) -> str | None:
-    """Why ``name`` is not an inference precision, naming the valid ones (and why, for a removed one); None
-    when it is one."""
+    """Why ``name`` is not an inference precision, naming the valid ones; None when it is one."""
     if name in PRECISIONS:
         return None
     valid = ", ".join(PRECISIONS)

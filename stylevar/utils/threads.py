@@ -131,8 +131,7 @@ def cpu_budget(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> Cpu
 
 
 def physical_cores(cpus: Iterable[int], sys_cpu: Path = SYS_CPU) -> int | None:
-    """How many physical cores ``cpus`` (logical CPU numbers) sit on (their distinct thread siblings); None when
-    the topology cannot be read."""
+    """How many physical cores ``cpus`` (logical CPU numbers) sit on; None when the topology cannot be read."""
     cores = set()
     for cpu in cpus:
         siblings = _read(sys_cpu / f"cpu{cpu}" / "topology" / "thread_siblings_list")
@@ -143,8 +142,7 @@ def physical_cores(cpus: Iterable[int], sys_cpu: Path = SYS_CPU) -> int | None:
 
 
 def torch_own_counts() -> set[int]:
-    """The counts torch picks by itself on this machine: its logical CPUs or physical cores, all of them or those
-    of the affinity mask (which one depends on torch's build)."""
+    """The counts torch picks by itself on this machine (which one depends on torch's build)."""
     mask = affinity_mask()
     logical = os.cpu_count() or len(mask)
     counts = {logical, len(mask), physical_cores(range(logical)), physical_cores(mask)}

@@ -17,8 +17,7 @@ def _norm(channels: int, groups: int = 32) -> nn.GroupNorm:
 
 
 def _norm_silu(norm: nn.GroupNorm, x_BCHW: torch.Tensor) -> torch.Tensor:
-    """SiLU(GroupNorm(x)); where no gradient is taken, in place on the norm's fresh output: the same values,
-    one activation-sized allocation less (on the CPU a large one costs its page faults at every call)."""
+    """SiLU(GroupNorm(x)), in place on the norm's fresh output where no gradient is taken."""
     h = norm(x_BCHW)
     return F.silu(h, inplace=not h.requires_grad)
 

@@ -57,8 +57,7 @@ class BlendedAttention(nn.Module):
         return x_BLC.view(B, L, self.heads, self.head_dim).transpose(1, 2)
 
     def keys_values(self, h_BLC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values (B, H, L, c) in the projection's dtype (the autocast dtype under autocast: the bias add
-        and the float32 normalisation CUDA's autocast runs are cast back once, here)."""
+        """Keys and values (B, H, L, c) in the projection's dtype (the autocast dtype under autocast)."""
         kv = self.kv_target(h_BLC)
         k, v = kv.chunk(2, dim=-1)
         k, v = self._split(k), self._split((v + self.v_bias).to(kv.dtype))

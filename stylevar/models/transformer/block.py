@@ -66,8 +66,7 @@ def drop_path_factors(rows: int, p: float, like: torch.Tensor) -> torch.Tensor:
 
 
 class Guide(NamedTuple):
-    """What a block's queries come from, at the query positions: the guide streams, or their queries when
-    computed beforehand (generation computes every scale's before its loop: they depend on the condition only)."""
+    """What a block's queries come from: the guide streams, or their queries computed beforehand."""
 
     alpha_BSl1: torch.Tensor  # blend coefficient of each style stream at each position
     style_ln_BSlC: torch.Tensor | None = None  # LayerNorm'ed tokens of the S styles
@@ -113,8 +112,7 @@ class Block(nn.Module):
 
     def step(self, x_BLC: torch.Tensor, mod: Modulation, guide: Guide, mask: torch.Tensor | None,
              cache: KVCache | None, factors: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        """The block's computation; ``factors``: the attention's and the FFN's drop-path factors (training), or
-        None (eval: nothing dropped)."""
+        """The block's computation; ``factors``: the drop-path factors (training), or None (eval)."""
         g1, g2, s1, s2, b1, b2 = mod
         h = F.layer_norm(x_BLC, (self.dim,), eps=self.eps) * (1 + s1) + b1
         q_BHXc = guide.q_BHXc

@@ -29,8 +29,7 @@ class FastSampling:
             raise ValueError(f"fast sampling: the keep fraction must lie in [0, 1], got {self.keep}")
 
     def detail_groups(self, patch_nums: Sequence[int]) -> list[int | None]:
-        """Per scale: how many of its (pn // 2)^2 groups are computed position by position; None: the scale
-        is computed in full."""
+        """Per scale: how many of its groups are computed position by position; None: the scale in full."""
         out: list[int | None] = []
         for pn in patch_nums:
             groups = (pn // 2) ** 2
