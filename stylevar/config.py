@@ -177,8 +177,7 @@ class StyleVARConfig(Serializable):
 
     @classmethod
     def from_reference(cls, d: dict[str, Any]) -> "StyleVARConfig":
-        """From a reference config.json (patch_nums, V, Cvae, depth, attn_l2_norm, alpha_nums); the drop-path
-        rate is the reference's training one (`reference_drop_path_rate`)."""
+        """From a reference config.json; the drop-path rate is the reference's (`reference_drop_path_rate`)."""
         patch_nums = tuple(int(p) for p in d["patch_nums"])
         alphas = d.get("alpha_nums")
         depth = int(d["depth"])

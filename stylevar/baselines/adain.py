@@ -131,8 +131,7 @@ class AdaIN(nn.Module):
         *,
         torchvision_weights: str | os.PathLike | None = None,
     ) -> "AdaIN":
-        """`encoder`: a path to `vgg_normalised.pth`, or "torchvision" for the paper's evaluation setting
-        (VGG-19 from `torchvision_weights`, default the registry's `vgg19`)."""
+        """`encoder`: a path to `vgg_normalised.pth`, or "torchvision" (the paper's evaluation setting)."""
         if isinstance(encoder, str) and encoder == "torchvision":
             return cls(load_torchvision_vgg19(torchvision_weights), load_decoder(decoder), "torchvision")
         if not Path(encoder).is_file():

@@ -13,8 +13,7 @@ from stylevar.evaluate.scoring import batch_slices
 
 @dataclass(frozen=True)
 class Shard:
-    """This process's part of a sharded run: every ``world``-th batch from ``rank`` on, so each sample is
-    computed in the same batch as in a single process."""
+    """This process's part of a sharded run: every ``world``-th batch from ``rank`` on."""
 
     rank: int = 0
     world: int = 1

@@ -47,8 +47,7 @@ def small_image_warning(img: Image.Image, role: str) -> str | None:
 
 
 def output_image_path(path: str | os.PathLike) -> Path:
-    """``path`` if an image can be written there in a format its extension names (its folder existing, or one
-    that can be made: the writer makes it); else InputError."""
+    """``path`` if an image can be written there in the format its extension names; else InputError."""
     p = Path(path)
     names = ", ".join(OUTPUT_EXTENSIONS)
     if p.is_dir():

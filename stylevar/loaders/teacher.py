@@ -19,8 +19,7 @@ class TeacherUnavailable(RuntimeError):
 
 
 def models_dir() -> Path:
-    """The folder of the installed networks; TeacherUnavailable (one line naming the extra) when the package
-    or onnxruntime is missing. Nothing is loaded."""
+    """The folder of the installed networks; TeacherUnavailable when the package or onnxruntime is missing."""
     try:
         import onnxruntime  # noqa: F401
         root = resources.files(PACKAGE)

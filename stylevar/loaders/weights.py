@@ -112,8 +112,7 @@ class Weight:
         return self.parts[0].sha256 if len(self.parts) == 1 else None
 
     def search_paths(self) -> list[Path]:
-        """Where the file (or folder) is looked for, in order; `fetch` writes to the first (for a Hub file:
-        its place in huggingface_hub's cache, `snapshots/<commit>` shown as the revision until it is there)."""
+        """Where the file (or folder) is looked for, in order; `fetch` writes to the first."""
         paths = []
         if self.location == "torch":
             paths.append(torch_hub_dir() / "checkpoints" / self.filename)
@@ -272,8 +271,7 @@ def _part_url(part: Part, mirror: str | None) -> str:
 
 
 def _download(url: str, dest: Path, part: Part, *, progress: bool) -> str:
-    """`url` to `dest` through torch's `download_url_to_file`, its sha256 returned; a failed or mismatching
-    download leaves nothing behind."""
+    """`url` to `dest` (torch's downloader), its sha256 returned; a failed download leaves nothing behind."""
     import torch.hub
 
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -66,8 +66,7 @@ class LPIPSMetric(nn.Module):
 
 @contextlib.contextmanager
 def _isolated_torch_hub(hub_dir: Path) -> Iterator[None]:
-    """Point torch.hub at `hub_dir` for the duration, then restore it exactly (also the 'unset' state),
-    and drop modules the hub repo imported by their bare top-level names."""
+    """Point torch.hub at `hub_dir` for the duration, then restore it and drop the modules it imported."""
     # torch.hub.set_dir cannot restore "unset" (which follows $TORCH_HOME), so the saved private value is put back
     saved_dir = getattr(torch.hub, "_hub_dir", None)
     before = set(sys.modules)

@@ -79,8 +79,7 @@ class StylePredictor(nn.Module):
         return values
 
     def features(self, img_B3HW: torch.Tensor) -> list[torch.Tensor]:
-        """The Gram layers' features of images in [0, 1] at their own size, the rest of the network skipped (a
-        training loss at the tokenizer's size: the features are then at 1/2 ... 1/16 of it)."""
+        """The Gram layers' features of images in [0, 1] at their own size, the rest of the network skipped."""
         if min(img_B3HW.shape[-2:]) < MIN_SIDE:
             raise ValueError(f"the style predictor's features need images of at least {MIN_SIDE} px a side, "
                              f"not {tuple(img_B3HW.shape[-2:])}")
@@ -151,8 +150,7 @@ def style_gram_distance(predictor: StylePredictor, a_B3HW: torch.Tensor, b_B3HW:
 
 def compare(seen_a: tuple[torch.Tensor, list[torch.Tensor]], seen_b: tuple[torch.Tensor, list[torch.Tensor]]
             ) -> dict[str, torch.Tensor]:
-    """The two pretrained measures from the predictor's outputs on two image sets (each computed once and kept
-    where one side is a fixed reference): {"cosine": (B,), "gram": (B,)}."""
+    """The two pretrained measures from the predictor's outputs: {"cosine": (B,), "gram": (B,)}."""
     (vectors_a, feats_a), (vectors_b, feats_b) = seen_a, seen_b
     return {"cosine": F.cosine_similarity(vectors_a, vectors_b, dim=1), "gram": gram_distance(feats_a, feats_b)}
 

@@ -20,8 +20,7 @@ from stylevar.models.state_dict import StateDict, read_state_dict
 
 def save_safetensors(sd: Mapping[str, torch.Tensor], path: str | os.PathLike, dtype: torch.dtype | None = None,
                      metadata: dict[str, str] | None = None, what: str = "weights") -> None:
-    """Write a state dict atomically; floating tensors are cast to `dtype` when given. A failed write (disk
-    full) raises :class:`stylevar.utils.atomic.WriteFailedError` naming ``what``, ``path`` left as it was."""
+    """Write a state dict atomically (floats cast to `dtype` when given); WriteFailedError naming ``what``."""
     out = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().contiguous().cpu()
            for k, v in sd.items()}
     size = sum(v.numel() * v.element_size() for v in out.values())
@@ -59,8 +58,7 @@ def write_config(folder: str | os.PathLike, config: Mapping[str, Any]) -> None:
 
 
 def update_config(folder: str | os.PathLike, sections: Mapping[str, Any]) -> None:
-    """Set ``sections`` in ``folder/config.json``, keeping its other entries (a missing or unreadable
-    config.json is started afresh)."""
+    """Set ``sections`` in ``folder/config.json``, keeping its other entries (an unreadable one started afresh)."""
     try:
         config = read_config(folder)
     except (OSError, ValueError):

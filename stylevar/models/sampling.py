@@ -46,8 +46,7 @@ def candidates(logits_BlV: torch.Tensor, top_k: int = 0, top_p: float = 0.0
 
 def make_generators(seed: int | Sequence[int] | TokenSampler | None, batch: int, device: torch.device
                     ) -> list[torch.Generator] | TokenSampler:
-    """One generator for the batch (int or None -> random seed), or one per row (a sequence of B seeds); a
-    `TokenSampler` is returned as it is (it draws for itself)."""
+    """One generator for the batch (an int or None), or one per row (B seeds); a `TokenSampler` as it is."""
     if callable(seed):
         return seed
     if seed is None or isinstance(seed, int):
@@ -86,8 +85,7 @@ def race(probs_BlK: torch.Tensor, idx_BlK: torch.Tensor | None, u_BlK: torch.Ten
 
 
 def hash32(x: torch.Tensor) -> torch.Tensor:
-    """An integer hash of int64 tensors, values taken modulo 2**32, to [0, 2**32): xor-shifts and odd
-    multiplications (each product below 2**63, so no overflow on any device)."""
+    """An integer hash of int64 tensors to [0, 2**32), without overflow on any device."""
     x = x & _MASK32
     for c in _ROUNDS:
         x = x ^ (x >> 16)

@@ -138,8 +138,7 @@ def load_into(module: torch.nn.Module, path: str | os.PathLike, *, source: str |
 
 
 def fit_state_dict(sd: StateDict, own: StateDict, what: str) -> StateDict:
-    """``sd`` with its derived buffers (`DERIVED_KEYS`) taken from the model's state dict ``own``, checked against
-    it (every mismatch in one CheckpointMismatchError naming ``what``)."""
+    """``sd`` with its derived buffers taken from the model's ``own``, checked against it (naming ``what``)."""
     out = {k: v for k, v in sd.items() if not DERIVED_KEYS.search(k)}
     for k, v in own.items():
         if DERIVED_KEYS.search(k):

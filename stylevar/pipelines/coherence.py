@@ -62,8 +62,7 @@ def coherence_of(mode: TemporalMode | Coherence) -> Coherence | None:
 
 
 def estimate_shift(a_HW: torch.Tensor, b_HW: torch.Tensor) -> torch.Tensor:
-    """The global translation d (dx, dy) in pixels with b(p) ~ a(p - d): phase correlation of the two
-    (Hann-windowed) images, the peak refined to a fraction of a pixel by a parabola through its neighbours."""
+    """The global translation d (dx, dy) in pixels with b(p) ~ a(p - d), by phase correlation (subpixel)."""
     H, W = a_HW.shape
     win = torch.hann_window(H, periodic=False, device=a_HW.device)[:, None] * \
         torch.hann_window(W, periodic=False, device=a_HW.device)[None, :]

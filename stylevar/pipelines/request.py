@@ -214,8 +214,7 @@ class StyleMix:
 
 @dataclass(frozen=True)
 class BatchKey:
-    """What must be equal for stylizations to share one `generate` call (`fast` among the settings, so fast and
-    full requests never share one); hashable."""
+    """What must be equal for stylizations to share one `generate` call; hashable."""
 
     generation: GenerationConfig
     resize: ResizeMode

@@ -45,8 +45,7 @@ def count_scans(data: bytes | memoryview | mmap.mmap, stop_after: int = MAX_SCAN
 
 
 def file_scans(fp: BinaryIO) -> int:
-    """`count_scans` of the JPEG file `fp` (or a `TimedReader`'s file), its memory or its mapping when it has one (not
-    a copy); its position is kept."""
+    """`count_scans` of the JPEG file `fp` (or a `TimedReader`'s), without a copy; its position is kept."""
     raw = getattr(fp, "raw", fp)
     if isinstance(raw, io.BytesIO):
         with raw.getbuffer() as data:

@@ -322,8 +322,7 @@ def _strip_rows(width: int, factor: int) -> int:
 
 def _reduce_strips(strips: Callable[[int], Iterator[Image.Image]], size: tuple[int, int],
                    target: tuple[int, int]) -> Image.Image:
-    """Strips (top to bottom, full width) -> RGB at `target`: each strip converted and box-reduced as it
-    comes, so only one strip exists at full resolution; then one resize to the exact size."""
+    """Strips (top to bottom, full width) -> RGB at `target`, each box-reduced as it comes."""
     w, h = size
     # per axis (a 1 x 40M image reduces its long side), as much as keeps at least the target
     fx, fy = _most_reduction(w, target[0]), _most_reduction(h, target[1])
@@ -426,8 +425,7 @@ def unfit(img: Image.Image, fit: Fit, max_side: int | None = None) -> Image.Imag
 
 
 def result_size(fit: Fit, max_side: int | None = None) -> tuple[int, int]:
-    """The (w, h) `unfit` returns: the original size capped at `max_side`; for `crop` the centre square it generated,
-    at the short side's size."""
+    """The (w, h) `unfit` returns: the original size (for `crop`, the centre square) capped at `max_side`."""
     if fit.mode == "crop":
         side = min(fit.size) if max_side is None else min(*fit.size, max_side)
         return side, side

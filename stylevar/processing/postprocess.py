@@ -47,8 +47,7 @@ def check_style_weights(weights: Sequence[float]) -> tuple[float, ...]:
 
 
 def sample_seeds(seed: int | None, num_samples: int) -> list[int]:
-    """The seeds of ``num_samples`` samples: ``seed, seed + 1, ...``; without a seed the first is drawn
-    from torch's global generator (so ``torch.manual_seed`` makes it repeatable)."""
+    """``seed, seed + 1, ...`` for ``num_samples``; without a seed the first comes from torch's global generator."""
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
     if seed is None:
@@ -81,8 +80,7 @@ def finish(images: Sequence[Image.Image], content: Image.Image, options: OutputO
 
 
 def upscale_factor(result_size: tuple[int, int], model_side: int) -> float:
-    """How much larger than the model's own resolution a result is (1.0 or less: not upscaled): the
-    model draws ``model_side`` pixels across the result's long side in every resize mode."""
+    """How much larger than the model's own resolution a result is (1.0 or less: not upscaled)."""
     return max(result_size) / model_side
 
 

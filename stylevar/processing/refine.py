@@ -38,8 +38,7 @@ class Refinement:
 
 
 def refine(output_B3HW: torch.Tensor, content_B3HW: torch.Tensor, cfg: Refinement) -> torch.Tensor:
-    """The guided filter of `output` (in [0, 1]) with `content` (in [0, 1], same size) as the guide,
-    computed in float32 and clamped to [0, 1]; `output` unchanged when `cfg` is off."""
+    """The guided filter of `output` with `content` as the guide (both in [0, 1]); unchanged when `cfg` is off."""
     if not cfg.enabled:
         return output_B3HW
     if output_B3HW.shape != content_B3HW.shape:

@@ -61,8 +61,7 @@ def _box(x_BCHW: torch.Tensor, radius: int) -> torch.Tensor:
 
 
 def detail_slopes(drawing_B3hw: torch.Tensor, guide_B1hw: torch.Tensor, radius: int, eps: float) -> torch.Tensor:
-    """a_c of the module doc, (B, 3, h, w): the window-averaged least-squares slope of each drawing channel
-    on the guide's luminance (edges replicated, so any image size works)."""
+    """a_c of the module doc, (B, 3, h, w): each drawing channel's local slope on the guide's luminance."""
     r = radius
     mean_i, mean_p = _box(guide_B1hw, r), _box(drawing_B3hw, r)
     cov = _box(guide_B1hw * drawing_B3hw, r) - mean_i * mean_p
@@ -72,8 +71,7 @@ def detail_slopes(drawing_B3hw: torch.Tensor, guide_B1hw: torch.Tensor, radius: 
 
 def _axis_weights(n_out: int, n_in: int, start: int, stop: int, device: torch.device
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Bilinear sampling of output positions [start, stop) of an `n_in` -> `n_out` resize (half-pixel
-    centres, edges clamped: torch's `align_corners=False`): (lower index, upper index, upper weight)."""
+    """Bilinear taps of output positions [start, stop) (`align_corners=False`): (lower, upper, upper weight)."""
     pos = (torch.arange(start, stop, device=device, dtype=torch.float64) + 0.5) * (n_in / n_out) - 0.5
     pos = pos.clamp(0, n_in - 1)
     lo = pos.floor().long()

@@ -133,8 +133,7 @@ def count_frames(path: str | os.PathLike, limits: VideoLimits | None = None) -> 
 
 
 def read_frames(path: str | os.PathLike, limits: VideoLimits | None = None) -> Iterator[Image.Image]:
-    """The first video stream's frames, decoded one at a time: upright RGB PIL images whose ``info`` holds
-    ``time_s`` (presentation time in the source, seconds) and ``index``."""
+    """The first video stream's frames as upright RGB PIL images, ``info`` holding ``time_s`` and ``index``."""
     with _open_input(path) as container:
         stream, info = _header(container, path, limits)
         yield from _decoded(container, stream, info, limits, path)

@@ -202,8 +202,7 @@ def _probe(bench: _Bench) -> None:
 
 
 def _time_generate(bench: _Bench) -> list[dict]:
-    """One row per batch size: ms per image, images/s, TFLOP/s (FLOPs measured at the first batch size),
-    peak memory on CUDA and, given the device's peak, the fraction of it."""
+    """One row per batch size: ms per image, images/s, TFLOP/s, peak CUDA memory, the fraction of the peak."""
     cfg = bench.cfg
     rows, flops_per_image = [], 0.0
     for B in cfg.batch_sizes:

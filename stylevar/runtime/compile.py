@@ -39,8 +39,7 @@ def compiled(model) -> GraphCount | None:
 
 
 def compile_blocks(model, backend: str = "inductor") -> GraphCount:
-    """Every block's `step` through torch.compile (module doc), in place; returns the count of the graphs they
-    compile (shared by the blocks). A model compiled already is a ValueError."""
+    """Every block's `step` through torch.compile, in place; returns the graph count (ValueError if compiled)."""
     earlier = compiled(model)
     if earlier is not None:
         raise ValueError(f"the blocks are compiled already (backend {earlier.backend})")

@@ -119,8 +119,7 @@ def generation_memory(cfg: StyleVARConfig, batch: int, dtype: torch.dtype = torc
 
 def max_batch(cfg: StyleVARConfig, budget_bytes: int, dtype: torch.dtype = torch.float32, *,
               guidance: bool = False, limit: int = 256) -> int:
-    """The most samples whose loop (`generation_memory`) fits in ``budget_bytes``, at most ``limit``; 0 when not
-    even one does. Every term is linear in the rows: two sizes give the rest."""
+    """The most samples whose loop fits in ``budget_bytes``, at most ``limit``; 0 when not even one does."""
     one = generation_memory(cfg, 1, dtype, guidance=guidance).total
     per_sample = generation_memory(cfg, 2, dtype, guidance=guidance).total - one
     if one > budget_bytes:

@@ -66,8 +66,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any], *, s
 
 def atomic_write_path(path: str | os.PathLike, write: Callable[[Path], Any], *, size: int | None = None,
                       what: str = "") -> Path:
-    """Make ``path`` by ``write(tmp)`` (a writer that takes a file name, e.g. safetensors' ``save_file``,
-    given the temporary file next to ``path``), atomically; ``size`` and ``what`` as :func:`atomic_write`."""
+    """Make ``path`` by ``write(tmp)`` (a writer taking a file name), atomically, as :func:`atomic_write`."""
     path = Path(path)
     tmp = temp_path(path)
 
@@ -120,8 +119,7 @@ def is_write_error(exc: BaseException) -> bool:
 
 def write_failure(path: Path, exc: BaseException, *, size: int | None = None, what: str = "",
                   partial: Path | None = None) -> WriteFailedError:
-    """The :class:`WriteFailedError` for ``exc`` raised while writing ``path``; removes ``partial`` (the
-    temporary file or folder) after reading the free space it left, which tells a full disk."""
+    """The :class:`WriteFailedError` for ``exc`` while writing ``path``; removes ``partial`` first."""
     code = _errno_of(exc)
     free_left = free_bytes(path.parent)
     if isinstance(exc, WriteFailedError):  # a file of the folder being written: its verdict stands

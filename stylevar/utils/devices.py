@@ -117,8 +117,7 @@ def resolve_device(name: str | None) -> "torch.device":
 
 
 def resolve_devices(names: Sequence[str]) -> "list[torch.device]":
-    """Several devices (the service's workers): ``["auto"]`` -> every visible CUDA device, else the CPU; otherwise
-    each name by :func:`resolve_device` (checked to exist here; DeviceError, a ValueError, if not)."""
+    """Several devices: ``["auto"]`` -> every visible CUDA device, else the CPU; otherwise each checked."""
     import torch
 
     if list(names) == ["auto"]:

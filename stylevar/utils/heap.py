@@ -31,8 +31,7 @@ _decided: HeapChoice | None = None
 
 
 def keep_mb(environ: Mapping[str, str] | None = None) -> int:
-    """``STYLEVAR_HEAP_KEEP_MB`` from ``environ`` (None: this process's): a whole number of MiB, 0 to 2047; unset
-    or empty: `DEFAULT_KEEP_MB`."""
+    """``STYLEVAR_HEAP_KEEP_MB`` of ``environ``: whole MiB, 0 to 2047; unset or empty: `DEFAULT_KEEP_MB`."""
     raw = (os.environ if environ is None else environ).get(HEAP_ENV, "").strip()
     if not raw:
         return DEFAULT_KEEP_MB

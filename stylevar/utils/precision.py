@@ -51,8 +51,7 @@ def parse_dtype(name: str) -> torch.dtype:
 
 
 def resolve_autocast_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype for ``device``; None means plain float32. "auto": bfloat16 on a CUDA device that
-    supports it, else None."""
+    """The autocast dtype for ``device`` (None: float32); "auto": bfloat16 on a CUDA device that supports it."""
     import torch
 
     if name is None or isinstance(name, torch.dtype):
@@ -119,8 +118,7 @@ def _float32(value):
 
 
 def full_precision(method):
-    """``method`` run in float32 whatever autocast is on around it: autocast off on its tensors' device, its
-    floating tensor arguments cast to float32. Wraps the tokenizer's entry points."""
+    """``method`` run in float32 whatever autocast is on around it (wraps the tokenizer's entry points)."""
 
     @functools.wraps(method)
     def in_float32(*args, **kwargs):

@@ -93,8 +93,7 @@ def parse_cfs(quota_text: str | None, period_text: str | None) -> float | None:
 
 
 def _folders(mount: Path, path: str) -> list[Path]:
-    """The cgroup's folder under ``mount`` and each parent up to ``mount``; ``mount`` alone where the folder is not
-    there (a container that sees its own cgroup at the root)."""
+    """The cgroup's folder under ``mount`` and each parent up to it; ``mount`` alone where it is not there."""
     folder = mount / path.strip("/")
     if not folder.is_dir():
         return [mount]
@@ -232,8 +231,7 @@ def apply_threads(threads: int | str | None = None, environ: Mapping[str, str] |
 
 
 def prepare_environment(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
-    """For an entry point, before it imports torch: ``OMP_WAIT_POLICY=PASSIVE`` in ``environ`` unless a wait
-    setting (`WAIT_ENV`) is there already; returns what it set."""
+    """Before torch is imported: ``OMP_WAIT_POLICY=PASSIVE`` unless a `WAIT_ENV` setting is there; what it set."""
     if environ is None:
         if "torch" in sys.modules:
             return {}

@@ -78,8 +78,7 @@ class Upsample(nn.Module):
 
 
 class _Level(nn.Module):
-    """One resolution level: ``n`` res blocks (``c_in`` -> ``c_out``), with ``attention`` one after each,
-    then `Downsample` or `Upsample` (``resample``, None: none) under its own name."""
+    """One resolution level: ``n`` res blocks (with ``attention``), then `Downsample` or `Upsample` (``resample``)."""
 
     def __init__(self, c_in: int, c_out: int, n: int, attention: bool, resample: type[nn.Module] | None,
                  dropout: float, groups: int):

@@ -66,8 +66,7 @@ class BlendedAttention(nn.Module):
         return k, v
 
     def queries(self, g_BXC: torch.Tensor) -> torch.Tensor:
-        """Queries (B, H, X, c) of modulated guide tokens (B, X, C): the style streams', then the content's, in the
-        projection's dtype (generation keeps every scale's; under autocast they are stored in its dtype, once)."""
+        """Queries (B, H, X, c) of modulated guide tokens (B, X, C): the style streams', then the content's."""
         q_lin = self.q_guide(g_BXC)
         q = self._split(q_lin)
         if self.l2_norm:

@@ -87,13 +87,11 @@ class Block(nn.Module):
         self.ada_lin = nn.Sequential(nn.SiLU(), nn.Linear(C, 6 * C))
 
     def modulation(self, cond_BD: torch.Tensor) -> Modulation:
-        """AdaLN modulations, each (B, 1, C); constant over a generation, so computed once. A per-token
-        condition (B, L, D) (masked style blends) gives them per token, (B, L, C)."""
+        """AdaLN modulations, each (B, 1, C), or (B, L, C) for a per-token condition (B, L, D)."""
         return Modulation(*_ada_lin(self.ada_lin, cond_BD, 6, self.dim))
 
     def queries(self, style_ln_BSlC: torch.Tensor, content_ln_BlC: torch.Tensor, mod: Modulation) -> torch.Tensor:
-        """The guide streams' queries (B, H, (S + 1) * l, c): LN(stream) * (1 + s1) + b1 through the guide
-        projection, the S styles' rows then the content's. They depend on the condition only."""
+        """The guide streams' queries (B, H, (S + 1) * l, c), the styles' rows then the content's."""
         s1, b1 = mod.scale1, mod.shift1
         style_BSlC = style_ln_BSlC * (1 + s1.unsqueeze(1)) + b1.unsqueeze(1)
         content_BlC = content_ln_BlC * (1 + s1) + b1

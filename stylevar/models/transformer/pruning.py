@@ -90,8 +90,7 @@ class GroupSplit:
         return idx_Bm.repeat(self.repeat, 1) if self.repeat > 1 else idx_Bm
 
     def tokens(self, t: torch.Tensor, dim: int) -> torch.Tensor:
-        """``t``'s rows along ``dim`` (the scale's pn^2 positions) as the computed tokens: merged groups' means,
-        then the single positions."""
+        """``t``'s rows along ``dim`` as the computed tokens: merged groups' means, then the single positions."""
         merged = take(group_means(t, dim, self.pn), self._rows(self.merged_Bf), dim)
         return torch.cat([merged, take(t, self._rows(self.single_Bn), dim)], dim)
 
@@ -114,8 +113,7 @@ class ScalePruner:
         self.detail, self.patch_nums, self.guided = plan.detail_groups(patch_nums), tuple(patch_nums), guided
 
     def full_until(self) -> int:
-        """The number of leading tokens that the loop's precomputed queries cover: up to the last scale that is
-        computed in full (a merged scale computes its tokens' queries itself)."""
+        """The number of leading tokens the loop's precomputed queries cover (up to the last full scale)."""
         last = max((k for k, d in enumerate(self.detail) if d is None), default=-1)
         return sum(pn * pn for pn in self.patch_nums[:last + 1])
 
