@@ -120,8 +120,7 @@ class StyleVARConfig(Serializable):
     image_encoder: str = "resnet18"  # "resnet18" (official) or "cnn" (tiny)
     encoder_dim: int = 512
     dropout: float = 0.0
-    # opt-in, off in every published preset, each a zero-initialised linear map: the content's tokens added to the
-    # target's inputs, the style's colour statistics to its AdaLN embedding
+    # opt-in zero-initialised maps (off when published): content tokens into the inputs, colour stats into AdaLN
     content_injection: bool = False
     colour_stats: bool = False
     # stochastic depth in training only (block i at linspace(0, rate, depth)[i]); 0 is off

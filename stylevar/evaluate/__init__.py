@@ -1,9 +1,7 @@
 """`stylevar evaluate`: methods side by side on benchmark triplets, the StyleVAR paper's Table 1 metrics.
 
-For each benchmark (a triplet manifest, see docs/architecture.md) `n` rows are drawn with the seed; every
-method stylises the same 256 x 256 content/style pairs; the metrics of `stylevar.metrics` are computed
-(paired benchmarks compare to the target, unpaired ones to the content) with the seconds per image of
-each method's own inference (CUDA synchronised, after one untimed warm-up call).
+For each benchmark (a triplet manifest) `n` rows are drawn with the seed; every method stylises the same
+256 x 256 pairs, scored by `stylevar.metrics` and timed per image of its own inference.
 
 Methods: model directories or hub ids, `adain`, `adain-paper`, `reinhard` and `magenta` (`methods`). Writes
 `results.csv`, `results.md`, `per_sample.jsonl`, sample grids and one chart per metric (`report`, `charts`).

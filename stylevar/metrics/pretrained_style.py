@@ -1,8 +1,7 @@
 """Style measured by a pretrained network, and sharpness: what a blur cannot fake.
 
 `style_cosine` and `style_gram_distance` compare two images through the teacher's `StylePredictor` (the `teacher`
-extra); `sharpness(a, reference)` is the mean absolute Laplacian of the luminance over the reference's. Images are
-(B, 3, H, W) in [0, 1]; each function gives a value per pair, (B,).
+extra); `sharpness(a, reference)` is the Laplacian energy over the reference's. Each gives a value per pair, (B,).
 """
 from __future__ import annotations
 

@@ -79,8 +79,7 @@ class PretrainedModel:
 
     def save_pretrained(self, folder: str | os.PathLike, dtype: torch.dtype | None = None,
                         extra: Mapping[str, Any] | None = None) -> Path:
-        """Write ``folder/<weights_file>`` (floats cast to `dtype` when given) and this model's section of
-        ``folder/config.json`` (and ``"extra"``, provenance, when given). Returns the folder."""
+        """Write folder/<weights_file> and this model's config.json section (with extra); returns it."""
         sd = self.pretrained_state_dict()
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)

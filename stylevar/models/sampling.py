@@ -1,8 +1,7 @@
 """Top-k / top-p sampling of token logits with private generators (the global RNG is never touched).
 
 `sample` draws each token as an exponential race over the candidates (the largest p_i / -log(u_i)), so a draw
-hardly moves when the logits move a little; `keyed_uniforms` gives the race's numbers as a hash of
-(seed, scale, position) for video.
+hardly moves when the logits move a little; `keyed_uniforms` keys the race's numbers to positions for video.
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Bounds on the work of decoding one image, beside its pixel limits: a JPEG's scans counted from its markers
-before any pixel is decoded (`file_scans`; more than `MAX_SCANS` is refused, since a progressive JPEG's decode
-time grows with scans times pixels), and a file whose reads stop at a deadline (`TimedReader`).
+"""Bounds on the work of decoding one image, beside its pixel limits: a JPEG's scans counted before any pixel is
+decoded (`file_scans`, at most `MAX_SCANS`), and a file whose reads stop at a deadline (`TimedReader`).
 """
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ MAX_SCANS = 64
 
 _SOS, _EOI = 0xDA, 0xD9
 _STANDALONE = frozenset((0x01, *range(0xD0, 0xD9)))  # TEM, RST0-7, SOI: markers without a length
-# in a scan's entropy-coded data 0xFF is followed by 0x00 (a stuffed byte), a restart marker (0xD0-0xD7) or more 0xFF
-# fill bytes; anything else is the marker that ends the scan
+# in a scan's data 0xFF is followed by 0x00, a restart marker (0xD0-0xD7) or 0xFF; anything else ends the scan
 _END_OF_SCAN = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
 
 

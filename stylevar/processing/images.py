@@ -153,8 +153,7 @@ def too_many_pixels(size: tuple[int, int], limit: int) -> str:
 ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP")
 FORMAT_NAMES = {"JPEG": "JPEG", "PNG": "PNG", "WEBP": "WebP"}
 
-# what Pillow's parsers and decoders raise on malformed data (besides OSError for truncation): a PNG
-# text chunk over Pillow's limit is a ValueError, deep EXIF/XMP structures a RecursionError
+# what Pillow's parsers and decoders raise on malformed data (besides OSError for truncation)
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, IndexError, KeyError, TypeError, ZeroDivisionError,
                   OverflowError, RecursionError, struct.error, zlib.error)
 _STRIP_BYTES = 2 << 20  # rows decoded / reduced at a time when decoding downscaled

@@ -1,6 +1,5 @@
-"""What is done to a request around the model call, once for every entry point (the Python call, the service and
-``stylevar stylize`` return the same for the same inputs): the seeds of several samples, the output size limit
-and colour preservation.
+"""What is done to a request around the model call, once for every entry point: the seeds of several samples, the
+output size limit and colour preservation.
 """
 from __future__ import annotations
 

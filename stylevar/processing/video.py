@@ -1,9 +1,8 @@
 """Video in and out through PyAV (the `video` extra): header probing (`probe`, `count_frames`), frames decoded as
 a stream (`read_frames`), and H.264 mp4 out with the audio copied (`VideoWriter`, written atomically).
 
-Every limit (`VideoLimits`) is checked from the header and again on every frame. Only `VIDEO_FORMATS` and local
-files are opened; every failure is a `VideoError` with a ``code`` naming the file. `TEMPORAL_MODES` names how a
-clip's frames share their draws (`stylevar.pipelines.coherence`), without torch.
+Every limit (`VideoLimits`) is checked from the header and again on every frame; only `VIDEO_FORMATS` and local
+files are opened, and every failure is a `VideoError` naming the file.
 """
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """torchrun's process group: what torchrun set in the environment, joining the group, gathering objects.
 
-One process (plain ``python -m ...``, WORLD_SIZE unset or 1) needs no group; every helper here is then a
-no-op. The backend follows the device: nccl on CUDA, gloo on the CPU.
+One process (WORLD_SIZE unset or 1) needs no group: every helper is then a no-op. nccl on CUDA, gloo on the CPU.
 """
 from __future__ import annotations
 

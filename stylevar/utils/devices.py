@@ -1,7 +1,6 @@
 """Device names a user passes (`--device cuda:1`): parsed and checked before any model is built.
 
-No torch at import: on Linux with no GPU driver a CUDA request is refused from the device nodes alone. When the
-choice is automatic and a GPU driver is present that torch cannot use, the run goes to the CPU with one warning.
+No torch at import. An automatic choice with a GPU that torch cannot use goes to the CPU with one warning.
 """
 from __future__ import annotations
 

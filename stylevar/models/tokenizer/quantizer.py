@@ -1,9 +1,7 @@
 """VAR's multi-scale residual vector quantizer.
 
-A latent f (B, Cvae, n, n) becomes K token maps, coarse to fine. At scale k the residual f - f_hat is
-area-resized to pn_k x pn_k, each vector takes its nearest codebook entry, the entries are bicubic-
-upsampled back to n x n, refined by a Phi conv, and added to f_hat. Phi(h) = (1 - r) h + r conv3x3(h);
-`share_quant_resi` Phi convs are shared between scales by nearest tick.
+A latent f (B, Cvae, n, n) becomes K token maps, coarse to fine: at scale k the residual f - f_hat, area-resized to
+pn_k x pn_k, takes its nearest codebook entries, upsampled back and refined by Phi(h) = (1 - r) h + r conv3x3(h).
 """
 from __future__ import annotations
 

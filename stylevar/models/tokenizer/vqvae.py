@@ -46,8 +46,7 @@ class MultiScaleVQVAE(PretrainedModel, nn.Module):
 
     @classmethod
     def from_state_dict(cls, sd: StateDict, cfg: VQVAEConfig) -> "MultiScaleVQVAE":
-        """The tokenizer of ``cfg`` holding the weights ``sd`` (derived buffers recomputed), in eval mode. A
-        state dict that does not fit is one `stylevar.models.state_dict.CheckpointMismatchError`."""
+        """The tokenizer of ``cfg`` holding the weights ``sd``, in eval mode (CheckpointMismatchError if unfit)."""
         model = cls(cfg)
         own = model.state_dict()
         hit = "quantize.ema_vocab_hit_SV"
