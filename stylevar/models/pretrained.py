@@ -79,7 +79,7 @@ class PretrainedModel:
 
     def save_pretrained(self, folder: str | os.PathLike, dtype: torch.dtype | None = None,
                         extra: Mapping[str, Any] | None = None) -> Path:
-        """Write folder/<weights_file> and this model's config.json section (with extra); returns it."""
+        """Write ``<weights_file>`` (floats as `dtype`) and this model's config.json section; returns ``folder``."""
         sd = self.pretrained_state_dict()
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
