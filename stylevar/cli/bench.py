@@ -15,7 +15,6 @@ NAIVE_COST = "--preset d16 --naive peaks at about 10.5 GB of memory and takes ab
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The arguments of `stylevar bench`."""
     p.add_argument("--preset", default="tiny", help=f"{', '.join(PRESETS)}: the model's shapes (its weights are random)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
     p.add_argument("--batch-sizes", default="1,8", help="comma-separated batch sizes for generate")

@@ -410,5 +410,4 @@ def fetch_weight(weight: Weight, *, mirror: str | None = None, force: bool = Fal
 
 
 def fetch(name: str, *, mirror: str | None = None, force: bool = False, progress: bool = True) -> FetchResult:
-    """Download a registered weight by name (see `fetch_weight`)."""
     return fetch_weight(get(name), mirror=mirror, force=force, progress=progress)

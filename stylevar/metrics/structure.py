@@ -16,7 +16,6 @@ C2 = 0.03**2
 
 
 def gaussian_window(size: int = WINDOW, sigma: float = SIGMA, dtype=torch.float32, device=None) -> torch.Tensor:
-    """(size, size) normalised Gaussian window."""
     x = torch.arange(size, dtype=torch.float64, device=device) - (size - 1) / 2
     g = torch.exp(-(x**2) / (2 * sigma**2))
     g = g / g.sum()

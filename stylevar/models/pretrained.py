@@ -45,7 +45,6 @@ def load_safetensors(path: str | os.PathLike) -> StateDict:
 
 
 def read_config(folder: str | os.PathLike) -> dict[str, Any]:
-    """``folder/config.json`` as a dict."""
     config = json.loads((Path(folder) / CONFIG_FILE).read_text())
     if not isinstance(config, dict):
         raise ValueError(f"{Path(folder) / CONFIG_FILE} does not hold a JSON object")

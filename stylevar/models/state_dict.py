@@ -86,7 +86,6 @@ def read_file(path: str | os.PathLike, *, what: str = "weight file") -> object:
 
 
 def is_state_dict(obj: object) -> bool:
-    """A mapping of names to tensors."""
     return isinstance(obj, Mapping) and all(isinstance(v, torch.Tensor) for v in obj.values())
 
 

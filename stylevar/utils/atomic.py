@@ -78,7 +78,6 @@ def atomic_write_path(path: str | os.PathLike, write: Callable[[Path], Any], *, 
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, *, what: str = "") -> Path:
-    """Make ``path`` hold ``text`` (UTF-8), atomically."""
     data = text.encode("utf-8")
     return atomic_write(path, lambda f: f.write(data), size=len(data), what=what)
 
