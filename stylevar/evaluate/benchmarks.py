@@ -60,8 +60,7 @@ def load_tensor(path: Path, size: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Triplets:
-    """A benchmark's images at the evaluation size, (n, 3, size, size) in [0, 1] (target None when
-    unpaired), and each sample's generation seed (the run's seed + its manifest line)."""
+    """A benchmark's images (n, 3, size, size) in [0, 1] (target None when unpaired) and each sample's seed."""
 
     content: torch.Tensor
     style: torch.Tensor

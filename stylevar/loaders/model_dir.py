@@ -37,8 +37,7 @@ def missing_model_files(path: Path) -> list[str]:
 
 
 def check_model_files(path: str | os.PathLike) -> Path:
-    """``path`` if it holds every file of a model directory; else a ModelDirError naming the folder and what it
-    lacks, with the likely fix (`model_dir_hint`)."""
+    """``path`` if it holds every file of a model directory; else a ModelDirError with the likely fix."""
     given, path = os.fspath(path), Path(path)
     missing = missing_model_files(path)
     if missing:

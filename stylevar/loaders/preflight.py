@@ -24,8 +24,7 @@ class InputError(CodedError, ValueError):
 
 
 def read_image(path: str | os.PathLike, role: str) -> Decoded:
-    """The ``role`` ("content", "style") image at ``path`` as 8-bit RGB, decoded as the service decodes uploads (one
-    over the pixel limit is shrunk while decoding: `Decoded.shrink_note` says so)."""
+    """The ``role`` image at ``path`` as 8-bit RGB, decoded as the service decodes uploads."""
     p = Path(path)
     if not p.exists():
         raise InputError(f"{role} image not found: {p}")

@@ -55,8 +55,7 @@ def colour_swd(a_B3HW: torch.Tensor, b_B3HW: torch.Tensor, projections: int = PR
 
 
 class TextureNet(nn.Module):
-    """Three random 3 x 3 conv + ReLU layers (1 -> 16 -> 32 -> 64 channels), average-pooled 2 x 2 between
-    them; weights drawn from `seed` (He-normal), never trained. Returns every layer's features."""
+    """Three random 3 x 3 conv + ReLU layers, never trained (weights from `seed`); returns every layer's features."""
 
     def __init__(self, seed: int = TEXTURE_SEED, widths: tuple[int, ...] = (16, 32, 64)):
         super().__init__()

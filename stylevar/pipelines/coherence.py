@@ -84,8 +84,7 @@ def estimate_shift(a_HW: torch.Tensor, b_HW: torch.Tensor) -> torch.Tensor:
 
 def shift_grid(x_BCHW: torch.Tensor, d_B2: torch.Tensor, mode: str = "bilinear"
                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x`` moved by d (dx, dy) pixels, out(p) = x(p - d), and where that source lies inside ``x``:
-    ((B, C, H, W), (B, 1, H, W) bool)."""
+    """``x`` moved by d (dx, dy) pixels, out(p) = x(p - d), and the mask of where that source lies inside ``x``."""
     B, _, H, W = x_BCHW.shape
     d = d_B2.to(x_BCHW.device, torch.float32)
     ys = torch.arange(H, device=x_BCHW.device, dtype=torch.float32)

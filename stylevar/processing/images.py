@@ -65,8 +65,7 @@ class Decoded:
     max_pixels: int | None = None  # the pixel limit it was decoded under
 
     def shrink_note(self, role: str) -> str | None:
-        """One line saying that (and how) the `role` image was shrunk to fit the pixel limit; None when it was not.
-        The command line prints it, the service sends it as `X-Content-Shrunk`."""
+        """The line saying how the `role` image was shrunk to fit the pixel limit; None when it was not."""
         if self.shrink == 1:
             return None
         (w, h), (dw, dh) = self.size, self.image.size
@@ -266,8 +265,7 @@ def shrink_factor(size: tuple[int, int], max_pixels: int | None, max_side: int |
 
 def decoded_size(size: tuple[int, int], max_side: int | None = None,
                  max_pixels: int | None = DEFAULT_MAX_PIXELS) -> tuple[int, int]:
-    """The (w, h) `decode_image` gives an image of `size`: its long side capped at `max_side`, and if that is still
-    over `max_pixels`, halved first until it is not (`shrink_factor`). The service counts memory by it."""
+    """The (w, h) `decode_image` gives an image of `size`: capped at `max_side`, then halved to fit `max_pixels`."""
     return _at(size, shrink_factor(size, max_pixels, max_side), max_side)
 
 

@@ -77,8 +77,7 @@ def _rotations(iterations: int) -> tuple[torch.Tensor, ...]:
 
 
 def _quantiles(x_BNA: torch.Tensor, levels_Q: torch.Tensor) -> torch.Tensor:
-    """Each axis' quantiles at ``levels`` (A, B, Q), interpolated as `torch.quantile` does, from one sort of every
-    axis at once (numpy's on the CPU)."""
+    """Each axis' quantiles at ``levels`` (A, B, Q), as `torch.quantile` gives them, from one sort."""
     x_BAN = x_BNA.transpose(1, 2).float().contiguous()
     if x_BAN.device.type == "cpu":
         sorted_BAN = torch.from_numpy(np.sort(x_BAN.numpy(), axis=-1))
@@ -123,8 +122,7 @@ def _matched(lab_B3HW: torch.Tensor, style_B3HW: torch.Tensor, cfg: Palette) -> 
 
 
 def match_palette(drawing_B3HW: torch.Tensor, style: torch.Tensor | StyleBlend, cfg: Palette) -> torch.Tensor:
-    """`drawing` (in [0, 1]) with the palette of `style` (the model's style input, in [-1, 1] at any size), in
-    float32; unchanged when `cfg` is off."""
+    """`drawing` (in [0, 1]) with the palette of `style` (the model's style input); unchanged when `cfg` is off."""
     if not cfg.enabled:
         return drawing_B3HW
     x = drawing_B3HW.float().clamp(0, 1)

@@ -21,8 +21,7 @@ MAX_STYLES = 4  # style images per request (a blend): each adds a query stream t
 
 @dataclass(frozen=True)
 class OutputOptions:
-    """How a stylized image is finished. ``max_side``: long side of the result (None: the content's size);
-    ``preserve_color``: the result's luminance with the content's chroma."""
+    """How a stylized image is finished: ``max_side`` (None: the content's size) and ``preserve_color``."""
 
     max_side: int | None = None
     preserve_color: bool = False

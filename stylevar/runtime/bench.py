@@ -98,8 +98,7 @@ def _fmt_seconds(sec: float) -> str:
 
 
 def estimate_seconds(cfg: BenchConfig, probe_s: float) -> float:
-    """Rough time of the whole run from one batch-1 `generate` call (`probe_s`), a teacher-forcing step counted
-    as three generate passes per row."""
+    """Rough time of the whole run from one batch-1 `generate` call (`probe_s`)."""
     calls = cfg.warmup + cfg.repeats
     gen = sum(b * (calls + (1 if i == 0 else 0)) for i, b in enumerate(cfg.batch_sizes)) * probe_s
     tf = 3 * cfg.tf_batch * calls * probe_s
@@ -257,8 +256,7 @@ def _time_teacher_forcing(bench: _Bench) -> dict:
 
 
 def _time_naive(bench: _Bench) -> dict:
-    """The transformer loop alone against the naive blend at batch 1, one condition shared by both, all under
-    the autocast `sample_tokens` opens (the naive loop opens none of its own)."""
+    """The transformer loop alone against the naive blend at batch 1, one condition shared by both."""
     from stylevar.models.sampling import make_generators
     from stylevar.models.transformer.naive import naive_sample_tokens
 

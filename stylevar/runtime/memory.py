@@ -24,8 +24,7 @@ META = torch.device("meta")
 
 
 class LiveBytes(TorchDispatchMode):
-    """The bytes of the tensors alive (each storage once) over the operations run under it, and their peak; the
-    storages of ``known`` tensors (the weights) are not counted."""
+    """The bytes of the tensors alive over the operations run under it, and their peak (``known`` ones not counted)."""
 
     def __init__(self, known: Iterable[torch.Tensor] = ()):
         super().__init__()

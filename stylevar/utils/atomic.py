@@ -18,8 +18,7 @@ _NEARLY_FULL = 1 << 20  # free bytes under which a write failure that gives no e
 
 
 class WriteFailedError(OSError):
-    """A write that did not happen: the destination is as it was and the partial data removed. ``needed`` and
-    ``free`` are bytes (None: not known)."""
+    """A write that did not happen: the destination is as it was and the partial data removed."""
 
     def __init__(self, message: str, *, path: Path | None = None, code: int | None = None,
                  disk_full: bool = False, needed: int | None = None, free: int | None = None):

@@ -127,8 +127,7 @@ def resolve_devices(names: Sequence[str]) -> "list[torch.device]":
 
 
 def import_compiler_quietly() -> None:
-    """Import torch's C++ extension loader (which Inductor needs on the CPU) without its import-time "No CUDA
-    runtime is found" warning, meaningless to a run on the CPU."""
+    """Import torch's C++ extension loader without its import-time "No CUDA runtime is found" warning."""
     if "torch.utils.cpp_extension" in sys.modules:
         return
     logger = logging.getLogger("torch.utils.cpp_extension")

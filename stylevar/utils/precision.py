@@ -91,8 +91,7 @@ def make_grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScal
 
 
 def set_matmul_precision(tf32: bool = True) -> None:
-    """TF32 for CUDA's float32 matrix products and convolutions when ``tf32``, else strict IEEE float32;
-    process-wide, called by every entry point that runs a model."""
+    """TF32 for CUDA's float32 matrix products and convolutions when ``tf32``, else strict float32 (process-wide)."""
     import torch
 
     # the legacy switches: torch refuses to read the precision once the two APIs are mixed, and Inductor reads these
@@ -137,8 +136,7 @@ def full_precision(method):
 
 @functools.cache
 def _cuda_op_lists() -> tuple[frozenset, frozenset, frozenset]:
-    """CUDA autocast's operator lists, by Python callable: those cast to the lower precision, those cast to
-    float32, those run in the widest input type."""
+    """CUDA autocast's operator lists: those cast to the lower precision, to float32, and to the widest input type."""
     import torch
     import torch.nn.functional as F
 
@@ -211,8 +209,7 @@ def _cuda_like_mode() -> type:
 
 @contextlib.contextmanager
 def cuda_like_casts() -> Iterator[None]:
-    """Every CPU autocast region entered inside casts with CUDA's operator lists, in that region's dtype; a region
-    that turns autocast off turns this off too."""
+    """Every CPU autocast region entered inside casts as CUDA's autocast does, in that region's dtype."""
     with _cuda_like_mode()():
         yield
 

@@ -14,8 +14,7 @@ from torch import nn
 
 
 def compute_dtype(device: torch.device, default: torch.dtype) -> torch.dtype:
-    """The dtype autocast computes matrix products in on ``device`` now (the model's, the sampling loop's or one
-    around the call), else ``default``: the dtype of the keys and values, hence of the KV cache."""
+    """The dtype autocast computes matrix products in on ``device`` now, else ``default`` (the KV cache's dtype)."""
     if torch.amp.is_autocast_available(device.type) and torch.is_autocast_enabled(device.type):
         return torch.get_autocast_dtype(device.type)
     return default

@@ -100,8 +100,7 @@ class Block(nn.Module):
 
     def forward(self, x_BLC: torch.Tensor, mod: Modulation, guide: Guide, mask: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> torch.Tensor:
-        """``mod``: `modulation(cond)` at these positions; ``mask``: teacher forcing's; ``cache``: generation's.
-        Drop-path factors are drawn here, outside `step`, so one compiled graph serves every block."""
+        """``mod``: `modulation(cond)` here; ``mask``: teacher forcing's; ``cache``: generation's."""
         factors = None
         if self.training:  # checked first: in eval the rate is never read
             rows = x_BLC.shape[0]
