@@ -192,7 +192,7 @@ def markdown(result: dict) -> str:
 
 
 def ceiling_markdown(rows: dict[str, dict]) -> str:
-    """benchmarks/teacher_ceiling.py's rows as a table."""
+    """The ceiling rows (each a method's measures, no time) as a table."""
     cols = _columns(rows)
     lines = [f"| at 256 px | {' | '.join(HEADERS[m] for m in cols)} |", "| --- " * (len(cols) + 1) + "|"]
     lines += [f"| {k} | {measure_cells(v, cols)} |" for k, v in rows.items()]
