@@ -1,6 +1,5 @@
 """Learned perceptual metrics: LPIPS (VGG-16 or AlexNet), DreamSim (dino_vitb16) and CLIP similarity (ViT-B-32),
-each a value per pair (B,). Every loader resolves its files through `stylevar.loaders.weights` first (never a
-download) and checks keys and shapes.
+each a value per pair (B,). Every loader resolves its files through `stylevar.loaders.weights` and checks them.
 """
 from __future__ import annotations
 

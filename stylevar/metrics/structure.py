@@ -1,6 +1,5 @@
-"""Structure kept from the content. SSIM two ways: `ssim` as the StyleVAR paper's evaluation computes it
-("pytorch-ssim": Gaussian window 11, sigma 1.5, zero padding, so the map keeps the image size) and `ssim_standard`,
-torchmetrics' "valid" SSIM. `edge_correlation(a, b)`: how the two images' edges agree.
+"""Structure kept from the content: `ssim` as the StyleVAR paper's evaluation computes it (zero-padded),
+`ssim_standard` (torchmetrics' "valid" SSIM) and `edge_correlation(a, b)`, how the two images' edges agree.
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Image encoders that condition StyleVAR: the style embedding drives AdaLN, the content embedding is the
-start token. Official presets use torchvision's ResNet-18 trunk (named as in the published checkpoints), the
-tiny preset a small CNN.
+"""Image encoders that condition StyleVAR: the style embedding drives AdaLN, the content embedding is the start
+token. Official presets use torchvision's ResNet-18 trunk, the tiny preset a small CNN.
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The project's own weight format: each model (`MultiScaleVQVAE`, `StyleVAR`) saves and loads itself
-(`save_pretrained` / `from_pretrained`): its weights to its own safetensors file, its config to its own section
-of the folder's config.json, other sections left as they are.
+"""The project's own weight format: each model saves and loads itself (`save_pretrained` / `from_pretrained`), its
+weights to its own safetensors file, its config to its own section of the folder's config.json.
 """
 from __future__ import annotations
 

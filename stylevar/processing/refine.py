@@ -1,6 +1,5 @@
-"""Content-guided refinement: the model's output filtered with the content image as the guide (the guided filter
-of He, Sun and Tang), at the model's resolution. It puts the output's edges where the content's are without
-changing its colours. Off unless the model directory's config.json asks for it (``"refine": {"radius", "eps"}``).
+"""Content-guided refinement at the model's resolution: the output's edges put where the content's are, its colours
+kept (the guided filter of He, Sun and Tang). Off unless the model directory's config.json asks (``"refine"``).
 """
 from __future__ import annotations
 
