@@ -1,8 +1,6 @@
 """StyleVAR: reference-based image style transfer with a Visual Autoregressive model.
 
 The public surface: `StylePipeline` (imported on first use), the model configurations and their presets.
-The library's packages, bottom to top: `utils`, `models`, `processing`, `loaders`, `metrics` and `pipelines`,
-`baselines` and `runtime`, `evaluate`, `cli` (docs/architecture.md, "Layers").
 """
 from stylevar.config import StyleVARConfig, VQVAEConfig, presets
 

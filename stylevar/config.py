@@ -1,9 +1,7 @@
 """Configuration dataclasses: the tokenizer's and the transformer's, with named presets, and the settings of one
 generation (`GenerationConfig`, its defaults `DEFAULT_GENERATION`). No torch.
 
-`d16` ... `d30` are the published StyleVAR shapes (VAR's `vae_ch160v4096z32` tokenizer, 256 px, 10 scales);
-`tiny` is the CPU-sized configuration the demo model is trained with. `GenerationConfig.resolve` puts a caller's
-values over a model's recommended ones (config.json's ``"generation"``) over the defaults.
+`d16` ... `d30` are the published StyleVAR shapes; `tiny` is the CPU-sized configuration of the demo model.
 """
 from __future__ import annotations
 
@@ -68,9 +66,7 @@ class VQVAEConfig(Serializable):
     using_mid_sa: bool = True
     dropout: float = 0.0
     norm_groups: int = 32  # GroupNorm groups (published: 32); narrow models need fewer, or colour is normalised away
-    # opt-in variant (1 in every published preset): the encoder's stem takes the image pixel-unshuffled by this
-    # factor and the decoder's head pixel-shuffles its output (space-to-channel, as DC-AE): an s-times larger
-    # image for about the cost of the autoencoder at its own resolution
+    # opt-in (1 in every published preset): the stem pixel-unshuffles the image by this factor, the head shuffles back
     space_to_channel: int = 1
 
     @property
@@ -124,13 +120,10 @@ class StyleVARConfig(Serializable):
     image_encoder: str = "resnet18"  # "resnet18" (official) or "cnn" (tiny)
     encoder_dim: int = 512
     dropout: float = 0.0
-    # opt-in variants, off in every published preset (off: the published architecture exactly), each through a
-    # zero-initialised linear map: the content's token stream added to the target's inputs position by position,
-    # and the style's colour statistics (`stylevar.models.encoders.colour_statistics`) added to its AdaLN embedding
+    # opt-in zero-initialised maps (off when published): content tokens into the inputs, colour stats into AdaLN
     content_injection: bool = False
     colour_stats: bool = False
-    # stochastic depth in training only (timm's drop_path per row, block i at linspace(0, rate, depth)[i]); the
-    # published presets and converted checkpoints carry the reference's `reference_drop_path_rate`; 0 is off
+    # stochastic depth in training only (block i at linspace(0, rate, depth)[i]); 0 is off
     drop_path_rate: float = 0.0
 
     def __post_init__(self):
@@ -183,8 +176,7 @@ class StyleVARConfig(Serializable):
 
     @classmethod
     def from_reference(cls, d: dict[str, Any]) -> "StyleVARConfig":
-        """From a reference config.json (patch_nums, V, Cvae, depth, attn_l2_norm, alpha_nums); the drop-path
-        rate is the reference's training one (`reference_drop_path_rate`)."""
+        """From a reference config.json; the drop-path rate is the reference's (`reference_drop_path_rate`)."""
         patch_nums = tuple(int(p) for p in d["patch_nums"])
         alphas = d.get("alpha_nums")
         depth = int(d["depth"])
@@ -212,9 +204,7 @@ class GenerationConfig:
     style_strength: float = 0.0  # -1 keeps more of the content .. 1 takes more of the style
     alphas: Sequence[float] | None = None  # the blend weight of each scale (a tensor too); None: the model's
     guidance: float = 0.0  # >= 0: push away from the prediction without the style; 0: the plain model
-    # prune the finest scales' computation (stylevar.models.transformer.pruning; the model's `fast_sampling` plan);
-    # False: the full sampler
-    fast: bool = False
+    fast: bool = False  # prune the finest scales' computation (the model's `fast_sampling` plan)
 
     @classmethod
     def from_kwargs(cls, settings: Mapping[str, Any]) -> GenerationConfig:

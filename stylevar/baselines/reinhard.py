@@ -1,7 +1,6 @@
 """Reinhard et al. (2001) colour transfer: the content recoloured to the style's Lab mean and std.
 
-A weight-free baseline: it moves colour statistics and nothing else (no texture, no structure change).
-Lab conversion uses LittleCMS through PIL's ImageCms (sRGB -> CIELAB, 8 bits per channel).
+A weight-free baseline: it moves colour statistics and nothing else (Lab through PIL's ImageCms).
 """
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ _TO_RGB = ImageCms.buildTransformFromOpenProfiles(_LAB, _SRGB, "LAB", "RGB")
 
 
 def _lab(img: Image.Image) -> np.ndarray:
-    """(H, W, 3) float: L in [0, 255], a and b signed. Pillow's LAB bytes hold a and b as two's-complement
-    int8, so they are reinterpreted, not read as 0..255 (which would wrap every negative a or b)."""
+    """(H, W, 3) float: L in [0, 255], a and b signed (Pillow's LAB bytes hold them as int8)."""
     raw = np.asarray(ImageCms.applyTransform(to_rgb(img), _TO_LAB), dtype=np.uint8)
     lab = raw.astype(np.float64)
     lab[..., 1:] = raw[..., 1:].view(np.int8)

@@ -1,11 +1,8 @@
 """The `stylevar` command.
 
-One module per sub-command (``stylevar/cli/<command>.py``) declares its arguments and the code it runs,
-importing the library only inside the functions that run it (so `stylevar --help` and `--version` never
-import torch). Other packages add sub-commands through the ``stylevar.commands`` entry-point group
-(pyproject.toml): each entry names a :class:`~stylevar.cli.command.Command` in a module that imports no
-torch (training contributes `merge-lora`). Every argument and file check runs before a model loads, and
-every error a user can cause is one line on stderr and a non-zero exit.
+One module per sub-command declares its arguments and the code it runs, importing the library only when it
+runs (`--help` never imports torch); other packages add sub-commands through the ``stylevar.commands``
+entry-point group. Every error a user can cause is one line on stderr and a non-zero exit.
 """
 from __future__ import annotations
 
@@ -44,8 +41,7 @@ def _chosen(argv: Sequence[str]) -> str | None:
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The parser for ``argv``: every command is listed, and the chosen one has its full arguments
-    (``argv`` None: all of them, which imports every command's library modules)."""
+    """The parser for ``argv``: every command listed, the chosen one (None: all) with its full arguments."""
     from stylevar import __version__
 
     chosen = _chosen(argv) if argv is not None else None

@@ -11,12 +11,10 @@ from stylevar.cli.values import threads_argument
 from stylevar.config import PRESETS
 from stylevar.utils.threads import THREADS_HELP  # no torch
 
-# what --naive costs (measured on the 2-core CPU machine; the README's block says the same)
 NAIVE_COST = "--preset d16 --naive peaks at about 10.5 GB of memory and takes about 16 min; tiny: 0.9 GB, 13 s"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The arguments of `stylevar bench`."""
     p.add_argument("--preset", default="tiny", help=f"{', '.join(PRESETS)}: the model's shapes (its weights are random)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
     p.add_argument("--batch-sizes", default="1,8", help="comma-separated batch sizes for generate")

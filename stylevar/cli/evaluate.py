@@ -55,7 +55,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The arguments of `stylevar evaluate`."""
     import stylevar.evaluate
     from stylevar.evaluate.config import SPLITS
     from stylevar.metrics.definitions import NAMES, PAPER_METRICS

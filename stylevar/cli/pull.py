@@ -8,7 +8,6 @@ from stylevar.cli.command import Command
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The arguments of `stylevar pull`."""
     from stylevar.loaders.hub import DEFAULT_PRESET, DEFAULT_REPO, DEFAULT_REVISION, SHAPE_FILE, VARIANTS  # no torch
 
     p.description = ("Download a published StyleVAR model from the Hugging Face Hub (through huggingface_hub: its "

@@ -79,7 +79,6 @@ def path(args: argparse.Namespace) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of `stylevar weights status|path|fetch`."""
     from stylevar.loaders.weights import REGISTRY  # no torch
 
     sub = parser.add_subparsers(dest="weights_command", required=True)

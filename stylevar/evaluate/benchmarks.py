@@ -31,8 +31,7 @@ class Benchmark:
 
 
 def load_benchmark(name: str, source: str | Path, *, split: str, n: int, seed: int | None) -> Benchmark:
-    """Read a manifest, keep the split, draw `n` rows with `seed` (None: the first `n`; all when fewer),
-    check the files."""
+    """A manifest's rows of `split`, `n` drawn with `seed` (None: the first `n`), their files checked."""
     path = manifest_path(source)
     base = path.parent
     rows = [Sample(i, e.id, base / e.content, base / e.style, base / e.target if e.target else None)
@@ -61,8 +60,7 @@ def load_tensor(path: Path, size: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Triplets:
-    """A benchmark's images at the evaluation size, (n, 3, size, size) in [0, 1] (target None when
-    unpaired), and each sample's generation seed (the run's seed + its manifest line)."""
+    """A benchmark's images (n, 3, size, size) in [0, 1] (target None when unpaired) and each sample's seed."""
 
     content: torch.Tensor
     style: torch.Tensor

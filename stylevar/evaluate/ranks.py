@@ -1,6 +1,4 @@
-"""An evaluation over torchrun's processes (WORLD_SIZE > 1): which batches this rank scores, and the merge.
-
-(Named for the ranks, not "sharding": that word is FSDP's here, training.parts.fsdp and training.sharding.)"""
+"""An evaluation over torchrun's processes (WORLD_SIZE > 1): which batches this rank scores, and the merge."""
 from __future__ import annotations
 
 import sys
@@ -15,8 +13,7 @@ from stylevar.evaluate.scoring import batch_slices
 
 @dataclass(frozen=True)
 class Shard:
-    """This process's part of a sharded run: every ``world``-th batch from ``rank`` on, so each sample is
-    computed in the same batch as in a single process."""
+    """This process's part of a sharded run: every ``world``-th batch from ``rank`` on."""
 
     rank: int = 0
     world: int = 1
@@ -39,8 +36,7 @@ class Shard:
 
 
 def start_shard(device: torch.device) -> tuple[Shard, torch.device]:
-    """Under torchrun (WORLD_SIZE > 1): join the process group (env://; nccl on CUDA, gloo on the CPU), each rank
-    on its own GPU (`rank_device`: ``--device cuda:0`` put every rank on GPU 0); else a single process."""
+    """Under torchrun (WORLD_SIZE > 1): join the process group, each rank on its own GPU; else a single process."""
     launch = Torchrun.from_env()
     if not launch.distributed:
         return Shard(), device

@@ -1,15 +1,9 @@
 """Real photographs x real styles, the model beside the teacher: results at the content's size, scored at 256 px.
 
-Every photograph (its long side capped at `max_side`, as a user's upload would be) is stylized with every
-style by: the model's full pipeline (what the service returns), the transformer alone (palette step and
-refinement off, the same upsampling), the teacher (`stylevar.baselines.magenta`, when installed),
-copy-content and Reinhard. Each result and its content and style are brought to 256 x 256 (bicubic) and
-scored with the project's measures: edge correlation with the content (`stylevar.metrics.structure`),
-colour SWD and texture distance to the style (`stylevar.metrics.style_fidelity`), sharpness against the
-content's, and, with the `teacher` extra, the pretrained style measures (`stylevar.metrics.pretrained_style`:
-style-vector cosine and Gram distance of the style predictor's features). The random-network texture distance
-rewards blur on smooth styles: it is reported, never selected on.
-`benchmarks/real_pairs.py` is its command line; `training.demo` puts its table into the demo model card.
+Every photograph (its long side capped at `max_side`) is stylized with every style by the full pipeline, the
+transformer alone (palette and refinement off), the teacher (when installed), copy-content and Reinhard; each
+result is scored at 256 x 256 for edges kept, colour and texture taken, sharpness and, with the `teacher` extra,
+the pretrained style measures. The texture distance rewards blur on smooth styles: reported, never selected on.
 """
 from __future__ import annotations
 
@@ -198,7 +192,7 @@ def markdown(result: dict) -> str:
 
 
 def ceiling_markdown(rows: dict[str, dict]) -> str:
-    """benchmarks/teacher_ceiling.py's rows as a table."""
+    """The ceiling rows (each a method's measures, no time) as a table."""
     cols = _columns(rows)
     lines = [f"| at 256 px | {' | '.join(HEADERS[m] for m in cols)} |", "| --- " * (len(cols) + 1) + "|"]
     lines += [f"| {k} | {measure_cells(v, cols)} |" for k, v in rows.items()]

@@ -1,6 +1,5 @@
-"""The files of an evaluation: results.csv, results.md, per_sample.jsonl, the sample grids and the charts.
-
-Every file is written whole or not at all (stylevar.utils.atomic).
+"""The files of an evaluation: results.csv, results.md, per_sample.jsonl, the sample grids and the charts, each
+written whole or not at all.
 """
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """`run`: every method on every benchmark, scored per sample, averaged per benchmark and method.
 
-The checks (the output folder, the methods, the benchmarks' files, the weights) run before any model or
-metric loads. Under torchrun the batches are shared out among the processes (`ranks.Shard`) and process
-0 merges the per-sample records and writes the files; every process returns the merged result.
+Every check runs before any model or metric loads. Under torchrun the batches are shared out among the processes
+and process 0 merges the records and writes the files; every process returns the merged result.
 """
 from __future__ import annotations
 
@@ -67,8 +66,7 @@ def check_weights(cfg: EvalConfig, methods: list[Method]) -> dict[str, weights.M
 
 @dataclass
 class _Run:
-    """What scoring a benchmark needs: the config, the metrics, this process's shard, the device, the
-    progress bar and the result being filled in."""
+    """What scoring a benchmark needs: config, metrics, shard, device, progress bar and the result."""
 
     cfg: EvalConfig
     suite: MetricSuite
@@ -82,7 +80,7 @@ def run(cfg: EvalConfig) -> RunResult:
     """Evaluate every method on every benchmark and write the outputs to `cfg.out` (see the module doc)."""
     from tqdm.auto import tqdm
 
-    # every check before any model or metric loads (and before hours of work end at an unwritable --out)
+    # every check before any model or metric loads
     output_folder(cfg.out, "--out folder")
     shard, device = start_shard(resolve_device(cfg.device))
     methods = [make_method(spec) for spec in cfg.methods]
@@ -129,8 +127,7 @@ def shortfalls(cfg: EvalConfig, benchmarks: list[Benchmark], methods: int, resul
 
 
 def _evaluate_benchmark(state: _Run, bench: Benchmark, methods: list[Method]) -> dict[str, list[torch.Tensor]]:
-    """Score every method on one benchmark (records and mean rows into ``state.result``); returns the
-    benchmark's samples grid (its first images and each method's outputs of them)."""
+    """Score every method on one benchmark into ``state.result``; returns its samples grid."""
     data = Triplets.load(bench, state.cfg.image_size, state.cfg.seed)
     rows = min(state.cfg.grid_rows, len(bench.samples))
     grid = data.grid(rows)

@@ -9,6 +9,8 @@ from typing import TypeVar
 
 import torch
 
+from stylevar.runtime.bench import sync
+
 T = TypeVar("T")
 
 
@@ -19,18 +21,13 @@ def device_name(device: torch.device) -> str:
     return f"CPU, {torch.get_num_threads()} threads"
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed(fn: Callable[[], T], device: torch.device) -> tuple[T, float]:
     """``fn()`` without autograd, and its seconds (CUDA synchronised before and after)."""
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     with torch.no_grad():
         out = fn()
-    _sync(device)
+    sync(device)
     return out, time.perf_counter() - t0
 
 

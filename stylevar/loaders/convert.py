@@ -1,8 +1,7 @@
 """The reference-format checkpoint converter: the published layouts in, this project's models out.
 
 The reference's full (3C, C) qkv matrices load into `q_guide` and `kv_target` (the only rows used); derived
-buffers are recomputed. A checkpoint is read (`stylevar.models.state_dict`), rearranged, and checked by the
-models' `from_state_dict`. The project's own format is `stylevar.models.pretrained`'s.
+buffers are recomputed, and the models' `from_state_dict` checks the result.
 """
 from __future__ import annotations
 
@@ -19,13 +18,9 @@ _ATTN_REF = re.compile(r"^blocks\.(\d+)\.attn\.(mat_qkv_guide\.weight|mat_qkv_ta
                        r"v_bias_guide|q_bias_target|v_bias_target)$")
 
 
-# ---- reading ---------------------------------------------------------------------------------------
 def read_state(path_or_sd: str | os.PathLike | Mapping[str, Any]) -> tuple[StateDict, dict]:
-    """A state dict (and the checkpoint's `args`, if any) from a file or an in-memory checkpoint.
-
-    Accepts a plain state dict, `{"model": sd}` and `{"trainer": {"var_wo_ddp": sd}}`; files are read by
-    `stylevar.models.state_dict.read_file` (`weights_only=True`; `.safetensors` with safetensors).
-    """
+    """A state dict (and the checkpoint's `args`, if any) from a file or an in-memory checkpoint: a plain state
+    dict, `{"model": sd}` or `{"trainer": {"var_wo_ddp": sd}}` (files read by `state_dict.read_file`)."""
     obj: Any = path_or_sd if isinstance(path_or_sd, Mapping) else read_file(path_or_sd, what="checkpoint")
     args = {}
     if isinstance(obj, Mapping) and isinstance(obj.get("args"), Mapping):
@@ -69,7 +64,6 @@ def bake_lora(sd: StateDict, args: Mapping[str, Any] | None = None, scaling: flo
     return out
 
 
-# ---- loading ---------------------------------------------------------------------------------------
 def load_vqvae(path_or_sd, cfg: VQVAEConfig) -> MultiScaleVQVAE:
     """The tokenizer from `vae_ch160v4096z32.pth`-style or project safetensors weights."""
     return MultiScaleVQVAE.from_state_dict(read_state(path_or_sd)[0], cfg)

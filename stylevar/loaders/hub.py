@@ -1,10 +1,6 @@
-"""Files on the Hugging Face Hub: hub ids (`hf:OWNER/NAME[@REVISION][:VARIANT]`), the cache, downloads, and the
-project's cache root (`home()`). It fetches files only; a model directory from them is `stylevar.loaders.pull`'s.
-
-Downloads go through `huggingface_hub` (its cache, token, offline switch and endpoint apply). `check_cached`
-decides once whether the Hub may be asked (not offline, and its endpoint answers within `CONNECT_TIMEOUT_S`);
-if not, missing files are one `HubError` naming them and the `stylevar pull` command. Imports neither torch nor
-huggingface_hub until needed.
+"""Files on the Hugging Face Hub: hub ids (`hf:OWNER/NAME[@REVISION][:VARIANT]`), the cache, downloads through
+`huggingface_hub`, and the project's cache root (`home()`). `check_cached` decides once whether the Hub may be
+asked; if not, missing files are one `HubError` naming them. Imports neither torch nor huggingface_hub until needed.
 """
 from __future__ import annotations
 
@@ -39,8 +35,7 @@ _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
 def home() -> Path:
-    """The project's one cache root, `$STYLEVAR_HOME` (default `~/.cache/stylevar`, read on each call): weights
-    placed by hand, pulled model directories and their locks live there."""
+    """The project's cache root, `$STYLEVAR_HOME` (default `~/.cache/stylevar`, read on each call)."""
     env = os.environ.get("STYLEVAR_HOME")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "stylevar"
 
@@ -52,7 +47,6 @@ class HubError(CodedError, FileNotFoundError):
     code = "hub_unavailable"
 
 
-# ------------------------------------------------------------------------------------------------ ids
 @dataclass(frozen=True)
 class HubFile:
     """One file of a Hub repository at a revision."""
@@ -129,7 +123,6 @@ def looks_like_repo_id(value: str | os.PathLike) -> bool:
     return bool(_REPO_RE.match(re.split(r"[@:]", os.fspath(value), maxsplit=1)[0]))
 
 
-# ------------------------------------------------------------------------------------------------ shapes
 @dataclass(frozen=True)
 class Shape:
     """Which configuration the checkpoints are read with: the repository's default, a preset, or reference fields."""
@@ -154,10 +147,7 @@ class Shape:
         return hashlib.sha256(json.dumps(self.reference, sort_keys=True).encode()).hexdigest()
 
 
-# ------------------------------------------------------------------------------------------------ the cache
-# huggingface_hub reads its variables (HF_HUB_CACHE, HF_HOME, HF_HUB_OFFLINE, ...) once, when it is first imported;
-# these two ask it, so this module and huggingface_hub's own calls always agree.
-def cache_dir() -> Path:
+def cache_dir() -> Path:  # asks huggingface_hub, which reads its variables once, when first imported
     """huggingface_hub's cache folder (HF_HUB_CACHE, else HF_HOME/hub, else its default)."""
     from huggingface_hub import constants
 
@@ -183,8 +173,7 @@ def _why_local() -> str:
 
 
 def unreachable(timeout_s: float = CONNECT_TIMEOUT_S, url: str | None = None) -> str:
-    """Why ``url`` (default: the Hub's endpoint) cannot be asked ("" when its host, or the proxy for it, accepts a
-    TCP connection within ``timeout_s``; the name lookup counts in that time)."""
+    """Why ``url`` (default: the Hub's endpoint) cannot be asked; "" when it connects within ``timeout_s``."""
     if url is None:
         from huggingface_hub import constants
 
@@ -215,8 +204,7 @@ def unreachable(timeout_s: float = CONNECT_TIMEOUT_S, url: str | None = None) ->
 
 
 def local_only() -> str:
-    """Why downloads from the Hub cannot be asked for now ("" when they can): the offline switch, or the probe
-    (`unreachable`)."""
+    """Why downloads from the Hub cannot be asked for now ("" when they can)."""
     return _why_local() if offline() else unreachable()
 
 
@@ -257,8 +245,7 @@ def _unavailable(what: str, repo_id: str, revision: str, files: list[str], why: 
 
 
 def _not_cached(model: HubModel, shape: Shape | None, why: str) -> HubError:
-    """The one error for a model whose files are not all cached while the Hub cannot be asked: every missing file
-    and the `stylevar pull` command to run where there is internet."""
+    """The one error for a model whose files are not all cached while the Hub cannot be asked."""
     absent = [f.filename for f in model.files() if cached_path(f) is None]
     instead = (f", or unset {_offline_variable()}" if offline() else
                ", or set HF_ENDPOINT to a mirror of the Hub that this machine reaches")
@@ -269,8 +256,7 @@ def _not_cached(model: HubModel, shape: Shape | None, why: str) -> HubError:
 
 
 def check_cached(model: HubModel, shape: Shape | None = None) -> bool:
-    """Whether `model`'s files must come from the cache alone (offline, or the Hub unreachable: asked once,
-    here); then one `HubError` naming every file the cache lacks, at once."""
+    """Whether `model`'s files must come from the cache alone; then one `HubError` naming every file it lacks."""
     why = local_only()
     if not why:
         return False
@@ -281,8 +267,7 @@ def check_cached(model: HubModel, shape: Shape | None = None) -> bool:
 
 def download_model(model: HubModel, shape: Shape | None = None, *, progress: bool = True,
                    local_only: bool = False) -> dict[str, Path]:
-    """Every file of `model` (`download`); when the Hub answered the probe but not the download, the error still
-    names every file the cache lacks and the `stylevar pull` command (`_not_cached`)."""
+    """Every file of `model` (`download`); a failure names every file the cache lacks (`_not_cached`)."""
     paths = {}
     for f in model.files():
         try:
@@ -297,9 +282,8 @@ def download_model(model: HubModel, shape: Shape | None = None, *, progress: boo
 
 
 def download(f: HubFile, *, progress: bool = True, missing_ok: bool = False, local_only: bool = False) -> Path | None:
-    """The file through huggingface_hub (its cache, token, offline switch, endpoint); `HubError` if it cannot
-    be had. With `missing_ok`, None when the repository has no such file (or, offline, the cache has none);
-    with `local_only` (`check_cached` said so), from the cache alone."""
+    """The file through huggingface_hub; `HubError` if it cannot be had. With `missing_ok`, None when the
+    repository (or, offline, the cache) has no such file; with `local_only`, from the cache alone."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub import errors as hf_errors
 
@@ -341,8 +325,7 @@ def _silent_bar():
 
 
 def optional_file(f: HubFile, *, local_only: bool = False) -> Path | None:
-    """An optional file of the repository: its path, or None when the repository has none (`local_only`: or
-    the cache has none)."""
+    """An optional file of the repository: its path, or None when the repository (or the cache) has none."""
     found = cached_path(f)
     if found is not None or _cached_absent(f):
         return found

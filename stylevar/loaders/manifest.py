@@ -1,6 +1,5 @@
 """Triplet manifests: JSON lines `{"content", "style", "target"?, "split", "id"}`, paths relative to the
-manifest's folder (see docs/architecture.md). Shared by the data tools, the training datasets and
-`stylevar evaluate`.
+manifest's folder; shared by the data tools, the training datasets and `stylevar evaluate`.
 """
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Model directories: what one holds (`MODEL_FILES`), the check that a folder is one, with what the user probably
-meant when it is not (a training run's ``final/``, a Hub id written without ``hf:``), its config.json
-(`PipelineConfig`), and writing one. Each model reads and writes its own weights file and config.json section
-(`stylevar.models.pretrained`); the rest of config.json is `PipelineConfig`'s.
-
-Importing this module does not import torch: the command line checks ``--model`` before loading the model code.
+"""Model directories: what one holds (`MODEL_FILES`), the check that a folder is one (saying what the user probably
+meant when it is not), its config.json (`PipelineConfig`), and writing one. Each model reads and writes its own
+weights file and config.json section. Importing this module does not import torch.
 """
 from __future__ import annotations
 
@@ -40,8 +37,7 @@ def missing_model_files(path: Path) -> list[str]:
 
 
 def check_model_files(path: str | os.PathLike) -> Path:
-    """``path`` if it holds every file of a model directory; else a ModelDirError naming the folder and what it
-    lacks, with the likely fix (`model_dir_hint`)."""
+    """``path`` if it holds every file of a model directory; else a ModelDirError with the likely fix."""
     given, path = os.fspath(path), Path(path)
     missing = missing_model_files(path)
     if missing:
@@ -51,9 +47,8 @@ def check_model_files(path: str | os.PathLike) -> Path:
 
 
 def names_a_hub_repository(given: str) -> bool:
-    """``given`` is written exactly as a Hub repository, ``OWNER/NAME`` (nothing like ``./``, ``~``, a third part
-    or a trailing ``/``), and is no local path: nothing here is named OWNER or NAME, and OWNER is not one of the
-    folders the project's commands write models into (`LOCAL_MODEL_FOLDERS`)."""
+    """``given`` is written exactly as a Hub repository, ``OWNER/NAME``, and is no local path (nothing here is
+    named so, and OWNER is none of `LOCAL_MODEL_FOLDERS`)."""
     if not looks_like_repo_id(given) or Path(given).exists():
         return False
     owner = given.split("/", 1)[0]
@@ -91,9 +86,7 @@ class PipelineConfig:
     transformer: StyleVARConfig
     name: str = "stylevar"
     demo: bool = False
-    # the model's recommended generation settings (e.g. {"top_k": 64, "top_p": 0.9}); a caller's explicit
-    # value wins, and without either the defaults of `stylevar.config.GenerationConfig` apply
-    generation: dict[str, Any] = field(default_factory=dict)
+    generation: dict[str, Any] = field(default_factory=dict)  # recommended settings; a caller's explicit value wins
     # the output steps (stylevar.processing.refine, .palette, .upsample): off or default unless config.json asks
     refine: Refinement = field(default_factory=lambda: _steps()[0]())
     palette: Palette = field(default_factory=lambda: _steps()[1]())
@@ -139,9 +132,8 @@ def check_model_dir(path: str | os.PathLike) -> PipelineConfig:
 
 def write_model_dir(model: StyleVAR, config: PipelineConfig, folder: str | os.PathLike,
                     dtype: torch.dtype | None = None, model_card: str | None = None) -> Path:
-    """Write the transformer's and the tokenizer's files (floats cast to `dtype` when given), then all of
-    config.json from `config` and the model card when given. A model prepared for inference is refused
-    before anything is written. Returns the folder."""
+    """Write the models' files (floats cast to `dtype` when given), config.json and the model card when given;
+    returns the folder. A model prepared for inference is refused before anything is written."""
     from stylevar.models.pretrained import write_config
     from stylevar.utils.atomic import atomic_write_text
 

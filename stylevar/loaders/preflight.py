@@ -13,8 +13,7 @@ from stylevar.utils.errors import CodedError
 
 # output file extensions: the formats the service returns (and accepts)
 OUTPUT_EXTENSIONS: dict[str, str] = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP"}
-# an input whose short side is below this is scaled up many times to the model's size: it still works,
-# but carries little of the content or style, so the command line says so
+# an input whose short side is below this carries little of the content or style: the command line says so
 SMALL_SIDE = 16
 
 
@@ -25,8 +24,7 @@ class InputError(CodedError, ValueError):
 
 
 def read_image(path: str | os.PathLike, role: str) -> Decoded:
-    """The ``role`` ("content", "style") image at ``path`` as 8-bit RGB, decoded as the service decodes uploads (one
-    over the pixel limit is shrunk while decoding: `Decoded.shrink_note` says so)."""
+    """The ``role`` image at ``path`` as 8-bit RGB, decoded as the service decodes uploads."""
     p = Path(path)
     if not p.exists():
         raise InputError(f"{role} image not found: {p}")
@@ -48,8 +46,7 @@ def small_image_warning(img: Image.Image, role: str) -> str | None:
 
 
 def output_image_path(path: str | os.PathLike) -> Path:
-    """``path`` if an image can be written there in a format its extension names (its folder existing, or one
-    that can be made: the writer makes it); else InputError."""
+    """``path`` if an image can be written there in the format its extension names; else InputError."""
     p = Path(path)
     names = ", ".join(OUTPUT_EXTENSIONS)
     if p.is_dir():

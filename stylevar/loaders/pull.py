@@ -1,9 +1,8 @@
 """Published models into model directories: `stylevar pull` and the `--model` resolver (`resolve_model`).
 
-Pulling a hub id downloads its reference checkpoints, converts them (`stylevar.loaders.convert`) and writes a
-model directory whose config.json records the repository, revision, commit and each file's sha256. The shape is
-the `d20` preset unless the repository's `stylevar_config.json` or the caller says otherwise. A path is taken as
-a directory as it is. Imports neither torch nor huggingface_hub until needed.
+Pulling a hub id downloads its reference checkpoints, converts them and writes a model directory whose
+config.json records the repository, revision, commit and each file's sha256. Imports neither torch nor
+huggingface_hub until needed.
 """
 from __future__ import annotations
 
@@ -70,13 +69,9 @@ def _model_card(model: HubModel, source: dict[str, Any]) -> str:
 
 def pull(model: HubModel, *, shape: Shape = Shape(), out: str | os.PathLike | None = None, force: bool = False,
          progress: bool = True) -> PullResult:
-    """Download `model`'s checkpoints, convert them and write a model directory (default: `model.default_dir`).
-
-    A folder that already holds this pull (same repository, variant, revision and shape) is left as it is
-    unless `force`. The folder is written next to its place and renamed into it (`stylevar.utils.atomic`), so it
-    is whole or absent; a lock (below STYLEVAR_HOME/.locks) lets one process convert while others (the
-    ranks of a torchrun job) wait for it.
-    """
+    """Download `model`'s checkpoints, convert them and write a model directory (default: `model.default_dir`),
+    whole or absent. A folder that already holds this pull is kept unless `force`; a lock lets one process
+    convert while others (a torchrun job's ranks) wait for it."""
     dest = Path(out) if out is not None else model.default_dir(shape)
     if not force and _source_matches(dest, model, shape):
         return PullResult(dest, skipped=True)

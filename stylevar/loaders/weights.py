@@ -1,10 +1,6 @@
 """Registry and cache of every external weight the project uses: what each file is, where it is looked for, where
-it comes from and how to check it.
-
-Nothing is downloaded implicitly: a missing file is a `MissingWeightError` naming the paths searched and the
-command that fetches it (`stylevar weights fetch NAME`: checksum checked, written atomically). Files are looked
-for first in huggingface_hub's cache (Hub files) or torch hub's checkpoints folder (torchvision files), then in
-`stylevar.loaders.hub.home()`. Reading and checking a weight file is `stylevar.models.state_dict`'s.
+it comes from and how to check it. Nothing is downloaded implicitly: a missing file is a `MissingWeightError`
+naming the paths searched and the command that fetches it.
 """
 from __future__ import annotations
 
@@ -54,19 +50,14 @@ class ChecksumError(ValueError):
 
 
 class SourceUnreachableError(ConnectionError):
-    """A weight's source cannot be reached (no network, offline): found by a short probe before any download, so
-    no download starts and nothing retries. The message names the file, its URL and where to put it by hand."""
+    """A weight's source cannot be reached: found by a short probe before any download starts."""
 
 
 @dataclass(frozen=True)
 class Part:
-    """One download of a weight. `path` is relative to the weight's folder (or the file itself).
-
-    `unpack`: `file` (kept as downloaded), `zip` (extracted into the folder; an archive that wraps its
-    files in one folder of its own is unwrapped), `zip-folder` (a zip with one top folder, e.g. a GitHub
-    archive, extracted and renamed to `path`). `check` lists glob patterns, relative to the weight's
-    folder, that must match once the part is in place (default: `path`).
-    """
+    """One download of a weight. `path` is relative to the weight's folder (or the file itself). `unpack`: `file`,
+    `zip` (extracted into the folder, a lone wrapping folder unwrapped) or `zip-folder` (its one top folder renamed
+    to `path`). `check`: glob patterns that must match once the part is in place (default: `path`)."""
 
     path: str
     url: str | None
@@ -121,8 +112,7 @@ class Weight:
         return self.parts[0].sha256 if len(self.parts) == 1 else None
 
     def search_paths(self) -> list[Path]:
-        """Where the file (or folder) is looked for, in order; `fetch` writes to the first (for a Hub file:
-        its place in huggingface_hub's cache, `snapshots/<commit>` shown as the revision until it is there)."""
+        """Where the file (or folder) is looked for, in order; `fetch` writes to the first."""
         paths = []
         if self.location == "torch":
             paths.append(torch_hub_dir() / "checkpoints" / self.filename)
@@ -139,9 +129,11 @@ class Weight:
         return self.search_paths()[-1 if self.location == "hf" else 0]
 
     def complete(self, path: Path) -> bool:
-        if not self.tree:
-            return path.is_file()
-        return path.is_dir() and all(_matches(path, pattern) for part in self.parts for pattern in part.checks())
+        return path.is_dir() and not self.absent(path) if self.tree else path.is_file()
+
+    def absent(self, folder: Path) -> list[str]:
+        """The check patterns no file in `folder` matches."""
+        return [pat for part in self.parts for pat in part.checks() if not _matches(folder, pat)]
 
     def find(self) -> Path | None:
         for path in self.search_paths():
@@ -255,8 +247,7 @@ def resolve(name: str) -> Path:
     if weight.tree:
         partial = [p for p in searched if p.is_dir()]
         if partial:
-            absent = [pat for part in weight.parts for pat in part.checks() if not _matches(partial[0], pat)]
-            detail = f"{partial[0]} is incomplete, it lacks: {', '.join(absent)}"
+            detail = f"{partial[0]} is incomplete, it lacks: {', '.join(weight.absent(partial[0]))}"
     raise MissingWeightError(weight, searched, detail)
 
 
@@ -271,9 +262,6 @@ def missing(names: Iterable[str]) -> dict[str, MissingWeightError]:
     return out
 
 
-# ----------------------------------------------------------------------------------------------- fetching
-
-
 def _part_url(part: Part, mirror: str | None) -> str:
     if mirror:
         return mirror.rstrip("/") + "/" + part.mirror_name
@@ -283,8 +271,7 @@ def _part_url(part: Part, mirror: str | None) -> str:
 
 
 def _download(url: str, dest: Path, part: Part, *, progress: bool) -> str:
-    """`url` to `dest` through torch's `download_url_to_file` (temporary file next to `dest`, sha256 prefix
-    check, rename: a failed or mismatching download leaves nothing behind). Returns the sha256."""
+    """`url` to `dest` (torch's downloader), its sha256 returned; a failed download leaves nothing behind."""
     import torch.hub
 
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -343,8 +330,7 @@ def _install_part(part: Part, url: str, folder: Path, *, progress: bool) -> str:
 
 
 def _replace(src: Path, dest: Path) -> None:
-    """Move a complete unpacked entry (a folder or a file, on the same filesystem) over ``dest`` through
-    `stylevar.utils.atomic` (an old entry of the other kind removed first)."""
+    """Move a complete unpacked entry (a folder or a file, on the same filesystem) atomically over ``dest``."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     if src.is_dir():
         if dest.exists() and not dest.is_dir():
@@ -357,8 +343,7 @@ def _replace(src: Path, dest: Path) -> None:
 
 
 def _from_hub(weight: Weight, hub_file: HubFile, *, progress: bool) -> Path:
-    """The file through huggingface_hub; when the Hub cannot be asked (its offline switch, or `hub.unreachable`'s
-    short probe), from its cache alone, else SourceUnreachableError at once (not huggingface_hub's retries)."""
+    """The file through huggingface_hub, or from its cache alone when the Hub cannot be asked."""
     why = hub.local_only()
     if why and hub.cached_path(hub_file) is None:
         raise _unreachable(weight, hub_file.filename, hub_file.url, why, weight.manual_path())
@@ -368,8 +353,7 @@ def _from_hub(weight: Weight, hub_file: HubFile, *, progress: bool) -> Path:
 
 
 def check_reachable(weight: Weight, mirror: str | None = None) -> None:
-    """SourceUnreachableError when a URL `fetch_weight` would download `weight` from cannot be reached: each host
-    probed once, for at most `hub.CONNECT_TIMEOUT_S` (`hub.unreachable`)."""
+    """SourceUnreachableError when a URL `fetch_weight` would download from cannot be reached."""
     probed: dict[str, str] = {}
     for part in weight.parts:
         url = _part_url(part, mirror)
@@ -418,8 +402,7 @@ def fetch_weight(weight: Weight, *, mirror: str | None = None, force: bool = Fal
                 continue  # this part is already in place
             digests.append(_install_part(part, _part_url(part, mirror), dest, progress=progress))
         if not weight.complete(dest):
-            absent = [pat for part in weight.parts for pat in part.checks() if not _matches(dest, pat)]
-            raise ValueError(f"{weight.name}: downloads did not produce {', '.join(absent)} in {dest}")
+            raise ValueError(f"{weight.name}: downloads did not produce {', '.join(weight.absent(dest))} in {dest}")
     else:
         part = weight.parts[0]
         digests.append(_download(_part_url(part, mirror), dest, part, progress=progress))
@@ -427,5 +410,4 @@ def fetch_weight(weight: Weight, *, mirror: str | None = None, force: bool = Fal
 
 
 def fetch(name: str, *, mirror: str | None = None, force: bool = False, progress: bool = True) -> FetchResult:
-    """Download a registered weight by name (see `fetch_weight`)."""
     return fetch_weight(get(name), mirror=mirror, force=force, progress=progress)

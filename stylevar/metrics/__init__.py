@@ -1,8 +1,7 @@
 """Evaluation metrics of the StyleVAR paper: style / content loss (VGG-19), LPIPS, SSIM, DreamSim, CLIP.
 
-Images are float tensors (B, 3, H, W) in [0, 1], resized to 256 x 256 (docs/evaluation.md). `compute` loads the
-model it needs on every call; `MetricSuite` loads each once for many batches. Names, references and weights:
-`stylevar.metrics.definitions` (no torch).
+Images are float tensors (B, 3, H, W) in [0, 1], resized to 256 x 256. `compute` loads the model it needs on every
+call; `MetricSuite` loads each once for many batches.
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Learned perceptual metrics: LPIPS (VGG-16 or AlexNet), DreamSim (dino_vitb16) and CLIP similarity (ViT-B-32),
-each a value per pair (B,). Every loader resolves its files through `stylevar.loaders.weights` first (a missing
-file is a `MissingWeightError` before any library could try a download) and checks keys and shapes.
+each a value per pair (B,). Every loader resolves its files through `stylevar.loaders.weights` and checks them.
 """
 from __future__ import annotations
 
@@ -26,9 +25,6 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 DREAMSIM_TYPE = "dino_vitb16"
 DREAMSIM_SIZE = 224
 CLIP_SIZE = 224
-
-
-# ------------------------------------------------------------------------------------------------ LPIPS
 
 
 class LPIPSMetric(nn.Module):
@@ -67,13 +63,9 @@ class LPIPSMetric(nn.Module):
         return self.model(a_B3HW * 2 - 1, b_B3HW * 2 - 1).reshape(-1)
 
 
-# ------------------------------------------------------------------------------------------------ DreamSim
-
-
 @contextlib.contextmanager
 def _isolated_torch_hub(hub_dir: Path) -> Iterator[None]:
-    """Point torch.hub at `hub_dir` for the duration, then restore it exactly (also the 'unset' state),
-    and drop modules the hub repo imported by their bare top-level names."""
+    """Point torch.hub at `hub_dir` for the duration, then restore it and drop the modules it imported."""
     # torch.hub.set_dir cannot restore "unset" (which follows $TORCH_HOME), so the saved private value is put back
     saved_dir = getattr(torch.hub, "_hub_dir", None)
     before = set(sys.modules)
@@ -131,9 +123,6 @@ class DreamSimMetric(nn.Module):
         a = F.interpolate(a_B3HW, size=size, mode="bilinear", align_corners=False)
         b = F.interpolate(b_B3HW, size=size, mode="bilinear", align_corners=False)
         return self.model(a, b).reshape(-1)
-
-
-# ------------------------------------------------------------------------------------------------ CLIP
 
 
 class _DropLogMessage(logging.Filter):

@@ -1,9 +1,7 @@
 """Style measured by a pretrained network, and sharpness: what a blur cannot fake.
 
-`StylePredictor` is the teacher's style predictor (needs the `teacher` extra): `style_cosine` compares two
-images' style vectors, `style_gram_distance` their Gram matrices on the predictor's own features (in [0, 1]).
-`sharpness(a, reference)` is the mean absolute Laplacian of the luminance over the reference's (no network).
-Images are (B, 3, H, W) in [0, 1]; each function gives a value per pair, (B,).
+`style_cosine` and `style_gram_distance` compare two images through the teacher's `StylePredictor` (the `teacher`
+extra); `sharpness(a, reference)` is the Laplacian energy over the reference's. Each gives a value per pair, (B,).
 """
 from __future__ import annotations
 
@@ -24,10 +22,8 @@ _LAPLACIAN = torch.tensor([[0.0, 1.0, 0.0], [1.0, -4.0, 1.0], [0.0, 1.0, 0.0]])
 class StylePredictor(nn.Module):
     """`predictor(images_B3HW) -> (style vectors (B, 100), [features (B, C, s, s) for s in GRAM_SIDES])`.
 
-    The ONNX graph run by torch, node by node: its int8 weights dequantized once, its activations' quantize /
-    dequantize pairs kept as a fake quantization with a straight-through gradient, so that it gives the
-    onnxruntime session's numbers and can also be a training loss (`requires_grad_` is off: the network is
-    fixed). The graph is Magenta's, so only its operators are known here; another graph is refused."""
+    Magenta's ONNX graph run by torch node by node (another graph is refused): int8 weights dequantized once,
+    activations fake-quantized with a straight-through gradient, so it matches onnxruntime and can be a loss."""
 
     OPS = ("QuantizeLinear", "DequantizeLinear", "Transpose", "Conv", "Clip", "Add", "GlobalAveragePool", "Reshape")
 
@@ -82,8 +78,7 @@ class StylePredictor(nn.Module):
         return values
 
     def features(self, img_B3HW: torch.Tensor) -> list[torch.Tensor]:
-        """The Gram layers' features of images in [0, 1] at their own size, the rest of the network skipped (a
-        training loss at the tokenizer's size: the features are then at 1/2 ... 1/16 of it)."""
+        """The Gram layers' features of images in [0, 1] at their own size, the rest of the network skipped."""
         if min(img_B3HW.shape[-2:]) < MIN_SIDE:
             raise ValueError(f"the style predictor's features need images of at least {MIN_SIDE} px a side, "
                              f"not {tuple(img_B3HW.shape[-2:])}")
@@ -154,8 +149,7 @@ def style_gram_distance(predictor: StylePredictor, a_B3HW: torch.Tensor, b_B3HW:
 
 def compare(seen_a: tuple[torch.Tensor, list[torch.Tensor]], seen_b: tuple[torch.Tensor, list[torch.Tensor]]
             ) -> dict[str, torch.Tensor]:
-    """The two pretrained measures from the predictor's outputs on two image sets (each computed once and kept
-    where one side is a fixed reference): {"cosine": (B,), "gram": (B,)}."""
+    """The two pretrained measures from the predictor's outputs: {"cosine": (B,), "gram": (B,)}."""
     (vectors_a, feats_a), (vectors_b, feats_b) = seen_a, seen_b
     return {"cosine": F.cosine_similarity(vectors_a, vectors_b, dim=1), "gram": gram_distance(feats_a, feats_b)}
 

@@ -1,7 +1,5 @@
-"""Structure kept from the content. SSIM two ways: `ssim` as the StyleVAR paper's evaluation computes it
-("pytorch-ssim": Gaussian window 11, sigma 1.5, zero padding, so the map keeps the image size) and `ssim_standard`,
-torchmetrics' "valid" SSIM. `edge_correlation(a, b)`: the Pearson correlation of the two images' Sobel gradient
-magnitudes (on luminance), per pair; callers compare at the model's working resolution.
+"""Structure kept from the content: `ssim` as the StyleVAR paper's evaluation computes it (zero-padded),
+`ssim_standard` (torchmetrics' "valid" SSIM) and `edge_correlation(a, b)`, how the two images' edges agree.
 """
 from __future__ import annotations
 
@@ -17,7 +15,6 @@ C2 = 0.03**2
 
 
 def gaussian_window(size: int = WINDOW, sigma: float = SIGMA, dtype=torch.float32, device=None) -> torch.Tensor:
-    """(size, size) normalised Gaussian window."""
     x = torch.arange(size, dtype=torch.float64, device=device) - (size - 1) / 2
     g = torch.exp(-(x**2) / (2 * sigma**2))
     g = g / g.sum()
@@ -67,10 +64,7 @@ def sobel_magnitude(img_B3HW: torch.Tensor) -> torch.Tensor:
 
 
 def edge_correlation(a_B3HW: torch.Tensor, b_B3HW: torch.Tensor) -> torch.Tensor:
-    """Pearson correlation of the two images' Sobel magnitudes, per pair: (B,). Images in [0, 1].
-
-    A flat image (no edges at all) has no defined correlation; it scores 0.
-    """
+    """Pearson correlation of the two images' Sobel magnitudes (in [0, 1]), per pair: (B,); a flat image scores 0."""
     if a_B3HW.shape != b_B3HW.shape:
         raise ValueError(f"edge_correlation needs images of one shape, got {tuple(a_B3HW.shape)} and "
                          f"{tuple(b_B3HW.shape)}")

@@ -1,8 +1,7 @@
 """How much of the style an image took, without downloaded weights: its colours and its texture.
 
-`colour_swd(a, b)`: the sliced Wasserstein distance between the two images' pixel distributions in CIELAB (/100).
-`texture_distance(a, b)`: the relative Gram-matrix distance of a fixed random conv net's features on normalised
-luminance (`TextureNet`), in [0, 1]. Images are (B, 3, H, W) in [0, 1]; both give a value per pair, (B,).
+`colour_swd(a, b)`: the sliced Wasserstein distance of the two images' CIELAB pixels; `texture_distance(a, b)`:
+the relative Gram distance of a fixed random conv net's features, in [0, 1]. Both give a value per pair, (B,).
 """
 from __future__ import annotations
 
@@ -56,8 +55,7 @@ def colour_swd(a_B3HW: torch.Tensor, b_B3HW: torch.Tensor, projections: int = PR
 
 
 class TextureNet(nn.Module):
-    """Three random 3 x 3 conv + ReLU layers (1 -> 16 -> 32 -> 64 channels), average-pooled 2 x 2 between
-    them; weights drawn from `seed` (He-normal), never trained. Returns every layer's features."""
+    """Three random 3 x 3 conv + ReLU layers, never trained (weights from `seed`); returns every layer's features."""
 
     def __init__(self, seed: int = TEXTURE_SEED, widths: tuple[int, ...] = (16, 32, 64)):
         super().__init__()

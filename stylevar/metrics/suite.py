@@ -32,14 +32,10 @@ def prepare(img_B3HW: torch.Tensor, name: str, size: int = IMAGE_SIZE) -> torch.
 class MetricSuite:
     """Compute several metrics on batches of (generated, content, style[, target]) images in [0, 1].
 
-    Pairing: with `target`, LPIPS / SSIM / DreamSim / CLIP compare the generated image to the target,
-    without it to the content image; style loss is against the style image, content loss against the
-    content image. Images are resized to `image_size` x `image_size` first (256, the paper's setting;
-    smaller sizes only make quick checks cheaper). DreamSim and CLIP then resize to their 224 px.
-
-    Models load on first use, once. With `allow_missing=True`, metrics whose weights are absent are left
-    out (listed in `skipped`, each with its `MissingWeightError`); otherwise construction raises the
-    first `MissingWeightError`.
+    With `target`, LPIPS / SSIM / DreamSim / CLIP compare to the target, else to the content; style loss is
+    against the style, content loss against the content. Images are resized to `image_size` first (256, the
+    paper's). Models load once, on first use. With `allow_missing=True`, metrics whose weights are absent are
+    left out (`skipped`: name -> `MissingWeightError`); otherwise construction raises the first.
     """
 
     def __init__(

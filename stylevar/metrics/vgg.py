@@ -26,8 +26,7 @@ def gram_matrix(feat_BCHW: torch.Tensor) -> torch.Tensor:
 
 
 def relative_gram_distance(grams_a: list[torch.Tensor], grams_b: list[torch.Tensor]) -> torch.Tensor:
-    """(B,) per pair, the mean over layers of ||G_a - G_b||_F / (||G_a||_F + ||G_b||_F): in [0, 1] whatever the
-    features' scale (the texture distance and the pretrained Gram distance)."""
+    """(B,) per pair, the mean over layers of ||G_a - G_b||_F / (||G_a||_F + ||G_b||_F), in [0, 1]."""
     per_layer = [(ga - gb).flatten(1).norm(dim=1)
                  / (ga.flatten(1).norm(dim=1) + gb.flatten(1).norm(dim=1)).clamp_min(1e-12)
                  for ga, gb in zip(grams_a, grams_b)]
@@ -35,10 +34,7 @@ def relative_gram_distance(grams_a: list[torch.Tensor], grams_b: list[torch.Tens
 
 
 def load_vgg19_features(path: str | os.PathLike | None = None, upto: int = max(STYLE_LAYERS)) -> nn.Sequential:
-    """torchvision VGG-19 `features[:upto + 1]` from the torchvision file (`weights.resolve("vgg19")`).
-
-    The whole file is checked against torchvision's VGG-19 layout (features and classifier) first.
-    """
+    """torchvision VGG-19 `features[:upto + 1]` from `weights.resolve("vgg19")`, the whole file checked first."""
     from torchvision.models import vgg19
 
     path = weights.resolve("vgg19") if path is None else path

@@ -1,6 +1,5 @@
-"""Image encoders that condition StyleVAR: the style embedding drives AdaLN, the content embedding is the
-start token. Official presets use torchvision's ResNet-18 trunk (module names as in the published
-checkpoints: `0` conv1, `1` bn1, `4`..`7` layer1..4); the tiny preset uses a small CNN.
+"""Image encoders that condition StyleVAR: the style embedding drives AdaLN, the content embedding is the start
+token. Official presets use torchvision's ResNet-18 trunk, the tiny preset a small CNN.
 """
 from __future__ import annotations
 
@@ -38,9 +37,8 @@ NUM_COLOUR_STATS = 6 + 3 * PALETTE_BINS
 
 
 def colour_statistics(img_B3HW: torch.Tensor) -> torch.Tensor:
-    """Explicit colour statistics (B, NUM_COLOUR_STATS) of images in [-1, 1]: per-channel mean and standard
-    deviation, then the palette as a ramp from dark to light (the mean colour of each of PALETTE_BINS
-    equal-count luminance bins), all in the images' [-1, 1] units."""
+    """Colour statistics (B, NUM_COLOUR_STATS) of images in [-1, 1]: per-channel mean and deviation, then the mean
+    colour of each of PALETTE_BINS equal-count luminance bins, dark to light."""
     x_BNc = img_B3HW.float().flatten(2).transpose(1, 2)  # (B, H*W, 3)
     luma_BN = x_BNc @ x_BNc.new_tensor([0.299, 0.587, 0.114])
     order_BN = luma_BN.argsort(dim=1)

@@ -1,8 +1,7 @@
 """LoRA adapters on StyleVAR's linear layers: attach, switch off, snapshot, merge, remove.
 
 A wrapped linear keeps its frozen ``base_weight`` and learns ``W = base_weight + alpha / r * lora_B @ lora_A``
-(``lora_B`` starts at zero), with the names the published GRPO checkpoints use; it also exposes the effective
-``weight`` (the naive baseline reads it). GRPO's reference policy is the same model under `lora_disabled`.
+(``lora_B`` starts at zero), named as the published GRPO checkpoints are, and exposes the effective ``weight``.
 """
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# linears inside each block `blocks[i]` that GRPO adapts (guide and target projections, output
-# projection, both FFN layers)
+# linears inside each block `blocks[i]` that GRPO adapts
 DEFAULT_TARGETS = ("attn.q_guide", "attn.kv_target", "attn.proj", "ffn.fc1", "ffn.fc2")
 
 
@@ -110,7 +108,6 @@ class LoRALinear(nn.Module):
                 f"scaling={self.scaling:g}, enabled={self.enabled}")
 
 
-# ------------------------------------------------------------------------------------------ attaching
 def _blocks(model: nn.Module) -> nn.ModuleList:
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, nn.ModuleList):
@@ -124,11 +121,8 @@ def _split(path: str) -> tuple[str, str]:
 
 
 def attach_lora(model: nn.Module, cfg: LoRAConfig, *, seed: int = 0) -> list[str]:
-    """Wrap ``cfg.targets`` of every block in :class:`LoRALinear`, freeze everything else.
-
-    Returns the wrapped module names (e.g. ``blocks.0.attn.q_guide``). The A matrices are drawn from a
-    private generator seeded with ``seed`` (the global RNG is not touched).
-    """
+    """Wrap ``cfg.targets`` of every block in :class:`LoRALinear` and freeze everything else; returns the wrapped
+    module names. The A matrices come from a private generator seeded with ``seed``."""
     if lora_modules(model):
         raise LoRAError("the model already has LoRA adapters")
     blocks = _blocks(model)
@@ -182,7 +176,6 @@ def lora_disabled(model: nn.Module) -> Iterator[nn.Module]:
             m.enabled = before[name]
 
 
-# ------------------------------------------------------------------------------------------ state
 def lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """``{<module>.lora_A, <module>.lora_B: tensor}`` (views of the live parameters)."""
     out: dict[str, torch.Tensor] = {}
@@ -212,7 +205,6 @@ def load_lora_state_dict(model: nn.Module, state: Mapping[str, torch.Tensor]) ->
         v.copy_(state[k])
 
 
-# ------------------------------------------------------------------------------------------ merging
 @torch.no_grad()
 def merge_lora(model: nn.Module, *, restart: bool = True, generator: torch.Generator | None = None) -> None:
     """Bake every adapter's update into its base weight; with ``restart`` the adapters start again at

@@ -1,6 +1,5 @@
-"""The project's own weight format: each model (`MultiScaleVQVAE`, `StyleVAR`) saves and loads itself
-(`save_pretrained` / `from_pretrained`): its weights to its own safetensors file, its config to its own section
-of the folder's config.json, other sections left as they are.
+"""The project's own weight format: each model saves and loads itself (`save_pretrained` / `from_pretrained`), its
+weights to its own safetensors file, its config to its own section of the folder's config.json.
 """
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ from stylevar.models.state_dict import StateDict, read_state_dict
 
 def save_safetensors(sd: Mapping[str, torch.Tensor], path: str | os.PathLike, dtype: torch.dtype | None = None,
                      metadata: dict[str, str] | None = None, what: str = "weights") -> None:
-    """Write a state dict atomically; floating tensors are cast to `dtype` when given. A failed write (disk
-    full) raises :class:`stylevar.utils.atomic.WriteFailedError` naming ``what``, ``path`` left as it was."""
+    """Write a state dict atomically (floats cast to `dtype` when given); WriteFailedError naming ``what``."""
     out = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().contiguous().cpu()
            for k, v in sd.items()}
     size = sum(v.numel() * v.element_size() for v in out.values())
@@ -29,8 +27,7 @@ def save_safetensors(sd: Mapping[str, torch.Tensor], path: str | os.PathLike, dt
 
 
 def _save_file(sd: Mapping[str, torch.Tensor], tmp: Path, metadata: dict[str, str] | None) -> None:
-    """safetensors' writer, its failures raised as OSError (it gives no errno: the file is opened here first,
-    so a folder that cannot be written says why; a full disk is told by the space left)."""
+    """safetensors' writer, its failures raised as OSError (a full disk told by the space left)."""
     from safetensors import SafetensorError
 
     open(tmp, "wb").close()
@@ -47,7 +44,6 @@ def load_safetensors(path: str | os.PathLike) -> StateDict:
 
 
 def read_config(folder: str | os.PathLike) -> dict[str, Any]:
-    """``folder/config.json`` as a dict."""
     config = json.loads((Path(folder) / CONFIG_FILE).read_text())
     if not isinstance(config, dict):
         raise ValueError(f"{Path(folder) / CONFIG_FILE} does not hold a JSON object")
@@ -55,14 +51,12 @@ def read_config(folder: str | os.PathLike) -> dict[str, Any]:
 
 
 def write_config(folder: str | os.PathLike, config: Mapping[str, Any]) -> None:
-    """``folder/config.json`` (one space of indent, a final newline: the layout of every model directory),
-    written atomically."""
+    """``folder/config.json`` (one space of indent, a final newline), written atomically."""
     atomic_write_text(Path(folder) / CONFIG_FILE, json.dumps(config, indent=1) + "\n")
 
 
 def update_config(folder: str | os.PathLike, sections: Mapping[str, Any]) -> None:
-    """Set ``sections`` in ``folder/config.json``, keeping its other entries (a missing or unreadable
-    config.json is started afresh)."""
+    """Set ``sections`` in ``folder/config.json``, keeping its other entries (an unreadable one started afresh)."""
     try:
         config = read_config(folder)
     except (OSError, ValueError):
@@ -71,9 +65,8 @@ def update_config(folder: str | os.PathLike, sections: Mapping[str, Any]) -> Non
 
 
 class PretrainedModel:
-    """`save_pretrained` and the reading half of `from_pretrained` for an nn.Module with a config dataclass
-    `cfg` (``to_dict``/``from_dict``): its weights in `weights_file`, its config in config.json's
-    `config_section`. A subclass's `from_pretrained` builds itself from `read_pretrained`'s parts."""
+    """`save_pretrained` and the reading half of `from_pretrained` for an nn.Module with a config dataclass `cfg`:
+    weights in `weights_file`, config in config.json's `config_section`."""
 
     config_section: ClassVar[str]
     weights_file: ClassVar[str]
@@ -84,8 +77,7 @@ class PretrainedModel:
 
     def save_pretrained(self, folder: str | os.PathLike, dtype: torch.dtype | None = None,
                         extra: Mapping[str, Any] | None = None) -> Path:
-        """Write ``folder/<weights_file>`` (floats cast to `dtype` when given) and this model's section of
-        ``folder/config.json`` (and ``"extra"``, provenance, when given). Returns the folder."""
+        """Write ``<weights_file>`` (floats as `dtype`) and this model's config.json section; returns ``folder``."""
         sd = self.pretrained_state_dict()
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)

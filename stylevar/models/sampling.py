@@ -1,9 +1,7 @@
 """Top-k / top-p sampling of token logits with private generators (the global RNG is never touched).
 
-`sample` draws each token as an exponential race over the top-k/top-p candidates: one uniform u_i per
-vocabulary entry, the winner the largest p_i / -log(u_i), so a draw hardly moves when the logits move a little.
-`keyed_uniforms` gives the race's numbers as a hash of (seed, scale, position) for video; a `TokenSampler`
-passed where the generators go draws a scale's tokens itself.
+`sample` draws each token as an exponential race over the candidates (the largest p_i / -log(u_i)), so a draw
+hardly moves when the logits move a little; `keyed_uniforms` keys the race's numbers to positions for video.
 """
 from __future__ import annotations
 
@@ -23,11 +21,9 @@ class TokenSampler(Protocol):
 
 def candidates(logits_BlV: torch.Tensor, top_k: int = 0, top_p: float = 0.0
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Each position's candidates and their sampling probabilities, unnormalised: ``(probs_BlK, idx_BlK)``,
-    the top-k tokens (best first when top_p filters), with probability 0 outside the top-p nucleus (the
-    least likely candidates whose mass together is at most 1 - top_p; the most likely one always stays).
-    ``idx`` is None when nothing is filtered (every token a candidate, in vocabulary order). 0 switches a
-    filter off."""
+    """Each position's candidates and unnormalised probabilities ``(probs_BlK, idx_BlK)``: the top-k tokens, 0
+    outside the top-p nucleus (the most likely always stays). ``idx`` is None when nothing is filtered; 0 switches
+    a filter off."""
     logits_BlV = logits_BlV.float()
     V = logits_BlV.shape[-1]
     use_p = 0.0 < top_p < 1.0
@@ -49,8 +45,7 @@ def candidates(logits_BlV: torch.Tensor, top_k: int = 0, top_p: float = 0.0
 
 def make_generators(seed: int | Sequence[int] | TokenSampler | None, batch: int, device: torch.device
                     ) -> list[torch.Generator] | TokenSampler:
-    """One generator for the batch (int or None -> random seed), or one per row (a sequence of B seeds); a
-    `TokenSampler` is returned as it is (it draws for itself)."""
+    """One generator for the batch (an int or None), or one per row (B seeds); a `TokenSampler` as it is."""
     if callable(seed):
         return seed
     if seed is None or isinstance(seed, int):
@@ -89,8 +84,7 @@ def race(probs_BlK: torch.Tensor, idx_BlK: torch.Tensor | None, u_BlK: torch.Ten
 
 
 def hash32(x: torch.Tensor) -> torch.Tensor:
-    """An integer hash of int64 tensors, values taken modulo 2**32, to [0, 2**32): xor-shifts and odd
-    multiplications (each product below 2**63, so no overflow on any device)."""
+    """An integer hash of int64 tensors to [0, 2**32), without overflow on any device."""
     x = x & _MASK32
     for c in _ROUNDS:
         x = x ^ (x >> 16)

@@ -1,8 +1,7 @@
 """Reading a state dict from a file and checking it against a model: the one place for both.
 
-`read_file` reads safetensors, or anything else with ``torch.load(weights_only=True)``, memory-mapped onto the
-CPU; `check_state_dict` raises one error naming every missing, unexpected and wrongly shaped key;
-`fit_state_dict` is that check for a model's own weights, derived buffers taken from the model.
+`read_file` reads safetensors or ``torch.load(weights_only=True)`` files onto the CPU; `check_state_dict` raises
+one error naming every missing, unexpected and wrongly shaped key.
 """
 from __future__ import annotations
 
@@ -20,13 +19,11 @@ DERIVED_KEYS = re.compile(r"(^|\.)(lvl_1L|attn_bias_for_masking|zero_k_bias\w*|n
 
 
 class CheckpointError(ValueError):
-    """A checkpoint or weight file that cannot be used: unreadable, no state dict, wrong layout or shapes,
-    LoRA-only."""
+    """A checkpoint or weight file that cannot be used (unreadable, wrong layout or shapes, LoRA-only)."""
 
 
 class WeightMismatchError(CheckpointError):
-    """A state dict whose keys or shapes are not the expected layout. `missing`, `unexpected` and
-    `wrong_shape` list them; the message names them all (the first 12 of each kind)."""
+    """A state dict whose keys or shapes are not the expected layout (`missing`, `unexpected`, `wrong_shape`)."""
 
     def __init__(self, source: str, missing: Sequence[str], unexpected: Sequence[str],
                  wrong_shape: Sequence[str | tuple[str, tuple[int, ...], tuple[int, ...]]]):
@@ -89,7 +86,6 @@ def read_file(path: str | os.PathLike, *, what: str = "weight file") -> object:
 
 
 def is_state_dict(obj: object) -> bool:
-    """A mapping of names to tensors."""
     return isinstance(obj, Mapping) and all(isinstance(v, torch.Tensor) for v in obj.values())
 
 
@@ -141,9 +137,7 @@ def load_into(module: torch.nn.Module, path: str | os.PathLike, *, source: str |
 
 
 def fit_state_dict(sd: StateDict, own: StateDict, what: str) -> StateDict:
-    """``sd`` with its derived buffers (`DERIVED_KEYS`) dropped and the model's own values taken instead,
-    checked against the model's state dict ``own`` (every mismatch in one CheckpointMismatchError naming
-    ``what``)."""
+    """``sd`` with its derived buffers taken from the model's ``own``, checked against it (naming ``what``)."""
     out = {k: v for k, v in sd.items() if not DERIVED_KEYS.search(k)}
     for k, v in own.items():
         if DERIVED_KEYS.search(k):

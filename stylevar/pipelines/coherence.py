@@ -4,7 +4,7 @@
 content's accumulated shift; then ``anchor`` keys the sampler's draws to a grid that moves with the content,
 ``align`` draws on a canvas moved by whole tokens, ``reuse_scales`` takes coarse tokens from the previous frame
 where the content hardly changed, ``settle`` averages the drawing with the previous one there, and ``blend``
-mixes log-probabilities along the clip. A frame past ``cut_threshold`` is a cut, drawn afresh (docs/video.md).
+mixes log-probabilities along the clip. A frame past ``cut_threshold`` is a cut, drawn afresh.
 """
 from __future__ import annotations
 
@@ -29,15 +29,13 @@ class Coherence:
     """How consecutive frames share their draws (module doc)."""
 
     anchor: bool = True  # the noise grid follows the global motion
-    # draw on a canvas that moves with the content in whole tokens of scale `align_scale` (-1: the finest): each
-    # frame moved by the fraction of a token left over before the model sees it, the drawing moved back after
+    # draw on a canvas that moves with the content in whole tokens of scale `align_scale` (-1: the finest)
     align: bool = False
     align_scale: int = -1
     blend: float = 0.0  # weight of the previous frame's moved log-probabilities, in [0, 1)
     reuse_scales: int = 0  # the first k scales' tokens reused where the content changed little (-j: all but j)
     reuse_threshold: float = 0.03
-    # the drawing (on the canvas, at the model's resolution) averaged with the previous frame's moved by the
-    # canvas's step: out_t = (1 - settle) drawing_t + settle out_{t-1}, where the previous frame covers it
+    # out_t = (1 - settle) drawing_t + settle out_{t-1} (moved by the canvas's step), where the previous frame covers it
     settle: float = 0.0
     cut_threshold: float = 0.15
 
@@ -51,8 +49,7 @@ class Coherence:
 
 
 def coherence_of(mode: TemporalMode | Coherence) -> Coherence | None:
-    """The sampler of a temporal mode (a `Coherence` as it is): None for the per-frame seeds (independent,
-    same-seed)."""
+    """The sampler of a temporal mode; None for the per-frame seeds (independent, same-seed)."""
     if isinstance(mode, Coherence):
         return mode
     if mode not in TEMPORAL_MODES:
@@ -64,10 +61,8 @@ def coherence_of(mode: TemporalMode | Coherence) -> Coherence | None:
     return None
 
 
-# ---- motion ---------------------------------------------------------------------------------------
 def estimate_shift(a_HW: torch.Tensor, b_HW: torch.Tensor) -> torch.Tensor:
-    """The global translation d (dx, dy) in pixels with b(p) ~ a(p - d): phase correlation of the two
-    (Hann-windowed) images, the peak refined to a fraction of a pixel by a parabola through its neighbours."""
+    """The global translation d (dx, dy) in pixels with b(p) ~ a(p - d), by phase correlation (subpixel)."""
     H, W = a_HW.shape
     win = torch.hann_window(H, periodic=False, device=a_HW.device)[:, None] * \
         torch.hann_window(W, periodic=False, device=a_HW.device)[None, :]
@@ -89,8 +84,7 @@ def estimate_shift(a_HW: torch.Tensor, b_HW: torch.Tensor) -> torch.Tensor:
 
 def shift_grid(x_BCHW: torch.Tensor, d_B2: torch.Tensor, mode: str = "bilinear"
                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x`` moved by d (dx, dy) pixels, out(p) = x(p - d), and where that source lies inside ``x``:
-    ((B, C, H, W), (B, 1, H, W) bool)."""
+    """``x`` moved by d (dx, dy) pixels, out(p) = x(p - d), and the mask of where that source lies inside ``x``."""
     B, _, H, W = x_BCHW.shape
     d = d_B2.to(x_BCHW.device, torch.float32)
     ys = torch.arange(H, device=x_BCHW.device, dtype=torch.float32)
@@ -119,11 +113,9 @@ class FrameMotion:
         return self.offset_B2 - self.raw_B2
 
 
-# ---- the sampler ----------------------------------------------------------------------------------
 class FrameSampler:
-    """Draws the tokens of a clip's frames (a `stylevar.models.sampling.TokenSampler`): pass it as the seed of
-    `StyleVAR.generate` (or `StylePipeline.stylize_batch`), calling `begin(frames)` before each call, with
-    the call's rows the next frames of the clip in order."""
+    """Draws the tokens of a clip's frames (a `TokenSampler`): pass it as the seed of `StyleVAR.generate`, calling
+    `begin(frames)` before each call, the call's rows the clip's next frames in order."""
 
     def __init__(self, seed: int, cfg: Coherence, patch_nums: Sequence[int], side: int):
         self.seed, self.cfg, self.side = int(seed), cfg, side
@@ -145,9 +137,7 @@ class FrameSampler:
     def begin(self, frames_B3SS: torch.Tensor, guides_BHW: torch.Tensor | None = None,
               scale: tuple[float, float] = (1.0, 1.0)) -> FrameMotion:
         """Measure the batch's motion before its `generate` call. ``frames``: as the model sees them, in [0, 1];
-        ``guides``: the luminance the motion is estimated on (default: the frames'; finer ones give a finer
-        estimate: the pipeline passes the frames themselves, at most 256 pixels a side), ``scale``: model pixels
-        per guide pixel (x, y)."""
+        ``guides``: the luminance to estimate it on (default: the frames'), ``scale``: model pixels per guide pixel."""
         frames = frames_B3SS.detach().float()
         guides = luminance(frames)[:, 0] if guides_BHW is None else guides_BHW.detach().float()
         per_px = torch.tensor(scale, dtype=torch.float32)
@@ -195,8 +185,7 @@ class FrameSampler:
         return torch.stack(out).to(drawings_B3SS.dtype)
 
     def _still(self, b: int) -> torch.Tensor:
-        """(1, S, S) bool: where frame b's content changed less than ``reuse_threshold`` (averaged over the finest
-        tokens), on the canvas."""
+        """(1, S, S) bool: where frame b's content changed less than ``reuse_threshold``, on the canvas."""
         assert self.motion is not None
         cell = max(1, round(self.side / self.patch_nums[-1]))
         change = F.avg_pool2d(self.motion.change_BHW[b][None, None], cell, ceil_mode=True)

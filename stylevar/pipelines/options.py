@@ -1,6 +1,5 @@
 """How the surfaces see the stylize options: an `Option` per field of `stylevar.pipelines.request.StylizeRequest`
-(its declaration), read from the field (type, default, range, help) and its `Offer` (label, surfaces, UI steps).
-Every surface derives its options from these (tests/pipelines/test_stylize_declaration.py). No torch here.
+read from the field (type, default, range, help) and its `Offer` (label, surfaces, UI steps). No torch here.
 """
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """One stylize request: every option declared once (type, range, help), validated once, resolved once.
 
-`StylizeRequest` is a pydantic model whose fields carry their range, their help and how the surfaces offer them
-(an `Offer`); the Python call, the service's form, the command line, the UI and the video route all build one,
-and its errors (`RequestError`) read the same everywhere. `StylePipeline.prepare` resolves it into a
-`Stylization`. No torch: the command line's --help reads it.
+`StylizeRequest` is a pydantic model whose fields carry their range, help and `Offer`; every surface builds one,
+so its errors (`RequestError`) read the same everywhere. No torch: the command line's --help reads it.
 """
 from __future__ import annotations
 
@@ -160,10 +158,8 @@ class StylizeRequest(BaseModel):
 
 def check_mix_counts(styles: int, weights: int | None = None, masks: int | None = None,
                      masks_name: str = "style_masks") -> None:
-    """A blend's counts agree: 1 to `MAX_STYLES` style images, one weight and one mask per style where given. The one
-    check of every surface (`StyleMix`, the service's 422 before any file is read, the command line before any
-    image is opened): a ValueError with the message they all give, the masks named as the surface names them
-    (`masks_name`: the service's form field is `style_mask`)."""
+    """A blend's counts agree: 1 to `MAX_STYLES` style images, one weight and one mask per style where given; the
+    one check of every surface (a ValueError naming the masks as `masks_name`)."""
     if not 1 <= styles <= MAX_STYLES:
         raise ValueError(f"style: give 1 to {MAX_STYLES} style images, got {styles}")
     if weights is not None and weights != styles:
@@ -176,10 +172,8 @@ def check_mix_counts(styles: int, weights: int | None = None, masks: int | None 
 class StyleMix:
     """Several style images for one content image, blended by weight, each optionally confined to a region.
 
-    ``weights``: one per image, >= 0, not all 0 (None: equal; they are normalised to sum to 1).
-    ``masks``: one grayscale image per style, white = the style applies, black = the content stays
-    (grey: partly); any size (resized to the content's, then fitted into the model's square as the
-    content is). None: every style everywhere. See `stylevar.models.transformer.model` for the blend.
+    ``weights``: one per image, >= 0, not all 0 (None: equal; normalised to sum to 1). ``masks``: one grayscale
+    image per style of any size, white = the style applies, black = the content stays; None: everywhere.
     """
 
     images: tuple[Image.Image, ...]
@@ -220,8 +214,7 @@ class StyleMix:
 
 @dataclass(frozen=True)
 class BatchKey:
-    """What must be equal for stylizations to share one `generate` call (`fast` among the settings, so fast and
-    full requests never share one); hashable."""
+    """What must be equal for stylizations to share one `generate` call; hashable."""
 
     generation: GenerationConfig
     resize: ResizeMode

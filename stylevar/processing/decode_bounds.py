@@ -1,6 +1,5 @@
-"""Bounds on the work of decoding one image, beside its pixel limits: a JPEG's scans counted from its markers
-before any pixel is decoded (`file_scans`; more than `MAX_SCANS` is refused, since a progressive JPEG's decode
-time grows with scans times pixels), and a file whose reads stop at a deadline (`TimedReader`).
+"""Bounds on the work of decoding one image, beside its pixel limits: a JPEG's scans counted before any pixel is
+decoded (`file_scans`, at most `MAX_SCANS`), and a file whose reads stop at a deadline (`TimedReader`).
 """
 from __future__ import annotations
 
@@ -14,16 +13,13 @@ MAX_SCANS = 64
 
 _SOS, _EOI = 0xDA, 0xD9
 _STANDALONE = frozenset((0x01, *range(0xD0, 0xD9)))  # TEM, RST0-7, SOI: markers without a length
-# in a scan's entropy-coded data 0xFF is followed by 0x00 (a stuffed byte), a restart marker (0xD0-0xD7) or more 0xFF
-# fill bytes; anything else is the marker that ends the scan
+# in a scan's data 0xFF is followed by 0x00, a restart marker (0xD0-0xD7) or 0xFF; anything else ends the scan
 _END_OF_SCAN = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
 
 
 def count_scans(data: bytes | memoryview | mmap.mmap, stop_after: int = MAX_SCANS) -> int:
-    """The scans (SOS markers) of the JPEG in `data`, up to its first EOI (the second picture of an MPO, or the video a
-    motion photo carries after it, is not counted); counting stops at `stop_after + 1`. The markers between scans are
-    skipped by their lengths and each scan's data by one regular-expression search, so this reads the file once at
-    C speed however its scans are laid out. A malformed layout ends the count (the decoder then says what is wrong)."""
+    """The scans (SOS markers) of the JPEG in `data` up to its first EOI (an MPO's second picture is not counted),
+    read in one pass; counting stops at `stop_after + 1` and a malformed layout ends it."""
     n, i, end = 0, 2, len(data)
     while i + 4 <= end and n <= stop_after:
         if data[i] != 0xFF:
@@ -47,8 +43,7 @@ def count_scans(data: bytes | memoryview | mmap.mmap, stop_after: int = MAX_SCAN
 
 
 def file_scans(fp: BinaryIO) -> int:
-    """`count_scans` of the JPEG file `fp` (or a `TimedReader`'s file), its memory or its mapping when it has one (not
-    a copy); its position is kept."""
+    """`count_scans` of the JPEG file `fp` (or a `TimedReader`'s), without a copy; its position is kept."""
     raw = getattr(fp, "raw", fp)
     if isinstance(raw, io.BytesIO):
         with raw.getbuffer() as data:
@@ -69,9 +64,8 @@ class DecodeTimeout(Exception):
 
 
 class TimedReader:
-    """A file whose reads raise `DecodeTimeout` once `timeout_s` has passed since it was made. Pillow's decoders read
-    as they go (a JPEG 64 KiB at a time, a PNG strip each IDAT piece), so a decode stops within one read's work of its
-    time; a WebP is read whole first and decoded in one call, which its own pixel limit bounds."""
+    """A file whose reads raise `DecodeTimeout` once `timeout_s` has passed since it was made: a decode stops within
+    one read's work of its time (a WebP, read whole first, is bounded by its own pixel limit)."""
 
     def __init__(self, raw: BinaryIO, timeout_s: float):
         self.raw, self.timeout_s = raw, timeout_s

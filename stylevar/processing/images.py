@@ -1,8 +1,6 @@
 """Images at the edges of the library: safe decoding, mode conversion, square fitting and back.
 
-Inside the library images are float tensors (B, 3, H, W); PIL appears only here, in the pipeline, the service,
-the UI and the tools. 8-bit PNG is decoded strip by strip (`stylevar.processing.png_strips`); a JPEG's scans
-are counted before it is decoded (`stylevar.processing.decode_bounds`).
+Inside the library images are float tensors (B, 3, H, W); PIL appears only here and in the surfaces.
 """
 from __future__ import annotations
 
@@ -29,8 +27,7 @@ if TYPE_CHECKING:  # torch is imported where tensors are made: decoding alone (t
 ResizeMode = Literal["crop", "pad", "stretch"]
 RESIZE_MODES = ("crop", "pad", "stretch")
 DEFAULT_MAX_PIXELS = 40_000_000  # pixels of a decoded image; a larger file is shrunk while decoding (decoded_size)
-# the most pixels a file may have at all: Pillow's own bound (2 x Image.MAX_IMAGE_PIXELS), past which it refuses to open
-# a file as a decompression bomb; 16000 x 11000 passes, a 200-megapixel phone photo (16320 x 12240) does not
+# the most pixels a file may have at all: Pillow's own decompression-bomb bound (2 x Image.MAX_IMAGE_PIXELS)
 MAX_SOURCE_PIXELS = 178_956_970
 
 
@@ -53,8 +50,7 @@ class ImageTooLargeError(ImageError):
 
 
 class ImageTooCostlyError(ImageError):
-    """An image whose decoding would take more work than any ordinary file needs (a JPEG scan bomb), or took longer
-    than its time."""
+    """An image whose decoding would take more work than any ordinary file needs, or took longer than its time."""
 
     code = "image_too_costly"
 
@@ -69,8 +65,7 @@ class Decoded:
     max_pixels: int | None = None  # the pixel limit it was decoded under
 
     def shrink_note(self, role: str) -> str | None:
-        """One line saying that (and how) the `role` image was shrunk to fit the pixel limit; None when it was not.
-        The command line prints it, the service sends it as `X-Content-Shrunk`."""
+        """The line saying how the `role` image was shrunk to fit the pixel limit; None when it was not."""
         if self.shrink == 1:
             return None
         (w, h), (dw, dh) = self.size, self.image.size
@@ -92,20 +87,14 @@ def decode_image(
     max_whole_pixels: int | None = None,
     timeout_s: float | None = None,
 ) -> Decoded:
-    """Decode an image to 8-bit RGB, applying EXIF orientation. Every way it can fail is an `ImageError` (a missing
-    file stays `FileNotFoundError`), whose message names the file (not raw bytes). Sizes are checked from the header
-    before any pixel is decoded; `formats` (e.g. `ACCEPTED_FORMATS`) limits which decoders ever see the bytes.
-    Grayscale, palette, alpha (composited on white), CMYK and 16-bit images are converted; an MPO (a camera's JPEG
-    with a second picture) gives its first, primary picture.
+    """Decode an image to 8-bit RGB with EXIF orientation applied (an MPO gives its primary picture). Every failure
+    is an `ImageError` naming the file (a missing file stays `FileNotFoundError`); sizes are checked from the header
+    first, and `formats` (e.g. `ACCEPTED_FORMATS`) limits which decoders see the bytes.
 
-    `max_side` decodes downscaled: the long side at most `max_side`, at the size `unfit` gives (`capped_size`). JPEG
-    decodes at a reduced DCT scale and 8-bit PNG one strip of rows at a time, so neither exists at full size in
-    memory; other images (WebP, 16-bit or interlaced PNG) only whole (WebP takes about 16 bytes a pixel while it
-    decodes), so `max_whole_pixels` gives them a lower pixel limit of their own. An image still over `max_pixels` is
-    halved while decoding until it fits (`decoded_size`: 12000 x 9000 -> 6000 x 4500), which only JPEG and 8-bit PNG
-    allow; no file may have more than `MAX_SOURCE_PIXELS`. The work is bounded too: a JPEG with more scans than any
-    encoder writes is refused unread (`stylevar.processing.decode_bounds`), and with `timeout_s` a decode that runs
-    longer fails at its next read of the file (`ImageTooCostlyError`).
+    `max_side` decodes downscaled to `capped_size` (JPEG at a reduced DCT scale, 8-bit PNG strip by strip; other
+    images only whole, under `max_whole_pixels`). An image over `max_pixels` is halved while decoding until it fits
+    (`decoded_size`); no file may exceed `MAX_SOURCE_PIXELS`. A JPEG with too many scans is refused unread, and with
+    `timeout_s` a longer decode fails (`ImageTooCostlyError`).
     """
     limits = _Limits(max_pixels, formats, max_side, max_whole_pixels)
     try:
@@ -163,8 +152,7 @@ def too_many_pixels(size: tuple[int, int], limit: int) -> str:
 ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP")
 FORMAT_NAMES = {"JPEG": "JPEG", "PNG": "PNG", "WEBP": "WebP"}
 
-# what Pillow's parsers and decoders raise on malformed data (besides OSError for truncation): a PNG
-# text chunk over Pillow's limit is a ValueError, deep EXIF/XMP structures a RecursionError
+# what Pillow's parsers and decoders raise on malformed data (besides OSError for truncation)
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, IndexError, KeyError, TypeError, ZeroDivisionError,
                   OverflowError, RecursionError, struct.error, zlib.error)
 _STRIP_BYTES = 2 << 20  # rows decoded / reduced at a time when decoding downscaled
@@ -268,8 +256,7 @@ def _check(img: Image.Image, source: object, limits: _Limits, streamable: bool) 
 
 def shrink_factor(size: tuple[int, int], max_pixels: int | None, max_side: int | None = None) -> int:
     """1, or how many times smaller (2, 4, 8 ...) each side of an image of `size` is decoded so that, its long side
-    then capped at `max_side`, it has at most `max_pixels` (sides rounded up, as JPEG's DCT scaling and a box
-    reduction give them)."""
+    then capped at `max_side`, it has at most `max_pixels` (sides rounded up)."""
     factor = 1
     while max_pixels is not None and factor < max(size) and math.prod(_at(size, factor, max_side)) > max_pixels:
         factor *= 2
@@ -278,8 +265,7 @@ def shrink_factor(size: tuple[int, int], max_pixels: int | None, max_side: int |
 
 def decoded_size(size: tuple[int, int], max_side: int | None = None,
                  max_pixels: int | None = DEFAULT_MAX_PIXELS) -> tuple[int, int]:
-    """The (w, h) `decode_image` gives an image of `size`: its long side capped at `max_side`, and if that is still
-    over `max_pixels`, halved first until it is not (`shrink_factor`). The service counts memory by it."""
+    """The (w, h) `decode_image` gives an image of `size`: capped at `max_side`, then halved to fit `max_pixels`."""
     return _at(size, shrink_factor(size, max_pixels, max_side), max_side)
 
 
@@ -333,8 +319,7 @@ def _strip_rows(width: int, factor: int) -> int:
 
 def _reduce_strips(strips: Callable[[int], Iterator[Image.Image]], size: tuple[int, int],
                    target: tuple[int, int]) -> Image.Image:
-    """Strips (top to bottom, full width) -> RGB at `target`: each strip converted and box-reduced as it
-    comes, so only one strip exists at full resolution; then one resize to the exact size."""
+    """Strips (top to bottom, full width) -> RGB at `target`, each box-reduced as it comes."""
     w, h = size
     # per axis (a 1 x 40M image reduces its long side), as much as keeps at least the target
     fx, fy = _most_reduction(w, target[0]), _most_reduction(h, target[1])
@@ -429,19 +414,15 @@ def fit_square(img: Image.Image, side: int, mode: ResizeMode = "crop") -> tuple[
 
 
 def unfit(img: Image.Image, fit: Fit, max_side: int | None = None) -> Image.Image:
-    """Map a square result back to the original size (capped at `max_side`).
-
-    `pad` and `stretch` give the original aspect ratio; `crop` gives the centre square it generated.
-    `max_side` caps the long side of the result (for `crop`, the square's side).
-    """
+    """Map a square result back to the original size, its long side capped at `max_side` (`pad` and `stretch`:
+    the original aspect ratio; `crop`: the centre square it generated)."""
     if fit.mode == "pad":
         img = img.crop(fit.box)
     return img.resize(result_size(fit, max_side), Image.BICUBIC)
 
 
 def result_size(fit: Fit, max_side: int | None = None) -> tuple[int, int]:
-    """The (w, h) `unfit` returns: the original size capped at `max_side`; for `crop` the centre square it generated,
-    at the short side's size."""
+    """The (w, h) `unfit` returns: the original size (for `crop`, the centre square) capped at `max_side`."""
     if fit.mode == "crop":
         side = min(fit.size) if max_side is None else min(*fit.size, max_side)
         return side, side

@@ -1,6 +1,5 @@
-"""8-bit PNG decoded a strip of rows at a time (`strips`), so that a large PNG never exists at full size in memory:
-the image data is inflated incrementally and each strip unfiltered by Pillow's own decoder. `stylevar.processing.images`
-reduces each strip as it comes; why this and not pyvips: benchmarks/README.md, "Decoding large uploads".
+"""8-bit PNG decoded a strip of rows at a time (`strips`), so that a large PNG never exists at full size in memory;
+`stylevar.processing.images` reduces each strip as it comes.
 """
 from __future__ import annotations
 
@@ -21,9 +20,8 @@ def streamable(img: Image.Image) -> bool:
 
 
 def strips(img: Image.Image) -> Callable[[int], Iterator[Image.Image]]:
-    """The image data (IDAT) inflated incrementally, `rows` at a time, each strip unfiltered by
-    Pillow's own PNG decoder: the strip is handed over behind the previous strip's last row (stored
-    unfiltered), which the filters of its first row refer to, and that row is cropped off again."""
+    """The image data (IDAT) inflated `rows` at a time, each strip unfiltered by Pillow's decoder behind the
+    previous strip's last row (which its filters refer to), that row cropped off again."""
     w, h = img.size
     stride = w * _BYTES_PER_PIXEL[img.mode]  # unfiltered bytes per row
     fp = img.fp

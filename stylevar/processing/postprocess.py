@@ -1,6 +1,5 @@
-"""What is done to a request around the model call, once for every entry point (the Python call, the service and
-``stylevar stylize`` return the same for the same inputs): the seeds of several samples, the output size limit
-and colour preservation.
+"""What is done to a request around the model call, once for every entry point: the seeds of several samples, the
+output size limit and colour preservation.
 """
 from __future__ import annotations
 
@@ -22,12 +21,7 @@ MAX_STYLES = 4  # style images per request (a blend): each adds a query stream t
 
 @dataclass(frozen=True)
 class OutputOptions:
-    """How a stylized image is finished.
-
-    ``max_side``: long side of the result (None: the content's size); the result keeps the content's
-    aspect ratio (``crop``: its centre square). ``preserve_color``: the result's luminance with the
-    content's chroma.
-    """
+    """How a stylized image is finished: ``max_side`` (None: the content's size) and ``preserve_color``."""
 
     max_side: int | None = None
     preserve_color: bool = False
@@ -38,9 +32,8 @@ class OutputOptions:
 
 
 def check_style_weights(weights: Sequence[float]) -> tuple[float, ...]:
-    """Style weights as the model computes with them: each finite and >= 0 in float32 (1e39 is not), their
-    float32 sum finite and > 0 (1e-320 and 0 are all zero), so that normalising them is defined. The one
-    rule for every surface (the service checks it before a request is admitted). Returns them as floats."""
+    """Style weights as floats, each finite and >= 0 in float32 with a finite sum > 0 so that normalising them is
+    defined: the one rule for every surface."""
     values = tuple(float(w) for w in weights)
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         w32 = np.asarray(values, dtype=np.float32)
@@ -52,8 +45,7 @@ def check_style_weights(weights: Sequence[float]) -> tuple[float, ...]:
 
 
 def sample_seeds(seed: int | None, num_samples: int) -> list[int]:
-    """The seeds of ``num_samples`` samples: ``seed, seed + 1, ...``; without a seed the first is drawn
-    from torch's global generator (so ``torch.manual_seed`` makes it repeatable)."""
+    """``seed, seed + 1, ...`` for ``num_samples``; without a seed the first comes from torch's global generator."""
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
     if seed is None:
@@ -66,17 +58,12 @@ def sample_seeds(seed: int | None, num_samples: int) -> list[int]:
 
 
 def os_random_seed() -> int:
-    """A seed from the operating system's randomness: what the service draws for a request without one (torch's
-    global generator starts from the same seed in every process, so replicas would repeat each other)."""
+    """A seed from the OS's randomness, for a service request without one (replicas must not repeat each other)."""
     return secrets.randbelow(MAX_SEED + 1)
 
 
 def preserve_color(result: Image.Image, content: Image.Image) -> Image.Image:
-    """Keep the content's colours and the result's texture.
-
-    The luminance (Y of YCbCr) comes from the stylized result, the chroma (Cb, Cr) from the content
-    image resampled onto the result's frame.
-    """
+    """The result's luminance (Y of YCbCr) with the content's chroma (Cb, Cr), resampled onto the result's frame."""
     content = ImageOps.fit(content.convert("RGB"), result.size, Image.BICUBIC)
     y, _, _ = result.convert("YCbCr").split()
     _, cb, cr = content.convert("YCbCr").split()
@@ -84,23 +71,20 @@ def preserve_color(result: Image.Image, content: Image.Image) -> Image.Image:
 
 
 def finish(images: Sequence[Image.Image], content: Image.Image, options: OutputOptions) -> list[Image.Image]:
-    """The model's results for one content image, finished as ``options`` ask (the size limit is
-    applied when the square result is mapped back, in ``StylePipeline.stylize_batch``)."""
+    """The model's results for one content image, finished as ``options`` ask."""
     if options.preserve_color:
         return [preserve_color(im, content) for im in images]
     return list(images)
 
 
 def upscale_factor(result_size: tuple[int, int], model_side: int) -> float:
-    """How much larger than the model's own resolution a result is (1.0 or less: not upscaled): the
-    model draws ``model_side`` pixels across the result's long side in every resize mode."""
+    """How much larger than the model's own resolution a result is (1.0 or less: not upscaled)."""
     return max(result_size) / model_side
 
 
 def size_cap(size: tuple[int, int], result_size: tuple[int, int], max_side: int | None) -> str | None:
     """``20000x1000->8192x410``: a content of ``size`` whose long side ``max_side`` capped, and the result's size;
-    None when nothing was capped. The service sends it as `X-Size-Capped`, the command line ends its note with it
-    (`size_cap_note`)."""
+    None when nothing was capped (the service's `X-Size-Capped`)."""
     if max_side is None or max(size) <= max_side:
         return None
     return f"{size[0]}x{size[1]}->{result_size[0]}x{result_size[1]}"

@@ -1,6 +1,5 @@
-"""Content-guided refinement: the model's output filtered with the content image as the guide (the guided filter
-of He, Sun and Tang), at the model's resolution. It puts the output's edges where the content's are without
-changing its colours. Off unless the model directory's config.json asks for it (``"refine": {"radius", "eps"}``).
+"""Content-guided refinement at the model's resolution: the output's edges put where the content's are, its colours
+kept (the guided filter of He, Sun and Tang). Off unless the model directory's config.json asks (``"refine"``).
 """
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ class Refinement:
 
 
 def refine(output_B3HW: torch.Tensor, content_B3HW: torch.Tensor, cfg: Refinement) -> torch.Tensor:
-    """The guided filter of `output` (in [0, 1]) with `content` (in [0, 1], same size) as the guide,
-    computed in float32 and clamped to [0, 1]; `output` unchanged when `cfg` is off."""
+    """The guided filter of `output` with `content` as the guide (both in [0, 1]); unchanged when `cfg` is off."""
     if not cfg.enabled:
         return output_B3HW
     if output_B3HW.shape != content_B3HW.shape:

@@ -1,11 +1,8 @@
 """From the model's resolution to the size the user gets back (the content's size, or `max_side`).
 
-``mode="bicubic"``: the drawing resized. ``mode="guided"``: the drawing brought to the output size plus the
-content's own fine detail, in the amount the drawing's local linear relation to the content's luminance asks
-for (the guided filter of He, Sun and Tang, fitted at the model's resolution and applied to the detail only):
-out_c = up(p)_c + strength * up(a_c) * (Y_full - up(Y_low)). Computed in strips, so memory stays bounded
-whatever the image's size; on the drawing's device. Post-processing only: the model's own output is untouched
-(`stylevar.processing.refine` works at the model's resolution).
+``mode="bicubic"``: the drawing resized. ``mode="guided"``: the drawing resized plus the content's fine detail,
+weighted by a guided filter fitted at the model's resolution (He, Sun and Tang):
+out_c = up(p)_c + strength * up(a_c) * (Y_full - up(Y_low)). Computed in strips, so memory stays bounded.
 """
 from __future__ import annotations
 
@@ -31,8 +28,7 @@ class Upsampling(Serializable):
     strength: float = 1.0  # how much of the content's fine detail; 0 is bicubic
     radius: int = 2  # window radius at the model's resolution
     eps: float = 1e-3  # ridge on a_c, in squared [0, 1] intensity units: larger = less detail in low contrast
-    # output pixels computed at once: a memory bound that leaves the result as it is; strips of 2^17 pixels stay
-    # in the core's cache (1024 px at one thread: 36 ms against 43 ms in one piece of 2^20)
+    # output pixels computed at once: a memory bound that leaves the result as it is
     strip_pixels: int = 1 << 17
 
     def __post_init__(self) -> None:
@@ -65,8 +61,7 @@ def _box(x_BCHW: torch.Tensor, radius: int) -> torch.Tensor:
 
 
 def detail_slopes(drawing_B3hw: torch.Tensor, guide_B1hw: torch.Tensor, radius: int, eps: float) -> torch.Tensor:
-    """a_c of the module doc, (B, 3, h, w): the window-averaged least-squares slope of each drawing channel
-    on the guide's luminance (edges replicated, so any image size works)."""
+    """a_c of the module doc, (B, 3, h, w): each drawing channel's local slope on the guide's luminance."""
     r = radius
     mean_i, mean_p = _box(guide_B1hw, r), _box(drawing_B3hw, r)
     cov = _box(guide_B1hw * drawing_B3hw, r) - mean_i * mean_p
@@ -76,8 +71,7 @@ def detail_slopes(drawing_B3hw: torch.Tensor, guide_B1hw: torch.Tensor, radius: 
 
 def _axis_weights(n_out: int, n_in: int, start: int, stop: int, device: torch.device
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Bilinear sampling of output positions [start, stop) of an `n_in` -> `n_out` resize (half-pixel
-    centres, edges clamped: torch's `align_corners=False`): (lower index, upper index, upper weight)."""
+    """Bilinear taps of output positions [start, stop) (`align_corners=False`): (lower, upper, upper weight)."""
     pos = (torch.arange(start, stop, device=device, dtype=torch.float64) + 0.5) * (n_in / n_out) - 0.5
     pos = pos.clamp(0, n_in - 1)
     lo = pos.floor().long()
@@ -86,8 +80,7 @@ def _axis_weights(n_out: int, n_in: int, start: int, stop: int, device: torch.de
 
 
 def _widened(x_Chw: torch.Tensor, W: int) -> torch.Tensor:
-    """`x` resized bilinearly along its width to `W`, channels last: (h, W, C). One matrix product at the
-    model's rows (each output column is a two-tap blend of input columns), computed once per image."""
+    """`x` resized bilinearly along its width to `W`, channels last: (h, W, C), once per image."""
     lo, hi, w = _axis_weights(W, x_Chw.shape[2], 0, W, x_Chw.device)
     taps_Ww = x_Chw.new_zeros(W, x_Chw.shape[2])
     cols = torch.arange(W, device=x_Chw.device)
@@ -97,8 +90,7 @@ def _widened(x_Chw: torch.Tensor, W: int) -> torch.Tensor:
 
 
 def _rows_of(x_hWC: torch.Tensor, H: int, rows: tuple[int, int]) -> torch.Tensor:
-    """Rows [rows) of the width-resized `x` resized bilinearly to `H` rows: (rows, W, C), exactly those rows
-    of the whole (the rows gathered by `index_select`, a copy per row: 7x faster than indexing with a tensor)."""
+    """Rows [rows) of the width-resized `x` resized bilinearly to `H` rows: (rows, W, C), exactly those of the whole."""
     lo, hi, w = _axis_weights(H, x_hWC.shape[0], *rows, x_hWC.device)
     return torch.lerp(x_hWC.index_select(0, lo), x_hWC.index_select(0, hi), w[:, None, None])
 
@@ -119,15 +111,13 @@ def _crop_box(x_CSS: torch.Tensor, fit: Fit) -> torch.Tensor:
 @torch.no_grad()
 def upscale(drawing_3SS: torch.Tensor, seen_3SS: torch.Tensor, fit: Fit, content: Image.Image,
             max_side: int | None, cfg: Upsampling) -> Image.Image:
-    """The drawing (in [0, 1], the model's square) at the result's size (`stylevar.processing.images.unfit`'s rules),
-    upsampled as `cfg` says. `seen_3SS`: the content as the model saw it (the same square, in [0, 1]);
-    `content`: the content image at its own size."""
+    """The drawing (in [0, 1], the model's square) upsampled as `cfg` says to the size `unfit` gives. `seen_3SS`:
+    the content as the model saw it; `content`: the content image at its own size."""
     W, H = result_size(fit, max_side)
     low_h, low_w = fit.box[3] - fit.box[1], fit.box[2] - fit.box[0]
     if not cfg.guided or (W <= low_w and H <= low_h):
         return unfit(tensor_to_pil(drawing_3SS), fit, max_side)
-    # the 8-bit picture the model drew (what `unfit` resizes): float rounding of the drawing (batched rows, a
-    # prepared model) stays out of the result
+    # the 8-bit picture the model drew (what `unfit` resizes): float rounding stays out of the result
     levels_3hw = to_levels(_crop_box(drawing_3SS, fit))
     seen_y = luminance(_crop_box(seen_3SS.float().to(levels_3hw.device), fit).unsqueeze(0))
     slopes = detail_slopes(levels_3hw.unsqueeze(0) / 255.0, seen_y, cfg.radius, cfg.eps)[0]  # (3, h, w)
@@ -139,8 +129,7 @@ def upscale(drawing_3SS: torch.Tensor, seen_3SS: torch.Tensor, fit: Fit, content
 
 
 def _strips(low_hW7: torch.Tensor, guide: Image.Image, H: int, step: int) -> Iterator[tuple[int, torch.Tensor]]:
-    """(top row, the result's rows from there as uint8 (rows, W, 3) on the drawing's device), `step` rows at a
-    time, each computed on its own."""
+    """(top row, the result's rows from there as uint8 (rows, W, 3)), `step` rows at a time."""
     W, device = low_hW7.shape[1], low_hW7.device
     for top in range(0, H, step):
         rows = (top, min(H, top + step))
@@ -159,8 +148,7 @@ def _pasted(strips: Iterator[tuple[int, torch.Tensor]], size: tuple[int, int]) -
 
 
 def _gathered(strips: Iterator[tuple[int, torch.Tensor]], size: tuple[int, int], device: torch.device) -> Image.Image:
-    """Device strips written into one uint8 result on the device, brought to the host once: the device runs the
-    strips one after another without waiting for the host (one copy per strip would sync the host each time)."""
+    """Device strips written into one uint8 result on the device, brought to the host once."""
     W, H = size
     out_HW3 = torch.empty((H, W, 3), dtype=torch.uint8, device=device)
     for top, strip_rW3 in strips:
@@ -169,8 +157,7 @@ def _gathered(strips: Iterator[tuple[int, torch.Tensor]], size: tuple[int, int],
 
 
 def _luma(img: Image.Image, device: torch.device) -> torch.Tensor:
-    """An RGB image's luma (Rec. 601, `_LUMA`) as (H, W) float in 0..255 on `device`: Pillow's own conversion to
-    32-bit float, which is not rounded (4x faster than the product of the pixels with `_LUMA`)."""
+    """An RGB image's luma (Rec. 601, `_LUMA`) as (H, W) float in 0..255 on `device`, unrounded."""
     luma_HW = torch.from_numpy(np.array(img.convert("F")))
     if device.type == "cuda":  # from page-locked memory, without waiting: a pageable copy would sync the host
         return luma_HW.pin_memory().to(device, non_blocking=True)

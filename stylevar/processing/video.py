@@ -1,9 +1,8 @@
 """Video in and out through PyAV (the `video` extra): header probing (`probe`, `count_frames`), frames decoded as
 a stream (`read_frames`), and H.264 mp4 out with the audio copied (`VideoWriter`, written atomically).
 
-Every limit (`VideoLimits`) is checked from the header and again on every frame. Only `VIDEO_FORMATS` and local
-files are opened; every failure is a `VideoError` with a ``code`` naming the file. `TEMPORAL_MODES` names how a
-clip's frames share their draws (`stylevar.pipelines.coherence`), without torch.
+Every limit (`VideoLimits`) is checked from the header and again on every frame; only `VIDEO_FORMATS` and local
+files are opened, and every failure is a `VideoError` naming the file.
 """
 from __future__ import annotations
 
@@ -109,9 +108,8 @@ def probe(path: str | os.PathLike, limits: VideoLimits | None = None) -> VideoIn
 
 
 def count_frames(path: str | os.PathLike, limits: VideoLimits | None = None) -> int:
-    """The first video stream's frames, counted from the container's packets (demuxed, none decoded): what a
-    header that gives no count (Matroska, WebM) or lies cannot tell. Stops with a :class:`VideoError` at the first
-    packet past ``limits`` (frames, or the span of their timestamps), so an over-limit clip costs a demux only."""
+    """The first video stream's frames, counted from its packets (none decoded), for headers that give no count or
+    lie. A :class:`VideoError` at the first packet past ``limits`` (frames, or their timestamps' span)."""
     av = _av()
     with _open_input(path) as container:
         stream, info = _header(container, path, limits)
@@ -134,8 +132,7 @@ def count_frames(path: str | os.PathLike, limits: VideoLimits | None = None) -> 
 
 
 def read_frames(path: str | os.PathLike, limits: VideoLimits | None = None) -> Iterator[Image.Image]:
-    """The first video stream's frames, decoded one at a time: upright RGB PIL images whose ``info`` holds
-    ``time_s`` (presentation time in the source, seconds) and ``index``."""
+    """The first video stream's frames as upright RGB PIL images, ``info`` holding ``time_s`` and ``index``."""
     with _open_input(path) as container:
         stream, info = _header(container, path, limits)
         yield from _decoded(container, stream, info, limits, path)
@@ -284,10 +281,9 @@ def _even(size: tuple[int, int]) -> tuple[int, int]:
 class VideoWriter:
     """``with VideoWriter("out.mp4", info, audio_from="in.mp4") as out: out.write(image, time_s)``.
 
-    ``fps``: a :class:`VideoInfo` (its rate) or a number; ``size`` (w, h): the first frame's when None. A
-    frame's ``time_s`` keeps the source's timing (and the copied audio's sync); else frame i is at i / fps.
-    Nothing appears under ``path`` unless the block completes; a failed write (disk full) is a WriteFailedError.
-    """
+    ``fps``: a :class:`VideoInfo` or a number; ``size`` (w, h): the first frame's when None. A frame's ``time_s``
+    keeps the source's timing, else frame i is at i / fps. Nothing appears under ``path`` unless the block
+    completes; a failed write is a WriteFailedError."""
 
     def __init__(self, path: str | os.PathLike, fps: VideoInfo | Fraction | float, size: tuple[int, int] | None = None,
                  *, audio_from: str | os.PathLike | None = None, crf: int = 18, preset: str = "medium"):
@@ -357,8 +353,7 @@ class VideoWriter:
             self._raise(e)
 
     def _on_grid(self, time_s: float | None) -> Fraction:
-        """``time_s`` (default: the frame's index / fps), snapped to the frame-rate grid when within 1 ms of it
-        (Matroska's timestamps are whole milliseconds): a constant rate stays exactly constant."""
+        """``time_s`` (default: index / fps), snapped to the frame-rate grid when within 1 ms of it."""
         if time_s is None:
             return self._count / self.fps
         index = round(time_s * self.fps)

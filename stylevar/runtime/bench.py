@@ -1,8 +1,7 @@
 """`stylevar bench`: generation and teacher-forcing speed of a preset with random weights.
 
-It reports ms per image and images/s per batch size, teacher-forcing tokens/s, peak CUDA memory, FLOPs per image
-and the fraction of a given peak; `--naive` times the sampling loop against the naive blend; with `compile`, the
-graphs compiled and whether dynamo hit its recompile limit. Progress goes to stderr, the result to stdout.
+It reports ms per image and images/s per batch size, teacher-forcing tokens/s, peak CUDA memory and FLOPs per
+image; `--naive` times the sampling loop against the naive blend. Progress goes to stderr, the result to stdout.
 """
 from __future__ import annotations
 
@@ -99,9 +98,7 @@ def _fmt_seconds(sec: float) -> str:
 
 
 def estimate_seconds(cfg: BenchConfig, probe_s: float) -> float:
-    """Rough time of the whole run from one batch-1 `generate` call (`probe_s`): generate scales with the
-    batch; a teacher-forcing step (forward + backward) counts as three generate passes per row; the naive
-    comparison runs two sampling loops per repeat."""
+    """Rough time of the whole run from one batch-1 `generate` call (`probe_s`)."""
     calls = cfg.warmup + cfg.repeats
     gen = sum(b * (calls + (1 if i == 0 else 0)) for i, b in enumerate(cfg.batch_sizes)) * probe_s
     tf = 3 * cfg.tf_batch * calls * probe_s
@@ -147,8 +144,7 @@ def run(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> Benc
 
 
 class _GraphStages:
-    """The graphs each stage of a compiled run added (stylevar.runtime.compile's count), and the recompile-limit
-    hits of the whole run; nothing for an eager run."""
+    """The graphs each stage of a compiled run added, and the run's recompile-limit hits."""
 
     def __init__(self, model):
         from stylevar.runtime.compile import compiled, recompile_limit_hits
@@ -170,8 +166,7 @@ class _GraphStages:
 
 
 def _build(cfg: BenchConfig, say: Callable[[str], None]) -> _Bench:
-    """The preset with random weights on the device (bf16 autocast on CUDA unless switched off, compiled
-    when asked); a missing device is one clear error, before any model is built."""
+    """The preset with random weights on the device (bf16 autocast on CUDA unless off, compiled when asked)."""
     from stylevar.utils.devices import resolve_device
     from stylevar.pipelines.pipeline import StylePipeline
 
@@ -206,8 +201,7 @@ def _probe(bench: _Bench) -> None:
 
 
 def _time_generate(bench: _Bench) -> list[dict]:
-    """One row per batch size: ms per image, images/s, TFLOP/s (FLOPs measured at the first batch size),
-    peak memory on CUDA and, given the device's peak, the fraction of it."""
+    """One row per batch size: ms per image, images/s, TFLOP/s, peak CUDA memory, the fraction of the peak."""
     cfg = bench.cfg
     rows, flops_per_image = [], 0.0
     for B in cfg.batch_sizes:
@@ -262,10 +256,7 @@ def _time_teacher_forcing(bench: _Bench) -> dict:
 
 
 def _time_naive(bench: _Bench) -> dict:
-    """The transformer loop alone against the naive blend, at batch 1: the condition (tokenizer + encoders)
-    is computed once and shared by both paths. Both loops and the condition run under one autocast, the one
-    `sample_tokens` opens for itself (bf16 on CUDA by default): the naive loop opens none of its own, and timed
-    outside it would run in fp32 against a bf16 fast loop."""
+    """The transformer loop alone against the naive blend at batch 1, one condition shared by both."""
     from stylevar.models.sampling import make_generators
     from stylevar.models.transformer.naive import naive_sample_tokens
 

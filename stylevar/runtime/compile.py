@@ -1,10 +1,7 @@
-"""The compile policy: how the transformer's blocks go through `torch.compile`, once for generation, the service,
-the benchmark and training.
+"""The compile policy: how the transformer's blocks go through `torch.compile`, for every entry point.
 
-Each block's `Block.step` is compiled (drop-path draws come in as tensors, so every block shares one code object
-and one set of graphs); shapes are automatic dynamic, so a batch size is not a recompile (`WARM_BATCHES` warms
-the two graph pairs); dynamo's limit is raised to `RECOMPILE_LIMIT`; random draws are eager ones. `GraphCount`
-is the backend, counting the graphs it is handed.
+Each block's `Block.step` is compiled, every block sharing one set of graphs; shapes are automatic dynamic, so a
+batch size is not a recompile. `GraphCount` is the backend, counting the graphs it is handed.
 """
 from __future__ import annotations
 
@@ -42,8 +39,7 @@ def compiled(model) -> GraphCount | None:
 
 
 def compile_blocks(model, backend: str = "inductor") -> GraphCount:
-    """Every block's `step` through torch.compile (module doc), in place; returns the count of the graphs they
-    compile (shared by the blocks). A model compiled already is a ValueError."""
+    """Every block's `step` through torch.compile, in place; returns the graph count (ValueError if compiled)."""
     earlier = compiled(model)
     if earlier is not None:
         raise ValueError(f"the blocks are compiled already (backend {earlier.backend})")

@@ -1,7 +1,6 @@
 """torchrun's process group: what torchrun set in the environment, joining the group, gathering objects.
 
-One process (plain ``python -m ...``, WORLD_SIZE unset or 1) needs no group; every helper here is then a
-no-op. The backend follows the device: nccl on CUDA, gloo on the CPU.
+One process (WORLD_SIZE unset or 1) needs no group: every helper is then a no-op. nccl on CUDA, gloo on the CPU.
 """
 from __future__ import annotations
 
@@ -35,9 +34,7 @@ class Torchrun:
 
 
 def rank_device(device: torch.device, launch: Torchrun) -> torch.device:
-    """The device this process computes on: under torchrun a CUDA device is the rank's own GPU,
-    ``cuda:LOCAL_RANK``, whatever index was named (one index for every rank would put them all on one GPU;
-    ``CUDA_VISIBLE_DEVICES`` chooses which GPUs a node's ranks get); otherwise ``device`` as given."""
+    """The device this process computes on: under torchrun the rank's own GPU, else ``device`` as given."""
     if launch.distributed and device.type == "cuda":
         return torch.device("cuda", launch.local_rank)
     return device
@@ -48,9 +45,8 @@ def backend_for(device: torch.device) -> str:
 
 
 def join_process_group(device: torch.device, *, timeout_s: float | None = None, bind_device: bool = False) -> bool:
-    """Join torchrun's process group (env://) with the backend for ``device``, unless this process is in one
-    already; True when it was joined here (the caller then leaves it). ``bind_device`` binds the group to
-    a CUDA ``device`` (``device_id``); ``timeout_s`` None keeps torch's default timeout."""
+    """Join torchrun's process group with the backend for ``device`` unless in one already; True when it was joined
+    here (the caller then leaves it). ``bind_device`` binds it to a CUDA ``device``."""
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -65,10 +61,8 @@ def join_process_group(device: torch.device, *, timeout_s: float | None = None, 
 
 
 def leave_process_group() -> None:
-    """Leave the process group once every rank has reached here: gloo aborts a rank whose peer destroyed the group
-    while it was still finishing (SIGABRT, "terminate called without an active exception", seen in the training
-    loop's and the sharded evaluation's tests). A rank that never comes (it failed) is waited for at most
-    `TEARDOWN_WAIT_S`; the group is destroyed anyway. A no-op without a group."""
+    """Leave the process group once every rank has reached here (gloo aborts a rank whose peer left first),
+    waiting at most `TEARDOWN_WAIT_S` for a failed rank. A no-op without a group."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):

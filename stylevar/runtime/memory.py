@@ -1,8 +1,7 @@
 """Device memory of generation per batch size, measured on the meta device (exact shapes, no memory).
 
-For R rows the sampling loop holds the KV cache (depth x 2 x R x L x C), the guide queries of every scale
-(depth x R x 2 x L x C) and one step's peak, measured by running the real modules on the meta device
-(`LiveBytes`), an upper bound. Every term is linear in R; weights, encoders and the CUDA context are not counted.
+For R rows the sampling loop holds the KV cache, the guide queries of every scale and one step's peak (`LiveBytes`,
+an upper bound), each linear in R; weights, encoders and the CUDA context are not counted.
 """
 from __future__ import annotations
 
@@ -25,9 +24,7 @@ META = torch.device("meta")
 
 
 class LiveBytes(TorchDispatchMode):
-    """The bytes of the tensors alive (each storage once) over the operations run under it, and their peak, as an
-    allocator without fragmentation would hold them. Storages of ``known`` tensors (the weights) are not counted;
-    a tensor made before the mode is entered is counted the first time an operation returns (a view of) it."""
+    """The bytes of the tensors alive over the operations run under it, and their peak (``known`` ones not counted)."""
 
     def __init__(self, known: Iterable[torch.Tensor] = ()):
         super().__init__()
@@ -121,8 +118,7 @@ def generation_memory(cfg: StyleVARConfig, batch: int, dtype: torch.dtype = torc
 
 def max_batch(cfg: StyleVARConfig, budget_bytes: int, dtype: torch.dtype = torch.float32, *,
               guidance: bool = False, limit: int = 256) -> int:
-    """The most samples whose loop (`generation_memory`) fits in ``budget_bytes``, at most ``limit``; 0 when not
-    even one does. Every term is linear in the rows: two sizes give the rest."""
+    """The most samples whose loop fits in ``budget_bytes``, at most ``limit``; 0 when not even one does."""
     one = generation_memory(cfg, 1, dtype, guidance=guidance).total
     per_sample = generation_memory(cfg, 2, dtype, guidance=guidance).total - one
     if one > budget_bytes:

@@ -1,9 +1,7 @@
 """Atomic writes: a file or folder appears whole under its name, or not at all.
 
-Data goes to a temporary name in the destination's folder (``.NAME.PID.tmp``, ``.NAME.tmp`` for a folder), is
-fsynced and renamed over the destination, and the folder fsynced. A failed write leaves the destination as it
-was, removes the partial data and raises `WriteFailedError`: one line naming the file, why ("disk full", or the
-OS's words) and, when known, the bytes needed and free.
+Data goes to a temporary name in the destination's folder, is fsynced and renamed over the destination. A failed
+write leaves the destination as it was, removes the partial data and raises `WriteFailedError`.
 """
 from __future__ import annotations
 
@@ -20,11 +18,7 @@ _NEARLY_FULL = 1 << 20  # free bytes under which a write failure that gives no e
 
 
 class WriteFailedError(OSError):
-    """A write that did not happen: the destination is as it was and the partial data removed.
-
-    ``path`` is the destination, ``disk_full`` whether the filesystem (or quota) was full, ``needed`` the
-    bytes the write needed and ``free`` those free after the partial data was removed (None: not known).
-    """
+    """A write that did not happen: the destination is as it was and the partial data removed."""
 
     def __init__(self, message: str, *, path: Path | None = None, code: int | None = None,
                  disk_full: bool = False, needed: int | None = None, free: int | None = None):
@@ -49,10 +43,8 @@ def temp_folder(dest: Path) -> Path:
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any], *, size: int | None = None,
                  what: str = "") -> Path:
-    """Make ``path`` by ``write(file)`` (a binary file open on a temporary file next to it), atomically.
-
-    ``size`` (bytes, when known) and ``what`` ("checkpoint") go into the :class:`WriteFailedError` message.
-    """
+    """Make ``path`` by ``write(file)`` (a binary file open next to it), atomically; ``size`` and ``what`` go
+    into the :class:`WriteFailedError` message."""
     path = Path(path)
     tmp = temp_path(path)
 
@@ -73,8 +65,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any], *, s
 
 def atomic_write_path(path: str | os.PathLike, write: Callable[[Path], Any], *, size: int | None = None,
                       what: str = "") -> Path:
-    """Make ``path`` by ``write(tmp)`` (a writer that takes a file name, e.g. safetensors' ``save_file``,
-    given the temporary file next to ``path``), atomically; ``size`` and ``what`` as :func:`atomic_write`."""
+    """Make ``path`` by ``write(tmp)`` (a writer taking a file name), atomically, as :func:`atomic_write`."""
     path = Path(path)
     tmp = temp_path(path)
 
@@ -86,7 +77,6 @@ def atomic_write_path(path: str | os.PathLike, write: Callable[[Path], Any], *, 
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, *, what: str = "") -> Path:
-    """Make ``path`` hold ``text`` (UTF-8), atomically."""
     data = text.encode("utf-8")
     return atomic_write(path, lambda f: f.write(data), size=len(data), what=what)
 
@@ -119,9 +109,7 @@ def replace_folder(tmp: Path, dest: Path) -> None:
 
 
 def is_write_error(exc: BaseException) -> bool:
-    """Whether ``exc`` from a writer means the write failed (an OSError or RuntimeError, itself or behind
-    it), rather than that the writer was given something it cannot write or that the process is being
-    stopped."""
+    """Whether ``exc`` from a writer means the write failed (an OSError or RuntimeError, itself or behind it)."""
     if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
         return False
     return any(isinstance(e, (OSError, RuntimeError)) for e in _chain(exc))
@@ -129,8 +117,7 @@ def is_write_error(exc: BaseException) -> bool:
 
 def write_failure(path: Path, exc: BaseException, *, size: int | None = None, what: str = "",
                   partial: Path | None = None) -> WriteFailedError:
-    """The :class:`WriteFailedError` for ``exc`` raised while writing ``path``; removes ``partial`` (the
-    temporary file or folder) after reading the free space it left, which tells a full disk."""
+    """The :class:`WriteFailedError` for ``exc`` while writing ``path``; removes ``partial`` first."""
     code = _errno_of(exc)
     free_left = free_bytes(path.parent)
     if isinstance(exc, WriteFailedError):  # a file of the folder being written: its verdict stands
@@ -146,8 +133,7 @@ def write_failure(path: Path, exc: BaseException, *, size: int | None = None, wh
 
 
 def _no_room(free: int | None, size: int | None) -> bool:
-    """Whether a failure that gave no errno is a full disk: under 1 MiB free, or fewer bytes than the write needed
-    (safetensors' writer reserves the whole file first)."""
+    """Whether a failure that gave no errno is a full disk (under 1 MiB or fewer bytes than needed free)."""
     return free is not None and (free < _NEARLY_FULL or (size is not None and free < size))
 
 
@@ -172,8 +158,7 @@ def _reason(exc: BaseException, code: int | None, full: bool) -> str:
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """``exc``, then what it was raised from or while handling (torch.save's RuntimeError is raised while
-    handling the file's OSError), and the failures a DCP CheckpointException wraps."""
+    """``exc``, then what it was raised from or while handling, and the failures a DCP exception wraps."""
     todo, seen = [exc], set()
     while todo:
         e = todo.pop(0)

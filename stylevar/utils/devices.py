@@ -1,7 +1,6 @@
 """Device names a user passes (`--device cuda:1`): parsed and checked before any model is built.
 
-No torch at import: on Linux with no GPU driver a CUDA request is refused from the device nodes alone. When the
-choice is automatic and a GPU driver is present that torch cannot use, the run goes to the CPU with one warning.
+No torch at import. An automatic choice with a GPU that torch cannot use goes to the CPU with one warning.
 """
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ if TYPE_CHECKING:
     import torch
 
 _CUDA_NAME = re.compile(r"^cuda(?::(\d+))?$")
-# what a GPU driver leaves on Linux: NVIDIA (bare metal and containers), AMD ROCm (torch's "cuda" is HIP
-# there) and WSL2's paravirtual GPU. None of them present: no CUDA device can be available.
+# what a GPU driver leaves on Linux (NVIDIA, AMD ROCm, WSL2): none of them, no CUDA device can be available
 _GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia[0-9]*", "/proc/driver/nvidia/gpus/*", "/dev/kfd", "/dev/dxg")
 _NVIDIA_DRIVER_VERSION = "/proc/driver/nvidia/version"
 
@@ -50,8 +48,7 @@ def driver_version() -> str:
 
 
 def cuda_unusable_reason() -> str | None:
-    """Why torch cannot use the GPU this machine has (its driver's nodes are present but torch finds no CUDA
-    device), from torch's own CUDA initialisation error; None when CUDA works or no GPU driver is seen."""
+    """Why torch cannot use the GPU this machine has, from torch's own error; None when it can or there is none."""
     import torch
 
     nodes = _gpu_nodes()
@@ -81,11 +78,8 @@ def _auto_device() -> "torch.device":
 
 
 def check_device(name: str | None) -> str | None:
-    """``name`` unchanged if this machine can run on it (None: choose automatically); else DeviceError.
-
-    ``cpu`` is always fine and imports nothing; ``cuda`` / ``cuda:N`` on a machine without any GPU driver
-    is refused without importing torch; anything else is parsed and checked by torch.
-    """
+    """``name`` unchanged if this machine can run on it (None: choose automatically); else DeviceError. CUDA on a
+    machine without any GPU driver is refused without importing torch."""
     if name is None or name == "cpu":
         return name
     if _CUDA_NAME.match(name) and _no_gpu_driver():
@@ -122,8 +116,7 @@ def resolve_device(name: str | None) -> "torch.device":
 
 
 def resolve_devices(names: Sequence[str]) -> "list[torch.device]":
-    """Several devices (the service's workers): ``["auto"]`` -> every visible CUDA device, else the CPU; otherwise
-    each name by :func:`resolve_device` (checked to exist here; DeviceError, a ValueError, if not)."""
+    """Several devices: ``["auto"]`` -> every visible CUDA device, else the CPU; otherwise each checked."""
     import torch
 
     if list(names) == ["auto"]:
@@ -134,10 +127,7 @@ def resolve_devices(names: Sequence[str]) -> "list[torch.device]":
 
 
 def import_compiler_quietly() -> None:
-    """Import torch's C++ extension loader (Inductor imports it to compile on the CPU) without its "No CUDA runtime
-    is found" warning: at import it looks for a CUDA toolkit (CUDA_HOME, nvcc, /usr/local/cuda) and warns when one
-    is installed but no GPU is usable, which says nothing to a run on the CPU and would be the log's only warning.
-    The module warns only at import, so later imports stay quiet too; a usable GPU never gets the warning."""
+    """Import torch's C++ extension loader without its import-time "No CUDA runtime is found" warning."""
     if "torch.utils.cpp_extension" in sys.modules:
         return
     logger = logging.getLogger("torch.utils.cpp_extension")

@@ -20,8 +20,7 @@ def install_line(extra: str) -> str:
 
 
 def missing_modules(extra: str) -> list[str]:
-    """The modules of ``extra`` that cannot be imported here ([] when it is installed); ValueError for an
-    unknown extra."""
+    """The modules of ``extra`` that cannot be imported here ([] when installed); ValueError for an unknown extra."""
     if extra not in EXTRA_MODULES:
         raise ValueError(f"unknown extra {extra!r}; one of {', '.join(EXTRA_MODULES)}")
     out = []

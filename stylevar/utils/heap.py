@@ -1,8 +1,7 @@
 """What the process's C heap (glibc) does with memory it frees: kept for the next request instead of handed back.
 
 The policy fixes malloc's mmap threshold at 32 MiB and its trim threshold at ``STYLEVAR_HEAP_KEEP_MB`` (default
-1024; 0 leaves glibc's own), so a request's short-lived buffers reuse freed memory instead of faulting fresh
-pages. The cost: resident size stays near its peak. A process decides once, at its first model load.
+1024; 0 leaves glibc's own), trading resident size for fewer page faults; decided once per process.
 """
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ _decided: HeapChoice | None = None
 
 
 def keep_mb(environ: Mapping[str, str] | None = None) -> int:
-    """``STYLEVAR_HEAP_KEEP_MB`` from ``environ`` (None: this process's): a whole number of MiB, 0 to 2047; unset
-    or empty: `DEFAULT_KEEP_MB`."""
+    """``STYLEVAR_HEAP_KEEP_MB`` of ``environ``: whole MiB, 0 to 2047; unset or empty: `DEFAULT_KEEP_MB`."""
     raw = (os.environ if environ is None else environ).get(HEAP_ENV, "").strip()
     if not raw:
         return DEFAULT_KEEP_MB
@@ -55,9 +53,7 @@ def glibc_mallopt() -> Callable[[int, int], int] | None:
 
 
 def apply_heap_policy(environ: Mapping[str, str] | None = None, *, keep: int | None = None) -> HeapChoice:
-    """Set the heap's thresholds by the module doc, once per process; returns what was decided (the first
-    decision on every later call). ``keep``: the MiB to keep (the service's setting), else `keep_mb` of
-    ``environ`` (None: this process's)."""
+    """Set the heap's thresholds once per process; returns the decision (``keep``: MiB, else `keep_mb`)."""
     global _decided
     if _decided is not None:
         return _decided

@@ -1,6 +1,5 @@
-"""How every command's ``--help`` reads: the one formatter of the project's parsers. A default is shown once (not
-where the help says it, nor for None, False, empty values or flags), a required option says so, and reST markup
-in a module docstring reads as plain text. Standard library only: every ``--help`` imports it.
+"""How every command's ``--help`` reads: the one formatter of the project's parsers (a default shown once, required
+options said so, reST markup as plain text). Standard library only.
 """
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ _ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`(~?)([^`<]+?)(?:\s*<[^`>]*>)?`")
 
 
 def plain(text: str) -> str:
-    """``text`` without reST markup: ``literal`` -> `literal`, :role:`~a.b.Name` -> `Name` (no ``~``:
-    `a.b.Name`)."""
+    """``text`` without reST markup: ``literal`` -> `literal`, :role:`~a.b.Name` -> `Name`."""
     text = _ROLE.sub(lambda m: f"`{m.group(2).rsplit('.', 1)[-1] if m.group(1) else m.group(2)}`", text)
     return _LITERAL.sub(r"`\1`", text)
 
@@ -37,8 +35,7 @@ def default_text(value: Any, sep: str = " ") -> str | None:
 
 
 class HelpFormatter(argparse.HelpFormatter):
-    """argparse's formatter with each default shown once, "(required)" on required options and plain text for
-    docstring descriptions (see the module's docstring)."""
+    """argparse's formatter with each default shown once, "(required)" and plain-text descriptions."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -62,5 +59,4 @@ class HelpFormatter(argparse.HelpFormatter):
 
 
 class RawDescriptionHelpFormatter(HelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """:class:`HelpFormatter` keeping the description's and the epilog's own line breaks (a docstring with a
-    usage block)."""
+    """:class:`HelpFormatter` keeping the description's and the epilog's own line breaks."""

@@ -1,10 +1,6 @@
-"""The precision policy, written once for every path (docs/gpus.md, "Precision policy"): the precision names that
-inference and training accept, the process's matmul precision (TF32 on CUDA), and what stays float32 under any
-autocast: the tokenizer's encode, quantizer and decode (`full_precision`), the quantizer's distances even under TF32
-(`strict_addmm_`), and the norms where CUDA keeps them. `cuda_like_autocast` applies CUDA autocast's operator lists
-on the CPU, so CPU tests see the dtypes a GPU holds.
-
-Importing this module does not import torch (the commands' --help reads the precision names); the functions do.
+"""The precision policy for every path: the precision names that inference and training accept, the matmul precision
+(TF32 on CUDA), and what stays float32 under any autocast (`full_precision`, `strict_addmm_`).
+`cuda_like_autocast` applies CUDA autocast's operator lists on the CPU. Importing it does not import torch.
 """
 from __future__ import annotations
 
@@ -27,8 +23,7 @@ DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", 
 
 
 def precision_error(name: object) -> str | None:
-    """Why ``name`` is not an inference precision, naming the valid ones (and why, for a removed one); None
-    when it is one."""
+    """Why ``name`` is not an inference precision, naming the valid ones; None when it is one."""
     if name in PRECISIONS:
         return None
     valid = ", ".join(PRECISIONS)
@@ -56,10 +51,7 @@ def parse_dtype(name: str) -> torch.dtype:
 
 
 def resolve_autocast_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype for ``device``; None means plain float32 (also for "float32"/"fp32" and None).
-
-    "auto": bfloat16 on a CUDA device that supports it, else None. A torch dtype passes through.
-    """
+    """The autocast dtype for ``device`` (None: float32); "auto": bfloat16 on a CUDA device that supports it."""
     import torch
 
     if name is None or isinstance(name, torch.dtype):
@@ -99,21 +91,17 @@ def make_grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScal
 
 
 def set_matmul_precision(tf32: bool = True) -> None:
-    """TF32 for CUDA's float32 matrix products (cuBLAS) and convolutions (cuDNN) when ``tf32``, else strict
-    IEEE float32 for both (a device run comparing CUDA's tokens with the CPU's golden ones turns it off).
-    Process-wide; CPU products are not touched. Every entry point that runs a model calls it."""
+    """TF32 for CUDA's float32 matrix products and convolutions when ``tf32``, else strict float32 (process-wide)."""
     import torch
 
-    # the legacy switches, not the fp32_precision ones: torch refuses to read the matmul precision once the two
-    # APIs are mixed, and torch.compile's Inductor reads it through the legacy one
+    # the legacy switches: torch refuses to read the precision once the two APIs are mixed, and Inductor reads these
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
 
 
 def strict_addmm_(out_NV: torch.Tensor, a_NC: torch.Tensor, b_CV: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
-    """``out += alpha * a @ b`` in place, never in TF32 nor under autocast, whatever `set_matmul_precision`
-    chose (a distance rounded to TF32 picks another code at near-ties): on CUDA the product runs in float64 and is
-    rounded to float32; elsewhere it is the plain float32 ``addmm_``."""
+    """``out += alpha * a @ b`` in place, never in TF32 nor under autocast (on CUDA in float64, rounded to
+    float32), so that near-ties pick the same code everywhere."""
     import torch
 
     if out_NV.device.type != "cuda":
@@ -129,8 +117,7 @@ def _float32(value):
 
 
 def full_precision(method):
-    """``method`` run in float32 whatever autocast is on around it: autocast off on its tensors' device, its
-    floating tensor arguments cast to float32. Wraps the tokenizer's entry points."""
+    """``method`` run in float32 whatever autocast is on around it (wraps the tokenizer's entry points)."""
 
     @functools.wraps(method)
     def in_float32(*args, **kwargs):
@@ -149,9 +136,7 @@ def full_precision(method):
 
 @functools.cache
 def _cuda_op_lists() -> tuple[frozenset, frozenset, frozenset]:
-    """CUDA autocast's operator lists (PyTorch's "Autocast Op Reference", CUDA ops): those cast to the lower
-    precision (and einsum, which reaches bmm only inside), those cast to float32, those run in the widest input
-    type. Listed by Python callable: the emulation works on Python calls, not on the dispatcher as CUDA's does."""
+    """CUDA autocast's operator lists: those cast to the lower precision, to float32, and to the widest input type."""
     import torch
     import torch.nn.functional as F
 
@@ -224,9 +209,7 @@ def _cuda_like_mode() -> type:
 
 @contextlib.contextmanager
 def cuda_like_casts() -> Iterator[None]:
-    """Every CPU autocast region entered inside casts with CUDA's operator lists, in that region's dtype (the
-    model's own autocast, ``StyleVAR.autocast_dtype``, becomes CUDA's); outside any autocast region nothing
-    changes. A region that turns autocast off (`full_precision`) turns this off too, as it would CUDA's."""
+    """Every CPU autocast region entered inside casts as CUDA's autocast does, in that region's dtype."""
     with _cuda_like_mode()():
         yield
 

@@ -1,10 +1,8 @@
 """How many CPU threads torch runs, one policy for the service, the command line and the library.
 
-`cpu_budget`: the CPUs this process may use (its affinity mask and its cgroup's CPU quota, rounded up). The
-policy (`DEFAULT_RULE`, "spare-one"): one thread fewer than those, at most torch's own choice. An explicit count
-(``threads=``, ``--threads``, ``STYLEVAR_THREADS``), ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` or an earlier
-``torch.set_num_threads`` wins over it. A process decides once, at its first model load. No torch at import:
-the entry points call `prepare_environment` (which also sets ``OMP_WAIT_POLICY=PASSIVE``) before importing it.
+The policy (`DEFAULT_RULE`, "spare-one"): one thread fewer than the CPUs this process may use (`cpu_budget`), at
+most torch's own choice; an explicit count or the OpenMP/MKL variables win over it. A process decides once, at
+its first model load. No torch at import.
 """
 from __future__ import annotations
 
@@ -35,7 +33,6 @@ THREADS_HELP = (f"torch's CPU threads: a count, '{KEEP}' (torch's own choice) or
                 f"than the CPUs this process may use, at least 1; docs/serving.md#threads)")
 
 
-# ------------------------------------------------------------------------------------------ the CPUs
 @dataclass(frozen=True)
 class CpuBudget:
     """The CPUs of the affinity mask and the cgroup's quota in CPUs (None: no quota)."""
@@ -96,8 +93,7 @@ def parse_cfs(quota_text: str | None, period_text: str | None) -> float | None:
 
 
 def _folders(mount: Path, path: str) -> list[Path]:
-    """The cgroup's folder under ``mount`` and each parent up to ``mount``; ``mount`` alone where the folder is not
-    there (a container that sees its own cgroup at the root)."""
+    """The cgroup's folder under ``mount`` and each parent up to it; ``mount`` alone where it is not there."""
     folder = mount / path.strip("/")
     if not folder.is_dir():
         return [mount]
@@ -134,8 +130,7 @@ def cpu_budget(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> Cpu
 
 
 def physical_cores(cpus: Iterable[int], sys_cpu: Path = SYS_CPU) -> int | None:
-    """How many physical cores ``cpus`` (logical CPU numbers) sit on (their distinct thread siblings); None when
-    the topology cannot be read."""
+    """How many physical cores ``cpus`` (logical CPU numbers) sit on; None when the topology cannot be read."""
     cores = set()
     for cpu in cpus:
         siblings = _read(sys_cpu / f"cpu{cpu}" / "topology" / "thread_siblings_list")
@@ -146,15 +141,13 @@ def physical_cores(cpus: Iterable[int], sys_cpu: Path = SYS_CPU) -> int | None:
 
 
 def torch_own_counts() -> set[int]:
-    """The counts torch picks by itself on this machine: its logical CPUs or physical cores, all of them or those
-    of the affinity mask (which one depends on torch's build)."""
+    """The counts torch picks by itself on this machine (which one depends on torch's build)."""
     mask = affinity_mask()
     logical = os.cpu_count() or len(mask)
     counts = {logical, len(mask), physical_cores(range(logical)), physical_cores(mask)}
     return {c for c in counts if c}
 
 
-# ------------------------------------------------------------------------------------------ the decision
 def parse_threads(value: int | str | None) -> int | str | None:
     """A thread count as the surfaces take it: None, "", "auto" or 0 -> None (the policy); "torch" -> "torch";
     a positive integer (or its digits) -> that count. Anything else is a ValueError saying what is taken."""
@@ -216,10 +209,8 @@ def decision() -> ThreadChoice | None:
 
 
 def apply_threads(threads: int | str | None = None, environ: Mapping[str, str] | None = None) -> ThreadChoice:
-    """Set torch's intra-op threads; returns what decided. The first that applies decides: an explicit count
-    (``threads``, then ``STYLEVAR_THREADS``; "torch" keeps torch's), ``OMP_NUM_THREADS``/``MKL_NUM_THREADS``, a
-    count set with ``torch.set_num_threads`` before the first load, the policy. Without an explicit count after
-    the process has decided, nothing changes."""
+    """Set torch's intra-op threads and return what decided: an explicit count (``threads``, ``STYLEVAR_THREADS``),
+    ``OMP_NUM_THREADS``/``MKL_NUM_THREADS``, an earlier ``torch.set_num_threads``, else the policy."""
     global _decided
     value = parse_threads(threads)
     if value is None and _decided is not None:
@@ -240,9 +231,7 @@ def apply_threads(threads: int | str | None = None, environ: Mapping[str, str] |
 
 
 def prepare_environment(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
-    """For an entry point, before it imports torch: ``OMP_WAIT_POLICY=PASSIVE`` (the policy's wait setting) in
-    ``environ`` (None: this process's, left alone once torch is imported: OpenMP has read it) unless a wait setting
-    (`WAIT_ENV`) is there already. Returns what it set."""
+    """Before torch is imported: ``OMP_WAIT_POLICY=PASSIVE`` unless a `WAIT_ENV` setting is there; what it set."""
     if environ is None:
         if "torch" in sys.modules:
             return {}

@@ -17,8 +17,7 @@ def _norm(channels: int, groups: int = 32) -> nn.GroupNorm:
 
 
 def _norm_silu(norm: nn.GroupNorm, x_BCHW: torch.Tensor) -> torch.Tensor:
-    """SiLU(GroupNorm(x)); where no gradient is taken, in place on the norm's fresh output: the same values,
-    one activation-sized allocation less (on the CPU a large one costs its page faults at every call)."""
+    """SiLU(GroupNorm(x)), in place on the norm's fresh output where no gradient is taken."""
     h = norm(x_BCHW)
     return F.silu(h, inplace=not h.requires_grad)
 
@@ -79,8 +78,7 @@ class Upsample(nn.Module):
 
 
 class _Level(nn.Module):
-    """One resolution level: ``n`` res blocks (``c_in`` -> ``c_out``), with ``attention`` one after each,
-    then `Downsample` or `Upsample` (``resample``, None: none) under its own name."""
+    """One resolution level: ``n`` res blocks (with ``attention``), then `Downsample` or `Upsample` (``resample``)."""
 
     def __init__(self, c_in: int, c_out: int, n: int, attention: bool, resample: type[nn.Module] | None,
                  dropout: float, groups: int):
@@ -170,9 +168,8 @@ class Decoder(nn.Module):
 
 
 def widen_to_space_to_channel(sd: dict[str, torch.Tensor], s: int) -> dict[str, torch.Tensor]:
-    """A tokenizer's weights (space-to-channel 1) as those of its space-to-channel-`s` twin that starts out as
-    it on the image shrunk s times (2 x 2 mean for s = 2) and upsampled (nearest) back: the stem averages the
-    s x s pixels it receives, the head repeats each output pixel s x s times. Only the stem and the head change."""
+    """A tokenizer's weights (space-to-channel 1) as those of its space-to-channel-`s` twin, which starts out as it
+    on the image shrunk s times: only the stem (averaging) and the head (repeating) change."""
     out = dict(sd)
     w_in = sd["encoder.conv_in.weight"]  # (ch, 3, 3, 3)
     out["encoder.conv_in.weight"] = w_in.repeat_interleave(s * s, dim=1) / (s * s)

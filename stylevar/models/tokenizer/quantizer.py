@@ -1,9 +1,7 @@
 """VAR's multi-scale residual vector quantizer.
 
-A latent f (B, Cvae, n, n) becomes K token maps, coarse to fine. At scale k the residual f - f_hat is
-area-resized to pn_k x pn_k, each vector takes its nearest codebook entry, the entries are bicubic-
-upsampled back to n x n, refined by a Phi conv, and added to f_hat. Phi(h) = (1 - r) h + r conv3x3(h);
-`share_quant_resi` Phi convs are shared between scales by nearest tick.
+A latent f (B, Cvae, n, n) becomes K token maps, coarse to fine: at scale k the residual f - f_hat, area-resized to
+pn_k x pn_k, takes its nearest codebook entries, upsampled back and refined by Phi(h) = (1 - r) h + r conv3x3(h).
 """
 from __future__ import annotations
 
@@ -57,8 +55,7 @@ class MultiScaleQuantizer(nn.Module):
         return self.quant_resi.for_scale(k, self.num_scales)
 
     def nearest(self, z_NC: torch.Tensor) -> torch.Tensor:
-        """Index of the nearest codebook entry (squared L2) for each row of z_NC, in float32 (under bf16
-        autocast z_NC arrives in bf16; the distances are computed in the codebook's precision)."""
+        """Index of the nearest codebook entry (squared L2) for each row of z_NC, computed in float32."""
         emb_VC = self.embedding.weight.detach().float()
         z_NC = z_NC.float()
         d_NV = torch.sum(z_NC.square(), dim=1, keepdim=True) + torch.sum(emb_VC.square(), dim=1)
@@ -72,8 +69,7 @@ class MultiScaleQuantizer(nn.Module):
 
     @full_precision
     def upsampled_residual(self, k: int, idx_Bl: torch.Tensor, n: int) -> torch.Tensor:
-        """Phi(upsample(embedding(tokens of scale k))): what scale k adds to f_hat, (B, C, n, n), in float32 under
-        any autocast (sampling and teacher forcing build f_hat from it; `stylevar.utils.precision`)."""
+        """Phi(upsample(embedding(tokens of scale k))): what scale k adds to f_hat, (B, C, n, n), in float32."""
         pn = self.patch_nums[k]
         h_BChw = self.embedding(idx_Bl).transpose(1, 2).reshape(idx_Bl.shape[0], self.z_channels, pn, pn)
         if k != self.num_scales - 1:

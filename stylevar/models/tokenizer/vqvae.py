@@ -24,13 +24,9 @@ class VQVAEOutput:
 
 
 class MultiScaleVQVAE(PretrainedModel, nn.Module):
-    """The tokenizer. `save_pretrained(folder)` writes `tokenizer.safetensors` and config.json's
-    ``"tokenizer"`` section; `from_pretrained(folder)` reads them back from a tokenizer folder or a whole
-    model directory (`stylevar.models.pretrained`).
-
-    Encoding and decoding run in float32 under any autocast (`stylevar.utils.precision`' policy): an image's tokens
-    and a token map's picture are the same on every path. The tokenizer's own training (`forward`) follows its run's
-    precision."""
+    """The tokenizer. `save_pretrained(folder)` writes `tokenizer.safetensors` and config.json's ``"tokenizer"``
+    section; `from_pretrained(folder)` reads them back from a tokenizer folder or a whole model directory.
+    Encoding and decoding run in float32 under any autocast; training (`forward`) follows its run's precision."""
 
     config_section = "tokenizer"
     weights_file = TOKENIZER_FILE
@@ -50,8 +46,7 @@ class MultiScaleVQVAE(PretrainedModel, nn.Module):
 
     @classmethod
     def from_state_dict(cls, sd: StateDict, cfg: VQVAEConfig) -> "MultiScaleVQVAE":
-        """The tokenizer of ``cfg`` holding the weights ``sd`` (derived buffers recomputed), in eval mode. A
-        state dict that does not fit is one `stylevar.models.state_dict.CheckpointMismatchError`."""
+        """The tokenizer of ``cfg`` holding the weights ``sd``, in eval mode (CheckpointMismatchError if unfit)."""
         model = cls(cfg)
         own = model.state_dict()
         hit = "quantize.ema_vocab_hit_SV"

@@ -14,8 +14,7 @@ from torch import nn
 
 
 def compute_dtype(device: torch.device, default: torch.dtype) -> torch.dtype:
-    """The dtype autocast computes matrix products in on ``device`` now (the model's, the sampling loop's or one
-    around the call), else ``default``: the dtype of the keys and values, hence of the KV cache."""
+    """The dtype autocast computes matrix products in on ``device`` now, else ``default`` (the KV cache's dtype)."""
     if torch.amp.is_autocast_available(device.type) and torch.is_autocast_enabled(device.type):
         return torch.get_autocast_dtype(device.type)
     return default
@@ -57,8 +56,7 @@ class BlendedAttention(nn.Module):
         return x_BLC.view(B, L, self.heads, self.head_dim).transpose(1, 2)
 
     def keys_values(self, h_BLC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values (B, H, L, c) in the projection's dtype (the autocast dtype under autocast: the bias add
-        and the float32 normalisation CUDA's autocast runs are cast back once, here)."""
+        """Keys and values (B, H, L, c) in the projection's dtype (the autocast dtype under autocast)."""
         kv = self.kv_target(h_BLC)
         k, v = kv.chunk(2, dim=-1)
         k, v = self._split(k), self._split((v + self.v_bias).to(kv.dtype))
@@ -67,8 +65,7 @@ class BlendedAttention(nn.Module):
         return k, v
 
     def queries(self, g_BXC: torch.Tensor) -> torch.Tensor:
-        """Queries (B, H, X, c) of modulated guide tokens (B, X, C): the style streams', then the content's, in the
-        projection's dtype (generation keeps every scale's; under autocast they are stored in its dtype, once)."""
+        """Queries (B, H, X, c) of modulated guide tokens (B, X, C): the style streams', then the content's."""
         q_lin = self.q_guide(g_BXC)
         q = self._split(q_lin)
         if self.l2_norm:

@@ -1,6 +1,5 @@
-"""A StyleVAR block and the head: AdaLN-modulated blended attention and FFN (see `stylevar.models.transformer.model`),
-with stochastic depth on both residual branches in training (timm's drop_path with scale_by_keep, as the reference
-trains: `drop_path_factors`)."""
+"""A StyleVAR block and the head: AdaLN-modulated blended attention and FFN, with stochastic depth on both residual
+branches in training (`drop_path_factors`)."""
 from __future__ import annotations
 
 from typing import NamedTuple, TypeVar
@@ -58,10 +57,8 @@ def _ada_lin(lin: nn.Module, cond_BD: torch.Tensor, n: int, dim: int) -> tuple[t
 
 
 def drop_path_factors(rows: int, p: float, like: torch.Tensor) -> torch.Tensor:
-    """What each row of a residual branch is multiplied by in training, (rows, 1, 1) in ``like``'s dtype and
-    device: 0 with probability ``p`` (one Bernoulli per row from torch's global generator, as the reference's
-    timm drop_path draws it, so a seeded run repeats its drops and activation checkpointing, which restores
-    that generator, recomputes the same ones), else 1 / (1 - p); ones, drawing nothing, for p = 0."""
+    """What each row of a residual branch is multiplied by in training, (rows, 1, 1) like ``like``: 0 with
+    probability ``p`` (drawn from torch's global generator, so checkpointing recomputes the same), else 1 / (1 - p)."""
     if p == 0.0:
         return like.new_ones((rows, 1, 1))
     keep = 1.0 - p
@@ -69,8 +66,7 @@ def drop_path_factors(rows: int, p: float, like: torch.Tensor) -> torch.Tensor:
 
 
 class Guide(NamedTuple):
-    """What a block's queries come from, at the query positions: the guide streams, or their queries when
-    computed beforehand (generation computes every scale's before its loop: they depend on the condition only)."""
+    """What a block's queries come from: the guide streams, or their queries computed beforehand."""
 
     alpha_BSl1: torch.Tensor  # blend coefficient of each style stream at each position
     style_ln_BSlC: torch.Tensor | None = None  # LayerNorm'ed tokens of the S styles
@@ -91,13 +87,11 @@ class Block(nn.Module):
         self.ada_lin = nn.Sequential(nn.SiLU(), nn.Linear(C, 6 * C))
 
     def modulation(self, cond_BD: torch.Tensor) -> Modulation:
-        """AdaLN modulations, each (B, 1, C); constant over a generation, so computed once. A per-token
-        condition (B, L, D) (masked style blends) gives them per token, (B, L, C)."""
+        """AdaLN modulations, each (B, 1, C), or (B, L, C) for a per-token condition (B, L, D)."""
         return Modulation(*_ada_lin(self.ada_lin, cond_BD, 6, self.dim))
 
     def queries(self, style_ln_BSlC: torch.Tensor, content_ln_BlC: torch.Tensor, mod: Modulation) -> torch.Tensor:
-        """The guide streams' queries (B, H, (S + 1) * l, c): LN(stream) * (1 + s1) + b1 through the guide
-        projection, the S styles' rows then the content's. They depend on the condition only."""
+        """The guide streams' queries (B, H, (S + 1) * l, c), the styles' rows then the content's."""
         s1, b1 = mod.scale1, mod.shift1
         style_BSlC = style_ln_BSlC * (1 + s1.unsqueeze(1)) + b1.unsqueeze(1)
         content_BlC = content_ln_BlC * (1 + s1) + b1
@@ -106,10 +100,7 @@ class Block(nn.Module):
 
     def forward(self, x_BLC: torch.Tensor, mod: Modulation, guide: Guide, mask: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> torch.Tensor:
-        """``mod``: `modulation(cond)` at these positions; ``mask``: teacher forcing's; ``cache``: generation's.
-        In training the drop-path factors of both branches are drawn here, eagerly, and `step` gets them as
-        tensors: the compiled `step` (stylevar.runtime.compile) then never sees this block's rate, so one graph
-        serves every block (a rate read inside it would be a constant of the graph: one graph per block)."""
+        """``mod``: `modulation(cond)` here; ``mask``: teacher forcing's; ``cache``: generation's."""
         factors = None
         if self.training:  # checked first: in eval the rate is never read
             rows = x_BLC.shape[0]
@@ -118,8 +109,7 @@ class Block(nn.Module):
 
     def step(self, x_BLC: torch.Tensor, mod: Modulation, guide: Guide, mask: torch.Tensor | None,
              cache: KVCache | None, factors: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        """The block's computation; ``factors``: the attention's and the FFN's drop-path factors (training), or
-        None (eval: nothing dropped)."""
+        """The block's computation; ``factors``: the drop-path factors (training), or None (eval)."""
         g1, g2, s1, s2, b1, b2 = mod
         h = F.layer_norm(x_BLC, (self.dim,), eps=self.eps) * (1 + s1) + b1
         q_BHXc = guide.q_BHXc

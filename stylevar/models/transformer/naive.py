@@ -1,6 +1,5 @@
 """The naive blend: a direct transcription of the method (two cross-attention calls per block, full Q/K/V
-projections, a cache grown by concatenation), computing `StyleVAR`'s numbers with more work. The baseline of
-`stylevar bench --naive` and a second implementation that the fast path is tested against.
+projections, a cache grown by concatenation): the baseline of `stylevar bench --naive` and of the fast path's tests.
 """
 from __future__ import annotations
 
@@ -29,9 +28,8 @@ def _full_qkv(blk: Block, h_BLC: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 
 def naive_block(blk: Block, x, cond_BD, style_ln_BSlC, content_ln, alpha_BSl1, mask_lL=None, caches=None):
-    """One block as independent full cross-attention calls (each style, then the content), each projecting
-    its guide stream and the target with the full Q/K/V matrix and keeping its own concatenated cache.
-    Several styles: out = sum_s alpha_s * out_s + (1 - sum_s alpha_s) * out_content, per token."""
+    """One block as independent full cross-attention calls (each style, then the content), each with the full
+    Q/K/V matrix and its own cache: out = sum_s alpha_s * out_s + (1 - sum_s alpha_s) * out_content."""
     g1, g2, s1, s2, b1, b2 = blk.modulation(cond_BD)  # recomputed at every call, as a transcription does
     h = F.layer_norm(x, (blk.dim,), eps=blk.eps) * (1 + s1) + b1
     streams = [*style_ln_BSlC.unbind(1), content_ln]

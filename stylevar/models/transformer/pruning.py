@@ -1,9 +1,7 @@
 """Fast sampling (opt-in, `GenerationConfig.fast`): training-free token merging at the finest scales of the loop.
 
-Each scale of at least `min_tokens` positions is cut into 2 x 2 groups; the `keep` fraction with the most content
-detail is computed position by position, every other group goes through the blocks as one merged token, copied
-back to its four positions with a first-order residual correction. Heads and draws are the full sampler's; the
-scales before the first merged one give the same tokens. Off, nothing here runs.
+At the finest scales, 2 x 2 groups with little content detail go through the blocks as one merged token, copied
+back to their four positions with a first-order residual correction (`FastSampling`). Off, nothing here runs.
 """
 from __future__ import annotations
 
@@ -20,9 +18,8 @@ from stylevar.models.transformer.condition import Condition
 
 @dataclass(frozen=True)
 class FastSampling:
-    """Which scales fast sampling merges and how much: every scale of at least ``min_tokens`` positions
-    computes the ``keep`` fraction of its 2 x 2 groups (those of the most content detail) position by
-    position and merges the others (0: every group merged; 1: the scale in full)."""
+    """Every scale of at least ``min_tokens`` positions computes the ``keep`` fraction of its 2 x 2 groups (the
+    most detailed) position by position and merges the others (0: every group merged; 1: the scale in full)."""
 
     keep: float = 0.25
     min_tokens: int = 25
@@ -32,8 +29,7 @@ class FastSampling:
             raise ValueError(f"fast sampling: the keep fraction must lie in [0, 1], got {self.keep}")
 
     def detail_groups(self, patch_nums: Sequence[int]) -> list[int | None]:
-        """Per scale: how many of its (pn // 2)^2 groups are computed position by position; None: the scale
-        is computed in full."""
+        """Per scale: how many of its groups are computed position by position; None: the scale in full."""
         out: list[int | None] = []
         for pn in patch_nums:
             groups = (pn // 2) ** 2
@@ -94,8 +90,7 @@ class GroupSplit:
         return idx_Bm.repeat(self.repeat, 1) if self.repeat > 1 else idx_Bm
 
     def tokens(self, t: torch.Tensor, dim: int) -> torch.Tensor:
-        """``t``'s rows along ``dim`` (the scale's pn^2 positions) as the computed tokens: merged groups' means,
-        then the single positions."""
+        """``t``'s rows along ``dim`` as the computed tokens: merged groups' means, then the single positions."""
         merged = take(group_means(t, dim, self.pn), self._rows(self.merged_Bf), dim)
         return torch.cat([merged, take(t, self._rows(self.single_Bn), dim)], dim)
 
@@ -118,8 +113,7 @@ class ScalePruner:
         self.detail, self.patch_nums, self.guided = plan.detail_groups(patch_nums), tuple(patch_nums), guided
 
     def full_until(self) -> int:
-        """The number of leading tokens that the loop's precomputed queries cover: up to the last scale that is
-        computed in full (a merged scale computes its tokens' queries itself)."""
+        """The number of leading tokens the loop's precomputed queries cover (up to the last full scale)."""
         last = max((k for k, d in enumerate(self.detail) if d is None), default=-1)
         return sum(pn * pn for pn in self.patch_nums[:last + 1])
 
