@@ -1,7 +1,4 @@
-"""What `/stylize` answers, from the request's Accept header (docs/serving.md, "Response format").
-
-The header is parsed by werkzeug (RFC 9110: quoted strings, `q` weights, a more specific range before a
-wildcard); the rule on top of it is the service's own.
+"""What `/stylize` answers, from the request's Accept header (parsed by werkzeug; docs/serving.md, "Response format").
 """
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """`POST /stylize` (one answer: image, zip or JSON) and `POST /stylize/stream` (Server-Sent Events).
 
-Both check the form, take a queue slot and the request's pixels (`serve.http.memory`), decode the uploads and
-queue one job (`submit`), then wait for it with `serve.http.jobs.follow_job`. `create_app` includes `router`
-with the service's body size limit.
+Both check the form, take a queue slot and the request's pixels, decode the uploads and queue one job (`submit`),
+then wait for it (`serve.http.jobs`).
 """
 from __future__ import annotations
 
