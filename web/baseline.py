@@ -33,11 +33,15 @@ class Baseline(Protocol):
 
 
 @dataclass(frozen=True)
-class AdaINConfig:
-    device: str = "cpu"
-    max_side: int = 512  # AdaIN runs at the content's size, its long side capped here (decoded downscaled)
+class DecodeLimits:
+    max_side: int = 512  # inputs decoded downscaled to this long side
     max_pixels: int = 40_000_000  # inputs larger than this are refused before decoding
     max_whole_pixels: int = 4_194_304  # the same for images that can only be decoded at full size (WebP, ...)
+
+
+@dataclass(frozen=True)
+class AdaINConfig(DecodeLimits):
+    device: str = "cpu"  # AdaIN runs at the content's size, its long side capped at `max_side`
 
 
 class AdaINBaseline:
@@ -94,11 +98,8 @@ class AdaINBaseline:
 
 
 @dataclass(frozen=True)
-class MagentaBaselineConfig:
-    threads: int = 1  # onnxruntime intra-op threads
-    max_side: int = 512  # inputs decoded downscaled to this long side (the network draws at 384 px)
-    max_pixels: int = 40_000_000  # inputs larger than this are refused before decoding
-    max_whole_pixels: int = 4_194_304  # the same for images that can only be decoded at full size (WebP, ...)
+class MagentaBaselineConfig(DecodeLimits):
+    threads: int = 1  # onnxruntime intra-op threads (the network draws at 384 px)
 
 
 class MagentaBaseline:
@@ -136,7 +137,7 @@ class MagentaBaseline:
         return self._load()(content, style, strength=min(max(float(alpha), 0.0), 1.0))
 
 
-def decoded(path: str, cfg: AdaINConfig | MagentaBaselineConfig) -> Image.Image:
+def decoded(path: str, cfg: DecodeLimits) -> Image.Image:
     """An input file as RGB, decoded downscaled to `cfg.max_side` within the config's pixel limits."""
     from stylevar.processing.images import ACCEPTED_FORMATS, load_image
 

@@ -4,7 +4,8 @@ The dependencies are module-level functions, so `app.dependency_overrides` can r
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -57,9 +58,16 @@ def check_room(state: ServiceState, scope) -> None:
     """503 with Retry-After, before the body is read, for a request the queue or the memory budget would refuse."""
     if state.batcher is None:
         return
-    try:
+    with counted_refusal(state):
         state.batcher.check_room()
         state.memory.check(state.settings.request_timeout_s)
+
+
+@contextlib.contextmanager
+def counted_refusal(state: ServiceState) -> Iterator[None]:
+    """A batcher's or the memory budget's refusal, counted and raised as its `ServiceError`."""
+    try:
+        yield
     except BatchError as e:
         state.metrics.rejected.labels(e.code).inc()
         raise from_coded_error(e) from e

@@ -28,7 +28,7 @@ from stylevar.pipelines.request import StylizeRequest, check_mix_counts
 from stylevar.processing.postprocess import MAX_STYLES, os_random_seed, upscale_factor
 
 from serve.http import imaging
-from serve.engine.batching import BatchError, Job
+from serve.engine.batching import Job
 from serve.engine.runner import PreviewFn, StylizeTask
 from serve.http.errors import ERROR_RESPONSES, ClientGone, ServiceError, from_coded_error
 from serve.http.jobs import follow_job, job_result, wait_for_job
@@ -36,7 +36,8 @@ from serve.http.memory import Reservation, hold_until_answered
 from serve.http.middleware import bearer_token
 from serve.http.negotiation import BYTES_MEDIA_TYPE, ZIP_MEDIA_TYPE, binary_media, negotiate
 from serve.http.schemas import ImageOut, StylizeForm, StylizeResult, response_headers
-from serve.http.state import ServiceState, get_state, refuse_unknown_fields, require_key, require_loaded
+from serve.http.state import (ServiceState, counted_refusal, get_state, refuse_unknown_fields, require_key,
+                              require_loaded)
 
 REFERENCE_SIDE = 1024  # long side style images and masks are decoded at (they are used at the model's size)
 
@@ -119,11 +120,8 @@ async def reserve_pixels(st: ServiceState, plan: Plan, req: StylizeRequest, requ
     """Hold the request's pixels (`serve.http.memory`) until its answer is sent, or 503 `memory_busy` / 413."""
     pixels = await run_in_threadpool(request_pixels, plan, req, st.settings.max_output_side, st.settings.max_pixels)
     deadline = request.state.arrived + st.settings.request_timeout_s
-    try:
+    with counted_refusal(st):
         reservation = await st.memory.reserve(pixels, deadline, request.is_disconnected)
-    except BatchError as e:
-        st.metrics.rejected.labels(e.code).inc()
-        raise from_coded_error(e) from e
     hold_until_answered(request.scope, reservation)
     return reservation
 
@@ -165,11 +163,8 @@ async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
     req = upload.request
     check_alphas(req.alphas, len(st.runner.pipe.config.transformer.patch_nums))
     check_mix(styles, masks, req.style_weights)
-    try:
+    with counted_refusal(st):
         admission = st.batcher.admit()
-    except BatchError as e:
-        st.metrics.rejected.labels(e.code).inc()
-        raise from_coded_error(e) from e
     with admission:
         plan = decode_plan(st, upload)
         reservation = await reserve_pixels(st, plan, req, request)
@@ -182,13 +177,10 @@ async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
         if left_s <= 0:
             raise ServiceError(504, "deadline_exceeded", "the request took longer than the service's deadline "
                                                          "(its upload and decoding took all of it)")
-        try:
-            task = StylizeTask(stylization, on_preview, st.keys.scope_of(bearer_token(request.scope)))
+        task = StylizeTask(stylization, on_preview, st.keys.scope_of(bearer_token(request.scope)))
+        with counted_refusal(st):
             job = admission.submit(stylization.key, task, rows=len(stylization.seeds), timeout_s=left_s,
                                    request_id=rid)
-        except BatchError as e:
-            st.metrics.rejected.labels(e.code).inc()
-            raise from_coded_error(e) from e
         job.future.add_done_callback(lambda f: reservation.model_done(not f.cancelled() and f.exception() is None))
     return job, decoded[0], small_image_headers(plan, decoded)
 
