@@ -221,8 +221,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def freeze_startup_heap() -> None:
-    """Collect once, then move every survivor into the collector's permanent generation, so that a full collection
-    does not walk the libraries and the model with the GIL held."""
+    """Collect once, then move the survivors (libraries, model, UI) to the collector's permanent generation."""
     gc.collect()
     gc.freeze()
 

@@ -1,9 +1,8 @@
 """The server's connections, bounded in number and in time: uvicorn's HTTP protocol with a send timeout and limits.
 
-A connection whose client reads less than `PROGRESS_BYTES` of a waiting answer in `send_timeout_s` is aborted
-(the request's pixels go back). A request still arriving at shutdown is answered 503 `shutting_down`. Connections
-over `max_connections`, or `max_per_client` from one peer address, are answered 503 `too_many_connections`.
-`bounded_protocol(policy)` makes the class for `uvicorn.Config(http=...)`; its counts are touched only from the loop.
+A client reading less than `PROGRESS_BYTES` of a waiting answer in `send_timeout_s` is cut off; a request still
+arriving at shutdown gets 503 `shutting_down`; one over `max_connections` or `max_per_client` (per peer address)
+gets 503 `too_many_connections`. `bounded_protocol(policy)` makes the class for `uvicorn.Config(http=...)`.
 """
 from __future__ import annotations
 

@@ -65,8 +65,7 @@ class Reservation:
         self.reached_model = ok
 
     def answer_handed_over(self) -> None:
-        """The measured hold ends here (a slow reader does not count); an answer never handed over whole is not
-        measured."""
+        """The measured hold ends here (a slow reader does not count; an answer never handed over is not measured)."""
         if self.budget is not None and self.answered_at is None:
             self.answered_at = self.budget._clock()
 
@@ -135,8 +134,7 @@ class MemoryBudget:
         return self.holds.predict(pixels) or 0.0
 
     def check(self, timeout_s: float) -> None:
-        """`MemoryBusyError` when even the smallest request arriving now could not be served in time (checked
-        before its body is read)."""
+        """`MemoryBusyError` when even the smallest request arriving now could not be served in time."""
         if self.limit and self._line and not self._may_pass(1, len(self._line)):
             self._refuse_if_late(1, self._clock() + timeout_s)
 
@@ -169,7 +167,7 @@ class MemoryBudget:
         return self._fits(pixels, largest, self.held, self.passing)
 
     def _fits(self, pixels: int, largest_ahead: int | None, held: int, passing: int) -> bool:
-        """Whether `pixels` fit beside `held` and, with the `passing` pixels, leave room for the largest waiter ahead."""
+        """Whether `pixels` fit beside `held` and, with the `passing` pixels, leave room for the largest waiter."""
         return held + pixels <= self.limit and (largest_ahead is None or passing + pixels + largest_ahead <= self.limit)
 
     def _refuse_if_late(self, pixels: int, deadline: float) -> None:
@@ -185,8 +183,7 @@ class MemoryBudget:
         return deadline - SAFETY * self.hold_s(pixels) - MARGIN_S
 
     def _predicted_start(self, pixels: int, now: float) -> float | None:
-        """When a request of `pixels` joining now would get them (its turn or passing, the sooner); None when
-        unsure."""
+        """When a request of `pixels` joining now would get them (its turn or passing); None when unsure."""
         sizes = [r.pixels for r in self._holders] + [w.pixels for w in self._line] + [pixels]
         if any(self.holds.predict(p) is None for p in sizes):
             return None
@@ -274,8 +271,7 @@ class MemoryBudget:
 
 
 class HeapTrimmer:
-    """Gives the heap memory that large images freed back to the system (glibc's `malloc_trim`) on a thread of its
-    own; a no-op without `malloc_trim` (musl, macOS)."""
+    """Gives the heap large images freed back to the system (glibc's `malloc_trim`, on a thread); else a no-op."""
 
     def __init__(self) -> None:
         self._wanted = threading.Event()
