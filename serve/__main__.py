@@ -1,8 +1,7 @@
 """`python -m serve [--host H] [--port P] [--model DIR|hf:OWNER/NAME[@REVISION][:grpo|sft]] [--device D] [--no-ui]`.
 
-Every option also has an environment variable (`STYLEVAR_HOST`, `STYLEVAR_PORT`, `STYLEVAR_MODEL_DIR`,
-`STYLEVAR_DEVICE`, `STYLEVAR_UI`, ...); options given on the command line win. SIGTERM or SIGINT drains
-the service (`serve.http.drain`, `STYLEVAR_DRAIN_TIMEOUT_S`) and exits with 0.
+Every option also has an environment variable (`STYLEVAR_<NAME>`); the command line wins. SIGTERM or SIGINT
+drains the service (`serve.http.drain`) and exits with 0.
 """
 from __future__ import annotations
 
@@ -81,8 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot start: {e}", file=sys.stderr)
         return 2
     state.on_ready = lambda: print(ready_line(app, settings), flush=True)
-    # X-Forwarded-For is believed only from the proxies named in STYLEVAR_FORWARDED_ALLOW_IPS (none by default:
-    # uvicorn's own default trusts loopback, so a client on the host could pose as any address)
+    # X-Forwarded-For only from STYLEVAR_FORWARDED_ALLOW_IPS (none by default; uvicorn's default trusts loopback)
     proxies = settings.forwarded_allow_ips
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
                             proxy_headers=bool(proxies), forwarded_allow_ips=proxies or None,

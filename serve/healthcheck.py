@@ -1,7 +1,4 @@
-"""`python -m serve.healthcheck [URL]`: exit 0 when the service answers /readyz with 200 (Docker HEALTHCHECK).
-
-Without URL it asks the local service on `STYLEVAR_PORT` (default 8000).
-"""
+"""`python -m serve.healthcheck [URL]`: exit 0 when /readyz answers 200 (default URL: the local `STYLEVAR_PORT`)."""
 from __future__ import annotations
 
 import os

@@ -48,15 +48,11 @@ class ServeSettings(BaseSettings):
     # "auto": every visible CUDA device, else the CPU; or a list such as "cuda:0,cuda:1"
     device: Annotated[list[str], NoDecode] = ["auto"]
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    # torch's CPU threads (stylevar.utils.threads): a count, "torch" (torch's own choice) or "auto"/0 (None: the
-    # policy, one fewer than the CPUs the process may use); OMP_NUM_THREADS is left to torch when this is auto
+    # torch's CPU threads: a count, "torch" (torch's own choice) or "auto"/0/None (stylevar.utils.threads)
     threads: int | Literal["torch"] | None = None
-    # the transformer's linear layers (stylevar.runtime.inference): "fp32" the model's own weights; "bf16" bfloat16
-    # weights and sampling loop (fastest where the CPU has bf16 units); bf16 tokens differ from fp32's at some
-    # positions (benchmarks/README.md). "int8" was removed: refused with why (stylevar.utils.precision)
+    # the transformer's linear layers: "fp32" the model's own weights, "bf16" bfloat16 (stylevar.runtime.inference)
     precision: Literal["fp32", "bf16"] = "fp32"
-    # MiB of freed memory the process's heap keeps for the next request instead of handing it back to the system
-    # (stylevar.utils.heap; glibc only); 0: the C library's own thresholds
+    # MiB of freed heap kept for the next request (stylevar.utils.heap; glibc only); 0: the C library's thresholds
     heap_keep_mb: int = Field(DEFAULT_KEEP_MB, ge=0, le=MAX_KEEP_MB)
     compile: bool = False  # torch.compile the transformer blocks; compiled at warm-up, before /readyz is 200
     condition_cache_mb: float = Field(256.0, ge=0)  # LRU cache of style/content conditions; 0: off
@@ -66,50 +62,35 @@ class ServeSettings(BaseSettings):
     max_batch_size: int | None = Field(None, ge=1, le=MAX_BATCH_LIMIT)
     max_wait_ms: float = Field(10.0, ge=0, le=10_000)
     queue_size: int = Field(64, ge=1)  # jobs waiting for a worker
-    # a request is admitted only if its estimated wait (queue position x measured batch time) is at most
-    # this; else 503 with a Retry-After from the same estimate. 0: no bound (only the queue size)
+    # a request whose estimated wait is longer gets 503 with Retry-After; 0: no bound (only the queue size)
     max_queue_wait_s: float = Field(20.0, ge=0)
-    # the batch workers' CPU priority below the event loop's (nice): 503s and health checks stay prompt under load
-    worker_nice: int = Field(10, ge=0, le=19)
-    # after warm-up, what startup allocated (modules, the model, the UI) goes to the garbage collector's
-    # permanent generation (gc.freeze): a full collection then scans only what requests made since
-    gc_freeze: bool = True
+    worker_nice: int = Field(10, ge=0, le=19)  # the batch workers' CPU priority below the event loop's
+    gc_freeze: bool = True  # after warm-up, gc.freeze what startup allocated
     request_timeout_s: float = Field(60.0, gt=0)
-    # after SIGTERM/SIGINT: how long requests in flight may take to finish while new ones are refused
-    # (serve.http.drain); a Kubernetes terminationGracePeriodSeconds must be longer
+    # after SIGTERM/SIGINT: how long requests in flight may take to finish (serve.http.drain)
     drain_timeout_s: float = Field(30.0, gt=0, le=3600)
 
     # input limits
     max_upload_bytes: int = Field(20 * 1024 * 1024, ge=1024)  # whole request body
-    # seconds an upload's body may stall between two parts before the request is closed (408)
-    body_timeout_s: float = Field(15.0, gt=0, le=600)
+    body_timeout_s: float = Field(15.0, gt=0, le=600)  # an upload's longest stall between two parts (408)
     max_pixels: int = Field(40_000_000, ge=1)  # per input image, checked before decoding
-    # all the images of one request together (content, styles, masks), from their headers before decoding:
-    # decoding time grows with pixels, so nine 40-megapixel files in one request are refused (413)
+    # all the images of one request together, from their headers before decoding (413)
     max_request_pixels: int = Field(120_000_000, ge=1)
     # WebP and 16-bit or interlaced PNG cannot be decoded downscaled (JPEG and 8-bit PNG are): their own limit
     max_whole_decode_pixels: int = Field(4_194_304, ge=1)
     decode_concurrency: int = Field(2, ge=1, le=64)  # uploads decoded at once (worker threads)
-    # long side of a returned image: 8192 returns a 24-megapixel photo (6000 x 4000) at its own size; the
-    # content is decoded at most this large (styles and masks at 1024)
+    # long side of a returned image; the content is decoded at most this large
     max_output_side: int = Field(8192, ge=16)
-    # zlib level of returned PNGs: 1 encodes a 1024 x 1024 result in about a quarter of the time of Pillow's
-    # default 6 (93 against 352 ms on the 2-core machine) for a file about a quarter larger; the pixels are the same
-    png_compress_level: int = Field(1, ge=0, le=9)
-    # pixels of full-size images in memory at once, all requests together (serve.http.memory): each request's
-    # decoded images and results, held from before decoding until its answer is sent; a request waits for its
-    # pixels within its deadline (else 503 with Retry-After), one needing more than this is refused (413). 0: no bound
+    png_compress_level: int = Field(1, ge=0, le=9)  # zlib level of returned PNGs (same pixels at any level)
+    # pixels of full-size images in memory at once, all requests together (serve.http.memory); 0: no bound
     max_pixels_in_flight: int = Field(128_000_000, ge=0)
-    # an answer waiting for its client to read it (in the connection's write buffer): a client that reads less than
-    # 16 KiB of it in this many seconds is disconnected and the request's pixels go back (serve.http.connections)
+    # a client that reads less than 16 KiB of its waiting answer in this long is disconnected (serve.http.connections)
     send_timeout_s: float = Field(10.0, gt=0, le=600)
-    # open connections at once, in all and from one client address (behind a proxy: the proxy's); a connection
-    # over either is answered 503 too_many_connections. 0: no limit
+    # open connections, in all and from one client address; one over either gets 503. 0: no limit
     max_connections: int = Field(512, ge=0)
     max_connections_per_client: int = Field(32, ge=0)
 
-    # POST /stylize/video: short clips (longer ones belong to the command line); checked from the clip's header
-    # before any frame is decoded, and again while decoding
+    # POST /stylize/video: short clips, checked from the clip's header and again while decoding
     max_video_upload_bytes: int = Field(64 * 1024 * 1024, ge=1024)  # the clip and its style images together
     max_video_duration_s: float = Field(10.0, gt=0)
     max_video_frames: int = Field(300, ge=1)
@@ -119,8 +100,7 @@ class ServeSettings(BaseSettings):
 
     # access and observability
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list, repr=False)
-    # comma-separated addresses of reverse proxies whose X-Forwarded-For / X-Forwarded-Proto are believed
-    # ("*": any); empty (the default): the peer's own address counts, as for direct exposure
+    # comma-separated reverse proxies whose X-Forwarded-For / -Proto are believed ("*": any; empty: none)
     forwarded_allow_ips: str = ""
     # wrong API keys (or UI passwords) from one client within the window before it gets 429; 0: no limit
     auth_max_failures: int = Field(10, ge=0)

@@ -53,8 +53,7 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")
 
     def log_text_once(self, holds: Callable[[str], bool], timeout: float = 10.0) -> str:
-        """The log as soon as ``holds(text)`` is true, or as it is after ``timeout`` seconds (the service logs a
-        request after its answer is sent, so a client can read the log before the line is there)."""
+        """The log as soon as ``holds(text)`` is true, or as it is after ``timeout`` seconds."""
         end = time.monotonic() + timeout
         text = self.log_text()
         while not holds(text) and time.monotonic() < end:
@@ -98,11 +97,8 @@ class ServerProcess:
 
 
 def raw_exchange(url: str, path: str, head: str, *parts: bytes, pause_s: float = 0.0, timeout: float = 10.0) -> str:
-    """`POST path` on one plain socket, for what an HTTP client will not send (a Content-Length larger than
-    the body, a body that stalls): the request line and `head` (header lines), then each of `parts` with
-    `pause_s` between them; returns everything the server sends until it closes (or `timeout` raises). A server
-    that answers before the body and closes may reset the connection under the parts still being sent: what it
-    sent before the reset is returned."""
+    """`POST path` on a plain socket, for what an HTTP client will not send: `head` (header lines), then each of
+    `parts` `pause_s` apart; returns all the server sent until it closed (or reset the connection)."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
     answer = b""
     with socket.create_connection((host, int(port)), timeout=timeout) as s:

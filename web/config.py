@@ -1,5 +1,4 @@
-"""What the UI needs to know of the service it is mounted in. The service builds a `MountConfig` from its
-own settings and calls `web.mount_ui(app, config)`: the UI does not import the service."""
+"""What the UI needs to know of the service it is mounted in (`web.mount_ui(app, config)`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,12 +1,7 @@
-"""Which server files the Gradio UI may read: what users upload through it and the project's example
-images, nothing else.
+"""Which server files the Gradio UI may read: what users upload through it and the example images, nothing else.
 
-Gradio checks the file paths named in requests (an input must be a file uploaded to its upload
-folder, an output must lie in an allowed folder) only once its Blocks has "launched": `Blocks.launch()`
-sets that flag, `gr.mount_gradio_app` does not. `enforce_file_checks` sets it for a mounted Blocks, so
-a request naming a server path (`{"path": "/etc/hostname", "meta": {"_type": "gradio.FileData"}}`) is
-refused instead of copied into Gradio's cache and served. `file_policy` adds explicit allowed and
-blocked folders on top.
+Gradio checks the paths named in requests only once its Blocks has "launched", which `gr.mount_gradio_app` does not
+mark: `enforce_file_checks` does. `file_policy` adds explicit allowed and blocked folders on top.
 """
 from __future__ import annotations
 
@@ -35,9 +30,8 @@ def _within(path: Path, folder: Path) -> bool:
 
 
 def file_policy(extra_blocked: Iterable[str | Path] = ()) -> FilePolicy:
-    """Allowed: the example images. Blocked: the user's home, the working directory, system folders and
-    `extra_blocked` (e.g. the model directory), leaving out any folder that holds the upload folder or
-    the examples (a blocked folder would shut them out too)."""
+    """Allowed: the example images. Blocked: home, the working directory, system folders and `extra_blocked`, but
+    no folder that holds the upload folder or the examples."""
     needed = [Path(p).resolve() for p in (get_upload_folder(), examples_dir(), tempfile.gettempdir())]
     candidates = [Path.home(), Path.cwd(), *map(Path, SYSTEM_FOLDERS), *map(Path, extra_blocked)]
     blocked: list[str] = []

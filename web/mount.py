@@ -1,7 +1,6 @@
 """Placing the UI in an ASGI app: at `/ui` of the service (`mount_ui`), or alone (`standalone_app`).
 
-Mounted, the UI calls the API of the same server over HTTP on loopback, exactly as a remote UI does:
-one code path, and the UI's requests go through the service's batching, limits and metrics.
+Mounted, the UI calls the same server's API over loopback HTTP, exactly as a remote UI does.
 """
 from __future__ import annotations
 
@@ -23,7 +22,6 @@ log = logging.getLogger("web")
 
 
 def loopback_url(host: str, port: int) -> str:
-    """The URL this process reaches a server bound to `host:port` at (wildcard binds -> loopback)."""
     if port == 0:
         raise ValueError("the mounted UI needs the service's port: start it with a fixed --port, or with --no-ui")
     try:
@@ -36,8 +34,7 @@ def loopback_url(host: str, port: int) -> str:
 
 
 def _key_auth(keys: list[str]) -> Callable[[str, str], bool]:
-    """Gradio login for a service with API keys: any user name, an API key as the password, compared in
-    constant time with every key. (The service limits failed logins per client: serve.http.access.)"""
+    """Gradio login: any user name, an API key as the password (constant-time compare with every key)."""
     encoded = [k.encode() for k in keys]
 
     def check(_user: str, password: str) -> bool:
@@ -51,12 +48,8 @@ def _key_auth(keys: list[str]) -> Callable[[str, str], bool]:
 
 def mount(app: FastAPI, ui: StyleVARUI, path: str, *, max_file_size: int | None = None,
           api_keys: list[str] | None = None, blocked: Iterable[str | Path] = (), **kwargs: Any) -> FastAPI:
-    """Mount the UI's Blocks on `app` at `path`. It reads no server file but uploads and the examples
-    (`web.files`); `blocked` adds folders it may never read.
-
-    The mount path is also Gradio's `root_path`: Gradio prefixes the file links it answers with the app's root,
-    which its non-queued events (an example's click fills the inputs through one) work out by cutting the
-    whole request path, the mount's prefix with it, and the browser then asked `/gradio_api/file=...` (404)."""
+    """Mount the UI on `app` at `path`, reading no server file but uploads and examples (`blocked`: more folders
+    it may never read). The path is also Gradio's `root_path`, or an example's click links files wrongly (404)."""
     blocks = ui.blocks()
     policy = file_policy(blocked)
     app = gr.mount_gradio_app(
@@ -71,10 +64,7 @@ def mount(app: FastAPI, ui: StyleVARUI, path: str, *, max_file_size: int | None 
 
 
 def mount_ui(app: FastAPI, config: MountConfig) -> None:
-    """The service's hook (serve.http.app.create_app): the UI at `config.path`, calling this server's API on loopback.
-
-    With API keys set, the UI asks for a key at login and then calls the API with the service's first key.
-    """
+    """The UI at `config.path` of the service, calling its API on loopback (with its first API key, if any)."""
     api_url = loopback_url(config.host, config.port)
     keys = list(config.api_keys)
     ui_config = UIConfig(api_url=api_url, api_key=keys[0] if keys else None, timeout_s=config.timeout_s)
@@ -84,7 +74,6 @@ def mount_ui(app: FastAPI, config: MountConfig) -> None:
 
 
 def standalone_app(config: UIConfig, *, path: str = "/") -> FastAPI:
-    """A FastAPI app serving only the UI, which talks to the service at `config.api_url`."""
     app = FastAPI(title=f"{config.title} UI", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get("/healthz", include_in_schema=False)

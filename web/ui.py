@@ -1,11 +1,8 @@
-"""The Gradio Blocks UI: inputs, examples, settings, a live coarse-to-fine preview, results, a baseline
-(Magenta or AdaIN), model panel (the Image tab), and the Video tab (`web.video_tab`: a short clip through
-`POST /stylize/video`).
+"""The Gradio Blocks UI: the Image tab (inputs, examples, options, a coarse-to-fine preview, results, a baseline,
+the model panel) and the Video tab (`web.video_tab`).
 
-Every generation goes through the service's HTTP API (`POST /stylize/stream`) with `web.client`; the UI
-holds no model of its own. Only the optional baselines (`web.baseline`) run in the UI's process. The controls
-of the stylize options are built from their declaration (`stylevar.pipelines.request`); the handler takes their values by
-name.
+Every generation goes through the service's HTTP API (`web.client`); only the baselines run in the UI's process.
+The option controls are built from their declaration (`stylevar.pipelines.options`) and passed by name.
 """
 from __future__ import annotations
 
@@ -37,21 +34,17 @@ from web.video_tab import VideoTab
 MAX_SCALES = 16  # alpha sliders kept ready; those beyond the model's scale count stay hidden
 UI_OPTIONS = {opt.name: opt for opt in offered(UI)}  # the options the UI offers (stylevar.pipelines.options)
 CONTROLLED = [opt for opt in UI_OPTIONS.values() if not opt.is_list]  # one control each, named as the option
-# the `/stylize` endpoint's parameters after content and style, in the order they have always had (gradio_client
-# may pass them by position); an option added to the declaration comes last
+# the `/stylize` endpoint's parameters after content and style, in a fixed order (gradio_client may pass them by
+# position); `LATE_INPUTS` come after the alpha sliders
 API_ORDER = ("style_strength", "seed", "top_k", "top_p", "num_samples", "preserve_color", "resize", "adain",
              "adain_alpha", "style2", "style1_weight", "mask", "guidance", "upsample", "custom_alphas")
-# inputs added since the alpha sliders, after them (no earlier parameter moves): `adain` runs the chosen
-# baseline, `adain_alpha` is its strength, `baseline` names it (the names stay for the API's callers)
 LATE_INPUTS = ("baseline",)
 MAX_MASK_PIXELS = 4096 * 4096  # a painted layer larger than this is refused before it is decoded
-# photograph, painting: the examples the UI shows first (their sources and licences in the examples' README.md);
-# the third is the README's screenshot pair (tests/web/test_web_browser.py), a 3:2 photograph
+# photograph, painting: the examples shown first (sources and licences in the examples' README.md)
 PAINTED_PAIRS = (("photo_astronaut.jpg", "painting_church_at_auvers.jpg"),
                  ("photo_dune.jpg", "painting_the_harvest.jpg"),
                  ("photo_cat.jpg", "painting_painter_on_his_way_to_work.jpg"),
                  ("photo_coffee.jpg", "painting_entrance_hall.jpg"))
-# the results gallery's cells fill its height instead of being squares: a picture is shown whole, without bands
 CSS = """
 #preview img { image-rendering: pixelated; width: 100%; height: 100%; object-fit: contain; }
 #model-panel { font-size: 0.95em; }
@@ -69,15 +62,12 @@ class UIConfig:
     timeout_s: float = 120.0  # longest wait for the next stream event
     concurrency_limit: int = 16  # UI generations in flight at once (the service batches them)
     title: str = "StyleVAR"
-    # Gradio keeps every upload in its folder: files older than `upload_max_age_s` are deleted every
-    # `upload_clean_every_s` (gr.Blocks' delete_cache)
-    upload_max_age_s: int = 3600
-    upload_clean_every_s: int = 600
+    upload_max_age_s: int = 3600  # uploads older than this are deleted ...
+    upload_clean_every_s: int = 600  # ... this often (gr.Blocks' delete_cache)
 
 
 def example_pairs() -> list[list[str]]:
-    """The UI's example pairs: the photographs with their paintings (`PAINTED_PAIRS`) first, then the project's
-    drawn pictures, `content_*.png` paired in order with `style_*.png`."""
+    """`PAINTED_PAIRS`, then `content_*.png` paired in order with `style_*.png`."""
     folder = examples_dir()
     names = sorted(p.name for p in folder.iterdir() if p.name.endswith(".png"))
     contents = [str(folder / n) for n in names if n.startswith("content_")]
@@ -86,12 +76,8 @@ def example_pairs() -> list[list[str]]:
     return painted + [[c, s] for c, s in zip(contents, styles)]
 
 
-
-
 def painted_mask(value: Any) -> bytes | None:
-    """The strokes painted in the mask editor as a PNG mask (white where painted, black elsewhere); None when
-    nothing is painted. ``value`` is the editor's data (background, layers, composite): the strokes are the
-    layers' alpha, whatever their colour."""
+    """The mask editor's strokes (its layers' alpha) as a black and white PNG; None when nothing is painted."""
     if not isinstance(value, dict) or not isinstance(value.get("layers"), list):
         return None
     alpha: Image.Image | None = None
@@ -120,7 +106,6 @@ def painted_mask(value: Any) -> bytes | None:
 
 
 def inverted(mask_png: bytes) -> bytes:
-    """The complement of a PNG mask: where the first style is not painted, the second applies."""
     with Image.open(io.BytesIO(mask_png)) as im:
         out = ImageOps.invert(im.convert("L"))
     buf = io.BytesIO()
@@ -129,7 +114,6 @@ def inverted(mask_png: bytes) -> bytes:
 
 
 def editor_background(content: FileInput) -> dict[str, Any] | None:
-    """The mask editor shows the content to paint on (no strokes yet); empty without a content image."""
     path = uploaded_path(content)
     return {"background": path, "layers": [], "composite": path} if path else None
 
@@ -139,7 +123,6 @@ def examples_dir() -> Path:
 
 
 def model_markdown(info: dict[str, Any]) -> str:
-    """The model panel's text from `GET /v1/model`."""
     patch_nums = info.get("patch_nums", [])
     scales = ", ".join(f"{p}×{p}" for p in patch_nums)
     lines = []
@@ -155,7 +138,6 @@ def model_markdown(info: dict[str, Any]) -> str:
 
 
 def tile(images: list[Image.Image]) -> Image.Image:
-    """Images side by side (one preview per sample)."""
     if len(images) == 1:
         return images[0]
     h = max(im.height for im in images)
@@ -168,8 +150,7 @@ def tile(images: list[Image.Image]) -> Image.Image:
 
 
 def control(opt: Option, **layout: Any) -> Any:
-    """The control of an option: a choice is a radio, a flag a checkbox, a number with a step a slider (to `ui_le`
-    where set), one without a number box. It starts at the option's `start`, else its default, else its fallback."""
+    """A radio, checkbox, slider or number box for `opt`, at its `start`, else its default, else its fallback."""
     value = next((v for v in (opt.start, opt.default, opt.fallback) if v is not None), None)
     common = dict(label=opt.label, info=opt.help, elem_id=opt.name.replace("_", "-")) | layout
     if opt.choices:  # the one it starts at first
@@ -183,13 +164,11 @@ def control(opt: Option, **layout: Any) -> Any:
 
 
 def api_order() -> list[str]:
-    """The names of the handler's inputs after content and style (`API_ORDER`, the alpha sliders, `LATE_INPUTS`)."""
     late = [opt.name for opt in CONTROLLED if opt.name not in API_ORDER]
     return [*API_ORDER, *late, *(f"alpha_{k + 1}" for k in range(MAX_SCALES)), *LATE_INPUTS]
 
 
 def baseline_markdown(baselines: Sequence[Baseline], statuses: Mapping[str, BaselineStatus]) -> str:
-    """The baseline panel's text: one line per baseline, what it runs with or why it is off."""
     lines = []
     for b in baselines:
         state = statuses[b.name]
@@ -212,8 +191,7 @@ class StyleVARUI:
 
     # ---- handlers ---------------------------------------------------------------------------------
     def on_load(self) -> list[Any]:
-        """Model panel, the model's recommended top-k/top-p, the per-scale alpha sliders and the baseline box: ticked
-        in the page where the baseline can run (the box starts unticked, which is the API's default)."""
+        """Model panel, top-k/top-p, the alpha sliders, and the baseline box ticked where it can run."""
         run_baseline = gr.update(value=self.baseline_ready())
         try:
             info = self.client.model_info()
@@ -235,7 +213,6 @@ class StyleVARUI:
         return [model_markdown(info), top_k, top_p, *sliders, run_baseline]
 
     def baseline_ready(self) -> bool:
-        """Whether the panel's default baseline can run."""
         return self.default_baseline is not None and self.baseline_statuses[self.default_baseline].available
 
     def stylize(self, content: FileInput, style: FileInput, style2: FileInput = None, mask: Any = None,
@@ -287,7 +264,6 @@ class StyleVARUI:
 
     def _run_baseline(self, baseline: Baseline, content: str, style: str, values: Mapping[str, Any],
                       done: tuple[Any, Any, str]) -> Iterator[tuple[Any, Any, Any, Any]]:
-        """The messages from StyleVAR's result ``done`` (preview, gallery, status) to the baseline's picture."""
         final, gallery, status = done
         state = self.baseline_statuses[baseline.name]
         if not state.available:  # the panel says why; so does the status line
@@ -302,7 +278,6 @@ class StyleVARUI:
         yield final, gallery, status, image
 
     def _baseline(self, values: Mapping[str, Any]) -> Baseline | None:
-        """The baseline to run after StyleVAR (None: not asked for); gr.Error for an unknown name."""
         if not values.get("adain"):
             return None
         name = values.get("baseline") or self.default_baseline
@@ -311,7 +286,6 @@ class StyleVARUI:
         return self.baselines[name]
 
     def options(self, values: Mapping[str, Any], two_styles: bool) -> StylizeRequest:
-        """The service's options from the controls' values (gr.Error for one the service would refuse)."""
         for opt in CONTROLLED:
             if opt.choices and values.get(opt.name) not in (None, *opt.choices):
                 raise gr.Error(f"{opt.label} must be one of {', '.join(opt.choices)}.", print_exception=False)
@@ -365,7 +339,6 @@ class StyleVARUI:
         return demo
 
     def _inputs(self, c: dict[str, Any]) -> None:
-        """The two images, the style strength and the seed."""
         with gr.Row(equal_height=True):
             c["content"] = gr.Image(label="Content", type="filepath", image_mode=None, height=260,
                                     sources=["upload", "clipboard", "webcam"], elem_id="content-input")
@@ -378,7 +351,6 @@ class StyleVARUI:
             c["dice"] = gr.Button("Randomise seed", scale=0, min_width=110, elem_id="randomise-seed")
 
     def _advanced(self, c: dict[str, Any]) -> None:
-        """The other options' controls: every option the UI offers has one (or, a list option, a few)."""
         placed = {"style_strength", "seed"}
         for row in (("top_k", "top_p", "num_samples"), ("preserve_color", "resize", "upsample")):
             with gr.Row():
@@ -443,19 +415,14 @@ class StyleVARUI:
             self.stylize, inputs=[c["content"], c["style"]], inputs_kwargs={name: c[name] for name in api_order()},
             outputs=[c["preview"], c["results"], c["status"], c["adain_img"]],
             api_name="stylize", concurrency_limit=self.config.concurrency_limit,
-            # the handler gets the uploads' file data (after Gradio's path checks) and never decodes them:
-            # Gradio's preprocessing would open each image with Pillow here and report a bad one as an
-            # internal error; the service decodes (bounded) and answers with its API's message
-            preprocess=False,
+            preprocess=False,  # the service decodes the uploads (bounded) and says what is wrong with one
         )
         c["stop"].click(None, cancels=[event], api_visibility="private")
 
 
 def baseline_label(baseline: Baseline | None) -> str:
-    """The baseline image's label."""
     return f"{baseline.label} (baseline)" if baseline is not None else "Baseline"
 
 
 def build_ui(config: UIConfig, **kwargs: Any) -> gr.Blocks:
-    """The UI as a `gr.Blocks` talking to the service at `config.api_url` (see `StyleVARUI`)."""
     return StyleVARUI(config, **kwargs).blocks()

@@ -1,7 +1,4 @@
-"""The UI's video tab: a short clip and a style image to `POST /stylize/video` (through `web.client`), the result
-played back beside the input. Long clips belong to the command line (`stylevar stylize clip.mp4 style.png -o
-out.mp4`); the service says where its limits lie.
-"""
+"""The UI's video tab: a short clip and a style image to `POST /stylize/video`, the result played beside the input."""
 from __future__ import annotations
 
 import tempfile
@@ -18,12 +15,6 @@ from stylevar.processing.video import DEFAULT_TEMPORAL, TEMPORAL_HELP, TEMPORAL_
 from web.client import ServiceClient, ServiceError
 from web.inputs import FileInput, uploaded_path
 
-def uploaded_file(value: Any) -> str | None:
-    """The file behind an input: `uploaded_path`'s, or a video's data (``video``: file data) unwrapped first."""
-    if isinstance(value, dict) and isinstance(value.get("video"), dict):
-        value = value["video"]
-    return uploaded_path(value)
-
 
 class VideoTab:
     """The tab's controls and its handler around one `ServiceClient`."""
@@ -35,7 +26,7 @@ class VideoTab:
     def stylize(self, video: Any, style: FileInput, temporal: str = DEFAULT_TEMPORAL, seed: float | None = 0,
                 style_strength: float = 0.0) -> tuple[Any, str]:
         """(the result's mp4 path, a status line) for a clip and a style image (uploads: paths or file data)."""
-        clip, style_path = uploaded_file(video), uploaded_file(style)
+        clip, style_path = uploaded_path(video), uploaded_path(style)
         if not clip or not style_path:
             raise gr.Error("Add a clip and a style image first.", print_exception=False)
         if temporal not in TEMPORAL_MODES:

@@ -1,18 +1,9 @@
 """Dynamic batching: a bounded queue of jobs served by one worker thread per device.
 
-A job carries a compatibility `key` (jobs with equal keys may share one model call) and a number of
-`rows` it adds to the batch. Each worker takes the oldest waiting job, waits up to `max_wait_s` for
-more jobs with the same key until `max_batch_size` rows are gathered, drops jobs whose client went
-away or whose deadline passed, and calls its `run` function on the rest. The run function is a
-dependency: the service passes the model, tests pass whatever they need (one that raises, one that
-sleeps). A run that runs out of memory is split in halves and retried once its error (whose traceback holds the
-failed call's tensors) is dropped and the cache freed; a job that still does not fit fails with
-`OverloadedError`. Any other exception fails that batch only: the worker goes on.
-
-Admission comes before any expensive work: `admit()` holds a queue slot (or refuses at once with
-`QueueFullError`) while the caller decodes its inputs, then `Admission.submit` turns the slot into a
-job. A job whose future is cancelled (the client went away) leaves the queue at once, so the queue
-depth reported to the observer is exact at all times.
+Jobs with equal `key`s may share one `run` call of up to `max_batch_size` rows; a worker waits up to
+`max_wait_s` for company. A batch that runs out of memory is split in halves and retried; a job that still
+does not fit fails with `OverloadedError`. `admit()` holds a queue slot (or refuses at once with
+`QueueFullError`) while the caller decodes its inputs; a cancelled job leaves the queue at once.
 """
 from __future__ import annotations
 
@@ -88,11 +79,8 @@ class BatchConfig:
     max_batch_size: int = 8  # rows per run call (a single larger job still runs, alone)
     max_wait_s: float = 0.01  # how long the oldest job waits for company
     queue_size: int = 64  # jobs waiting, not counting the ones running
-    # refuse a job whose estimated wait (queue position x measured run time) is longer; None: no bound
-    max_queue_wait_s: float | None = None
-    # the workers' CPU priority (Linux nice, added to the process's; torch's threads started by a worker inherit
-    # it): above 0, the event loop answers (503s, health checks) promptly while batches use the cores
-    worker_nice: int = 0
+    max_queue_wait_s: float | None = None  # refuse a job whose estimated wait is longer; None: no bound
+    worker_nice: int = 0  # Linux nice of the workers (and the torch threads they start)
 
 
 @dataclass(eq=False)
@@ -112,11 +100,7 @@ RunFn = Callable[[Sequence[Job]], Sequence[Any]]
 
 
 class BatchObserver(Protocol):
-    """What the batcher reports (the service's metrics implement it).
-
-    `queue_depth` is called with the batcher's lock held, so the last value reported is the depth; it
-    must be quick and must not call back into the batcher.
-    """
+    """What the batcher reports; `queue_depth` is called with its lock held (quick, no calls back)."""
 
     def queue_depth(self, depth: int) -> None: ...
 
@@ -146,20 +130,15 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 def free_device_memory() -> None:
-    """After an out-of-memory error has been dropped: collect what only the cycle collector frees (a frame that
-    held its own error), then give the CUDA allocator's cached blocks back (so the next call, or another
-    process, can have them). A no-op without CUDA."""
+    """After an out-of-memory error has been dropped: collect cycles, then empty the CUDA cache (no-op without CUDA)."""
     if torch.cuda.is_available():
         gc.collect()
         torch.cuda.empty_cache()
 
 
 def attempt(fn: Callable[[], R], is_oom: Callable[[BaseException], bool] = is_out_of_memory) -> tuple[bool, R | None]:
-    """``(True, fn())``, or ``(False, None)`` when ``fn`` ran out of memory; any other error propagates.
-
-    The out-of-memory error is dropped before this returns: its traceback refers to the failed call's frames,
-    and they to every tensor the call had made (a batch's KV caches, queries and logits), so a retry made while
-    the error is still referred to (inside its ``except`` block) runs beside all of them."""
+    """``(True, fn())``, or ``(False, None)`` when ``fn`` ran out of memory (the error, which holds the failed
+    call's tensors, is dropped before this returns); any other error propagates."""
     try:
         return True, fn()
     except Exception as e:
@@ -170,8 +149,7 @@ def attempt(fn: Callable[[], R], is_oom: Callable[[BaseException], bool] = is_ou
 
 def run_or_overloaded(fn: Callable[[], R], message: str, *, is_oom: Callable[[BaseException], bool] = is_out_of_memory,
                       on_oom: Callable[[], None] = free_device_memory) -> R:
-    """``fn()``; when it runs out of memory, `OverloadedError(message)` (no retry: for work that cannot be split,
-    a clip), raised once the failed call's memory is freed (`attempt`, then ``on_oom``)."""
+    """``fn()``, or `OverloadedError(message)` once an out-of-memory failure's memory is freed (no retry)."""
     fitted, result = attempt(fn, is_oom)
     if not fitted:
         on_oom()
@@ -237,9 +215,7 @@ class Batcher:
 
     # -- producer side -----------------------------------------------------------------------------
     def admit(self) -> "Admission":
-        """Hold a queue slot for a request about to decode its inputs; `QueueFullError` (or
-        `StoppedError`) at once when there is no room. Use it in a `with` block: the slot is given back
-        unless `Admission.submit` queued the job."""
+        """Hold a queue slot (`QueueFullError` or `StoppedError` when there is no room); use it in a `with` block."""
         with self._cond:
             self._check_room()
             self._reserved += 1
@@ -251,13 +227,11 @@ class Batcher:
         return self._enqueue(key, payload, rows, timeout_s, request_id, admitted=False)
 
     def check_room(self) -> None:
-        """`QueueFullError` (or `StoppedError`) when `admit` would refuse now; takes no slot (a request
-        refused here costs nothing, e.g. before its body is read)."""
+        """`QueueFullError` (or `StoppedError`) when `admit` would refuse now; takes no slot."""
         with self._cond:
             self._check_room()
 
     def _check_room(self) -> None:
-        """Called with the lock held."""
         if self._stopping:
             raise StoppedError("the service is shutting down")
         taken = len(self._pending) + self._reserved
@@ -299,7 +273,6 @@ class Batcher:
         return job
 
     def _forget_if_cancelled(self, future: concurrent.futures.Future) -> None:
-        """A job cancelled while waiting leaves the queue at once (its slot and the gauge are freed)."""
         if not future.cancelled():
             return
         with self._cond:
@@ -311,8 +284,7 @@ class Batcher:
         self._observer.job_dropped("cancelled")
 
     def estimated_wait_s(self, depth: int) -> float:
-        """Seconds until a job behind `depth` others is served: the batches ahead of it (shared by the
-        workers) times the measured run time (0 until a run has been timed)."""
+        """Seconds until a job behind `depth` others is served (0 until a run has been timed)."""
         batches_ahead = depth / self.config.max_batch_size / len(self._runs) + 1
         return self._batch_seconds * batches_ahead
 
@@ -330,8 +302,7 @@ class Batcher:
                 log.exception("batch worker error")
 
     def _serve_batch(self, run: RunFn) -> bool:
-        """Collect one batch and run it; False when stopping. Its jobs are referred to only while it runs: a worker
-        waiting for the next batch holds none of the last one's images."""
+        """Collect one batch and run it; False when stopping (no reference to its jobs outlives the call)."""
         jobs = self._collect()
         if jobs is None:
             return False
@@ -386,8 +357,7 @@ class Batcher:
         return admitted
 
     def _execute(self, run: RunFn, jobs: list[Job]) -> None:
-        """Run `jobs`; a part that runs out of memory is split in halves, each run (first half first) once the
-        failed call's error, and with it every tensor its frames held, is gone and `on_oom` has freed the cache."""
+        """Run `jobs`; a part that runs out of memory is split in halves, run once `on_oom` has freed the cache."""
         parts = [jobs]
         while parts:
             part = parts.pop()
@@ -407,8 +377,7 @@ class Batcher:
             part[0].future.set_exception(OverloadedError("the request does not fit in device memory now"))
 
     def _run_part(self, run: RunFn, jobs: list[Job]) -> bool:
-        """One run call on `jobs`: True when it answered them (results or an error), False when it ran out of
-        memory (nothing answered; the error is dropped before this returns)."""
+        """One run call: True when it answered `jobs` (results or an error), False when it ran out of memory."""
         rows = sum(j.rows for j in jobs)
         t0 = self._clock()
         for job in jobs:

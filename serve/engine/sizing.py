@@ -1,10 +1,8 @@
 """The batcher's default maximum batch (`STYLEVAR_MAX_BATCH_SIZE` unset): what the device's memory holds.
 
-On a GPU: the most samples whose sampling loop (`stylevar.runtime.memory.generation_memory`, measured on the meta
-device: KV caches, guide queries, one step's activations) fits in `MEMORY_FRACTION` of the memory free once the
-model is loaded, in the loop's dtype, with the unstyled rows when the model guides by default. On the CPU memory
-is not what bounds a batch (a batch of 8 of the demo model takes tens of MB) and larger batches gain little
-(docs/serving.md, "Batching"): `CPU_MAX_BATCH`, as before. Several devices: the smallest.
+On a GPU: the most samples whose sampling loop (`stylevar.runtime.memory.generation_memory`) fits in
+`MEMORY_FRACTION` of the memory free once the model is loaded. On the CPU: `CPU_MAX_BATCH`. Several devices: the
+smallest.
 """
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Who may call the service: API keys compared in constant time, and a per-client limit on failed attempts.
 
-A client is its peer address as the ASGI server reports it (uvicorn replaces it with the
-`X-Forwarded-For` address only for proxies listed in `FORWARDED_ALLOW_IPS`). Only presented credentials
-that are wrong count as failures: a request without any key is refused (401) but is no guess.
+A client is its peer address as the ASGI server reports it. Only wrong presented credentials count as failures.
 """
 from __future__ import annotations
 
@@ -28,8 +26,8 @@ class KeyRing:
         return bool(self._keys)
 
     def scope_of(self, given: str | None) -> str:
-        """What separates one key's requests from another's where they would share state (the condition cache): a
-        digest of the key; "" for all when keys are off (or none was given)."""
+        """A digest of the key, separating keys' shared state (the condition cache); "" when keys are off or none
+        given."""
         if not self._keys or not given:
             return ""
         return hashlib.blake2b(given.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
@@ -43,9 +41,8 @@ class KeyRing:
 
 
 class FailureLimiter:
-    """Failed attempts per client in a sliding window of `window_s` seconds. A client with
-    `max_failures` failures in the window is refused until the oldest of them leaves the window;
-    `max_failures` 0 switches the limit off. At most `max_clients` clients are tracked (oldest dropped)."""
+    """Failed attempts per client in a sliding window of `window_s` seconds: `max_failures` (0: off) refuse the
+    client until the oldest leaves the window. At most `max_clients` clients are tracked (oldest dropped)."""
 
     def __init__(self, max_failures: int, window_s: float, *, max_clients: int = 10_000,
                  clock: Callable[[], float] = time.monotonic):
@@ -102,15 +99,13 @@ def client_of(scope: Scope) -> str:
 
 
 def too_many_attempts(retry_after_s: int) -> tuple[dict[str, str], dict[str, str]]:
-    """(JSON body, headers) of the 429 answer."""
     body = {"error": "too_many_attempts",
             "detail": f"too many failed authentication attempts from this client: try again in {retry_after_s} s"}
     return body, {"Retry-After": str(retry_after_s)}
 
 
 class LoginAttemptLimit:
-    """ASGI middleware applying a FailureLimiter to form logins it does not own (the mounted UI's):
-    429 while the client is over the limit, and a 400/401/403 answer from the login counts as a failure."""
+    """A FailureLimiter over the mounted UI's form logins: 429 while over the limit; a 400/401/403 is a failure."""
 
     def __init__(self, app: ASGIApp, limiter: FailureLimiter, paths: Sequence[str]):
         self.app, self.limiter = app, limiter

@@ -1,8 +1,7 @@
 """The HTTP API: `create_app(settings)` builds a FastAPI app around a batcher of model workers.
 
-The routes live in `serve.http.routes` (one `APIRouter` each), their dependencies and the app's state in
-`serve.http.state`, the error answers in `serve.http.errors`. The app keeps no state between requests beyond the
-loaded model, so any number of replicas can run behind a load balancer.
+The routes live in `serve.http.routes`, their dependencies and the app's state in `serve.http.state`. The app
+keeps no state between requests beyond the loaded model: any number of replicas can run behind a load balancer.
 """
 from __future__ import annotations
 
@@ -53,7 +52,6 @@ UiMounter = Callable[[FastAPI, ServeSettings], None]
 
 # ---- the web UI -----------------------------------------------------------------------------------
 def ui_config(settings: ServeSettings) -> MountConfig:
-    """What the mounted UI needs to know of this service."""
     from web import MountConfig
 
     return MountConfig(host=settings.host, port=settings.port, path=UI_PATH, api_keys=tuple(settings.api_keys),
@@ -62,7 +60,6 @@ def ui_config(settings: ServeSettings) -> MountConfig:
 
 
 def default_ui_mounter(app: FastAPI, settings: ServeSettings) -> None:
-    """Mount the Gradio UI at /ui when the `web` package provides `mount_ui(app, config)`."""
     try:
         import web
     except ImportError as e:
@@ -90,7 +87,6 @@ def mount_optional_ui(mount_ui: UiMounter, app: FastAPI, settings: ServeSettings
 # ---- the app --------------------------------------------------------------------------------------
 @contextlib.asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Load a model runner per device, start the batcher, warm up in the background; stop them at the end."""
     state: ServiceState = app.state.service
     settings = state.settings
     if not state.runners:  # `python -m serve` loads them before the server starts
@@ -121,17 +117,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 def load_runners(state: ServiceState) -> None:
-    """A model runner per device, into ``state``."""
     state.status = "loading model"
     options = RunnerOptions.from_settings(state.settings)
     state.runners = [ModelRunner.load(state.settings.model_dir, d, options, state.metrics) for d in state.devices]
 
 
 def create_app(settings: ServeSettings | None = None, *, ui_mounter: UiMounter | None = None) -> FastAPI:
-    """Build the service. The model is loaded at startup (lifespan) and warmed up in the background.
-
-    `ui_mounter` mounts the web UI (default: `web.mount_ui`); it is skipped when `settings.ui` is off.
-    """
+    """Build the service (the model loads at startup); `ui_mounter` mounts the web UI (default: `web.mount_ui`)."""
     settings = settings or ServeSettings()
     model_config = check_model_dir(settings.model_dir)
     state = _service_state(settings)
@@ -164,7 +156,6 @@ def create_app(settings: ServeSettings | None = None, *, ui_mounter: UiMounter |
 
 
 def _service_state(settings: ServeSettings) -> ServiceState:
-    """What the routes share (app.state.service); the model itself is loaded by the lifespan."""
     metrics = ServiceMetrics()
     return ServiceState(
         settings=settings, metrics=metrics, keys=KeyRing(settings.api_keys),
@@ -230,10 +221,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def freeze_startup_heap() -> None:
-    """Collect once, then move every object that survives (about half a million after startup: the libraries,
-    the model, the UI) into the collector's permanent generation. Until then a full collection, which any
-    request's allocations may set off, walks them all with the GIL held: about 0.3 s on the 2-core machine,
-    during which no request, refusal or health check is answered."""
+    """Collect once, then move the survivors (libraries, model, UI) to the collector's permanent generation."""
     gc.collect()
     gc.freeze()
 

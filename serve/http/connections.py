@@ -1,20 +1,8 @@
 """The server's connections, bounded in number and in time: uvicorn's HTTP protocol with a send timeout and limits.
 
-- **Send timeout.** An answer larger than the socket's buffers waits in the connection's write buffer until the
-  client reads it; uvicorn pauses the route's `send` meanwhile, so the request keeps its pixels
-  (`serve.http.memory`) and its encoded answer. A connection whose client reads less than `PROGRESS_BYTES` in
-  `send_timeout_s` while its answer waits is aborted: the buffered answer is dropped, the route sees the client
-  gone, and the request's pixels go back to the budget. This holds for plain answers and event streams alike.
-- **Shutdown.** A connection whose request had begun to arrive but was not yet handed to the app (its head
-  incomplete) when the server shuts down is answered 503 `shutting_down` (`serve.http.drain`) before it is
-  closed, instead of being closed without a word.
-- **Limits.** At most `max_connections` connections open at once, and `max_per_client` from one address (the
-  peer as the socket sees it: behind a reverse proxy, the proxy). The first request on a connection over either
-  limit is answered 503 `too_many_connections` (JSON, `Retry-After`, `Connection: close`), and the
-  connection closed. 0: no limit.
-
-`bounded_protocol(policy)` makes the protocol class for `uvicorn.Config(http=...)`; the counts are that class's
-(one server's), touched only from the event loop.
+A client reading less than `PROGRESS_BYTES` of a waiting answer in `send_timeout_s` is cut off; a request still
+arriving at shutdown gets 503 `shutting_down`; one over `max_connections` or `max_per_client` (per peer address)
+gets 503 `too_many_connections`. `bounded_protocol(policy)` makes the class for `uvicorn.Config(http=...)`.
 """
 from __future__ import annotations
 
@@ -35,16 +23,13 @@ from serve.http.middleware import discard_body
 
 log = logging.getLogger("serve.http.connections")
 
-# what a client must read of a waiting answer within the send timeout (asyncio's low-water mark)
-PROGRESS_BYTES = 16 * 1024
+PROGRESS_BYTES = 16 * 1024  # what a client must read of a waiting answer within the send timeout
 REFUSED_BODY_BYTES = 1024 * 1024  # of a refused request's body, read and dropped so closing does not reset the client
 RETRY_AFTER_S = 1
 
 
 @dataclass(frozen=True)
 class ConnectionPolicy:
-    """`send_timeout_s`: see the module. `max_connections`, `max_per_client`: 0 for no limit."""
-
     send_timeout_s: float
     max_connections: int = 0
     max_per_client: int = 0
@@ -62,7 +47,6 @@ class ConnectionCounts:
         self.by_client: Counter[str] = Counter()
 
     def over(self, policy: ConnectionPolicy, client: str) -> bool:
-        """Whether one more connection from `client` would pass a limit."""
         return bool((policy.max_connections and self.total >= policy.max_connections)
                     or (policy.max_per_client and self.by_client[client] >= policy.max_per_client))
 
@@ -78,7 +62,6 @@ class ConnectionCounts:
 
 
 async def too_many_connections(scope: Scope, receive: Receive, send: Send) -> None:
-    """The answer to each request on a connection over a limit."""
     if scope["type"] != "http":
         return
     await discard_body(receive, REFUSED_BODY_BYTES, stall_s=1.0)
@@ -89,8 +72,7 @@ async def too_many_connections(scope: Scope, receive: Receive, send: Send) -> No
 
 
 class BoundedConnection:
-    """The send timeout and the limits, mixed into uvicorn's HTTP protocol by `bounded_protocol` (which sets the
-    class attributes)."""
+    """The send timeout and the limits, mixed into uvicorn's HTTP protocol by `bounded_protocol`."""
 
     policy: ConnectionPolicy
     counts: ConnectionCounts
@@ -161,7 +143,6 @@ def raw_answer(response: Response) -> bytes:
 
 def bounded_protocol(policy: ConnectionPolicy, on_refused: Callable[[], None] | None = None,
                      base: type[asyncio.Protocol] = AutoHTTPProtocol) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol (`base`) with `policy`'s send timeout and limits, counting its own connections;
-    `on_refused()` is called for each connection over a limit."""
+    """uvicorn's HTTP protocol (`base`) with `policy`; `on_refused()` for each connection over a limit."""
     return type(f"Bounded{base.__name__}", (BoundedConnection, base),
                 {"policy": policy, "counts": ConnectionCounts(), "on_refused": staticmethod(on_refused)})

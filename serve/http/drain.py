@@ -1,19 +1,10 @@
 """Graceful drain: on SIGTERM or SIGINT stop taking work, finish what is in flight, then exit.
 
-`DrainingServer` (uvicorn's server) begins the drain at the first signal, within one tick (0.1 s):
-`/readyz` answers 503 and every new request gets 503 `shutting_down` (JSON, `Retry-After: 1`,
-`Connection: close`) while the port stays open, so a client that still reaches this replica is told to
-go elsewhere instead of meeting a closed port. Requests already in flight, queued or running, go on;
-`DrainMiddleware` counts them. When none is left, or `STYLEVAR_DRAIN_TIMEOUT_S` after the signal,
-uvicorn's own shutdown runs with what is left of that time, at most `CLOSE_GRACE_S` (for connections that
-never end by themselves, such as the mounted UI's event streams). A request uvicorn then cancels is
-answered 503 `shutting_down` in JSON, and so is one whose head or body was still arriving when the server
-closed its connections (`serve.http.connections`): no request is met with silence. A clip in flight
-(`serve.http.routes.video`) is stopped before the drain's time is up. The process exits with 0.
-
-The probes and `/metrics` (`always_open`) are answered throughout and not counted; paths under
-`untracked_prefixes` (the UI) are refused during the drain but not waited for. A second signal ends the
-drain at once; a third SIGINT skips the rest of the shutdown.
+At the first signal `/readyz` and every new request get 503 `shutting_down` (`Retry-After: 1`,
+`Connection: close`) while the port stays open; requests in flight go on until none is left or
+`STYLEVAR_DRAIN_TIMEOUT_S` has passed, then uvicorn's shutdown runs (at most `CLOSE_GRACE_S`) and a request it
+cancels is answered 503 too. Probes and `/metrics` (`always_open`) are answered throughout; `untracked_prefixes`
+(the UI) are refused but not waited for. A second signal ends the drain; a third SIGINT skips the shutdown.
 """
 from __future__ import annotations
 
@@ -38,10 +29,7 @@ CLOSE_GRACE_S = 1.0  # what uvicorn may wait, after the drain, for connections t
 
 
 class Drain:
-    """The drain of one service: when it began, what is still in flight, what it refused.
-
-    Only touched from the event loop (the middleware, the server's tick), so it needs no lock.
-    """
+    """The drain of one service: when it began, what is in flight, what it refused. Event loop only."""
 
     def __init__(self, timeout_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.timeout_s = timeout_s
@@ -58,7 +46,6 @@ class Drain:
         return self.started_at is not None
 
     def begin(self) -> None:
-        """Start draining now (a second call changes nothing)."""
         if self.started_at is None:
             self.started_at = self._clock()
             self.in_flight_at_start = self.in_flight
@@ -67,11 +54,9 @@ class Drain:
         return 0.0 if self.started_at is None else self._clock() - self.started_at
 
     def time_left_s(self) -> float:
-        """Seconds left of the drain timeout (all of it before the drain begins)."""
         return max(0.0, self.timeout_s - self.elapsed_s())
 
     def done(self) -> bool:
-        """Draining, and nothing counted is in flight or the time is up."""
         return self.draining and (self.in_flight == 0 or self.time_left_s() == 0.0)
 
     def close_budget_s(self) -> float:
@@ -85,8 +70,7 @@ class Drain:
 
 
 class DrainMiddleware:
-    """ASGI middleware: counts requests in flight; while draining, refuses new ones and closes
-    each connection after its answer."""
+    """Counts requests in flight; while draining, refuses new ones and closes each connection after its answer."""
 
     def __init__(self, app: ASGIApp, drain: Drain, always_open: Collection[str],
                  untracked_prefixes: Sequence[str] = (), max_discard_bytes: int = 20 * 1024 * 1024) -> None:
@@ -138,16 +122,11 @@ class DrainMiddleware:
 
 
 def shutting_down(detail: str) -> Response:
-    """The answer to a request the draining service will not serve: 503 `shutting_down`, `Retry-After: 1`,
-    `Connection: close`."""
     return error_response(503, "shutting_down", detail, {"Retry-After": "1", "Connection": "close"})
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn's server with a drain (see the module) between the first signal and its own shutdown.
-
-    `on_drain` is called on the event loop when the drain begins (the service marks itself not ready).
-    """
+    """uvicorn's server with a drain between the first signal and its shutdown; `on_drain()` when it begins."""
 
     def __init__(self, config: uvicorn.Config, drain: Drain, on_drain: Callable[[], None] | None = None) -> None:
         super().__init__(config)
@@ -156,8 +135,7 @@ class DrainingServer(uvicorn.Server):
         self._signal: int | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        """The signal handler: it only sets flags (the tick acts on them). Signals are not re-raised after
-        the shutdown, as uvicorn's own handler does, so a drained process exits with 0."""
+        """Only sets flags (the tick acts on them); unlike uvicorn's, signals are not re-raised: exit code 0."""
         if self._signal is None:
             self._signal = sig
         elif self.should_exit and sig == signal.SIGINT:

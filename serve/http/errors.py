@@ -1,9 +1,7 @@
 """Errors of the HTTP API: every one is answered as `{"error": code, "detail": detail}` (`ErrorBody`).
 
-`install_error_handlers(app)` registers the handlers that give FastAPI's own errors (404, 405, 422 ...),
-`ServiceError` and every other `CodedError` (an image's, a clip's or the batcher's refusal) that body;
-`ERROR_STATUS` is the one table from a code to its HTTP status; `ERROR_RESPONSES` documents them in the
-OpenAPI schema.
+`install_error_handlers(app)` gives FastAPI's own errors and every `CodedError` that body; `ERROR_STATUS` maps a
+code to its HTTP status; `ERROR_RESPONSES` documents them in the OpenAPI schema.
 """
 from __future__ import annotations
 
@@ -48,8 +46,7 @@ UPLOAD_LIMIT_KEY = "serve.upload_limit"  # in a request's scope: (bytes, setting
 
 
 def upload_too_large(limit: int, setting: str, size: int | None = None) -> JSONResponse:
-    """The 413 of a request body over ``limit`` bytes (``size``: what it declared), naming ``setting``, the
-    service's environment variable that sets the limit."""
+    """The 413 of a request body over ``limit`` bytes (``size``: what it declared), naming ``setting``."""
     body = "request body" if size is None else f"request body of {size} bytes"
     return error_response(413, "payload_too_large", f"{body} is over the limit of {limit} bytes "
                           f"({limit / 2**20:.4g} MiB), which the service's {setting} sets", {"Connection": "close"})
@@ -72,9 +69,8 @@ def error_response(status: int, code: str, detail: str, headers: dict[str, str] 
 
 
 def from_coded_error(e: CodedError, detail: str | None = None) -> ServiceError:
-    """The answer to any coded error: the status its code has in `ERROR_STATUS` (a code not there: 422 for a
-    refused input, a ValueError, else 500), `detail` (default: its message), Retry-After where trying again may
-    work."""
+    """Any coded error's answer: its code's `ERROR_STATUS` (else 422 for a ValueError, 500 for others), `detail`
+    (default: its message), Retry-After where trying again may work."""
     if isinstance(e, ServiceError):
         return e
     headers = {}

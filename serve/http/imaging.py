@@ -1,7 +1,4 @@
-"""Images at the service's edge: decoding uploads, encoding responses (one image, or a zip of several).
-
-Colour preservation and the other post-processing shared with the Python API live in
-`stylevar.processing.postprocess`."""
+"""Images at the service's edge: decoding uploads, encoding responses (one image, or a zip of several)."""
 from __future__ import annotations
 
 import asyncio
@@ -19,10 +16,7 @@ from stylevar.processing.images import ACCEPTED_FORMATS, Decoded, ImageTooLargeE
 from stylevar.processing.postprocess import size_cap
 
 UPLOAD_FORMATS = ACCEPTED_FORMATS
-# how long one upload's decoding may take: past it the decode stops at its next read of the file (422
-# `image_too_costly`). The slowest file the limits admit, a 120-megapixel progressive JPEG of 64 full-image scans,
-# decoded in 9.6 s on the busy 2-core machine (docs/serving.md, "Decoding bounded in work")
-DECODE_TIMEOUT_S = 20.0
+DECODE_TIMEOUT_S = 20.0  # past it an upload's decoding stops at its next read (422 `image_too_costly`)
 SHRUNK_HEADER = "X-Content-Shrunk"  # the content was over the pixel limit and shrunk while decoding (`shrink_headers`)
 CAPPED_HEADER = "X-Size-Capped"  # the content's long side was over max_output_side: the result is smaller (`cap_headers`)
 OutputFormat = Literal["png", "jpeg", "webp"]
@@ -32,31 +26,25 @@ EXTENSIONS: dict[str, str] = {"png": "png", "jpeg": "jpg", "webp": "webp"}
 
 def decode_upload(data: bytes, *, max_pixels: int, max_side: int | None = None,
                   max_whole_pixels: int | None = None, timeout_s: float | None = DECODE_TIMEOUT_S) -> Decoded:
-    """Uploaded bytes -> 8-bit RGB, EXIF orientation applied, long side at most `max_side`, halved while decoding
-    until it has at most `max_pixels` (see `stylevar.processing.images.decode_image`, the command line's decoder);
-    raises `stylevar.processing.images.ImageError`."""
+    """The command line's `decode_image` over the accepted formats; raises `ImageError`."""
     return decode_image(data, max_pixels=max_pixels, formats=UPLOAD_FORMATS, max_side=max_side,
                         max_whole_pixels=max_whole_pixels, timeout_s=timeout_s)
 
 
 def cap_headers(content: Decoded, result_size: tuple[int, int], max_side: int) -> dict[str, str]:
-    """`X-Size-Capped: 20000x1000->8192x410` when the content's long side was over the service's
-    STYLEVAR_MAX_OUTPUT_SIDE (`stylevar.processing.postprocess.size_cap`, the command line's note for --max-size);
-    nothing when it was not."""
+    """`X-Size-Capped: 20000x1000->8192x410` when the content's long side was over STYLEVAR_MAX_OUTPUT_SIDE."""
     cap = size_cap(content.size, result_size, max_side)
     return {} if cap is None else {CAPPED_HEADER: cap}
 
 
 def shrink_headers(content: Decoded) -> dict[str, str]:
-    """`X-Content-Shrunk` with the line the command line prints when the content was shrunk to fit the pixel limit;
-    nothing when it was not."""
+    """`X-Content-Shrunk` with the command line's note when the content was shrunk to fit the pixel limit."""
     note = content.shrink_note("content")
     return {} if note is None else {SHRUNK_HEADER: note}
 
 
 def upload_size(file: BinaryIO) -> tuple[int, int] | None:
-    """(width, height) from the header of an uploaded file (a few KB read; the file is left at its start); None when
-    the header cannot be read (the decoder then says why)."""
+    """(width, height) from a file's header (left at its start); None when the header cannot be read."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the decoder's limits apply
@@ -89,15 +77,13 @@ class PixelBudget:
 
 
 class UploadDecoder:
-    """Decodes uploads in worker threads, at most `concurrency` at once, so that the memory and CPU
-    decoding takes are bounded whatever the number of requests in flight."""
+    """Decodes uploads in worker threads, at most `concurrency` at once."""
 
     def __init__(self, *, max_pixels: int, max_whole_pixels: int, concurrency: int):
         self.max_pixels, self.max_whole_pixels = max_pixels, max_whole_pixels
         self._slots = asyncio.Semaphore(concurrency)
 
     async def decode(self, data: bytes, *, max_side: int, budget: PixelBudget | None = None) -> Decoded:
-        """The upload decoded within `DECODE_TIMEOUT_S`, its pixels first charged to `budget`."""
         if budget is not None:
             budget.charge(data)
         async with self._slots:
@@ -106,8 +92,7 @@ class UploadDecoder:
 
 
 def encode_image(img: Image.Image, fmt: OutputFormat, png_compress_level: int = 6) -> bytes:
-    """`img` in `fmt`; PNG at zlib's ``png_compress_level`` (0-9: the same pixels, smaller and slower with the level;
-    the service's `png_compress_level` setting)."""
+    """`img` in `fmt`; PNG at zlib's ``png_compress_level`` (0-9)."""
     buf = io.BytesIO()
     if fmt == "png":
         img.save(buf, format="PNG", optimize=False, compress_level=png_compress_level)
@@ -125,8 +110,7 @@ def to_base64(data: bytes) -> str:
 
 
 def zip_images(encoded: Sequence[bytes], seeds: Sequence[int], fmt: OutputFormat) -> bytes:
-    """Encoded images in one zip archive, one file per sample, named by its seed (`seed-40.png`), in
-    sample order. Stored, not deflated: the images are compressed already."""
+    """One stored (not deflated) zip, a file per sample named by its seed (`seed-40.png`), in sample order."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as archive:
         for seed, data in zip(seeds, encoded, strict=True):

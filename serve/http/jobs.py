@@ -1,8 +1,6 @@
 """Waiting for a queued job on the event loop: one helper for `/stylize` and `/stylize/stream`.
 
-`follow_job` runs until the job is done, yielding its previews as they come; it gives up at the job's
-deadline (504) and, given the request, when the client goes away (`ClientGone`). A job it stops
-following before the end is dropped (a worker that has not taken it yet never will).
+A job no longer followed before its end is dropped (a worker that has not taken it yet never will).
 """
 from __future__ import annotations
 
@@ -22,11 +20,8 @@ P = TypeVar("P")
 
 async def follow_job(job: Job, *, previews: asyncio.Queue[P] | None = None,
                      request: Request | None = None) -> AsyncIterator[P]:
-    """Until `job` is done: the items put in `previews` (if given), in order, the last ones included.
-
-    Raises `ServiceError` (504 `deadline_exceeded`) past the job's deadline, and `ClientGone` when
-    `request` is given and its client disconnects. The job's result is then `job_result(job)`.
-    """
+    """Until `job` is done: the items put in `previews` (if given), in order; 504 `ServiceError` past the job's
+    deadline, `ClientGone` when `request`'s client disconnects. The result is then `job_result(job)`."""
     afut = asyncio.wrap_future(job.future)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max(0.0, job.deadline - time.monotonic())

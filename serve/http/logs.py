@@ -1,8 +1,6 @@
 """Structured logging: one JSON object per line, each carrying the request id of its request.
 
-The request id lives in a context variable that the request middleware sets, so every line logged
-while serving a request carries it; lines from the model worker name their jobs' ids explicitly
-(`extra={"request_id": ...}` or `extra={"request_ids": [...]}`).
+The request middleware sets the id in a context variable; the model worker names its jobs' ids in `extra`.
 """
 from __future__ import annotations
 
@@ -63,10 +61,7 @@ class TextFormatter(logging.Formatter):
 
 
 def configure_logging(json_lines: bool = True, level: str = "INFO") -> None:
-    """Route the root logger (and uvicorn's, which propagate to it) to stderr in the chosen format.
-
-    Logging is process-wide: only the process entry point (`python -m serve`) calls this.
-    """
+    """Route the root logger (uvicorn's too) to stderr in the chosen format; only `python -m serve` calls this."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if json_lines else TextFormatter())
     root = logging.getLogger()

@@ -1,23 +1,10 @@
 """The memory of full-size images, bounded across requests: a process-wide budget of pixels in flight.
 
-A stylize request's large buffers all grow with pixels: its decoded content (up to `max_output_side` a side), its
-style images and masks, each result (the drawing upsampled to the content's size) and its encoding. Before
-decoding anything, a request reserves its pixels (`request_pixels` in `serve.http.routes.stylize` counts them from
-the files' headers) and holds them until its answer has been sent (`ReleaseWhenAnswered`); the pixels held by all
-requests together never exceed `ServeSettings.max_pixels_in_flight`.
-
-A request that does not fit waits its turn (first come, first served), within its deadline, but a request may pass
-the line when its pixels cannot delay anyone waiting: the pixels held by requests that passed, its own included,
-leave room for the largest waiter ahead of it, so each waiter still gets its pixels once the requests granted before
-it have given theirs back (a 256 px request is not held up by a 36-megapixel one waiting for memory). A request is
-refused at once (`MemoryBusyError`, 503 with `Retry-After`) when the requests holding and waiting ahead of it would,
-at their predicted hold times (`HoldTimes`: per size class of request, a fixed cost plus a cost per pixel between
-the classes measured, learned only from requests that reached the model and whose answers were handed over whole),
-leave it too little time to be served, and it stops waiting (the same 503) when the last moment to start passes.
-Where the prediction is unsure (too few measured holds, or a request larger than any measured), a request is never
-refused at once: it waits within its deadline. A hold is measured from the reservation to the answer handed to the
-server (the client's reading is its own). A request needing more pixels than the whole budget is refused with 413
-(`image_too_large`): it could never be served within the bound. All of it runs on the event loop.
+Before decoding, a request reserves its pixels (counted from the files' headers) and holds them until its answer
+has been sent (`ReleaseWhenAnswered`), so all requests together never exceed `ServeSettings.max_pixels_in_flight`.
+A request that does not fit waits in line within its deadline, and may pass the line when that cannot delay anyone
+waiting. It is refused at once (`MemoryBusyError`, 503 with `Retry-After`) when the predicted holds ahead of it
+(`HoldTimes`) leave it too little time, and with 413 when it needs more than the whole budget. Event loop only.
 """
 from __future__ import annotations
 
@@ -74,14 +61,11 @@ class Reservation:
     answered_at: float | None = None  # ... and its whole answer was handed to the server: its hold is measured
 
     def model_done(self, ok: bool) -> None:
-        """The request's model work ended (on a worker thread): when it succeeded, the hold is a measure of what
-        such a request costs; one refused, cut at its deadline or failed says nothing of that."""
+        """Only holds whose model work succeeded are measured (called on a worker thread)."""
         self.reached_model = ok
 
     def answer_handed_over(self) -> None:
-        """The whole answer is with the server: the measured hold ends here, so that a client that reads slowly does
-        not teach the budget that such requests take long. An answer never handed over whole (a stream or a result
-        whose client did not read it until the send timeout cut it, a client gone) is not measured at all."""
+        """The measured hold ends here (a slow reader does not count; an answer never handed over is not measured)."""
         if self.budget is not None and self.answered_at is None:
             self.answered_at = self.budget._clock()
 
@@ -93,15 +77,9 @@ class Reservation:
 
 
 class HoldTimes:
-    """How long a request holds its pixels, from its reservation to its answer sent. Each size class of requests
-    (pixels within a factor `CLASS_RATIO`) keeps the decayed means of its measured pixels and seconds, each past hold
-    weighing `DECAY` less at each new one of its class; a prediction is the line through the nearest measured classes
-    below and above (a fixed cost plus a cost per pixel), extended up to the largest request measured along the two
-    largest classes, never past it: what a larger request holds is not known (a line through 256 px requests and a
-    4-sample stream of 13 MP, measured while other work ran, predicted a 36 MP request's hold long enough to refuse
-    a burst of them at once). Classes decay on their own: a stream of small requests does not wash out what the
-    last large ones took, and the fixed cost of small requests is not taken for the cost of large ones (a single line
-    fitted over all holds was)."""
+    """How long a request holds its pixels, from its reservation to its answer sent. Each size class (pixels within
+    a factor `CLASS_RATIO`) keeps decayed means of its pixels and seconds; a prediction is the line through the
+    nearest classes below and above, never past the largest request measured."""
 
     def __init__(self) -> None:
         self._classes: dict[int, tuple[float, float, float]] = {}  # class -> decayed sums: 1, pixels, seconds
@@ -156,16 +134,14 @@ class MemoryBudget:
         return self.holds.predict(pixels) or 0.0
 
     def check(self, timeout_s: float) -> None:
-        """`MemoryBusyError` when even the smallest request, arriving now, could neither pass the line nor start
-        before its deadline at the end of it: what can be said before its body is read."""
+        """`MemoryBusyError` when even the smallest request arriving now could not be served in time."""
         if self.limit and self._line and not self._may_pass(1, len(self._line)):
             self._refuse_if_late(1, self._clock() + timeout_s)
 
     async def reserve(self, pixels: int, deadline: float,
                       disconnected: Callable[[], Awaitable[bool]] | None = None) -> Reservation:
-        """Hold `pixels` for a request whose answer is due at `deadline` (`time.monotonic()`), waiting for them
-        while there is time; `MemoryBusyError` when there is not, `ImageTooLargeError` when they exceed the
-        whole budget, `ClientGone` when `disconnected()` says the client left while waiting."""
+        """Hold `pixels` for a request due at `deadline` (`time.monotonic()`), waiting while there is time;
+        raises `MemoryBusyError`, `ImageTooLargeError` (over the whole budget) or `ClientGone`."""
         if not self.limit:
             return Reservation(pixels)
         if pixels > self.limit:
@@ -187,18 +163,14 @@ class MemoryBudget:
         return waiter.granted.result()
 
     def _may_pass(self, pixels: int, ahead: int) -> bool:
-        """Whether a request of `pixels` behind the first `ahead` waiters may have them now."""
         largest = max((w.pixels for w in itertools.islice(self._line, ahead)), default=None)
         return self._fits(pixels, largest, self.held, self.passing)
 
     def _fits(self, pixels: int, largest_ahead: int | None, held: int, passing: int) -> bool:
-        """Whether `pixels` fit beside `held`, and, with the `passing` pixels of the requests that passed, leave room
-        for the largest waiter ahead (None: nobody ahead, the request only needs them to fit)."""
+        """Whether `pixels` fit beside `held` and, with the `passing` pixels, leave room for the largest waiter."""
         return held + pixels <= self.limit and (largest_ahead is None or passing + pixels + largest_ahead <= self.limit)
 
     def _refuse_if_late(self, pixels: int, deadline: float) -> None:
-        """`MemoryBusyError` when the line ahead of a request of `pixels` is predicted to hold it past the latest
-        moment it may start to be answered by `deadline`."""
         now = self._clock()
         start = self._predicted_start(pixels, now)
         if start is not None and start > self._latest_start(pixels, deadline):
@@ -208,13 +180,10 @@ class MemoryBudget:
                 "before its deadline", max(1, math.ceil(start - now)))
 
     def _latest_start(self, pixels: int, deadline: float) -> float:
-        """The last moment a request of `pixels` may get them and still be answered by `deadline`."""
         return deadline - SAFETY * self.hold_s(pixels) - MARGIN_S
 
     def _predicted_start(self, pixels: int, now: float) -> float | None:
-        """When a request of `pixels` joining the line now would get them, if every request holding or waiting
-        ahead holds its pixels for its predicted time: the sooner of its turn (first come, first served) and the
-        moment the holders' releases let it pass; None when a prediction is unsure."""
+        """When a request of `pixels` joining now would get them (its turn or passing); None when unsure."""
         sizes = [r.pixels for r in self._holders] + [w.pixels for w in self._line] + [pixels]
         if any(self.holds.predict(p) is None for p in sizes):
             return None
@@ -223,7 +192,6 @@ class MemoryBudget:
         return min(self._turn(pixels, now, releases), self._passing_at(pixels, now, releases))
 
     def _turn(self, pixels: int, now: float, releases: list[tuple[float, int, bool]]) -> float:
-        """When the line ahead, served in order at its predicted holds, leaves a request of `pixels` its turn."""
         heap = [(at, px) for at, px, _ in releases]
         heapq.heapify(heap)
         free, t = self.limit - self.held, now
@@ -236,8 +204,6 @@ class MemoryBudget:
         return t
 
     def _passing_at(self, pixels: int, now: float, releases: list[tuple[float, int, bool]]) -> float:
-        """When the holders' releases (in their predicted order; the waiters' own grants left out) let a request
-        of `pixels` pass the whole line; infinity when they never do."""
         largest = max((w.pixels for w in self._line), default=None)
         held, passing = self.held, self.passing
         for at, px, passed in [(now, 0, False), *releases]:
@@ -248,8 +214,6 @@ class MemoryBudget:
 
     async def _wait(self, waiter: _Waiter, deadline: float,
                     disconnected: Callable[[], Awaitable[bool]] | None) -> None:
-        """Until `waiter` has its pixels. The last moment to start follows the measured hold time, which the
-        requests ahead may change meanwhile; pixels granted after that moment go back at once."""
         while True:
             left = self._latest_start(waiter.pixels, deadline) - self._clock()
             if waiter.granted.done() or left <= 0:
@@ -271,7 +235,6 @@ class MemoryBudget:
         return reservation
 
     def _leave(self, waiter: _Waiter) -> None:
-        """A waiter that stopped waiting: out of the line, or its pixels back if they were granted meanwhile."""
         if waiter.granted.done():
             if not waiter.granted.cancelled():
                 waiter.granted.result().release()
@@ -289,7 +252,6 @@ class MemoryBudget:
         self._serve_line()
 
     def _serve_line(self) -> None:
-        """The head of the line while it fits, then the waiters behind it that may pass the rest."""
         while self._line and self.held + self._line[0].pixels <= self.limit:
             waiter = self._line.popleft()
             waiter.granted.set_result(self._grant(waiter.pixels))
@@ -309,10 +271,7 @@ class MemoryBudget:
 
 
 class HeapTrimmer:
-    """Gives the heap memory that large images freed back to the system (glibc's `malloc_trim`), on a thread of its
-    own. Freed blocks otherwise stay resident in the allocator's per-thread arenas (measured: about 300 MB more after
-    each 36-megapixel request on the 2-core machine, until the next one happened to reuse them). A no-op where
-    the C library has no `malloc_trim` (musl, macOS). One per process: the heap is the process's."""
+    """Gives the heap large images freed back to the system (glibc's `malloc_trim`, on a thread); else a no-op."""
 
     def __init__(self) -> None:
         self._wanted = threading.Event()
@@ -347,16 +306,12 @@ HEAP_TRIMMER = HeapTrimmer()
 
 
 def hold_until_answered(scope: Scope, reservation: Reservation) -> None:
-    """Keep `reservation` until the request's answer has been sent (`ReleaseWhenAnswered` releases it)."""
     scope.setdefault("state", {})[SCOPE_KEY] = reservation
 
 
 async def send_flushed(send: Send, handed_over: Callable[[], None], message: Message) -> None:
-    """`send`, but the last part of an answer's body goes as two messages, its last byte alone: the server's
-    flow control holds the second until the client has read the rest (uvicorn waits for its write buffer to
-    drain before writing the next part), so the request keeps its pixels while its answer waits in the buffer,
-    and the send timeout (`serve.http.connections`) bounds that wait. `handed_over()` is called before the
-    last part: the answer is with the server then."""
+    """`send`, but the body's last byte goes alone: flow control holds it until the client has read the rest, so
+    the pixels stay reserved while the answer waits in the buffer. `handed_over()` is called before it."""
     body = message.get("body", b"")
     if message["type"] != "http.response.body" or message.get("more_body", False):
         await send(message)
@@ -369,9 +324,7 @@ async def send_flushed(send: Send, handed_over: Callable[[], None], message: Mes
 
 
 class ReleaseWhenAnswered:
-    """Release the pixels a request to `paths` reserved once its answer is sent (read by the client but for the
-    socket's buffers), or the request fails or is abandoned: a response is sent after its route returns, and
-    the image it carries is in memory until then."""
+    """Release the pixels a request to `paths` reserved once its answer is sent, or it fails or is abandoned."""
 
     def __init__(self, app: ASGIApp, paths: tuple[str, ...]):
         self.app, self.paths = app, paths

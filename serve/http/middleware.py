@@ -1,7 +1,6 @@
-"""The request envelope: request id, access log, HTTP metrics and a JSON 500 for anything unexpected.
+"""The request envelope (request id, access log, HTTP metrics, a JSON 500) and the checks made before a body is read.
 
-A plain ASGI middleware (not `BaseHTTPMiddleware`) so streamed responses and client disconnects pass
-through untouched.
+Plain ASGI middleware (not `BaseHTTPMiddleware`): streamed responses and client disconnects pass through untouched.
 """
 from __future__ import annotations
 
@@ -83,8 +82,8 @@ class RequestMiddleware:
 
 
 async def discard_body(receive: Receive, limit: int, stall_s: float | None = None) -> None:
-    """Read and drop up to `limit` bytes of the request body, so closing the connection does not reset it;
-    with `stall_s`, give up when nothing arrives for that long (a client that declared more than it sends)."""
+    """Read and drop up to `limit` bytes of the body, so closing the connection does not reset it (`stall_s`: give up
+    when nothing arrives for that long)."""
     seen = 0
     while seen <= limit:
         try:
@@ -100,11 +99,7 @@ async def discard_body(receive: Receive, limit: int, stall_s: float | None = Non
 
 class BeforeBody:
     """Refuse a request to `paths` before its body is parsed when `check(scope)` raises a ServiceError (its JSON
-    answer, `Connection: close`): a keyless client cannot hold the service reading an upload it will refuse,
-    and a request the queue has no room for costs no form parsing. ``discard_bytes``: first read and drop up to
-    this many bytes of the body (each part within ``stall_s`` of the last), so that closing the connection does
-    not reset it under a client still sending (0: answer and close at once; uvicorn reads nothing after the
-    answer)."""
+    answer, `Connection: close`), after dropping up to ``discard_bytes`` of the body (`discard_body`)."""
 
     def __init__(self, app: ASGIApp, check: Callable[[Scope], None], paths: tuple[str, ...], discard_bytes: int = 0,
                  stall_s: float | None = None):
@@ -134,10 +129,8 @@ def bearer_token(scope: Scope) -> str | None:
 
 
 class BodyTimeout:
-    """Close a request to `paths` whose body stalls: every part of it must arrive within `seconds` of the
-    last (JSON 408, `Connection: close`), so a slow or lying client (a Content-Length larger than what it
-    sends) cannot hold a connection and a decode slot for long. The 408 is the only answer: what the app makes
-    of the stalled body (FastAPI's form parser answers 400 to any error while reading) is not sent."""
+    """Close a request to `paths` whose body stalls: every part must arrive within `seconds` of the last (JSON 408,
+    `Connection: close`, the only answer sent)."""
 
     class _Stalled(Exception):
         pass
@@ -179,11 +172,7 @@ class BodyTimeout:
 
 class ContentLengthLimit:
     """Refuse, before reading it, a body whose declared Content-Length exceeds the limit (JSON 413 naming
-    ``setting``, the environment variable that sets it).
-
-    Bodies without a Content-Length are counted as they stream in by the routes' own `max_body_size`; their 413
-    names the setting too (the limit is left in the scope for `serve.http.errors`).
-    """
+    ``setting``); the limit is left in the scope for the 413 of bodies counted as they stream in."""
 
     def __init__(self, app: ASGIApp, max_bytes: int, paths: tuple[str, ...], setting: str):
         self.app, self.max_bytes, self.paths, self.setting = app, max_bytes, paths, setting

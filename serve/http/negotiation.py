@@ -1,7 +1,4 @@
-"""What `/stylize` answers, from the request's Accept header (docs/serving.md, "Response format").
-
-The header is parsed by werkzeug (RFC 9110: quoted strings, `q` weights, a more specific range before a
-wildcard); the rule on top of it is the service's own.
+"""What `/stylize` answers, from the request's Accept header (parsed by werkzeug; docs/serving.md, "Response format").
 """
 from __future__ import annotations
 
@@ -20,8 +17,7 @@ Representation = Literal["image", "json", "zip"]
 
 
 def accepted(request: Request) -> MIMEAccept:
-    """The Accept header's media ranges without their parameters (`application/json; charset=utf-8`
-    names JSON); a missing header accepts anything."""
+    """The Accept header's media ranges without their parameters; a missing header accepts anything."""
     ranges = parse_accept_header(request.headers.get("accept") or "*/*")
     return MIMEAccept((parse_options_header(media)[0], q) for media, q in ranges)
 
@@ -32,10 +28,8 @@ def named(accepts: MIMEAccept) -> MIMEAccept:
 
 
 def negotiate(request: Request, media_type: str, num_samples: int) -> Representation:
-    """JSON only when the client names `application/json` (a wildcard never selects it); otherwise one
-    sample is the image (`media_type`) and several are a zip archive with one image per sample (either also
-    when the client names `application/octet-stream`, see `binary_media`). Of the acceptable ones the highest
-    q wins; a tie goes to JSON (it was named)."""
+    """JSON only when the client names `application/json` (a wildcard never selects it); otherwise the image
+    (`media_type`), or a zip of several samples. The highest q wins; a tie goes to JSON."""
     accepts = accepted(request)
     explicit = named(accepts)
     as_bytes = explicit.quality(BYTES_MEDIA_TYPE)
@@ -52,7 +46,6 @@ def negotiate(request: Request, media_type: str, num_samples: int) -> Representa
 
 
 def binary_media(request: Request, media_type: str) -> str:
-    """The Content-Type of a binary answer of `media_type`: `application/octet-stream` when the client names it
-    over `media_type` (a client generated from the OpenAPI document reads any binary answer as bytes)."""
+    """`application/octet-stream` when the client names it over `media_type`, else `media_type`."""
     accepts = accepted(request)
     return BYTES_MEDIA_TYPE if named(accepts).quality(BYTES_MEDIA_TYPE) > accepts.quality(media_type) else media_type

@@ -1,10 +1,8 @@
 """The service's OpenAPI document (`/openapi.json`) shaped once for generated clients (`install(app, shape)`).
 
-FastAPI writes an upload form as `allOf` [the form model] beside the files, and a file as `contentMediaType` alone;
-generators drop the one and type the other as text. So each multipart body becomes one plain object, closed
-(`additionalProperties: false`) unless the service ignores unknown fields, each file is `format: binary` too, the
-list options' pattern and example fit the served model, every answer declares `X-Request-ID`, and the bearer
-security and 401/429 answers appear only where the service has API keys.
+Each multipart body becomes one plain object (FastAPI's `allOf` merged; closed unless unknown fields are allowed),
+each file is `format: binary` too, list options fit the served model, every answer declares `X-Request-ID`, and
+the bearer security and 401/429 answers appear only where the service has API keys.
 """
 from __future__ import annotations
 

@@ -31,10 +31,8 @@ class FormOptions(BaseModel):
 
 
 def form_field(opt: Option) -> tuple[Any, Any]:
-    """The form field of an option: a list option is text, parsed by the request; None (absent) is left out of
-    the schema, as a form cannot send null. The form checks the service's own bounds (`Option.served_le`) and
-    the types; the ranges are in its schema (JSON Schema's `minimum` / `maximum`), and checked by the request. A
-    list option's pattern and example depend on the served model (`serve.http.openapi`)."""
+    """The form field of an option: a list option is text, parsed by the request; None (absent) is left out of the
+    schema. The form checks the types and `Option.served_le`; the request checks the ranges in the schema."""
     kind = str if opt.is_list else opt.type
     limits: dict[str, Any] = {"max_length": opt.max_chars} if opt.is_list else {}
     schema = {} if opt.is_list else {k: v for k, v in (("minimum", opt.ge), ("maximum", opt.le)) if v is not None}

@@ -1,11 +1,11 @@
 """The state of one service app (`app.state.service`) and the route dependencies that read it.
 
-The dependencies are module-level functions of the request, so a test can replace them with
-`app.dependency_overrides[get_state] = ...` (or `require_key`).
+The dependencies are module-level functions, so `app.dependency_overrides` can replace them.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -44,7 +44,6 @@ class ServiceState:
         return self.runners[0]
 
     def begin_drain(self) -> None:
-        """Stop taking work (SIGTERM): /readyz turns 503 and new requests are refused (see `serve.http.drain`)."""
         self.drain.begin()
         self.ready = False
         self.status = "draining"
@@ -52,19 +51,23 @@ class ServiceState:
 
 
 def get_state(request: Request) -> ServiceState:
-    """The state of the app serving `request`."""
     return request.app.state.service
 
 
 def check_room(state: ServiceState, scope) -> None:
-    """Refuse (ServiceError 503 with Retry-After) a request the queue would refuse now, or that would wait for memory
-    past its deadline whatever its size, before its body is read (`serve.http.middleware.BeforeBody`); nothing to
-    check before the model is loaded (the route answers that)."""
+    """503 with Retry-After, before the body is read, for a request the queue or the memory budget would refuse."""
     if state.batcher is None:
         return
-    try:
+    with counted_refusal(state):
         state.batcher.check_room()
         state.memory.check(state.settings.request_timeout_s)
+
+
+@contextlib.contextmanager
+def counted_refusal(state: ServiceState) -> Iterator[None]:
+    """A batcher's or the memory budget's refusal, counted and raised as its `ServiceError`."""
+    try:
+        yield
     except BatchError as e:
         state.metrics.rejected.labels(e.code).inc()
         raise from_coded_error(e) from e
@@ -82,8 +85,8 @@ UNAUTHORIZED = "a valid API key is required (Authorization: Bearer KEY)"
 
 
 def check_key(state: ServiceState, scope, key: str | None) -> None:
-    """With API keys set, `key` must be one (ServiceError 401), unless the scope's client has failed too often
-    lately (429, before the key is looked at: no answer tells a guess is right). Counts a wrong key."""
+    """With API keys set, `key` must be one (401), unless the client failed too often lately (429, before the key is
+    looked at). Counts a wrong key."""
     if not state.keys:
         return
     if not key:
@@ -101,15 +104,13 @@ def check_key(state: ServiceState, scope, key: str | None) -> None:
 def require_key(request: Request,
                 credentials: HTTPAuthorizationCredentials | None = Depends(bearer),  # noqa: B008
                 state: ServiceState = Depends(get_state)) -> None:  # noqa: B008
-    """A route dependency: `check_key` on the request's Bearer token. (The upload routes are checked before
-    their body is read, by `serve.http.middleware.BeforeBody`; this is the same check, for every route.)"""
+    """`check_key` on the request's Bearer token, for every route."""
     check_key(state, request.scope, credentials.credentials if credentials is not None else None)
 
 
 async def refuse_unknown_fields(request: Request, state: ServiceState) -> None:
-    """422 naming each field of the request's form that its route does not declare and the nearest one it does,
-    unless the service's `allow_unknown_fields` is set (then they are ignored). A form route calls it once its
-    fields are valid (an invalid one's 422 names the unknown fields too: `serve.http.errors.field_hints`)."""
+    """422 naming each form field the route does not declare and the nearest one it does (unless
+    `allow_unknown_fields`)."""
     if not state.settings.allow_unknown_fields:
         hints = field_hints(request, await request.form())
         if hints:

@@ -1,5 +1,4 @@
-"""`GET /`, the service's address: a browser that opens it lands in the web UI (a redirect to `/ui` when the UI
-is mounted); without the UI (`--no-ui`, or no Gradio) it answers the API's index, which links to `/docs`."""
+"""`GET /`: a redirect to the web UI when it is mounted, else the API's index (which links to `/docs`)."""
 from __future__ import annotations
 
 from typing import Any

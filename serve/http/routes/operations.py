@@ -1,8 +1,7 @@
 """Operations routes: liveness, readiness and Prometheus metrics.
 
-`metrics_router` is a router of its own: `create_app` leaves it out (`STYLEVAR_METRICS_ACCESS=off`) or
-includes it behind `require_key` (`key`). All of them keep answering while the service drains
-(`ALWAYS_OPEN_PATHS`, see `serve.http.drain`); `/readyz` then answers 503.
+`metrics_router` is its own router (left out, or behind `require_key`, by `STYLEVAR_METRICS_ACCESS`). All of
+them keep answering while the service drains (`ALWAYS_OPEN_PATHS`); `/readyz` then answers 503.
 """
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """`POST /stylize` (one answer: image, zip or JSON) and `POST /stylize/stream` (Server-Sent Events).
 
-Both check the form, take a queue slot and the request's pixels (`serve.http.memory`), decode the uploads and
-queue one job (`submit`), then wait for it with `serve.http.jobs.follow_job`. `create_app` includes `router`
-with the service's body size limit.
+Both check the form, take a queue slot and the request's pixels, decode the uploads and queue one job (`submit`),
+then wait for it (`serve.http.jobs`).
 """
 from __future__ import annotations
 
@@ -29,7 +28,7 @@ from stylevar.pipelines.request import StylizeRequest, check_mix_counts
 from stylevar.processing.postprocess import MAX_STYLES, os_random_seed, upscale_factor
 
 from serve.http import imaging
-from serve.engine.batching import BatchError, Job
+from serve.engine.batching import Job
 from serve.engine.runner import PreviewFn, StylizeTask
 from serve.http.errors import ERROR_RESPONSES, ClientGone, ServiceError, from_coded_error
 from serve.http.jobs import follow_job, job_result, wait_for_job
@@ -37,7 +36,8 @@ from serve.http.memory import Reservation, hold_until_answered
 from serve.http.middleware import bearer_token
 from serve.http.negotiation import BYTES_MEDIA_TYPE, ZIP_MEDIA_TYPE, binary_media, negotiate
 from serve.http.schemas import ImageOut, StylizeForm, StylizeResult, response_headers
-from serve.http.state import ServiceState, get_state, refuse_unknown_fields, require_key, require_loaded
+from serve.http.state import (ServiceState, counted_refusal, get_state, refuse_unknown_fields, require_key,
+                              require_loaded)
 
 REFERENCE_SIDE = 1024  # long side style images and masks are decoded at (they are used at the model's size)
 
@@ -79,7 +79,6 @@ class StylizeUpload:
 async def stylize_upload(request: Request, state: Annotated[ServiceState, Depends(get_state)], content: ContentUpload,
                          style: StyleUploads, form: Annotated[StylizeForm, Form()],
                          style_mask: MaskUploads = None) -> StylizeUpload:
-    """The form fields both stylize routes take (and no others: `refuse_unknown_fields`)."""
     await refuse_unknown_fields(request, state)
     return StylizeUpload(content, style, style_mask, form.request())
 
@@ -87,26 +86,24 @@ async def stylize_upload(request: Request, state: Annotated[ServiceState, Depend
 Plan = list[tuple[str, UploadFile, int]]  # (field name, upload, long side it is decoded at) of each image
 
 
+def reference_plan(styles: list[UploadFile], masks: list[UploadFile] | None, side: int) -> Plan:
+    """The styles, then the masks, each decoded at `side` (they are only seen at the model's resolution)."""
+    several = len(styles) > 1
+    plan = [(f"style {i + 1}" if several else "style", u, side) for i, u in enumerate(styles)]
+    return plan + [(f"style_mask {i + 1}" if several else "style_mask", u, side) for i, u in enumerate(masks or [])]
+
+
 def decode_plan(st: ServiceState, upload: StylizeUpload) -> Plan:
-    """The content, the styles and the masks, in that order, with the long side each is decoded at. The content
-    sets the size of the result (at most max_output_side); styles and masks are only ever seen at the model's
-    resolution, so they are decoded small."""
+    """The content (at most max_output_side: it sets the result's size), then `reference_plan`."""
     max_side = max(st.settings.max_output_side, st.runner.pipe.image_size)
     reference_side = min(max_side, max(REFERENCE_SIDE, st.runner.pipe.image_size))
-    styles, masks = upload.styles, upload.masks or []
-    several = len(styles) > 1
-    plan = [("content", upload.content, max_side)]
-    plan += [(f"style {i + 1}" if several else "style", u, reference_side) for i, u in enumerate(styles)]
-    plan += [(f"style_mask {i + 1}" if several else "style_mask", u, reference_side) for i, u in enumerate(masks)]
-    return plan
+    return [("content", upload.content, max_side), *reference_plan(upload.styles, upload.masks, reference_side)]
 
 
 def request_pixels(plan: Plan, request: StylizeRequest, max_output_side: int,
                    max_pixels: int = DEFAULT_MAX_PIXELS) -> int:
-    """The pixels a request holds in memory, from its files' headers (a few KB read from each): every image as
-    decoded (`decoded_size`: one over `max_pixels` halved), each mask once more at the content's size (where it is
-    resized on the worker), and each result (`unfit`'s size). An unreadable header counts nothing (decoding it then
-    fails)."""
+    """The pixels a request holds in memory, from its files' headers: every image as decoded, each mask once more
+    at the content's size, and each result. An unreadable header counts nothing (decoding it then fails)."""
     sizes = [imaging.upload_size(file.file) or (0, 0) for _, file, _ in plan]
     decoded = [decoded_size(size, side, max_pixels) if size[0] else size for size, (_, _, side) in zip(sizes, plan)]
     content = decoded[0]
@@ -120,21 +117,16 @@ def request_pixels(plan: Plan, request: StylizeRequest, max_output_side: int,
 
 
 async def reserve_pixels(st: ServiceState, plan: Plan, req: StylizeRequest, request: Request) -> Reservation:
-    """Hold the request's pixels in the service's budget (`serve.http.memory`) until its answer is sent: at once,
-    after a wait within its deadline, or 503 `memory_busy` with `Retry-After` (413 over the whole budget)."""
+    """Hold the request's pixels (`serve.http.memory`) until its answer is sent, or 503 `memory_busy` / 413."""
     pixels = await run_in_threadpool(request_pixels, plan, req, st.settings.max_output_side, st.settings.max_pixels)
     deadline = request.state.arrived + st.settings.request_timeout_s
-    try:
+    with counted_refusal(st):
         reservation = await st.memory.reserve(pixels, deadline, request.is_disconnected)
-    except BatchError as e:
-        st.metrics.rejected.labels(e.code).inc()
-        raise from_coded_error(e) from e
     hold_until_answered(request.scope, reservation)
     return reservation
 
 
 async def decode_uploads(st: ServiceState, plan: Plan) -> list[Decoded]:
-    """The images of `plan`, decoded downscaled within the request's pixel budget."""
     budget = imaging.PixelBudget(st.settings.max_request_pixels)
     images = []
     for name, file, side in plan:
@@ -147,14 +139,12 @@ async def decode_uploads(st: ServiceState, plan: Plan) -> list[Decoded]:
 
 
 def check_alphas(alphas: tuple[float, ...] | None, n_scales: int) -> None:
-    """One alpha per scale of the model, when alphas are given (422 otherwise)."""
     if alphas is not None and len(alphas) != n_scales:
         raise ServiceError(422, "validation_error",
                            f"alphas: the model has {n_scales} scales, got {len(alphas)} values")
 
 
 def check_mix(styles: list[UploadFile], masks: list[UploadFile] | None, weights: tuple[float, ...] | None) -> None:
-    """The counts of style files, weights and masks agree (422 otherwise), before anything is read."""
     try:
         check_mix_counts(len(styles), None if weights is None else len(weights), None if masks is None else len(masks),
                          masks_name="style_mask")
@@ -164,21 +154,17 @@ def check_mix(styles: list[UploadFile], masks: list[UploadFile] | None, weights:
 
 async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
                  on_preview: PreviewFn | None = None) -> tuple[Job, Decoded, dict[str, str]]:
-    """Check the fields, take a queue slot (503 at once when the queue is full) and the request's pixels (a wait,
-    or 503), then decode the images (downscaled, a bounded number at a time) and queue the job with what is left of
-    the request's deadline: it counts from the request's arrival, the upload and decoding included. Returns the job,
-    the content and `small_image_headers`; `ClientGone` when the client leaves while the request waits for memory."""
+    """Check the fields, take a queue slot and the request's pixels, decode the images and queue the job with what
+    is left of the deadline (counted from the request's arrival). Returns the job, the content and
+    `small_image_headers`; `ClientGone` when the client leaves while waiting for memory."""
     rid = request.state.request_id
     st = require_loaded(state)
     settings, styles, masks = st.settings, upload.styles, upload.masks
     req = upload.request
     check_alphas(req.alphas, len(st.runner.pipe.config.transformer.patch_nums))
     check_mix(styles, masks, req.style_weights)
-    try:
+    with counted_refusal(st):
         admission = st.batcher.admit()
-    except BatchError as e:
-        st.metrics.rejected.labels(e.code).inc()
-        raise from_coded_error(e) from e
     with admission:
         plan = decode_plan(st, upload)
         reservation = await reserve_pixels(st, plan, req, request)
@@ -191,13 +177,10 @@ async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
         if left_s <= 0:
             raise ServiceError(504, "deadline_exceeded", "the request took longer than the service's deadline "
                                                          "(its upload and decoding took all of it)")
-        try:
-            task = StylizeTask(stylization, on_preview, st.keys.scope_of(bearer_token(request.scope)))
+        task = StylizeTask(stylization, on_preview, st.keys.scope_of(bearer_token(request.scope)))
+        with counted_refusal(st):
             job = admission.submit(stylization.key, task, rows=len(stylization.seeds), timeout_s=left_s,
                                    request_id=rid)
-        except BatchError as e:
-            st.metrics.rejected.labels(e.code).inc()
-            raise from_coded_error(e) from e
         job.future.add_done_callback(lambda f: reservation.model_done(not f.cancelled() and f.exception() is None))
     return job, decoded[0], small_image_headers(plan, decoded)
 
@@ -227,8 +210,7 @@ def result_json(state: ServiceState, job: Job, form: StylizeRequest, encoded: li
 
 
 def size_headers(state: ServiceState, form: StylizeRequest, result_size: tuple[int, int]) -> dict[str, str]:
-    """What the model drew and how it reached the result's size: X-Model-Size (pixels, square),
-    X-Upscale (result long side / model size), X-Upsample (the mode used)."""
+    """X-Model-Size (pixels, square), X-Upscale (result long side / model size), X-Upsample (the mode used)."""
     pipe = state.runner.pipe
     return {"X-Model-Size": str(pipe.image_size), "X-Upscale": f"{upscale_factor(result_size, pipe.image_size):.3f}",
             "X-Upsample": pipe.upsampling(form.upsample).mode}

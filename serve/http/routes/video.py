@@ -1,10 +1,8 @@
 """`POST /stylize/video`: a short clip re-drawn in the style of one image (or a blend), answered as an H.264 mp4.
 
-The clip is saved to a temporary file and checked against the service's limits from its header and again while
-decoding; `StylePipeline.stylize_video` then runs on a thread of its own at the workers' CPU priority,
-`video_concurrency` clips at a time (one more is 503 `busy`). A clip past `video_timeout_s`, whose client left, or
-still running near the drain's end is stopped between two frames; its folder and slot are given back once its
-thread has stopped. Longer clips belong to the command line (`stylevar stylize clip.mp4 style.png -o out.mp4`).
+The clip is checked against the service's limits from its header and again while decoding, then stylized on a
+thread of its own, `video_concurrency` clips at a time (one more is 503 `busy`). A clip past `video_timeout_s`,
+whose client left, or near the drain's end is stopped between two frames.
 """
 from __future__ import annotations
 
@@ -24,7 +22,6 @@ from pydantic import Field, create_model
 from pydantic.json_schema import SkipJsonSchema
 from starlette.concurrency import run_in_threadpool
 
-from stylevar.processing.images import ImageError
 from stylevar.pipelines.options import FORM, IMAGE_ONLY, Option, offered
 from stylevar.processing.postprocess import MAX_STYLES, os_random_seed
 from stylevar.processing.video import (DEFAULT_TEMPORAL, EXTRA, TEMPORAL_HELP, TEMPORAL_MODES, VideoError,
@@ -32,13 +29,12 @@ from stylevar.processing.video import (DEFAULT_TEMPORAL, EXTRA, TEMPORAL_HELP, T
 from stylevar.utils.extras import install_line, missing_modules
 
 from serve.engine.batching import lower_priority, run_or_overloaded
-from serve.http import imaging
 from serve.http.errors import ERROR_RESPONSES, ServiceError, from_coded_error
 from serve.http.negotiation import BYTES_MEDIA_TYPE, binary_media
 from serve.http.schemas import ErrorBody, FormOptions, form_field, response_headers
 from serve.http.state import ServiceState, get_state, refuse_unknown_fields, require_key, require_loaded
 from serve.http.routes.stylize import (BINARY, MASK_COUNT, REFERENCE_SIDE, STYLE_COUNT, check_alphas, check_mix,
-                                       header_safe)
+                                       decode_uploads, header_safe, reference_plan)
 
 log = logging.getLogger("serve.video")
 
@@ -50,8 +46,6 @@ router = APIRouter(dependencies=[Depends(require_key)])
 
 
 class VideoOptions(FormOptions):
-    """What `VideoForm` does beyond its fields: `FormOptions`'s, over this route's options."""
-
     OPTIONS: ClassVar[list[Option]] = VIDEO_OPTIONS
 
 
@@ -73,8 +67,7 @@ MaskUploads = Annotated[Union[list[UploadFile], SkipJsonSchema[None]], File(
 
 
 class VideoGate:
-    """At most `slots` clips at a time in one service (`app.state.video_gate`), each run on one of its `slots`
-    threads, at CPU priority `nice` below the process's (the batch workers')."""
+    """At most `slots` clips at a time, each on one of its threads at CPU priority `nice` below the process's."""
 
     def __init__(self, slots: int, nice: int = 0):
         self._free = threading.BoundedSemaphore(slots)
@@ -89,16 +82,14 @@ class VideoGate:
 
 
 class ClipWork:
-    """One clip's temporary folder and gate slot, given back once the route and the clip's thread are both done:
-    a clip stopped early (deadline, disconnect, shutdown) finishes its frame on its thread after the route has
-    answered, and its folder must outlive it. Event loop only."""
+    """One clip's temporary folder and gate slot, given back once the route and the clip's thread are both done
+    (a stopped clip finishes its frame after the route has answered). Event loop only."""
 
     def __init__(self, gate: VideoGate):
         self.gate, self.folder = gate, Path(tempfile.mkdtemp(prefix="stylevar-video-"))
         self._users = 1  # the route
 
     def run(self, fn) -> asyncio.Future:
-        """`fn()` on one of the gate's threads; the folder is kept until it returns."""
         task = asyncio.get_running_loop().run_in_executor(self.gate.threads, fn)
         self._users += 1
         task.add_done_callback(self._thread_done)
@@ -117,8 +108,7 @@ class ClipWork:
 
 
 class StepClock:
-    """The longest time between two frame steps of a clip, the step under way included (written by the clip's
-    thread, read by the event loop)."""
+    """The longest time between two frame steps of a clip, the step under way included."""
 
     def __init__(self) -> None:
         self._last = time.monotonic()
@@ -143,14 +133,12 @@ def limits_of(state: ServiceState) -> VideoLimits:
 
 
 def video_error(e: VideoError, name: str = "video") -> ServiceError:
-    """A clip's refusal: 415 not a video or an unsupported codec, 413 over a limit, 422 corrupt. The message
-    names the upload, not the temporary file."""
+    """A clip's refusal (415, 413 or 422), naming the upload, not the temporary file."""
     detail = str(e).split(": ", 1)[-1]
     return from_coded_error(e, f"{name}: {detail}")
 
 
 async def save_upload(upload: UploadFile, path: Path) -> None:
-    """The upload's bytes into ``path`` (the body is spooled by then; its size was bounded on the way in)."""
     await upload.seek(0)
     with open(path, "wb") as f:
         while chunk := await upload.read(1 << 20):
@@ -158,18 +146,8 @@ async def save_upload(upload: UploadFile, path: Path) -> None:
 
 
 async def decode_styles(st: ServiceState, styles: list[UploadFile], masks: list[UploadFile] | None):
-    """The style images and masks, decoded small (they are only seen at the model's resolution)."""
-    side = max(REFERENCE_SIDE, st.runner.pipe.image_size)
-    budget = imaging.PixelBudget(st.settings.max_request_pixels)
-    several = len(styles) > 1
-    named = [(f"style {i + 1}" if several else "style", u) for i, u in enumerate(styles)]
-    named += [(f"style_mask {i + 1}" if several else "style_mask", u) for i, u in enumerate(masks or [])]
-    out = []
-    for name, upload in named:
-        try:
-            out.append((await st.decoder.decode(await upload.read(), max_side=side, budget=budget)).image)
-        except ImageError as e:
-            raise from_coded_error(e, f"{name}: {e}") from e
+    plan = reference_plan(styles, masks, max(REFERENCE_SIDE, st.runner.pipe.image_size))
+    out = [d.image for d in await decode_uploads(st, plan)]
     return out[:len(styles)], out[len(styles):] or None
 
 
@@ -219,7 +197,6 @@ async def stylize_video(request: Request, video: VideoUpload, style: StyleUpload
 
 
 def require_extra() -> None:
-    """501 `not_installed`, naming the install line, when this service lacks the route's extra (PyAV)."""
     missing = missing_modules(EXTRA)
     if missing:
         raise ServiceError(501, "not_installed", f"this service cannot do video: {', '.join(missing)} is not "
@@ -242,9 +219,7 @@ async def _probe(src: Path, limits: VideoLimits) -> VideoInfo:
 
 async def _run(request: Request, st: ServiceState, clip: ClipWork, src: Path, styles: list, out: Path,
                kwargs: dict):
-    """`stylize_video` on the clip's thread, stopped between frames past the deadline, when the client goes away,
-    or when the service's drain is about to end; however the route ends (its task cancelled too), the thread is
-    told to stop, and the clip's folder outlives it (`ClipWork`)."""
+    """`stylize_video` on the clip's thread; however the route ends, the thread is told to stop between frames."""
     stop, steps = threading.Event(), StepClock()
 
     def progress(done: int, total: int | None) -> None:
@@ -274,8 +249,7 @@ async def _run(request: Request, st: ServiceState, clip: ClipWork, src: Path, st
 
 
 def check_clip(st: ServiceState, arrived: float, steps: StepClock) -> None:
-    """A running clip's ServiceError: 504 past the video deadline, 503 `shutting_down` when the drain has too
-    little time left for it to stop at its next frame."""
+    """504 past the video deadline, 503 `shutting_down` when the drain has too little time left for the clip."""
     if time.monotonic() > arrived + st.settings.video_timeout_s:
         raise ServiceError(504, "deadline_exceeded", f"the clip took longer than the service's video "
                                                      f"deadline of {st.settings.video_timeout_s:g} s")
@@ -293,8 +267,7 @@ def limits_text(settings: Any) -> str:
 
 
 def include(app: Any, settings: Any) -> None:
-    """Add the route to ``app`` with its body limit and gate; the app's OpenAPI schema states the service's limits
-    in the route's description and as ``x-limits`` (routers are shared between apps: the schema is the app's)."""
+    """Add the route with its body limit and gate; the app's OpenAPI schema states the limits (also as ``x-limits``)."""
     app.include_router(router, max_body_size=settings.max_video_upload_bytes)
     app.state.video_gate = VideoGate(settings.video_concurrency, settings.worker_nice)
     schema_of = app.openapi
