@@ -1,11 +1,14 @@
 """CPU inference, stage by stage, on the reference-shaped configuration (`benchmarks.reference`), random weights.
 
     python -m benchmarks.cpu_pipeline [--batch-sizes 1,4] [--repeats 7] [--warmup 2] [--threads 2] \
-        [--precisions fp32,bf16] [--reference] [--agreement-seeds 8] [--fast [--fast-keep F] [--fast-min-tokens N]] [--json]
+        [--precisions fp32,bf16] [--reference] [--agreement-seeds 8] [--fast [--fast-keep F] [--fast-min-tokens N]] \
+        [--repeat-style] [--model DIR] [--json]
 
 Per batch size: median ms per image of each stage (STAGES) for the plain model and a prepared copy per precision
 (`stylevar.runtime.inference.prepare`), the models taking turns; token agreement with fp32; `--fast` adds the prepared
-model with fast sampling; `--reference` times the public reference in the same turns at identical weights.
+model with fast sampling; `--reference` times the public reference in the same turns at identical weights;
+`--repeat-style` gives every row one style and adds each model through the pipeline's condition cache (row "... cached");
+`--model` times a model directory (the demo model, a trained one) in place of the random reference-shaped one.
 """
 from __future__ import annotations
 
@@ -43,6 +46,8 @@ class StageBenchConfig:
     fast: bool = False  # also time the prepared fp32 model with fast sampling (row "fp32 fast")
     fast_keep: float | None = None  # its plan's keep fraction; None: the model's plan's
     fast_min_tokens: int | None = None  # its plan's smallest merged scale; None: the model's plan's
+    repeat_style: bool = False  # one style for every row; each model also through the pipeline's condition cache
+    model_dir: str | None = None  # a model directory in place of the random reference-shaped model
 
 
 def build(cfg: StageBenchConfig, state: tuple[dict, dict] | None = None):
@@ -51,6 +56,8 @@ def build(cfg: StageBenchConfig, state: tuple[dict, dict] | None = None):
     from benchmarks.reference import reference_shaped, reference_weights
     from stylevar.pipelines.pipeline import StylePipeline
 
+    if cfg.model_dir is not None:
+        return StylePipeline.from_pretrained(cfg.model_dir, device="cpu", autocast_dtype=None, threads="torch").model
     if state is None:
         return StylePipeline.random(reference_shaped(), seed=cfg.seed).model.eval()
     return reference_weights(*state).eval()
@@ -87,6 +94,22 @@ def stage_fns(model, content: torch.Tensor, style: torch.Tensor, fast: bool = Fa
     }
 
 
+def cached_stage_fns(model, content: torch.Tensor, style: torch.Tensor) -> dict:
+    """`condition` and `total` through a pipeline's condition cache (`StylePipeline.condition`), each call with new
+    contents (the batch moved by one more pixel, as a folder run's next batch) and the style of the first call."""
+    import itertools
+
+    from stylevar.pipelines.pipeline import StylePipeline
+
+    pipe, shifts = StylePipeline.from_models(model), itertools.count(1)
+
+    def fresh() -> torch.Tensor:
+        return content.roll(next(shifts), -1)
+
+    return {"condition": lambda: pipe.condition(fresh(), style),
+            "total": lambda: model.generate(c := fresh(), style, seed=0, cond=pipe.condition(c, style))}
+
+
 def time_stages(models: dict, batch: int, cfg: StageBenchConfig, reference=None) -> dict[str, dict[str, float]]:
     """Median ms per image of every stage for each model (same weights), stage by stage with the models'
     calls taking turns, so a shared machine's changing load weighs on each alike. ``reference``: the public
@@ -96,7 +119,10 @@ def time_stages(models: dict, batch: int, cfg: StageBenchConfig, reference=None)
 
     size = next(iter(models.values())).tokenizer.cfg.image_size
     content, style = images(batch, size, cfg.seed + batch)
+    style = style[:1].expand_as(content).contiguous() if cfg.repeat_style else style
     fns = {name: stage_fns(m, content, style, fast=name == FAST) for name, m in models.items()}
+    if cfg.repeat_style:
+        fns.update({f"{name} cached": cached_stage_fns(m, content, style) for name, m in models.items() if name != FAST})
     if reference is not None:
         fns = {"reference": reference_stage_fns(reference, content, style), **fns}
     out = time_turns(fns, batch, cfg.repeats, cfg.warmup, STAGES)
@@ -149,7 +175,8 @@ def measure(cfg: StageBenchConfig, reference=None) -> dict:
         models[FAST].fast_sampling = dataclasses.replace(
             plan, keep=plan.keep if cfg.fast_keep is None else cfg.fast_keep,
             min_tokens=plan.min_tokens if cfg.fast_min_tokens is None else cfg.fast_min_tokens)
-    out = {"config": "reference-shaped d8, 160 px, 8 scales (255 tokens), V 4096", "threads": cfg.threads,
+    config = cfg.model_dir or "reference-shaped d8, 160 px, 8 scales (255 tokens), V 4096"
+    out = {"config": config + ("; one style a batch" if cfg.repeat_style else ""), "threads": cfg.threads,
            "repeats": cfg.repeats, "load": os.getloadavg()[0], "stages_ms_per_image": {}}
     with torch.inference_mode():
         if reference is not None:
@@ -205,8 +232,14 @@ def parse_config(argv: list[str] | None) -> tuple[StageBenchConfig, bool]:
                    help="fast sampling's fraction of 2 x 2 groups computed one by one (default: the model's plan's)")
     p.add_argument("--fast-min-tokens", type=int, default=None, metavar="N",
                    help="fast sampling's smallest merged scale, in positions (default: the model's plan's)")
+    p.add_argument("--repeat-style", action="store_true",
+                   help="one style for every row; each model also with its conditions through the pipeline's cache")
+    p.add_argument("--model", default=None, metavar="DIR",
+                   help="a model directory to time (e.g. stylevar/assets/demo) in place of the reference-shaped one")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     a = p.parse_args(argv)
+    if a.model and a.reference:
+        p.error("--model: the reference is timed at the reference-shaped configuration only")
     from stylevar.utils.precision import precision_error
 
     precisions = tuple(x for x in a.precisions.split(",") if x)
@@ -217,7 +250,8 @@ def parse_config(argv: list[str] | None) -> tuple[StageBenchConfig, bool]:
                            warmup=a.warmup, threads=a.threads, precisions=precisions, reference=a.reference,
                            agreement_seeds=a.agreement_seeds,
                            fast=a.fast or a.fast_keep is not None or a.fast_min_tokens is not None,
-                           fast_keep=a.fast_keep, fast_min_tokens=a.fast_min_tokens)
+                           fast_keep=a.fast_keep, fast_min_tokens=a.fast_min_tokens, repeat_style=a.repeat_style,
+                           model_dir=a.model)
     return cfg, a.json
 
 

@@ -1,7 +1,7 @@
 """The StyleVAR inference service: `python -m serve` or `create_app(settings)`.
 
 `serve.http` is the HTTP side (the FastAPI app, routes, errors, access, middleware), `serve.engine` the model side
-(batching, the per-device runners, the condition cache); `settings`, `testing` (the service in a subprocess) and
+(batching, the per-device runners); `settings`, `testing` (the service in a subprocess) and
 `healthcheck` sit beside them.
 """
 from __future__ import annotations

@@ -1,2 +1,2 @@
-"""The model side of the service: batching queued jobs, the workers that run them on a pipeline per
-device, and the cache of reference-image conditions."""
+"""The model side of the service: batching queued jobs and the workers that run them on a pipeline per device
+(whose condition cache each API key's rows share only with that key)."""

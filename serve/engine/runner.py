@@ -17,11 +17,11 @@ from stylevar.utils.precision import resolve_autocast_dtype, set_matmul_precisio
 from stylevar.utils.threads import decision
 from stylevar.runtime.compile import WARM_BATCHES, compiled
 from stylevar.runtime.inference import InferenceConfig, prepare_for_serving
+from stylevar.pipelines.conditions import CacheObserver, ConditionCache
 from stylevar.pipelines.pipeline import StylePipeline
 from stylevar.pipelines.request import Stylization, StylizeRequest
 
 from serve.engine.batching import Job
-from serve.engine.conditions import CacheObserver, ConditionCache, cached_condition
 
 log = logging.getLogger("serve.engine.runner")
 
@@ -35,7 +35,7 @@ class StylizeTask:
 
     stylization: Stylization
     on_preview: PreviewFn | None = None
-    cache_scope: str = ""  # whose condition cache its reference images go to (serve.engine.conditions)
+    cache_scope: str = ""  # whose entries of the condition cache its reference images are (StylePipeline.condition)
 
     @property
     def seeds(self) -> tuple[int, ...]:
@@ -49,7 +49,7 @@ class RunnerOptions:
     dtype: str = "auto"
     max_output_side: int = 1024
     inference: InferenceConfig = InferenceConfig()
-    condition_cache_bytes: int = 0  # 0: no cache
+    condition_cache_bytes: int = 0  # 0: nothing kept across batches
     threads: int | str | None = None  # torch's CPU threads (StylePipeline.from_pretrained; None: the policy)
     heap_keep_mb: int = DEFAULT_KEEP_MB  # freed memory the process's heap keeps (stylevar.utils.heap)
 
@@ -63,12 +63,17 @@ class RunnerOptions:
 
 class ModelRunner:
     """A pipeline on one device. `run` is the batcher's run function for that device. Conditions of the
-    reference images come through a `ConditionCache` (serve.engine.conditions) when one is given."""
+    reference images come through the pipeline's `ConditionCache` (``cache`` when given), each row in its key's scope."""
 
     def __init__(self, pipe: StylePipeline, max_output_side: int, cache: ConditionCache | None = None):
         self.pipe = pipe
         self.max_output_side = max_output_side
-        self.cache = cache
+        if cache is not None:
+            pipe.conditions = cache
+
+    @property
+    def cache(self) -> ConditionCache:
+        return self.pipe.conditions
 
     @classmethod
     def load(cls, model_dir: Path, device: torch.device, options: RunnerOptions = RunnerOptions(),
@@ -86,16 +91,7 @@ class ModelRunner:
                                         "threads": torch.get_num_threads(), "threads_by": chosen and chosen.source,
                                         "heap_keep_mb": heap.keep_mb, "heap_by": heap.source,
                                         "seconds": round(time.perf_counter() - t0, 3)})
-        cache = ConditionCache(options.condition_cache_bytes, observer) if options.condition_cache_bytes else None
-        return cls(pipe, options.max_output_side, cache)
-
-    def condition(self, content_B3HW: torch.Tensor, style, unstyled: bool = False,
-                  scopes: Sequence[str] | None = None):
-        """The batch's condition through the cache (one style image per row; each row in its `scopes`' cache),
-        else the model's own."""
-        if self.cache is None or not isinstance(style, torch.Tensor):
-            return self.pipe.model.condition(content_B3HW, style, unstyled=unstyled)
-        return cached_condition(self.pipe.model, self.cache, content_B3HW, style, unstyled, scopes)
+        return cls(pipe, options.max_output_side, ConditionCache(options.condition_cache_bytes, observer))
 
     @property
     def device(self) -> torch.device:
@@ -113,7 +109,7 @@ class ModelRunner:
         scopes = [t.cache_scope for t in tasks for _ in t.seeds]
         with torch.inference_mode():
             return self.pipe.run([t.stylization for t in tasks], on_scale=on_scale,
-                                 condition=functools.partial(self.condition, scopes=scopes))
+                                 condition=functools.partial(self.pipe.condition, scopes=scopes))
 
     @staticmethod
     def _preview_router(tasks: list[StylizeTask]) -> Callable[[int, torch.Tensor], None]:

@@ -26,6 +26,7 @@ from stylevar.utils.precision import resolve_autocast_dtype
 from stylevar.utils.devices import resolve_device
 from stylevar.utils.heap import apply_heap_policy
 from stylevar.utils.threads import apply_threads
+from stylevar.pipelines.conditions import ConditionCache, cached_condition
 from stylevar.pipelines.options import PYTHON, offered
 from stylevar.pipelines.request import IMAGE_ONLY, StyleMix, Stylization, StylizeRequest
 from stylevar.processing.images import Fit, ResizeMode, fit_of, fit_square, pil_to_tensor, tensor_to_pil, to_rgb
@@ -41,6 +42,7 @@ from stylevar.models.transformer import Condition, StyleBlend, StyleVAR
 from stylevar.processing.video import VideoInfo, VideoLimits, VideoWriter, probe, read_frames
 
 ProgressFn = Callable[[int, "int | None"], None]  # (frames done, frames in all when the header says)
+CONDITION_CACHE_BYTES = 64 * 2**20  # a pipeline's own cache of reference images' conditions (`StylePipeline.conditions`)
 
 
 @dataclass(frozen=True)
@@ -66,9 +68,14 @@ class Drawings:
 
 
 class StylePipeline:
-    def __init__(self, model: StyleVAR, config: PipelineConfig):
+    """``conditions``: the cache of what each reference image contributes (`stylevar.pipelines.conditions`; default
+    `CONDITION_CACHE_BYTES`, ``ConditionCache(0)`` keeps nothing across calls): a style repeated across calls or rows
+    is encoded once."""
+
+    def __init__(self, model: StyleVAR, config: PipelineConfig, conditions: ConditionCache | None = None):
         self.model = model.eval()
         self.config = config
+        self.conditions = conditions if conditions is not None else ConditionCache(CONDITION_CACHE_BYTES)
 
     # ---- construction ------------------------------------------------------------------------
     @classmethod
@@ -220,8 +227,8 @@ class StylePipeline:
 
         A row's style is one image or a `StyleMix` (every row as many styles of weight > 0). ``generation``: the
         resolved settings (`Stylization.generation`); else ``gen_kwargs`` over the model's (`generation_config`).
-        ``condition`` (content, style inputs, unstyled -> `Condition`) replaces `StyleVAR.condition`, e.g. the
-        service's cache."""
+        ``condition`` (content, style inputs, unstyled -> `Condition`) replaces `condition`, e.g. the service's
+        with its rows' cache scopes."""
         if len(contents) != len(styles):
             raise ValueError(f"{len(contents)} content images but {len(styles)} style images")
         if generation is not None and gen_kwargs:
@@ -229,13 +236,20 @@ class StylePipeline:
         gen = generation if generation is not None else self.generation_config(**gen_kwargs)
         content, fits = self.preprocess(contents, resize)
         style = self.style_input(contents, [StyleMix.of(s) for s in styles], resize)
-        cond = condition(content, style, gen.guidance > 0) if condition is not None else None
+        cond = (condition or self.condition)(content, style, gen.guidance > 0)
         out = self.model.generate(content, style, gen, seed=seeds, on_scale=on_scale, cond=cond)
         out = match_palette(out, style, self.config.palette)  # (B, 3, S, S) in [0, 1]
         seen = content.add(1).mul(0.5)  # (B, 3, S, S) in [0, 1]
         if self.config.refine.enabled:  # guided by the content
             out = refine(out, seen, self.config.refine)
         return Drawings(out, seen, fits)
+
+    def condition(self, content_B3HW: torch.Tensor, style: torch.Tensor | StyleBlend, unstyled: bool = False,
+                  scopes: Sequence[str] | None = None) -> Condition:
+        """`StyleVAR.condition` through `conditions`: each distinct image of the batch computed once, or found from
+        an earlier call (in its row's ``scopes`` entry); the cache is emptied when the model has changed."""
+        self.conditions.follow(self.model)
+        return cached_condition(self.model, self.conditions, content_B3HW, style, unstyled, scopes)
 
     def upsampling(self, mode: UpsampleMode | None = None) -> Upsampling:
         """The model's upsampling settings with the caller's mode (None: the model's)."""

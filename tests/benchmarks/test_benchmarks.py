@@ -27,6 +27,17 @@ def test_stage_benchmark_times_every_precision_and_measures_agreement(capsys):
     assert all(0.5 < a <= 1 for a in out["token_agreement_with_fp32"].values())
 
 
+def test_a_repeated_style_is_timed_with_and_without_the_condition_cache(micro_model_dir, capsys):
+    rc = cpu_pipeline.main(["--batch-sizes", "2", "--repeats", "1", "--warmup", "0", "--agreement-seeds", "1",
+                            "--repeat-style", "--model", str(micro_model_dir), "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    stages = out["stages_ms_per_image"]["2"]
+    assert set(stages) == {"plain", "fp32", "plain cached", "fp32 cached"}
+    assert set(stages["fp32 cached"]) == {"condition", "total"} and set(stages["fp32"]) == set(STAGES)
+    assert out["config"] == f"{micro_model_dir}; one style a batch"
+
+
 def test_unknown_precision_is_refused(capsys):
     with pytest.raises(SystemExit) as e:
         cpu_pipeline.main(["--precisions", "fp32,int4"])

@@ -253,3 +253,31 @@ def test_precision_is_the_service_setting_and_each_one_runs(micro_model_dir, fil
     assert bad.value.code == 2
     err = capsys.readouterr().err
     assert "int8 was removed" in err and "slower than fp32" in err and "fp32, bf16" in err
+
+
+def test_a_folder_with_one_style_encodes_the_style_once_and_writes_what_no_cache_writes(micro_model_dir, files,
+                                                                                         tmp_path, monkeypatch):
+    from stylevar.models.tokenizer import MultiScaleVQVAE
+    from stylevar.pipelines.pipeline import StylePipeline
+
+    encoded: list[int] = []
+    encode = MultiScaleVQVAE.encode
+    monkeypatch.setattr(MultiScaleVQVAE, "encode", lambda self, x, *a, **k: encoded.append(len(x)) or encode(self, x))
+    folder = tmp_path / "contents"
+    folder.mkdir()
+    for i, colour in enumerate([(200, 30, 30), (30, 200, 30), (90, 90, 220)]):
+        Image.new("RGB", (40, 30), colour).save(folder / f"{i}.png")
+
+    def run(out: Path) -> list[bytes]:
+        rc = cli.main(["stylize", str(folder), str(files / "s.png"), "-o", str(out), "--batch-size", "2",
+                       "--seed", "3", "--model", str(micro_model_dir), "--device", "cpu"])
+        assert rc == 0
+        return [(out / f"{i}.png").read_bytes() for i in range(3)]
+
+    cached = run(tmp_path / "cached")
+    assert encoded == [1, 2, 1], "the style once, then the contents: two, then one (the style from the cache)"
+    monkeypatch.setattr(StylePipeline, "condition",
+                        lambda self, c, s, unstyled=False, scopes=None: self.model.condition(c, s, unstyled=unstyled))
+    encoded.clear()
+    assert run(tmp_path / "uncached") == cached
+    assert encoded == [2, 2, 1, 1], "without the cache each call encodes its every row"

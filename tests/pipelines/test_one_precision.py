@@ -44,12 +44,11 @@ def gpu_autocast(monkeypatch):
 @pytest.mark.usefixtures("one_thread")
 def test_the_service_the_cli_and_the_python_call_give_one_picture_in_bf16(gpu_autocast, monkeypatch, tmp_path):
     """The demo model (trained: its pictures move with its conditions; a random model's rarely do). The service's
-    conditions come through its condition cache (`serve.engine.conditions`), as by default.
+    conditions come through its condition cache (`stylevar.pipelines.conditions`), as by default.
 
     On one thread: with two (the same count on every surface), oneDNN's bf16 kernels gave the service's picture
-    and the library's a few different tokens here (the service computes a style's condition once, for its cache;
-    the library per call), while each surface repeated its own picture exactly (docs/gpus.md, "What a seed
-    reproduces")."""
+    and the library's a few different tokens here, while each surface repeated its own picture exactly (docs/gpus.md,
+    "What a seed reproduces")."""
     monkeypatch.setenv("STYLEVAR_PRECISION", "bf16")
     settings = ServeSettings(model_dir=DEMO_MODEL_DIR, device=["cpu"], ui=False, warmup=False, max_output_side=256)
     assert settings.precision == "bf16"

@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from serve.engine.batching import BatchConfig, Batcher
-from serve.engine.conditions import ConditionCache
 from serve.engine.runner import ModelRunner, StylizeTask
 from stylevar.config import DEFAULT_GENERATION
 from stylevar.models.transformer.attention import BlendedAttention, KVCache
 from stylevar.models.transformer.block import Block
+from stylevar.pipelines.conditions import ConditionCache
 from stylevar.pipelines.pipeline import StylePipeline
 from stylevar.pipelines.request import StyleMix, Stylization, StylizeRequest
 from stylevar.processing.postprocess import OutputOptions

@@ -1,5 +1,6 @@
-"""The service's condition cache (serve.engine.conditions): a repeated reference image is encoded once, and the
-cached path produces exactly what the uncached pipeline produces."""
+"""The service's condition cache (the runner's pipeline's, scoped by API key): a repeated reference image is encoded
+once, the cached path produces exactly what the uncached pipeline produces, and one key's images are no hit for
+another's."""
 from __future__ import annotations
 
 import pytest
@@ -7,10 +8,10 @@ import torch
 from PIL import Image
 
 from serve.engine.batching import Job
-from serve.engine.conditions import ConditionCache, cached_condition
 from serve.engine.runner import ModelRunner, StylizeTask
 from serve.http.metrics import ServiceMetrics
 from stylevar.config import DEFAULT_GENERATION
+from stylevar.pipelines.conditions import ConditionCache
 from stylevar.pipelines.pipeline import StylePipeline
 from stylevar.pipelines.request import StyleMix, Stylization, StylizeRequest
 from stylevar.processing.postprocess import OutputOptions
@@ -62,7 +63,8 @@ def test_repeated_style_is_encoded_once_and_gives_the_uncached_output(pipe, monk
     assert 0 < stats.bytes <= stats.max_bytes and stats.entries == 3
 
     for content, cached in ((c1, first), (c2, second)):
-        uncached = pipe.stylize_batch([content], [style], seeds=[0], max_side=1024)[0]
+        uncached = pipe.stylize_batch([content], [style], seeds=[0], max_side=1024,
+                                      condition=lambda c, s, u: pipe.model.condition(c, s, unstyled=u))[0]
         assert cached.tobytes() == uncached.tobytes()
 
     text = metrics.render().decode()
@@ -80,48 +82,6 @@ def test_a_batch_encodes_each_distinct_image_once(pipe, monkeypatch):
     assert [len(o) for o in out] == [2, 1, 1]
     assert style_calls == [1] and content_calls == [2]  # one style, two distinct contents, 5 rows
     assert runner.cache.stats().misses == {"style": 1, "content": 2}
-
-
-def test_cached_condition_equals_the_model_condition(pipe):
-    g = torch.Generator().manual_seed(0)
-    content, style = (torch.rand(3, 3, 32, 32, generator=g) * 2 - 1 for _ in range(2))
-    style[2] = style[0]
-    cache = ConditionCache(2**20)
-    with torch.no_grad():
-        ref = pipe.model.condition(content, style, unstyled=True)
-        for _ in range(2):  # cold, then warm
-            got = cached_condition(pipe.model, cache, content, style, unstyled=True)
-            for name in ("cond_BD", "sos_B1C", "style_ln_BSLC", "content_ln_BLC", "unstyled_BD"):
-                torch.testing.assert_close(getattr(got, name), getattr(ref, name), atol=1e-6, rtol=0, msg=name)
-
-
-def test_cache_is_bounded_in_bytes_and_evicts_the_least_recently_used():
-    entry = 4 * 1000  # 1000 float32
-    cache = ConditionCache(max_bytes=2 * entry + 10)
-    images = torch.arange(4, dtype=torch.float32).view(4, 1, 1, 1).expand(4, 3, 2, 2)
-    computed: list[int] = []
-
-    def compute(x):
-        computed.append(x.shape[0])
-        return (x[:, :1, :1, :1].reshape(-1, 1).expand(-1, 1000).contiguous(),)
-
-    cache.rows("style", (), images[0:1], compute)
-    cache.rows("style", (), images[1:2], compute)
-    cache.rows("style", (), images[0:1], compute)  # hit: image 0 becomes the most recent
-    cache.rows("style", (), images[2:3], compute)  # evicts image 1
-    s = cache.stats()
-    assert s.entries == 2 and s.bytes == 2 * entry <= s.max_bytes
-    cache.rows("style", (), images[0:1], compute)
-    assert computed == [1, 1, 1] and cache.stats().hits == {"style": 2}
-    cache.rows("style", (), images[1:2], compute)  # evicted earlier: encoded again
-    assert computed == [1, 1, 1, 1]
-
-
-def test_zero_bytes_disables_the_cache(pipe):
-    cache = ConditionCache(0)
-    x = torch.zeros(2, 3, 32, 32)
-    out = cache.rows("style", (), x, lambda t: (t.mean((1, 2, 3)),))
-    assert out[0].shape == (2,) and cache.stats().entries == 0 and cache.stats().misses == {"style": 1}
 
 
 def test_each_scope_has_its_own_cache_and_a_shared_image_is_encoded_once_a_batch(pipe, monkeypatch):

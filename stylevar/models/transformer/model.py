@@ -207,19 +207,22 @@ class StyleVAR(PretrainedModel, nn.Module):
         return self.lvl_embed(self.lvl_L).unsqueeze(0) + self.pos_1LC  # (1, L, C)
 
     @_in_model_autocast
-    def condition(self, content: torch.Tensor, style: torch.Tensor | StyleBlend, *,
-                  unstyled: bool = False) -> Condition:
+    def condition(self, content: torch.Tensor, style: torch.Tensor | StyleBlend, *, unstyled: bool = False,
+                  style_parts: Callable | None = None, content_parts: Callable | None = None) -> Condition:
         """The condition of (content, style); ``style`` one image batch or a `StyleBlend` of several.
-        ``unstyled``: also embed the content with the style encoder (what guidance needs)."""
+        ``unstyled``: also embed the content with the style encoder (what guidance needs). ``style_parts``,
+        ``content_parts``: what computes the images' parts in place of the methods of those names (a cache's lookups,
+        `stylevar.pipelines.conditions`)."""
+        style_parts, content_parts = style_parts or self.style_parts, content_parts or self.content_parts
         blend = style if isinstance(style, StyleBlend) else None
         styles = list(blend.styles) if blend is not None else [style]
         B, S = content.shape[0], len(styles)
         if any(s.shape[0] != B for s in styles):
             raise ValueError(f"content batch {B} and style batch {[s.shape[0] for s in styles]} differ")
         style_all = styles[0] if S == 1 else torch.cat(styles)  # (S * B, 3, H, W), style-major
-        cond_BD, style_ln = self.style_parts(style_all)
+        cond_BD, style_ln = style_parts(style_all)
         style_ln_BSLC = style_ln.unflatten(0, (S, B)).transpose(0, 1)
-        sos, content_ln, inject, unstyled_BD = self.content_parts(content, unstyled)
+        sos, content_ln, inject, unstyled_BD = content_parts(content, unstyled)
         shares = adaln_BLD = None
         per_token = False
         if blend is not None:

@@ -1,12 +1,12 @@
-"""The condition cache's digests of model inputs (serve.engine.conditions.ImageDigest): they tell inputs apart on the
-host and on a device, the device's are exact, and on a device only a few numbers per image come to the host."""
+"""The condition cache's digests of model inputs (stylevar.pipelines.conditions.ImageDigest): they tell inputs apart
+on the host and on a device, the device's are exact, and on a device only a few numbers per image come to the host."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from serve.engine import conditions
-from serve.engine.conditions import DIGEST_HASHES, DIGEST_MODULUS, ConditionCache, ImageDigest
+from stylevar.pipelines import conditions
+from stylevar.pipelines.conditions import DIGEST_HASHES, DIGEST_MODULUS, ConditionCache, ImageDigest
 
 
 def batch(seed: int = 0, shape=(4, 3, 16, 12)) -> torch.Tensor:

@@ -1,20 +1,16 @@
 """An LRU cache of what each reference image contributes to generation, bounded in bytes.
 
-A style image's part of the condition (its ResNet-18 embedding and its VQ-VAE token stream) and a content
-image's part (start token, token stream, and the rest `StyleVAR.content_parts` gives) depend only on the
-image as the model sees it (after resizing to the model's square) and on the model. Entries are keyed by
-a hash of that input tensor's bytes (so the resize mode and the image content are both in the key), the
-part's kind and the content options, and the row's scope: the API key that sent it (one scope when keys are off),
-so that no client learns from a faster answer what another client sent; the model is fixed per `ModelRunner`,
-which owns one cache. A repeated style (the UI's examples, a user's favourite) or content skips the VQ-VAE encode
-and the image encoder.
-
-Rows are computed per image: a batch's distinct missing images are encoded together, then each row's
-part is stored on its own. `stats()` and the optional observer give hits, misses and size.
+A style image's part of the condition (its ResNet-18 embedding and its VQ-VAE token stream) and a content image's part
+(`StyleVAR.content_parts`) depend only on the model and on the image as the model sees it. Entries are keyed by a hash
+of that input tensor's bytes, the part's kind and options, and a scope (the service's: the API key that sent the row,
+so that no client learns from a faster answer what another sent). Within a batch each distinct image is computed once,
+cached or not; across calls a repeated style (the UI's examples, a preset, a folder run) skips both encoders.
+`stats()` and the optional observer give hits, misses and size.
 """
 from __future__ import annotations
 
 import hashlib
+import itertools
 import secrets
 import threading
 from collections import OrderedDict
@@ -125,6 +121,7 @@ class ConditionCache:
         self._hits: dict[str, int] = {}
         self._misses: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._model_state: int | None = None
 
     @property
     def enabled(self) -> bool:
@@ -140,6 +137,16 @@ class ConditionCache:
             self._bytes = 0
         self._report_size()
 
+    def follow(self, model) -> None:
+        """Empty the cache when ``model`` is not as at the last call (moved, cast, prepared, trained: its tensors'
+        storage or in-place versions differ, or its autocast), so that no entry outlives the weights that made it."""
+        tensors = itertools.chain(model.parameters(), model.buffers())
+        state = hash((model.autocast_dtype, *((id(t), t.data_ptr(), 0 if t.is_inference() else t._version)
+                                               for t in tensors)))
+        if self._model_state is not None and state != self._model_state:
+            self.clear()
+        self._model_state = state
+
     def _get(self, key: tuple) -> Part | None:
         with self._lock:
             part = self._entries.get(key)
@@ -151,6 +158,7 @@ class ConditionCache:
         size = _nbytes(part)
         if size > self.max_bytes:
             return  # larger than the whole cache: never stored
+        part = tuple(None if t is None else t.clone() for t in part)  # a row of the batch holds the batch's storage
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
@@ -203,13 +211,15 @@ class ConditionCache:
                 for f in range(n_fields)]
 
 
-def cached_condition(model, cache: ConditionCache, content_B3HW: torch.Tensor, style_B3HW: torch.Tensor,
-                     unstyled: bool = False, scopes: Sequence[str] | None = None):
-    """`model.condition(content, style, unstyled=...)` for one style image per row, from cached parts (each row's
-    in its scope's cache, `ConditionCache.rows`)."""
-    from stylevar.models.transformer.condition import Condition
+def cached_condition(model, cache: ConditionCache, content_B3HW: torch.Tensor, style, unstyled: bool = False,
+                     scopes: Sequence[str] | None = None):
+    """`model.condition(content, style, unstyled=...)` (one style image a row, or a `StyleBlend`), each image's part
+    from ``cache`` (`ConditionCache.rows`; each row in its `scopes`' entry)."""
+    n_styles = 1 if isinstance(style, torch.Tensor) else len(style.styles)
+    style_scopes = None if scopes is None else list(scopes) * n_styles  # the blend's styles, style-major
 
-    cond_BD, style_ln_BLC = cache.rows("style", (), style_B3HW, model.style_parts, scopes)
-    sos, content_ln, inject, unstyled_BD = cache.rows(
-        "content", (unstyled,), content_B3HW, lambda x: model.content_parts(x, unstyled), scopes)
-    return Condition(cond_BD, sos, style_ln_BLC.unsqueeze(1), content_ln, inject, None, unstyled_BD)
+    def content_parts(x: torch.Tensor, unstyled: bool):
+        return cache.rows("content", (unstyled,), x, lambda y: model.content_parts(y, unstyled), scopes)
+
+    return model.condition(content_B3HW, style, unstyled=unstyled, content_parts=content_parts,
+                           style_parts=lambda x: cache.rows("style", (), x, model.style_parts, style_scopes))
