@@ -68,8 +68,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="demo", help="'demo' (the trained demo model) or a preset (random weights)")
     p.add_argument("--images", type=int, help="how many of the example images (default: all)")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--json", type=Path)
+    p.add_argument("--threads", type=int, default=2, help="torch's CPU threads")
+    p.add_argument("--json", type=Path, help="also write every figure here")
     args = p.parse_args(argv)
     import torch
 

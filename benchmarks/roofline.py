@@ -244,8 +244,9 @@ def markdown(out: dict) -> str:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="d20", help="stylevar.config preset (random weights)")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
-    p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4], help="images per call, each timed")
+    p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"],
+                   help="prepared models timed side by side")
     p.add_argument("--threads", type=int, default=2, help="torch's CPU threads")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds (their median is reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds before the timed ones")

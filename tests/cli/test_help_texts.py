@@ -22,7 +22,8 @@ ENTRY_POINTS = ("stylevar.cli", "serve.__main__", "web.__main__", "data_tools.sy
                 "training.sft.__main__", "training.grpo.__main__", "training.demo.__main__", "training.merge_lora",
                 "training.sharding", "stylevar.evaluate.__main__", "benchmarks.cpu_pipeline", "benchmarks.device_run",
                 "benchmarks.load_test", "benchmarks.memory_table", "benchmarks.overload", "benchmarks.real_pairs",
-                "benchmarks.soak", "benchmarks.threads", "benchmarks.train_step", "benchmarks.versus_peer")
+                "benchmarks.soak", "benchmarks.threads", "benchmarks.train_step", "benchmarks.versus_peer",
+                "benchmarks.roofline", "benchmarks.bf16_tokenizer")
 # a hang guard, not a speed target: --help stays quick by importing no torch (tests/cli/test_cli.py checks
 # that structurally); a loaded 2-core CI machine may take a few seconds to start any interpreter
 HELP_SECONDS = 30.0
