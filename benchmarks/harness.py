@@ -81,13 +81,6 @@ def proc_bytes(pid: int, field: str = "VmRSS") -> int:
     raise RuntimeError(f"no {field} for process {pid}")
 
 
-class RssSampler(PeakSampler):
-    """A process's resident memory sampled on a background thread; `peak` is the largest sample (bytes)."""
-
-    def __init__(self, pid: int, every_s: float = 0.002):
-        super().__init__(lambda: proc_bytes(pid), every_s, peak=0)
-
-
 def emit(result: dict, json_path: Path | None, table: str) -> int:
     """Write ``result`` to ``json_path`` (when given), print ``table``; the benchmark's exit status (0)."""
     if json_path:

@@ -5,6 +5,7 @@ Importing this module does not import torch: a recipe's ``--help`` is its parser
 from __future__ import annotations
 
 import argparse
+import importlib
 from typing import TYPE_CHECKING
 
 from stylevar.utils.helptext import DEVICE_AUTO, HelpFormatter
@@ -30,6 +31,15 @@ def recipe_parser(module: str, doc: str, *, data_help: str = DATA_HELP) -> argpa
                                 formatter_class=HelpFormatter)
     p.add_argument("--data", action="append", required=True, help=data_help)
     return p
+
+
+def run_recipe(parser: argparse.ArgumentParser, module: str, argv: list[str] | None, entry: str = "execute") -> int:
+    """Parse ``argv``, then (torch and the models imported only now) TF32 on CUDA and ``module.entry(args)``."""
+    args = parser.parse_args(argv)
+    from stylevar.utils.precision import set_matmul_precision
+
+    set_matmul_precision()
+    return getattr(importlib.import_module(module), entry)(args)
 
 
 def batch_size_option(text: str) -> int | str:
