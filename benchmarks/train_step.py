@@ -278,10 +278,7 @@ def _synced(fn: Callable[[], object], device: str) -> Callable[[], object]:
 
 
 def time_steps(fns: dict[str, Callable[[], object]], repeats: int, warmup: int) -> dict[str, dict[str, float]]:
-    """Median wall-clock and CPU seconds (this process, all its threads) of each function's calls, the functions
-    taking turns call by call after ``warmup`` untimed rounds (`harness.take_turns`). On a shared machine
-    the CPU time is the steadier measure of the work (run with OMP_WAIT_POLICY=PASSIVE, or idle OpenMP threads
-    spinning count as work)."""
+    """Median wall-clock and process CPU seconds of each function's calls, taking turns (`harness.take_turns`)."""
     medians = take_turns(fns, repeats, warmup, (time.perf_counter, time.process_time))
     return {name: {"wall": wall, "cpu": cpu} for name, (wall, cpu) in medians.items()}
 

@@ -118,10 +118,8 @@ REFINE_CANDIDATES = (Refinement(),) + tuple(Refinement(r, eps) for r in (1, 2, 3
 
 def choose_refinement(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0
                       ) -> tuple[Refinement, dict[str, dict]]:
-    """The refinement candidate (`REFINE_CANDIDATES`, "off" included) with the best SSIM to the target on
-    `triplets` (training ones, like the sampling settings), and every candidate's SSIM and edge
-    correlation. One model call (the pipeline's own refinement must be off): the candidates filter the
-    same outputs."""
+    """The refinement candidate with the best SSIM on training `triplets`, and every candidate's SSIM and edge
+    correlation (one model call: the pipeline's own refinement must be off)."""
     from stylevar.metrics import compute
 
     if pipe.config.refine.enabled:
@@ -149,12 +147,9 @@ def mean_colour_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def choose_palette(pipe: StylePipeline, triplets: list[Triplet], refinement: Refinement, seed: int = 0
                    ) -> tuple[Palette, dict]:
-    """The palette step (`PALETTE_CANDIDATES`) that brings the outputs on `triplets` (training ones) closest
-    to the style's colours (sliced Wasserstein, Lab) while they keep at least as much of the content's edges
-    as the triplets' own targets do: the style taken as far as the data's rule keeps the content. (No
-    candidate keeps that much: the one that keeps the most.) One model call (the pipeline's palette and
-    refinement must be off): each candidate is applied to the same outputs, then `refinement`, in the
-    pipeline's order."""
+    """The palette step closest to the style's colours on training `triplets` among those keeping as much of the
+    content's edges as the targets do (none: the one keeping most). One model call: the pipeline's palette
+    and refinement must be off."""
     from stylevar.metrics import compute
 
     if pipe.config.palette.enabled or pipe.config.refine.enabled:

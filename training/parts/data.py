@@ -239,12 +239,8 @@ class TripletDataset(Dataset):
 
 
 class ShardTripletDataset(IterableDataset):
-    """Iterable triplets from webdataset shards written by `data_tools.shards`.
-
-    Shards are split across ranks (`torch.distributed`) and DataLoader workers by webdataset.
-    With `shuffle`, the shard order and a sample buffer are shuffled with (seed, epoch). Resume is
-    per epoch (call `set_epoch`), not mid-epoch: use `TripletDataset` where exact resume matters.
-    """
+    """Iterable triplets from `data_tools.shards` shards, split over ranks and workers, shuffled by (seed, epoch);
+    resume is per epoch (`set_epoch`): `TripletDataset` resumes exactly."""
 
     def __init__(
         self,

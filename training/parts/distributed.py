@@ -34,11 +34,8 @@ class DistEnv:
 
 
 def setup_distributed(device: str | None = None, timeout_s: float = 1800.0) -> DistEnv:
-    """Join the torchrun process group when launched by torchrun with more than one process.
-
-    Backend: nccl on CUDA, gloo on CPU. A single process (plain ``python -m ...``) needs no group.
-    ``device`` forces "cpu" or "cuda"; default: CUDA when available.
-    """
+    """Join torchrun's process group (nccl on CUDA, gloo on CPU) when there is more than one process; ``device``
+    forces "cpu" or "cuda" (default: CUDA when available)."""
     torchrun = launch.Torchrun.from_env()
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -25,12 +25,9 @@ from training.parts.rundir import CONFIG_NAME
 
 
 def precision_policies(precision: str) -> dict[str, Any]:
-    """The mixed-precision policy of each kind of unit (``"blocks"``: a transformer block and its ``ada_lin``;
-    ``"root"``: the rest), written once: in bf16 the blocks' parameters are gathered in bfloat16 (the bulk of
-    the weights, half the traffic), the root's in float32 (embeddings, head, the image encoders and their
-    BatchNorm layers: as DDP keeps them); gradients are reduced in float32; no unit casts its forward inputs,
-    so the residual stream stays float32 between blocks and autocast alone decides each operation's dtype, as
-    under DDP with autocast. In fp32 everything is float32."""
+    """The mixed-precision policy of ``"blocks"`` and ``"root"``: in bf16 the blocks' parameters are gathered in
+    bfloat16, the root's in float32; gradients are reduced in float32 and no unit casts its inputs (autocast
+    decides, as under DDP)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     block_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
@@ -84,11 +81,8 @@ def _state_dicts(module: nn.Module, optimizer: torch.optim.Optimizer | None) -> 
 
 
 def save_sharded(folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, env) -> None:
-    """Every rank writes its shards to ``folder`` (through a temp folder renamed by rank 0 at the end).
-
-    A failed write (disk full on any rank: DCP reports it on every rank) raises
-    :class:`stylevar.utils.atomic.WriteFailedError` on every rank, the temp folder removed by rank 0.
-    """
+    """Every rank writes its shards to ``folder`` (a temp folder renamed by rank 0); a failed write raises
+    :class:`stylevar.utils.atomic.WriteFailedError` on every rank."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import CheckpointException
 

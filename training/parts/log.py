@@ -18,10 +18,7 @@ from training.parts.rundir import LOG_NAME, RunDir
 
 
 class RunLogger:
-    """``RUN/log.jsonl`` (one JSON object per call), TensorBoard in ``RUN/tb``, tqdm; rank 0 only.
-
-    On a resume the log is first cut back to the checkpoint's step so no step appears twice.
-    """
+    """``RUN/log.jsonl``, TensorBoard in ``RUN/tb``, tqdm; rank 0 only. A resume cuts the log back to its step."""
 
     def __init__(self, run: RunDir, env: DistEnv, *, total_steps: int, start_step: int, progress: bool = True):
         self.run, self.env = run, env
@@ -102,15 +99,9 @@ def read_log(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 class MetricWindow:
-    """The per-step metrics of the steps between two log lines, reduced to one log record.
-
-    A key a step lacks is left out of that step; ``last`` keys take their value at the newest step,
-    ``summed`` keys their sum over the window, the others their mean. With ``over_ranks`` the record is
-    then the mean over ranks (one all-reduce: every rank calls :meth:`record`); metrics that already
-    agree on every rank turn it off. Values that are not finite are left out of the record. A step's values
-    may be tensors on the device: they are read in :meth:`record`, all of the window's at once (one host sync
-    per log line instead of one per value and step).
-    """
+    """The metrics of the steps between two log lines as one record: ``last`` keys the newest value, ``summed``
+    the sum, others the mean; with ``over_ranks`` then the mean over ranks (every rank calls :meth:`record`).
+    Values that are not finite are left out; device tensors are read in :meth:`record`, all at once."""
 
     def __init__(self, env: DistEnv, *, last: Sequence[str] = (), summed: Sequence[str] = (),
                  over_ranks: bool = True):

@@ -18,11 +18,8 @@ _NORMS = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNo
 
 
 def decay_split(model: nn.Module, extra_no_decay: Iterable[str] = ()) -> tuple[list[str], list[str]]:
-    """Names of trainable parameters (decay, no_decay).
-
-    No decay: biases, every 0-/1-d tensor, parameters of nn.Embedding and normalisation layers, and
-    names containing one of NO_DECAY_FRAGMENTS or ``extra_no_decay``.
-    """
+    """Names of trainable parameters (decay, no_decay); no decay: biases, 0-/1-d tensors, embeddings, norms and
+    names containing NO_DECAY_FRAGMENTS or ``extra_no_decay``."""
     fragments = NO_DECAY_FRAGMENTS + tuple(extra_no_decay)
     owner_no_decay = set()
     for mod_name, mod in model.named_modules():

@@ -22,10 +22,7 @@ def seed_everything(seed: int) -> None:
 
 
 def derived_generator(*keys: int, device: str | torch.device = "cpu") -> torch.Generator:
-    """A torch.Generator seeded from a tuple of integers, e.g. (seed, step, stream).
-
-    Used for randomness that must be the same on every rank and after a resume without storing state.
-    """
+    """A torch.Generator seeded from a tuple of integers, e.g. (seed, step, stream)."""
     state = np.random.SeedSequence([int(k) % 2**64 for k in keys]).generate_state(1, dtype=np.uint64)
     return torch.Generator(device=device).manual_seed(int(state[0]) & 0x7FFFFFFFFFFFFFFF)
 

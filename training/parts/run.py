@@ -42,14 +42,9 @@ class LossWatch:
 
 
 class TrainingRun:
-    """One invocation of a recipe on RUN/, around its own step loop: the resume from the newest readable
-    checkpoint, checkpoints on a :class:`CheckpointSchedule` (each with the time left, :class:`Progress`), and at
-    the end a summary line and ``RUN/final`` (written to a temp folder on rank 0, then renamed). ``log`` is the
-    run's :class:`RunLogger`; ``resumed.extra`` the recipe's own saved state.
-
-    A write that fails (a full disk) ends the run on every rank with one line naming the last good checkpoint.
-    SIGINT or SIGTERM (:class:`StopSignals`) ends the current step, writes its checkpoint and exits from ``save``
-    with one line saying how to resume (status 130 / 143); so does the end of ``max_minutes`` (status 0).
+    """One invocation of a recipe on RUN/: resume, checkpoints on a :class:`CheckpointSchedule`, and ``RUN/final``
+    (written to a temp folder on rank 0, then renamed). A failed write (disk full) ends the run naming the last
+    good checkpoint; SIGINT/SIGTERM checkpoint and exit from ``save`` (status 130 / 143), as ``max_minutes`` does (0).
 
         with TrainingRun(run, state, max_steps=N, save_every=..., seed=...) as tr:
             step = tr.start
@@ -133,10 +128,8 @@ class TrainingRun:
         return SystemExit(f"error: {message}. {self.ckpts.last_good_note()}")
 
     def checkpoint_due(self, step: int) -> bool:
-        """Whether ``step`` ends with a checkpoint (the same answer on every rank): by the schedule, or because
-        a signal asked the run to stop. With several processes, rank 0's signal and clock are broadcast (a host
-        sync) only every ``agree_every`` steps (the log steps) and at the last step: a stop or a timed checkpoint
-        waits for the next of them."""
+        """Whether ``step`` ends with a checkpoint, the same on every rank: rank 0's signals and clock are
+        broadcast every ``agree_every`` steps and at the last step."""
         self.progress.passed(step)
         agree = not self.env.distributed or step % self.agree_every == 0 or step >= self.max_steps
         self.stopping = agree and self.stop.agreed(self.env) and step < self.max_steps

@@ -97,17 +97,9 @@ class RunDir:
     ) -> "RunDir":
         """Create RUN/ and write its config, or check that an existing run has the same config.
 
-        Keys in ``free_keys`` (output paths, logging and checkpoint cadence, worker counts) may change
-        between invocations; any other difference raises :class:`RunConfigMismatchError` before any
-        work starts; ``absent_as`` names options added since older runs, with the value such a run
-        had (`with_absent`), so that it still resumes when the new option is left at that value;
-        ``extension`` lets --max-steps (and the learning-rate drop's options) change where the schedule
-        keeps the rate of every step already taken (:class:`RunExtension`: a run trained longer; a drop
-        already passed stays where it was unless the command places it, said in ``notes``). Every
-        rank checks, rank 0 writes (an unchanged config.json is not rewritten). Stale
-        temporary files of a killed process are removed first, so they cannot keep a full disk full; a
-        failed write of config.json (disk full) exits with one line (SystemExit), like the recipes'
-        input errors.
+        Only ``free_keys`` may differ (else :class:`RunConfigMismatchError`); ``absent_as``: options older runs
+        lack and the value they had; ``extension``: a run trained longer (:class:`RunExtension`). Every rank
+        checks, rank 0 writes; a failed write (disk full) exits with one line (SystemExit).
         """
         run, new, notes = cls(Path(root)), _jsonable(dict(config)), ()
         old_text = run.config_path.read_text() if run.config_path.exists() else None

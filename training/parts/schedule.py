@@ -52,13 +52,8 @@ class LoopConfig:
 
 
 class CheckpointSchedule:
-    """When a recipe writes a checkpoint: every ``every_steps`` steps, once ``every_minutes`` of wall time
-    have passed since the last checkpoint (or since this process started training; 0: never by time),
-    and at ``max_steps``. Call :meth:`due` after each step and :meth:`saved` after writing.
-
-    Rank 0's clock decides the time-based ones and the decision is broadcast, so every rank checkpoints
-    at the same step. ``clock`` (seconds, monotonic) is injectable for tests.
-    """
+    """A checkpoint every ``every_steps`` steps, once ``every_minutes`` have passed since the last (0: never by
+    time), and at ``max_steps``; call :meth:`due` after each step and :meth:`saved` after writing."""
 
     def __init__(self, env: DistEnv, *, max_steps: int, every_steps: int, every_minutes: float = 0.0,
                  clock: Callable[[], float] = time.monotonic):

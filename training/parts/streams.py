@@ -19,13 +19,8 @@ from training.parts.rundir import RunConfigMismatchError
 
 
 class EpochShardSampler(Sampler[int]):
-    """The indices one rank reads in one epoch, from a given position on.
-
-    The epoch's order is a permutation seeded by (seed, epoch) (or 0..n-1 without shuffling). Rank r
-    takes every world_size-th index starting at r, so the first ``B`` indices of each rank together are
-    the first ``B * world_size`` of the permutation: a global batch is the same set of samples for any
-    number of ranks. ``drop_last`` trims the tail so every rank has the same number of samples.
-    """
+    """The indices one rank reads in one epoch from a given position on: rank r takes every world_size-th index
+    of the (seed, epoch) permutation from r, so a global batch is the same samples for any number of ranks."""
 
     def __init__(
         self,
@@ -64,10 +59,8 @@ MAX_DEFAULT_WORKERS = 8  # --num-workers' default on CUDA is at most this many p
 
 @dataclass(frozen=True)
 class LoaderPolicy:
-    """How a run's DataLoaders read, one policy for every recipe (:func:`loader_policy` makes it): ``num_workers``
-    worker processes per rank, which the training stream keeps from epoch to epoch (persistent workers), and
-    pinned host memory when the batches go to a GPU (their copies, ``move_to``'s non-blocking ones, then overlap
-    the step instead of waiting for it)."""
+    """How every recipe's DataLoaders read (:func:`loader_policy`): ``num_workers`` persistent workers per rank,
+    pinned memory when the batches go to a GPU."""
 
     num_workers: int = 0
     pin_memory: bool = False
@@ -153,14 +146,9 @@ class _Keyed(Sampler[tuple[int, int]]):
 
 
 class BatchStream:
-    """An endless stream of micro-batches over epochs that knows where it is.
-
-    ``state_dict()`` gives {epoch, index, seed}: ``index`` is the number of global micro-batch rounds
-    already consumed in the epoch. Loading it makes the next batch exactly the one that would have come
-    next. One DataLoader serves every epoch (its workers persist, :class:`LoaderPolicy`): its sampler is set to
-    the epoch and position before each pass, and each item is asked for as (epoch, index), so a dataset with
-    ``set_epoch(epoch)`` has it called in the worker that reads the item (:class:`EpochItems`).
-    """
+    """An endless stream of micro-batches over epochs; ``state_dict()`` ({epoch, index, seed}) loaded back makes
+    the next batch exactly the one that would have come next. Items are asked for as (epoch, index), so a
+    dataset's ``set_epoch`` is called in the worker that reads them (:class:`EpochItems`)."""
 
     def __init__(self, dataset: Dataset, cfg: BatchStreamConfig, env: DistEnv):
         self.dataset, self.cfg, self.env = dataset, cfg, env
@@ -210,13 +198,8 @@ class BatchStream:
 
 
 class IterableBatchStream:
-    """The :class:`BatchStream` interface over an IterableDataset (e.g. webdataset shards).
-
-    Each rank reads its own share (the dataset splits by rank and worker) and starts its next epoch
-    when its share runs out, so uneven shards never stall a step. ``state_dict()`` gathers every
-    rank's (epoch, index); a resume reopens the epoch and skips the batches already consumed (exact
-    when the dataset's order depends only on (seed, epoch), as ``training.parts.data``'s shard reader does).
-    """
+    """The :class:`BatchStream` interface over an IterableDataset: each rank starts its next epoch when its share
+    runs out; a resume skips the batches consumed (exact when the order depends only on (seed, epoch))."""
 
     def __init__(self, dataset: IterableDataset, cfg: BatchStreamConfig, env: DistEnv,
                  num_samples: int | None = None):

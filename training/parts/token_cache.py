@@ -118,10 +118,8 @@ def _encode_chunk(dataset: TripletDataset, tokenizer: MultiScaleVQVAE, chunk: in
 
 
 def why_not_by_default(dataset, augment: bool, samples: int) -> str | None:
-    """Why ``training.sft`` does not use the cache by default for ``dataset`` (None: it does): augmentation
-    (its images differ every epoch), data that is not a manifest, a run reading each triplet at most once
-    (``samples`` = steps x batch: the build would encode as many images as the run), or a data folder this
-    process cannot write to (the cache lives beside the data)."""
+    """Why ``training.sft`` does not use the cache by default for ``dataset`` (None: it does); ``samples``: steps
+    x batch."""
     if augment:
         return "augmented images, and their tokens, differ every epoch"
     if not isinstance(dataset, TripletDataset):

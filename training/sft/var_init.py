@@ -19,9 +19,7 @@ from stylevar.models.transformer import StyleVAR
 
 def init_from_var(path_or_sd, cfg: StyleVARConfig, vqvae: MultiScaleVQVAE) -> tuple[StyleVAR, dict]:
     """A StyleVAR initialised from a class-conditional VAR checkpoint, and what was copied, split, dropped
-    and left fresh. Each block's `mat_qkv`/`q_bias`/`v_bias` go to both the guide (Q) and the target
-    (K, V) projections; `class_emb` has no counterpart; encoders and `feat_emb` start fresh (ResNet-18
-    trunks from torchvision ImageNet weights when those are in the cache)."""
+    and left fresh (see the module's docstring)."""
     sd, _ = read_state(path_or_sd)
     model = StyleVAR(cfg, vqvae)
     own = model.transformer_state_dict()

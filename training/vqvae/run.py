@@ -36,11 +36,8 @@ from training.vqvae.objective import DeadCodeRestarter, build_objective
 
 
 class ImageSet(Dataset):
-    """Every distinct image (of the given roles) of the triplet datasets' entries, centre-cropped to S x S in [-1, 1].
-
-    A missing or undecodable file is skipped (a warning names it): the next valid image is returned
-    and the item's ``skipped`` list names the files passed over (as in ``training.parts.data``).
-    """
+    """Every distinct image (of the given roles) of the triplet datasets' entries, centre-cropped to S x S in
+    [-1, 1]; unusable files are skipped as in ``training.parts.data``."""
 
     def __init__(self, triplets: TripletDataset, image_size: int, max_skips: int = 100,
                  roles: tuple[str, ...] = ROLES):
