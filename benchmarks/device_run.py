@@ -159,7 +159,6 @@ def nvidia_smi(*query: str) -> list[str]:
     return [line.strip() for line in run.stdout.splitlines() if line.strip()] if run.returncode == 0 else []
 
 
-# ------------------------------------------------------------------------------------------ environment
 def environment(cfg: DeviceRunConfig) -> dict:
     """The machine: GPU, driver, torch and its CUDA, and why CUDA is unusable when a GPU is present but unused."""
     import torch
@@ -181,7 +180,6 @@ def environment(cfg: DeviceRunConfig) -> dict:
     return out
 
 
-# ------------------------------------------------------------------------------------------ golden tokens
 def _golden_models():
     """The reference's small configuration with its seeded weights (tests/reference.py) and golden outputs."""
     import torch
@@ -226,7 +224,6 @@ def golden(cfg: DeviceRunConfig) -> dict:
     return out
 
 
-# ------------------------------------------------------------------------------------------ generation
 def dynamo_counters() -> dict:
     """torch._dynamo's counters as plain dicts: graphs made, frames, graph breaks, recompile-limit hits."""
     from torch._dynamo.utils import counters
@@ -255,7 +252,6 @@ def generation(cfg: DeviceRunConfig, compiled: bool) -> dict:
             "dynamo": dynamo_counters()}
 
 
-# ------------------------------------------------------------------------------------------ training step
 def sft_step(cfg: DeviceRunConfig) -> dict:
     """One SFT optimizer step in bf16 autocast (benchmarks.train_step's measurement, this project's step alone)."""
     from benchmarks.train_step import StepBenchConfig, measure
@@ -267,7 +263,6 @@ def sft_step(cfg: DeviceRunConfig) -> dict:
     return measure(step)
 
 
-# ------------------------------------------------------------------------------------------ the service
 def process_memory(pid: int) -> dict:
     """A process's GPU memory (nvidia-smi, MiB; None without one) and its peak resident host memory (MiB)."""
     gpu = None
@@ -307,7 +302,6 @@ def service(cfg: DeviceRunConfig, time_left: Callable[[], float]) -> dict:
         shutil.rmtree(model_dir, ignore_errors=True)
 
 
-# ------------------------------------------------------------------------------------------ a child: one stage
 def run_one_stage(name: str, cfg, limit_s: float) -> dict:
     """The figures of stage ``name`` (this process is its child)."""
     from stylevar.utils.precision import set_matmul_precision
@@ -338,7 +332,6 @@ def child(name: str, cfg, limit_s: float) -> int:
     return 0 if record["status"] == "ok" else 1
 
 
-# ------------------------------------------------------------------------------------------ the parent
 def run_bounded(argv: list[str], limit_s: float, log: Path) -> str:
     """Run ``argv`` in a session of its own for at most ``limit_s`` seconds (then it and everything it started
     are killed): "exited" or "timed_out"."""

@@ -148,7 +148,6 @@ def pair(content: bytes, style: bytes) -> dict:
     return {"content": ("c.png", content, "image/png"), "style": ("s.png", style, "image/png")}
 
 
-# ---- the probes -----------------------------------------------------------------------------------
 async def unread_streams(url: str, sizes: Sizes) -> dict:
     """Two event streams of a large content, 4 samples each, never read."""
     files = pair(gradient_png(*sizes.stream_side), small_png(1))

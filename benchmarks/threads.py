@@ -98,7 +98,6 @@ class RunSettings:
     settle: float = 1.0
 
 
-# ------------------------------------------------------------------------------------------ the worker's side
 def _stylizer(method: str, threads: str, model: str | None):
     """(stylize(content, style, seed) -> image, the threads it runs, what it is) for a worker (the peer's imports
     no torch)."""
@@ -165,7 +164,6 @@ def _reply(message: dict) -> None:
     sys.stdout.flush()
 
 
-# ------------------------------------------------------------------------------------------ this process's side
 class Worker:
     """One candidate's subprocess (`python -m benchmarks.threads --worker THREADS --method METHOD`), its stderr in a
     temporary file."""

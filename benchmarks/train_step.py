@@ -83,7 +83,6 @@ REFERENCE_NO_DECAY = ("cls_token", "start_token", "task_token", "cfg_uncond", "p
                       "start_pos", "lvl_embed", "gamma", "beta", "ada_gss", "moe_bias", "scale_mul")
 
 
-# ------------------------------------------------------------------------------------------ the reference
 def import_reference_trainer():
     """The reference's `StyleVARTrainer` and `AmpOptimizer`: its `dist` stand-in, and a `utils.misc` holding the two
     logger names the trainer imports (the real one needs typed-argument-parser; the step never logs)."""
@@ -150,7 +149,6 @@ def reference_loss(bundle, batch: dict[str, torch.Tensor], seed: int) -> float:
         return float(F.cross_entropy(logits.flatten(0, 1), torch.cat(gt, 1).flatten(), label_smoothing=LABEL_SMOOTHING))
 
 
-# ------------------------------------------------------------------------------------------ ours
 def our_batch(model, batch: dict[str, torch.Tensor], levers: Levers) -> dict[str, torch.Tensor]:
     """``batch`` as training.sft feeds it: with the token cache, the token maps it holds (made once, here)."""
     import torch
@@ -213,7 +211,6 @@ def triplets(batch: int, size: int, seed: int, device: str = "cpu") -> dict[str,
     return {"content": content.to(device), "style": style.to(device), "target": target.to(device)}
 
 
-# ------------------------------------------------------------------------------------------ measuring
 def build_models(cfg: StepBenchConfig):
     """(reference bundle or None, our model): identical weights when the reference is built."""
     from benchmarks.reference import reference_shaped, reference_weights
@@ -360,7 +357,6 @@ def measure(cfg: StepBenchConfig) -> dict:
     return out
 
 
-# ------------------------------------------------------------------------------------------ report
 def print_table(title: str, rows: dict[str, dict[str, float]]) -> None:
     print(f"  {title}")
     ref = rows.get("reference", {})

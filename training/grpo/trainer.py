@@ -95,7 +95,6 @@ class GRPOTrainer:
         self.weights_L = panw_weights(model.cfg.patch_nums, cfg.panw_gamma).to(model.pos_1LC.device)
         self.patch_nums = tuple(model.cfg.patch_nums)
 
-    # ---- rollouts ------------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, content: torch.Tensor, style: torch.Tensor, seeds: list[int], cond: Condition | None = None
                  ) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -131,7 +130,6 @@ class GRPOTrainer:
         adv = group_advantages(rewards.view(-1, G), self.cfg.adv_eps).view(-1)
         return Rollouts(content, style, tokens, images, rewards, adv.to(content.device), cond=cond)
 
-    # ---- policy terms -------------------------------------------------------------------------
     def reference_logprobs(self, r: Rollouts) -> None:
         """r.old (current policy) and r.ref (LoRA off), no grad, fp32."""
         kw = dict(style_strength=self.cfg.style_strength, chunk=self.cfg.tf_chunk, cond=r.cond)
@@ -204,7 +202,6 @@ class GRPOTrainer:
         self.optimizer.state.clear()
         c.merged(step, emergency, snapshot_lora(self.model))
 
-    # ---- one step -----------------------------------------------------------------------------
     def step(self, batch: Mapping[str, torch.Tensor], step: int) -> dict[str, float]:
         """GRPO step number `step` (1-based) on this rank's share of the batch."""
         cfg, env, c = self.cfg, self.env, self.controller

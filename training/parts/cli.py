@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from dataclasses import fields
 from typing import TYPE_CHECKING
 
 from stylevar.utils.helptext import DEVICE_AUTO, HelpFormatter
@@ -90,17 +91,5 @@ def add_loop_args(parser, *, lr: float, batch_size: int, max_grad_norm: float = 
 def loop_config(args, precision: str) -> LoopConfig:
     from training.parts.schedule import LoopConfig  # with torch: once the options are parsed
 
-    return LoopConfig(
-        max_steps=args.max_steps,
-        save_every=args.save_every,
-        save_every_minutes=args.save_every_minutes,
-        max_minutes=args.max_minutes,
-        val_every=args.val_every,
-        log_every=args.log_every,
-        keep_checkpoints=args.keep_checkpoints,
-        max_grad_norm=args.max_grad_norm,
-        grad_accum=args.grad_accum,
-        precision=precision,
-        progress=not args.no_progress,
-        seed=args.seed,
-    )
+    options = {f.name: getattr(args, f.name) for f in fields(LoopConfig) if f.name not in ("precision", "progress")}
+    return LoopConfig(**options, precision=precision, progress=not args.no_progress)

@@ -150,9 +150,6 @@ def warn_skip(path: str, reason: str) -> None:
     warnings.warn(f"skipping unusable training image {path}: {reason}", RuntimeWarning, stacklevel=3)
 
 
-# ------------------------------------------------------------------------------------------ manifests
-
-
 @dataclass(frozen=True)
 class _Entry:
     paths: dict[str, str]  # role -> absolute path
@@ -233,9 +230,6 @@ class TripletDataset(Dataset):
             f"{len(passed)} consecutive entries from index {index} have unusable images "
             f"(first: {passed[0]}: {self.skipped.get(passed[0])}); check the data"
         )
-
-
-# --------------------------------------------------------------------------------------------- shards
 
 
 class ShardTripletDataset(IterableDataset):
@@ -333,9 +327,6 @@ def _count_from_summary(urls: list[str], split: str | None) -> int | None:
             elif listed & names:
                 return None  # only some of a split's shards: the count is unknown
     return total
-
-
-# ------------------------------------------------------------------------------------------- opening
 
 
 def _resolve(path: str, split: str | None) -> tuple[str, list[str]]:

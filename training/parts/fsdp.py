@@ -70,7 +70,6 @@ def gathered(module: nn.Module) -> Iterator[None]:
         module.reshard()
 
 
-# ------------------------------------------------------------------------------------------ checkpoints
 def _state_dicts(module: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
@@ -128,7 +127,6 @@ def strip_prefix(state: Mapping[str, torch.Tensor], prefix: str) -> dict[str, to
     return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
 
 
-# ------------------------------------------------------------------------------------------ export
 def export_model_dir(checkpoint: str | os.PathLike, out: str | os.PathLike) -> Path:
     """A model directory from a training.sft checkpoint written with ``--strategy fsdp``, in this process
     (no process group): the model is built from RUN/config.json and its shards loaded whole."""

@@ -277,8 +277,6 @@ def eval_loader(dataset: Dataset, batch_size: int, env: DistEnv, *, num_workers:
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, collate_fn=collate_fn)
 
 
-
-
 def move_to(batch: Any, device: torch.device) -> Any:
     """Tensors in (nested) dicts, lists and tuples moved to ``device``."""
     if isinstance(batch, torch.Tensor):

@@ -60,7 +60,6 @@ def gradient_l1(a_B3HW: torch.Tensor, b_B3HW: torch.Tensor) -> torch.Tensor:
     return dx + dy
 
 
-# ------------------------------------------------------------------------------------------ objective
 @dataclass(frozen=True)
 class LossWeights:
     l1: float = 1.0
