@@ -76,8 +76,6 @@ def peak_tflops(name: str) -> float | None:
 
 @dataclass(frozen=True)
 class DeviceRunConfig:
-    """One run's options."""
-
     out: Path
     device: str = "cuda"
     preset: str = "d20"
@@ -134,10 +132,8 @@ def parse_args(argv: list[str] | None):
 
 
 def config_of(a, batches: tuple[int, ...]) -> DeviceRunConfig:
-    return DeviceRunConfig(out=a.out.resolve(), device=a.device, preset=a.preset, batch_sizes=batches,
-                           compile_backend=a.compile_backend, repeats=a.repeats, warmup=a.warmup,
-                           train_batch=a.train_batch, train_variant=a.train_variant, requests=a.requests,
-                           serve_seconds=a.serve_seconds, budget_s=a.budget_s)
+    given = {f.name: getattr(a, f.name) for f in dataclasses.fields(DeviceRunConfig)}
+    return DeviceRunConfig(**{**given, "out": a.out.resolve(), "batch_sizes": batches})
 
 
 def say(line: str) -> None:

@@ -240,9 +240,8 @@ def agreement(bundle, ours, cfg: StepBenchConfig) -> dict[str, float]:
 
 def lever_agreement(ours, batch_size: int, cfg: StepBenchConfig,
                     names: tuple[str, ...] | None = None) -> dict[str, dict[str, float]]:
-    """What is learned, per lever (``names``: of LEVERS and VARIANTS; default all): the first and third step's
-    loss and the largest weight difference after 3 steps, each against today's step from the same weights
-    on the same batch (fp32)."""
+    """Per lever (``names``; default all of LEVERS and VARIANTS), against today's step: the loss differences at
+    steps 1 and 3 and the largest weight difference after 3 (fp32, same weights and batch)."""
     import torch
 
     batch = triplets(batch_size, ours.tokenizer.cfg.image_size, cfg.seed + 7, cfg.device)

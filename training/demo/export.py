@@ -97,9 +97,8 @@ def seed_spread(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def choose_sampling(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0) -> tuple[dict, dict[str, dict]]:
-    """The candidate top-k/top-p with the best SSIM to the target on `triplets` (training ones, so the
-    held-out evaluation stays unbiased) among those whose seed spread is at least `MIN_SEED_SPREAD`
-    (so that seeds stay meaningful; the most random candidate if none is), and every candidate's scores."""
+    """The top-k/top-p with the best SSIM on training `triplets` among those with a seed spread of at least
+    `MIN_SEED_SPREAD` (else the most random), and every candidate's scores."""
     scores = {}
     for cand in SAMPLING_CANDIDATES:  # every triplet in one batch
         out, other = (outputs(generate(pipe, triplets, s, batch_size=len(triplets), **cand))
@@ -234,9 +233,8 @@ def palette_row(cfg: Palette) -> str:
 
 
 def score_baselines(triplets: list[Triplet], size: int, suite=None, palette: Palette = Palette()) -> dict[str, dict]:
-    """Rows of the weight-free baselines: copy-content, Reinhard colour transfer and, when `palette` is on,
-    the content through the same palette step as the model's output (mean metrics); the targets themselves
-    when the triplets have them (what the style measures reach on the data's own rule)."""
+    """Rows of copy-content, Reinhard, the content through `palette` (when on) and the targets (when the
+    triplets have them): mean metrics."""
     score = scorer(triplets, size, suite)
     content, style = (image_batch([getattr(t, k) for t in triplets], size) for k in ("content", "style"))
     images = {"copy-content": content,
@@ -292,9 +290,8 @@ def half_precision_ssim(pipe: StylePipeline, triplets: list[Triplet], seed: int)
 
 def choose_settings(pipe: StylePipeline, calibration: list[Triplet], args: argparse.Namespace
                     ) -> tuple[Refinement, Palette, dict[str, dict]]:
-    """Sampling, then refinement, then the palette step, each chosen on the calibration triplets (the
-    recipe's `--palette` wins over the rule); the sampling is set on `pipe`, refinement and palette are
-    returned (off on `pipe` until the transformer's own outputs are scored) with every candidate's scores."""
+    """Sampling (set on `pipe`), then refinement and the palette step (returned, with every candidate's scores),
+    each chosen on the calibration triplets; `--palette` wins over the rule."""
     pipe.config.generation, scores = choose_sampling(pipe, calibration, args.seed)
     print(f"sampling: {pipe.config.generation} ({scores})")
     # off until chosen: both choices filter the transformer's own outputs

@@ -75,9 +75,7 @@ def fp32_policy(model: StyleVAR):
 
 def sampled_logprobs(model: StyleVAR, content: torch.Tensor, style: torch.Tensor, tokens: list[torch.Tensor],
                      *, style_strength: float = 0.0, chunk: int = 0, cond: Condition | None = None) -> torch.Tensor:
-    """log p of the sampled tokens (N, L) by fp32 teacher forcing, without grad (`old` and `ref`).
-
-    `cond`: the rows' precomputed condition (LoRA leaves the encoders alone, so it is shared by every pass)."""
+    """log p of the sampled tokens (N, L) by fp32 teacher forcing, without grad; `cond`: the rows' condition."""
     N = content.shape[0]
     step = chunk or N
     out = []

@@ -1,11 +1,8 @@
 """Fully sharded data parallel training (FSDP2): ``training.sft --strategy fsdp``.
 
-Weights, gradients and AdamW state are sharded over the processes, one unit per transformer block (its AdaLN
-projection a unit of its own) and the root; the frozen tokenizer stays whole in float32. With bf16 the gathered
-parameters are bfloat16 and gradients are reduced in float32. Checkpoints go through torch.distributed.checkpoint
-(``step-N.dcp/`` written by every process, then rank 0's ``step-N.pt`` last, so a checkpoint is complete once its
-``.pt`` exists) and load at any world size; :func:`export_model_dir` makes a model directory of one
-(``python -m training.sharding``).
+Weights, gradients and AdamW state are sharded, one unit per transformer block (and its AdaLN projection) and
+the root; the frozen tokenizer stays whole. Checkpoints (``step-N.dcp/`` by every process, then rank 0's
+``step-N.pt``, which completes it) load at any world size; :func:`export_model_dir` makes a model directory.
 """
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Optimizer parameter groups and the two-level learning-rate schedule with warmup.
-
-StyleVAR's SFT (the paper): AdamW with betas (0.9, 0.95), lr 5e-4 for epochs 1-6 of 10, then 1e-4;
-no weight decay on embeddings, normalisation parameters, biases and the attention scale parameters.
-"""
+"""Optimizer parameter groups and the two-level learning-rate schedule with warmup (the paper's SFT: AdamW,
+betas (0.9, 0.95), 5e-4 then 1e-4)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -69,11 +66,8 @@ def make_adamw(
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    """lr(step) = base * warmup(step) * (1 before drop_step, drop_factor from it on).
-
-    warmup(step) = min(1, (step + 1) / warmup_steps) (1 without warmup). ``drop_step`` defaults to
-    ``round(drop_fraction * max_steps)`` (paper: 0.6, lr 5e-4 -> 1e-4, i.e. drop_factor 0.2).
-    """
+    """lr(step) = base * min(1, (step + 1) / warmup_steps) * (1 before drop_step, drop_factor from it on);
+    ``drop_step`` defaults to ``round(drop_fraction * max_steps)``."""
 
     max_steps: int
     warmup_steps: int = 0

@@ -1,7 +1,6 @@
 """Seeding, generators derived from integer keys, and the capture and restore of every RNG state.
 
-Randomness that must agree across ranks or survive a resume without stored state (augmentation, alpha
-jitter) is derived from ``(seed, ...)`` with :func:`derived_generator`, not from global RNGs.
+Randomness that must agree across ranks or survive a resume is derived from ``(seed, ...)``.
 """
 from __future__ import annotations
 
@@ -74,9 +73,8 @@ def restore_rng_state(state: Mapping[str, Any], generators: Mapping[str, torch.G
 
 
 def _restore_cuda(states: list[torch.Tensor], device: torch.device | None) -> None:
-    """The saved CUDA state onto ``device``: a checkpoint holds its process's device's state alone; one written
-    before held every visible GPU's, by index (the one of ``device`` is taken where it was saved). Nothing on
-    the CPU, or where the saved run had no GPU."""
+    """The saved CUDA state onto ``device`` (a state per GPU: the one of ``device``'s index); nothing on the CPU
+    or where the saved run had no GPU."""
     if not states or device is None or device.type != "cuda":
         return
     index = 0 if len(states) == 1 else (device.index or 0)

@@ -19,9 +19,8 @@ from training.parts.stop import StopSignals
 
 
 class LossWatch:
-    """The first step whose loss was not finite, noted on the device (:meth:`note`: no host sync) and read by
-    :meth:`check` (one sync), which stops the run: :class:`TrainingRun` checks before every checkpoint and
-    RUN/final, the log before every line, so no checkpoint holds the weights of a step that diverged."""
+    """The first step whose loss was not finite, noted on the device (no host sync) and read by :meth:`check`,
+    which stops the run: checked before every checkpoint and log line, so no checkpoint holds a diverged step."""
 
     def __init__(self) -> None:
         self._step: torch.Tensor | None = None  # 0-d int64 on the loss's device: 0 while every loss was finite

@@ -82,9 +82,8 @@ class CheckpointSchedule:
 
 
 class Progress:
-    """Steps per second and the time left at that rate, measured from the end of the warm-up: the first
-    ``warmup_steps`` steps of this process (compilation, the loaders' start, the allocator's growth) are left out,
-    and the line says ``estimating...`` until a step after them. :meth:`passed` notes each finished step."""
+    """Steps per second and the time left at that rate, leaving out this process's first ``warmup_steps``
+    steps; :meth:`passed` notes each finished step."""
 
     def __init__(self, start_step: int, max_steps: int, clock: Callable[[], float] = time.monotonic,
                  warmup_steps: int = 1):

@@ -78,9 +78,8 @@ class TrainingState:
         return notes + list(getattr(self.stream, "notes", ()))  # e.g. shard streams restarting
 
     def _rate_of_this_schedule(self) -> None:
-        """The optimizer's rate for the resumed step from this run's schedule (a LambdaLR's own formula): the
-        checkpoint holds the rate of the schedule it was trained with, which a longer run may have moved
-        (training.parts.extension); unchanged on a plain resume."""
+        """The resumed step's rate from this run's schedule, which a longer run may have moved
+        (training.parts.extension)."""
         sched = self.scheduler
         rates = [base * factor(sched.last_epoch) for factor, base in zip(sched.lr_lambdas, sched.base_lrs)]
         for group, rate in zip(self.optimizer.param_groups, rates, strict=True):

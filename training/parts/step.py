@@ -1,9 +1,7 @@
 """The optimizer step of the recipes whose step is one objective (training.vqvae, training.sft), and its log
 line: accumulation with DDP's no_sync, autocast, loss scaling, clipping, optimizer and scheduler.
 
-The step never waits for the device: its loss, metrics and grad norm stay tensors there; the log line reads a
-window of them at once (:class:`~training.parts.log.MetricWindow`) and a loss that is not finite is read on log
-steps and before every checkpoint (:class:`~training.parts.run.LossWatch`)."""
+The step never waits for the device: its loss, metrics and grad norm are read a window at a time by the log."""
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence

@@ -1,9 +1,5 @@
 """Resumable, sharded data order: the sampler of one rank's epoch, and the batch streams that know where
-they are (a checkpoint stores their position; a resume continues with the very next batch).
-
-The global batch (``--batch-size``) is the number of samples per optimizer step across all ranks and
-accumulation micro-steps, so the same command gives the same training on 1 or N processes.
-"""
+they are (a checkpoint stores their position; a resume continues with the very next batch)."""
 from __future__ import annotations
 
 import os
@@ -76,9 +72,8 @@ class LoaderPolicy:
 
 
 def default_num_workers(device_type: str, cpus: int, local_processes: int) -> int:
-    """``--num-workers`` when it is not given: on CUDA the CPUs of this process's share (``cpus`` over the
-    processes on this machine) less one for the process itself, at least 1 and at most MAX_DEFAULT_WORKERS; on
-    the CPU 0 (the step's own threads use the cores, and a worker would take one from them)."""
+    """``--num-workers`` when not given: on CUDA this process's share of ``cpus`` less one, in [1,
+    MAX_DEFAULT_WORKERS]; on the CPU 0."""
     if device_type != "cuda":
         return 0
     return max(1, min(MAX_DEFAULT_WORKERS, cpus // max(1, local_processes) - 1))

@@ -1,7 +1,7 @@
 """The SFT step's inputs from the frozen tokenizer: the target's token maps and the style's and content's token
 streams, from one encode of the three image batches or from a `training.parts.token_cache.TokenCache`, made into
 the model's `Condition` without encoding any image again: term for term `StyleVAR.condition(content, style)`'s
-single-style case (tests/training/test_token_cache.py compares the two).
+single-style case.
 """
 from __future__ import annotations
 

@@ -110,9 +110,8 @@ def compiler_missing(device: torch.device) -> str | None:
 
 
 def resolve_compile(args: argparse.Namespace, device: torch.device) -> tuple[bool, str]:
-    """Whether the blocks are compiled, and a line saying why: ``--compile`` / ``--no-compile`` as given;
-    by default on for runs of at least SFT_COMPILE_MIN_STEPS steps where a compiler is found, not under
-    ``--strategy fsdp`` (the compiled step's measured gain repays its compile from about that many steps)."""
+    """Whether the blocks are compiled, and a line saying why: ``--compile`` / ``--no-compile`` as given; by
+    default from SFT_COMPILE_MIN_STEPS steps on where a compiler is found, not under ``--strategy fsdp``."""
     if args.compile is False:
         return False, "blocks eager (--no-compile)"
     missing = compiler_missing(device)
@@ -136,9 +135,8 @@ def set_drop_path_rate(model: StyleVAR, rate: float) -> None:
 
 
 def prepare_model(model: StyleVAR, args: argparse.Namespace, env: DistEnv) -> None:
-    """The model on the device in train mode, with the step's layouts: the convolutions NHWC on the CPU (not
-    under FSDP), the blocks compiled when ``args.compile`` (resolved by `resolve_compile`; the compile policy,
-    stylevar.runtime.compile: one graph for every block, whatever its drop-path rate)."""
+    """The model on the device in train mode: convolutions NHWC on the CPU (not under FSDP), the blocks
+    compiled when ``args.compile``."""
     model.activation_checkpointing = args.activation_checkpointing
     model.to(env.device).train()
     if env.device.type == "cpu" and args.strategy != "fsdp":

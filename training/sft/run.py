@@ -140,9 +140,8 @@ def _cache_progress(chunk: int, chunks: int) -> None:
 
 def open_cache(args: argparse.Namespace, train_set: Dataset, model: StyleVAR, env: DistEnv,
                notes: list[str], num_workers: int) -> TokenCache | None:
-    """The train split's token maps, built where missing (module training.parts.token_cache): with
-    --token-cache, and by default where `why_not_by_default` finds nothing against it (the reason goes to
-    ``notes``); None with --no-token-cache or such a reason."""
+    """The train split's token maps, built where missing (training.parts.token_cache), or None (the reason
+    not to use them by default goes to ``notes``)."""
     if args.token_cache is None:
         why = why_not_by_default(train_set, augment_config(args) is not None, args.max_steps * args.batch_size)
         notes.append(f"token cache off by default: {why}" if why else "token cache on by default "
