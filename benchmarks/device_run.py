@@ -329,8 +329,7 @@ def child(name: str, cfg, limit_s: float) -> int:
 
 
 def run_bounded(argv: list[str], limit_s: float, log: Path) -> str:
-    """Run ``argv`` in a session of its own for at most ``limit_s`` seconds (then it and everything it started
-    are killed): "exited" or "timed_out"."""
+    """Run ``argv`` in its own session for at most ``limit_s`` seconds: "exited" or "timed_out"."""
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
         try:

@@ -14,8 +14,7 @@ from pathlib import Path
 
 def take_turns(fns: dict[str, Callable[[], object]], repeats: int, warmup: int,
                clocks: Sequence[Callable[[], float]] = (time.perf_counter,)) -> dict[str, list[float]]:
-    """Median seconds of each function's calls on each clock (one entry per clock), the functions taking
-    turns call by call after ``warmup`` untimed rounds."""
+    """Median seconds per clock of each function's calls, taking turns after ``warmup`` rounds."""
     times: dict[str, list[list[float]]] = {name: [[] for _ in clocks] for name in fns}
     for r in range(warmup + repeats):
         for name, fn in fns.items():

@@ -118,8 +118,7 @@ def reference_shaped() -> tuple[VQVAEConfig, StyleVARConfig]:
 
 
 def reference_weights(vqvae_sd: dict, stylevar_sd: dict):
-    """This project's reference-shaped StyleVAR loaded from the reference's state dicts through its own checkpoint
-    loaders (`stylevar.loaders.convert`): the same weights as the reference's models."""
+    """This project's reference-shaped StyleVAR with the reference's weights (through its own loaders)."""
     from stylevar.loaders.convert import load_stylevar, load_vqvae
 
     vq_cfg, tr_cfg = reference_shaped()

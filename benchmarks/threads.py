@@ -165,8 +165,7 @@ def _reply(message: dict) -> None:
 
 
 class Worker:
-    """One candidate's subprocess (`python -m benchmarks.threads --worker THREADS --method METHOD`), its stderr in a
-    temporary file."""
+    """One candidate's subprocess, its stderr in a temporary file."""
 
     def __init__(self, cand: Candidate, settings: RunSettings):
         self.candidate = cand

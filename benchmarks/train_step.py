@@ -84,8 +84,7 @@ REFERENCE_NO_DECAY = ("cls_token", "start_token", "task_token", "cfg_uncond", "p
 
 
 def import_reference_trainer():
-    """The reference's `StyleVARTrainer` and `AmpOptimizer`: its `dist` stand-in, and a `utils.misc` holding the two
-    logger names the trainer imports (the real one needs typed-argument-parser; the step never logs)."""
+    """The reference's `StyleVARTrainer` and `AmpOptimizer` (with stand-ins for what it imports)."""
     from benchmarks.reference import import_reference
 
     if "dist" not in sys.modules:

@@ -178,8 +178,7 @@ def refinement_label(cfg: Refinement) -> str:
 
 def generate(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0, batch_size: int = 16, suite=None,
              **gen_kwargs) -> Scored:
-    """The model on `triplets` (seed + index each) through `stylevar.evaluate`'s runner: batch by batch,
-    timed, scored by `scorer` (the suite's metrics among them), every output kept at the model's resolution."""
+    """The model on `triplets` (seed + index each), batch by batch, timed and scored by `scorer`."""
     size = pipe.image_size
 
     def run(sl: slice) -> torch.Tensor:
@@ -248,8 +247,7 @@ def score_baselines(triplets: list[Triplet], size: int, suite=None, palette: Pal
 
 
 def evaluate(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0, suite=None) -> dict[str, dict]:
-    """Mean of each metric per method: the model (with seconds per image and seed spread) and the
-    baselines (`score_baselines`, with the model's palette step)."""
+    """Mean of each metric per method: the model (with seconds per image, seed spread) and the baselines."""
     return {"model": evaluate_model(pipe, triplets, seed, suite),
             **score_baselines(triplets, pipe.image_size, suite, pipe.config.palette)}
 
@@ -325,8 +323,7 @@ def evaluate_tables(pipe: StylePipeline, triplets: list[Triplet], photos: list[T
 
 
 def evaluate_real_pairs(pipe: StylePipeline, args: argparse.Namespace) -> tuple[dict | None, dict[str, dict]]:
-    """The held-out real pairs (`--real-contents`, when given; the grid written to OUT/real_pairs.png) and the
-    variants the card sets beside this model (`--compare NAME=JSON`)."""
+    """The held-out real pairs (`--real-contents`) and the variants set beside this model (`--compare`)."""
     real = None
     if args.real_contents:
         spec = RealPairs.from_folders(args.real_contents, args.real_styles or args.real_contents, args.real_photos,

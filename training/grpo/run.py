@@ -57,8 +57,7 @@ def check_inputs(args: argparse.Namespace) -> None:
 
 
 def execute(args: argparse.Namespace) -> int:
-    """``python -m training.grpo`` once its options are parsed: the checks and configs, then the run (on every
-    process)."""
+    """``python -m training.grpo`` once its options are parsed (on every process)."""
     check_inputs(args)
     try:
         grpo_cfg = GRPOConfig(group_size=args.group_size, top_k=args.top_k, top_p=args.top_p,
@@ -96,8 +95,7 @@ def schedule(options: Mapping[str, Any]) -> ScheduleConfig:
 
 
 def grpo_steps(tr: TrainingRun, cfg: LoopConfig, trainer: GRPOTrainer, saved: Mapping[str, Any]) -> int:
-    """The steps from ``tr.start`` to ``cfg.max_steps`` with their log lines and checkpoints (``saved``: what
-    each checkpoint keeps besides the merge state); returns the last step."""
+    """The steps from ``tr.start`` to ``cfg.max_steps`` with log lines and checkpoints; returns the last step."""
     log, start, env, stream = tr.log, tr.start, tr.env, tr.state.stream
     step = start
     window = MetricWindow(env, last=LAST_KEYS, summed=SUM_KEYS, over_ranks=False)  # stats agree on all ranks

@@ -177,8 +177,7 @@ class GRPOTrainer:
         return out
 
     def _sync_grads(self) -> None:
-        """The LoRA gradients averaged over ranks in one all-reduce of one flat buffer (per element the same
-        sum as an all-reduce per tensor)."""
+        """The LoRA gradients averaged over ranks in one all-reduce of one flat buffer."""
         if not self.env.distributed:
             return
         for p in self.params:

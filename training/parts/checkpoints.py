@@ -183,8 +183,7 @@ class CheckpointManager:
 
 
 def remove_stale_temps(folder: Path, pattern: str = ".step-*.tmp") -> None:
-    """Remove the temporary files and folders of writes a killed process left in ``folder`` (by default
-    those of checkpoints), so they cannot keep a full disk full."""
+    """Remove the temporary files a killed process's writes left in ``folder`` (they would keep a disk full)."""
     if folder.is_dir():
         for p in folder.glob(pattern):
             remove_quietly(p)

@@ -26,8 +26,7 @@ DATA_HELP = "triplet manifest, folder (manifest.jsonl or shards), shard tar or p
 
 
 def recipe_parser(module: str, doc: str, *, data_help: str = DATA_HELP) -> argparse.ArgumentParser:
-    """The parser of ``python -m MODULE`` (its description: the first line of ``doc``), with the repeatable
-    --data; the recipe adds its own options, then :func:`add_loop_args`."""
+    """The parser of ``python -m MODULE`` with the repeatable --data (then :func:`add_loop_args`)."""
     p = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n")[0],
                                 formatter_class=HelpFormatter)
     p.add_argument("--data", action="append", required=True, help=data_help)
@@ -57,8 +56,7 @@ def batch_size_option(text: str) -> int | str:
 
 
 def add_loop_args(parser, *, lr: float, batch_size: int, max_grad_norm: float = 2.0, auto_batch: str = "") -> None:
-    """--out --max-steps --batch-size --grad-accum --lr --warmup-steps ... (see --help); ``auto_batch``: what
-    ``--batch-size auto`` does (empty: it is not offered)."""
+    """The loop's options; ``auto_batch``: what ``--batch-size auto`` does (empty: not offered)."""
     g = parser.add_argument_group("run and loop")
     g.add_argument("--out", required=True, help="RUN directory; re-running the same command resumes it")
     g.add_argument("--max-steps", type=int, required=True, help="optimizer steps in all")

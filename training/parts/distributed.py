@@ -91,8 +91,7 @@ def all_gather_object(obj: Any, env: DistEnv) -> list[Any]:
 
 
 def main_rank_write(env: DistEnv, write: Callable[[], None]) -> None:
-    """Run ``write`` on rank 0 while the other ranks wait; an OSError there (a :class:`WriteFailedError`:
-    disk full) is raised on every rank, so no rank is left waiting at a barrier for a write that failed."""
+    """Run ``write`` on rank 0 while the others wait; an OSError there is raised on every rank."""
     error: OSError | None = None
     if env.is_main:
         try:

@@ -40,8 +40,7 @@ class RunExtension:
                       f"step {moved} (--lr-drop-step places it, at a step not yet trained)")
 
     def problem(self, old: Mapping[str, Any], new: Mapping[str, Any], steps_done: int) -> str:
-        """Why ``new`` (as :meth:`settle` returned it) may not continue the run of ``old`` that has taken
-        ``steps_done`` steps ("" when it may)."""
+        """Why ``new`` (from :meth:`settle`) may not continue ``old`` after ``steps_done`` steps ("" when it may)."""
         before, after = self.schedule(old), self.schedule(new)
         changed = self._changed(before, after, steps_done)
         if changed is None:

@@ -33,8 +33,7 @@ def precision_policies(precision: str) -> dict[str, Any]:
 
 
 def shard_model(root: nn.Module, model: nn.Module, env, precision: str) -> nn.Module:
-    """``root`` (whose forward runs ``model``, a StyleVAR) sharded in place over the process group, with the
-    units' :func:`precision_policies`; one process: ``root`` unchanged (there is nothing to shard over)."""
+    """``root`` (running ``model``) sharded in place with :func:`precision_policies`; one process: unchanged."""
     if not env.distributed:
         return root
     from torch.distributed.fsdp import fully_shard
@@ -55,8 +54,7 @@ def is_sharded(module: nn.Module) -> bool:
 
 @contextlib.contextmanager
 def gathered(module: nn.Module) -> Iterator[None]:
-    """The root's own parameters whole for the duration (to call methods other than ``forward``, e.g. a
-    validation pass; the blocks gather theirs when called). A no-op for an unsharded module."""
+    """The root's own parameters whole for the duration (e.g. a validation pass); a no-op when unsharded."""
     if not is_sharded(module):
         yield
         return
@@ -101,8 +99,7 @@ def save_sharded(folder: Path, module: nn.Module, optimizer: torch.optim.Optimiz
 
 
 def load_sharded(folder: str | os.PathLike, module: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
-    """Load a :func:`save_sharded` folder into ``module`` (sharded at any world size, or whole in one
-    process) and ``optimizer`` (when given)."""
+    """Load a :func:`save_sharded` folder into ``module`` (at any world size) and ``optimizer`` (when given)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
@@ -125,8 +122,7 @@ def strip_prefix(state: Mapping[str, torch.Tensor], prefix: str) -> dict[str, to
 
 
 def export_model_dir(checkpoint: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """A model directory from a training.sft checkpoint written with ``--strategy fsdp``, in this process
-    (no process group): the model is built from RUN/config.json and its shards loaded whole."""
+    """A model directory from a ``--strategy fsdp`` checkpoint, built in this process (no process group)."""
     from stylevar.config import StyleVARConfig, VQVAEConfig
     from stylevar.pipelines.pipeline import StylePipeline
     from stylevar.models.tokenizer import MultiScaleVQVAE

@@ -134,8 +134,7 @@ class MetricWindow:
 
 
 def _host_table(rows: Sequence[Mapping[str, float | torch.Tensor]], keys: Sequence[str]) -> torch.Tensor:
-    """(rows, keys) float64 on the CPU, nan where a row lacks a key; the tensors of each device come over in
-    one copy."""
+    """(rows, keys) float64 on the CPU, nan where a row lacks a key; one copy per device."""
     table = torch.full((len(rows), len(keys)), math.nan, dtype=torch.float64)
     by_device: dict[torch.device, list[tuple[int, int, torch.Tensor]]] = {}
     for i, row in enumerate(rows):

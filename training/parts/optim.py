@@ -99,8 +99,7 @@ class ScheduleConfig:
 
 
 def two_level_scheduler(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    """A LambdaLR following ``cfg`` (its state_dict holds only the step count, so it loads with
-    ``torch.load(weights_only=True)``)."""
+    """A LambdaLR following ``cfg`` (its state_dict loads with ``torch.load(weights_only=True)``)."""
 
     def factor(step: int) -> float:
         return cfg.factor(step)

@@ -33,8 +33,7 @@ def process_seed(seed: int, rank: int) -> int:
 
 def capture_rng_state(generators: Mapping[str, torch.Generator] | None = None,
                       device: torch.device | None = None) -> dict[str, Any]:
-    """Every RNG state of this process as a dict that ``torch.load(weights_only=True)`` can read; on CUDA the
-    state of ``device``, the one this process trains on (not every visible GPU's: a resume may see other GPUs)."""
+    """Every RNG state of this process (weights_only-loadable); on CUDA only ``device``'s."""
     np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
     py_version, py_internal, py_gauss = random.getstate()
     state: dict[str, Any] = {
@@ -55,8 +54,7 @@ def capture_rng_state(generators: Mapping[str, torch.Generator] | None = None,
 
 def restore_rng_state(state: Mapping[str, Any], generators: Mapping[str, torch.Generator] | None = None,
                       device: torch.device | None = None) -> None:
-    """Restore a :func:`capture_rng_state`; its CUDA state goes to ``device`` (this process's), whatever the
-    number of GPUs visible when it was saved and now."""
+    """Restore a :func:`capture_rng_state`, its CUDA state onto ``device``."""
     py = state["python"]
     random.setstate((py["version"], tuple(py["internal"]), py["gauss"]))
     npst = state["numpy"]

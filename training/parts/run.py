@@ -135,8 +135,7 @@ class TrainingRun:
         return self.stopping or self.schedule.due(step, agree=agree)
 
     def save(self, step: int, extra: Mapping[str, Any] | None = None) -> None:
-        """The checkpoint of ``step`` (every rank calls it), and the time left; after a stop signal, the line
-        that says how to resume and the exit (SystemExit with the signal's status)."""
+        """The checkpoint of ``step`` (every rank calls it); after a stop signal, the resume line and the exit."""
         self.losses.check(self.env.rank, self.run.checkpoints)
         state = self.state
         sharded = {"write_sharded": state.write_sharded} if state.sharded else {}
@@ -149,8 +148,7 @@ class TrainingRun:
             self.log.info(f"checkpoint {path.name}; {self.progress.line(step)}")
 
     def finish(self, step: int, write_final: Callable[[Path], None] | None) -> None:
-        """The summary line; then ``write_final(folder)`` on rank 0 makes ``RUN/final`` (unless a finished
-        run was only re-run)."""
+        """The summary line; then ``write_final(folder)`` on rank 0 makes ``RUN/final`` (unless already there)."""
         self.losses.check(self.env.rank, self.run.checkpoints)
         if step > self.start:
             self.log.info(f"trained steps {self.start + 1}-{step} in {format_duration(self.progress.elapsed_s())}")
@@ -166,8 +164,7 @@ class TrainingRun:
 
 
 def on_every_process(device: str | None, train: Callable[[DistEnv], int]) -> int:
-    """``train(env)`` in this process of the run (torchrun's or alone), the process group left at the end, after
-    every rank has finished; a RUN/ made by another command, or with no readable checkpoint, is one line."""
+    """``train(env)`` in this process of the run; input errors (another run's RUN/, no checkpoint) are one line."""
     env = setup_distributed(device)
     try:
         code = train(env)

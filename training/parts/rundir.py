@@ -34,8 +34,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def with_absent(old: Mapping[str, Any], absent_as: Mapping[str, Any]) -> dict[str, Any]:
-    """``old`` with each key of ``absent_as`` that it lacks set to that value ("section.key": inside a section
-    that it has): options added after a run began count, in that run, as what it computed without them."""
+    """``old`` with the keys of ``absent_as`` it lacks ("section.key": inside a section) set to their value."""
     out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in old.items()}
     for dotted, value in absent_as.items():
         section, _, key = dotted.rpartition(".")
@@ -47,8 +46,7 @@ def with_absent(old: Mapping[str, Any], absent_as: Mapping[str, Any]) -> dict[st
 
 def config_differences(old: Mapping[str, Any], new: Mapping[str, Any], free_keys: Sequence[str],
                        absent_as: Mapping[str, Any] | None = None) -> str:
-    """``key: old -> new`` for each key outside ``free_keys`` whose value differs ("" when none does); keys of
-    ``absent_as`` missing from ``old`` count as their value there (`with_absent`)."""
+    """``key: old -> new`` per differing key outside ``free_keys`` ("" when none), after `with_absent`."""
     old = with_absent(old, absent_as or {})
     keys = (set(old) | set(new)) - set(free_keys)
     diff = sorted(k for k in keys if old.get(k, "<absent>") != new.get(k, "<absent>"))
@@ -121,8 +119,7 @@ class RunDir:
     def _check_same_run(self, old: Mapping[str, Any], new: Mapping[str, Any], free_keys: Sequence[str],
                         absent_as: Mapping[str, Any] | None,
                         extension: RunExtension | None) -> tuple[dict[str, Any], tuple[str, ...]]:
-        """The config ``new`` continues the run of ``old`` with (:meth:`RunExtension.settle`) and the notes
-        about it; RunConfigMismatchError unless it may (see :meth:`prepare`)."""
+        """The config ``new`` continues ``old`` with, and notes; RunConfigMismatchError unless it may."""
         extendable = extension.keys if extension is not None else ()
         lines = config_differences(old, new, (*free_keys, *extendable), absent_as)
         if lines:

@@ -46,8 +46,7 @@ class LoopConfig:
         return step % self.log_every == 0 or step == self.max_steps
 
     def val_due(self, step: int) -> bool:
-        """Whether to validate after ``step`` inside the loop (every ``val_every`` steps; the end is the
-        recipe's own validation after the loop)."""
+        """Whether to validate after ``step`` inside the loop (the last step's validation is the recipe's)."""
         return bool(self.val_every) and step % self.val_every == 0 and step != self.max_steps
 
 

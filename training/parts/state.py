@@ -35,8 +35,7 @@ class TrainingState:
     sharded: bool = False
 
     def state_dict(self, step: int, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The checkpoint at ``step`` (without model and optimizer when ``sharded``: :meth:`write_sharded`
-        writes those). Call on every rank (RNG states are gathered)."""
+        """The checkpoint at ``step`` (without model and optimizer when ``sharded``); every rank calls it."""
         scaler = {} if self.scaler is None else {"scaler": self.scaler.state_dict()}
         weights = {} if self.sharded else {"model": unwrap(self.model).state_dict(),
                                            "optimizer": self.optimizer.state_dict()}

@@ -46,8 +46,7 @@ class StopSignals:
         signal.signal(signum, self._before.get(signum, signal.SIG_DFL))  # the next one acts at once
 
     def agreed(self, env: DistEnv) -> bool:
-        """Whether to stop after this step: rank 0's answer on every rank (torchrun passes a signal on to every
-        process, and the ranks must checkpoint at the same step)."""
+        """Whether to stop after this step: rank 0's answer, on every rank."""
         why = BY_SIGNAL if self.received is not None else OUT_OF_TIME if self.clock() >= self._deadline else GO_ON
         if env.distributed:
             why = float(broadcast_(torch.tensor([why], device=env.device), env).item())

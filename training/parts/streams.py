@@ -80,8 +80,7 @@ def default_num_workers(device_type: str, cpus: int, local_processes: int) -> in
 
 
 def loader_policy(num_workers: int | None, device: torch.device) -> LoaderPolicy:
-    """The policy of a run on ``device``: ``num_workers`` (None: :func:`default_num_workers` from the CPUs this
-    process may use, stylevar.utils.threads.cpu_budget, and torchrun's LOCAL_WORLD_SIZE), pinned memory on CUDA."""
+    """The policy of a run on ``device`` (``num_workers`` None: :func:`default_num_workers`)."""
     if num_workers is None:
         from stylevar.utils.threads import cpu_budget
 
@@ -110,8 +109,7 @@ def micro_batch_size(global_batch: int, grad_accum: int, world_size: int) -> int
 
 
 class EpochItems(Dataset):
-    """A map-style dataset read by (epoch, index) keys: the dataset's ``set_epoch`` (where it has one) is called
-    with the key's epoch first, in whichever process reads the item (a persistent worker holds its own copy)."""
+    """A map-style dataset read by (epoch, index) keys, calling ``set_epoch`` in whichever process reads."""
 
     def __init__(self, dataset: Dataset):
         self.dataset = dataset

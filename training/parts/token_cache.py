@@ -37,8 +37,7 @@ class TokenCacheError(ValueError):
 
 
 def tokenizer_checksum(tokenizer: MultiScaleVQVAE) -> str:
-    """sha256 of the tokenizer's config and every tensor of its state dict (name, dtype, shape, bytes in
-    row-major order, whatever the memory layout)."""
+    """sha256 of the tokenizer's config and every tensor of its state dict, whatever the memory layout."""
     h = hashlib.sha256(json.dumps(tokenizer.cfg.to_dict(), sort_keys=True).encode())
     for name, t in sorted(tokenizer.state_dict().items()):
         t = t.detach().cpu().contiguous().view(-1)
@@ -134,8 +133,7 @@ def why_not_by_default(dataset, augment: bool, samples: int) -> str | None:
 
 def open_token_cache(dataset: TripletDataset, tokenizer: MultiScaleVQVAE, env: DistEnv, *, batch_size: int = 32,
                      num_workers: int = 0, on_chunk: Callable[[int, int], None] | None = None) -> TokenCache:
-    """The cache of ``dataset`` (a `TripletDataset` without augmentation), building the chunks that are
-    missing or stale first (this rank's share of them; all ranks must call this)."""
+    """The cache of ``dataset``, this rank's missing or stale chunks built first (all ranks call this)."""
     if not isinstance(dataset, TripletDataset):
         raise TokenCacheError("the token cache needs manifest data (a TripletDataset), not shards")
     aug = dataset.transform.augment

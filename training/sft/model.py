@@ -27,8 +27,7 @@ from training.sft.var_init import init_from_var
 
 
 def read_tokenizer(src: str, preset_cfg: VQVAEConfig, image_size: int | None) -> MultiScaleVQVAE:
-    """The frozen tokenizer from a folder (``config.json`` + ``tokenizer.safetensors``: a training.vqvae
-    RUN/final or a model directory) or a weights file (.pth / .safetensors) with the preset's config."""
+    """The frozen tokenizer from a folder (RUN/final or a model directory) or a weights file (.pth/.safetensors)."""
     path = Path(src)
     if path.is_dir():
         vqvae = MultiScaleVQVAE.from_pretrained(path)
@@ -75,8 +74,7 @@ VARIANT_MODULES = {"content_injection": "content_in", "colour_stats": "colour_in
 
 
 def with_variants(model: StyleVAR, variants: list[str]) -> StyleVAR:
-    """``model`` with opt-in variants turned on: their modules start at zero, so the model computes what it did;
-    every other tensor is the model's own."""
+    """``model`` with opt-in variants on, their modules at zero (the model computes what it did)."""
     unknown = sorted(set(variants) - set(VARIANT_MODULES))
     if unknown:
         raise SystemExit(f"error: --add-variants: unknown {unknown} (known: {sorted(VARIANT_MODULES)})")
@@ -90,15 +88,13 @@ def with_variants(model: StyleVAR, variants: list[str]) -> StyleVAR:
 
 
 def channels_last(model: StyleVAR) -> None:
-    """The convolutions of both image encoders and of the frozen tokenizer in NHWC (oneDNN's faster layout on
-    the CPU; the images are taken as they come): the same computation up to float rounding."""
+    """The image encoders' and the tokenizer's convolutions in NHWC (faster on the CPU, the same result)."""
     for part in (model.style_encoder, model.content_encoder, model.tokenizer):
         part.to(memory_format=torch.channels_last)
 
 
 def compiler_missing(device: torch.device) -> str | None:
-    """Why torch.compile cannot build kernels for ``device`` here (None: it can): Inductor needs a C++ compiler
-    on the CPU and Triton on CUDA."""
+    """Why torch.compile cannot build kernels for ``device`` here (None: it can)."""
     if device.type == "cuda":
         from torch.utils._triton import has_triton
 

@@ -122,8 +122,7 @@ def augment_config(args: argparse.Namespace) -> AugmentConfig | None:
 
 
 def open_datasets(args: argparse.Namespace, image_size: int) -> tuple[Dataset, Dataset | None]:
-    """The train split (augmented unless --no-augment; palettes permuted with --augment-palette) and the val split
-    (None when there is none)."""
+    """The train split (augmented unless --no-augment) and the val split (None when there is none)."""
     augment = augment_config(args)
     train_set = open_triplets(args.data, "train", image_size, augment, seed=args.seed, shuffle=True)
     try:
@@ -187,8 +186,7 @@ class SFTRun:
                             self.args.val_max_batches)
 
     def steps(self, tr: TrainingRun, cfg: LoopConfig) -> int:
-        """The steps from ``tr.start`` to ``cfg.max_steps``, with their log lines, validations and
-        checkpoints, then the final validation; returns the last step."""
+        """The steps from ``tr.start`` to ``cfg.max_steps``, then the final validation; returns the last step."""
         log, val_set = tr.log, self.val_set
         self.ddp.train()
         step = tr.start
@@ -209,8 +207,7 @@ class SFTRun:
         return step
 
     def final_writer(self) -> Callable[[Path], None]:
-        """What writes RUN/final: the model directory (with a sharded model, its whole state dict is gathered
-        to rank 0 first: every rank calls this)."""
+        """What writes RUN/final (a sharded model is gathered to rank 0 first: every rank calls this)."""
         args, model = self.args, self.model
         whole = None
         if fsdp.is_sharded(self.ddp):
@@ -229,8 +226,7 @@ class SFTRun:
 
 def log_start(tr: TrainingRun, args: argparse.Namespace, intro: str, notes: list[str],
               summary: dict[str, Any] | None) -> None:
-    """The run's first lines: ``intro``; on a fresh run the model's initialisation (and, from a VAR
-    checkpoint, RUN/init_summary.json and its log record)."""
+    """The run's first lines: ``intro``, and on a fresh run the model's initialisation."""
     log = tr.log
     log.info(intro)
     if tr.start != 0:

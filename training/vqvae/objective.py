@@ -21,8 +21,7 @@ from training.parts.rng import derived_generator, process_seed, seed_everything
 
 
 def build_lpips(device: torch.device) -> tuple[nn.Module | None, str]:
-    """The LPIPS network (VGG-16, differentiable, inputs in [-1, 1]) from the local weight cache, or
-    (None, why not). Loading goes through ``stylevar.metrics.perceptual.LPIPSMetric``."""
+    """The LPIPS network from the local weight cache, or (None, why not)."""
     try:
         from stylevar.loaders import weights
         from stylevar.metrics.perceptual import LPIPSMetric
@@ -176,8 +175,7 @@ class DeadCodeRestarter:
 
 
 def build_objective(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: DistEnv) -> tuple[VQVAEObjective, str]:
-    """A fresh tokenizer (seeded: the same on every rank) in its objective, and what the log says of its
-    initialisation and of LPIPS."""
+    """A fresh tokenizer (seeded alike on every rank) in its objective, and log lines about it."""
     seed_everything(args.seed)
     vqvae = MultiScaleVQVAE(vq_cfg)
     init_note = init_from(vqvae, Path(args.init)) if args.init else ""

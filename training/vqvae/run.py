@@ -173,8 +173,7 @@ class VQVAERun:
         return validate(self.vqvae, self.val_set, self.env, self.args.val_batch_size, self.precision)
 
     def steps(self, tr: TrainingRun, cfg: LoopConfig) -> int:
-        """The steps from ``tr.start`` to ``cfg.max_steps`` (dead-code restarts, log lines, validations,
-        checkpoints), then the final validation; returns the last step."""
+        """The steps from ``tr.start`` to ``cfg.max_steps``, then the final validation; returns the last step."""
         log, params = tr.log, list(self.vqvae.parameters())
         self.model.train()
         step = tr.start
