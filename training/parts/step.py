@@ -72,3 +72,29 @@ def log_objective_window(tr: TrainingRun, cfg: LoopConfig, step: int, window: Me
     tr.log.advance(step, {"loss": record["loss"], "lr": lr})
     if tr.progress.first_lines_due(step) and step < cfg.max_steps:
         tr.log.info(tr.progress.line(step))
+
+
+def objective_steps(tr: TrainingRun, cfg: LoopConfig, params: Sequence[torch.nn.Parameter], model: torch.nn.Module,
+                    to_device: Callable[[Any], Any], window: MetricWindow, skipped: Callable[[], int], *,
+                    validation: Callable[[], dict[str, float]] | None, checkpoint_extra: Callable[[], dict],
+                    more_stats: Callable[[int, dict], dict] | None = None) -> int:
+    """The steps from ``tr.start`` to ``cfg.max_steps`` (log lines, validations, checkpoints holding
+    ``checkpoint_extra()``), then the final validation (``validation`` None: no val split); the last step."""
+    step = tr.start
+    model.train()
+    while step < cfg.max_steps:
+        stats, lr = objective_step(tr, params, cfg, step + 1, to_device)
+        step += 1
+        if more_stats is not None:
+            stats.update(more_stats(step, stats))
+        window.add(stats)
+        if cfg.log_due(step):
+            log_objective_window(tr, cfg, step, window, lr, skipped_files=float(skipped()))
+        if validation is not None and cfg.val_due(step):
+            tr.log.log(step, validation(), prefix="val")
+            model.train()
+        if tr.checkpoint_due(step):
+            tr.save(step, extra=checkpoint_extra())
+    if validation is not None and step > tr.start:
+        tr.log.log(step, validation(), prefix="val")
+    return step

@@ -35,7 +35,7 @@ from training.parts.rundir import RunDir
 from training.parts.schedule import LoopConfig
 from training.parts.skips import SkipTracker
 from training.parts.state import TrainingState
-from training.parts.step import log_objective_window, objective_step
+from training.parts.step import objective_steps
 from training.parts.streams import BatchStreamConfig, loader_policy, make_stream, move_to
 from training.parts.presets import load_preset, match_transformer
 from training.sft.model import build_model, prepare_model, read_tokenizer, resolve_compile
@@ -186,25 +186,10 @@ class SFTRun:
                             self.args.val_max_batches)
 
     def steps(self, tr: TrainingRun, cfg: LoopConfig) -> int:
-        """The steps from ``tr.start`` to ``cfg.max_steps``, then the final validation; returns the last step."""
-        log, val_set = tr.log, self.val_set
-        self.ddp.train()
-        step = tr.start
-        window = MetricWindow(self.env)
-        while step < cfg.max_steps:
-            stats, lr = objective_step(tr, self.trainable, cfg, step + 1, self.to_device)
-            step += 1
-            window.add(stats)
-            if cfg.log_due(step):
-                log_objective_window(tr, cfg, step, window, lr, skipped_files=float(len(self.skips.all_paths())))
-            if val_set is not None and cfg.val_due(step):
-                log.log(step, self.validation(), prefix="val")
-                self.ddp.train()
-            if tr.checkpoint_due(step):
-                tr.save(step, extra={"draws": self.objective.draws})
-        if val_set is not None and step > tr.start:
-            log.log(step, self.validation(), prefix="val")
-        return step
+        validation = self.validation if self.val_set is not None else None
+        return objective_steps(tr, cfg, self.trainable, self.ddp, self.to_device, MetricWindow(self.env),
+                               lambda: len(self.skips.all_paths()), validation=validation,
+                               checkpoint_extra=lambda: {"draws": self.objective.draws})
 
     def final_writer(self) -> Callable[[Path], None]:
         """What writes RUN/final (a sharded model is gathered to rank 0 first: every rank calls this)."""

@@ -28,7 +28,7 @@ from training.parts.rundir import RunDir
 from training.parts.schedule import LoopConfig
 from training.parts.skips import SkipTracker
 from training.parts.state import TrainingState
-from training.parts.step import log_objective_window, objective_step
+from training.parts.step import objective_steps
 from training.parts.streams import BatchStream, BatchStreamConfig, eval_loader, loader_policy, move_to
 from training.parts.presets import load_preset, resize_tokenizer
 from training.vqvae.batch import resolve_batch
@@ -173,26 +173,11 @@ class VQVAERun:
         return validate(self.vqvae, self.val_set, self.env, self.args.val_batch_size, self.precision)
 
     def steps(self, tr: TrainingRun, cfg: LoopConfig) -> int:
-        """The steps from ``tr.start`` to ``cfg.max_steps``, then the final validation; returns the last step."""
-        log, params = tr.log, list(self.vqvae.parameters())
-        self.model.train()
-        step = tr.start
-        window = MetricWindow(self.env, last=("restarted_total", "active"))
-        while step < cfg.max_steps:
-            stats, lr = objective_step(tr, params, cfg, step + 1, self.to_device)
-            step += 1
-            stats.update(self.restarter(step, stats))
-            window.add(stats)
-            if cfg.log_due(step):
-                log_objective_window(tr, cfg, step, window, lr, skipped_files=float(len(self.skips.all_paths())))
-            if self.val_set is not None and cfg.val_due(step):
-                log.log(step, self.validation(), prefix="val")
-                self.model.train()
-            if tr.checkpoint_due(step):
-                tr.save(step, extra=self.restarter.state_dict())
-        if self.val_set is not None and step > tr.start:
-            log.log(step, self.validation(), prefix="val")
-        return step
+        validation = self.validation if self.val_set is not None else None
+        return objective_steps(tr, cfg, list(self.vqvae.parameters()), self.model, self.to_device,
+                               MetricWindow(self.env, last=("restarted_total", "active")),
+                               lambda: len(self.skips.all_paths()), validation=validation,
+                               checkpoint_extra=self.restarter.state_dict, more_stats=self.restarter)
 
     def write_final(self, folder: Path) -> None:
         args = self.args
