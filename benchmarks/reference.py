@@ -1,9 +1,7 @@
-"""The public reference StyleVAR (https://github.com/Senfier-LiqiJing/StyleVAR, not vendored: a checkout on
-PYTHONPATH) at the reference-shaped configuration (its golden_small config at 160 px: 8 scales = 255 tokens, V 4096,
-ch 32, depth 8), built from seeded random weights, and the same configuration in this project's models. What
-`benchmarks.cpu_pipeline --reference` and `benchmarks.train_step` run beside this project's code. Around the checkout:
-a stand-in `dist` module when none is importable, random ResNet-18 weights under torchvision's file name in a
-temporary TORCH_HOME (nothing is downloaded), PyTorch's default initialisers put back after its builder disables them.
+"""The public reference StyleVAR (https://github.com/Senfier-LiqiJing/StyleVAR, a checkout on PYTHONPATH) at the
+reference-shaped configuration (its golden_small config at 160 px), built from seeded random weights, and the same
+configuration in this project's models: what `benchmarks.cpu_pipeline --reference` and `benchmarks.train_step` run
+beside this project's code. Nothing is downloaded (random ResNet-18 weights in a temporary TORCH_HOME).
 """
 from __future__ import annotations
 

@@ -8,12 +8,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from stylevar.loaders import hub
 from stylevar.utils.precision import resolve_autocast_dtype
 from stylevar.models.lora import LoRAConfig, attach_lora, lora_parameters, unload_lora
 from stylevar.loaders.model_dir import ModelDirError, check_model_dir
 from stylevar.pipelines.pipeline import StylePipeline
-from stylevar.loaders.pull import resolve_model
 from stylevar.models.transformer import StyleVAR
 from training.parts.data import check_data_args, collate_triplets, dataset_size, open_triplets
 from training.grpo.trainer import GRPOConfig, GRPOTrainer
@@ -21,7 +19,7 @@ from training.grpo.merge_control import MergeConfig
 from training.parts.extension import RunExtension
 from training.parts.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.parts import cli
-from training.parts.cli import loop_config
+from training.parts.cli import loop_config, resolve_hub_options
 from training.parts.distributed import DistEnv
 from training.parts.log import MetricWindow
 from stylevar.utils.precision import resolve_precision
@@ -40,12 +38,7 @@ FREE_KEYS = (*cli.FREE_KEYS, "rollout_chunk", "tf_chunk")
 
 def check_inputs(args: argparse.Namespace) -> None:
     check_data_args(args.data)
-    # a published model (hf:OWNER/NAME[@REVISION][:grpo|sft]): its model directory, pulled on first use
-    if hub.is_hub_id(args.init):
-        try:
-            args.init = str(resolve_model(args.init))
-        except (hub.HubError, ValueError) as e:
-            raise SystemExit(f"error: --init {args.init}: {e}") from None
+    resolve_hub_options(args, "init")
     try:
         check_model_dir(args.init)
     except ModelDirError:

@@ -1,7 +1,5 @@
-"""The command-line options every recipe shares (``--out``, ``--max-steps``, ``--batch-size``, ...) and the
-:class:`~training.parts.schedule.LoopConfig` made from them.
-
-Importing this module does not import torch: a recipe's ``--help`` is its parser alone."""
+"""The command-line options every recipe shares and the :class:`~training.parts.schedule.LoopConfig` made from them;
+importing this module does not import torch (a recipe's ``--help`` is its parser alone)."""
 from __future__ import annotations
 
 import argparse
@@ -40,6 +38,21 @@ def run_recipe(parser: argparse.ArgumentParser, module: str, argv: list[str] | N
 
     set_matmul_precision()
     return getattr(importlib.import_module(module), entry)(args)
+
+
+def resolve_hub_options(args: argparse.Namespace, *flags: str) -> None:
+    """Each option of ``flags`` that holds a hub id (hf:OWNER/NAME[@REVISION][:grpo|sft]) set to its model
+    directory, pulled on first use; an id that cannot be resolved exits with one line."""
+    from stylevar.loaders import hub
+    from stylevar.loaders.pull import resolve_model
+
+    for flag in flags:
+        value = getattr(args, flag)
+        if hub.is_hub_id(value):
+            try:
+                setattr(args, flag, str(resolve_model(value)))
+            except (hub.HubError, ValueError) as e:
+                raise SystemExit(f"error: --{flag} {value}: {e}") from None
 
 
 def batch_size_option(text: str) -> int | str:

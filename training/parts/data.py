@@ -1,10 +1,8 @@
 """Triplet datasets for training: manifests (map-style) and webdataset shards (iterable), one item format:
 `{"content", "style", "target": (3, S, S) float32 in [-1, 1], "id", "index", "skipped": list[str]}`.
 
-Images are centre-cropped to S x S; `AugmentConfig` adds the SFT augmentations (rotation and brightness of the
-content, the target rotated with it, random style crops, a shared RGB order for style and target), every random
-number drawn from (seed, epoch, index). A missing or undecodable image is skipped with a warning and named in the
-item's `skipped` list. `open_triplets` takes manifests, folders, shard tars and shard patterns.
+Images are centre-cropped to S x S; `AugmentConfig` adds the SFT augmentations, drawn from (seed, epoch, index).
+An unusable image is skipped with a warning and named in the item's `skipped` list.
 """
 from __future__ import annotations
 

@@ -41,9 +41,8 @@ class LossWatch:
 
 
 class TrainingRun:
-    """One invocation of a recipe on RUN/: resume, checkpoints on a :class:`CheckpointSchedule`, and ``RUN/final``
-    (written to a temp folder on rank 0, then renamed). A failed write (disk full) ends the run naming the last
-    good checkpoint; SIGINT/SIGTERM checkpoint and exit from ``save`` (status 130 / 143), as ``max_minutes`` does (0).
+    """One invocation of a recipe on RUN/: resume, checkpoints, and ``RUN/final`` (renamed into place by rank 0). A
+    failed write ends the run naming the last good checkpoint; SIGINT/SIGTERM checkpoint and exit (130 / 143).
 
         with TrainingRun(run, state, max_steps=N, save_every=..., seed=...) as tr:
             step = tr.start

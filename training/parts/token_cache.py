@@ -1,10 +1,9 @@
 """Token cache: the frozen tokenizer's token maps of every training triplet, computed once and read back in later
 epochs and runs on the same data (``training.sft --token-cache``; data without augmentation only).
 
-Beside the data, ``<first manifest's folder>/.token-cache/<key>/``: the key hashes the tokenizer's config and
-weights, the image size, the split and the manifests. Each ``chunk-NNNNNN.safetensors`` holds `CHUNK` items'
-maps ``(n, 3, L)`` and the fingerprint of their image files (a chunk whose images changed is built again).
-Chunks are written atomically, so a killed build resumes; under torchrun each rank builds every world_size-th.
+Beside the data, in ``.token-cache/<key>/`` (the key hashes the tokenizer, the image size, the split and the
+manifests): chunks of `CHUNK` items' maps with their images' fingerprint, written atomically (a killed build
+resumes; a chunk whose images changed is built again).
 """
 from __future__ import annotations
 

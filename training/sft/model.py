@@ -1,7 +1,5 @@
-"""The model an SFT run trains (``python -m training.sft``): the frozen tokenizer it reads, the StyleVAR it
-starts from (fresh, from a class-conditional VAR checkpoint, or from StyleVAR weights, optionally grown by
-opt-in variants), its stochastic depth, and the step's layouts (NHWC convolutions on the CPU, compiled
-blocks)."""
+"""The model an SFT run trains: the frozen tokenizer, the StyleVAR it starts from, its stochastic depth, and the
+step's layouts (NHWC convolutions on the CPU, compiled blocks)."""
 from __future__ import annotations
 
 import argparse

@@ -13,19 +13,17 @@ from typing import Any, Callable, Mapping
 from torch import nn
 from torch.utils.data import Dataset
 
-from stylevar.loaders import hub
 from stylevar.utils.atomic import atomic_write_text
 from stylevar.config import StyleVARConfig, VQVAEConfig
 from stylevar.pipelines.pipeline import StylePipeline
 from stylevar.models.pretrained import CONFIG_FILE
-from stylevar.loaders.pull import resolve_model
 from stylevar.models.tokenizer import MultiScaleVQVAE
 from stylevar.models.transformer import StyleVAR
 from training.parts.data import AugmentConfig, check_data_args, collate_triplets, dataset_size, open_triplets
 from training.parts.extension import RunExtension
 from training.parts.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.parts import fsdp
-from training.parts.cli import FREE_KEYS, loop_config
+from training.parts.cli import FREE_KEYS, loop_config, resolve_hub_options
 from training.parts.distributed import DistEnv, wrap_ddp
 from training.parts.log import MetricWindow
 from stylevar.utils.precision import make_grad_scaler, resolve_precision
@@ -47,16 +45,9 @@ ADDED_OPTIONS = {"drop_path_rate": None, "transformer_config.drop_path_rate": 0.
 
 
 def check_inputs(args: argparse.Namespace) -> None:
-    """Fail fast, before any work, on missing inputs. A hub id given to --tokenizer or --init (a published
-    model, hf:OWNER/NAME[@REVISION][:grpo|sft]) becomes its model directory here, pulled on first use."""
+    """Fail fast, before any work, on missing inputs (hub ids resolved first)."""
     check_data_args(args.data)
-    for flag in ("tokenizer", "init"):
-        value = getattr(args, flag)
-        if hub.is_hub_id(value):
-            try:
-                setattr(args, flag, str(resolve_model(value)))
-            except (hub.HubError, ValueError) as e:
-                raise SystemExit(f"error: --{flag} {value}: {e}") from None
+    resolve_hub_options(args, "tokenizer", "init")
     tok = Path(args.tokenizer)
     if not tok.exists():
         raise SystemExit(f"error: --tokenizer {tok}: not found")

@@ -1,8 +1,7 @@
 """StyleVAR initialised from a class-conditional VAR checkpoint (`training.sft --init-var`).
 
 Each block's `mat_qkv` / `q_bias` / `v_bias` are split between the guide (Q) and the target (K, V) projections;
-`class_emb` is dropped; what VAR lacks (the image encoders, `feat_emb`) starts fresh, the ResNet-18 trunks from
-torchvision's ImageNet weights when those are in the weight cache (`stylevar.loaders.weights`).
+`class_emb` is dropped; what VAR lacks starts fresh (ResNet-18 trunks from ImageNet weights when cached).
 """
 from __future__ import annotations
 

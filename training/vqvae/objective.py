@@ -1,7 +1,5 @@
-"""What a tokenizer run optimises (``python -m training.vqvae``): L1 + L2 reconstruction, the quantizer's VQ
-loss, LPIPS when its weights are present, and the two losses that keep a painting's strokes (a perceptual loss
-on the teacher's style predictor's features, an L1 loss on the images' differences) when weighted
-(:class:`VQVAEObjective`); and the dead-code restarts (:class:`DeadCodeRestarter`)."""
+"""What a tokenizer run optimises (:class:`VQVAEObjective`: reconstruction, VQ, LPIPS and, when weighted, the
+stroke losses) and the dead-code restarts (:class:`DeadCodeRestarter`)."""
 from __future__ import annotations
 
 import argparse

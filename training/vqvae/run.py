@@ -1,7 +1,5 @@
-"""A tokenizer run (``python -m training.vqvae``, whose options it takes): the checks of its inputs, RUN/ (its
-config written or checked, to resume), the images of the manifests (:class:`ImageSet`), the step loop with
-its dead-code restarts, log lines, validations and checkpoints, and RUN/final (``tokenizer.safetensors`` +
-``config.json``)."""
+"""A tokenizer run (``python -m training.vqvae``, whose options it takes): input checks, RUN/, the images of the
+manifests (:class:`ImageSet`), the step loop and RUN/final (``tokenizer.safetensors`` + ``config.json``)."""
 from __future__ import annotations
 
 import argparse
