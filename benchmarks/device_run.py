@@ -197,8 +197,7 @@ def _golden_models():
 
 
 def golden(cfg: DeviceRunConfig) -> dict:
-    """The golden tokens, logits and reconstruction (computed by the reference on the CPU) recomputed on the
-    device in strict fp32: tokens that differ per scale, the largest logit and pixel differences."""
+    """The reference's golden tokens, logits and reconstruction recomputed on the device in strict fp32."""
     import torch
 
     device = torch.device(cfg.device)  # strict fp32: the stage's process set no TF32 (benchmarks.device_run)
@@ -232,8 +231,7 @@ def dynamo_counters() -> dict:
 
 
 def generation(cfg: DeviceRunConfig, compiled: bool) -> dict:
-    """`stylevar bench` (stylevar.runtime.bench) at each batch size: ms/image, images/s, peak memory, the fraction
-    of the GPU's peak; compiled, the graphs torch._dynamo made and its recompile-limit hits."""
+    """`stylevar bench` at each batch size; compiled, also torch._dynamo's graphs and recompile-limit hits."""
     from torch._dynamo.utils import counters
 
     from stylevar.runtime.bench import BenchConfig, run
@@ -273,8 +271,7 @@ def process_memory(pid: int) -> dict:
 
 
 def service(cfg: DeviceRunConfig, time_left: Callable[[], float]) -> dict:
-    """`python -m serve --device DEVICE` on a random model of the preset, then `cfg.requests` clients sending
-    `POST /stylize` back to back for `cfg.serve_seconds` (benchmarks.load_test): statuses, p50/p99, memory."""
+    """`python -m serve` on a random model under `cfg.requests` clients (benchmarks.load_test)."""
     from benchmarks.load_test import LoadConfig, demo_image, run_load
     from serve.testing import ServerProcess
     from stylevar.pipelines.pipeline import StylePipeline

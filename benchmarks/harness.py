@@ -28,8 +28,7 @@ def take_turns(fns: dict[str, Callable[[], object]], repeats: int, warmup: int,
 
 def time_turns(fns: dict[str, dict[str, Callable[[], object]]], batch: int, repeats: int, warmup: int,
                stages: Sequence[str]) -> dict[str, dict[str, float]]:
-    """Median ms per image of each implementation's calls of each stage (in ``stages`` order; an implementation
-    without a stage skips it), the implementations taking turns call by call."""
+    """Median ms per image of each implementation's calls of each stage, taking turns call by call."""
     out: dict[str, dict[str, float]] = {name: {} for name in fns}
     for stage in stages:
         medians = take_turns({name: f[stage] for name, f in fns.items() if stage in f}, repeats, warmup)
@@ -47,8 +46,7 @@ def timing_arguments(p: argparse.ArgumentParser, repeats: int, warmup: int) -> N
 
 
 class PeakSampler:
-    """While entered, ``read()`` every ``every_s`` seconds (the first at once) on a thread; `peak` is the largest
-    reading (``peak`` until one comes; a None reading is no reading)."""
+    """While entered, ``read()`` every ``every_s`` seconds on a thread; `peak` is the largest reading."""
 
     def __init__(self, read: Callable[[], float | None], every_s: float, peak: float | None = None):
         self.read, self.every_s, self.peak = read, every_s, peak

@@ -143,8 +143,7 @@ def missing_message(e: ReferenceMissing) -> str:
 
 
 def reference_stage_fns(bundle: ReferenceBundle, content: torch.Tensor, style: torch.Tensor) -> dict[str, Callable]:
-    """One call of each stage the reference has as a function of its own (encode, encoders, decode) and of
-    the whole inference (total), named as `benchmarks.cpu_pipeline.STAGES`; the decode of a random f_hat."""
+    """One call of each of the reference's stages and of its whole inference, named as cpu_pipeline's STAGES."""
     vae, m = bundle.vae, bundle.model
     f_hat = torch.randn(content.shape[0], m.Cvae, m.patch_nums[-1], m.patch_nums[-1],
                         generator=torch.Generator().manual_seed(0))

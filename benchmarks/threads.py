@@ -42,8 +42,7 @@ METHODS = ("library", "served", "peer")
 
 @dataclass(frozen=True)
 class Candidate:
-    """One candidate: its name, what it runs (`METHODS`), the count its worker asks for (a number or "torch") and
-    whether it sleeps idle OpenMP threads (OMP_WAIT_POLICY=PASSIVE)."""
+    """One candidate: its name, thread count (a number or "torch"), OMP_WAIT_POLICY=PASSIVE or not, method."""
 
     name: str
     threads: int | str
@@ -99,8 +98,7 @@ class RunSettings:
 
 
 def _stylizer(method: str, threads: str, model: str | None):
-    """(stylize(content, style, seed) -> image, the threads it runs, what it is) for a worker (the peer's imports
-    no torch)."""
+    """(stylize(content, style, seed) -> image, its thread count, what it is) for a worker."""
     if method == "peer":
         import onnxruntime
 
@@ -219,8 +217,7 @@ def _cpu_seconds(pid: int) -> float:
 
 @contextmanager
 def load(kind: str, settle: float, shares: list[float]) -> Iterator[None]:
-    """``idle``: nothing; ``busy``: a busy loop in another process; ``pinned``: the same on the last CPU of the
-    affinity mask. Its CPU share over the turns (CPU seconds over wall seconds) is appended to ``shares``."""
+    """``idle``, ``busy`` (another process's busy loop) or ``pinned`` (on the last CPU); its CPU share to ``shares``."""
     if kind == "idle":
         yield
         return
@@ -285,8 +282,7 @@ def _p(values: list[float], q: float) -> float | None:
 
 
 def rows(times: dict, policies: dict, reference: Mapping[str, str]) -> list[dict]:
-    """Per load, size and candidate: images, p50 / p90 seconds per image, p90 over its reference's (None without
-    one), CPU seconds per image."""
+    """Per load, size and candidate: images, p50 / p90 s per image, p90 over its reference's, CPU s per image."""
     out = []
     for ld, per_policy in times.items():
         for name, per_size in per_policy.items():

@@ -315,8 +315,7 @@ def time_variants(bundle, ours, variants: dict[str, Levers], batch_size: int, pr
 
 
 def cross_entropy_ms(batch: int, tokens: int, vocab: int, repeats: int) -> float:
-    """Median ms of the loss alone, forward and backward, on logits of the step's shape (B * L, V) float32:
-    the most a fused or chunked cross-entropy could save (the head's matrix products stay either way)."""
+    """Median ms of the loss alone, forward and backward, on float32 logits of the step's shape (B * L, V)."""
     import torch
     import torch.nn.functional as F
 

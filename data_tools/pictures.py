@@ -139,8 +139,7 @@ def licence_of(relpath: str, stanzas: list[tuple[list[str], str, str]], fallback
 
 
 def largest_per_picture(base: Path, files: list[Path]) -> list[Path]:
-    """One file per picture: a wallpaper folder (`Name/contents/images/WxH.jpg`) ships several sizes of
-    the same picture and a screenshot; keep its largest file. Loose files are pictures of their own."""
+    """One file per picture: of a wallpaper folder's several sizes, the largest; loose files stand alone."""
     best: dict[str, Path] = {}
     for f in files:
         rel = f.relative_to(base)

@@ -117,8 +117,7 @@ REFINE_CANDIDATES = (Refinement(),) + tuple(Refinement(r, eps) for r in (1, 2, 3
 
 def choose_refinement(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0
                       ) -> tuple[Refinement, dict[str, dict]]:
-    """The refinement candidate with the best SSIM on training `triplets`, and every candidate's SSIM and edge
-    correlation (one model call: the pipeline's own refinement must be off)."""
+    """The refinement with the best SSIM on training `triplets`, and every candidate's scores (refinement off)."""
     from stylevar.metrics import compute
 
     if pipe.config.refine.enabled:
@@ -232,8 +231,7 @@ def palette_row(cfg: Palette) -> str:
 
 
 def score_baselines(triplets: list[Triplet], size: int, suite=None, palette: Palette = Palette()) -> dict[str, dict]:
-    """Rows of copy-content, Reinhard, the content through `palette` (when on) and the targets (when the
-    triplets have them): mean metrics."""
+    """Mean metrics of copy-content, Reinhard, the content through `palette` (when on) and the targets."""
     score = scorer(triplets, size, suite)
     content, style = (image_batch([getattr(t, k) for t in triplets], size) for k in ("content", "style"))
     images = {"copy-content": content,
@@ -288,8 +286,7 @@ def half_precision_ssim(pipe: StylePipeline, triplets: list[Triplet], seed: int)
 
 def choose_settings(pipe: StylePipeline, calibration: list[Triplet], args: argparse.Namespace
                     ) -> tuple[Refinement, Palette, dict[str, dict]]:
-    """Sampling (set on `pipe`), then refinement and the palette step (returned, with every candidate's scores),
-    each chosen on the calibration triplets; `--palette` wins over the rule."""
+    """Sampling (set on `pipe`), refinement and palette step chosen on the calibration triplets, with scores."""
     pipe.config.generation, scores = choose_sampling(pipe, calibration, args.seed)
     print(f"sampling: {pipe.config.generation} ({scores})")
     # off until chosen: both choices filter the transformer's own outputs

@@ -53,11 +53,8 @@ def execute(args: argparse.Namespace) -> int:
     """``python -m training.grpo`` once its options are parsed (on every process)."""
     check_inputs(args)
     try:
-        grpo_cfg = GRPOConfig(group_size=args.group_size, top_k=args.top_k, top_p=args.top_p,
-                              style_strength=args.style_strength, clip_eps=args.clip_eps, kl_beta=args.kl_beta,
-                              panw_gamma=args.panw_gamma, adv_eps=args.adv_eps, ppo_epochs=args.ppo_epochs,
-                              max_grad_norm=args.max_grad_norm, rollout_chunk=args.rollout_chunk,
-                              tf_chunk=args.tf_chunk, seed=args.seed)
+        grpo_cfg = GRPOConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(GRPOConfig)
+                                 if f.name != "batched_rollouts"})
         merge_cfg = MergeConfig(ema_decay=args.reward_ema, min_gain=args.merge_min_gain, patience=args.merge_patience,
                                 cooldown=args.merge_cooldown, emergency_kl=args.emergency_kl,
                                 emergency_cooldown=args.emergency_cooldown, skip_kl=args.skip_kl,

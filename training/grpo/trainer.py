@@ -32,8 +32,7 @@ def rollout_seed(seed: int, step: int, index: int) -> int:
 
 
 def rollout_indices(local_triplets: int, group_size: int, rank: int = 0, world_size: int = 1) -> list[int]:
-    """Global rollout indices of this rank's rows (triplet-major): a triplet gets the same seeds whatever the
-    number of processes."""
+    """Global rollout indices of this rank's rows: a triplet's seeds whatever the number of processes."""
     return [(j * world_size + rank) * group_size + g for j in range(local_triplets) for g in range(group_size)]
 
 
