@@ -4,6 +4,7 @@ asked, a table on stdout). No torch here: a benchmark's --help stays fast."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import threading
@@ -76,6 +77,18 @@ def proc_bytes(pid: int, field: str = "VmRSS") -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no {field} for process {pid}")
+
+
+def proc_mb(pid: int, field: str = "VmRSS") -> float:
+    """A memory field of /proc/PID/status in MB."""
+    return proc_bytes(pid, field) / 2**20
+
+
+async def sample_rss_mb(pid: int, until: float, every_s: float, into: list[float]) -> None:
+    """Append the process's resident MB to ``into`` every ``every_s`` seconds until monotonic time ``until``."""
+    while time.monotonic() < until:
+        into.append(proc_mb(pid))
+        await asyncio.sleep(every_s)
 
 
 def emit(result: dict, json_path: Path | None, table: str) -> int:
