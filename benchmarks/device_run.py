@@ -46,8 +46,7 @@ REPO = Path(__file__).resolve().parents[1]  # the children run `-m benchmarks.de
 MIN_STAGE_S = 5.0  # a stage with less time than this left is skipped
 SUMMARY_RESERVE_S = 2.0  # kept back for the summary
 
-# dense bf16 tensor-core peaks (TFLOP/s, no sparsity, NVIDIA's data sheets) by a pattern on the GPU's name, for the
-# MFU; the first match wins, so each variant comes before its family; a GPU not listed gets no MFU
+# dense bf16 peaks (TFLOP/s, NVIDIA's data sheets) by a pattern on the GPU's name; the first match wins
 PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
     (r"\bH100\b.*\bPCIe\b", 756.0),
     (r"\bH100\b.*\bNVL\b", 835.0),

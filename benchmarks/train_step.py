@@ -410,11 +410,10 @@ def parse_config(argv: list[str] | None) -> tuple[StepBenchConfig, bool]:
         p.error(f"--variants: each one of {', '.join(VARIANTS)}")
     if not a.no_reference and (a.preset != "reference" or a.device != "cpu"):
         p.error("the reference runs on the CPU at the reference shape: add --no-reference")
-    cfg = StepBenchConfig(batch_sizes=tuple(int(b) for b in a.batch_sizes.split(",") if b),
-                          precisions=tuple(x for x in a.precisions.split(",") if x), repeats=a.repeats,
-                          warmup=a.warmup, threads=a.threads, reference=not a.no_reference, levers=a.levers,
-                          lever_batch=a.lever_batch, preset=a.preset, device=a.device, peak_tflops=a.peak_tflops,
-                          variants=variants)
+    same = ("repeats", "warmup", "threads", "levers", "lever_batch", "preset", "device", "peak_tflops")
+    cfg = StepBenchConfig(**{k: getattr(a, k) for k in same}, reference=not a.no_reference, variants=variants,
+                          batch_sizes=tuple(int(b) for b in a.batch_sizes.split(",") if b),
+                          precisions=tuple(x for x in a.precisions.split(",") if x))
     return cfg, a.json
 
 

@@ -145,9 +145,7 @@ def mean_colour_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def choose_palette(pipe: StylePipeline, triplets: list[Triplet], refinement: Refinement, seed: int = 0
                    ) -> tuple[Palette, dict]:
-    """The palette step closest to the style's colours on training `triplets` among those keeping as much of the
-    content's edges as the targets do (none: the one keeping most). One model call: the pipeline's palette
-    and refinement must be off."""
+    """The palette step nearest the style's colours that keeps the content's edges as the targets do."""
     from stylevar.metrics import compute
 
     if pipe.config.palette.enabled or pipe.config.refine.enabled:
@@ -199,9 +197,7 @@ def means(scored: Scored) -> dict[str, float]:
 
 
 def scorer(triplets: list[Triplet], size: int, suite=None):
-    """Per-sample metrics of outputs for `triplets` (a runner's `score`), everything compared at `size` px
-    (the model's resolution): edge correlation with the content and the colour distance to the style always;
-    the suite's metrics and L1 against the target when the triplets have one."""
+    """Per-sample metrics of outputs for `triplets` at `size` px (a runner's `score`); against targets if any."""
     content, style = (image_batch([getattr(t, k) for t in triplets], size) for k in ("content", "style"))
     target = image_batch([t.target for t in triplets], size) if all(t.target is not None for t in triplets) else None
 

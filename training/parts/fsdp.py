@@ -22,9 +22,7 @@ from training.parts.rundir import CONFIG_NAME
 
 
 def precision_policies(precision: str) -> dict[str, Any]:
-    """The mixed-precision policy of ``"blocks"`` and ``"root"``: in bf16 the blocks' parameters are gathered in
-    bfloat16, the root's in float32; gradients are reduced in float32 and no unit casts its inputs (autocast
-    decides, as under DDP)."""
+    """The mixed-precision policy of ``"blocks"`` (bf16 gathers) and ``"root"`` (fp32); grads reduced in fp32."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     block_dtype = torch.bfloat16 if precision == "bf16" else torch.float32

@@ -99,9 +99,7 @@ def read_log(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 class MetricWindow:
-    """The metrics of the steps between two log lines as one record: ``last`` keys the newest value, ``summed``
-    the sum, others the mean; with ``over_ranks`` then the mean over ranks (every rank calls :meth:`record`).
-    Values that are not finite are left out; device tensors are read in :meth:`record`, all at once."""
+    """The metrics of the steps between two log lines as one record (``last``: newest value, ``summed``: sum)."""
 
     def __init__(self, env: DistEnv, *, last: Sequence[str] = (), summed: Sequence[str] = (),
                  over_ranks: bool = True):

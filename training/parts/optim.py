@@ -8,8 +8,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-# parameter-name fragments that never get weight decay (positional/level embeddings, start tokens,
-# learned attention temperatures)
+# parameter-name fragments that never get weight decay (embeddings, start tokens, attention temperatures)
 NO_DECAY_FRAGMENTS = ("pos_start", "pos_1LC", "lvl_embed", "class_emb", "scale_mul", "start_token", "pos_embed")
 _NORMS = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.InstanceNorm2d, nn.RMSNorm)
 

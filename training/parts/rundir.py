@@ -93,12 +93,9 @@ class RunDir:
         absent_as: Mapping[str, Any] | None = None,
         extension: RunExtension | None = None,
     ) -> "RunDir":
-        """Create RUN/ and write its config, or check that an existing run has the same config.
-
-        Only ``free_keys`` may differ (else :class:`RunConfigMismatchError`); ``absent_as``: options older runs
-        lack and the value they had; ``extension``: a run trained longer (:class:`RunExtension`). Every rank
-        checks, rank 0 writes; a failed write (disk full) exits with one line (SystemExit).
-        """
+        """Create RUN/ and write its config, or check that an existing run has the same one (only ``free_keys``
+        may differ; ``absent_as``: older runs' values of newer options; ``extension``: a run trained longer).
+        Every rank checks, rank 0 writes; a failed write (disk full) exits with one line (SystemExit)."""
         run, new, notes = cls(Path(root)), _jsonable(dict(config)), ()
         old_text = run.config_path.read_text() if run.config_path.exists() else None
         if old_text is not None:

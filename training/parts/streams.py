@@ -139,9 +139,7 @@ class _Keyed(Sampler[tuple[int, int]]):
 
 
 class BatchStream:
-    """An endless stream of micro-batches over epochs; ``state_dict()`` ({epoch, index, seed}) loaded back makes
-    the next batch exactly the one that would have come next. Items are asked for as (epoch, index), so a
-    dataset's ``set_epoch`` is called in the worker that reads them (:class:`EpochItems`)."""
+    """An endless stream of micro-batches over epochs; loading its ``state_dict()`` resumes at the very next batch."""
 
     def __init__(self, dataset: Dataset, cfg: BatchStreamConfig, env: DistEnv):
         self.dataset, self.cfg, self.env = dataset, cfg, env
