@@ -80,7 +80,6 @@ def proc_bytes(pid: int, field: str = "VmRSS") -> int:
 
 
 def proc_mb(pid: int, field: str = "VmRSS") -> float:
-    """A memory field of /proc/PID/status in MB."""
     return proc_bytes(pid, field) / 2**20
 
 

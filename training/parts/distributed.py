@@ -62,7 +62,6 @@ def all_reduce_sum(values: torch.Tensor, env: DistEnv) -> torch.Tensor:
 
 
 def all_reduce_max(x: float, env: DistEnv) -> float:
-    """The largest ``x`` over ranks."""
     t = torch.tensor([x], dtype=torch.float64, device=env.device)
     if env.distributed:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)

@@ -184,7 +184,6 @@ class BatchStream:
 
     @property
     def epoch_progress(self) -> float:
-        """Fractional epochs consumed so far."""
         return self.epoch + self.index / self.batches_per_epoch
 
 
