@@ -46,8 +46,7 @@ REPO = Path(__file__).resolve().parents[1]  # the children run `-m benchmarks.de
 MIN_STAGE_S = 5.0  # a stage with less time than this left is skipped
 SUMMARY_RESERVE_S = 2.0  # kept back for the summary
 
-# dense bf16 tensor-core peaks (TFLOP/s, no sparsity, NVIDIA's data sheets) by a pattern on the GPU's name, for the
-# MFU; the first match wins, so each variant comes before its family; a GPU not listed gets no MFU
+# dense bf16 peaks (TFLOP/s, NVIDIA's data sheets) by a pattern on the GPU's name; the first match wins
 PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
     (r"\bH100\b.*\bPCIe\b", 756.0),
     (r"\bH100\b.*\bNVL\b", 835.0),
@@ -76,8 +75,6 @@ def peak_tflops(name: str) -> float | None:
 
 @dataclass(frozen=True)
 class DeviceRunConfig:
-    """One run's options."""
-
     out: Path
     device: str = "cuda"
     preset: str = "d20"
@@ -134,10 +131,8 @@ def parse_args(argv: list[str] | None):
 
 
 def config_of(a, batches: tuple[int, ...]) -> DeviceRunConfig:
-    return DeviceRunConfig(out=a.out.resolve(), device=a.device, preset=a.preset, batch_sizes=batches,
-                           compile_backend=a.compile_backend, repeats=a.repeats, warmup=a.warmup,
-                           train_batch=a.train_batch, train_variant=a.train_variant, requests=a.requests,
-                           serve_seconds=a.serve_seconds, budget_s=a.budget_s)
+    given = {f.name: getattr(a, f.name) for f in dataclasses.fields(DeviceRunConfig)}
+    return DeviceRunConfig(**{**given, "out": a.out.resolve(), "batch_sizes": batches})
 
 
 def say(line: str) -> None:
@@ -159,7 +154,6 @@ def nvidia_smi(*query: str) -> list[str]:
     return [line.strip() for line in run.stdout.splitlines() if line.strip()] if run.returncode == 0 else []
 
 
-# ------------------------------------------------------------------------------------------ environment
 def environment(cfg: DeviceRunConfig) -> dict:
     """The machine: GPU, driver, torch and its CUDA, and why CUDA is unusable when a GPU is present but unused."""
     import torch
@@ -181,7 +175,6 @@ def environment(cfg: DeviceRunConfig) -> dict:
     return out
 
 
-# ------------------------------------------------------------------------------------------ golden tokens
 def _golden_models():
     """The reference's small configuration with its seeded weights (tests/reference.py) and golden outputs."""
     import torch
@@ -203,8 +196,7 @@ def _golden_models():
 
 
 def golden(cfg: DeviceRunConfig) -> dict:
-    """The golden tokens, logits and reconstruction (computed by the reference on the CPU) recomputed on the
-    device in strict fp32: tokens that differ per scale, the largest logit and pixel differences."""
+    """The reference's golden tokens, logits and reconstruction recomputed on the device in strict fp32."""
     import torch
 
     device = torch.device(cfg.device)  # strict fp32: the stage's process set no TF32 (benchmarks.device_run)
@@ -226,7 +218,6 @@ def golden(cfg: DeviceRunConfig) -> dict:
     return out
 
 
-# ------------------------------------------------------------------------------------------ generation
 def dynamo_counters() -> dict:
     """torch._dynamo's counters as plain dicts: graphs made, frames, graph breaks, recompile-limit hits."""
     from torch._dynamo.utils import counters
@@ -239,8 +230,7 @@ def dynamo_counters() -> dict:
 
 
 def generation(cfg: DeviceRunConfig, compiled: bool) -> dict:
-    """`stylevar bench` (stylevar.runtime.bench) at each batch size: ms/image, images/s, peak memory, the fraction
-    of the GPU's peak; compiled, the graphs torch._dynamo made and its recompile-limit hits."""
+    """`stylevar bench` at each batch size; compiled, also torch._dynamo's graphs and recompile-limit hits."""
     from torch._dynamo.utils import counters
 
     from stylevar.runtime.bench import BenchConfig, run
@@ -255,7 +245,6 @@ def generation(cfg: DeviceRunConfig, compiled: bool) -> dict:
             "dynamo": dynamo_counters()}
 
 
-# ------------------------------------------------------------------------------------------ training step
 def sft_step(cfg: DeviceRunConfig) -> dict:
     """One SFT optimizer step in bf16 autocast (benchmarks.train_step's measurement, this project's step alone)."""
     from benchmarks.train_step import StepBenchConfig, measure
@@ -267,7 +256,6 @@ def sft_step(cfg: DeviceRunConfig) -> dict:
     return measure(step)
 
 
-# ------------------------------------------------------------------------------------------ the service
 def process_memory(pid: int) -> dict:
     """A process's GPU memory (nvidia-smi, MiB; None without one) and its peak resident host memory (MiB)."""
     gpu = None
@@ -282,8 +270,7 @@ def process_memory(pid: int) -> dict:
 
 
 def service(cfg: DeviceRunConfig, time_left: Callable[[], float]) -> dict:
-    """`python -m serve --device DEVICE` on a random model of the preset, then `cfg.requests` clients sending
-    `POST /stylize` back to back for `cfg.serve_seconds` (benchmarks.load_test): statuses, p50/p99, memory."""
+    """`python -m serve` on a random model under `cfg.requests` clients (benchmarks.load_test)."""
     from benchmarks.load_test import LoadConfig, demo_image, run_load
     from serve.testing import ServerProcess
     from stylevar.pipelines.pipeline import StylePipeline
@@ -307,7 +294,6 @@ def service(cfg: DeviceRunConfig, time_left: Callable[[], float]) -> dict:
         shutil.rmtree(model_dir, ignore_errors=True)
 
 
-# ------------------------------------------------------------------------------------------ a child: one stage
 def run_one_stage(name: str, cfg, limit_s: float) -> dict:
     """The figures of stage ``name`` (this process is its child)."""
     from stylevar.utils.precision import set_matmul_precision
@@ -338,10 +324,8 @@ def child(name: str, cfg, limit_s: float) -> int:
     return 0 if record["status"] == "ok" else 1
 
 
-# ------------------------------------------------------------------------------------------ the parent
 def run_bounded(argv: list[str], limit_s: float, log: Path) -> str:
-    """Run ``argv`` in a session of its own for at most ``limit_s`` seconds (then it and everything it started
-    are killed): "exited" or "timed_out"."""
+    """Run ``argv`` in its own session for at most ``limit_s`` seconds: "exited" or "timed_out"."""
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
         try:

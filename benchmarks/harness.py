@@ -4,6 +4,7 @@ asked, a table on stdout). No torch here: a benchmark's --help stays fast."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import threading
@@ -14,8 +15,7 @@ from pathlib import Path
 
 def take_turns(fns: dict[str, Callable[[], object]], repeats: int, warmup: int,
                clocks: Sequence[Callable[[], float]] = (time.perf_counter,)) -> dict[str, list[float]]:
-    """Median seconds of each function's calls on each clock (one entry per clock), the functions taking
-    turns call by call after ``warmup`` untimed rounds."""
+    """Median seconds per clock of each function's calls, taking turns after ``warmup`` rounds."""
     times: dict[str, list[list[float]]] = {name: [[] for _ in clocks] for name in fns}
     for r in range(warmup + repeats):
         for name, fn in fns.items():
@@ -29,8 +29,7 @@ def take_turns(fns: dict[str, Callable[[], object]], repeats: int, warmup: int,
 
 def time_turns(fns: dict[str, dict[str, Callable[[], object]]], batch: int, repeats: int, warmup: int,
                stages: Sequence[str]) -> dict[str, dict[str, float]]:
-    """Median ms per image of each implementation's calls of each stage (in ``stages`` order; an implementation
-    without a stage skips it), the implementations taking turns call by call."""
+    """Median ms per image of each implementation's calls of each stage, taking turns call by call."""
     out: dict[str, dict[str, float]] = {name: {} for name in fns}
     for stage in stages:
         medians = take_turns({name: f[stage] for name, f in fns.items() if stage in f}, repeats, warmup)
@@ -48,8 +47,7 @@ def timing_arguments(p: argparse.ArgumentParser, repeats: int, warmup: int) -> N
 
 
 class PeakSampler:
-    """While entered, ``read()`` every ``every_s`` seconds (the first at once) on a thread; `peak` is the largest
-    reading (``peak`` until one comes; a None reading is no reading)."""
+    """While entered, ``read()`` every ``every_s`` seconds on a thread; `peak` is the largest reading."""
 
     def __init__(self, read: Callable[[], float | None], every_s: float, peak: float | None = None):
         self.read, self.every_s, self.peak = read, every_s, peak
@@ -81,11 +79,15 @@ def proc_bytes(pid: int, field: str = "VmRSS") -> int:
     raise RuntimeError(f"no {field} for process {pid}")
 
 
-class RssSampler(PeakSampler):
-    """A process's resident memory sampled on a background thread; `peak` is the largest sample (bytes)."""
+def proc_mb(pid: int, field: str = "VmRSS") -> float:
+    return proc_bytes(pid, field) / 2**20
 
-    def __init__(self, pid: int, every_s: float = 0.002):
-        super().__init__(lambda: proc_bytes(pid), every_s, peak=0)
+
+async def sample_rss_mb(pid: int, until: float, every_s: float, into: list[float]) -> None:
+    """Append the process's resident MB to ``into`` every ``every_s`` seconds until monotonic time ``until``."""
+    while time.monotonic() < until:
+        into.append(proc_mb(pid))
+        await asyncio.sleep(every_s)
 
 
 def emit(result: dict, json_path: Path | None, table: str) -> int:

@@ -1,9 +1,8 @@
 """Hostile requests for `benchmarks.soak`: each probe of the reliability checks, on loopback.
 
-Every probe is a coroutine `probe(url, sizes) -> dict` that sends its requests from a loopback address of its own
-(127.0.0.x, so that the service's per-client connection limit counts it apart from the ordinary clients), waits
-for what it sends to be answered (or holds its sockets for a bounded time), and returns what it saw: the statuses
-and seconds of its answers, and what else it measured. `PROBES` lists them in the order the soak runs them.
+Every probe is a coroutine `probe(url, sizes) -> dict` sending from a loopback address of its own (127.0.0.x: the
+per-client connection limit counts it apart) and returning the statuses and seconds of its answers. `PROBES`
+lists them in the order the soak runs them.
 """
 from __future__ import annotations
 
@@ -148,7 +147,6 @@ def pair(content: bytes, style: bytes) -> dict:
     return {"content": ("c.png", content, "image/png"), "style": ("s.png", style, "image/png")}
 
 
-# ---- the probes -----------------------------------------------------------------------------------
 async def unread_streams(url: str, sizes: Sizes) -> dict:
     """Two event streams of a large content, 4 samples each, never read."""
     files = pair(gradient_png(*sizes.stream_side), small_png(1))

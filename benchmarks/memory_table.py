@@ -110,8 +110,7 @@ def serving_table(preset: str = "d20", batches: tuple[int, ...] = SERVING_BATCHE
 
 
 def fitting_table(preset: str = "d20", budgets_gib: tuple[int, ...] = SERVING_BUDGETS_GIB) -> str:
-    """The most samples whose loop fits in each budget (`stylevar.runtime.memory.max_batch`, up to 256), fp32 and
-    bf16, without and with guidance."""
+    """The most samples whose loop fits in each budget (up to 256), fp32 and bf16, without and with guidance."""
     from stylevar.config import StyleVARConfig
     from stylevar.runtime.memory import max_batch
 

@@ -21,27 +21,17 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from benchmarks.harness import proc_bytes
+from benchmarks.harness import proc_mb, sample_rss_mb
 from benchmarks.load_test import demo_image
 from serve.testing import ServerProcess
 from stylevar.utils.helptext import RawDescriptionHelpFormatter
 
 
-def rss_mb(pid: int) -> float:
-    return proc_bytes(pid) / 2**20
-
-
 async def one_run(url: str, pid: int, rate: float, seconds: float, files: dict) -> dict:
     statuses: Counter = Counter()
     ok_s, busy_s, busy_at, retry_after, errors = [], [], [], [], 0
-    rss = [rss_mb(pid)]
+    rss = [proc_mb(pid)]
     stop = time.monotonic() + seconds
-
-    async def sample_rss() -> None:
-        while time.monotonic() < stop:
-            rss.append(rss_mb(pid))
-            await asyncio.sleep(0.25)
-
     begun = time.perf_counter()
 
     async def request(c: httpx.AsyncClient) -> None:
@@ -64,14 +54,14 @@ async def one_run(url: str, pid: int, rate: float, seconds: float, files: dict) 
 
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
     async with httpx.AsyncClient(timeout=120, limits=limits) as c:
-        sampler = asyncio.create_task(sample_rss())
+        sampler = asyncio.create_task(sample_rss_mb(pid, stop, 0.25, rss))
         tasks, start = [], time.monotonic()
         for i in range(int(rate * seconds)):
             await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
             tasks.append(asyncio.create_task(request(c)))
         await asyncio.gather(*tasks)
         await sampler
-    rss.append(rss_mb(pid))
+    rss.append(proc_mb(pid))
     return {"sent": len(tasks), "status": dict(sorted(statuses.items())), "connection_errors": errors,
             **latencies(ok_s, busy_s, busy_at),
             "retry_after": [min(retry_after), max(retry_after)] if retry_after else None,

@@ -1,9 +1,7 @@
-"""The public reference StyleVAR (https://github.com/Senfier-LiqiJing/StyleVAR, not vendored: a checkout on
-PYTHONPATH) at the reference-shaped configuration (its golden_small config at 160 px: 8 scales = 255 tokens, V 4096,
-ch 32, depth 8), built from seeded random weights, and the same configuration in this project's models. What
-`benchmarks.cpu_pipeline --reference` and `benchmarks.train_step` run beside this project's code. Around the checkout:
-a stand-in `dist` module when none is importable, random ResNet-18 weights under torchvision's file name in a
-temporary TORCH_HOME (nothing is downloaded), PyTorch's default initialisers put back after its builder disables them.
+"""The public reference StyleVAR (https://github.com/Senfier-LiqiJing/StyleVAR, a checkout on PYTHONPATH) at the
+reference-shaped configuration (its golden_small config at 160 px), built from seeded random weights, and the same
+configuration in this project's models: what `benchmarks.cpu_pipeline --reference` and `benchmarks.train_step` run
+beside this project's code. Nothing is downloaded (random ResNet-18 weights in a temporary TORCH_HOME).
 """
 from __future__ import annotations
 
@@ -118,8 +116,7 @@ def reference_shaped() -> tuple[VQVAEConfig, StyleVARConfig]:
 
 
 def reference_weights(vqvae_sd: dict, stylevar_sd: dict):
-    """This project's reference-shaped StyleVAR loaded from the reference's state dicts through its own checkpoint
-    loaders (`stylevar.loaders.convert`): the same weights as the reference's models."""
+    """This project's reference-shaped StyleVAR with the reference's weights (through its own loaders)."""
     from stylevar.loaders.convert import load_stylevar, load_vqvae
 
     vq_cfg, tr_cfg = reference_shaped()
@@ -146,8 +143,7 @@ def missing_message(e: ReferenceMissing) -> str:
 
 
 def reference_stage_fns(bundle: ReferenceBundle, content: torch.Tensor, style: torch.Tensor) -> dict[str, Callable]:
-    """One call of each stage the reference has as a function of its own (encode, encoders, decode) and of
-    the whole inference (total), named as `benchmarks.cpu_pipeline.STAGES`; the decode of a random f_hat."""
+    """One call of each of the reference's stages and of its whole inference, named as cpu_pipeline's STAGES."""
     vae, m = bundle.vae, bundle.model
     f_hat = torch.randn(content.shape[0], m.Cvae, m.patch_nums[-1], m.patch_nums[-1],
                         generator=torch.Generator().manual_seed(0))

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from benchmarks.harness import proc_bytes
+from benchmarks.harness import proc_mb, sample_rss_mb
 from benchmarks.hostile import BACKGROUND, PROBES, Sizes, pair, small_png
 from serve.testing import ServerProcess
 from stylevar.utils.helptext import RawDescriptionHelpFormatter
@@ -48,11 +48,6 @@ class Ordinary:
         return {"sent": self.sent, "status": dict(sorted(self.statuses.items(), key=str)),
                 "success_rate": round(self.statuses.get(200, 0) / self.sent, 4) if self.sent else None,
                 "ok_p50_s": pct(self.ok_s, 50), "ok_p99_s": pct(self.ok_s, 99), "all_p99_s": pct(self.all_s, 99)}
-
-
-def proc_value(pid: int, key: str) -> float:
-    """A `/proc/PID/status` field in MB (VmRSS, VmHWM)."""
-    return proc_bytes(pid, key) / 2**20
 
 
 def open_fds(pid: int) -> int:
@@ -109,16 +104,11 @@ async def soak(url: str, pid: int, args: argparse.Namespace, sizes: Sizes) -> di
     stop_at = time.monotonic() + args.seconds
     files = pair(small_png(0), small_png(1, 128))
 
-    async def sample_rss() -> None:
-        while time.monotonic() < stop_at:
-            rss.append(proc_value(pid, "VmRSS"))
-            await asyncio.sleep(0.5)
-
     chosen = [p for p in (*BACKGROUND, *PROBES) if p.__name__ not in args.skip]
     background = [asyncio.create_task(run_probe(url, p, sizes, seen)) for p in chosen if p in BACKGROUND]
     hostile_task = asyncio.create_task(hostile(url, [p for p in chosen if p in PROBES], sizes, stop_at, seen))
-    await asyncio.gather(sample_rss(), *[ordinary_client(url, stop_at, args.max_requests, tally, files)
-                                         for _ in range(args.clients)])
+    await asyncio.gather(sample_rss_mb(pid, stop_at, 0.5, rss),
+                         *[ordinary_client(url, stop_at, args.max_requests, tally, files) for _ in range(args.clients)])
     hostile_task.cancel()  # the probe under way is stopped: its sockets close
     await asyncio.gather(hostile_task, *background, return_exceptions=True)
     return {"ordinary": tally.summary(), "hostile": seen,
@@ -146,12 +136,12 @@ def run(args: argparse.Namespace, sizes: Sizes) -> dict:
     try:
         srv.wait_ready(300)
         pid, at_start = srv.proc.pid, machine()
-        before = {"fds": open_fds(pid), "temp_files": temp_files(tmp), "rss_mb": proc_value(pid, "VmRSS")}
+        before = {"fds": open_fds(pid), "temp_files": temp_files(tmp), "rss_mb": proc_mb(pid)}
         log_start = len(srv.log_text())  # what startup logged (its /readyz 503s) is not the soak's
         result = asyncio.run(soak(srv.url, pid, args, sizes))
         time.sleep(SETTLE_S)
-        after = {"fds": open_fds(pid), "temp_files": temp_files(tmp), "rss_mb": proc_value(pid, "VmRSS"),
-                 "peak_rss_mb": proc_value(pid, "VmHWM")}
+        after = {"fds": open_fds(pid), "temp_files": temp_files(tmp), "rss_mb": proc_mb(pid),
+                 "peak_rss_mb": proc_mb(pid, "VmHWM")}
         errors = server_5xx(srv, log_start)
     finally:
         srv.stop()

@@ -34,16 +34,13 @@ REPO = Path(__file__).resolve().parents[1]
 CLEARED = (*TORCH_ENV, *WAIT_ENV, THREADS_ENV)  # this shell's thread settings, left out of every worker's environment
 CONTENT, STYLE = "content_mountains.png", "style_brush.png"  # stylevar/assets/examples
 BUSY_LOOP = "while True: pass"
-# what a worker runs: the library's pipeline as `StylePipeline.from_pretrained` gives it, the same prepared as the
-# command line and the service run it (`stylevar.runtime.inference.prepare`), or the pretrained peer
-# (`stylevar.baselines.magenta`, onnxruntime)
+# what a worker runs: the library's pipeline, the same prepared as the service runs it, or the peer (onnxruntime)
 METHODS = ("library", "served", "peer")
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """One candidate: its name, what it runs (`METHODS`), the count its worker asks for (a number or "torch") and
-    whether it sleeps idle OpenMP threads (OMP_WAIT_POLICY=PASSIVE)."""
+    """One candidate: its name, thread count (a number or "torch"), OMP_WAIT_POLICY=PASSIVE or not, method."""
 
     name: str
     threads: int | str
@@ -56,9 +53,7 @@ class Candidate:
 
 
 def candidate(name: str, budget: CpuBudget) -> Candidate:
-    """``[METHOD:]RULE[+passive]``: METHOD one of `METHODS` (default library); RULE is torch, a rule of
-    `stylevar.utils.threads.RULES` over ``budget`` or a count. The peer takes a count or a rule, without +passive
-    (onnxruntime's own thread pool does not read OpenMP's setting)."""
+    """``[METHOD:]RULE[+passive]`` over ``budget``; the peer takes a count or a rule, without +passive."""
     method, colon, policy = name.strip().rpartition(":")
     method = method if colon else "library"
     if method not in METHODS:
@@ -98,10 +93,8 @@ class RunSettings:
     settle: float = 1.0
 
 
-# ------------------------------------------------------------------------------------------ the worker's side
 def _stylizer(method: str, threads: str, model: str | None):
-    """(stylize(content, style, seed) -> image, the threads it runs, what it is) for a worker (the peer's imports
-    no torch)."""
+    """(stylize(content, style, seed) -> image, its thread count, what it is) for a worker."""
     if method == "peer":
         import onnxruntime
 
@@ -124,9 +117,7 @@ def _stylizer(method: str, threads: str, model: str | None):
 
 
 def worker(method: str, threads: str, model: str | None, warmup: int) -> int:
-    """In the worker subprocess: load, say "ready" (one JSON line), then for each "run N SIZE" line on stdin stylize
-    N images at SIZE px and answer their wall and CPU seconds (one JSON line); the first turn at a size stylizes
-    ``warmup`` images untimed before. "quit" or the end of stdin ends it."""
+    """The worker subprocess: "ready", then per "run N SIZE" line the seconds of N images; "quit" ends it."""
     from PIL import Image
 
     from stylevar.processing.images import scaled_size
@@ -165,10 +156,8 @@ def _reply(message: dict) -> None:
     sys.stdout.flush()
 
 
-# ------------------------------------------------------------------------------------------ this process's side
 class Worker:
-    """One candidate's subprocess (`python -m benchmarks.threads --worker THREADS --method METHOD`), its stderr in a
-    temporary file."""
+    """One candidate's subprocess, its stderr in a temporary file."""
 
     def __init__(self, cand: Candidate, settings: RunSettings):
         self.candidate = cand
@@ -222,8 +211,7 @@ def _cpu_seconds(pid: int) -> float:
 
 @contextmanager
 def load(kind: str, settle: float, shares: list[float]) -> Iterator[None]:
-    """``idle``: nothing; ``busy``: a busy loop in another process; ``pinned``: the same on the last CPU of the
-    affinity mask. Its CPU share over the turns (CPU seconds over wall seconds) is appended to ``shares``."""
+    """``idle``, ``busy`` (another process's busy loop) or ``pinned`` (on the last CPU); its CPU share to ``shares``."""
     if kind == "idle":
         yield
         return
@@ -248,9 +236,7 @@ def _rotated(items: Sequence, r: int) -> list:
 
 def measure(cands: Sequence[Candidate], loads: Sequence[str], settings: RunSettings,
             reference: Mapping[str, str] | None = None) -> dict:
-    """Every worker started (all at once), then ``settings.rounds`` rounds of every load, every size and every
-    candidate's turn; the result (`markdown` prints it). ``reference``: a candidate's p90 is also given over the
-    p90 of the candidate it names, in the same load and at the same size."""
+    """Every worker started, then ``settings.rounds`` rounds of every load, size and candidate's turn."""
     started = _dt.datetime.now().isoformat(timespec="seconds")
     loadavg_start = os.getloadavg()
     workers = [Worker(c, settings) for c in cands]
@@ -288,8 +274,7 @@ def _p(values: list[float], q: float) -> float | None:
 
 
 def rows(times: dict, policies: dict, reference: Mapping[str, str]) -> list[dict]:
-    """Per load, size and candidate: images, p50 / p90 seconds per image, p90 over its reference's (None without
-    one), CPU seconds per image."""
+    """Per load, size and candidate: images, p50 / p90 s per image, p90 over its reference's, CPU s per image."""
     out = []
     for ld, per_policy in times.items():
         for name, per_size in per_policy.items():

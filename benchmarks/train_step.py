@@ -83,10 +83,8 @@ REFERENCE_NO_DECAY = ("cls_token", "start_token", "task_token", "cfg_uncond", "p
                       "start_pos", "lvl_embed", "gamma", "beta", "ada_gss", "moe_bias", "scale_mul")
 
 
-# ------------------------------------------------------------------------------------------ the reference
 def import_reference_trainer():
-    """The reference's `StyleVARTrainer` and `AmpOptimizer`: its `dist` stand-in, and a `utils.misc` holding the two
-    logger names the trainer imports (the real one needs typed-argument-parser; the step never logs)."""
+    """The reference's `StyleVARTrainer` and `AmpOptimizer` (with stand-ins for what it imports)."""
     from benchmarks.reference import import_reference
 
     if "dist" not in sys.modules:
@@ -150,7 +148,6 @@ def reference_loss(bundle, batch: dict[str, torch.Tensor], seed: int) -> float:
         return float(F.cross_entropy(logits.flatten(0, 1), torch.cat(gt, 1).flatten(), label_smoothing=LABEL_SMOOTHING))
 
 
-# ------------------------------------------------------------------------------------------ ours
 def our_batch(model, batch: dict[str, torch.Tensor], levers: Levers) -> dict[str, torch.Tensor]:
     """``batch`` as training.sft feeds it: with the token cache, the token maps it holds (made once, here)."""
     import torch
@@ -213,7 +210,6 @@ def triplets(batch: int, size: int, seed: int, device: str = "cpu") -> dict[str,
     return {"content": content.to(device), "style": style.to(device), "target": target.to(device)}
 
 
-# ------------------------------------------------------------------------------------------ measuring
 def build_models(cfg: StepBenchConfig):
     """(reference bundle or None, our model): identical weights when the reference is built."""
     from benchmarks.reference import reference_shaped, reference_weights
@@ -243,9 +239,8 @@ def agreement(bundle, ours, cfg: StepBenchConfig) -> dict[str, float]:
 
 def lever_agreement(ours, batch_size: int, cfg: StepBenchConfig,
                     names: tuple[str, ...] | None = None) -> dict[str, dict[str, float]]:
-    """What is learned, per lever (``names``: of LEVERS and VARIANTS; default all): the first and third step's
-    loss and the largest weight difference after 3 steps, each against today's step from the same weights
-    on the same batch (fp32)."""
+    """Per lever (``names``; default all of LEVERS and VARIANTS), against today's step: the loss differences at
+    steps 1 and 3 and the largest weight difference after 3 (fp32, same weights and batch)."""
     import torch
 
     batch = triplets(batch_size, ours.tokenizer.cfg.image_size, cfg.seed + 7, cfg.device)
@@ -278,10 +273,7 @@ def _synced(fn: Callable[[], object], device: str) -> Callable[[], object]:
 
 
 def time_steps(fns: dict[str, Callable[[], object]], repeats: int, warmup: int) -> dict[str, dict[str, float]]:
-    """Median wall-clock and CPU seconds (this process, all its threads) of each function's calls, the functions
-    taking turns call by call after ``warmup`` untimed rounds (`harness.take_turns`). On a shared machine
-    the CPU time is the steadier measure of the work (run with OMP_WAIT_POLICY=PASSIVE, or idle OpenMP threads
-    spinning count as work)."""
+    """Median wall-clock and process CPU seconds of each function's calls, taking turns (`harness.take_turns`)."""
     medians = take_turns(fns, repeats, warmup, (time.perf_counter, time.process_time))
     return {name: {"wall": wall, "cpu": cpu} for name, (wall, cpu) in medians.items()}
 
@@ -323,8 +315,7 @@ def time_variants(bundle, ours, variants: dict[str, Levers], batch_size: int, pr
 
 
 def cross_entropy_ms(batch: int, tokens: int, vocab: int, repeats: int) -> float:
-    """Median ms of the loss alone, forward and backward, on logits of the step's shape (B * L, V) float32:
-    the most a fused or chunked cross-entropy could save (the head's matrix products stay either way)."""
+    """Median ms of the loss alone, forward and backward, on float32 logits of the step's shape (B * L, V)."""
     import torch
     import torch.nn.functional as F
 
@@ -363,7 +354,6 @@ def measure(cfg: StepBenchConfig) -> dict:
     return out
 
 
-# ------------------------------------------------------------------------------------------ report
 def print_table(title: str, rows: dict[str, dict[str, float]]) -> None:
     print(f"  {title}")
     ref = rows.get("reference", {})
@@ -420,11 +410,10 @@ def parse_config(argv: list[str] | None) -> tuple[StepBenchConfig, bool]:
         p.error(f"--variants: each one of {', '.join(VARIANTS)}")
     if not a.no_reference and (a.preset != "reference" or a.device != "cpu"):
         p.error("the reference runs on the CPU at the reference shape: add --no-reference")
-    cfg = StepBenchConfig(batch_sizes=tuple(int(b) for b in a.batch_sizes.split(",") if b),
-                          precisions=tuple(x for x in a.precisions.split(",") if x), repeats=a.repeats,
-                          warmup=a.warmup, threads=a.threads, reference=not a.no_reference, levers=a.levers,
-                          lever_batch=a.lever_batch, preset=a.preset, device=a.device, peak_tflops=a.peak_tflops,
-                          variants=variants)
+    same = ("repeats", "warmup", "threads", "levers", "lever_batch", "preset", "device", "peak_tflops")
+    cfg = StepBenchConfig(**{k: getattr(a, k) for k in same}, reference=not a.no_reference, variants=variants,
+                          batch_sizes=tuple(int(b) for b in a.batch_sizes.split(",") if b),
+                          precisions=tuple(x for x in a.precisions.split(",") if x))
     return cfg, a.json
 
 

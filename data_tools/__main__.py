@@ -1,6 +1,7 @@
-"""`python -m data_tools {synth,index,shards} ...`: the same as `python -m data_tools.<tool> ...`."""
+"""`python -m data_tools {synth,index,shards,teach} ...`: the same as `python -m data_tools.<tool> ...`."""
 from __future__ import annotations
 
+import importlib
 import sys
 
 TOOLS = ("synth", "index", "shards", "teach")
@@ -12,16 +13,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage: python -m data_tools {{{','.join(TOOLS)}}} [options]  (--help after the tool name)",
               file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    tool, rest = argv[0], argv[1:]
-    if tool == "synth":
-        from data_tools.synth import main as run
-    elif tool == "index":
-        from data_tools.index import main as run
-    elif tool == "shards":
-        from data_tools.shards import main as run
-    else:
-        from data_tools.teach import main as run
-    return run(rest)
+    return importlib.import_module(f"data_tools.{argv[0]}").main(argv[1:])
 
 
 if __name__ == "__main__":

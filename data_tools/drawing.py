@@ -29,9 +29,6 @@ class Style:
     image: Array
 
 
-# ----------------------------------------------------------------------------------------- helpers
-
-
 def _grid(size: int) -> tuple[Array, Array]:
     """Pixel-centre coordinates in [0, 1): (yy, xx), each (S, S) float32."""
     t = (np.arange(size, dtype=np.float32) + 0.5) / size
@@ -70,9 +67,6 @@ def _gradient(rng: np.random.Generator, yy: Array, xx: Array) -> Array:
     t = np.cos(theta) * xx + np.sin(theta) * yy
     t = (t - t.min()) / max(float(t.max() - t.min()), 1e-6)
     return c0 + t[..., None] * (c1 - c0)
-
-
-# ----------------------------------------------------------------------------------- content scenes
 
 
 def _shapes(
@@ -198,9 +192,6 @@ def make_content(rng: np.random.Generator, size: int, kind: str | None = None) -
         else:
             layer(rng, canvas, yy, xx, size)
     return np.clip(canvas, 0.0, 255.0)
-
-
-# ------------------------------------------------------------------------------------------- styles
 
 
 def make_palette(rng: np.random.Generator) -> Array:

@@ -29,9 +29,6 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".g
 PAIR_SEPARATOR = "&&"
 
 
-# ------------------------------------------------------------------------------------ manifest format
-
-
 def assign_splits(n: int, val_fraction: float, seed: int) -> list[str]:
     """Seeded split labels for items 0..n-1 (in a fixed order): round(n * fraction) are `val`."""
     if not 0.0 <= val_fraction <= 1.0:
@@ -41,9 +38,6 @@ def assign_splits(n: int, val_fraction: float, seed: int) -> list[str]:
         n_val = 1
     val = set(random.Random(seed).sample(range(n), n_val))
     return ["val" if i in val else "train" for i in range(n)]
-
-
-# ------------------------------------------------------------------------------------- image checks
 
 
 @dataclass(frozen=True)
@@ -80,13 +74,11 @@ def _list_files(folder: Path, recursive: bool = False) -> list[Path]:
     if not folder.is_dir():
         raise FileNotFoundError(f"folder not found: {folder}")
     it = folder.rglob("*") if recursive else folder.iterdir()
+
     def hidden(p: Path) -> bool:
         return any(part.startswith(".") for part in p.relative_to(folder).parts)
 
     return sorted(p for p in it if p.is_file() and not hidden(p))
-
-
-# -------------------------------------------------------------------------------------------- layouts
 
 
 @dataclass(frozen=True)
@@ -224,9 +216,6 @@ def index_pairs(root: Path, styles_root: Path, count: int | None, seed: int, wor
         Candidate(f"pair-{i:06d}", good_c[i % len(good_c)], good_s[style_order[i]], None) for i in range(count)
     ]
     return IndexResult(candidates, list(bad.values()), [], checked_c + checked_s)
-
-
-# ------------------------------------------------------------------------------------------ the tool
 
 
 @dataclass(frozen=True)

@@ -55,9 +55,8 @@ PACKAGES = (
 
 GCOMPRIS = "usr/share/gcompris-qt/rcc"
 FLARE = "usr/share/games/flare/mods"
-# GCompris's activities ship photographs (Wikimedia Commons, Pixabay, the authors' own) and public-domain
-# paintings, each file's licence in the package's machine-readable copyright file. Some of them judge the
-# demo model (PAINTED below): the patterns here leave those out.
+# GCompris's photographs and public-domain paintings (licences in its copyright file), less those that judge the
+# demo model (PAINTED below)
 PAINTED_PHOTOS = ("*/explore_world_animals/resource/animals/*.webp",
                   *(f"*/details/*/{n}_background.webp" for n in ("Neuschwanstein", "Nagoya", "EilanDonanCastle",
                                                                 "TajMahal", "TowerBridgeLondon", "OperaSidney",
@@ -139,8 +138,7 @@ def licence_of(relpath: str, stanzas: list[tuple[list[str], str, str]], fallback
 
 
 def largest_per_picture(base: Path, files: list[Path]) -> list[Path]:
-    """One file per picture: a wallpaper folder (`Name/contents/images/WxH.jpg`) ships several sizes of
-    the same picture and a screenshot; keep its largest file. Loose files are pictures of their own."""
+    """One file per picture: of a wallpaper folder's several sizes, the largest; loose files stand alone."""
     best: dict[str, Path] = {}
     for f in files:
         rel = f.relative_to(base)

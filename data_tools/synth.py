@@ -48,9 +48,6 @@ class SynthConfig:
             raise ValueError(f"val_fraction must be in [0, 1], not {self.val_fraction}")
 
 
-# ------------------------------------------------------------------------------------------- target
-
-
 def equalised_tone(lum_HW: Array) -> Array:
     """The empirical CDF of `lum_HW` at each pixel, mid-rank for ties: (S, S) in (0, 1)."""
     values, inverse, counts = np.unique(lum_HW.ravel(), return_inverse=True, return_counts=True)
@@ -98,9 +95,6 @@ def make_triplet(rng: np.random.Generator, size: int) -> tuple[Image.Image, Imag
 def save_png(img: Image.Image, path: Path) -> None:
     """PNG with fixed settings and no metadata, so equal pixels give equal bytes."""
     img.save(path, format="PNG", compress_level=PNG_COMPRESS_LEVEL)
-
-
-# ------------------------------------------------------------------------------------------- writers
 
 
 def generate(cfg: SynthConfig) -> Path:

@@ -14,7 +14,7 @@ import json
 import os
 import random
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -262,10 +262,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[TeachConfig, argparse.Nam
     p.add_argument("--merge", action="store_true", help="only write the manifest from the logs so far")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
-    cfg = TeachConfig(contents=a.contents, styles=a.styles, out=a.out, size=a.size, count=a.count, seed=a.seed,
-                      val_fraction=a.val_fraction, min_edge_corr=a.min_edge_corr, content_crop=a.content_crop,
-                      style_crop=a.style_crop, photo_styles=a.photo_styles, rank=a.rank, world_size=a.world_size,
-                      threads=a.threads)
+    cfg = TeachConfig(**{f.name: getattr(a, f.name) for f in fields(TeachConfig)})
     return cfg, a
 
 

@@ -19,8 +19,7 @@ from torch.overrides import TorchFunctionMode
 from tests.training.test_loop import CPU1
 from tests.training.test_sft import TRANS as SFT_TRANS, _args, write_run_inputs
 from training.sft import __main__ as sft
-from training.parts import schedule, stop
-from training.sft import run as sft_run
+from training.parts import schedule, step as objective_loop, stop
 from training.parts.distributed import DistEnv
 from training.parts.run import TrainingRun
 from training.parts.streams import BatchStream, BatchStreamConfig, LoaderPolicy, default_num_workers, loader_policy
@@ -63,7 +62,7 @@ def inputs(tmp_path_factory):
 
 def test_the_sft_step_reads_the_device_on_log_steps_only(inputs, tmp_path, monkeypatch):
     reads = HostReads()
-    step_of = sft_run.objective_step
+    step_of = objective_loop.objective_step
 
     def paused(fn):
         """``fn`` with the counting paused."""
@@ -79,7 +78,7 @@ def test_the_sft_step_reads_the_device_on_log_steps_only(inputs, tmp_path, monke
             stream.next, stream._counted = paused(stream.next), True
         return step_of(tr, params, cfg, step, paused(to_device))
 
-    monkeypatch.setattr(sft_run, "objective_step", counted_step)
+    monkeypatch.setattr(objective_loop, "objective_step", counted_step)
     with reads:
         sft.main(_args(inputs, tmp_path / "run", 8, "--log-every", 4, "--batch-size", 4, "--grad-accum", 2,
                        "--alpha-jitter", 0.1, "--save-every", 100, "--save-every-minutes", 0, "--no-token-cache",

@@ -13,6 +13,7 @@ import argparse
 from pathlib import Path
 
 from stylevar.utils.helptext import HelpFormatter, plain
+from training.parts.cli import run_recipe
 
 
 def palette_choice(text: str) -> tuple[str, float]:
@@ -57,12 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from training.demo.export import export
-    from stylevar.utils.precision import set_matmul_precision
-
-    set_matmul_precision()  # TF32 on CUDA
-    return export(args)
+    return run_recipe(build_parser(), "training.demo.export", argv, entry="export")
 
 
 if __name__ == "__main__":

@@ -60,8 +60,7 @@ VARIANT_MEASURES = ["edge_corr", "colour_swd_to_style", "texture_dist_to_style"]
 
 
 def real_pairs_summary(real: dict | None) -> str:
-    """The intro's paragraph on the held-out real pairs: the model's three measures beside the teacher's and
-    copy-content's ("" when they were not measured)."""
+    """The intro's paragraph on the held-out real pairs ("" when they were not measured)."""
     if not real:
         return ""
     rows = real["rows"]

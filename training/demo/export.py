@@ -97,9 +97,8 @@ def seed_spread(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def choose_sampling(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0) -> tuple[dict, dict[str, dict]]:
-    """The candidate top-k/top-p with the best SSIM to the target on `triplets` (training ones, so the
-    held-out evaluation stays unbiased) among those whose seed spread is at least `MIN_SEED_SPREAD`
-    (so that seeds stay meaningful; the most random candidate if none is), and every candidate's scores."""
+    """The top-k/top-p with the best SSIM on training `triplets` among those with a seed spread of at least
+    `MIN_SEED_SPREAD` (else the most random), and every candidate's scores."""
     scores = {}
     for cand in SAMPLING_CANDIDATES:  # every triplet in one batch
         out, other = (outputs(generate(pipe, triplets, s, batch_size=len(triplets), **cand))
@@ -118,10 +117,7 @@ REFINE_CANDIDATES = (Refinement(),) + tuple(Refinement(r, eps) for r in (1, 2, 3
 
 def choose_refinement(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0
                       ) -> tuple[Refinement, dict[str, dict]]:
-    """The refinement candidate (`REFINE_CANDIDATES`, "off" included) with the best SSIM to the target on
-    `triplets` (training ones, like the sampling settings), and every candidate's SSIM and edge
-    correlation. One model call (the pipeline's own refinement must be off): the candidates filter the
-    same outputs."""
+    """The refinement with the best SSIM on training `triplets`, and every candidate's scores (refinement off)."""
     from stylevar.metrics import compute
 
     if pipe.config.refine.enabled:
@@ -149,12 +145,7 @@ def mean_colour_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def choose_palette(pipe: StylePipeline, triplets: list[Triplet], refinement: Refinement, seed: int = 0
                    ) -> tuple[Palette, dict]:
-    """The palette step (`PALETTE_CANDIDATES`) that brings the outputs on `triplets` (training ones) closest
-    to the style's colours (sliced Wasserstein, Lab) while they keep at least as much of the content's edges
-    as the triplets' own targets do: the style taken as far as the data's rule keeps the content. (No
-    candidate keeps that much: the one that keeps the most.) One model call (the pipeline's palette and
-    refinement must be off): each candidate is applied to the same outputs, then `refinement`, in the
-    pipeline's order."""
+    """The palette step nearest the style's colours that keeps the content's edges as the targets do."""
     from stylevar.metrics import compute
 
     if pipe.config.palette.enabled or pipe.config.refine.enabled:
@@ -184,8 +175,7 @@ def refinement_label(cfg: Refinement) -> str:
 
 def generate(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0, batch_size: int = 16, suite=None,
              **gen_kwargs) -> Scored:
-    """The model on `triplets` (seed + index each) through `stylevar.evaluate`'s runner: batch by batch,
-    timed, scored by `scorer` (the suite's metrics among them), every output kept at the model's resolution."""
+    """The model on `triplets` (seed + index each), batch by batch, timed and scored by `scorer`."""
     size = pipe.image_size
 
     def run(sl: slice) -> torch.Tensor:
@@ -207,9 +197,7 @@ def means(scored: Scored) -> dict[str, float]:
 
 
 def scorer(triplets: list[Triplet], size: int, suite=None):
-    """Per-sample metrics of outputs for `triplets` (a runner's `score`), everything compared at `size` px
-    (the model's resolution): edge correlation with the content and the colour distance to the style always;
-    the suite's metrics and L1 against the target when the triplets have one."""
+    """Per-sample metrics of outputs for `triplets` at `size` px (a runner's `score`); against targets if any."""
     content, style = (image_batch([getattr(t, k) for t in triplets], size) for k in ("content", "style"))
     target = image_batch([t.target for t in triplets], size) if all(t.target is not None for t in triplets) else None
 
@@ -239,9 +227,7 @@ def palette_row(cfg: Palette) -> str:
 
 
 def score_baselines(triplets: list[Triplet], size: int, suite=None, palette: Palette = Palette()) -> dict[str, dict]:
-    """Rows of the weight-free baselines: copy-content, Reinhard colour transfer and, when `palette` is on,
-    the content through the same palette step as the model's output (mean metrics); the targets themselves
-    when the triplets have them (what the style measures reach on the data's own rule)."""
+    """Mean metrics of copy-content, Reinhard, the content through `palette` (when on) and the targets."""
     score = scorer(triplets, size, suite)
     content, style = (image_batch([getattr(t, k) for t in triplets], size) for k in ("content", "style"))
     images = {"copy-content": content,
@@ -255,8 +241,7 @@ def score_baselines(triplets: list[Triplet], size: int, suite=None, palette: Pal
 
 
 def evaluate(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0, suite=None) -> dict[str, dict]:
-    """Mean of each metric per method: the model (with seconds per image and seed spread) and the
-    baselines (`score_baselines`, with the model's palette step)."""
+    """Mean of each metric per method: the model (with seconds per image, seed spread) and the baselines."""
     return {"model": evaluate_model(pipe, triplets, seed, suite),
             **score_baselines(triplets, pipe.image_size, suite, pipe.config.palette)}
 
@@ -297,9 +282,7 @@ def half_precision_ssim(pipe: StylePipeline, triplets: list[Triplet], seed: int)
 
 def choose_settings(pipe: StylePipeline, calibration: list[Triplet], args: argparse.Namespace
                     ) -> tuple[Refinement, Palette, dict[str, dict]]:
-    """Sampling, then refinement, then the palette step, each chosen on the calibration triplets (the
-    recipe's `--palette` wins over the rule); the sampling is set on `pipe`, refinement and palette are
-    returned (off on `pipe` until the transformer's own outputs are scored) with every candidate's scores."""
+    """Sampling (set on `pipe`), refinement and palette step chosen on the calibration triplets, with scores."""
     pipe.config.generation, scores = choose_sampling(pipe, calibration, args.seed)
     print(f"sampling: {pipe.config.generation} ({scores})")
     # off until chosen: both choices filter the transformer's own outputs
@@ -333,8 +316,7 @@ def evaluate_tables(pipe: StylePipeline, triplets: list[Triplet], photos: list[T
 
 
 def evaluate_real_pairs(pipe: StylePipeline, args: argparse.Namespace) -> tuple[dict | None, dict[str, dict]]:
-    """The held-out real pairs (`--real-contents`, when given; the grid written to OUT/real_pairs.png) and the
-    variants the card sets beside this model (`--compare NAME=JSON`)."""
+    """The held-out real pairs (`--real-contents`) and the variants set beside this model (`--compare`)."""
     real = None
     if args.real_contents:
         spec = RealPairs.from_folders(args.real_contents, args.real_styles or args.real_contents, args.real_photos,

@@ -15,7 +15,7 @@ import sys
 
 from stylevar.loaders import hub
 from stylevar.config import DEFAULT_GENERATION
-from training.parts.cli import add_loop_args, recipe_parser
+from training.parts.cli import add_loop_args, recipe_parser, run_recipe
 from training.grpo.rewards import REWARDS
 
 
@@ -60,13 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from training.grpo.run import execute  # torch and the models: once the options are parsed
-    from stylevar.utils.precision import set_matmul_precision
-
-    set_matmul_precision()  # TF32 on CUDA
-
-    return execute(args)
+    return run_recipe(build_parser(), "training.grpo.run", argv)
 
 
 if __name__ == "__main__":

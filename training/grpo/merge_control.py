@@ -44,8 +44,7 @@ class MergeController:
         self.merges = 0
 
     def observe(self, step: int, reward_mean: float, snapshot_fn) -> None:
-        """Feed the mean reward of the rollouts of `step`; `snapshot_fn()` gives the LoRA state that
-        produced them (called only when the EMA reaches a new peak)."""
+        """Feed the mean reward of `step`'s rollouts; `snapshot_fn()`: their LoRA state (called at a new EMA peak)."""
         d = self.cfg.ema_decay
         self.ema = reward_mean if self.ema is None else d * self.ema + (1 - d) * reward_mean
         if self.baseline is None:

@@ -42,13 +42,8 @@ def clipped_policy_loss(new_NL: torch.Tensor, old_NL: torch.Tensor, adv_N: torch
 def grpo_loss(new_NL: torch.Tensor, old_NL: torch.Tensor, ref_NL: torch.Tensor, adv_N: torch.Tensor,
               weights_L: torch.Tensor, *, clip_eps: float, kl_beta: float, num_rows: int | None = None
               ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The GRPO loss of N rollouts (or a chunk of them) and its logged parts.
-
-    Per token: policy term -min(rho A, clip(rho, 1 - eps, 1 + eps) A), rho = exp(new - old), plus
-    ``kl_beta`` * k3(ref - new); weighted by the PANW ``weights_L``, summed over the L tokens, summed over
-    the rows and divided by ``num_rows`` (all rows of the step when this is a chunk; default N).
-    Parts: ``clipped`` (tokens with |rho - 1| > eps) and ``ratio_dev`` (max |rho - 1|).
-    """
+    """The GRPO loss of N rollouts (or a chunk) and its logged parts: per token -min(rho A, clip(rho) A) plus
+    ``kl_beta`` * k3, weighted by ``weights_L``, summed and divided by ``num_rows`` (default N)."""
     pg, ratio = clipped_policy_loss(new_NL, old_NL, adv_N, clip_eps)
     kl = k3_kl(ref_NL, new_NL)
     per_row = (weights_L * (pg + kl_beta * kl)).sum(-1)
@@ -80,9 +75,7 @@ def fp32_policy(model: StyleVAR):
 
 def sampled_logprobs(model: StyleVAR, content: torch.Tensor, style: torch.Tensor, tokens: list[torch.Tensor],
                      *, style_strength: float = 0.0, chunk: int = 0, cond: Condition | None = None) -> torch.Tensor:
-    """log p of the sampled tokens (N, L) by fp32 teacher forcing, without grad (`old` and `ref`).
-
-    `cond`: the rows' precomputed condition (LoRA leaves the encoders alone, so it is shared by every pass)."""
+    """log p of the sampled tokens (N, L) by fp32 teacher forcing, without grad; `cond`: the rows' condition."""
     N = content.shape[0]
     step = chunk or N
     out = []

@@ -1,11 +1,8 @@
 """GRPO rewards: R = -lambda * dist(generated, target), one value per rollout (higher is better).
 
-``dreamsim``, ``lpips``, ``clip`` (1 - cosine) and ``ssim`` (1 - SSIM) go through ``MetricSuite`` at
-``image_size``; ``l1`` is the mean pixel distance. ``--reward-style-weight`` w adds w * colour_swd(generated,
-style). Images are (N, 3, H, W) in [0, 1]; missing weights raise ``MissingWeightError`` when the reward is built.
-``lambda`` (``--reward-scale``) sets the units of the reward EMA that drives LoRA merging.
-
-Importing this module does not import torch (``python -m training.grpo --help`` reads :data:`REWARDS`).
+``dreamsim``, ``lpips``, ``clip`` and ``ssim`` go through ``MetricSuite`` at ``image_size``; ``l1`` is the mean
+pixel distance; ``--reward-style-weight`` w adds w * colour_swd(generated, style). Images are (N, 3, H, W) in
+[0, 1]. Importing this module does not import torch (``python -m training.grpo --help`` reads :data:`REWARDS`).
 """
 from __future__ import annotations
 

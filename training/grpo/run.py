@@ -8,12 +8,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from stylevar.loaders import hub
 from stylevar.utils.precision import resolve_autocast_dtype
 from stylevar.models.lora import LoRAConfig, attach_lora, lora_parameters, unload_lora
 from stylevar.loaders.model_dir import ModelDirError, check_model_dir
 from stylevar.pipelines.pipeline import StylePipeline
-from stylevar.loaders.pull import resolve_model
 from stylevar.models.transformer import StyleVAR
 from training.parts.data import check_data_args, collate_triplets, dataset_size, open_triplets
 from training.grpo.trainer import GRPOConfig, GRPOTrainer
@@ -21,7 +19,7 @@ from training.grpo.merge_control import MergeConfig
 from training.parts.extension import RunExtension
 from training.parts.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.parts import cli
-from training.parts.cli import loop_config
+from training.parts.cli import loop_config, resolve_hub_options
 from training.parts.distributed import DistEnv
 from training.parts.log import MetricWindow
 from stylevar.utils.precision import resolve_precision
@@ -40,12 +38,7 @@ FREE_KEYS = (*cli.FREE_KEYS, "rollout_chunk", "tf_chunk")
 
 def check_inputs(args: argparse.Namespace) -> None:
     check_data_args(args.data)
-    # a published model (hf:OWNER/NAME[@REVISION][:grpo|sft]): its model directory, pulled on first use
-    if hub.is_hub_id(args.init):
-        try:
-            args.init = str(resolve_model(args.init))
-        except (hub.HubError, ValueError) as e:
-            raise SystemExit(f"error: --init {args.init}: {e}") from None
+    resolve_hub_options(args, "init")
     try:
         check_model_dir(args.init)
     except ModelDirError:
@@ -57,15 +50,11 @@ def check_inputs(args: argparse.Namespace) -> None:
 
 
 def execute(args: argparse.Namespace) -> int:
-    """``python -m training.grpo`` once its options are parsed: the checks and configs, then the run (on every
-    process)."""
+    """``python -m training.grpo`` once its options are parsed (on every process)."""
     check_inputs(args)
     try:
-        grpo_cfg = GRPOConfig(group_size=args.group_size, top_k=args.top_k, top_p=args.top_p,
-                              style_strength=args.style_strength, clip_eps=args.clip_eps, kl_beta=args.kl_beta,
-                              panw_gamma=args.panw_gamma, adv_eps=args.adv_eps, ppo_epochs=args.ppo_epochs,
-                              max_grad_norm=args.max_grad_norm, rollout_chunk=args.rollout_chunk,
-                              tf_chunk=args.tf_chunk, seed=args.seed)
+        grpo_cfg = GRPOConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(GRPOConfig)
+                                 if f.name != "batched_rollouts"})
         merge_cfg = MergeConfig(ema_decay=args.reward_ema, min_gain=args.merge_min_gain, patience=args.merge_patience,
                                 cooldown=args.merge_cooldown, emergency_kl=args.emergency_kl,
                                 emergency_cooldown=args.emergency_cooldown, skip_kl=args.skip_kl,
@@ -96,8 +85,7 @@ def schedule(options: Mapping[str, Any]) -> ScheduleConfig:
 
 
 def grpo_steps(tr: TrainingRun, cfg: LoopConfig, trainer: GRPOTrainer, saved: Mapping[str, Any]) -> int:
-    """The steps from ``tr.start`` to ``cfg.max_steps`` with their log lines and checkpoints (``saved``: what
-    each checkpoint keeps besides the merge state); returns the last step."""
+    """The steps from ``tr.start`` to ``cfg.max_steps`` with log lines and checkpoints; returns the last step."""
     log, start, env, stream = tr.log, tr.start, tr.env, tr.state.stream
     step = start
     window = MetricWindow(env, last=LAST_KEYS, summed=SUM_KEYS, over_ranks=False)  # stats agree on all ranks

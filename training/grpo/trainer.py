@@ -32,9 +32,7 @@ def rollout_seed(seed: int, step: int, index: int) -> int:
 
 
 def rollout_indices(local_triplets: int, group_size: int, rank: int = 0, world_size: int = 1) -> list[int]:
-    """Global rollout indices of this rank's rows (triplet-major). Rank r's j-th triplet is position
-    j * world_size + r of the global batch (see training.parts.streams.EpochShardSampler), so a triplet gets the same seeds
-    whatever the number of processes."""
+    """Global rollout indices of this rank's rows: a triplet's seeds whatever the number of processes."""
     return [(j * world_size + rank) * group_size + g for j in range(local_triplets) for g in range(group_size)]
 
 
@@ -95,7 +93,6 @@ class GRPOTrainer:
         self.weights_L = panw_weights(model.cfg.patch_nums, cfg.panw_gamma).to(model.pos_1LC.device)
         self.patch_nums = tuple(model.cfg.patch_nums)
 
-    # ---- rollouts ------------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, content: torch.Tensor, style: torch.Tensor, seeds: list[int], cond: Condition | None = None
                  ) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -131,7 +128,6 @@ class GRPOTrainer:
         adv = group_advantages(rewards.view(-1, G), self.cfg.adv_eps).view(-1)
         return Rollouts(content, style, tokens, images, rewards, adv.to(content.device), cond=cond)
 
-    # ---- policy terms -------------------------------------------------------------------------
     def reference_logprobs(self, r: Rollouts) -> None:
         """r.old (current policy) and r.ref (LoRA off), no grad, fp32."""
         kw = dict(style_strength=self.cfg.style_strength, chunk=self.cfg.tf_chunk, cond=r.cond)
@@ -180,8 +176,7 @@ class GRPOTrainer:
         return out
 
     def _sync_grads(self) -> None:
-        """The LoRA gradients averaged over ranks in one all-reduce of one flat buffer (per element the same
-        sum as an all-reduce per tensor)."""
+        """The LoRA gradients averaged over ranks in one all-reduce of one flat buffer."""
         if not self.env.distributed:
             return
         for p in self.params:
@@ -204,7 +199,6 @@ class GRPOTrainer:
         self.optimizer.state.clear()
         c.merged(step, emergency, snapshot_lora(self.model))
 
-    # ---- one step -----------------------------------------------------------------------------
     def step(self, batch: Mapping[str, torch.Tensor], step: int) -> dict[str, float]:
         """GRPO step number `step` (1-based) on this rank's share of the batch."""
         cfg, env, c = self.cfg, self.env, self.controller

@@ -75,12 +75,7 @@ class LoadedCheckpoint:
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """A checkpoint dict from ``path``; :class:`CorruptCheckpointError` if the file cannot be used.
-
-    ``torch.load`` raises many types on damaged files (a truncated zip: RuntimeError "PytorchStreamReader
-    failed reading zip archive"; an empty or cut pickle: EOFError; garbage: UnpicklingError ...): all of
-    them mean the same thing here.
-    """
+    """A checkpoint dict from ``path``; :class:`CorruptCheckpointError` for any damaged file."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -111,13 +106,8 @@ class CheckpointManager:
 
     def save(self, step: int, state: Mapping[str, Any],
              write_sharded: Callable[[Path], None] | None = None) -> Path | None:
-        """Write ``state`` for ``step`` (rank 0 only; all ranks wait). ``write_sharded(folder)`` (every rank
-        calls it, first) writes a sharded part to ``step-XXXXXXXX.dcp/``; the ``.pt`` then names it.
-
-        A failed write (disk full) raises :class:`WriteFailedError` on every rank, with nothing of this
-        step left behind (no partial file, no sharded part) and the earlier checkpoints untouched; the
-        oldest are pruned only after the new one is complete.
-        """
+        """Write ``state`` for ``step`` on rank 0 (``write_sharded(folder)`` first on every rank). A failed write
+        raises :class:`WriteFailedError` on every rank and leaves nothing of this step; pruning comes after."""
         path = self.dir / f"step-{step:08d}.pt"
         if write_sharded is not None:
             write_sharded(path.with_suffix(SHARDED_SUFFIX))
@@ -148,13 +138,8 @@ class CheckpointManager:
                 "the same command to resume from it")
 
     def load(self) -> LoadedCheckpoint:
-        """The newest readable checkpoint (read on every rank); its ``state`` is None on a fresh run.
-
-        Newer files that cannot be read (truncated, empty, not a checkpoint) are skipped, reported in
-        ``skipped`` and renamed to ``*.pt.corrupt``, so they are neither tried again nor counted among the
-        ``keep`` newest. Files present but none readable: :class:`CheckpointsUnreadableError`, naming each
-        file and why (nothing is renamed). Stale temp files are removed.
-        """
+        """The newest readable checkpoint (``state`` None on a fresh run). Newer unreadable files are reported in
+        ``skipped`` and renamed ``*.pt.corrupt``; none readable: :class:`CheckpointsUnreadableError`."""
         if self.env.is_main and self.dir.is_dir():
             remove_stale_temps(self.dir)
             for p in self.dir.glob(f"step-*{SHARDED_SUFFIX}"):  # shards whose .pt was never written
@@ -198,8 +183,7 @@ class CheckpointManager:
 
 
 def remove_stale_temps(folder: Path, pattern: str = ".step-*.tmp") -> None:
-    """Remove the temporary files and folders of writes a killed process left in ``folder`` (by default
-    those of checkpoints), so they cannot keep a full disk full."""
+    """Remove the temporary files a killed process's writes left in ``folder`` (they would keep a disk full)."""
     if folder.is_dir():
         for p in folder.glob(pattern):
             remove_quietly(p)

@@ -1,10 +1,10 @@
-"""The command-line options every recipe shares (``--out``, ``--max-steps``, ``--batch-size``, ...) and the
-:class:`~training.parts.schedule.LoopConfig` made from them.
-
-Importing this module does not import torch: a recipe's ``--help`` is its parser alone."""
+"""The command-line options every recipe shares and the :class:`~training.parts.schedule.LoopConfig` made from them;
+importing this module does not import torch (a recipe's ``--help`` is its parser alone)."""
 from __future__ import annotations
 
 import argparse
+import importlib
+from dataclasses import fields
 from typing import TYPE_CHECKING
 
 from stylevar.utils.helptext import DEVICE_AUTO, HelpFormatter
@@ -24,12 +24,35 @@ DATA_HELP = "triplet manifest, folder (manifest.jsonl or shards), shard tar or p
 
 
 def recipe_parser(module: str, doc: str, *, data_help: str = DATA_HELP) -> argparse.ArgumentParser:
-    """The parser of ``python -m MODULE`` (its description: the first line of ``doc``), with the repeatable
-    --data; the recipe adds its own options, then :func:`add_loop_args`."""
+    """The parser of ``python -m MODULE`` with the repeatable --data (then :func:`add_loop_args`)."""
     p = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n")[0],
                                 formatter_class=HelpFormatter)
     p.add_argument("--data", action="append", required=True, help=data_help)
     return p
+
+
+def run_recipe(parser: argparse.ArgumentParser, module: str, argv: list[str] | None, entry: str = "execute") -> int:
+    """Parse ``argv``, then (torch and the models imported only now) TF32 on CUDA and ``module.entry(args)``."""
+    args = parser.parse_args(argv)
+    from stylevar.utils.precision import set_matmul_precision
+
+    set_matmul_precision()
+    return getattr(importlib.import_module(module), entry)(args)
+
+
+def resolve_hub_options(args: argparse.Namespace, *flags: str) -> None:
+    """Each option of ``flags`` that holds a hub id (hf:OWNER/NAME[@REVISION][:grpo|sft]) set to its model
+    directory, pulled on first use; an id that cannot be resolved exits with one line."""
+    from stylevar.loaders import hub
+    from stylevar.loaders.pull import resolve_model
+
+    for flag in flags:
+        value = getattr(args, flag)
+        if hub.is_hub_id(value):
+            try:
+                setattr(args, flag, str(resolve_model(value)))
+            except (hub.HubError, ValueError) as e:
+                raise SystemExit(f"error: --{flag} {value}: {e}") from None
 
 
 def batch_size_option(text: str) -> int | str:
@@ -46,8 +69,7 @@ def batch_size_option(text: str) -> int | str:
 
 
 def add_loop_args(parser, *, lr: float, batch_size: int, max_grad_norm: float = 2.0, auto_batch: str = "") -> None:
-    """--out --max-steps --batch-size --grad-accum --lr --warmup-steps ... (see --help); ``auto_batch``: what
-    ``--batch-size auto`` does (empty: it is not offered)."""
+    """The loop's options; ``auto_batch``: what ``--batch-size auto`` does (empty: not offered)."""
     g = parser.add_argument_group("run and loop")
     g.add_argument("--out", required=True, help="RUN directory; re-running the same command resumes it")
     g.add_argument("--max-steps", type=int, required=True, help="optimizer steps in all")
@@ -80,17 +102,5 @@ def add_loop_args(parser, *, lr: float, batch_size: int, max_grad_norm: float = 
 def loop_config(args, precision: str) -> LoopConfig:
     from training.parts.schedule import LoopConfig  # with torch: once the options are parsed
 
-    return LoopConfig(
-        max_steps=args.max_steps,
-        save_every=args.save_every,
-        save_every_minutes=args.save_every_minutes,
-        max_minutes=args.max_minutes,
-        val_every=args.val_every,
-        log_every=args.log_every,
-        keep_checkpoints=args.keep_checkpoints,
-        max_grad_norm=args.max_grad_norm,
-        grad_accum=args.grad_accum,
-        precision=precision,
-        progress=not args.no_progress,
-        seed=args.seed,
-    )
+    options = {f.name: getattr(args, f.name) for f in fields(LoopConfig) if f.name not in ("precision", "progress")}
+    return LoopConfig(**options, precision=precision, progress=not args.no_progress)

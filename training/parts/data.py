@@ -1,10 +1,8 @@
 """Triplet datasets for training: manifests (map-style) and webdataset shards (iterable), one item format:
 `{"content", "style", "target": (3, S, S) float32 in [-1, 1], "id", "index", "skipped": list[str]}`.
 
-Images are centre-cropped to S x S; `AugmentConfig` adds the SFT augmentations (rotation and brightness of the
-content, the target rotated with it, random style crops, a shared RGB order for style and target), every random
-number drawn from (seed, epoch, index). A missing or undecodable image is skipped with a warning and named in the
-item's `skipped` list. `open_triplets` takes manifests, folders, shard tars and shard patterns.
+Images are centre-cropped to S x S; `AugmentConfig` adds the SFT augmentations, drawn from (seed, epoch, index).
+An unusable image is skipped with a warning and named in the item's `skipped` list.
 """
 from __future__ import annotations
 
@@ -150,9 +148,6 @@ def warn_skip(path: str, reason: str) -> None:
     warnings.warn(f"skipping unusable training image {path}: {reason}", RuntimeWarning, stacklevel=3)
 
 
-# ------------------------------------------------------------------------------------------ manifests
-
-
 @dataclass(frozen=True)
 class _Entry:
     paths: dict[str, str]  # role -> absolute path
@@ -235,16 +230,9 @@ class TripletDataset(Dataset):
         )
 
 
-# --------------------------------------------------------------------------------------------- shards
-
-
 class ShardTripletDataset(IterableDataset):
-    """Iterable triplets from webdataset shards written by `data_tools.shards`.
-
-    Shards are split across ranks (`torch.distributed`) and DataLoader workers by webdataset.
-    With `shuffle`, the shard order and a sample buffer are shuffled with (seed, epoch). Resume is
-    per epoch (call `set_epoch`), not mid-epoch: use `TripletDataset` where exact resume matters.
-    """
+    """Iterable triplets from `data_tools.shards` shards, split over ranks and workers, shuffled by (seed, epoch);
+    resume is per epoch (`set_epoch`): `TripletDataset` resumes exactly."""
 
     def __init__(
         self,
@@ -337,9 +325,6 @@ def _count_from_summary(urls: list[str], split: str | None) -> int | None:
             elif listed & names:
                 return None  # only some of a split's shards: the count is unknown
     return total
-
-
-# ------------------------------------------------------------------------------------------- opening
 
 
 def _resolve(path: str, split: str | None) -> tuple[str, list[str]]:

@@ -34,11 +34,8 @@ class DistEnv:
 
 
 def setup_distributed(device: str | None = None, timeout_s: float = 1800.0) -> DistEnv:
-    """Join the torchrun process group when launched by torchrun with more than one process.
-
-    Backend: nccl on CUDA, gloo on CPU. A single process (plain ``python -m ...``) needs no group.
-    ``device`` forces "cpu" or "cuda"; default: CUDA when available.
-    """
+    """Join torchrun's process group (nccl on CUDA, gloo on CPU) when there is more than one process; ``device``
+    forces "cpu" or "cuda" (default: CUDA when available)."""
     torchrun = launch.Torchrun.from_env()
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -65,7 +62,6 @@ def all_reduce_sum(values: torch.Tensor, env: DistEnv) -> torch.Tensor:
 
 
 def all_reduce_max(x: float, env: DistEnv) -> float:
-    """The largest ``x`` over ranks."""
     t = torch.tensor([x], dtype=torch.float64, device=env.device)
     if env.distributed:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -94,8 +90,7 @@ def all_gather_object(obj: Any, env: DistEnv) -> list[Any]:
 
 
 def main_rank_write(env: DistEnv, write: Callable[[], None]) -> None:
-    """Run ``write`` on rank 0 while the other ranks wait; an OSError there (a :class:`WriteFailedError`:
-    disk full) is raised on every rank, so no rank is left waiting at a barrier for a write that failed."""
+    """Run ``write`` on rank 0 while the others wait; an OSError there is raised on every rank."""
     error: OSError | None = None
     if env.is_main:
         try:

@@ -1,10 +1,8 @@
 """Training a run longer: which changes of ``--max-steps`` (and of the options that place the learning-rate drop) a
 re-run may make to a run (:class:`RunExtension`, applied by :meth:`~training.parts.rundir.RunDir.prepare`).
 
-A re-run may change them only where the new schedule gives every step already taken the rate it was trained with.
-A new ``--max-steps`` without ``--lr-drop-step`` that would move a drop already passed keeps the drop where it was
-(:meth:`RunExtension.settle`, said in the log and written to the run's config.json); any other such change is
-refused, naming the option that keeps the old rate.
+A re-run may change them only where every step already taken keeps its rate; a drop already passed stays where
+it was (:meth:`RunExtension.settle`); any other such change is refused, naming the option that keeps the rate.
 """
 from __future__ import annotations
 
@@ -18,17 +16,15 @@ SCHEDULE_KEYS = ("max_steps", "lr_drop_step", "lr_drop_fraction")  # the run's l
 
 @dataclass(frozen=True)
 class RunExtension:
-    """``schedule(options)``: the learning-rate schedule a recipe's options (``vars(args)``, or the run's
-    config.json) give; the recipe builds its scheduler from the same function, on the options :meth:`settle`
-    returns (the run's config.json as written)."""
+    """``schedule(options)``: the learning-rate schedule of a recipe's options (as the recipe builds it, on the
+    options :meth:`settle` returns)."""
 
     schedule: Callable[[Mapping[str, Any]], ScheduleConfig]
     keys: tuple[str, ...] = SCHEDULE_KEYS
 
     def settle(self, old: Mapping[str, Any], new: Mapping[str, Any], steps_done: int) -> tuple[dict[str, Any], str]:
-        """The options the run of ``old`` continues with under the command of ``new``, and a line saying what
-        was kept for it ("" when nothing new was): where ``new`` leaves ``lr_drop_step`` unset and its drop
-        would change the rate of a step already trained, the drop stays where ``old`` had it."""
+        """The options the run of ``old`` continues with under ``new``, and a line saying what was kept ("" when
+        nothing): a drop that would move under an already trained step stays where ``old`` had it."""
         before = self.schedule(old)
         placed = "lr_drop_step" not in new or new["lr_drop_step"] is not None  # by the new command, or no drop option
         after = self.schedule(new)
@@ -44,8 +40,7 @@ class RunExtension:
                       f"step {moved} (--lr-drop-step places it, at a step not yet trained)")
 
     def problem(self, old: Mapping[str, Any], new: Mapping[str, Any], steps_done: int) -> str:
-        """Why ``new`` (as :meth:`settle` returned it) may not continue the run of ``old`` that has taken
-        ``steps_done`` steps ("" when it may)."""
+        """Why ``new`` (from :meth:`settle`) may not continue ``old`` after ``steps_done`` steps ("" when it may)."""
         before, after = self.schedule(old), self.schedule(new)
         changed = self._changed(before, after, steps_done)
         if changed is None:

@@ -1,11 +1,8 @@
 """Fully sharded data parallel training (FSDP2): ``training.sft --strategy fsdp``.
 
-Weights, gradients and AdamW state are sharded over the processes, one unit per transformer block (its AdaLN
-projection a unit of its own) and the root; the frozen tokenizer stays whole in float32. With bf16 the gathered
-parameters are bfloat16 and gradients are reduced in float32. Checkpoints go through torch.distributed.checkpoint
-(``step-N.dcp/`` written by every process, then rank 0's ``step-N.pt`` last, so a checkpoint is complete once its
-``.pt`` exists) and load at any world size; :func:`export_model_dir` makes a model directory of one
-(``python -m training.sharding``).
+Weights, gradients and AdamW state are sharded, one unit per transformer block (and its AdaLN projection) and
+the root; the frozen tokenizer stays whole. Checkpoints (``step-N.dcp/`` by every process, then rank 0's
+``step-N.pt``, which completes it) load at any world size; :func:`export_model_dir` makes a model directory.
 """
 from __future__ import annotations
 
@@ -25,12 +22,7 @@ from training.parts.rundir import CONFIG_NAME
 
 
 def precision_policies(precision: str) -> dict[str, Any]:
-    """The mixed-precision policy of each kind of unit (``"blocks"``: a transformer block and its ``ada_lin``;
-    ``"root"``: the rest), written once: in bf16 the blocks' parameters are gathered in bfloat16 (the bulk of
-    the weights, half the traffic), the root's in float32 (embeddings, head, the image encoders and their
-    BatchNorm layers: as DDP keeps them); gradients are reduced in float32; no unit casts its forward inputs,
-    so the residual stream stays float32 between blocks and autocast alone decides each operation's dtype, as
-    under DDP with autocast. In fp32 everything is float32."""
+    """The mixed-precision policy of ``"blocks"`` (bf16 gathers) and ``"root"`` (fp32); grads reduced in fp32."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     block_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
@@ -39,8 +31,7 @@ def precision_policies(precision: str) -> dict[str, Any]:
 
 
 def shard_model(root: nn.Module, model: nn.Module, env, precision: str) -> nn.Module:
-    """``root`` (whose forward runs ``model``, a StyleVAR) sharded in place over the process group, with the
-    units' :func:`precision_policies`; one process: ``root`` unchanged (there is nothing to shard over)."""
+    """``root`` (running ``model``) sharded in place with :func:`precision_policies`; one process: unchanged."""
     if not env.distributed:
         return root
     from torch.distributed.fsdp import fully_shard
@@ -61,8 +52,7 @@ def is_sharded(module: nn.Module) -> bool:
 
 @contextlib.contextmanager
 def gathered(module: nn.Module) -> Iterator[None]:
-    """The root's own parameters whole for the duration (to call methods other than ``forward``, e.g. a
-    validation pass; the blocks gather theirs when called). A no-op for an unsharded module."""
+    """The root's own parameters whole for the duration (e.g. a validation pass); a no-op when unsharded."""
     if not is_sharded(module):
         yield
         return
@@ -73,7 +63,6 @@ def gathered(module: nn.Module) -> Iterator[None]:
         module.reshard()
 
 
-# ------------------------------------------------------------------------------------------ checkpoints
 def _state_dicts(module: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
@@ -84,11 +73,8 @@ def _state_dicts(module: nn.Module, optimizer: torch.optim.Optimizer | None) -> 
 
 
 def save_sharded(folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, env) -> None:
-    """Every rank writes its shards to ``folder`` (through a temp folder renamed by rank 0 at the end).
-
-    A failed write (disk full on any rank: DCP reports it on every rank) raises
-    :class:`stylevar.utils.atomic.WriteFailedError` on every rank, the temp folder removed by rank 0.
-    """
+    """Every rank writes its shards to ``folder`` (a temp folder renamed by rank 0); a failed write raises
+    :class:`stylevar.utils.atomic.WriteFailedError` on every rank."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import CheckpointException
 
@@ -111,8 +97,7 @@ def save_sharded(folder: Path, module: nn.Module, optimizer: torch.optim.Optimiz
 
 
 def load_sharded(folder: str | os.PathLike, module: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
-    """Load a :func:`save_sharded` folder into ``module`` (sharded at any world size, or whole in one
-    process) and ``optimizer`` (when given)."""
+    """Load a :func:`save_sharded` folder into ``module`` (at any world size) and ``optimizer`` (when given)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
@@ -134,10 +119,8 @@ def strip_prefix(state: Mapping[str, torch.Tensor], prefix: str) -> dict[str, to
     return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
 
 
-# ------------------------------------------------------------------------------------------ export
 def export_model_dir(checkpoint: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """A model directory from a training.sft checkpoint written with ``--strategy fsdp``, in this process
-    (no process group): the model is built from RUN/config.json and its shards loaded whole."""
+    """A model directory from a ``--strategy fsdp`` checkpoint, built in this process (no process group)."""
     from stylevar.config import StyleVARConfig, VQVAEConfig
     from stylevar.pipelines.pipeline import StylePipeline
     from stylevar.models.tokenizer import MultiScaleVQVAE

@@ -18,10 +18,7 @@ from training.parts.rundir import LOG_NAME, RunDir
 
 
 class RunLogger:
-    """``RUN/log.jsonl`` (one JSON object per call), TensorBoard in ``RUN/tb``, tqdm; rank 0 only.
-
-    On a resume the log is first cut back to the checkpoint's step so no step appears twice.
-    """
+    """``RUN/log.jsonl``, TensorBoard in ``RUN/tb``, tqdm; rank 0 only. A resume cuts the log back to its step."""
 
     def __init__(self, run: RunDir, env: DistEnv, *, total_steps: int, start_step: int, progress: bool = True):
         self.run, self.env = run, env
@@ -102,15 +99,7 @@ def read_log(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 class MetricWindow:
-    """The per-step metrics of the steps between two log lines, reduced to one log record.
-
-    A key a step lacks is left out of that step; ``last`` keys take their value at the newest step,
-    ``summed`` keys their sum over the window, the others their mean. With ``over_ranks`` the record is
-    then the mean over ranks (one all-reduce: every rank calls :meth:`record`); metrics that already
-    agree on every rank turn it off. Values that are not finite are left out of the record. A step's values
-    may be tensors on the device: they are read in :meth:`record`, all of the window's at once (one host sync
-    per log line instead of one per value and step).
-    """
+    """The metrics of the steps between two log lines as one record (``last``: newest value, ``summed``: sum)."""
 
     def __init__(self, env: DistEnv, *, last: Sequence[str] = (), summed: Sequence[str] = (),
                  over_ranks: bool = True):
@@ -143,8 +132,7 @@ class MetricWindow:
 
 
 def _host_table(rows: Sequence[Mapping[str, float | torch.Tensor]], keys: Sequence[str]) -> torch.Tensor:
-    """(rows, keys) float64 on the CPU, nan where a row lacks a key; the tensors of each device come over in
-    one copy."""
+    """(rows, keys) float64 on the CPU, nan where a row lacks a key; one copy per device."""
     table = torch.full((len(rows), len(keys)), math.nan, dtype=torch.float64)
     by_device: dict[torch.device, list[tuple[int, int, torch.Tensor]]] = {}
     for i, row in enumerate(rows):

@@ -1,8 +1,5 @@
-"""Optimizer parameter groups and the two-level learning-rate schedule with warmup.
-
-StyleVAR's SFT (the paper): AdamW with betas (0.9, 0.95), lr 5e-4 for epochs 1-6 of 10, then 1e-4;
-no weight decay on embeddings, normalisation parameters, biases and the attention scale parameters.
-"""
+"""Optimizer parameter groups and the two-level learning-rate schedule with warmup (the paper's SFT: AdamW,
+betas (0.9, 0.95), 5e-4 then 1e-4)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,18 +8,14 @@ from typing import Iterable
 import torch
 from torch import nn
 
-# parameter-name fragments that never get weight decay (positional/level embeddings, start tokens,
-# learned attention temperatures)
+# parameter-name fragments that never get weight decay (embeddings, start tokens, attention temperatures)
 NO_DECAY_FRAGMENTS = ("pos_start", "pos_1LC", "lvl_embed", "class_emb", "scale_mul", "start_token", "pos_embed")
 _NORMS = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.InstanceNorm2d, nn.RMSNorm)
 
 
 def decay_split(model: nn.Module, extra_no_decay: Iterable[str] = ()) -> tuple[list[str], list[str]]:
-    """Names of trainable parameters (decay, no_decay).
-
-    No decay: biases, every 0-/1-d tensor, parameters of nn.Embedding and normalisation layers, and
-    names containing one of NO_DECAY_FRAGMENTS or ``extra_no_decay``.
-    """
+    """Names of trainable parameters (decay, no_decay); no decay: biases, 0-/1-d tensors, embeddings, norms and
+    names containing NO_DECAY_FRAGMENTS or ``extra_no_decay``."""
     fragments = NO_DECAY_FRAGMENTS + tuple(extra_no_decay)
     owner_no_decay = set()
     for mod_name, mod in model.named_modules():
@@ -72,11 +65,8 @@ def make_adamw(
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    """lr(step) = base * warmup(step) * (1 before drop_step, drop_factor from it on).
-
-    warmup(step) = min(1, (step + 1) / warmup_steps) (1 without warmup). ``drop_step`` defaults to
-    ``round(drop_fraction * max_steps)`` (paper: 0.6, lr 5e-4 -> 1e-4, i.e. drop_factor 0.2).
-    """
+    """lr(step) = base * min(1, (step + 1) / warmup_steps) * (1 before drop_step, drop_factor from it on);
+    ``drop_step`` defaults to ``round(drop_fraction * max_steps)``."""
 
     max_steps: int
     warmup_steps: int = 0
@@ -108,8 +98,7 @@ class ScheduleConfig:
 
 
 def two_level_scheduler(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    """A LambdaLR following ``cfg`` (its state_dict holds only the step count, so it loads with
-    ``torch.load(weights_only=True)``)."""
+    """A LambdaLR following ``cfg`` (its state_dict loads with ``torch.load(weights_only=True)``)."""
 
     def factor(step: int) -> float:
         return cfg.factor(step)

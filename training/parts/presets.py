@@ -42,11 +42,8 @@ def resize_tokenizer(cfg: VQVAEConfig, image_size: int | None) -> VQVAEConfig:
 
 
 def match_transformer(tr: StyleVARConfig, vq: VQVAEConfig) -> StyleVARConfig:
-    """The transformer config made consistent with a tokenizer: its scales, codebook and code width.
-
-    When the number of scales changes, the per-scale alphas are re-spread linearly between the
-    preset's first and last value.
-    """
+    """The transformer config made consistent with a tokenizer's scales, codebook and code width (per-scale
+    alphas re-spread linearly when the number of scales changes)."""
     k = len(vq.patch_nums)
     alphas = tr.alpha_nums
     if len(alphas) != k:

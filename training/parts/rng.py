@@ -1,7 +1,6 @@
 """Seeding, generators derived from integer keys, and the capture and restore of every RNG state.
 
-Randomness that must agree across ranks or survive a resume without stored state (augmentation, alpha
-jitter) is derived from ``(seed, ...)`` with :func:`derived_generator`, not from global RNGs.
+Randomness that must agree across ranks or survive a resume is derived from ``(seed, ...)``.
 """
 from __future__ import annotations
 
@@ -22,10 +21,7 @@ def seed_everything(seed: int) -> None:
 
 
 def derived_generator(*keys: int, device: str | torch.device = "cpu") -> torch.Generator:
-    """A torch.Generator seeded from a tuple of integers, e.g. (seed, step, stream).
-
-    Used for randomness that must be the same on every rank and after a resume without storing state.
-    """
+    """A torch.Generator seeded from a tuple of integers, e.g. (seed, step, stream)."""
     state = np.random.SeedSequence([int(k) % 2**64 for k in keys]).generate_state(1, dtype=np.uint64)
     return torch.Generator(device=device).manual_seed(int(state[0]) & 0x7FFFFFFFFFFFFFFF)
 
@@ -37,8 +33,7 @@ def process_seed(seed: int, rank: int) -> int:
 
 def capture_rng_state(generators: Mapping[str, torch.Generator] | None = None,
                       device: torch.device | None = None) -> dict[str, Any]:
-    """Every RNG state of this process as a dict that ``torch.load(weights_only=True)`` can read; on CUDA the
-    state of ``device``, the one this process trains on (not every visible GPU's: a resume may see other GPUs)."""
+    """Every RNG state of this process (weights_only-loadable); on CUDA only ``device``'s."""
     np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
     py_version, py_internal, py_gauss = random.getstate()
     state: dict[str, Any] = {
@@ -59,8 +54,7 @@ def capture_rng_state(generators: Mapping[str, torch.Generator] | None = None,
 
 def restore_rng_state(state: Mapping[str, Any], generators: Mapping[str, torch.Generator] | None = None,
                       device: torch.device | None = None) -> None:
-    """Restore a :func:`capture_rng_state`; its CUDA state goes to ``device`` (this process's), whatever the
-    number of GPUs visible when it was saved and now."""
+    """Restore a :func:`capture_rng_state`, its CUDA state onto ``device``."""
     py = state["python"]
     random.setstate((py["version"], tuple(py["internal"]), py["gauss"]))
     npst = state["numpy"]
@@ -77,9 +71,8 @@ def restore_rng_state(state: Mapping[str, Any], generators: Mapping[str, torch.G
 
 
 def _restore_cuda(states: list[torch.Tensor], device: torch.device | None) -> None:
-    """The saved CUDA state onto ``device``: a checkpoint holds its process's device's state alone; one written
-    before held every visible GPU's, by index (the one of ``device`` is taken where it was saved). Nothing on
-    the CPU, or where the saved run had no GPU."""
+    """The saved CUDA state onto ``device`` (a state per GPU: the one of ``device``'s index); nothing on the CPU
+    or where the saved run had no GPU."""
     if not states or device is None or device.type != "cuda":
         return
     index = 0 if len(states) == 1 else (device.index or 0)

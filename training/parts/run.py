@@ -19,9 +19,8 @@ from training.parts.stop import StopSignals
 
 
 class LossWatch:
-    """The first step whose loss was not finite, noted on the device (:meth:`note`: no host sync) and read by
-    :meth:`check` (one sync), which stops the run: :class:`TrainingRun` checks before every checkpoint and
-    RUN/final, the log before every line, so no checkpoint holds the weights of a step that diverged."""
+    """The first step whose loss was not finite, noted on the device (no host sync) and read by :meth:`check`,
+    which stops the run: checked before every checkpoint and log line, so no checkpoint holds a diverged step."""
 
     def __init__(self) -> None:
         self._step: torch.Tensor | None = None  # 0-d int64 on the loss's device: 0 while every loss was finite
@@ -42,14 +41,8 @@ class LossWatch:
 
 
 class TrainingRun:
-    """One invocation of a recipe on RUN/, around its own step loop: the resume from the newest readable
-    checkpoint, checkpoints on a :class:`CheckpointSchedule` (each with the time left, :class:`Progress`), and at
-    the end a summary line and ``RUN/final`` (written to a temp folder on rank 0, then renamed). ``log`` is the
-    run's :class:`RunLogger`; ``resumed.extra`` the recipe's own saved state.
-
-    A write that fails (a full disk) ends the run on every rank with one line naming the last good checkpoint.
-    SIGINT or SIGTERM (:class:`StopSignals`) ends the current step, writes its checkpoint and exits from ``save``
-    with one line saying how to resume (status 130 / 143); so does the end of ``max_minutes`` (status 0).
+    """One invocation of a recipe on RUN/: resume, checkpoints, and ``RUN/final`` (renamed into place by rank 0). A
+    failed write ends the run naming the last good checkpoint; SIGINT/SIGTERM checkpoint and exit (130 / 143).
 
         with TrainingRun(run, state, max_steps=N, save_every=..., seed=...) as tr:
             step = tr.start
@@ -133,18 +126,15 @@ class TrainingRun:
         return SystemExit(f"error: {message}. {self.ckpts.last_good_note()}")
 
     def checkpoint_due(self, step: int) -> bool:
-        """Whether ``step`` ends with a checkpoint (the same answer on every rank): by the schedule, or because
-        a signal asked the run to stop. With several processes, rank 0's signal and clock are broadcast (a host
-        sync) only every ``agree_every`` steps (the log steps) and at the last step: a stop or a timed checkpoint
-        waits for the next of them."""
+        """Whether ``step`` ends with a checkpoint, the same on every rank: rank 0's signals and clock are
+        broadcast every ``agree_every`` steps and at the last step."""
         self.progress.passed(step)
         agree = not self.env.distributed or step % self.agree_every == 0 or step >= self.max_steps
         self.stopping = agree and self.stop.agreed(self.env) and step < self.max_steps
         return self.stopping or self.schedule.due(step, agree=agree)
 
     def save(self, step: int, extra: Mapping[str, Any] | None = None) -> None:
-        """The checkpoint of ``step`` (every rank calls it), and the time left; after a stop signal, the line
-        that says how to resume and the exit (SystemExit with the signal's status)."""
+        """The checkpoint of ``step`` (every rank calls it); after a stop signal, the resume line and the exit."""
         self.losses.check(self.env.rank, self.run.checkpoints)
         state = self.state
         sharded = {"write_sharded": state.write_sharded} if state.sharded else {}
@@ -157,8 +147,7 @@ class TrainingRun:
             self.log.info(f"checkpoint {path.name}; {self.progress.line(step)}")
 
     def finish(self, step: int, write_final: Callable[[Path], None] | None) -> None:
-        """The summary line; then ``write_final(folder)`` on rank 0 makes ``RUN/final`` (unless a finished
-        run was only re-run)."""
+        """The summary line; then ``write_final(folder)`` on rank 0 makes ``RUN/final`` (unless already there)."""
         self.losses.check(self.env.rank, self.run.checkpoints)
         if step > self.start:
             self.log.info(f"trained steps {self.start + 1}-{step} in {format_duration(self.progress.elapsed_s())}")
@@ -174,8 +163,7 @@ class TrainingRun:
 
 
 def on_every_process(device: str | None, train: Callable[[DistEnv], int]) -> int:
-    """``train(env)`` in this process of the run (torchrun's or alone), the process group left at the end, after
-    every rank has finished; a RUN/ made by another command, or with no readable checkpoint, is one line."""
+    """``train(env)`` in this process of the run; input errors (another run's RUN/, no checkpoint) are one line."""
     env = setup_distributed(device)
     try:
         code = train(env)

@@ -34,8 +34,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def with_absent(old: Mapping[str, Any], absent_as: Mapping[str, Any]) -> dict[str, Any]:
-    """``old`` with each key of ``absent_as`` that it lacks set to that value ("section.key": inside a section
-    that it has): options added after a run began count, in that run, as what it computed without them."""
+    """``old`` with the keys of ``absent_as`` it lacks ("section.key": inside a section) set to their value."""
     out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in old.items()}
     for dotted, value in absent_as.items():
         section, _, key = dotted.rpartition(".")
@@ -47,8 +46,7 @@ def with_absent(old: Mapping[str, Any], absent_as: Mapping[str, Any]) -> dict[st
 
 def config_differences(old: Mapping[str, Any], new: Mapping[str, Any], free_keys: Sequence[str],
                        absent_as: Mapping[str, Any] | None = None) -> str:
-    """``key: old -> new`` for each key outside ``free_keys`` whose value differs ("" when none does); keys of
-    ``absent_as`` missing from ``old`` count as their value there (`with_absent`)."""
+    """``key: old -> new`` per differing key outside ``free_keys`` ("" when none), after `with_absent`."""
     old = with_absent(old, absent_as or {})
     keys = (set(old) | set(new)) - set(free_keys)
     diff = sorted(k for k in keys if old.get(k, "<absent>") != new.get(k, "<absent>"))
@@ -95,20 +93,9 @@ class RunDir:
         absent_as: Mapping[str, Any] | None = None,
         extension: RunExtension | None = None,
     ) -> "RunDir":
-        """Create RUN/ and write its config, or check that an existing run has the same config.
-
-        Keys in ``free_keys`` (output paths, logging and checkpoint cadence, worker counts) may change
-        between invocations; any other difference raises :class:`RunConfigMismatchError` before any
-        work starts; ``absent_as`` names options added since older runs, with the value such a run
-        had (`with_absent`), so that it still resumes when the new option is left at that value;
-        ``extension`` lets --max-steps (and the learning-rate drop's options) change where the schedule
-        keeps the rate of every step already taken (:class:`RunExtension`: a run trained longer; a drop
-        already passed stays where it was unless the command places it, said in ``notes``). Every
-        rank checks, rank 0 writes (an unchanged config.json is not rewritten). Stale
-        temporary files of a killed process are removed first, so they cannot keep a full disk full; a
-        failed write of config.json (disk full) exits with one line (SystemExit), like the recipes'
-        input errors.
-        """
+        """Create RUN/ and write its config, or check that an existing run has the same one (only ``free_keys``
+        may differ; ``absent_as``: older runs' values of newer options; ``extension``: a run trained longer).
+        Every rank checks, rank 0 writes; a failed write (disk full) exits with one line (SystemExit)."""
         run, new, notes = cls(Path(root)), _jsonable(dict(config)), ()
         old_text = run.config_path.read_text() if run.config_path.exists() else None
         if old_text is not None:
@@ -129,8 +116,7 @@ class RunDir:
     def _check_same_run(self, old: Mapping[str, Any], new: Mapping[str, Any], free_keys: Sequence[str],
                         absent_as: Mapping[str, Any] | None,
                         extension: RunExtension | None) -> tuple[dict[str, Any], tuple[str, ...]]:
-        """The config ``new`` continues the run of ``old`` with (:meth:`RunExtension.settle`) and the notes
-        about it; RunConfigMismatchError unless it may (see :meth:`prepare`)."""
+        """The config ``new`` continues ``old`` with, and notes; RunConfigMismatchError unless it may."""
         extendable = extension.keys if extension is not None else ()
         lines = config_differences(old, new, (*free_keys, *extendable), absent_as)
         if lines:

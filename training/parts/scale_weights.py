@@ -1,10 +1,8 @@
 """How much each scale's tokens weigh in a loss over all K token maps.
 
-A plain mean over the L = sum(h_k * w_k) tokens gives the finest scale almost all of the gradient (256 of
-341 tokens in the demo model, 256 of 680 in the published one) and the first scale, which sets the
-picture's overall colour, one token's worth. Per-action normalization weighting (PANW, the paper's GRPO
-stage) weighs a token of scale k by (h_k * w_k)^-gamma: gamma 0 is the plain mean, gamma 1 gives every scale
-the same share.
+A plain mean over the L = sum(h_k * w_k) tokens gives the finest scale almost all of the gradient.
+Per-action normalization weighting (PANW) weighs a token of scale k by (h_k * w_k)^-gamma: gamma 0 is the
+plain mean, gamma 1 gives every scale the same share.
 """
 from __future__ import annotations
 

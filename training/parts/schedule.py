@@ -46,19 +46,13 @@ class LoopConfig:
         return step % self.log_every == 0 or step == self.max_steps
 
     def val_due(self, step: int) -> bool:
-        """Whether to validate after ``step`` inside the loop (every ``val_every`` steps; the end is the
-        recipe's own validation after the loop)."""
+        """Whether to validate after ``step`` inside the loop (the last step's validation is the recipe's)."""
         return bool(self.val_every) and step % self.val_every == 0 and step != self.max_steps
 
 
 class CheckpointSchedule:
-    """When a recipe writes a checkpoint: every ``every_steps`` steps, once ``every_minutes`` of wall time
-    have passed since the last checkpoint (or since this process started training; 0: never by time),
-    and at ``max_steps``. Call :meth:`due` after each step and :meth:`saved` after writing.
-
-    Rank 0's clock decides the time-based ones and the decision is broadcast, so every rank checkpoints
-    at the same step. ``clock`` (seconds, monotonic) is injectable for tests.
-    """
+    """A checkpoint every ``every_steps`` steps, once ``every_minutes`` have passed since the last (0: never by
+    time), and at ``max_steps``; call :meth:`due` after each step and :meth:`saved` after writing."""
 
     def __init__(self, env: DistEnv, *, max_steps: int, every_steps: int, every_minutes: float = 0.0,
                  clock: Callable[[], float] = time.monotonic):
@@ -87,9 +81,8 @@ class CheckpointSchedule:
 
 
 class Progress:
-    """Steps per second and the time left at that rate, measured from the end of the warm-up: the first
-    ``warmup_steps`` steps of this process (compilation, the loaders' start, the allocator's growth) are left out,
-    and the line says ``estimating...`` until a step after them. :meth:`passed` notes each finished step."""
+    """Steps per second and the time left at that rate, leaving out this process's first ``warmup_steps``
+    steps; :meth:`passed` notes each finished step."""
 
     def __init__(self, start_step: int, max_steps: int, clock: Callable[[], float] = time.monotonic,
                  warmup_steps: int = 1):

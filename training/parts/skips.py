@@ -29,8 +29,7 @@ class SkipTracker:
         return sorted({p for part in gathered for p in part})
 
     def report(self, run: RunDir, reasons: Mapping[str, str]) -> None:
-        """``RUN/skipped.json`` (rank 0) with ``reasons`` by file, and a line on stderr when files were
-        skipped (every rank calls it)."""
+        """``RUN/skipped.json`` (rank 0) and a line on stderr when files were skipped (every rank calls it)."""
         skipped = self.all_paths()
         if self.env.is_main:
             path = write_skip_report(run, skipped, dict(reasons))

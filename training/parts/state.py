@@ -35,8 +35,7 @@ class TrainingState:
     sharded: bool = False
 
     def state_dict(self, step: int, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The checkpoint at ``step`` (without model and optimizer when ``sharded``: :meth:`write_sharded`
-        writes those). Call on every rank (RNG states are gathered)."""
+        """The checkpoint at ``step`` (without model and optimizer when ``sharded``); every rank calls it."""
         scaler = {} if self.scaler is None else {"scaler": self.scaler.state_dict()}
         weights = {} if self.sharded else {"model": unwrap(self.model).state_dict(),
                                            "optimizer": self.optimizer.state_dict()}
@@ -78,9 +77,8 @@ class TrainingState:
         return notes + list(getattr(self.stream, "notes", ()))  # e.g. shard streams restarting
 
     def _rate_of_this_schedule(self) -> None:
-        """The optimizer's rate for the resumed step from this run's schedule (a LambdaLR's own formula): the
-        checkpoint holds the rate of the schedule it was trained with, which a longer run may have moved
-        (training.parts.extension); unchanged on a plain resume."""
+        """The resumed step's rate from this run's schedule, which a longer run may have moved
+        (training.parts.extension)."""
         sched = self.scheduler
         rates = [base * factor(sched.last_epoch) for factor, base in zip(sched.lr_lambdas, sched.base_lrs)]
         for group, rate in zip(self.optimizer.param_groups, rates, strict=True):

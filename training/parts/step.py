@@ -1,9 +1,7 @@
 """The optimizer step of the recipes whose step is one objective (training.vqvae, training.sft), and its log
 line: accumulation with DDP's no_sync, autocast, loss scaling, clipping, optimizer and scheduler.
 
-The step never waits for the device: its loss, metrics and grad norm stay tensors there; the log line reads a
-window of them at once (:class:`~training.parts.log.MetricWindow`) and a loss that is not finite is read on log
-steps and before every checkpoint (:class:`~training.parts.run.LossWatch`)."""
+The step never waits for the device: its loss, metrics and grad norm are read a window at a time by the log."""
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
@@ -25,12 +23,8 @@ def clip_and_step(
     max_grad_norm: float | None,
     foreach: bool | None = True,
 ) -> torch.Tensor:
-    """Unscale, clip (when max_grad_norm > 0), step the optimizer and scheduler, zero the grads.
-
-    ``foreach``: the norm and the scaling of all gradients in one foreach pass (None: torch's choice, the
-    for-loop on the CPU); the same norm. Returns the grad norm before clipping, a 0-d tensor on the gradients'
-    device (nan when not computed): reading it makes the host wait for the device.
-    """
+    """Unscale, clip (when max_grad_norm > 0), step the optimizer and scheduler, zero the grads; the grad norm
+    before clipping, a 0-d device tensor (nan when not computed). ``foreach``: one pass (None: torch's choice)."""
     scaler.unscale_(optimizer)
     if max_grad_norm and max_grad_norm > 0:
         norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=foreach)
@@ -46,14 +40,8 @@ def clip_and_step(
 
 def objective_step(tr: TrainingRun, params: Sequence[torch.nn.Parameter], cfg: LoopConfig, step: int,
                    to_device: Callable[[Any], Any] = lambda batch: batch) -> tuple[dict[str, float], float]:
-    """Optimizer step ``step`` when the objective (``tr.state.model``, possibly DDP-wrapped) maps a micro-batch
-    to ``(loss, metrics)``: ``cfg.grad_accum`` micro-batches from the run's stream (DDP syncs the last one
-    only), autocast, loss scaling, clipping, the optimizer and scheduler steps.
-
-    Returns the step's metrics (``loss`` and the objective's, means over the micro-batches, and
-    ``grad_norm``; tensors stay on the device, no host sync) and the lr it trained with. A loss that is not
-    finite stops the run at the next log step or checkpoint, naming this step (``tr.losses``).
-    """
+    """Optimizer step ``step`` of an objective mapping a micro-batch to ``(loss, metrics)``, over
+    ``cfg.grad_accum`` micro-batches: the step's metrics (device tensors, no host sync) and its lr."""
     state, env = tr.state, tr.env
     sums: dict[str, Any] = {}
     for k in range(cfg.grad_accum):
@@ -74,10 +62,8 @@ def objective_step(tr: TrainingRun, params: Sequence[torch.nn.Parameter], cfg: L
 
 def log_objective_window(tr: TrainingRun, cfg: LoopConfig, step: int, window: MetricWindow, lr: float,
                          **at_step: float) -> None:
-    """The log record of the window ending at ``step`` (``loss`` first, the mean over ranks and micro-steps;
-    the lr of ``step``; ``at_step``: values that are the same on every rank, e.g. a count of skipped files;
-    the epochs read; steps per second), the progress bar, and at the end of the warm-up and one window
-    later the time left. A loss that was not finite in the window stops the run here."""
+    """Log the window ending at ``step`` (``at_step``: values the same on every rank) and update the progress;
+    a loss that was not finite in the window stops the run here."""
     tr.losses.check(tr.env.rank, tr.run.checkpoints)
     mean = window.record()
     record = {"loss": mean["loss"], "lr": lr, **mean, **at_step, "epoch": round(tr.state.stream.epoch_progress, 4),
@@ -86,3 +72,29 @@ def log_objective_window(tr: TrainingRun, cfg: LoopConfig, step: int, window: Me
     tr.log.advance(step, {"loss": record["loss"], "lr": lr})
     if tr.progress.first_lines_due(step) and step < cfg.max_steps:
         tr.log.info(tr.progress.line(step))
+
+
+def objective_steps(tr: TrainingRun, cfg: LoopConfig, params: Sequence[torch.nn.Parameter], model: torch.nn.Module,
+                    to_device: Callable[[Any], Any], window: MetricWindow, skipped: Callable[[], int], *,
+                    validation: Callable[[], dict[str, float]] | None, checkpoint_extra: Callable[[], dict],
+                    more_stats: Callable[[int, dict], dict] | None = None) -> int:
+    """The steps from ``tr.start`` to ``cfg.max_steps`` (log lines, validations, checkpoints holding
+    ``checkpoint_extra()``), then the final validation (``validation`` None: no val split); the last step."""
+    step = tr.start
+    model.train()
+    while step < cfg.max_steps:
+        stats, lr = objective_step(tr, params, cfg, step + 1, to_device)
+        step += 1
+        if more_stats is not None:
+            stats.update(more_stats(step, stats))
+        window.add(stats)
+        if cfg.log_due(step):
+            log_objective_window(tr, cfg, step, window, lr, skipped_files=float(skipped()))
+        if validation is not None and cfg.val_due(step):
+            tr.log.log(step, validation(), prefix="val")
+            model.train()
+        if tr.checkpoint_due(step):
+            tr.save(step, extra=checkpoint_extra())
+    if validation is not None and step > tr.start:
+        tr.log.log(step, validation(), prefix="val")
+    return step

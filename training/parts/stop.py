@@ -19,13 +19,8 @@ GO_ON, BY_SIGNAL, OUT_OF_TIME = 0.0, 1.0, 2.0
 
 
 class StopSignals:
-    """While entered (in the main thread), the first SIGINT or SIGTERM only records itself (:attr:`received`):
-    the loop asks :meth:`agreed` after each step, checkpoints and stops (:meth:`exit`). A second signal gets the
-    handler that was there before (Ctrl-C twice: the usual KeyboardInterrupt, at once). Leaving restores the
-    earlier handlers. Outside the main thread (a recipe called from a test's worker thread) nothing is caught.
-
-    With ``budget_s`` the loop also stops once that many seconds have passed since entering (:attr:`out_of_time`;
-    exit status 0: a planned stop, not an interruption)."""
+    """While entered in the main thread, the first SIGINT or SIGTERM is only recorded (the loop checkpoints and
+    stops); a second one gets the earlier handler. ``budget_s``: also stop after that many seconds (status 0)."""
 
     def __init__(self, budget_s: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.received: int | None = None
@@ -51,8 +46,7 @@ class StopSignals:
         signal.signal(signum, self._before.get(signum, signal.SIG_DFL))  # the next one acts at once
 
     def agreed(self, env: DistEnv) -> bool:
-        """Whether to stop after this step: rank 0's answer on every rank (torchrun passes a signal on to every
-        process, and the ranks must checkpoint at the same step)."""
+        """Whether to stop after this step: rank 0's answer, on every rank."""
         why = BY_SIGNAL if self.received is not None else OUT_OF_TIME if self.clock() >= self._deadline else GO_ON
         if env.distributed:
             why = float(broadcast_(torch.tensor([why], device=env.device), env).item())

@@ -1,9 +1,5 @@
 """Resumable, sharded data order: the sampler of one rank's epoch, and the batch streams that know where
-they are (a checkpoint stores their position; a resume continues with the very next batch).
-
-The global batch (``--batch-size``) is the number of samples per optimizer step across all ranks and
-accumulation micro-steps, so the same command gives the same training on 1 or N processes.
-"""
+they are (a checkpoint stores their position; a resume continues with the very next batch)."""
 from __future__ import annotations
 
 import os
@@ -19,13 +15,8 @@ from training.parts.rundir import RunConfigMismatchError
 
 
 class EpochShardSampler(Sampler[int]):
-    """The indices one rank reads in one epoch, from a given position on.
-
-    The epoch's order is a permutation seeded by (seed, epoch) (or 0..n-1 without shuffling). Rank r
-    takes every world_size-th index starting at r, so the first ``B`` indices of each rank together are
-    the first ``B * world_size`` of the permutation: a global batch is the same set of samples for any
-    number of ranks. ``drop_last`` trims the tail so every rank has the same number of samples.
-    """
+    """The indices one rank reads in one epoch from a given position on: rank r takes every world_size-th index
+    of the (seed, epoch) permutation from r, so a global batch is the same samples for any number of ranks."""
 
     def __init__(
         self,
@@ -64,10 +55,8 @@ MAX_DEFAULT_WORKERS = 8  # --num-workers' default on CUDA is at most this many p
 
 @dataclass(frozen=True)
 class LoaderPolicy:
-    """How a run's DataLoaders read, one policy for every recipe (:func:`loader_policy` makes it): ``num_workers``
-    worker processes per rank, which the training stream keeps from epoch to epoch (persistent workers), and
-    pinned host memory when the batches go to a GPU (their copies, ``move_to``'s non-blocking ones, then overlap
-    the step instead of waiting for it)."""
+    """How every recipe's DataLoaders read (:func:`loader_policy`): ``num_workers`` persistent workers per rank,
+    pinned memory when the batches go to a GPU."""
 
     num_workers: int = 0
     pin_memory: bool = False
@@ -83,17 +72,15 @@ class LoaderPolicy:
 
 
 def default_num_workers(device_type: str, cpus: int, local_processes: int) -> int:
-    """``--num-workers`` when it is not given: on CUDA the CPUs of this process's share (``cpus`` over the
-    processes on this machine) less one for the process itself, at least 1 and at most MAX_DEFAULT_WORKERS; on
-    the CPU 0 (the step's own threads use the cores, and a worker would take one from them)."""
+    """``--num-workers`` when not given: on CUDA this process's share of ``cpus`` less one, in [1,
+    MAX_DEFAULT_WORKERS]; on the CPU 0."""
     if device_type != "cuda":
         return 0
     return max(1, min(MAX_DEFAULT_WORKERS, cpus // max(1, local_processes) - 1))
 
 
 def loader_policy(num_workers: int | None, device: torch.device) -> LoaderPolicy:
-    """The policy of a run on ``device``: ``num_workers`` (None: :func:`default_num_workers` from the CPUs this
-    process may use, stylevar.utils.threads.cpu_budget, and torchrun's LOCAL_WORLD_SIZE), pinned memory on CUDA."""
+    """The policy of a run on ``device`` (``num_workers`` None: :func:`default_num_workers`)."""
     if num_workers is None:
         from stylevar.utils.threads import cpu_budget
 
@@ -122,8 +109,7 @@ def micro_batch_size(global_batch: int, grad_accum: int, world_size: int) -> int
 
 
 class EpochItems(Dataset):
-    """A map-style dataset read by (epoch, index) keys: the dataset's ``set_epoch`` (where it has one) is called
-    with the key's epoch first, in whichever process reads the item (a persistent worker holds its own copy)."""
+    """A map-style dataset read by (epoch, index) keys, calling ``set_epoch`` in whichever process reads."""
 
     def __init__(self, dataset: Dataset):
         self.dataset = dataset
@@ -153,14 +139,7 @@ class _Keyed(Sampler[tuple[int, int]]):
 
 
 class BatchStream:
-    """An endless stream of micro-batches over epochs that knows where it is.
-
-    ``state_dict()`` gives {epoch, index, seed}: ``index`` is the number of global micro-batch rounds
-    already consumed in the epoch. Loading it makes the next batch exactly the one that would have come
-    next. One DataLoader serves every epoch (its workers persist, :class:`LoaderPolicy`): its sampler is set to
-    the epoch and position before each pass, and each item is asked for as (epoch, index), so a dataset with
-    ``set_epoch(epoch)`` has it called in the worker that reads the item (:class:`EpochItems`).
-    """
+    """An endless stream of micro-batches over epochs; loading its ``state_dict()`` resumes at the very next batch."""
 
     def __init__(self, dataset: Dataset, cfg: BatchStreamConfig, env: DistEnv):
         self.dataset, self.cfg, self.env = dataset, cfg, env
@@ -205,18 +184,12 @@ class BatchStream:
 
     @property
     def epoch_progress(self) -> float:
-        """Fractional epochs consumed so far."""
         return self.epoch + self.index / self.batches_per_epoch
 
 
 class IterableBatchStream:
-    """The :class:`BatchStream` interface over an IterableDataset (e.g. webdataset shards).
-
-    Each rank reads its own share (the dataset splits by rank and worker) and starts its next epoch
-    when its share runs out, so uneven shards never stall a step. ``state_dict()`` gathers every
-    rank's (epoch, index); a resume reopens the epoch and skips the batches already consumed (exact
-    when the dataset's order depends only on (seed, epoch), as ``training.parts.data``'s shard reader does).
-    """
+    """The :class:`BatchStream` interface over an IterableDataset: each rank starts its next epoch when its share
+    runs out; a resume skips the batches consumed (exact when the order depends only on (seed, epoch))."""
 
     def __init__(self, dataset: IterableDataset, cfg: BatchStreamConfig, env: DistEnv,
                  num_samples: int | None = None):
@@ -292,8 +265,6 @@ def eval_loader(dataset: Dataset, batch_size: int, env: DistEnv, *, num_workers:
         len(dataset), epoch=0, seed=0, rank=env.rank, world_size=env.world_size, shuffle=False, drop_last=False  # type: ignore[arg-type]
     )
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, collate_fn=collate_fn)
-
-
 
 
 def move_to(batch: Any, device: torch.device) -> Any:

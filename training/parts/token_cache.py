@@ -1,10 +1,9 @@
 """Token cache: the frozen tokenizer's token maps of every training triplet, computed once and read back in later
 epochs and runs on the same data (``training.sft --token-cache``; data without augmentation only).
 
-Beside the data, ``<first manifest's folder>/.token-cache/<key>/``: the key hashes the tokenizer's config and
-weights, the image size, the split and the manifests. Each ``chunk-NNNNNN.safetensors`` holds `CHUNK` items'
-maps ``(n, 3, L)`` and the fingerprint of their image files (a chunk whose images changed is built again).
-Chunks are written atomically, so a killed build resumes; under torchrun each rank builds every world_size-th.
+Beside the data, in ``.token-cache/<key>/`` (the key hashes the tokenizer, the image size, the split and the
+manifests): chunks of `CHUNK` items' maps with their images' fingerprint, written atomically (a killed build
+resumes; a chunk whose images changed is built again).
 """
 from __future__ import annotations
 
@@ -37,8 +36,7 @@ class TokenCacheError(ValueError):
 
 
 def tokenizer_checksum(tokenizer: MultiScaleVQVAE) -> str:
-    """sha256 of the tokenizer's config and every tensor of its state dict (name, dtype, shape, bytes in
-    row-major order, whatever the memory layout)."""
+    """sha256 of the tokenizer's config and every tensor of its state dict, whatever the memory layout."""
     h = hashlib.sha256(json.dumps(tokenizer.cfg.to_dict(), sort_keys=True).encode())
     for name, t in sorted(tokenizer.state_dict().items()):
         t = t.detach().cpu().contiguous().view(-1)
@@ -118,10 +116,8 @@ def _encode_chunk(dataset: TripletDataset, tokenizer: MultiScaleVQVAE, chunk: in
 
 
 def why_not_by_default(dataset, augment: bool, samples: int) -> str | None:
-    """Why ``training.sft`` does not use the cache by default for ``dataset`` (None: it does): augmentation
-    (its images differ every epoch), data that is not a manifest, a run reading each triplet at most once
-    (``samples`` = steps x batch: the build would encode as many images as the run), or a data folder this
-    process cannot write to (the cache lives beside the data)."""
+    """Why ``training.sft`` does not use the cache by default for ``dataset`` (None: it does); ``samples``: steps
+    x batch."""
     if augment:
         return "augmented images, and their tokens, differ every epoch"
     if not isinstance(dataset, TripletDataset):
@@ -136,8 +132,7 @@ def why_not_by_default(dataset, augment: bool, samples: int) -> str | None:
 
 def open_token_cache(dataset: TripletDataset, tokenizer: MultiScaleVQVAE, env: DistEnv, *, batch_size: int = 32,
                      num_workers: int = 0, on_chunk: Callable[[int, int], None] | None = None) -> TokenCache:
-    """The cache of ``dataset`` (a `TripletDataset` without augmentation), building the chunks that are
-    missing or stale first (this rank's share of them; all ranks must call this)."""
+    """The cache of ``dataset``, this rank's missing or stale chunks built first (all ranks call this)."""
     if not isinstance(dataset, TripletDataset):
         raise TokenCacheError("the token cache needs manifest data (a TripletDataset), not shards")
     aug = dataset.transform.augment

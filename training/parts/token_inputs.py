@@ -1,7 +1,7 @@
 """The SFT step's inputs from the frozen tokenizer: the target's token maps and the style's and content's token
 streams, from one encode of the three image batches or from a `training.parts.token_cache.TokenCache`, made into
 the model's `Condition` without encoding any image again: term for term `StyleVAR.condition(content, style)`'s
-single-style case (tests/training/test_token_cache.py compares the two).
+single-style case.
 """
 from __future__ import annotations
 
@@ -32,8 +32,7 @@ def indices_3BL(maps: list[torch.Tensor], batch: int) -> torch.Tensor:
 @torch.no_grad()
 def encode_triplets(tokenizer: MultiScaleVQVAE, target: torch.Tensor, style: torch.Tensor,
                     content: torch.Tensor) -> tuple[TripletTokens, torch.Tensor]:
-    """The three image batches (B, 3, H, W) through the tokenizer in one call (fp32, whatever autocast is on),
-    and their token maps as (B, 3, L) (what the token cache stores)."""
+    """The three image batches through the tokenizer in one fp32 call, and their token maps (B, 3, L)."""
     B = target.shape[0]
     with torch.autocast(target.device.type, enabled=False):
         maps, f_hats = tokenizer.encode(torch.cat([target, style, content]).float())
@@ -45,8 +44,7 @@ def encode_triplets(tokenizer: MultiScaleVQVAE, target: torch.Tensor, style: tor
 
 @torch.no_grad()
 def tokens_from_indices(tokenizer: MultiScaleVQVAE, idx_B3L: torch.Tensor) -> TripletTokens:
-    """The same from stored token maps (B, 3, L) (target, style, content): the style's and content's f_hats are
-    rebuilt from their maps (embedding, upsampling and Phi per scale; no image is encoded)."""
+    """The same from stored token maps (B, 3, L) (target, style, content), encoding no image."""
     B = idx_B3L.shape[0]
     sizes = [pn * pn for pn in tokenizer.cfg.patch_nums]
     idx_B3L = idx_B3L.long()
@@ -60,8 +58,7 @@ def tokens_from_indices(tokenizer: MultiScaleVQVAE, idx_B3L: torch.Tensor) -> Tr
 
 def condition_from_tokens(model: StyleVAR, content: torch.Tensor, style: torch.Tensor,
                           tokens: TripletTokens) -> Condition:
-    """`model.condition(content, style)` (one style image per row, no blend) with the token streams given:
-    the model's own parts (`style_embedding`, `token_stream_ln`, `content_parts`), fed these tokens."""
+    """`model.condition(content, style)` (one style per row) from the given token streams."""
     cond_BD = model.style_embedding(style)
     style_ln_B1LC = model.token_stream_ln(tokens.style_BLc).unsqueeze(1)
     sos_B1C, content_ln_BLC, inject, _ = model.content_parts(content, tokens_BLc=tokens.content_BLc)

@@ -14,7 +14,7 @@ import argparse
 import sys
 
 from stylevar.loaders import hub
-from training.parts.cli import SFT_COMPILE_MIN_STEPS, add_loop_args, recipe_parser
+from training.parts.cli import SFT_COMPILE_MIN_STEPS, add_loop_args, recipe_parser, run_recipe
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,13 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from training.sft.run import execute  # torch and the models: once the options are parsed
-    from stylevar.utils.precision import set_matmul_precision
-
-    set_matmul_precision()  # TF32 on CUDA
-
-    return execute(args)
+    return run_recipe(build_parser(), "training.sft.run", argv)
 
 
 if __name__ == "__main__":

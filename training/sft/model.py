@@ -1,7 +1,5 @@
-"""The model an SFT run trains (``python -m training.sft``): the frozen tokenizer it reads, the StyleVAR it
-starts from (fresh, from a class-conditional VAR checkpoint, or from StyleVAR weights, optionally grown by
-opt-in variants), its stochastic depth, and the step's layouts (NHWC convolutions on the CPU, compiled
-blocks)."""
+"""The model an SFT run trains: the frozen tokenizer, the StyleVAR it starts from, its stochastic depth, and the
+step's layouts (NHWC convolutions on the CPU, compiled blocks)."""
 from __future__ import annotations
 
 import argparse
@@ -27,8 +25,7 @@ from training.sft.var_init import init_from_var
 
 
 def read_tokenizer(src: str, preset_cfg: VQVAEConfig, image_size: int | None) -> MultiScaleVQVAE:
-    """The frozen tokenizer from a folder (``config.json`` + ``tokenizer.safetensors``: a training.vqvae
-    RUN/final or a model directory) or a weights file (.pth / .safetensors) with the preset's config."""
+    """The frozen tokenizer from a folder (RUN/final or a model directory) or a weights file (.pth/.safetensors)."""
     path = Path(src)
     if path.is_dir():
         vqvae = MultiScaleVQVAE.from_pretrained(path)
@@ -75,8 +72,7 @@ VARIANT_MODULES = {"content_injection": "content_in", "colour_stats": "colour_in
 
 
 def with_variants(model: StyleVAR, variants: list[str]) -> StyleVAR:
-    """``model`` with opt-in variants turned on: their modules start at zero, so the model computes what it did;
-    every other tensor is the model's own."""
+    """``model`` with opt-in variants on, their modules at zero (the model computes what it did)."""
     unknown = sorted(set(variants) - set(VARIANT_MODULES))
     if unknown:
         raise SystemExit(f"error: --add-variants: unknown {unknown} (known: {sorted(VARIANT_MODULES)})")
@@ -90,15 +86,13 @@ def with_variants(model: StyleVAR, variants: list[str]) -> StyleVAR:
 
 
 def channels_last(model: StyleVAR) -> None:
-    """The convolutions of both image encoders and of the frozen tokenizer in NHWC (oneDNN's faster layout on
-    the CPU; the images are taken as they come): the same computation up to float rounding."""
+    """The image encoders' and the tokenizer's convolutions in NHWC (faster on the CPU, the same result)."""
     for part in (model.style_encoder, model.content_encoder, model.tokenizer):
         part.to(memory_format=torch.channels_last)
 
 
 def compiler_missing(device: torch.device) -> str | None:
-    """Why torch.compile cannot build kernels for ``device`` here (None: it can): Inductor needs a C++ compiler
-    on the CPU and Triton on CUDA."""
+    """Why torch.compile cannot build kernels for ``device`` here (None: it can)."""
     if device.type == "cuda":
         from torch.utils._triton import has_triton
 
@@ -110,9 +104,8 @@ def compiler_missing(device: torch.device) -> str | None:
 
 
 def resolve_compile(args: argparse.Namespace, device: torch.device) -> tuple[bool, str]:
-    """Whether the blocks are compiled, and a line saying why: ``--compile`` / ``--no-compile`` as given;
-    by default on for runs of at least SFT_COMPILE_MIN_STEPS steps where a compiler is found, not under
-    ``--strategy fsdp`` (the compiled step's measured gain repays its compile from about that many steps)."""
+    """Whether the blocks are compiled, and a line saying why: ``--compile`` / ``--no-compile`` as given; by
+    default from SFT_COMPILE_MIN_STEPS steps on where a compiler is found, not under ``--strategy fsdp``."""
     if args.compile is False:
         return False, "blocks eager (--no-compile)"
     missing = compiler_missing(device)
@@ -136,9 +129,8 @@ def set_drop_path_rate(model: StyleVAR, rate: float) -> None:
 
 
 def prepare_model(model: StyleVAR, args: argparse.Namespace, env: DistEnv) -> None:
-    """The model on the device in train mode, with the step's layouts: the convolutions NHWC on the CPU (not
-    under FSDP), the blocks compiled when ``args.compile`` (resolved by `resolve_compile`; the compile policy,
-    stylevar.runtime.compile: one graph for every block, whatever its drop-path rate)."""
+    """The model on the device in train mode: convolutions NHWC on the CPU (not under FSDP), the blocks
+    compiled when ``args.compile``."""
     model.activation_checkpointing = args.activation_checkpointing
     model.to(env.device).train()
     if env.device.type == "cpu" and args.strategy != "fsdp":

@@ -27,12 +27,8 @@ def jittered_alphas(base_K: torch.Tensor, jitter: float, g: torch.Generator) -> 
 
 
 class SFTObjective(nn.Module):
-    """One micro-batch of triplets -> (label-smoothed CE, metrics).
-
-    The frozen tokenizer's token maps come from the batch's ``tokens_B3L`` when a token cache supplied them
-    (`training.parts.token_cache`), else from one encode of target, style and content together
-    (``fuse_encodes``, `training.parts.token_inputs`) or, with ``fuse_encodes=False``, from three (the target's
-    here, the style's and content's inside `StyleVAR.condition`): the same token maps either way."""
+    """One micro-batch of triplets -> (label-smoothed CE, metrics). Token maps come from the batch's
+    ``tokens_B3L`` (token cache), else from one fused encode, else (``fuse_encodes=False``) three: the same maps."""
 
     def __init__(self, model: StyleVAR, *, label_smoothing: float, alpha_jitter: float, seed: int,
                  fuse_encodes: bool = True, scale_gamma: float = 0.0):

@@ -13,19 +13,17 @@ from typing import Any, Callable, Mapping
 from torch import nn
 from torch.utils.data import Dataset
 
-from stylevar.loaders import hub
 from stylevar.utils.atomic import atomic_write_text
 from stylevar.config import StyleVARConfig, VQVAEConfig
 from stylevar.pipelines.pipeline import StylePipeline
 from stylevar.models.pretrained import CONFIG_FILE
-from stylevar.loaders.pull import resolve_model
 from stylevar.models.tokenizer import MultiScaleVQVAE
 from stylevar.models.transformer import StyleVAR
 from training.parts.data import AugmentConfig, check_data_args, collate_triplets, dataset_size, open_triplets
 from training.parts.extension import RunExtension
 from training.parts.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.parts import fsdp
-from training.parts.cli import FREE_KEYS, loop_config
+from training.parts.cli import FREE_KEYS, loop_config, resolve_hub_options
 from training.parts.distributed import DistEnv, wrap_ddp
 from training.parts.log import MetricWindow
 from stylevar.utils.precision import make_grad_scaler, resolve_precision
@@ -35,7 +33,7 @@ from training.parts.rundir import RunDir
 from training.parts.schedule import LoopConfig
 from training.parts.skips import SkipTracker
 from training.parts.state import TrainingState
-from training.parts.step import log_objective_window, objective_step
+from training.parts.step import objective_steps
 from training.parts.streams import BatchStreamConfig, loader_policy, make_stream, move_to
 from training.parts.presets import load_preset, match_transformer
 from training.sft.model import build_model, prepare_model, read_tokenizer, resolve_compile
@@ -47,16 +45,9 @@ ADDED_OPTIONS = {"drop_path_rate": None, "transformer_config.drop_path_rate": 0.
 
 
 def check_inputs(args: argparse.Namespace) -> None:
-    """Fail fast, before any work, on missing inputs. A hub id given to --tokenizer or --init (a published
-    model, hf:OWNER/NAME[@REVISION][:grpo|sft]) becomes its model directory here, pulled on first use."""
+    """Fail fast, before any work, on missing inputs (hub ids resolved first)."""
     check_data_args(args.data)
-    for flag in ("tokenizer", "init"):
-        value = getattr(args, flag)
-        if hub.is_hub_id(value):
-            try:
-                setattr(args, flag, str(resolve_model(value)))
-            except (hub.HubError, ValueError) as e:
-                raise SystemExit(f"error: --{flag} {value}: {e}") from None
+    resolve_hub_options(args, "tokenizer", "init")
     tok = Path(args.tokenizer)
     if not tok.exists():
         raise SystemExit(f"error: --tokenizer {tok}: not found")
@@ -122,8 +113,7 @@ def augment_config(args: argparse.Namespace) -> AugmentConfig | None:
 
 
 def open_datasets(args: argparse.Namespace, image_size: int) -> tuple[Dataset, Dataset | None]:
-    """The train split (augmented unless --no-augment; palettes permuted with --augment-palette) and the val split
-    (None when there is none)."""
+    """The train split (augmented unless --no-augment) and the val split (None when there is none)."""
     augment = augment_config(args)
     train_set = open_triplets(args.data, "train", image_size, augment, seed=args.seed, shuffle=True)
     try:
@@ -140,9 +130,8 @@ def _cache_progress(chunk: int, chunks: int) -> None:
 
 def open_cache(args: argparse.Namespace, train_set: Dataset, model: StyleVAR, env: DistEnv,
                notes: list[str], num_workers: int) -> TokenCache | None:
-    """The train split's token maps, built where missing (module training.parts.token_cache): with
-    --token-cache, and by default where `why_not_by_default` finds nothing against it (the reason goes to
-    ``notes``); None with --no-token-cache or such a reason."""
+    """The train split's token maps, built where missing (training.parts.token_cache), or None (the reason
+    not to use them by default goes to ``notes``)."""
     if args.token_cache is None:
         why = why_not_by_default(train_set, augment_config(args) is not None, args.max_steps * args.batch_size)
         notes.append(f"token cache off by default: {why}" if why else "token cache on by default "
@@ -188,30 +177,13 @@ class SFTRun:
                             self.args.val_max_batches)
 
     def steps(self, tr: TrainingRun, cfg: LoopConfig) -> int:
-        """The steps from ``tr.start`` to ``cfg.max_steps``, with their log lines, validations and
-        checkpoints, then the final validation; returns the last step."""
-        log, val_set = tr.log, self.val_set
-        self.ddp.train()
-        step = tr.start
-        window = MetricWindow(self.env)
-        while step < cfg.max_steps:
-            stats, lr = objective_step(tr, self.trainable, cfg, step + 1, self.to_device)
-            step += 1
-            window.add(stats)
-            if cfg.log_due(step):
-                log_objective_window(tr, cfg, step, window, lr, skipped_files=float(len(self.skips.all_paths())))
-            if val_set is not None and cfg.val_due(step):
-                log.log(step, self.validation(), prefix="val")
-                self.ddp.train()
-            if tr.checkpoint_due(step):
-                tr.save(step, extra={"draws": self.objective.draws})
-        if val_set is not None and step > tr.start:
-            log.log(step, self.validation(), prefix="val")
-        return step
+        validation = self.validation if self.val_set is not None else None
+        return objective_steps(tr, cfg, self.trainable, self.ddp, self.to_device, MetricWindow(self.env),
+                               lambda: len(self.skips.all_paths()), validation=validation,
+                               checkpoint_extra=lambda: {"draws": self.objective.draws})
 
     def final_writer(self) -> Callable[[Path], None]:
-        """What writes RUN/final: the model directory (with a sharded model, its whole state dict is gathered
-        to rank 0 first: every rank calls this)."""
+        """What writes RUN/final (a sharded model is gathered to rank 0 first: every rank calls this)."""
         args, model = self.args, self.model
         whole = None
         if fsdp.is_sharded(self.ddp):
@@ -230,8 +202,7 @@ class SFTRun:
 
 def log_start(tr: TrainingRun, args: argparse.Namespace, intro: str, notes: list[str],
               summary: dict[str, Any] | None) -> None:
-    """The run's first lines: ``intro``; on a fresh run the model's initialisation (and, from a VAR
-    checkpoint, RUN/init_summary.json and its log record)."""
+    """The run's first lines: ``intro``, and on a fresh run the model's initialisation."""
     log = tr.log
     log.info(intro)
     if tr.start != 0:

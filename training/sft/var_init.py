@@ -1,8 +1,7 @@
 """StyleVAR initialised from a class-conditional VAR checkpoint (`training.sft --init-var`).
 
 Each block's `mat_qkv` / `q_bias` / `v_bias` are split between the guide (Q) and the target (K, V) projections;
-`class_emb` is dropped; what VAR lacks (the image encoders, `feat_emb`) starts fresh, the ResNet-18 trunks from
-torchvision's ImageNet weights when those are in the weight cache (`stylevar.loaders.weights`).
+`class_emb` is dropped; what VAR lacks starts fresh (ResNet-18 trunks from ImageNet weights when cached).
 """
 from __future__ import annotations
 
@@ -19,9 +18,7 @@ from stylevar.models.transformer import StyleVAR
 
 def init_from_var(path_or_sd, cfg: StyleVARConfig, vqvae: MultiScaleVQVAE) -> tuple[StyleVAR, dict]:
     """A StyleVAR initialised from a class-conditional VAR checkpoint, and what was copied, split, dropped
-    and left fresh. Each block's `mat_qkv`/`q_bias`/`v_bias` go to both the guide (Q) and the target
-    (K, V) projections; `class_emb` has no counterpart; encoders and `feat_emb` start fresh (ResNet-18
-    trunks from torchvision ImageNet weights when those are in the cache)."""
+    and left fresh (see the module's docstring)."""
     sd, _ = read_state(path_or_sd)
     model = StyleVAR(cfg, vqvae)
     own = model.transformer_state_dict()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from training.parts.cli import add_loop_args, recipe_parser
+from training.parts.cli import add_loop_args, recipe_parser, run_recipe
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,13 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from training.vqvae.run import execute  # torch and the models: once the options are parsed
-    from stylevar.utils.precision import set_matmul_precision
-
-    set_matmul_precision()  # TF32 on CUDA
-
-    return execute(args)
+    return run_recipe(build_parser(), "training.vqvae.run", argv)
 
 
 if __name__ == "__main__":

@@ -66,8 +66,7 @@ def measured_batch(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: DistEnv) 
 
 
 def resolve_batch(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: DistEnv) -> tuple[int, str]:
-    """The global batch that ``--batch-size auto`` means here, and what the log says of it: RUN's when resuming,
-    else every process's measured batch (the smallest over processes) times processes and accumulation steps."""
+    """The global batch of ``--batch-size auto`` and a log line: RUN's on a resume, else the measured one."""
     config = Path(args.out) / "config.json"
     saved = broadcast_object(json.loads(config.read_text())["batch_size"] if config.is_file() else None, env)
     if saved is not None:

@@ -1,7 +1,5 @@
-"""What a tokenizer run optimises (``python -m training.vqvae``): L1 + L2 reconstruction, the quantizer's VQ
-loss, LPIPS when its weights are present, and the two losses that keep a painting's strokes (a perceptual loss
-on the teacher's style predictor's features, an L1 loss on the images' differences) when weighted
-(:class:`VQVAEObjective`); and the dead-code restarts (:class:`DeadCodeRestarter`)."""
+"""What a tokenizer run optimises (:class:`VQVAEObjective`: reconstruction, VQ, LPIPS and, when weighted, the
+stroke losses) and the dead-code restarts (:class:`DeadCodeRestarter`)."""
 from __future__ import annotations
 
 import argparse
@@ -21,8 +19,7 @@ from training.parts.rng import derived_generator, process_seed, seed_everything
 
 
 def build_lpips(device: torch.device) -> tuple[nn.Module | None, str]:
-    """The LPIPS network (VGG-16, differentiable, inputs in [-1, 1]) from the local weight cache, or
-    (None, why not). Loading goes through ``stylevar.metrics.perceptual.LPIPSMetric``."""
+    """The LPIPS network from the local weight cache, or (None, why not)."""
     try:
         from stylevar.loaders import weights
         from stylevar.metrics.perceptual import LPIPSMetric
@@ -60,7 +57,6 @@ def gradient_l1(a_B3HW: torch.Tensor, b_B3HW: torch.Tensor) -> torch.Tensor:
     return dx + dy
 
 
-# ------------------------------------------------------------------------------------------ objective
 @dataclass(frozen=True)
 class LossWeights:
     l1: float = 1.0
@@ -177,8 +173,7 @@ class DeadCodeRestarter:
 
 
 def build_objective(args: argparse.Namespace, vq_cfg: VQVAEConfig, env: DistEnv) -> tuple[VQVAEObjective, str]:
-    """A fresh tokenizer (seeded: the same on every rank) in its objective, and what the log says of its
-    initialisation and of LPIPS."""
+    """A fresh tokenizer (seeded alike on every rank) in its objective, and log lines about it."""
     seed_everything(args.seed)
     vqvae = MultiScaleVQVAE(vq_cfg)
     init_note = init_from(vqvae, Path(args.init)) if args.init else ""

@@ -1,7 +1,5 @@
-"""A tokenizer run (``python -m training.vqvae``, whose options it takes): the checks of its inputs, RUN/ (its
-config written or checked, to resume), the images of the manifests (:class:`ImageSet`), the step loop with
-its dead-code restarts, log lines, validations and checkpoints, and RUN/final (``tokenizer.safetensors`` +
-``config.json``)."""
+"""A tokenizer run (``python -m training.vqvae``, whose options it takes): input checks, RUN/, the images of the
+manifests (:class:`ImageSet`), the step loop and RUN/final (``tokenizer.safetensors`` + ``config.json``)."""
 from __future__ import annotations
 
 import argparse
@@ -28,7 +26,7 @@ from training.parts.rundir import RunDir
 from training.parts.schedule import LoopConfig
 from training.parts.skips import SkipTracker
 from training.parts.state import TrainingState
-from training.parts.step import log_objective_window, objective_step
+from training.parts.step import objective_steps
 from training.parts.streams import BatchStream, BatchStreamConfig, eval_loader, loader_policy, move_to
 from training.parts.presets import load_preset, resize_tokenizer
 from training.vqvae.batch import resolve_batch
@@ -36,11 +34,8 @@ from training.vqvae.objective import DeadCodeRestarter, build_objective
 
 
 class ImageSet(Dataset):
-    """Every distinct image (of the given roles) of the triplet datasets' entries, centre-cropped to S x S in [-1, 1].
-
-    A missing or undecodable file is skipped (a warning names it): the next valid image is returned
-    and the item's ``skipped`` list names the files passed over (as in ``training.parts.data``).
-    """
+    """Every distinct image (of the given roles) of the triplet datasets' entries, centre-cropped to S x S in
+    [-1, 1]; unusable files are skipped as in ``training.parts.data``."""
 
     def __init__(self, triplets: TripletDataset, image_size: int, max_skips: int = 100,
                  roles: tuple[str, ...] = ROLES):
@@ -176,27 +171,11 @@ class VQVAERun:
         return validate(self.vqvae, self.val_set, self.env, self.args.val_batch_size, self.precision)
 
     def steps(self, tr: TrainingRun, cfg: LoopConfig) -> int:
-        """The steps from ``tr.start`` to ``cfg.max_steps`` (dead-code restarts, log lines, validations,
-        checkpoints), then the final validation; returns the last step."""
-        log, params = tr.log, list(self.vqvae.parameters())
-        self.model.train()
-        step = tr.start
-        window = MetricWindow(self.env, last=("restarted_total", "active"))
-        while step < cfg.max_steps:
-            stats, lr = objective_step(tr, params, cfg, step + 1, self.to_device)
-            step += 1
-            stats.update(self.restarter(step, stats))
-            window.add(stats)
-            if cfg.log_due(step):
-                log_objective_window(tr, cfg, step, window, lr, skipped_files=float(len(self.skips.all_paths())))
-            if self.val_set is not None and cfg.val_due(step):
-                log.log(step, self.validation(), prefix="val")
-                self.model.train()
-            if tr.checkpoint_due(step):
-                tr.save(step, extra=self.restarter.state_dict())
-        if self.val_set is not None and step > tr.start:
-            log.log(step, self.validation(), prefix="val")
-        return step
+        validation = self.validation if self.val_set is not None else None
+        return objective_steps(tr, cfg, list(self.vqvae.parameters()), self.model, self.to_device,
+                               MetricWindow(self.env, last=("restarted_total", "active")),
+                               lambda: len(self.skips.all_paths()), validation=validation,
+                               checkpoint_extra=self.restarter.state_dict, more_stats=self.restarter)
 
     def write_final(self, folder: Path) -> None:
         args = self.args
