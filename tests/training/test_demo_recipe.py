@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow  # the fast lane (-m "not slow") leaves this file 
 
 REPO = Path(__file__).resolve().parents[2]
 STAGES = ("synth", "tokenizer", "sft", "grpo", "grpo2", "teach", "tokenizer_teach", "sft_teach", "teach_more",
-          "sft_more", "ceiling")
+          "sft_more")
 MICRO = {"COUNT": "40", "VQ_STEPS": "3", "SFT_STEPS": "3", "GRPO_STEPS": "2", "GRPO2_STEPS": "2", "SEED": "0", "EVAL_N": "6",
          "CALIBRATION_N": "4", "TEACH_COUNT": "12", "TEACH_VQ_STEPS": "2", "TEACH_SFT_STEPS": "2", "MORE_COUNT": "8",
          "MORE_SFT_STEPS": "2", "TEACH_MIN_EDGE": "-1", "TEACH_BATCH": "4",

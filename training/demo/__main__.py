@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--real-styles", type=Path, help="folder of held-out real styles")
     p.add_argument("--real-photos", default=None, help="parts of file names picking the photographs (default: all)")
     p.add_argument("--real-art", default=None, help="parts of file names picking the styles (default: all)")
-    p.add_argument("--ceiling", type=Path, help="JSON from benchmarks/teacher_ceiling.py for the card")
+    p.add_argument("--ceiling", type=Path, help="JSON of the teacher's ceiling rows ({\"rows\": [...]}) for the card's ceiling table")
     p.add_argument("--palette", default=None, metavar="METHOD:STRENGTH", type=palette_choice,
                    help="the palette step to ship, e.g. distribution:1 (default: chosen on the calibration triplets; "
                         "the card shows every candidate either way)")

@@ -51,7 +51,7 @@ class Report:
     dtype: str
     experiments: str = ""  # markdown from benchmarks/fidelity.py, if given
     real: dict | None = None  # `stylevar.evaluate.real_pairs.evaluate` on the held-out real pairs
-    ceiling: dict | None = None  # benchmarks/teacher_ceiling.py's JSON
+    ceiling: dict | None = None  # the --ceiling JSON: {"rows": [...]}
     variants: dict[str, dict] = field(default_factory=dict)  # name -> real-pairs result of another model
 
 
@@ -141,7 +141,7 @@ one image at a time on the CPU, the whole pipeline (upsampling to the content's 
 {win_text}"""
     if r.ceiling:
         text += f"""
-**Ceilings before any transformer** (`benchmarks/teacher_ceiling.py`, on the held-out pairs, returned at the
+**Ceilings before any transformer** (on the held-out pairs, returned at the
 content's size and scored at 256 px): what a model that drew the teacher's picture perfectly at 64, 128 or
 256 px would score, and what each tokenizer keeps of the teacher's picture.
 
