@@ -1,14 +1,8 @@
 """CPU inference, stage by stage, on the reference-shaped configuration (`benchmarks.reference`), random weights.
 
-    python -m benchmarks.cpu_pipeline [--batch-sizes 1,4] [--repeats 7] [--warmup 2] [--threads 2] \
-        [--precisions fp32,bf16] [--reference] [--agreement-seeds 8] [--fast [--fast-keep F] [--fast-min-tokens N]] \
-        [--repeat-style] [--model DIR] [--json]
-
-Per batch size: median ms per image of each stage (STAGES) for the plain model and a prepared copy per precision
-(`stylevar.runtime.inference.prepare`), the models taking turns; token agreement with fp32; `--fast` adds the prepared
-model with fast sampling; `--reference` times the public reference in the same turns at identical weights;
-`--repeat-style` gives every row one style and adds each model through the pipeline's condition cache (row "... cached");
-`--model` times a model directory (the demo model, a trained one) in place of the random reference-shaped one.
+Per batch size: median ms per image of each stage (STAGES) for the plain model and a prepared copy per precision,
+the models taking turns, and token agreement with fp32. `--fast`, `--reference`, `--repeat-style` and `--model`
+add rows (see their help).
 """
 from __future__ import annotations
 
@@ -111,10 +105,8 @@ def cached_stage_fns(model, content: torch.Tensor, style: torch.Tensor) -> dict:
 
 
 def time_stages(models: dict, batch: int, cfg: StageBenchConfig, reference=None) -> dict[str, dict[str, float]]:
-    """Median ms per image of every stage for each model (same weights), stage by stage with the models'
-    calls taking turns, so a shared machine's changing load weighs on each alike. ``reference``: the public
-    reference's models (`benchmarks.reference`), timed in the same turns on the stages it has; its
-    loop is its total less its other stages."""
+    """Median ms per image of every stage for each model, the models' calls taking turns; ``reference``'s
+    models (`benchmarks.reference`) in the same turns, its loop being its total less its other stages."""
     from benchmarks.reference import images, reference_stage_fns
 
     size = next(iter(models.values())).tokenizer.cfg.image_size

@@ -1,7 +1,5 @@
 """Triplet manifests: the JSON-lines format, seeded splits, and indexers for dataset layouts.
 
-    python -m data_tools.index --layout omnistyle|imagepulse|pairs --root DIR --out MANIFEST [--seed 42]
-
 `omnistyle`: `root/{content,style}/*` and `root/target/<content>&&<style>.<ext>`; `imagepulse`: one folder per
 triplet; `pairs`: unpaired evaluation pairs (`--root` contents, `--styles` styles, `--count` pairs, no target).
 Every image is decoded in a thread pool; what does not decode is left out and listed in `<out>.report.json`.
