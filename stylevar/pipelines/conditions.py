@@ -1,11 +1,9 @@
 """An LRU cache of what each reference image contributes to generation, bounded in bytes.
 
-A style image's part of the condition (its ResNet-18 embedding and its VQ-VAE token stream) and a content image's part
-(`StyleVAR.content_parts`) depend only on the model and on the image as the model sees it. Entries are keyed by a hash
-of that input tensor's bytes, the part's kind and options, and a scope (the service's: the API key that sent the row,
-so that no client learns from a faster answer what another sent). Within a batch each distinct image is computed once,
-cached or not; across calls a repeated style (the UI's examples, a preset, a folder run) skips both encoders.
-`stats()` and the optional observer give hits, misses and size.
+Entries (a style image's embedding and token stream, a content image's `StyleVAR.content_parts`) are keyed by a
+hash of the input tensor's bytes, the part's kind and options, and a scope (the service's: the API key that sent the
+row, so that no client learns from a faster answer what another sent). Within a batch each distinct image is
+computed once. `stats()` and the optional observer give hits, misses and size.
 """
 from __future__ import annotations
 
@@ -51,11 +49,9 @@ def _on_host(images: torch.Tensor) -> bool:
 class ImageDigest:
     """Digests of a batch of model inputs (each row's shape, dtype and bytes), under a key of its own.
 
-    On the host: blake2b of each row's bytes, read in place. On a device the rows are not copied to the host (a
-    full copy, and a wait for the device, per image): each row's bytes b_i are hashed there, DIGEST_HASHES residues
-    sum_i b_i * a_ki mod p with coefficients a_ki drawn from the key (a multilinear universal hash: for a key
-    nobody outside the process knows, two different inputs collide with probability p^-5), and only those B x 5
-    numbers come over, once per batch."""
+    On the host: blake2b of each row's bytes. On a device the rows are hashed there (DIGEST_HASHES residues
+    sum_i b_i * a_ki mod p, a multilinear universal hash keyed by the secret key: collision probability p^-5),
+    and only those B x 5 numbers come to the host."""
 
     def __init__(self, key: int | None = None):
         self.key = secrets.randbits(62) if key is None else key

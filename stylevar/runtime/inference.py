@@ -1,10 +1,7 @@
 """Inference-only preparation of a loaded model, in place (`prepare(model, InferenceConfig(...))`): BatchNorm folded
 into the image encoders' convs, channels-last convolutions, the transformer's linears packed once in oneDNN's
-layout on the CPU (`PackedLinear`), the opt-in bf16 precision and compiled blocks (`stylevar.runtime.compile`).
-Under bf16, `bf16_parts` says in one table what runs in bfloat16: the sampling loop and the image encoders always,
-the tokenizer's decoder only on AMX tiles; its encoder and quantizer stay float32, so an image's tokens are fp32's.
-A bf16 seed repeats its image on the same machine and torch; against fp32 some sampled tokens and pixels differ.
-A plain model is the path the conformance tests check; a prepared one cannot be saved (`prepared(model)` tells).
+layout on the CPU (`PackedLinear`), the opt-in bf16 precision (`bf16_parts`: what runs in bfloat16) and compiled
+blocks (`stylevar.runtime.compile`). A prepared model cannot be saved (`prepared(model)` tells).
 """
 from __future__ import annotations
 
@@ -43,9 +40,8 @@ def cpu_bf16_tiles() -> bool:
 
 
 def packing_available(dtype: torch.dtype = torch.float32) -> bool:
-    """Whether this torch build has oneDNN's packed linear operators (x86 builds do; others may not), and for
-    bfloat16 whether this CPU can run them (oneDNN's bf16 path needs AVX512BW/VL/DQ or AVX-NE-CONVERT; on an
-    AVX2-only CPU the loop's linears are cast to bf16 instead)."""
+    """Whether this torch build has oneDNN's packed linear operators, and for bfloat16 whether this CPU can run
+    them (else the loop's linears are cast to bf16 instead)."""
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return False
     return dtype != torch.bfloat16 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -71,9 +67,8 @@ def fold_batchnorm(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
 
 
 def fuse_conv_bn(module: nn.Module) -> int:
-    """Fold every BatchNorm2d that directly follows a Conv2d among a module's children (recursively;
-    torchvision's BasicBlock order conv1/bn1, conv2/bn2 and downsample's Sequential(conv, bn)). The
-    BatchNorm becomes Identity. Returns how many were folded."""
+    """Fold every BatchNorm2d that directly follows a Conv2d among a module's children (recursively) into
+    the conv, leaving Identity; returns how many were folded."""
     folded = 0
     children = list(module.named_children())
     for (name_a, a), (name_b, b) in zip(children, children[1:]):
@@ -151,11 +146,8 @@ BF16_PARTS = ("loop", "image_encoders", "tokenizer_decoder", "tokenizer_encoder"
 
 
 def bf16_parts(tiles: bool) -> frozenset[str]:
-    """The parts (`BF16_PARTS`) that precision "bf16" runs in bfloat16; ``tiles``: on a CPU with AMX tiles
-    (`cpu_bf16_tiles`). The tokenizer's decoder changes pixels, never tokens, so it joins there; with AVX512-BF16
-    alone its bf16 convolutions ran slower than fp32's (benchmarks/roofline.py), so it stays fp32. The encoder
-    never does: in bf16 it changes some of an image's tokens on the finer scales (benchmarks/bf16_tokenizer.py
-    measures how many), and an image's tokens must not depend on the path."""
+    """The parts (`BF16_PARTS`) that precision "bf16" runs in bfloat16; the tokenizer's decoder only with AMX
+    ``tiles`` (`cpu_bf16_tiles`), its encoder never (an image's tokens must not depend on the path)."""
     return frozenset(BF16_PARTS[:3]) if tiles else frozenset(BF16_PARTS[:2])
 
 

@@ -341,17 +341,12 @@ class StyleVAR(PretrainedModel, nn.Module):
         cond: Condition | None = None,
         **settings: Any,
     ) -> torch.Tensor:
-        """Sample the target coarse to fine: images (B, 3, H, W) in [0, 1]. `generate_with_indices` also
-        gives the sampled token maps.
+        """Sample the target coarse to fine: images (B, 3, H, W) in [0, 1].
 
-        ``config``: the sampling and blend settings (`stylevar.config.GenerationConfig`), or its fields
-        as keyword ``settings`` (the defaults are its). ``seed``: the rows' seeds, over ``config.seed``.
-
-        `style`: one image batch, or a `StyleBlend` of several. `guidance` >= 0: push the logits away from
-        the prediction without the style (module doc); 0 is the plain model. `cond` (from
-        `condition(content, style, unstyled=guidance > 0)`) may be passed instead of the images.
-        `on_scale(k, images)` is called after each scale with the preview so far.
-        `return_indices=True` is deprecated: it returns ``(images, indices)``, `generate_with_indices`'s.
+        ``config``: a `stylevar.config.GenerationConfig`, or its fields as keyword ``settings``; ``seed``: the
+        rows' seeds, over ``config.seed``. ``style``: one image batch or a `StyleBlend`. ``cond`` (from
+        `condition(content, style, unstyled=guidance > 0)`) may replace the images. ``on_scale(k, images)``: called
+        after each scale with the preview so far. ``return_indices=True`` is deprecated (`generate_with_indices`).
         """
         out = self._generate(content, style, settings_of(config, settings), on_scale, cond, seed)
         if return_indices:
@@ -397,13 +392,8 @@ class StyleVAR(PretrainedModel, nn.Module):
                       on_scale: Callable[[int, torch.Tensor], None] | None = None
                       ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The autoregressive loop: f_hat (B, Cvae, n, n) and the K sampled token maps. ``config``: top-k, top-p,
-        guidance and fast (its seed and blend are the generators' and ``alpha_K``'s).
-
-        The KV cache is preallocated and holds each target token once; AdaLN modulations and the guide
-        queries of every scale are computed once, before the loop. With `guidance` > 0 the unstyled
-        condition runs as B more rows of the same batch, fed the tokens sampled from the guided logits.
-        With `fast` the scales that `self.fast_sampling` prunes merge the 2 x 2 groups of positions where
-        the content is flat into one token each (`stylevar.models.transformer.pruning`).
+        guidance and fast (its seed and blend are the generators' and ``alpha_K``'s). With guidance the unstyled
+        condition runs as B more rows of the batch; with fast, flat 2 x 2 groups merge (`...transformer.pruning`).
         """
         with self.loop_autocast(cond.cond_BD.device):
             return self._sample_tokens(cond, generators, alpha_K, config, on_scale)
