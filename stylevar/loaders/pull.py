@@ -1,8 +1,7 @@
 """Published models into model directories: `stylevar pull` and the `--model` resolver (`resolve_model`).
 
-Pulling a hub id downloads its reference checkpoints, converts them and writes a model directory whose
-config.json records the repository, revision, commit and each file's sha256. Imports neither torch nor
-huggingface_hub until needed.
+A pulled hub id's checkpoints are converted into a model directory whose config.json records the repository,
+revision, commit and each file's sha256. Imports neither torch nor huggingface_hub until needed.
 """
 from __future__ import annotations
 
