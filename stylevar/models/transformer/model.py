@@ -3,8 +3,7 @@
 Three token streams share the embeddings: the target (teacher forcing or what was sampled so far), the style and
 the content (each image's cumulative f_hat per scale). Every block: the target gives keys/values, style and
 content ask, blended per scale by alpha_k; AdaLN from the style embedding. Beyond the paper, all off by default:
-several styles with weights and masks (`StyleBlend`), guidance against the model given the content as its style,
-content injection and colour statistics. Reads top to bottom: embeddings, conditioning, teacher forcing, generation.
+several styles (`StyleBlend`), guidance against the unstyled model, content injection and colour statistics.
 """
 from __future__ import annotations
 
