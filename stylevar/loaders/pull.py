@@ -68,9 +68,8 @@ def _model_card(model: HubModel, source: dict[str, Any]) -> str:
 
 def pull(model: HubModel, *, shape: Shape = Shape(), out: str | os.PathLike | None = None, force: bool = False,
          progress: bool = True) -> PullResult:
-    """Download `model`'s checkpoints, convert them and write a model directory (default: `model.default_dir`),
-    whole or absent. A folder that already holds this pull is kept unless `force`; a lock lets one process
-    convert while others (a torchrun job's ranks) wait for it."""
+    """Download and convert `model`'s checkpoints into a model directory (default: `model.default_dir`), whole or
+    absent; one already there is kept unless `force`; other processes (torchrun's ranks) wait on a lock."""
     dest = Path(out) if out is not None else model.default_dir(shape)
     if not force and _source_matches(dest, model, shape):
         return PullResult(dest, skipped=True)

@@ -180,9 +180,8 @@ class ConditionCache:
     def rows(self, kind: str, options: tuple, images_B3HW: torch.Tensor,
              compute: Callable[[torch.Tensor], Sequence[torch.Tensor | None]],
              scopes: Sequence[str] | None = None) -> list[torch.Tensor | None]:
-        """``compute(images)`` (a tuple of (N, ...) tensors or None) for a batch, each distinct image computed at
-        most once and looked up first in the cache of its row's scope (`scopes`, one a row; None: one scope).
-        Returns the batch's tensors (B, ...)."""
+        """The batch's tensors (B, ...) of ``compute(images)`` (a tuple of (N, ...) tensors or None), each distinct
+        image computed at most once, looked up first in its row's scope (`scopes`, one a row; None: one scope)."""
         digests = self._digests(images_B3HW)
         keys = [(scope, kind, options, d) for scope, d in zip(scopes or [""] * len(digests), digests)]
         parts: dict[tuple, Part] = {}

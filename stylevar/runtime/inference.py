@@ -82,9 +82,8 @@ def fuse_conv_bn(module: nn.Module) -> int:
 
 
 class PackedLinear(nn.Module):
-    """A linear layer whose weight is packed once in oneDNN's blocked layout (CPU only), in ``dtype``:
-    inputs are cast to it, and so is the output. The packed weight is an opaque tensor, kept out of the
-    state dict (a prepared model is not saved)."""
+    """A linear layer whose weight is packed once in oneDNN's blocked layout (CPU only), in ``dtype`` (inputs
+    and output cast to it); the opaque packed weight is kept out of the state dict."""
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.float32):
         super().__init__()
@@ -152,9 +151,8 @@ def bf16_parts(tiles: bool) -> frozenset[str]:
 
 
 def run_bf16(model, parts: frozenset[str]) -> None:
-    """``parts`` (`BF16_PARTS`) of a model set to run in bfloat16; each wrapped part returns float32, so the
-    quantizer (`stylevar.utils.precision.full_precision`) still computes in float32. The loop's linears are
-    `prepare`'s to pack; here the loop gets its autocast dtype."""
+    """``parts`` (`BF16_PARTS`) of a model set to run in bfloat16, each returning float32 (the quantizer stays
+    float32); the loop gets its autocast dtype here, its linears are packed by `prepare`."""
     bf16, tok = torch.bfloat16, model.tokenizer
     if "loop" in parts:
         model.loop_autocast_dtype = bf16
@@ -202,9 +200,8 @@ def prepare(model, cfg: InferenceConfig = InferenceConfig(), *, parts: frozenset
 
 
 def prepare_for_serving(model, cfg: InferenceConfig = InferenceConfig()) -> bool:
-    """`prepare` the model as the service and the command line run it, where it changes anything: on the CPU always
-    (layouts, packed linears), elsewhere when ``cfg`` asks for bf16 or compilation (applied rather than a setting
-    silently ignored). Whether it prepared."""
+    """`prepare` the model as the service and the command line run it: on the CPU always, elsewhere when ``cfg``
+    asks for bf16 or compilation. Whether it prepared."""
     if model.pos_1LC.device.type == "cpu" or cfg.compile or cfg.precision != "fp32":
         prepare(model, cfg)
         return True
