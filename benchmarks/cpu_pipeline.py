@@ -68,8 +68,7 @@ FAST = "fp32 fast"  # the row of the prepared fp32 model sampling with `fast=Tru
 
 
 def stage_fns(model, content: torch.Tensor, style: torch.Tensor, fast: bool = False) -> dict:
-    """One call of each stage of this project's model (STAGES), on these inputs; ``fast``: the loop and the
-    total with fast sampling."""
+    """One call of each stage (STAGES) of this project's model; ``fast``: the loop and total with fast sampling."""
     from stylevar.models.encoders import pooled
     from stylevar.config import GenerationConfig
     from stylevar.models.sampling import make_generators
@@ -125,8 +124,7 @@ def time_stages(models: dict, batch: int, cfg: StageBenchConfig, reference=None)
 
 
 def token_agreement(fp32_model, other_model, cfg: StageBenchConfig, fast: bool = False) -> float:
-    """Fraction of sampled tokens that are equal, same inputs and seed, over `agreement_seeds` seeds (``fast``: the
-    other model samples with fast sampling)."""
+    """Fraction of equal sampled tokens over `agreement_seeds` seeds (``fast``: the other model samples fast)."""
     import torch
 
     from benchmarks.reference import images
@@ -155,8 +153,7 @@ def greedy_difference(reference, model) -> float:
 
 
 def measure(cfg: StageBenchConfig, reference=None) -> dict:
-    """Every figure of one run: stage times per batch size, token agreement, and the greedy difference to the
-    reference (when given: its models, `benchmarks.reference.build_reference`)."""
+    """Every figure of one run: stage times per batch size, token agreement, the greedy difference to ``reference``."""
     import torch
 
     plain = build(cfg, None if reference is None else (reference.vae.state_dict(), reference.model.state_dict()))

@@ -101,8 +101,7 @@ def stage_calls(model, content, style, skip=frozenset()) -> dict:
 
 
 def count_flops(plain, content, style) -> dict[str, float]:
-    """FLOPs of each stage (and of each scale: "loop k") and of the whole `generate` call ("total"), on the plain
-    model."""
+    """FLOPs of each stage, each scale ("loop k") and the whole `generate` ("total"), on the plain model."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
@@ -121,8 +120,7 @@ def count_flops(plain, content, style) -> dict[str, float]:
 
 
 def time_models(models: dict, content, style, repeats: int, warmup: int, skip: dict) -> dict[str, dict[str, float]]:
-    """Median seconds of each model's stages (and scales) but those in ``skip[name]``, the models and stages taking
-    turns call by call."""
+    """Median seconds of each model's stages (and scales) but ``skip[name]``'s, the models taking turns."""
     import torch
 
     with torch.inference_mode():

@@ -30,8 +30,7 @@ PreviewFn = Callable[[int, torch.Tensor], None]  # (scale index k, previews (n, 
 
 @dataclass
 class StylizeTask:
-    """One request, resolved (`StylePipeline.prepare`): its stylization (one row per seed; its `key` the job's) and
-    where its previews go."""
+    """One resolved request (`StylePipeline.prepare`): its stylization (one row per seed) and where its previews go."""
 
     stylization: Stylization
     on_preview: PreviewFn | None = None

@@ -82,8 +82,7 @@ class RequestMiddleware:
 
 
 async def discard_body(receive: Receive, limit: int, stall_s: float | None = None) -> None:
-    """Read and drop up to `limit` bytes of the body, so closing the connection does not reset it (`stall_s`: give up
-    when nothing arrives for that long)."""
+    """Read and drop up to `limit` bytes of the body so closing does not reset it (`stall_s`: idle limit)."""
     seen = 0
     while seen <= limit:
         try:

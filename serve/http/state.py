@@ -109,8 +109,7 @@ def require_key(request: Request,
 
 
 async def refuse_unknown_fields(request: Request, state: ServiceState) -> None:
-    """422 naming each form field the route does not declare and the nearest one it does (unless
-    `allow_unknown_fields`)."""
+    """422 naming each undeclared form field and its nearest declared one (unless `allow_unknown_fields`)."""
     if not state.settings.allow_unknown_fields:
         hints = field_hints(request, await request.form())
         if hints:
