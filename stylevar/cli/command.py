@@ -49,8 +49,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def chosen_parsers(parser: argparse.ArgumentParser, words: list[str]) -> list[argparse.ArgumentParser]:
-    """``parser`` and the sub-command parsers ``words`` choose below it, outermost first (`stylevar weights fetch`:
-    three parsers)."""
+    """``parser`` and the sub-command parsers ``words`` choose below it, outermost first."""
     chain = [parser]
     while True:
         subs = [a for a in chain[-1]._actions if isinstance(a, argparse._SubParsersAction)]

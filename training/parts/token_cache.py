@@ -115,8 +115,7 @@ def _encode_chunk(dataset: TripletDataset, tokenizer: MultiScaleVQVAE, chunk: in
 
 
 def why_not_by_default(dataset, augment: bool, samples: int) -> str | None:
-    """Why ``training.sft`` does not use the cache by default for ``dataset`` (None: it does); ``samples``: steps
-    x batch."""
+    """Why training.sft skips the cache by default for ``dataset`` (None: it does); ``samples``: steps x batch."""
     if augment:
         return "augmented images, and their tokens, differ every epoch"
     if not isinstance(dataset, TripletDataset):

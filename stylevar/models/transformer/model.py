@@ -167,8 +167,7 @@ class StyleVAR(PretrainedModel, nn.Module):
 
     @classmethod
     def from_pretrained(cls, folder: str | os.PathLike, tokenizer: MultiScaleVQVAE | None = None) -> "StyleVAR":
-        """The transformer saved in ``folder`` (eval mode, on the CPU), holding ``tokenizer`` (default: the
-        one saved in the same folder)."""
+        """The transformer saved in ``folder`` (eval mode, on the CPU), holding ``tokenizer`` (default: folder's)."""
         tokenizer = tokenizer if tokenizer is not None else MultiScaleVQVAE.from_pretrained(folder)
         section, sd = cls.read_pretrained(folder)
         return cls.from_state_dict(sd, StyleVARConfig.from_dict(section), tokenizer)
