@@ -113,8 +113,7 @@ class StylePipeline:
 
     def save_pretrained(self, model_dir: str | os.PathLike, dtype: torch.dtype | None = None,
                         model_card: str | None = None) -> Path:
-        """The model directory (`stylevar.loaders.model_dir.write_model_dir`): the models' files, config.json from
-        `config`, the model card when given."""
+        """Write the model directory (`write_model_dir`): the models' files, config.json, the model card when given."""
         return write_model_dir(self.model, self.config, model_dir, dtype, model_card)
 
     # ---- properties ---------------------------------------------------------------------------
@@ -155,8 +154,7 @@ class StylePipeline:
         return x.mul(2).sub(1), [done[id(im)][1] for im in images]
 
     def mask_tensor(self, mask: Image.Image, content: Image.Image, resize: ResizeMode = "stretch") -> torch.Tensor:
-        """A style mask (any mode, any size) -> (S, S) in [0, 1]: resized to the content's size, then
-        fitted into the model's square as the content is."""
+        """A style mask (any mode or size) -> (S, S) in [0, 1]: resized to the content's size, then fitted as it is."""
         gray = mask.convert("L")
         if gray.size != content.size:
             gray = gray.resize(content.size, Image.BILINEAR)
@@ -347,8 +345,7 @@ class StylePipeline:
 
     def _draw_frames(self, frames: list[Image.Image], mix: StyleMix, seeds: list[int] | FrameSampler,
                      request: StylizeRequest, generation: GenerationConfig, max_side: int | None) -> list[Image.Image]:
-        """`stylize_batch` of frames; with a `FrameSampler` each frame is moved by its phase for the model and
-        its drawing moved back (and settled) before it is upsampled."""
+        """`stylize_batch` of frames; a `FrameSampler` moves each frame by its phase and its drawing back (settled)."""
         resize, upsample = request.resize, request.upsample
         if not isinstance(seeds, FrameSampler):
             return self.stylize_batch(frames, [mix] * len(frames), seeds=seeds, resize=resize, max_side=max_side,

@@ -40,8 +40,7 @@ def cpu_bf16_tiles() -> bool:
 
 
 def packing_available(dtype: torch.dtype = torch.float32) -> bool:
-    """Whether this torch build has oneDNN's packed linear operators, and for bfloat16 whether this CPU can run
-    them (else the loop's linears are cast to bf16 instead)."""
+    """Whether this torch has oneDNN's packed linears and, for bfloat16, whether this CPU can run them."""
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return False
     return dtype != torch.bfloat16 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -67,8 +66,7 @@ def fold_batchnorm(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
 
 
 def fuse_conv_bn(module: nn.Module) -> int:
-    """Fold every BatchNorm2d that directly follows a Conv2d among a module's children (recursively) into
-    the conv, leaving Identity; returns how many were folded."""
+    """Fold every BatchNorm2d directly after a Conv2d (recursively) into the conv; returns how many were folded."""
     folded = 0
     children = list(module.named_children())
     for (name_a, a), (name_b, b) in zip(children, children[1:]):
@@ -200,8 +198,7 @@ def prepare(model, cfg: InferenceConfig = InferenceConfig(), *, parts: frozenset
 
 
 def prepare_for_serving(model, cfg: InferenceConfig = InferenceConfig()) -> bool:
-    """`prepare` the model as the service and the command line run it: on the CPU always, elsewhere when ``cfg``
-    asks for bf16 or compilation. Whether it prepared."""
+    """`prepare` as the service runs it: on the CPU always, elsewhere for bf16 or compilation; whether it did."""
     if model.pos_1LC.device.type == "cpu" or cfg.compile or cfg.precision != "fp32":
         prepare(model, cfg)
         return True

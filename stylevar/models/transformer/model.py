@@ -256,8 +256,7 @@ class StyleVAR(PretrainedModel, nn.Module):
         return self.style_embedding(style), self._stream_ln(style)
 
     def style_embedding(self, img_B3HW: torch.Tensor) -> torch.Tensor:
-        """The AdaLN input (B, C) an image gives as a style: its pooled style-encoder features, plus its
-        colour statistics with the `colour_stats` variant."""
+        """An image's AdaLN input (B, C): its pooled style features (+ its colour statistics with `colour_stats`)."""
         emb_BC = self.feat_emb(pooled(self.style_encoder, img_B3HW))
         if self.colour_in is not None:
             emb_BC = emb_BC + self.colour_in(colour_statistics(img_B3HW))
