@@ -128,8 +128,7 @@ def bearer_token(scope: Scope) -> str | None:
 
 
 class BodyTimeout:
-    """Close a request to `paths` whose body stalls: every part must arrive within `seconds` of the last (JSON 408,
-    `Connection: close`, the only answer sent)."""
+    """Close a request to `paths` whose body parts come more than `seconds` apart (JSON 408, `Connection: close`)."""
 
     class _Stalled(Exception):
         pass

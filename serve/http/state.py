@@ -85,8 +85,7 @@ UNAUTHORIZED = "a valid API key is required (Authorization: Bearer KEY)"
 
 
 def check_key(state: ServiceState, scope, key: str | None) -> None:
-    """With API keys set, `key` must be one (401), unless the client failed too often lately (429, before the key is
-    looked at). Counts a wrong key."""
+    """With API keys set, `key` must be one (401) unless its client failed too often (429, first); counts wrong keys."""
     if not state.keys:
         return
     if not key:

@@ -35,8 +35,7 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
     def parse_args(self, args=None, namespace=None):  # type: ignore[override]
-        """argparse's, but first each long option that neither this parser nor the chosen sub-command takes is
-        named beside the nearest one they do take."""
+        """argparse's, but first an unknown long option is named beside the nearest one it or the sub-command takes."""
         argv = list(sys.argv[1:] if args is None else args)
         words = argv[:argv.index("--")] if "--" in argv else argv
         chain = chosen_parsers(self, words)

@@ -248,8 +248,7 @@ class StylePipeline:
         return self.config.upsample if mode is None else dataclasses.replace(self.config.upsample, mode=mode)
 
     def generation_config(self, **gen_kwargs) -> GenerationConfig:
-        """The settings a batch call runs with (`draw` without a request): the caller's (None = unset) over the
-        model's recommended ones over `GenerationConfig`'s defaults."""
+        """A batch call's settings: the caller's (None = unset) over the model's recommended ones over the defaults."""
         return GenerationConfig.resolve(self.config.generation, **gen_kwargs)
 
     # ---- one request ----------------------------------------------------------------------------
@@ -388,8 +387,7 @@ class StylePipeline:
 
 
 def _move(image: Image.Image, phase: tuple[float, float], fit: Fit) -> Image.Image:
-    """``image`` moved by ``phase`` model pixels (as ``fit`` maps them to its frame), bilinear, edges replicated;
-    the image itself when there is nothing to move."""
+    """``image`` moved by ``phase`` model pixels (as ``fit`` maps them), bilinear, edges replicated (or itself)."""
     if phase == (0.0, 0.0):
         return image
     (w, h), (left, top, right, bottom) = fit.size, fit.box

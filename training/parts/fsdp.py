@@ -72,8 +72,7 @@ def _state_dicts(module: nn.Module, optimizer: torch.optim.Optimizer | None) -> 
 
 
 def save_sharded(folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, env) -> None:
-    """Every rank writes its shards to ``folder`` (a temp folder renamed by rank 0); a failed write raises
-    :class:`stylevar.utils.atomic.WriteFailedError` on every rank."""
+    """Every rank writes its shards to ``folder`` (renamed by rank 0); a failure: `WriteFailedError` on every rank."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import CheckpointException
 
