@@ -45,8 +45,7 @@ class StageBenchConfig:
 
 
 def build(cfg: StageBenchConfig, state: tuple[dict, dict] | None = None):
-    """The plain reference-shaped model: random weights (seed `cfg.seed`), or the reference's state dicts
-    ``(vqvae_sd, stylevar_sd)`` loaded through this project's checkpoint loaders (identical weights)."""
+    """The plain reference-shaped model: random weights (seed `cfg.seed`) or the reference's state dicts loaded."""
     from benchmarks.reference import reference_shaped, reference_weights
     from stylevar.pipelines.pipeline import StylePipeline
 
@@ -142,8 +141,7 @@ def token_agreement(fp32_model, other_model, cfg: StageBenchConfig, fast: bool =
 
 
 def greedy_difference(reference, model) -> float:
-    """Largest pixel difference (in [0, 1]) between the reference's and this model's greedy (top-k 1)
-    images at identical weights: the two compute the same thing, so this is float rounding."""
+    """Largest pixel difference ([0, 1]) of the reference's and this model's greedy images at identical weights."""
     from benchmarks.reference import images, reference_generate
 
     content, style = images(1, model.tokenizer.cfg.image_size, 7)

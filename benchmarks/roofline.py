@@ -75,8 +75,7 @@ class ScaleMarks:
 
 
 def stage_calls(model, content, style, skip=frozenset()) -> dict:
-    """One call of each timed stage on these inputs but those in ``skip`` ("loop" returns its per-scale split as
-    well). The decode decodes a random latent: its arithmetic does not depend on the values."""
+    """One call of each timed stage but ``skip``'s ("loop" also gives its per-scale split); decode: a random latent."""
     import torch
 
     from stylevar.models.encoders import pooled
@@ -142,8 +141,7 @@ def time_models(models: dict, content, style, repeats: int, warmup: int, skip: d
 
 
 def build_models(preset: str, precisions: list[str]) -> tuple[object, dict, dict]:
-    """The plain model, its prepared copies by row name, and each row's bf16 parts: with bf16, beside the parts that
-    `bf16_parts` picks on this CPU, a row with the tokenizer's decoder switched (`ALT`)."""
+    """The plain model, its prepared copies by row name, and each row's bf16 parts (with bf16, an `ALT` decoder row)."""
     from stylevar.config import presets
     from stylevar.pipelines.pipeline import StylePipeline
     from stylevar.runtime.inference import (

@@ -66,8 +66,7 @@ class ImageDigest:
                 for r in self.residues(images_B).tolist()]
 
     def residues(self, images_B: torch.Tensor) -> torch.Tensor:
-        """(B, DIGEST_HASHES) residues of each row's bytes, computed on the rows' device (exact: whole numbers
-        below 2^53 in float64), one row at a time (a row's bytes as float64 are 8 times its size)."""
+        """(B, DIGEST_HASHES) residues of each row's bytes on the rows' device (exact in float64), a row at a time."""
         B = images_B.shape[0]
         bytes_BN = images_B.contiguous().view(B, -1).view(torch.uint8)
         n = bytes_BN.shape[1]
@@ -208,8 +207,7 @@ class ConditionCache:
 
 def cached_condition(model, cache: ConditionCache, content_B3HW: torch.Tensor, style, unstyled: bool = False,
                      scopes: Sequence[str] | None = None):
-    """`model.condition(content, style, unstyled=...)` (one style image a row, or a `StyleBlend`), each image's part
-    from ``cache`` (`ConditionCache.rows`; each row in its `scopes`' entry)."""
+    """`model.condition(content, style, unstyled=...)`, each image's part from ``cache`` (its row's `scopes` entry)."""
     n_styles = 1 if isinstance(style, torch.Tensor) else len(style.styles)
     style_scopes = None if scopes is None else list(scopes) * n_styles  # the blend's styles, style-major
 

@@ -143,8 +143,7 @@ class StylePipeline:
     # ---- images -------------------------------------------------------------------------------
     def preprocess(self, images: Sequence[Image.Image], resize: ResizeMode = "stretch"
                    ) -> tuple[torch.Tensor, list[Fit]]:
-        """PIL images -> (B, 3, S, S) in [-1, 1] on the model's device, and how each was fitted. An image
-        object repeated in ``images`` (one request, several seeds) is resized once."""
+        """PIL images -> (B, 3, S, S) in [-1, 1] on the model's device, how each was fitted (a repeat resized once)."""
         done: dict[int, tuple[torch.Tensor, Fit]] = {}
         for im in images:
             if id(im) not in done:

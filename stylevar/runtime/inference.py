@@ -80,8 +80,7 @@ def fuse_conv_bn(module: nn.Module) -> int:
 
 
 class PackedLinear(nn.Module):
-    """A linear layer whose weight is packed once in oneDNN's blocked layout (CPU only), in ``dtype`` (inputs
-    and output cast to it); the opaque packed weight is kept out of the state dict."""
+    """A linear layer whose weight is packed once in oneDNN's layout (CPU only), in ``dtype``; not in the state dict."""
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.float32):
         super().__init__()

@@ -40,8 +40,7 @@ class Generated(NamedTuple):
 
 
 def _in_model_autocast(method):
-    """``method`` under the model's own autocast (`StyleVAR.autocast_dtype`), wherever it is called from: a condition
-    is the same made inside `generate` or outside it (the service's conditions and their cache)."""
+    """``method`` under the model's own autocast wherever it is called from (conditions made outside `generate` too)."""
 
     @functools.wraps(method)
     def run(self, *args, **kwargs):
