@@ -1,13 +1,8 @@
 """What running the tokenizer's convolutions in bf16 changes: tokens per scale and decoded pixels against fp32.
 
-    python -m benchmarks.bf16_tokenizer [--model demo|d20|...] [--images N] [--threads 2] [--json OUT]
-
-On the example photos and paintings (stylevar/assets/examples, at the model's size) it encodes each image with
-a plain model and with copies prepared at precision bf16 running the tokenizer's encoder in bf16 (with and
-without its quant_conv; the quantizer's distances stay fp32), and reports the fraction of tokens equal to fp32's
-on each scale; it decodes fp32's tokens with the decoder in bf16 and reports the largest pixel difference in
-[0, 1] units (`stylevar.runtime.inference.bf16_parts` decides which of these `prepare` runs in bf16).
-`--model demo` is the trained demo model; a preset name builds random weights of that shape.
+On the example images it reports, per scale, the fraction of tokens equal to fp32's with the encoder in bf16
+(with and without quant_conv), and the largest pixel difference of decoding in bf16. `--model demo` is the
+trained demo model; a preset name builds random weights of that shape.
 """
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
 """CPU inference, stage by stage, on the reference-shaped configuration (`benchmarks.reference`), random weights.
 
-    python -m benchmarks.cpu_pipeline [--batch-sizes 1,4] [--repeats 7] [--warmup 2] [--threads 2] \
-        [--precisions fp32,bf16] [--reference] [--agreement-seeds 8] [--fast [--fast-keep F] [--fast-min-tokens N]] \
-        [--repeat-style] [--model DIR] [--json]
-
-Per batch size: median ms per image of each stage (STAGES) for the plain model and a prepared copy per precision
-(`stylevar.runtime.inference.prepare`), the models taking turns; token agreement with fp32; `--fast` adds the prepared
-model with fast sampling; `--reference` times the public reference in the same turns at identical weights;
-`--repeat-style` gives every row one style and adds each model through the pipeline's condition cache (row "... cached");
-`--model` times a model directory (the demo model, a trained one) in place of the random reference-shaped one.
+Per batch size: median ms per image of each stage (STAGES) for the plain model and a prepared copy per precision,
+the models taking turns, and token agreement with fp32. `--fast`, `--reference`, `--repeat-style` and `--model`
+add rows (see their help).
 """
 from __future__ import annotations
 
@@ -51,8 +45,7 @@ class StageBenchConfig:
 
 
 def build(cfg: StageBenchConfig, state: tuple[dict, dict] | None = None):
-    """The plain reference-shaped model: random weights (seed `cfg.seed`), or the reference's state dicts
-    ``(vqvae_sd, stylevar_sd)`` loaded through this project's checkpoint loaders (identical weights)."""
+    """The plain reference-shaped model: random weights (seed `cfg.seed`) or the reference's state dicts loaded."""
     from benchmarks.reference import reference_shaped, reference_weights
     from stylevar.pipelines.pipeline import StylePipeline
 
@@ -74,8 +67,7 @@ FAST = "fp32 fast"  # the row of the prepared fp32 model sampling with `fast=Tru
 
 
 def stage_fns(model, content: torch.Tensor, style: torch.Tensor, fast: bool = False) -> dict:
-    """One call of each stage of this project's model (STAGES), on these inputs; ``fast``: the loop and the
-    total with fast sampling."""
+    """One call of each stage (STAGES) of this project's model; ``fast``: the loop and total with fast sampling."""
     from stylevar.models.encoders import pooled
     from stylevar.config import GenerationConfig
     from stylevar.models.sampling import make_generators
@@ -111,10 +103,8 @@ def cached_stage_fns(model, content: torch.Tensor, style: torch.Tensor) -> dict:
 
 
 def time_stages(models: dict, batch: int, cfg: StageBenchConfig, reference=None) -> dict[str, dict[str, float]]:
-    """Median ms per image of every stage for each model (same weights), stage by stage with the models'
-    calls taking turns, so a shared machine's changing load weighs on each alike. ``reference``: the public
-    reference's models (`benchmarks.reference`), timed in the same turns on the stages it has; its
-    loop is its total less its other stages."""
+    """Median ms per image of every stage for each model, the models' calls taking turns; ``reference``'s
+    models (`benchmarks.reference`) in the same turns, its loop being its total less its other stages."""
     from benchmarks.reference import images, reference_stage_fns
 
     size = next(iter(models.values())).tokenizer.cfg.image_size
@@ -133,8 +123,7 @@ def time_stages(models: dict, batch: int, cfg: StageBenchConfig, reference=None)
 
 
 def token_agreement(fp32_model, other_model, cfg: StageBenchConfig, fast: bool = False) -> float:
-    """Fraction of sampled tokens that are equal, same inputs and seed, over `agreement_seeds` seeds (``fast``: the
-    other model samples with fast sampling)."""
+    """Fraction of equal sampled tokens over `agreement_seeds` seeds (``fast``: the other model samples fast)."""
     import torch
 
     from benchmarks.reference import images
@@ -152,8 +141,7 @@ def token_agreement(fp32_model, other_model, cfg: StageBenchConfig, fast: bool =
 
 
 def greedy_difference(reference, model) -> float:
-    """Largest pixel difference (in [0, 1]) between the reference's and this model's greedy (top-k 1)
-    images at identical weights: the two compute the same thing, so this is float rounding."""
+    """Largest pixel difference ([0, 1]) of the reference's and this model's greedy images at identical weights."""
     from benchmarks.reference import images, reference_generate
 
     content, style = images(1, model.tokenizer.cfg.image_size, 7)
@@ -163,8 +151,7 @@ def greedy_difference(reference, model) -> float:
 
 
 def measure(cfg: StageBenchConfig, reference=None) -> dict:
-    """Every figure of one run: stage times per batch size, token agreement, and the greedy difference to the
-    reference (when given: its models, `benchmarks.reference.build_reference`)."""
+    """Every figure of one run: stage times per batch size, token agreement, the greedy difference to ``reference``."""
     import torch
 
     plain = build(cfg, None if reference is None else (reference.vae.state_dict(), reference.model.state_dict()))

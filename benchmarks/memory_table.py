@@ -1,8 +1,6 @@
 """Parameters and estimated peak training memory per GPU of each preset under ``training.sft``'s two strategies,
 computed from the models built on the meta device (not measured); with ``--serving``, d20's generation memory per
 batch size and the batch each budget holds (`stylevar.runtime.memory`: the tables of docs/serving.md and docs/gpus.md).
-
-    python -m benchmarks.memory_table [--gpus 8] [--micro-batch 8] [--serving]
 """
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
 """A model beside the teacher on real photographs x real styles (`stylevar.evaluate.real_pairs`).
 
-    python -m benchmarks.real_pairs [--model DIR] --contents DIR --styles DIR [--photos A,B,..] [--art X,Y,..]
-        [--max-side 1024] [--precision plain|fp32|bf16] [--out PREFIX]
-
 `--photos` / `--art` pick pictures by parts of their file names (default: all in the folder). Writes
 PREFIX.json (means per method, per-pair wins against the teacher), PREFIX.md (the table) and PREFIX.png
 (rows of content, style, teacher, model, transformer alone, Reinhard).

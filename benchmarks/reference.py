@@ -1,7 +1,6 @@
-"""The public reference StyleVAR (https://github.com/Senfier-LiqiJing/StyleVAR, a checkout on PYTHONPATH) at the
-reference-shaped configuration (its golden_small config at 160 px), built from seeded random weights, and the same
-configuration in this project's models: what `benchmarks.cpu_pipeline --reference` and `benchmarks.train_step` run
-beside this project's code. Nothing is downloaded (random ResNet-18 weights in a temporary TORCH_HOME).
+"""The public reference StyleVAR (https://github.com/Senfier-LiqiJing/StyleVAR, a checkout on PYTHONPATH) and
+this project's models at the reference-shaped configuration, from the same seeded random weights, for
+`benchmarks.cpu_pipeline --reference` and `benchmarks.train_step`. Nothing is downloaded.
 """
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
 """How close CPU inference comes to the machine's matrix-product peak, stage by stage.
 
-    python -m benchmarks.roofline [--preset d20] [--batch-sizes 1 4] [--precisions fp32 bf16] [--threads 2]
-        [--repeats 3] [--warmup 1] [--json OUT]
-
-The peak is measured in the same run, per dtype (fp32, bf16): the best of a oneDNN channels-last convolution at
-a tokenizer-like shape, a packed linear (oneDNN's blocked weight) and a plain GEMM, each the median of its calls.
-Per stage of one image (the content and style tokenizer encodes, the two image encoders, each scale of the
-sampling loop and the loop in all, the decode) it reports the FLOPs (torch's FlopCounterMode on the plain model,
-whose arithmetic the prepared ones share; per image, counted at the first batch size), the median time per image
-(the models and their stages taking turns, so a changing load weighs on each alike) and the achieved rate as a
-fraction of the peak of the dtype the stage runs in. The whole image ("total"): the FLOPs of one `generate` call,
-the sum of the stages' times (what generate adds, the condition's embeddings, is a sliver of its FLOPs), and the
-fraction of the best peak. The models are prepared copies (`stylevar.runtime.inference.prepare`) of one
-random-weight model of the preset; beside bf16 (`bf16_parts`' choice on this CPU) the row "bf16 decoder switched"
-runs the tokenizer's decoder in the other dtype, for comparison.
+Per stage of one image (the tokenizer encodes, the image encoders, each sampling scale, the decode) and for the
+whole `generate` call: FLOPs (FlopCounterMode), median time per image (the models taking turns), and the fraction
+of the dtype's peak, measured in the same run (best of a conv, a packed linear and a plain GEMM). The models are
+prepared copies (`stylevar.runtime.inference.prepare`) of one random-weight model; the row "bf16 decoder
+switched" runs the tokenizer's decoder in the other dtype.
 """
 from __future__ import annotations
 
@@ -84,8 +75,7 @@ class ScaleMarks:
 
 
 def stage_calls(model, content, style, skip=frozenset()) -> dict:
-    """One call of each timed stage on these inputs but those in ``skip`` ("loop" returns its per-scale split as
-    well). The decode decodes a random latent: its arithmetic does not depend on the values."""
+    """One call of each timed stage but ``skip``'s ("loop" also gives its per-scale split); decode: a random latent."""
     import torch
 
     from stylevar.models.encoders import pooled
@@ -110,8 +100,7 @@ def stage_calls(model, content, style, skip=frozenset()) -> dict:
 
 
 def count_flops(plain, content, style) -> dict[str, float]:
-    """FLOPs of each stage (and of each scale: "loop k") and of the whole `generate` call ("total"), on the plain
-    model."""
+    """FLOPs of each stage, each scale ("loop k") and the whole `generate` ("total"), on the plain model."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
@@ -130,8 +119,7 @@ def count_flops(plain, content, style) -> dict[str, float]:
 
 
 def time_models(models: dict, content, style, repeats: int, warmup: int, skip: dict) -> dict[str, dict[str, float]]:
-    """Median seconds of each model's stages (and scales) but those in ``skip[name]``, the models and stages taking
-    turns call by call."""
+    """Median seconds of each model's stages (and scales) but ``skip[name]``'s, the models taking turns."""
     import torch
 
     with torch.inference_mode():
@@ -153,8 +141,7 @@ def time_models(models: dict, content, style, repeats: int, warmup: int, skip: d
 
 
 def build_models(preset: str, precisions: list[str]) -> tuple[object, dict, dict]:
-    """The plain model, its prepared copies by row name, and each row's bf16 parts: with bf16, beside the parts that
-    `bf16_parts` picks on this CPU, a row with the tokenizer's decoder switched (`ALT`)."""
+    """The plain model, its prepared copies by row name, and each row's bf16 parts (with bf16, an `ALT` decoder row)."""
     from stylevar.config import presets
     from stylevar.pipelines.pipeline import StylePipeline
     from stylevar.runtime.inference import (

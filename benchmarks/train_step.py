@@ -1,13 +1,5 @@
 """One SFT optimizer step, the public reference's trainer (`benchmarks.reference`) and this project's, timed taking
 turns at identical weights (wall-clock and process CPU time), after their losses are compared at the same inputs.
-
-    PYTHONPATH=/path/to/StyleVAR python -m benchmarks.train_step [--batch-sizes 1,4,8] [--precisions fp32,bf16] \
-        [--levers] [--repeats 5] [--warmup 2] [--threads 2] [--json]
-    python -m benchmarks.train_step --no-reference --preset d20 --device cuda --batch-sizes 16 \
-        --precisions bf16 --peak-tflops 989                       # the d20 step on a GPU, with MFU
-
-Ours runs as training.sft does, in named VARIANTS of its LEVERS; `--levers` times each lever alone and checks it
-learns what the plain step learns.
 """
 from __future__ import annotations
 

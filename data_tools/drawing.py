@@ -1,11 +1,6 @@
-"""The pictures of the procedural triplets (`data_tools.synth`): content scenes and textured styles.
-
-- content (`make_content`): a procedural scene on a gradient sky: geometric shapes, a (wavy) horizon, a city
-  skyline with windows, a sun with halo over the sea, mountain ranges, or banded gradients;
-- style (`make_style`): a palette of 3-5 colours (sorted dark to light by luminance) and a texture that paints
-  them: stripes, dots, value noise, brush strokes, checker or waves, with a light smooth grain.
-
-Every picture is drawn from the `numpy.random.Generator` it is given; `data_tools.synth` makes the target.
+"""The pictures of the procedural triplets (`data_tools.synth`): content scenes (`make_content`: shapes,
+horizons, skylines, seascapes, mountains, gradients) and styles (`make_style`: a palette of 3-5 colours, dark to
+light, painted as a texture). Every picture is drawn from the `numpy.random.Generator` it is given.
 """
 from __future__ import annotations
 

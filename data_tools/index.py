@@ -1,11 +1,8 @@
 """Triplet manifests: the JSON-lines format, seeded splits, and indexers for dataset layouts.
 
-    python -m data_tools.index --layout omnistyle|imagepulse|pairs --root DIR --out MANIFEST [--seed 42]
-
 `omnistyle`: `root/{content,style}/*` and `root/target/<content>&&<style>.<ext>`; `imagepulse`: one folder per
-triplet; `pairs`: unpaired evaluation pairs (`--root` contents, `--styles` styles, `--count` pairs, no target).
-Every image is decoded in a thread pool; what does not decode is left out and listed in `<out>.report.json`.
-The split is seeded (`--val-fraction`, 0.05; 1.0 for `pairs`).
+triplet; `pairs`: unpaired evaluation pairs (no target). What does not decode is left out and listed in
+`<out>.report.json`; the split is seeded (`--val-fraction`).
 """
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """Real pictures that install by name from package registries, sorted into content photographs and styles.
 
-    python -m data_tools.pictures --out DIR [--cache DIR]
-
-Downloads the Debian packages below (`apt-get download`, no installation), unpacks them into the cache and copies
-the chosen files into `DIR/contents` and `DIR/styles`, each with a `SOURCES.json` (package, path, copyright holder
-and licence of every file); scikit-image's sample photographs join when it is importable. The held-out pictures
-that judge the demo model (`heldout` below) never train or tune it.
+The Debian packages below are downloaded (not installed) and unpacked into the cache; the chosen files go to
+`DIR/contents` and `DIR/styles`, each with a `SOURCES.json` (package, path, copyright holder, licence). The
+held-out pictures that judge the demo model (`heldout` below) never train or tune it.
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """Files packed in a Qt resource bundle (`.rcc`, as `rcc -binary` writes it), read without Qt.
 
-    files = read_rcc(Path("details.rcc"))        # {"gcompris/src/activities/.../x.webp": bytes, ...}
-
 A header (magic ``qres``, version, offsets), a tree of fixed-size entries, a table of UTF-16BE names and the data
 blocks (a 32-bit length, then the bytes, zlib- or zstd-compressed per the entry's flags); big-endian throughout.
 """

@@ -1,11 +1,8 @@
 """WebDataset tar shards from a triplet manifest.
 
-    python -m data_tools.shards --manifest M --out DIR [--shard-size 1000] [--workers N] [--overwrite]
-
 Writes `DIR/{split}-000000.tar`, ...: per entry `<split>-<index:08d>.{content,style,target}.<ext>` (the source
-bytes; other formats than png, jpg and webp as PNG) and `.json` (split, id, index as `TripletDataset` counts it,
-paths). Entries with an unusable image are left out and listed in `DIR/shards.json` with the counts; tar members
-carry mtime 0, so the same manifest gives byte-identical shards.
+bytes, or PNG) and `.json` (split, id, index, paths). Entries with an unusable image are left out and listed in
+`DIR/shards.json`; the same manifest gives byte-identical shards.
 """
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """Procedural (content, style, target) triplets with a known, deterministic target.
 
-Content: a procedural scene (`data_tools.drawing`); style: a palette of 3-5 colours painted as a texture; target:
-the content's equalised luminance read on the style's palette ramp, modulated by the style's texture
-(:func:`stylize`), so every luminance edge of the content stays an edge of the target.
-
-    python -m data_tools.synth --out DIR --count N --size S --seed K [--val-fraction 0.05] [--examples DIR]
-
-Triplet i comes from `numpy.random.default_rng([seed, i])`: the same seed gives byte-identical PNGs.
+Content: a procedural scene (`data_tools.drawing`); style: a palette painted as a texture; target: the content's
+equalised luminance read on the style's palette ramp, modulated by its texture (:func:`stylize`), so every
+luminance edge of the content stays an edge of the target. The same seed gives byte-identical PNGs.
 """
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """Teacher triplets: content photographs re-drawn by a pretrained stylizer, as OmniStyle-150K was made.
 
-    python -m data_tools.teach --contents DIR --styles DIR --out DIR --size 64 --count 4000 [--rank R --world-size W]
-
-Triplet i's pictures and crops come from (seed, i) alone; the teacher (`stylevar.baselines.magenta`) paints at
-384 px and the result is shrunk to `--size`. Targets whose edges no longer follow the content's
-(`--min-edge-corr`) are dropped. Rank r of W makes the items i % W == r, logging each to `OUT/parts/`, so a
-killed run skips what it made; the last rank (or `--merge`) writes `OUT/manifest.jsonl` and `OUT/sources.json`.
+Triplet i comes from (seed, i) alone; the teacher (`stylevar.baselines.magenta`) paints at 384 px, shrunk to
+`--size`; targets whose edges no longer follow the content's are dropped. Rank r of W makes the items
+i % W == r, logged to `OUT/parts/` so a killed run resumes; the last rank (or `--merge`) writes the manifest.
 """
 from __future__ import annotations
 

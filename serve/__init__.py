@@ -1,8 +1,7 @@
 """The StyleVAR inference service: `python -m serve` or `create_app(settings)`.
 
-`serve.http` is the HTTP side (the FastAPI app, routes, errors, access, middleware), `serve.engine` the model side
-(batching, the per-device runners); `settings`, `testing` (the service in a subprocess) and
-`healthcheck` sit beside them.
+`serve.http`: the FastAPI app, routes, errors, access, middleware; `serve.engine`: batching and the per-device
+runners; beside them `settings`, `testing` (the service in a subprocess) and `healthcheck`.
 """
 from __future__ import annotations
 

@@ -31,8 +31,7 @@ def _linspace(lo: float, hi: float, n: int) -> tuple[float, ...]:
 
 
 class Serializable:
-    """A frozen dataclass read from and written to a config.json section (lists for tuples); an unknown
-    field is an error, a missing section (None) gives the defaults."""
+    """A frozen dataclass in a config.json section (lists for tuples); an unknown field: error; no section: defaults."""
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)  # type: ignore[arg-type]

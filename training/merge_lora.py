@@ -1,12 +1,7 @@
 """Bake the LoRA adapters of a GRPO checkpoint into a plain model directory: ``python -m training.merge_lora``.
 
-    python -m training.merge_lora RUN_OR_CHECKPOINT --out MODEL_DIR [--config MODEL_DIR] [--fp16]
-    stylevar merge-lora RUN_OR_CHECKPOINT --out MODEL_DIR        # the same command
-
-A RUN directory means its newest ``checkpoints/step-*.pt``. A training.grpo checkpoint carries what the
-merge needs: the model config (``extra.pipeline_config``) and the LoRA scaling (``extra.lora``). Any other
-LoRA checkpoint (e.g. one in the published layout, whose ``args`` hold lora_rank/lora_alpha) takes
-``--config MODEL_DIR`` for what it lacks and ``--lora-scaling`` when it has no ``args``.
+A RUN directory means its newest ``checkpoints/step-*.pt``. A training.grpo checkpoint carries the model config
+and the LoRA scaling; any other LoRA checkpoint takes ``--config MODEL_DIR`` and, without ``args``, ``--lora-scaling``.
 """
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """A model directory from a sharded (``--strategy fsdp``) training.sft checkpoint: ``python -m training.sharding``.
 
-    python -m training.sharding RUN --out MODEL_DIR                       # RUN's newest sharded checkpoint
-    python -m training.sharding RUN/checkpoints/step-00004000.pt --out MODEL_DIR
-
-The sharding itself (FSDP2, sharded checkpoints through torch.distributed.checkpoint, the export):
-`training.parts.fsdp`.
+The sharding itself (FSDP2, sharded checkpoints, the export) is `training.parts.fsdp`.
 """
 from __future__ import annotations
 

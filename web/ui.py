@@ -1,8 +1,6 @@
 """The Gradio Blocks UI: the Image tab (inputs, examples, options, a coarse-to-fine preview, results, a baseline,
-the model panel) and the Video tab (`web.video_tab`).
-
-Every generation goes through the service's HTTP API (`web.client`); only the baselines run in the UI's process.
-The option controls are built from their declaration (`stylevar.pipelines.options`) and passed by name.
+the model panel) and the Video tab (`web.video_tab`). Every generation goes through the service's HTTP API
+(`web.client`); only the baselines run here. The option controls are built from `stylevar.pipelines.options`.
 """
 from __future__ import annotations
 

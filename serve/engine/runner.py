@@ -30,8 +30,7 @@ PreviewFn = Callable[[int, torch.Tensor], None]  # (scale index k, previews (n, 
 
 @dataclass
 class StylizeTask:
-    """One request, resolved (`StylePipeline.prepare`): its stylization (one row per seed; its `key` the job's) and
-    where its previews go."""
+    """One resolved request (`StylePipeline.prepare`): its stylization (one row per seed) and where its previews go."""
 
     stylization: Stylization
     on_preview: PreviewFn | None = None
@@ -124,9 +123,8 @@ class ModelRunner:
         return on_scale
 
     def warmup(self) -> float:
-        """Small generate calls through the same path as requests, before /readyz says ready: a batch of one row;
-        with compiled blocks one batch of each of the compile policy's `WARM_BATCHES`, after which a batch of any
-        size runs graphs compiled here, none on a request (stylevar.runtime.compile). Returns the seconds."""
+        """Small generate calls through the requests' path before /readyz says ready (with compiled blocks, one per
+        `WARM_BATCHES` size, so that no request compiles a graph). Returns the seconds."""
         t0 = time.perf_counter()
         img = Image.new("RGB", (self.pipe.image_size, self.pipe.image_size), (128, 96, 64))
         cfg = self.pipe.config.transformer

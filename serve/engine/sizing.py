@@ -1,8 +1,7 @@
 """The batcher's default maximum batch (`STYLEVAR_MAX_BATCH_SIZE` unset): what the device's memory holds.
 
-On a GPU: the most samples whose sampling loop (`stylevar.runtime.memory.generation_memory`) fits in
-`MEMORY_FRACTION` of the memory free once the model is loaded. On the CPU: `CPU_MAX_BATCH`. Several devices: the
-smallest.
+On a GPU, the most samples whose sampling loop (`stylevar.runtime.memory`) fits in `MEMORY_FRACTION` of the memory
+free after loading; on the CPU, `CPU_MAX_BATCH`; with several devices, the smallest.
 """
 from __future__ import annotations
 

@@ -26,8 +26,7 @@ class KeyRing:
         return bool(self._keys)
 
     def scope_of(self, given: str | None) -> str:
-        """A digest of the key, separating keys' shared state (the condition cache); "" when keys are off or none
-        given."""
+        """A digest of the key scoping keys' shared state (the condition cache); "" when keys are off or unset."""
         if not self._keys or not given:
             return ""
         return hashlib.blake2b(given.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()

@@ -1,10 +1,9 @@
 """Graceful drain: on SIGTERM or SIGINT stop taking work, finish what is in flight, then exit.
 
-At the first signal `/readyz` and every new request get 503 `shutting_down` (`Retry-After: 1`,
-`Connection: close`) while the port stays open; requests in flight go on until none is left or
-`STYLEVAR_DRAIN_TIMEOUT_S` has passed, then uvicorn's shutdown runs (at most `CLOSE_GRACE_S`) and a request it
-cancels is answered 503 too. Probes and `/metrics` (`always_open`) are answered throughout; `untracked_prefixes`
-(the UI) are refused but not waited for. A second signal ends the drain; a third SIGINT skips the shutdown.
+At the first signal `/readyz` and new requests get 503 `shutting_down` (`Retry-After: 1`, `Connection: close`);
+requests in flight go on for at most `STYLEVAR_DRAIN_TIMEOUT_S`, then uvicorn's shutdown (at most `CLOSE_GRACE_S`;
+a request it cancels gets 503 too). Probes and `/metrics` (`always_open`) stay answered; `untracked_prefixes` (the
+UI) are refused but not waited for. A second signal ends the drain; a third SIGINT skips the shutdown.
 """
 from __future__ import annotations
 

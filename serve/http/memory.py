@@ -1,10 +1,9 @@
 """The memory of full-size images, bounded across requests: a process-wide budget of pixels in flight.
 
-Before decoding, a request reserves its pixels (counted from the files' headers) and holds them until its answer
-has been sent (`ReleaseWhenAnswered`), so all requests together never exceed `ServeSettings.max_pixels_in_flight`.
-A request that does not fit waits in line within its deadline, and may pass the line when that cannot delay anyone
-waiting. It is refused at once (`MemoryBusyError`, 503 with `Retry-After`) when the predicted holds ahead of it
-(`HoldTimes`) leave it too little time, and with 413 when it needs more than the whole budget. Event loop only.
+A request reserves its pixels (from the files' headers) before decoding and holds them until its answer is sent
+(`ReleaseWhenAnswered`), within `ServeSettings.max_pixels_in_flight`. One that does not fit waits in line within
+its deadline (passing it when that delays no one); it is refused at once with 503 (`MemoryBusyError`) when the
+predicted holds (`HoldTimes`) leave it too little time, and 413 when it needs more than the budget. Event loop only.
 """
 from __future__ import annotations
 
@@ -77,9 +76,8 @@ class Reservation:
 
 
 class HoldTimes:
-    """How long a request holds its pixels, from its reservation to its answer sent. Each size class (pixels within
-    a factor `CLASS_RATIO`) keeps decayed means of its pixels and seconds; a prediction is the line through the
-    nearest classes below and above, never past the largest request measured."""
+    """How long a request holds its pixels, from reservation to answer sent: decayed means per size class (a factor
+    `CLASS_RATIO`), predicted by the line through the nearest classes, never past the largest request measured."""
 
     def __init__(self) -> None:
         self._classes: dict[int, tuple[float, float, float]] = {}  # class -> decayed sums: 1, pixels, seconds

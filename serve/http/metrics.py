@@ -13,8 +13,7 @@ BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256)
 
 
 class ServiceMetrics:
-    """HTTP, queue, memory, batch and condition-cache metrics. Implements `serve.engine.batching.BatchObserver`,
-    `serve.http.memory.PixelObserver` and `stylevar.pipelines.conditions.CacheObserver`."""
+    """HTTP, queue, memory, batch and condition-cache metrics: the Batch-, Pixel- and CacheObserver of those modules."""
 
     content_type = CONTENT_TYPE_LATEST
 

@@ -82,8 +82,7 @@ class RequestMiddleware:
 
 
 async def discard_body(receive: Receive, limit: int, stall_s: float | None = None) -> None:
-    """Read and drop up to `limit` bytes of the body, so closing the connection does not reset it (`stall_s`: give up
-    when nothing arrives for that long)."""
+    """Read and drop up to `limit` bytes of the body so closing does not reset it (`stall_s`: idle limit)."""
     seen = 0
     while seen <= limit:
         try:
@@ -129,8 +128,7 @@ def bearer_token(scope: Scope) -> str | None:
 
 
 class BodyTimeout:
-    """Close a request to `paths` whose body stalls: every part must arrive within `seconds` of the last (JSON 408,
-    `Connection: close`, the only answer sent)."""
+    """Close a request to `paths` whose body parts come more than `seconds` apart (JSON 408, `Connection: close`)."""
 
     class _Stalled(Exception):
         pass

@@ -78,8 +78,7 @@ def form_bodies(spec: Schema) -> Iterator[Schema]:
 
 
 def flatten_forms(spec: Schema, closed: bool) -> None:
-    """Each multipart body's `allOf` parts (the form models) merged into its own properties (`closed`: no others);
-    the models, no longer referred to, left out of the components."""
+    """Each multipart body's `allOf` form models merged into its properties (`closed`: no others), the models gone."""
     schemas, merged = spec["components"]["schemas"], set()
     for body in form_bodies(spec):
         if closed:

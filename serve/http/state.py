@@ -85,8 +85,7 @@ UNAUTHORIZED = "a valid API key is required (Authorization: Bearer KEY)"
 
 
 def check_key(state: ServiceState, scope, key: str | None) -> None:
-    """With API keys set, `key` must be one (401), unless the client failed too often lately (429, before the key is
-    looked at). Counts a wrong key."""
+    """With API keys set, `key` must be one (401) unless its client failed too often (429, first); counts wrong keys."""
     if not state.keys:
         return
     if not key:
@@ -109,8 +108,7 @@ def require_key(request: Request,
 
 
 async def refuse_unknown_fields(request: Request, state: ServiceState) -> None:
-    """422 naming each form field the route does not declare and the nearest one it does (unless
-    `allow_unknown_fields`)."""
+    """422 naming each undeclared form field and its nearest declared one (unless `allow_unknown_fields`)."""
     if not state.settings.allow_unknown_fields:
         hints = field_hints(request, await request.form())
         if hints:

@@ -1,8 +1,7 @@
 """AdaIN baseline (Huang & Belongie 2017): VGG-19 encoder to relu4_1, adaptive instance normalisation, the standard
-AdaIN decoder; `alpha` blends the normalised features with the content features.
-
-Encoders: `vgg_normalised` (the one the public `decoder.pth` was trained with) and `torchvision` (as the StyleVAR
-paper's evaluation ran it, "adain-paper"). Images are (B, 3, H, W) in [0, 1], sides multiples of 8.
+AdaIN decoder; `alpha` blends the normalised features with the content features. Encoders: `vgg_normalised` (the
+public `decoder.pth`'s) and `torchvision` (the paper's, "adain-paper"). Images (B, 3, H, W) in [0, 1], sides
+multiples of 8.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The `stylevar` command.
 
-One module per sub-command declares its arguments and the code it runs, importing the library only when it
-runs (`--help` never imports torch); other packages add sub-commands through the ``stylevar.commands``
-entry-point group. Every error a user can cause is one line on stderr and a non-zero exit.
+One module per sub-command declares its arguments and imports the library only when it runs (`--help` never
+imports torch); other packages add sub-commands through the ``stylevar.commands`` entry-point group. Every error
+a user can cause is one line on stderr and a non-zero exit.
 """
 from __future__ import annotations
 

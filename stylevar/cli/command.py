@@ -35,8 +35,7 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
     def parse_args(self, args=None, namespace=None):  # type: ignore[override]
-        """argparse's, but first each long option that neither this parser nor the chosen sub-command takes is
-        named beside the nearest one they do take."""
+        """argparse's, but first an unknown long option is named beside the nearest one it or the sub-command takes."""
         argv = list(sys.argv[1:] if args is None else args)
         words = argv[:argv.index("--")] if "--" in argv else argv
         chain = chosen_parsers(self, words)
@@ -49,8 +48,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def chosen_parsers(parser: argparse.ArgumentParser, words: list[str]) -> list[argparse.ArgumentParser]:
-    """``parser`` and the sub-command parsers ``words`` choose below it, outermost first (`stylevar weights fetch`:
-    three parsers)."""
+    """``parser`` and the sub-command parsers ``words`` choose below it, outermost first."""
     chain = [parser]
     while True:
         subs = [a for a in chain[-1]._actions if isinstance(a, argparse._SubParsersAction)]

@@ -290,8 +290,7 @@ def check_machine(args: argparse.Namespace) -> Path:
 
 
 def load_pipeline(model_dir: Path, args: argparse.Namespace):
-    """The pipeline on its device, prepared as the service runs it (on the CPU layouts and packed linears; the
-    precision on every device)."""
+    """The pipeline on its device, prepared as the service runs it."""
     from stylevar.runtime.inference import InferenceConfig, prepare_for_serving
     from stylevar.pipelines.pipeline import StylePipeline  # the checks are done: from here on the work
     from stylevar.utils.precision import set_matmul_precision

@@ -1,9 +1,8 @@
 """Real photographs x real styles, the model beside the teacher: results at the content's size, scored at 256 px.
 
-Every photograph (its long side capped at `max_side`) is stylized with every style by the full pipeline, the
-transformer alone (palette and refinement off), the teacher (when installed), copy-content and Reinhard; each
-result is scored at 256 x 256 for edges kept, colour and texture taken, sharpness and, with the `teacher` extra,
-the pretrained style measures. The texture distance rewards blur on smooth styles: reported, never selected on.
+Every photograph (long side capped at `max_side`) is stylized with every style by the full pipeline, the
+transformer alone, the teacher (when installed), copy-content and Reinhard, and scored for edges kept, colour,
+texture, sharpness and, with the `teacher` extra, the pretrained style measures (texture: reported, never selected on).
 """
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Published models into model directories: `stylevar pull` and the `--model` resolver (`resolve_model`).
 
-Pulling a hub id downloads its reference checkpoints, converts them and writes a model directory whose
-config.json records the repository, revision, commit and each file's sha256. Imports neither torch nor
-huggingface_hub until needed.
+A pulled hub id's checkpoints are converted into a model directory whose config.json records the repository,
+revision, commit and each file's sha256. Imports neither torch nor huggingface_hub until needed.
 """
 from __future__ import annotations
 
@@ -69,9 +68,8 @@ def _model_card(model: HubModel, source: dict[str, Any]) -> str:
 
 def pull(model: HubModel, *, shape: Shape = Shape(), out: str | os.PathLike | None = None, force: bool = False,
          progress: bool = True) -> PullResult:
-    """Download `model`'s checkpoints, convert them and write a model directory (default: `model.default_dir`),
-    whole or absent. A folder that already holds this pull is kept unless `force`; a lock lets one process
-    convert while others (a torchrun job's ranks) wait for it."""
+    """Download and convert `model`'s checkpoints into a model directory (default: `model.default_dir`), whole or
+    absent; one already there is kept unless `force`; other processes (torchrun's ranks) wait on a lock."""
     dest = Path(out) if out is not None else model.default_dir(shape)
     if not force and _source_matches(dest, model, shape):
         return PullResult(dest, skipped=True)

@@ -32,11 +32,9 @@ def prepare(img_B3HW: torch.Tensor, name: str, size: int = IMAGE_SIZE) -> torch.
 class MetricSuite:
     """Compute several metrics on batches of (generated, content, style[, target]) images in [0, 1].
 
-    With `target`, LPIPS / SSIM / DreamSim / CLIP compare to the target, else to the content; style loss is
-    against the style, content loss against the content. Images are resized to `image_size` first (256, the
-    paper's). Models load once, on first use. With `allow_missing=True`, metrics whose weights are absent are
-    left out (`skipped`: name -> `MissingWeightError`); otherwise construction raises the first.
-    """
+    With `target`, LPIPS / SSIM / DreamSim / CLIP compare to the target, else to the content. Images are resized
+    to `image_size` first; models load on first use. With `allow_missing=True`, metrics whose weights are absent
+    are left out (`skipped`: name -> `MissingWeightError`); otherwise construction raises the first."""
 
     def __init__(
         self,

@@ -65,8 +65,7 @@ def update_config(folder: str | os.PathLike, sections: Mapping[str, Any]) -> Non
 
 
 class PretrainedModel:
-    """`save_pretrained` and the reading half of `from_pretrained` for an nn.Module with a config dataclass `cfg`:
-    weights in `weights_file`, config in config.json's `config_section`."""
+    """Saving and loading an nn.Module with config `cfg`: weights in `weights_file`, config in `config_section`."""
 
     config_section: ClassVar[str]
     weights_file: ClassVar[str]

@@ -21,9 +21,8 @@ class TokenSampler(Protocol):
 
 def candidates(logits_BlV: torch.Tensor, top_k: int = 0, top_p: float = 0.0
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Each position's candidates and unnormalised probabilities ``(probs_BlK, idx_BlK)``: the top-k tokens, 0
-    outside the top-p nucleus (the most likely always stays). ``idx`` is None when nothing is filtered; 0 switches
-    a filter off."""
+    """``(probs_BlK, idx_BlK)``: each position's top-k tokens, 0 outside the top-p nucleus (the most likely always
+    stays); ``idx`` None when nothing is filtered; 0 switches a filter off."""
     logits_BlV = logits_BlV.float()
     V = logits_BlV.shape[-1]
     use_p = 0.0 < top_p < 1.0

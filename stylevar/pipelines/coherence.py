@@ -1,10 +1,9 @@
 """Coherent sampling of video frames: the same content draws the same tokens from frame to frame.
 
-`FrameSampler` measures the global motion between frames (phase correlation of their luminance) and keeps the
-content's accumulated shift; then ``anchor`` keys the sampler's draws to a grid that moves with the content,
-``align`` draws on a canvas moved by whole tokens, ``reuse_scales`` takes coarse tokens from the previous frame
-where the content hardly changed, ``settle`` averages the drawing with the previous one there, and ``blend``
-mixes log-probabilities along the clip. A frame past ``cut_threshold`` is a cut, drawn afresh.
+`FrameSampler` follows the global motion between frames (phase correlation of their luminance); ``anchor`` keys
+the draws to a grid that moves with the content, ``align`` draws on a canvas moved by whole tokens,
+``reuse_scales`` keeps coarse tokens where the content hardly changed, ``settle`` averages with the previous
+drawing there, ``blend`` mixes log-probabilities along the clip; a frame past ``cut_threshold`` is drawn afresh.
 """
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """An LRU cache of what each reference image contributes to generation, bounded in bytes.
 
-A style image's part of the condition (its ResNet-18 embedding and its VQ-VAE token stream) and a content image's part
-(`StyleVAR.content_parts`) depend only on the model and on the image as the model sees it. Entries are keyed by a hash
-of that input tensor's bytes, the part's kind and options, and a scope (the service's: the API key that sent the row,
-so that no client learns from a faster answer what another sent). Within a batch each distinct image is computed once,
-cached or not; across calls a repeated style (the UI's examples, a preset, a folder run) skips both encoders.
-`stats()` and the optional observer give hits, misses and size.
+Entries (a style image's embedding and token stream, a content image's `StyleVAR.content_parts`) are keyed by a
+hash of the input tensor's bytes, the part's kind and options, and a scope (the service's: the API key that sent the
+row, so that no client learns from a faster answer what another sent). Within a batch each distinct image is
+computed once. `stats()` and the optional observer give hits, misses and size.
 """
 from __future__ import annotations
 
@@ -51,11 +49,9 @@ def _on_host(images: torch.Tensor) -> bool:
 class ImageDigest:
     """Digests of a batch of model inputs (each row's shape, dtype and bytes), under a key of its own.
 
-    On the host: blake2b of each row's bytes, read in place. On a device the rows are not copied to the host (a
-    full copy, and a wait for the device, per image): each row's bytes b_i are hashed there, DIGEST_HASHES residues
-    sum_i b_i * a_ki mod p with coefficients a_ki drawn from the key (a multilinear universal hash: for a key
-    nobody outside the process knows, two different inputs collide with probability p^-5), and only those B x 5
-    numbers come over, once per batch."""
+    On the host: blake2b of each row's bytes. On a device the rows are hashed there (DIGEST_HASHES residues
+    sum_i b_i * a_ki mod p, a multilinear universal hash keyed by the secret key: collision probability p^-5),
+    and only those B x 5 numbers come to the host."""
 
     def __init__(self, key: int | None = None):
         self.key = secrets.randbits(62) if key is None else key
@@ -70,8 +66,7 @@ class ImageDigest:
                 for r in self.residues(images_B).tolist()]
 
     def residues(self, images_B: torch.Tensor) -> torch.Tensor:
-        """(B, DIGEST_HASHES) residues of each row's bytes, computed on the rows' device (exact: whole numbers
-        below 2^53 in float64), one row at a time (a row's bytes as float64 are 8 times its size)."""
+        """(B, DIGEST_HASHES) residues of each row's bytes on the rows' device (exact in float64), a row at a time."""
         B = images_B.shape[0]
         bytes_BN = images_B.contiguous().view(B, -1).view(torch.uint8)
         n = bytes_BN.shape[1]
@@ -184,9 +179,8 @@ class ConditionCache:
     def rows(self, kind: str, options: tuple, images_B3HW: torch.Tensor,
              compute: Callable[[torch.Tensor], Sequence[torch.Tensor | None]],
              scopes: Sequence[str] | None = None) -> list[torch.Tensor | None]:
-        """``compute(images)`` (a tuple of (N, ...) tensors or None) for a batch, each distinct image computed at
-        most once and looked up first in the cache of its row's scope (`scopes`, one a row; None: one scope).
-        Returns the batch's tensors (B, ...)."""
+        """The batch's tensors (B, ...) of ``compute(images)`` (a tuple of (N, ...) tensors or None), each distinct
+        image computed at most once, looked up first in its row's scope (`scopes`, one a row; None: one scope)."""
         digests = self._digests(images_B3HW)
         keys = [(scope, kind, options, d) for scope, d in zip(scopes or [""] * len(digests), digests)]
         parts: dict[tuple, Part] = {}
@@ -213,8 +207,7 @@ class ConditionCache:
 
 def cached_condition(model, cache: ConditionCache, content_B3HW: torch.Tensor, style, unstyled: bool = False,
                      scopes: Sequence[str] | None = None):
-    """`model.condition(content, style, unstyled=...)` (one style image a row, or a `StyleBlend`), each image's part
-    from ``cache`` (`ConditionCache.rows`; each row in its `scopes`' entry)."""
+    """`model.condition(content, style, unstyled=...)`, each image's part from ``cache`` (its row's `scopes` entry)."""
     n_styles = 1 if isinstance(style, torch.Tensor) else len(style.styles)
     style_scopes = None if scopes is None else list(scopes) * n_styles  # the blend's styles, style-major
 

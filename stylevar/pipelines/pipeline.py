@@ -97,13 +97,10 @@ class StylePipeline:
                         autocast_dtype: torch.dtype | str | None = "auto",
                         threads: int | str | None = None) -> "StylePipeline":
         """Load a model directory (default: the embedded demo model), or a hub id
-        ``hf:OWNER/NAME[@REVISION][:grpo|sft]`` (pulled on first use, see `stylevar.loaders.pull`). ``autocast_dtype``:
-        "auto" = bf16 on CUDA and none on the CPU; None = float32 everywhere; or a dtype or its name ("bf16", "float16",
-        ...; see `stylevar.utils.precision.resolve_autocast_dtype`). ``threads``: torch's CPU threads, a count, "torch"
-        (its count left as it is) or None (the process's first load decides by `stylevar.utils.threads`:
-        STYLEVAR_THREADS, OMP_NUM_THREADS, an earlier torch.set_num_threads, else one fewer than the CPUs the process
-        may use). The process's heap keeps freed memory for reuse (`stylevar.utils.heap`, decided at the first
-        load as the threads are)."""
+        ``hf:OWNER/NAME[@REVISION][:grpo|sft]`` (pulled on first use). ``autocast_dtype``: "auto" = bf16 on CUDA
+        and none on the CPU; None = float32 everywhere; or a dtype or its name ("bf16", "float16", ...).
+        ``threads``: torch's CPU threads, a count, "torch" (left as it is) or None (`stylevar.utils.threads`
+        decides at the process's first load, as `stylevar.utils.heap` decides the heap's policy)."""
         apply_threads(threads)
         apply_heap_policy()
         d = resolve_model(model_dir) if model_dir is not None else DEMO_MODEL_DIR
@@ -116,8 +113,7 @@ class StylePipeline:
 
     def save_pretrained(self, model_dir: str | os.PathLike, dtype: torch.dtype | None = None,
                         model_card: str | None = None) -> Path:
-        """The model directory (`stylevar.loaders.model_dir.write_model_dir`): the models' files, config.json from
-        `config`, the model card when given."""
+        """Write the model directory (`write_model_dir`): the models' files, config.json, the model card when given."""
         return write_model_dir(self.model, self.config, model_dir, dtype, model_card)
 
     # ---- properties ---------------------------------------------------------------------------
@@ -147,8 +143,7 @@ class StylePipeline:
     # ---- images -------------------------------------------------------------------------------
     def preprocess(self, images: Sequence[Image.Image], resize: ResizeMode = "stretch"
                    ) -> tuple[torch.Tensor, list[Fit]]:
-        """PIL images -> (B, 3, S, S) in [-1, 1] on the model's device, and how each was fitted. An image
-        object repeated in ``images`` (one request, several seeds) is resized once."""
+        """PIL images -> (B, 3, S, S) in [-1, 1] on the model's device, how each was fitted (a repeat resized once)."""
         done: dict[int, tuple[torch.Tensor, Fit]] = {}
         for im in images:
             if id(im) not in done:
@@ -158,8 +153,7 @@ class StylePipeline:
         return x.mul(2).sub(1), [done[id(im)][1] for im in images]
 
     def mask_tensor(self, mask: Image.Image, content: Image.Image, resize: ResizeMode = "stretch") -> torch.Tensor:
-        """A style mask (any mode, any size) -> (S, S) in [0, 1]: resized to the content's size, then
-        fitted into the model's square as the content is."""
+        """A style mask (any mode or size) -> (S, S) in [0, 1]: resized to the content's size, then fitted as it is."""
         gray = mask.convert("L")
         if gray.size != content.size:
             gray = gray.resize(content.size, Image.BILINEAR)
@@ -222,13 +216,10 @@ class StylePipeline:
         generation: GenerationConfig | None = None,
         **gen_kwargs,
     ) -> Drawings:
-        """The model's drawings at its own resolution, one `generate` call for the batch, with the model
-        directory's palette step and refinement.
+        """The model's drawings at its own resolution (one `generate` call, then palette and refinement).
 
-        A row's style is one image or a `StyleMix` (every row as many styles of weight > 0). ``generation``: the
-        resolved settings (`Stylization.generation`); else ``gen_kwargs`` over the model's (`generation_config`).
-        ``condition`` (content, style inputs, unstyled -> `Condition`) replaces `condition`, e.g. the service's
-        with its rows' cache scopes."""
+        A row's style is one image or a `StyleMix`. ``generation``: the resolved settings, else ``gen_kwargs``
+        over the model's. ``condition`` (content, style inputs, unstyled -> `Condition`) replaces `condition`."""
         if len(contents) != len(styles):
             raise ValueError(f"{len(contents)} content images but {len(styles)} style images")
         if generation is not None and gen_kwargs:
@@ -256,8 +247,7 @@ class StylePipeline:
         return self.config.upsample if mode is None else dataclasses.replace(self.config.upsample, mode=mode)
 
     def generation_config(self, **gen_kwargs) -> GenerationConfig:
-        """The settings a batch call runs with (`draw` without a request): the caller's (None = unset) over the
-        model's recommended ones over `GenerationConfig`'s defaults."""
+        """A batch call's settings: the caller's (None = unset) over the model's recommended ones over the defaults."""
         return GenerationConfig.resolve(self.config.generation, **gen_kwargs)
 
     # ---- one request ----------------------------------------------------------------------------
@@ -353,9 +343,7 @@ class StylePipeline:
 
     def _draw_frames(self, frames: list[Image.Image], mix: StyleMix, seeds: list[int] | FrameSampler,
                      request: StylizeRequest, generation: GenerationConfig, max_side: int | None) -> list[Image.Image]:
-        """`stylize_batch` of a batch of frames; with a `FrameSampler` as ``seeds`` each frame is moved by its
-        phase (model pixels) before the model sees it and its drawing moved back (and settled), at the model's
-        resolution, before it is upsampled from the frame itself."""
+        """`stylize_batch` of frames; a `FrameSampler` moves each frame by its phase and its drawing back (settled)."""
         resize, upsample = request.resize, request.upsample
         if not isinstance(seeds, FrameSampler):
             return self.stylize_batch(frames, [mix] * len(frames), seeds=seeds, resize=resize, max_side=max_side,
@@ -375,9 +363,8 @@ class StylePipeline:
     def stylize_video(self, src: str | os.PathLike, style: Image.Image | Sequence[Image.Image] | StyleMix,
                       out: str | os.PathLike, *, limits: VideoLimits | None = None, progress: ProgressFn | None = None,
                       info: VideoInfo | None = None, **kwargs: Any) -> VideoResult:
-        """Re-draw the video ``src`` into the H.264 mp4 ``out``: frames decoded as a stream (`stylevar.processing.video`),
-        stylized by `stylize_frames` (its keyword arguments), written with the source's timing, frame rate and
-        audio. ``limits``: refuse a longer or larger clip (a `stylevar.processing.video.VideoError`, before any model call).
+        """Re-draw the video ``src`` into the H.264 mp4 ``out`` by `stylize_frames` (its keyword arguments), with
+        the source's timing and audio. ``limits``: refuse a longer or larger clip (`VideoError`, before any model call).
         ``progress(done, total)`` after each frame (``total`` None when the header does not say); an exception
         it raises stops the work and leaves ``out`` as it was. ``info``: ``src``'s `probe` when the caller has
         it already (checked against ``limits``), so the clip is not opened for it twice."""
@@ -399,8 +386,7 @@ class StylePipeline:
 
 
 def _move(image: Image.Image, phase: tuple[float, float], fit: Fit) -> Image.Image:
-    """``image`` moved by ``phase`` model pixels (as ``fit`` maps them to its frame), bilinear, edges replicated;
-    the image itself when there is nothing to move."""
+    """``image`` moved by ``phase`` model pixels (as ``fit`` maps them), bilinear, edges replicated (or itself)."""
     if phase == (0.0, 0.0):
         return image
     (w, h), (left, top, right, bottom) = fit.size, fit.box

@@ -87,15 +87,13 @@ def decode_image(
     max_whole_pixels: int | None = None,
     timeout_s: float | None = None,
 ) -> Decoded:
-    """Decode an image to 8-bit RGB with EXIF orientation applied (an MPO gives its primary picture). Every failure
-    is an `ImageError` naming the file (a missing file stays `FileNotFoundError`); sizes are checked from the header
-    first, and `formats` (e.g. `ACCEPTED_FORMATS`) limits which decoders see the bytes.
+    """Decode an image to 8-bit RGB, EXIF orientation applied (an MPO: its primary picture). Every failure is an
+    `ImageError` naming the file (a missing one stays `FileNotFoundError`); sizes are checked from the header first;
+    `formats` (e.g. `ACCEPTED_FORMATS`) limits which decoders see the bytes.
 
-    `max_side` decodes downscaled to `capped_size` (JPEG at a reduced DCT scale, 8-bit PNG strip by strip; other
-    images only whole, under `max_whole_pixels`). An image over `max_pixels` is halved while decoding until it fits
-    (`decoded_size`); no file may exceed `MAX_SOURCE_PIXELS`. A JPEG with too many scans is refused unread, and with
-    `timeout_s` a longer decode fails (`ImageTooCostlyError`).
-    """
+    `max_side`: decoded downscaled to `capped_size` (JPEG by DCT scale, 8-bit PNG in strips; others whole, under
+    `max_whole_pixels`). Over `max_pixels`: halved while decoding (`decoded_size`); never over `MAX_SOURCE_PIXELS`.
+    Too many JPEG scans (refused unread) or a decode past `timeout_s`: `ImageTooCostlyError`."""
     limits = _Limits(max_pixels, formats, max_side, max_whole_pixels)
     try:
         with warnings.catch_warnings():

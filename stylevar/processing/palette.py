@@ -1,9 +1,8 @@
 """Palette matching: the model's drawing moved toward the style's colours, layout and edges kept.
 
-``method="moments"``: in CIELAB, each channel's mean and deviation moved ``strength`` of the way toward the
-style's (Reinhard et al. 2001). ``method="distribution"``: the iterative distribution transfer of Pitie, Kokaram
-and Dahyot (2005) in CIELAB, deterministic. With several styles each region takes its own style's palette.
-Off unless the model directory's config.json asks for it (``"palette"``).
+``method="moments"``: each CIELAB channel's mean and deviation moved ``strength`` of the way toward the style's
+(Reinhard et al. 2001); ``method="distribution"``: Pitie, Kokaram and Dahyot's (2005) iterative distribution
+transfer in CIELAB. With several styles each region takes its own style's. Off unless config.json's ``"palette"``.
 """
 from __future__ import annotations
 

@@ -32,8 +32,7 @@ class OutputOptions:
 
 
 def check_style_weights(weights: Sequence[float]) -> tuple[float, ...]:
-    """Style weights as floats, each finite and >= 0 in float32 with a finite sum > 0 so that normalising them is
-    defined: the one rule for every surface."""
+    """Style weights as floats, each finite and >= 0 in float32, with a finite sum > 0: one rule for every surface."""
     values = tuple(float(w) for w in weights)
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         w32 = np.asarray(values, dtype=np.float32)

@@ -1,10 +1,7 @@
 """Inference-only preparation of a loaded model, in place (`prepare(model, InferenceConfig(...))`): BatchNorm folded
 into the image encoders' convs, channels-last convolutions, the transformer's linears packed once in oneDNN's
-layout on the CPU (`PackedLinear`), the opt-in bf16 precision and compiled blocks (`stylevar.runtime.compile`).
-Under bf16, `bf16_parts` says in one table what runs in bfloat16: the sampling loop and the image encoders always,
-the tokenizer's decoder only on AMX tiles; its encoder and quantizer stay float32, so an image's tokens are fp32's.
-A bf16 seed repeats its image on the same machine and torch; against fp32 some sampled tokens and pixels differ.
-A plain model is the path the conformance tests check; a prepared one cannot be saved (`prepared(model)` tells).
+layout on the CPU (`PackedLinear`), the opt-in bf16 precision (`bf16_parts`: what runs in bfloat16) and compiled
+blocks (`stylevar.runtime.compile`). A prepared model cannot be saved (`prepared(model)` tells).
 """
 from __future__ import annotations
 
@@ -43,9 +40,7 @@ def cpu_bf16_tiles() -> bool:
 
 
 def packing_available(dtype: torch.dtype = torch.float32) -> bool:
-    """Whether this torch build has oneDNN's packed linear operators (x86 builds do; others may not), and for
-    bfloat16 whether this CPU can run them (oneDNN's bf16 path needs AVX512BW/VL/DQ or AVX-NE-CONVERT; on an
-    AVX2-only CPU the loop's linears are cast to bf16 instead)."""
+    """Whether this torch has oneDNN's packed linears and, for bfloat16, whether this CPU can run them."""
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return False
     return dtype != torch.bfloat16 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -71,9 +66,7 @@ def fold_batchnorm(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
 
 
 def fuse_conv_bn(module: nn.Module) -> int:
-    """Fold every BatchNorm2d that directly follows a Conv2d among a module's children (recursively;
-    torchvision's BasicBlock order conv1/bn1, conv2/bn2 and downsample's Sequential(conv, bn)). The
-    BatchNorm becomes Identity. Returns how many were folded."""
+    """Fold every BatchNorm2d directly after a Conv2d (recursively) into the conv; returns how many were folded."""
     folded = 0
     children = list(module.named_children())
     for (name_a, a), (name_b, b) in zip(children, children[1:]):
@@ -87,9 +80,7 @@ def fuse_conv_bn(module: nn.Module) -> int:
 
 
 class PackedLinear(nn.Module):
-    """A linear layer whose weight is packed once in oneDNN's blocked layout (CPU only), in ``dtype``:
-    inputs are cast to it, and so is the output. The packed weight is an opaque tensor, kept out of the
-    state dict (a prepared model is not saved)."""
+    """A linear layer whose weight is packed once in oneDNN's layout (CPU only), in ``dtype``; not in the state dict."""
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.float32):
         super().__init__()
@@ -151,18 +142,14 @@ BF16_PARTS = ("loop", "image_encoders", "tokenizer_decoder", "tokenizer_encoder"
 
 
 def bf16_parts(tiles: bool) -> frozenset[str]:
-    """The parts (`BF16_PARTS`) that precision "bf16" runs in bfloat16; ``tiles``: on a CPU with AMX tiles
-    (`cpu_bf16_tiles`). The tokenizer's decoder changes pixels, never tokens, so it joins there; with AVX512-BF16
-    alone its bf16 convolutions ran slower than fp32's (benchmarks/roofline.py), so it stays fp32. The encoder
-    never does: in bf16 it changes some of an image's tokens on the finer scales (benchmarks/bf16_tokenizer.py
-    measures how many), and an image's tokens must not depend on the path."""
+    """The parts (`BF16_PARTS`) that precision "bf16" runs in bfloat16; the tokenizer's decoder only with AMX
+    ``tiles`` (`cpu_bf16_tiles`), its encoder never (an image's tokens must not depend on the path)."""
     return frozenset(BF16_PARTS[:3]) if tiles else frozenset(BF16_PARTS[:2])
 
 
 def run_bf16(model, parts: frozenset[str]) -> None:
-    """``parts`` (`BF16_PARTS`) of a model set to run in bfloat16; each wrapped part returns float32, so the
-    quantizer (`stylevar.utils.precision.full_precision`) still computes in float32. The loop's linears are
-    `prepare`'s to pack; here the loop gets its autocast dtype."""
+    """``parts`` (`BF16_PARTS`) of a model set to run in bfloat16, each returning float32 (the quantizer stays
+    float32); the loop gets its autocast dtype here, its linears are packed by `prepare`."""
     bf16, tok = torch.bfloat16, model.tokenizer
     if "loop" in parts:
         model.loop_autocast_dtype = bf16
@@ -210,9 +197,7 @@ def prepare(model, cfg: InferenceConfig = InferenceConfig(), *, parts: frozenset
 
 
 def prepare_for_serving(model, cfg: InferenceConfig = InferenceConfig()) -> bool:
-    """`prepare` the model as the service and the command line run it, where it changes anything: on the CPU always
-    (layouts, packed linears), elsewhere when ``cfg`` asks for bf16 or compilation (applied rather than a setting
-    silently ignored). Whether it prepared."""
+    """`prepare` as the service runs it: on the CPU always, elsewhere for bf16 or compilation; whether it did."""
     if model.pos_1LC.device.type == "cpu" or cfg.compile or cfg.precision != "fp32":
         prepare(model, cfg)
         return True

@@ -43,8 +43,7 @@ def temp_folder(dest: Path) -> Path:
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any], *, size: int | None = None,
                  what: str = "") -> Path:
-    """Make ``path`` by ``write(file)`` (a binary file open next to it), atomically; ``size`` and ``what`` go
-    into the :class:`WriteFailedError` message."""
+    """Make ``path`` atomically by ``write(file)``; ``size`` and ``what`` go into the `WriteFailedError` message."""
     path = Path(path)
     tmp = temp_path(path)
 

@@ -247,8 +247,7 @@ def evaluate(pipe: StylePipeline, triplets: list[Triplet], seed: int = 0, suite=
 
 
 def sample_grid(pipe: StylePipeline, triplets: list[Triplet], path: Path, seed: int = 0, cell: int = 64) -> Path:
-    """A picture grid, one row per triplet: content, style, target (if any), the model with two seeds, the
-    transformer alone (seed 0; when the model has a palette step or a refinement), Reinhard."""
+    """A picture grid, a row per triplet: content, style, target, the model (two seeds), transformer alone, Reinhard."""
     contents, styles = [t.content for t in triplets], [t.style for t in triplets]
     columns = [pipe.stylize_batch(contents, styles, seeds=[seed + k] * len(triplets)) for k in (0, 1)]
     chosen = pipe.config.refine, pipe.config.palette

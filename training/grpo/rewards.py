@@ -1,8 +1,7 @@
 """GRPO rewards: R = -lambda * dist(generated, target), one value per rollout (higher is better).
 
-``dreamsim``, ``lpips``, ``clip`` and ``ssim`` go through ``MetricSuite`` at ``image_size``; ``l1`` is the mean
-pixel distance; ``--reward-style-weight`` w adds w * colour_swd(generated, style). Images are (N, 3, H, W) in
-[0, 1]. Importing this module does not import torch (``python -m training.grpo --help`` reads :data:`REWARDS`).
+``dreamsim``, ``lpips``, ``clip`` and ``ssim`` go through ``MetricSuite``; ``l1`` is the mean pixel distance;
+``--reward-style-weight`` w adds w * colour_swd(generated, style). No torch at import (:data:`REWARDS` for --help).
 """
 from __future__ import annotations
 

@@ -16,8 +16,7 @@ SCHEDULE_KEYS = ("max_steps", "lr_drop_step", "lr_drop_fraction")  # the run's l
 
 @dataclass(frozen=True)
 class RunExtension:
-    """``schedule(options)``: the learning-rate schedule of a recipe's options (as the recipe builds it, on the
-    options :meth:`settle` returns)."""
+    """``schedule(options)``: the learning-rate schedule of options (as :meth:`settle` returns them)."""
 
     schedule: Callable[[Mapping[str, Any]], ScheduleConfig]
     keys: tuple[str, ...] = SCHEDULE_KEYS

@@ -1,8 +1,7 @@
 """Fully sharded data parallel training (FSDP2): ``training.sft --strategy fsdp``.
 
-Weights, gradients and AdamW state are sharded, one unit per transformer block (and its AdaLN projection) and
-the root; the frozen tokenizer stays whole. Checkpoints (``step-N.dcp/`` by every process, then rank 0's
-``step-N.pt``, which completes it) load at any world size; :func:`export_model_dir` makes a model directory.
+Weights, gradients and AdamW state are sharded per transformer block (with its AdaLN projection) and the root;
+the frozen tokenizer stays whole. Checkpoints load at any world size; :func:`export_model_dir` makes a model directory.
 """
 from __future__ import annotations
 
@@ -73,8 +72,7 @@ def _state_dicts(module: nn.Module, optimizer: torch.optim.Optimizer | None) -> 
 
 
 def save_sharded(folder: Path, module: nn.Module, optimizer: torch.optim.Optimizer, env) -> None:
-    """Every rank writes its shards to ``folder`` (a temp folder renamed by rank 0); a failed write raises
-    :class:`stylevar.utils.atomic.WriteFailedError` on every rank."""
+    """Every rank writes its shards to ``folder`` (renamed by rank 0); a failure: `WriteFailedError` on every rank."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import CheckpointException
 

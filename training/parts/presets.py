@@ -42,8 +42,7 @@ def resize_tokenizer(cfg: VQVAEConfig, image_size: int | None) -> VQVAEConfig:
 
 
 def match_transformer(tr: StyleVARConfig, vq: VQVAEConfig) -> StyleVARConfig:
-    """The transformer config made consistent with a tokenizer's scales, codebook and code width (per-scale
-    alphas re-spread linearly when the number of scales changes)."""
+    """The transformer config fitted to a tokenizer's scales, codebook and code width (alphas re-spread linearly)."""
     k = len(vq.patch_nums)
     alphas = tr.alpha_nums
     if len(alphas) != k:

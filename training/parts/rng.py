@@ -71,8 +71,7 @@ def restore_rng_state(state: Mapping[str, Any], generators: Mapping[str, torch.G
 
 
 def _restore_cuda(states: list[torch.Tensor], device: torch.device | None) -> None:
-    """The saved CUDA state onto ``device`` (a state per GPU: the one of ``device``'s index); nothing on the CPU
-    or where the saved run had no GPU."""
+    """The saved CUDA state of ``device``'s index onto ``device``; nothing on the CPU or where the run had no GPU."""
     if not states or device is None or device.type != "cuda":
         return
     index = 0 if len(states) == 1 else (device.index or 0)

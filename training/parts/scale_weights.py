@@ -1,8 +1,7 @@
 """How much each scale's tokens weigh in a loss over all K token maps.
 
-A plain mean over the L = sum(h_k * w_k) tokens gives the finest scale almost all of the gradient.
-Per-action normalization weighting (PANW) weighs a token of scale k by (h_k * w_k)^-gamma: gamma 0 is the
-plain mean, gamma 1 gives every scale the same share.
+Per-action normalization weighting (PANW) weighs a token of scale k by (h_k * w_k)^-gamma: gamma 0 is the plain
+mean (the finest scale takes almost all of the gradient), gamma 1 gives every scale the same share.
 """
 from __future__ import annotations
 

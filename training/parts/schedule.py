@@ -81,8 +81,7 @@ class CheckpointSchedule:
 
 
 class Progress:
-    """Steps per second and the time left at that rate, leaving out this process's first ``warmup_steps``
-    steps; :meth:`passed` notes each finished step."""
+    """Steps per second and the time left, leaving out the first ``warmup_steps``; :meth:`passed` notes each step."""
 
     def __init__(self, start_step: int, max_steps: int, clock: Callable[[], float] = time.monotonic,
                  warmup_steps: int = 1):

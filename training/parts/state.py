@@ -77,8 +77,7 @@ class TrainingState:
         return notes + list(getattr(self.stream, "notes", ()))  # e.g. shard streams restarting
 
     def _rate_of_this_schedule(self) -> None:
-        """The resumed step's rate from this run's schedule, which a longer run may have moved
-        (training.parts.extension)."""
+        """The resumed step's rate from this run's schedule (a longer run may have moved it)."""
         sched = self.scheduler
         rates = [base * factor(sched.last_epoch) for factor, base in zip(sched.lr_lambdas, sched.base_lrs)]
         for group, rate in zip(self.optimizer.param_groups, rates, strict=True):

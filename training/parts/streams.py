@@ -55,8 +55,7 @@ MAX_DEFAULT_WORKERS = 8  # --num-workers' default on CUDA is at most this many p
 
 @dataclass(frozen=True)
 class LoaderPolicy:
-    """How every recipe's DataLoaders read (:func:`loader_policy`): ``num_workers`` persistent workers per rank,
-    pinned memory when the batches go to a GPU."""
+    """How recipes' DataLoaders read: ``num_workers`` persistent workers per rank, memory pinned for a GPU."""
 
     num_workers: int = 0
     pin_memory: bool = False

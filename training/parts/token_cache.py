@@ -1,9 +1,8 @@
 """Token cache: the frozen tokenizer's token maps of every training triplet, computed once and read back in later
 epochs and runs on the same data (``training.sft --token-cache``; data without augmentation only).
 
-Beside the data, in ``.token-cache/<key>/`` (the key hashes the tokenizer, the image size, the split and the
-manifests): chunks of `CHUNK` items' maps with their images' fingerprint, written atomically (a killed build
-resumes; a chunk whose images changed is built again).
+In ``.token-cache/<key>/`` beside the data (the key hashes the tokenizer, image size, split and manifests): chunks
+of `CHUNK` items' maps with their images' fingerprint, written atomically; a changed chunk is built again.
 """
 from __future__ import annotations
 
@@ -116,8 +115,7 @@ def _encode_chunk(dataset: TripletDataset, tokenizer: MultiScaleVQVAE, chunk: in
 
 
 def why_not_by_default(dataset, augment: bool, samples: int) -> str | None:
-    """Why ``training.sft`` does not use the cache by default for ``dataset`` (None: it does); ``samples``: steps
-    x batch."""
+    """Why training.sft skips the cache by default for ``dataset`` (None: it does); ``samples``: steps x batch."""
     if augment:
         return "augmented images, and their tokens, differ every epoch"
     if not isinstance(dataset, TripletDataset):

@@ -129,8 +129,7 @@ def set_drop_path_rate(model: StyleVAR, rate: float) -> None:
 
 
 def prepare_model(model: StyleVAR, args: argparse.Namespace, env: DistEnv) -> None:
-    """The model on the device in train mode: convolutions NHWC on the CPU (not under FSDP), the blocks
-    compiled when ``args.compile``."""
+    """The model in train mode on the device: NHWC convs on the CPU (not FSDP), blocks compiled per ``args.compile``."""
     model.activation_checkpointing = args.activation_checkpointing
     model.to(env.device).train()
     if env.device.type == "cpu" and args.strategy != "fsdp":

@@ -130,8 +130,7 @@ def _cache_progress(chunk: int, chunks: int) -> None:
 
 def open_cache(args: argparse.Namespace, train_set: Dataset, model: StyleVAR, env: DistEnv,
                notes: list[str], num_workers: int) -> TokenCache | None:
-    """The train split's token maps, built where missing (training.parts.token_cache), or None (the reason
-    not to use them by default goes to ``notes``)."""
+    """The train split's token maps, built where missing, or None (why not by default goes to ``notes``)."""
     if args.token_cache is None:
         why = why_not_by_default(train_set, augment_config(args) is not None, args.max_steps * args.batch_size)
         notes.append(f"token cache off by default: {why}" if why else "token cache on by default "

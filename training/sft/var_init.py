@@ -17,8 +17,7 @@ from stylevar.models.transformer import StyleVAR
 
 
 def init_from_var(path_or_sd, cfg: StyleVARConfig, vqvae: MultiScaleVQVAE) -> tuple[StyleVAR, dict]:
-    """A StyleVAR initialised from a class-conditional VAR checkpoint, and what was copied, split, dropped
-    and left fresh (see the module's docstring)."""
+    """A StyleVAR from a class-conditional VAR checkpoint, and what was copied, split, dropped and left fresh."""
     sd, _ = read_state(path_or_sd)
     model = StyleVAR(cfg, vqvae)
     own = model.transformer_state_dict()

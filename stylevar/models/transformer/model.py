@@ -3,8 +3,7 @@
 Three token streams share the embeddings: the target (teacher forcing or what was sampled so far), the style and
 the content (each image's cumulative f_hat per scale). Every block: the target gives keys/values, style and
 content ask, blended per scale by alpha_k; AdaLN from the style embedding. Beyond the paper, all off by default:
-several styles with weights and masks (`StyleBlend`), guidance against the model given the content as its style,
-content injection and colour statistics. Reads top to bottom: embeddings, conditioning, teacher forcing, generation.
+several styles (`StyleBlend`), guidance against the unstyled model, content injection and colour statistics.
 """
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ class Generated(NamedTuple):
 
 
 def _in_model_autocast(method):
-    """``method`` under the model's own autocast (`StyleVAR.autocast_dtype`), wherever it is called from: a condition
-    is the same made inside `generate` or outside it (the service's conditions and their cache)."""
+    """``method`` under the model's own autocast wherever it is called from (conditions made outside `generate` too)."""
 
     @functools.wraps(method)
     def run(self, *args, **kwargs):
@@ -168,8 +166,7 @@ class StyleVAR(PretrainedModel, nn.Module):
 
     @classmethod
     def from_pretrained(cls, folder: str | os.PathLike, tokenizer: MultiScaleVQVAE | None = None) -> "StyleVAR":
-        """The transformer saved in ``folder`` (eval mode, on the CPU), holding ``tokenizer`` (default: the
-        one saved in the same folder)."""
+        """The transformer saved in ``folder`` (eval mode, on the CPU), holding ``tokenizer`` (default: folder's)."""
         tokenizer = tokenizer if tokenizer is not None else MultiScaleVQVAE.from_pretrained(folder)
         section, sd = cls.read_pretrained(folder)
         return cls.from_state_dict(sd, StyleVARConfig.from_dict(section), tokenizer)
@@ -258,8 +255,7 @@ class StyleVAR(PretrainedModel, nn.Module):
         return self.style_embedding(style), self._stream_ln(style)
 
     def style_embedding(self, img_B3HW: torch.Tensor) -> torch.Tensor:
-        """The AdaLN input (B, C) an image gives as a style: its pooled style-encoder features, plus its
-        colour statistics with the `colour_stats` variant."""
+        """An image's AdaLN input (B, C): its pooled style features (+ its colour statistics with `colour_stats`)."""
         emb_BC = self.feat_emb(pooled(self.style_encoder, img_B3HW))
         if self.colour_in is not None:
             emb_BC = emb_BC + self.colour_in(colour_statistics(img_B3HW))
@@ -341,17 +337,12 @@ class StyleVAR(PretrainedModel, nn.Module):
         cond: Condition | None = None,
         **settings: Any,
     ) -> torch.Tensor:
-        """Sample the target coarse to fine: images (B, 3, H, W) in [0, 1]. `generate_with_indices` also
-        gives the sampled token maps.
+        """Sample the target coarse to fine: images (B, 3, H, W) in [0, 1].
 
-        ``config``: the sampling and blend settings (`stylevar.config.GenerationConfig`), or its fields
-        as keyword ``settings`` (the defaults are its). ``seed``: the rows' seeds, over ``config.seed``.
-
-        `style`: one image batch, or a `StyleBlend` of several. `guidance` >= 0: push the logits away from
-        the prediction without the style (module doc); 0 is the plain model. `cond` (from
-        `condition(content, style, unstyled=guidance > 0)`) may be passed instead of the images.
-        `on_scale(k, images)` is called after each scale with the preview so far.
-        `return_indices=True` is deprecated: it returns ``(images, indices)``, `generate_with_indices`'s.
+        ``config``: a `stylevar.config.GenerationConfig`, or its fields as keyword ``settings``; ``seed``: the
+        rows' seeds, over ``config.seed``. ``style``: one image batch or a `StyleBlend`. ``cond`` (from
+        `condition(content, style, unstyled=guidance > 0)`) may replace the images. ``on_scale(k, images)``: called
+        after each scale with the preview so far. ``return_indices=True`` is deprecated (`generate_with_indices`).
         """
         out = self._generate(content, style, settings_of(config, settings), on_scale, cond, seed)
         if return_indices:
@@ -397,13 +388,8 @@ class StyleVAR(PretrainedModel, nn.Module):
                       on_scale: Callable[[int, torch.Tensor], None] | None = None
                       ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The autoregressive loop: f_hat (B, Cvae, n, n) and the K sampled token maps. ``config``: top-k, top-p,
-        guidance and fast (its seed and blend are the generators' and ``alpha_K``'s).
-
-        The KV cache is preallocated and holds each target token once; AdaLN modulations and the guide
-        queries of every scale are computed once, before the loop. With `guidance` > 0 the unstyled
-        condition runs as B more rows of the same batch, fed the tokens sampled from the guided logits.
-        With `fast` the scales that `self.fast_sampling` prunes merge the 2 x 2 groups of positions where
-        the content is flat into one token each (`stylevar.models.transformer.pruning`).
+        guidance and fast (its seed and blend are the generators' and ``alpha_K``'s). With guidance the unstyled
+        condition runs as B more rows of the batch; with fast, flat 2 x 2 groups merge (`...transformer.pruning`).
         """
         with self.loop_autocast(cond.cond_BD.device):
             return self._sample_tokens(cond, generators, alpha_K, config, on_scale)
