@@ -19,15 +19,13 @@ ENTRY_POINTS = {
     "stylevar/cli/stylize.py": "stylevar stylize",
     "stylevar/cli/bench.py": "stylevar bench",
     "stylevar/cli/evaluate.py": "stylevar evaluate (and python -m / torchrun -m stylevar.evaluate)",
-    "training/sft/__main__.py": "python -m training.sft",
-    "training/grpo/__main__.py": "python -m training.grpo",
-    "training/vqvae/__main__.py": "python -m training.vqvae",
-    "training/demo/__main__.py": "python -m training.demo",
+    "training/parts/cli.py": "the recipes' shared main (run_recipe): python -m training.sft|grpo|vqvae|demo",
     "benchmarks/train_step.py": "python -m benchmarks.train_step --device",
     "benchmarks/device_run.py": "python -m benchmarks.device_run (each stage's process; the golden one strict fp32)",
 }
 # entry points whose setting is made by another module on their way to a model (listed in ENTRY_POINTS)
-SET_BY = {"serve/__main__.py": "serve/engine/runner.py"}
+SET_BY = {"serve/__main__.py": "serve/engine/runner.py",
+          **{f"training/{recipe}/__main__.py": "training/parts/cli.py" for recipe in ("sft", "grpo", "vqvae", "demo")}}
 # the entry points that run no model's products, each with why
 NO_MODEL = {
     "serve/healthcheck.py": "an HTTP probe of a running service",
@@ -65,6 +63,7 @@ def test_every_entry_point_sets_the_matmul_precision():
     missing = sorted(f"{path} ({what})" for path, what in ENTRY_POINTS.items() if not _calls_it(path))
     assert not missing, f"entry points that do not call set_matmul_precision: {missing}"
     assert set(SET_BY.values()) <= set(ENTRY_POINTS)
+    assert all("run_recipe(" in (ROOT / path).read_text() for path, by in SET_BY.items() if by == "training/parts/cli.py")
     devices = [p for p in found if p.startswith("benchmarks/device_run")]
     assert all(_calls_it(p) for p in devices), devices
 
