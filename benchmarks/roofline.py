@@ -2,9 +2,9 @@
 
 Per stage of one image (the tokenizer encodes, the image encoders, each sampling scale, the decode) and for the
 whole `generate` call: FLOPs (FlopCounterMode), median time per image (the models taking turns), and the fraction
-of the dtype's peak, measured in the same run (best of a conv, a packed linear and a plain GEMM). The models are
-prepared copies (`stylevar.runtime.inference.prepare`) of one random-weight model; the row "bf16 decoder
-switched" runs the tokenizer's decoder in the other dtype.
+of the dtype's peak, measured in the same run at its start and end (best of a conv, a packed linear and a GEMM).
+The models are prepared copies (`stylevar.runtime.inference.prepare`) of one random-weight model; the row "bf16
+decoder switched" runs the tokenizer's decoder in the other dtype.
 """
 from __future__ import annotations
 
@@ -37,22 +37,42 @@ def _median_s(fn, repeats: int, warmup: int) -> float:
 
 
 def peak_kernels(dtype, repeats: int = 5) -> dict[str, float]:
-    """GFLOP/s of each peak kernel (`PEAK_KERNELS`) in ``dtype``."""
+    """GFLOP/s of each peak kernel (`PEAK_KERNELS`) in ``dtype``, at shapes large enough for the CPU to reach its
+    rate (a tokenizer-like channels-last conv, a 1024-row packed linear, a 2048 GEMM), after a warm-up."""
     import torch
     import torch.nn.functional as F
 
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(1, 320, 32, 32, generator=g).to(dtype, memory_format=torch.channels_last)
-    w = torch.randn(320, 320, 3, 3, generator=g).div(90).to(dtype, memory_format=torch.channels_last)
-    a, b = torch.randn(1024, 1024, generator=g).to(dtype), torch.randn(1024, 1024, generator=g).to(dtype)
-    rows, lin_w = torch.randn(256, 1280, generator=g).to(dtype), torch.randn(1280, 1280, generator=g).to(dtype)
+    x = torch.randn(1, 128, 128, 128, generator=g).to(dtype, memory_format=torch.channels_last)
+    w = torch.randn(128, 128, 3, 3, generator=g).div(35).to(dtype, memory_format=torch.channels_last)
+    a, b = torch.randn(2048, 2048, generator=g).to(dtype), torch.randn(2048, 2048, generator=g).to(dtype)
+    rows, lin_w = torch.randn(1024, 1280, generator=g).to(dtype), torch.randn(1280, 1280, generator=g).to(dtype)
     packed = torch.ops.mkldnn._reorder_linear_weight(lin_w)
-    kernels = {"conv": (lambda: F.conv2d(x, w, padding=1), 2 * 320 * 320 * 9 * 32 * 32),
+    kernels = {"conv": (lambda: F.conv2d(x, w, padding=1), 2 * 128 * 128 * 9 * 128 * 128),
                "packed_linear": (lambda: torch.ops.mkldnn._linear_pointwise(rows, packed, None, "none", [], ""),
-                                 2 * 256 * 1280 * 1280),
-               "mm": (lambda: torch.mm(a, b), 2 * 1024 ** 3)}
+                                 2 * 1024 * 1280 * 1280),
+               "mm": (lambda: torch.mm(a, b), 2 * 2048 ** 3)}
     with torch.inference_mode():
-        return {name: flops / _median_s(fn, repeats, 2) / 1e9 for name, (fn, flops) in kernels.items()}
+        return {name: flops / _median_s(fn, repeats, 3) / 1e9 for name, (fn, flops) in kernels.items()}
+
+
+def machine_peaks() -> dict[str, dict[str, float]]:
+    """`peak_kernels` per dtype (fp32, bf16)."""
+    import torch
+
+    return {d: peak_kernels(getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[d])) for d in ("fp32", "bf16")}
+
+
+def rescale_to_peaks(out: dict, peaks: dict[str, dict[str, float]]) -> None:
+    """``out``'s peaks raised to the best of theirs and ``peaks`` (measured again at the end of the run, so a slow
+    start does not flatter the stages), its fractions of peak recomputed."""
+    out["peak_gflops"] = {d: {k: max(v, peaks[d][k]) for k, v in ks.items()} for d, ks in out["peak_gflops"].items()}
+    best = {d: max(k.values()) for d, k in out["peak_gflops"].items()}
+    for table in out["batches"].values():
+        for row in table.values():
+            for cell in row.values():
+                peak = max(best.values()) if cell["dtype"] == "best" else best[cell["dtype"]]
+                cell["fraction_of_peak"] = cell["gflops"] / peak
 
 
 class ScaleMarks:
@@ -172,7 +192,7 @@ def measure(args) -> dict:
     import torch
 
     torch.set_num_threads(args.threads)
-    peaks = {d: peak_kernels(getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[d])) for d in ("fp32", "bf16")}
+    peaks = machine_peaks()
     best = {d: max(k.values()) for d, k in peaks.items()}
     plain, models, rows = build_models(args.preset, args.precisions)
     size = plain.tokenizer.cfg.image_size
@@ -205,6 +225,7 @@ def measure(args) -> dict:
         out["batches"][str(batch)] = table
         if args.json:  # each batch size's figures as soon as they are measured
             args.json.write_text(json.dumps({**out, "load_after": os.getloadavg()}, indent=1))
+    rescale_to_peaks(out, machine_peaks())
     out["load_after"] = os.getloadavg()
     return out
 

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     except (HubError, ModelDirError, ValueError) as e:
         print(f"cannot start: {e}", file=sys.stderr)
         return 2
-    state.on_ready = lambda: print(ready_line(app, settings), flush=True)
+    state.on_ready = lambda: say_ready(ready_line(app, settings))
     # X-Forwarded-For only from STYLEVAR_FORWARDED_ALLOW_IPS (none by default; uvicorn's default trusts loopback)
     proxies = settings.forwarded_allow_ips
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
@@ -90,6 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     server = DrainingServer(config, state.drain, on_drain=state.begin_drain)
     server.run()
     return 0 if server.started else 3  # 3: uvicorn's startup failure
+
+
+def say_ready(line: str) -> None:
+    """The ready line on stdout in one write, so that a log record written to the same file cannot split it."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def ready_line(app, settings: ServeSettings) -> str:
