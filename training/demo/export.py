@@ -31,7 +31,7 @@ from stylevar.processing.refine import Refinement, refine
 from stylevar.evaluate.real_pairs import RAW_ROW, RealPairs
 from stylevar.evaluate.real_pairs import evaluate as evaluate_real, markdown as real_markdown
 from stylevar.utils.threads import apply_threads
-from training.demo.card import MIN_SEED_SPREAD, Report, model_card, palette_label, table_markdown
+from training.demo.card import MIN_SEED_SPREAD, Report, missing_blocks, model_card, palette_label, table_markdown
 
 BASE_METRICS = ("ssim", "ssim_standard")
 OPTIONAL_METRICS = ("lpips", "dreamsim", "clip")
@@ -330,6 +330,15 @@ def evaluate_real_pairs(pipe: StylePipeline, args: argparse.Namespace) -> tuple[
     return real, variants
 
 
+def write_model(pipe: StylePipeline, report: Report, out: Path, dtype: torch.dtype | None) -> None:
+    """Save the model with its card, written over the card already at `out` (`training.demo.card`'s rule)."""
+    path = out / "README.md"
+    existing = path.read_text(encoding="utf-8") if path.is_file() else None
+    pipe.save_pretrained(out, dtype=dtype, model_card=model_card(pipe, report, existing))
+    if missing := missing_blocks(existing):
+        print(f"card: {path} keeps its own layout, which has no place for: {', '.join(missing)}")
+
+
 def export(args: argparse.Namespace) -> int:
     """`python -m training.demo` with its parsed options (the command's doc)."""
     apply_threads(args.threads or "torch")  # None: torch's count (or OMP_NUM_THREADS) as it is
@@ -358,7 +367,7 @@ def export(args: argparse.Namespace) -> int:
                     args.experiments.read_text() if args.experiments else "",
                     real=real, ceiling=json.loads(args.ceiling.read_text()) if args.ceiling else None,
                     variants=variants)
-    pipe.save_pretrained(args.out, dtype=torch.float16 if use_fp16 else None, model_card=model_card(pipe, report))
+    write_model(pipe, report, args.out, torch.float16 if use_fp16 else None)
     sample_grid(pipe, triplets[:6] + photos, args.out / "samples.png", args.seed)
     print(table_markdown(table))
     print(table_markdown(photo_table))
