@@ -50,8 +50,9 @@ class ServeSettings(BaseSettings):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # torch's CPU threads: a count, "torch" (torch's own choice) or "auto"/0/None (stylevar.utils.threads)
     threads: int | Literal["torch"] | None = None
-    # the transformer's linear layers: "fp32" the model's own weights, "bf16" bfloat16 (stylevar.runtime.inference)
-    precision: Literal["fp32", "bf16"] = "fp32"
+    # "fp32" the model's own weights (a seed's picture the same on every machine), "bf16" bfloat16 parts, "auto" bf16
+    # where this CPU's bf16 products measure faster at load, else fp32 (stylevar.runtime.inference.choose_precision)
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     # MiB of freed heap kept for the next request (stylevar.utils.heap; glibc only); 0: the C library's thresholds
     heap_keep_mb: int = Field(DEFAULT_KEEP_MB, ge=0, le=MAX_KEEP_MB)
     compile: bool = False  # torch.compile the transformer blocks; compiled at warm-up, before /readyz is 200

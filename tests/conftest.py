@@ -31,6 +31,10 @@ from tests import reference
 # the service's gc.freeze after warm-up (serve.http.app.freeze_startup_heap) would keep every test's garbage from the
 # apps built before it; tests that want it (and servers they start) say so
 os.environ.setdefault("STYLEVAR_GC_FREEZE", "false")
+# precision "auto" (the service's and the command line's default) runs bf16 where this CPU's bf16 products measure
+# faster: the pictures the suite compares across surfaces and with its data are fp32's, on every CPU; tests of auto
+# ask for it
+os.environ.setdefault("STYLEVAR_PRECISION", "fp32")
 
 
 WORKER_MEMORY_GB = 8  # the most one worker has been seen to hold (its models and the subprocesses it starts)

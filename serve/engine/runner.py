@@ -16,7 +16,7 @@ from stylevar.utils.heap import DEFAULT_KEEP_MB, apply_heap_policy
 from stylevar.utils.precision import resolve_autocast_dtype, set_matmul_precision
 from stylevar.utils.threads import decision
 from stylevar.runtime.compile import WARM_BATCHES, compiled
-from stylevar.runtime.inference import InferenceConfig, prepare_for_serving
+from stylevar.runtime.inference import InferenceConfig, PrecisionChoice, precision_of, prepare_for_serving
 from stylevar.pipelines.conditions import CacheObserver, ConditionCache
 from stylevar.pipelines.pipeline import StylePipeline
 from stylevar.pipelines.request import Stylization, StylizeRequest
@@ -83,10 +83,11 @@ class ModelRunner:
         pipe = StylePipeline.from_pretrained(model_dir, device=device, threads=options.threads,
                                              autocast_dtype=resolve_autocast_dtype(options.dtype, device))
         inference = options.inference
-        prepare_for_serving(pipe.model, inference)  # CPU layouts and packing, a precision or compile asked for
-        chosen = decision()  # what decided the process's threads (from_pretrained asked)
+        prepare_for_serving(pipe.model, inference)  # the precision settled; CPU layouts and packing, compile asked for
+        chosen, precision = decision(), precision_of(pipe.model)  # what decided the process's threads, the precision
         log.info("model loaded", extra={"model_dir": str(model_dir), "device": str(device),
-                                        "precision": inference.precision, "compile": inference.compile,
+                                        "precision": precision.precision, "precision_reason": precision.reason,
+                                        "compile": inference.compile,
                                         "threads": torch.get_num_threads(), "threads_by": chosen and chosen.source,
                                         "heap_keep_mb": heap.keep_mb, "heap_by": heap.source,
                                         "seconds": round(time.perf_counter() - t0, 3)})
@@ -95,6 +96,11 @@ class ModelRunner:
     @property
     def device(self) -> torch.device:
         return self.pipe.device
+
+    @property
+    def precision(self) -> PrecisionChoice:
+        """The precision the model runs in, and why (`stylevar.runtime.inference.precision_of`)."""
+        return precision_of(self.pipe.model)
 
     @property
     def dtype_name(self) -> str:

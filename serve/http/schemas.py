@@ -1,7 +1,7 @@
 """Request and response models of the HTTP API (they also make up /openapi.json)."""
 from __future__ import annotations
 
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, Literal, Union
 
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, create_model
@@ -84,6 +84,10 @@ class ModelInfo(BaseModel):
     version: str = Field(description="stylevar package version")
     devices: list[str]
     dtype: str
+    precision: Literal["fp32", "bf16"] = Field(
+        description="what the model runs in: fp32 (its own weights) or bf16; STYLEVAR_PRECISION=auto settles on one "
+                    "when the model loads")
+    precision_reason: str = Field(description="why that precision: asked for, or what auto measured on this machine")
     image_size: int
     patch_nums: list[int]
     default_alphas: list[float]

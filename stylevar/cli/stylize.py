@@ -15,7 +15,7 @@ from stylevar.loaders import hub  # no torch
 from stylevar.utils.helptext import DEVICE_AUTO
 from stylevar.pipelines.options import CLI, IMAGE_ONLY, Option, offered  # no torch
 from stylevar.pipelines.request import RequestError, StylizeRequest  # no torch either
-from stylevar.utils.precision import PRECISIONS, REMOVED_PRECISIONS, precision_error  # no torch
+from stylevar.utils.precision import PRECISIONS, REMOVED_PRECISIONS, precision_error, precision_setting  # no torch
 from stylevar.utils.threads import THREADS_HELP  # no torch
 from stylevar.processing.video import DEFAULT_TEMPORAL, TEMPORAL_HELP, TEMPORAL_MODES  # no torch either
 
@@ -49,9 +49,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temporal", choices=TEMPORAL_MODES, default=DEFAULT_TEMPORAL,
                    help=f"a video: {TEMPORAL_HELP}; docs/video.md")
     p.add_argument("--device", default=None, help=f"cpu, cuda, cuda:1, mps ... (default: {DEVICE_AUTO})")
-    p.add_argument("--precision", type=precision_argument, choices=PRECISIONS, default="fp32",
-                   help="as the service's STYLEVAR_PRECISION: fp32 (the model's weights), bf16 (fastest "
-                        "on CPUs with bf16 units; samples other tokens at some positions, benchmarks/README.md)")
+    p.add_argument("--precision", type=precision_argument, choices=PRECISIONS, default=None,
+                   help="as the service's STYLEVAR_PRECISION: auto (bf16 where this CPU's bf16 products measure "
+                        "faster when the model loads, else fp32; the choice and why on stderr), fp32 (the model's "
+                        "weights; a seed gives the same image only at the same precision: fp32 for images that must "
+                        "match on other machines), bf16 (samples other tokens at some positions, docs/cpu.md); "
+                        "default: auto, or STYLEVAR_PRECISION")
     p.add_argument("--threads", type=threads_argument, default=None, metavar="N|auto|torch",
                    help=f"{THREADS_HELP}; default: auto, or STYLEVAR_THREADS")
     p.set_defaults(func=_stylize)
@@ -275,14 +278,16 @@ def _stylize(args: argparse.Namespace) -> int:
 
 
 def check_machine(args: argparse.Namespace) -> Path:
-    """A local --model folder's files (before torch is imported), the device check, then the model directory (a
-    hub id pulled on first use; offline and not cached: one error here)."""
+    """A local --model folder's files (before torch is imported), the device and precision checks (--precision
+    settled: the flag, else STYLEVAR_PRECISION, else auto), then the model directory (a hub id pulled on first use;
+    offline and not cached: one error here)."""
     from stylevar.loaders.model_dir import check_model_files  # no torch
     from stylevar.utils.devices import check_device
 
     if args.model is not None and not hub.is_hub_id(args.model):
         check_model_files(args.model)
     check_device(args.device)
+    args.precision = precision_setting(args.precision)
 
     from stylevar.loaders.pull import resolve_model
 
@@ -291,7 +296,7 @@ def check_machine(args: argparse.Namespace) -> Path:
 
 def load_pipeline(model_dir: Path, args: argparse.Namespace):
     """The pipeline on its device, prepared as the service runs it."""
-    from stylevar.runtime.inference import InferenceConfig, prepare_for_serving
+    from stylevar.runtime.inference import InferenceConfig, precision_of, prepare_for_serving
     from stylevar.pipelines.pipeline import StylePipeline  # the checks are done: from here on the work
     from stylevar.utils.precision import set_matmul_precision
 
@@ -301,6 +306,9 @@ def load_pipeline(model_dir: Path, args: argparse.Namespace):
         print(f"using the {pipe.config.label}", file=sys.stderr)
     print(f"loaded {pipe.summary()}")  # before packing: packed linears hold their weights as buffers
     prepare_for_serving(pipe.model, InferenceConfig(precision=args.precision))
+    if args.precision == "auto":  # what it settled on, and why
+        choice = precision_of(pipe.model)
+        print(f"precision: {choice.precision} ({choice.reason})", file=sys.stderr)
     return pipe
 
 

@@ -1,13 +1,16 @@
 """Inference-only preparation of a loaded model, in place (`prepare(model, InferenceConfig(...))`): BatchNorm folded
 into the image encoders' convs, channels-last convolutions, the transformer's linears packed once in oneDNN's
-layout on the CPU (`PackedLinear`), the opt-in bf16 precision (`bf16_parts`: what runs in bfloat16) and compiled
-blocks (`stylevar.runtime.compile`). A prepared model cannot be saved (`prepared(model)` tells).
+layout on the CPU (`PackedLinear`), the bf16 precision (`bf16_parts`: what runs in bfloat16), precision "auto"
+(`choose_precision`: bf16 where this CPU's packed bf16 products measure faster) and compiled blocks
+(`stylevar.runtime.compile`). A prepared model cannot be saved (`prepared(model)` tells).
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
+import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -18,7 +21,7 @@ from stylevar.utils.precision import PRECISIONS, check_precision  # noqa: F401 (
 
 @dataclass(frozen=True)
 class InferenceConfig:
-    precision: Literal["fp32", "bf16"] = "fp32"  # stylevar.utils.precision.PRECISIONS
+    precision: Literal["auto", "fp32", "bf16"] = "fp32"  # stylevar.utils.precision.PRECISIONS; auto: `settle_precision`
     fuse_batchnorm: bool = True
     channels_last: bool = True
     pack_linears: bool = True
@@ -125,6 +128,101 @@ class InDtype(nn.Module):
                              f"dtype: load it again and prepare it with the precision wanted")
 
 
+AUTO_MARGIN = 1.15  # how many times faster than fp32's bf16's products must measure for "auto" to choose bf16
+GPU_REASON = "GPU: fp32 weights, the device's autocast rules apply"
+NO_NATIVE_REASON = "no native bfloat16 on this CPU"
+ASKED_REASON = "asked for, not measured"
+MEASURED_FLOP = 2e7  # each timed sample runs at least this much arithmetic (a narrow model's product is tiny)
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """The precision a model runs in ("fp32" or "bf16"), why, and the timings "auto" decided on."""
+
+    precision: Literal["fp32", "bf16"]
+    reason: str
+    measured: dict[str, float] = field(default_factory=dict)  # seconds per product, by precision
+
+
+def decide(native_bf16: bool, fp32_s: float | None, bf16_s: float | None,
+           margin: float = AUTO_MARGIN) -> PrecisionChoice:
+    """Precision "auto" on a CPU: bf16 only where it is native and its products measured at least ``margin``
+    times as fast as fp32's (``fp32_s``, ``bf16_s``: seconds per product; None: not measured)."""
+    if not native_bf16:
+        return PrecisionChoice("fp32", NO_NATIVE_REASON)
+    if fp32_s is None or bf16_s is None:
+        return PrecisionChoice("fp32", "bf16 products could not be measured here (no packed bf16 in this torch)")
+    measured, speedup = {"fp32": fp32_s, "bf16": bf16_s}, fp32_s / bf16_s
+    said = f"bf16 products run at {speedup:.2f}x fp32's speed on this CPU, measured at load"
+    if speedup >= margin:
+        return PrecisionChoice("bf16", said, measured)
+    return PrecisionChoice("fp32", f"{said}; bf16 needs {margin:.2f}x", measured)
+
+
+@torch.no_grad()
+def time_products(in_features: int, out_features: int, rows: int = 64, repeats: int = 5,
+                  warmup: int = 2) -> dict[str, float]:
+    """Seconds per product of ``rows`` x ``in_features`` -> ``out_features`` through a `PackedLinear` in fp32 and
+    in bf16: the best of ``repeats`` after ``warmup`` turns, the two alternating (random weights from a generator
+    of their own: torch's global random state is left as it was)."""
+    gen = torch.Generator().manual_seed(0)
+    linear = nn.utils.skip_init(nn.Linear, in_features, out_features)
+    linear.weight.normal_(0.0, in_features ** -0.5, generator=gen)
+    linear.bias.zero_()
+    x_RC = torch.randn(rows, in_features, generator=gen)
+    packed = {"fp32": PackedLinear(linear, torch.float32), "bf16": PackedLinear(linear, torch.bfloat16)}
+    calls = max(1, int(MEASURED_FLOP // (2 * rows * in_features * out_features)))
+    best = dict.fromkeys(packed, float("inf"))
+    for turn in range(warmup + repeats):
+        for name, layer in packed.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                layer(x_RC)
+            if turn >= warmup:
+                best[name] = min(best[name], (time.perf_counter() - t0) / calls)
+    return best
+
+
+def choose_precision(model_or_width, device: torch.device | str | None = None,
+                     margin: float = AUTO_MARGIN) -> PrecisionChoice:
+    """What precision "auto" runs for a StyleVAR (or a transformer width C) on ``device`` (default: the model's):
+    off the CPU fp32 (the GPU path as it is); on the CPU `decide` on its FFN's first product (C -> 4C) timed here."""
+    if isinstance(model_or_width, int):
+        in_features, out_features = model_or_width, 4 * model_or_width
+    else:
+        fc1 = model_or_width.blocks[0].ffn.fc1
+        in_features, out_features = fc1.in_features, fc1.out_features
+        device = model_or_width.pos_1LC.device if device is None else device
+    if torch.device(device or "cpu").type != "cpu":
+        return PrecisionChoice("fp32", GPU_REASON)
+    native = native_cpu_bf16()
+    if not (native and packing_available(torch.float32) and packing_available(torch.bfloat16)):
+        return decide(native, None, None, margin)
+    seconds = time_products(in_features, out_features)
+    return decide(True, seconds["fp32"], seconds["bf16"], margin)
+
+
+def settle_precision(model, cfg: InferenceConfig) -> InferenceConfig:
+    """``cfg`` with its precision settled for ``model`` on its device ("auto": `choose_precision`), the choice and
+    its reason kept on the model (`precision_of`). A prepared model is refused: its precision is set."""
+    if prepared(model) is not None:
+        raise ValueError(f"this model was already prepared ({prepared(model)})")
+    if cfg.precision == "auto":
+        model.precision_choice = choose_precision(model)
+    else:
+        model.precision_choice = PrecisionChoice(cfg.precision, ASKED_REASON)
+    return dataclasses.replace(cfg, precision=model.precision_choice.precision)
+
+
+def precision_of(model) -> PrecisionChoice:
+    """The precision a model runs in and why: its settled choice, else what it was prepared with, else fp32."""
+    choice = getattr(model, "precision_choice", None)
+    if choice is None:
+        cfg = prepared(model)
+        return PrecisionChoice(cfg.precision, ASKED_REASON) if cfg else PrecisionChoice("fp32", "the model as loaded")
+    return choice
+
+
 # the linear layers of each block that run at every scale of the sampling loop (and the model's head)
 LOOP_LINEARS = ("attn.q_guide", "attn.kv_target", "attn.proj", "ffn.fc1", "ffn.fc2")
 
@@ -168,6 +266,8 @@ def prepare(model, cfg: InferenceConfig = InferenceConfig(), *, parts: frozenset
     under precision "bf16", the parts that run in bfloat16 instead of `bf16_parts`' choice (for measurements)."""
     if prepared(model) is not None:
         raise ValueError(f"this model was already prepared ({prepared(model)})")
+    if cfg.precision == "auto":
+        cfg = settle_precision(model, cfg)
     model.eval().requires_grad_(False)
     on_cpu = model.pos_1LC.device.type == "cpu"
     if cfg.fuse_batchnorm:
@@ -197,7 +297,9 @@ def prepare(model, cfg: InferenceConfig = InferenceConfig(), *, parts: frozenset
 
 
 def prepare_for_serving(model, cfg: InferenceConfig = InferenceConfig()) -> bool:
-    """`prepare` as the service runs it: on the CPU always, elsewhere for bf16 or compilation; whether it did."""
+    """`prepare` as the service and the CLI run it: the precision settled first (`settle_precision`), then on the
+    CPU always, elsewhere for bf16 or compilation; whether it prepared."""
+    cfg = settle_precision(model, cfg)
     if model.pos_1LC.device.type == "cpu" or cfg.compile or cfg.precision != "fp32":
         prepare(model, cfg)
         return True

@@ -1,18 +1,22 @@
-"""The precision policy for every path: the precision names that inference and training accept, the matmul precision
-(TF32 on CUDA), and what stays float32 under any autocast (`full_precision`, `strict_addmm_`).
-`cuda_like_autocast` applies CUDA autocast's operator lists on the CPU. Importing it does not import torch.
+"""The precision policy for every path: the precision names that inference and training accept (`precision_setting`:
+the inference precision asked for, or STYLEVAR_PRECISION), the matmul precision (TF32 on CUDA), and what stays
+float32 under any autocast (`full_precision`, `strict_addmm_`). `cuda_like_autocast` applies CUDA autocast's
+operator lists on the CPU. Importing it does not import torch.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
 
-PRECISIONS = ("fp32", "bf16")  # inference (`stylevar.runtime.inference.prepare`)
+# inference (`stylevar.runtime.inference.prepare`); "auto" settles on fp32 or bf16 where the model runs
+PRECISIONS = ("auto", "fp32", "bf16")
+PRECISION_ENV = "STYLEVAR_PRECISION"  # the service's setting, and the command line's default
 REMOVED_PRECISIONS = {
     "int8": "int8 was removed: its non-deprecated implementation (torchao) is slower than fp32 on the CPU; use bf16",
 }
@@ -39,6 +43,17 @@ def check_precision(name: object) -> str:
     if error:
         raise ValueError(error)
     return name  # type: ignore[return-value]
+
+
+def precision_setting(value: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """The inference precision to run: ``value`` when given, else `PRECISION_ENV` when set, else "auto"; a name
+    that is not one is a ValueError saying why (`precision_error`)."""
+    if value is not None:
+        return check_precision(value)
+    text = (os.environ if environ is None else environ).get(PRECISION_ENV, "").strip()
+    if text and precision_error(text):
+        raise ValueError(f"{PRECISION_ENV}: {precision_error(text)}")
+    return text or "auto"
 
 
 def parse_dtype(name: str) -> torch.dtype:

@@ -246,6 +246,11 @@ def test_precision_is_the_service_setting_and_each_one_runs(micro_model_dir, fil
                          str(micro_model_dir), "--device", "cpu", "--precision", precision]) == 0
         with Image.open(out) as im:
             assert im.size == Image.open(files / "c.png").size
+        said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("precision: ")]
+        if precision == "auto":  # what auto settled on, and why, in one line
+            assert len(said) == 1 and said[0].split(" (")[0] in ("precision: fp32", "precision: bf16"), said
+        else:
+            assert said == []
     with pytest.raises(SystemExit) as bad:
         cli.build_parser(["stylize"]).parse_args(["stylize", "c", "s", "-o", "o.png", "--precision", "int4"])
     assert bad.value.code == 2
@@ -255,6 +260,26 @@ def test_precision_is_the_service_setting_and_each_one_runs(micro_model_dir, fil
     assert bad.value.code == 2
     err = capsys.readouterr().err
     assert "int8 was removed" in err and "slower than fp32" in err and "fp32, bf16" in err
+
+
+def test_precision_is_auto_unless_the_flag_or_the_service_setting_says_otherwise(files, tmp_path, monkeypatch,
+                                                                                 capsys):
+    from stylevar.utils.precision import precision_setting
+
+    args = ["stylize", str(files / "c.png"), str(files / "s.png"), "-o", str(tmp_path / "o.png"), "--device", "cpu"]
+    assert cli.build_parser(["stylize"]).parse_args(args).precision is None
+    assert cli.build_parser(["stylize"]).parse_args([*args, "--precision", "auto"]).precision == "auto"
+    monkeypatch.delenv("STYLEVAR_PRECISION", raising=False)
+    assert precision_setting(None) == "auto" and precision_setting("fp32") == "fp32"
+    monkeypatch.setenv("STYLEVAR_PRECISION", "bf16")
+    assert precision_setting(None) == "bf16" and precision_setting("fp32") == "fp32"
+    monkeypatch.setenv("STYLEVAR_PRECISION", "int8")  # refused as the flag is, before any model loads
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "STYLEVAR_PRECISION: precision 'int8': int8 was removed" in err, err
+    assert not (tmp_path / "o.png").exists()
+    assert cli.main([*args, "--precision", "fp32", "--model", str(tmp_path / "none")]) == 2  # the flag wins
+    assert "STYLEVAR_PRECISION" not in capsys.readouterr().err
 
 
 def test_a_folder_with_one_style_encodes_the_style_once_and_writes_what_no_cache_writes(micro_model_dir, files,

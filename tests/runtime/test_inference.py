@@ -96,10 +96,10 @@ def test_a_packed_model_refuses_to_move_off_the_cpu_with_a_clear_error():
 def test_int8_is_refused_naming_the_valid_precisions_and_why_it_went():
     from stylevar.runtime.inference import PRECISIONS
 
-    assert PRECISIONS == ("fp32", "bf16")
-    with pytest.raises(ValueError, match=r"int8 was removed: .*torchao.* slower than fp32 .*use bf16.*fp32, bf16"):
+    assert PRECISIONS == ("auto", "fp32", "bf16")
+    with pytest.raises(ValueError, match=r"int8 was removed: .*torchao.* slower than fp32 .*use bf16.*, fp32, bf16"):
         InferenceConfig(precision="int8")
-    with pytest.raises(ValueError, match=r"one of fp32, bf16, not 'int4'"):
+    with pytest.raises(ValueError, match=r"one of auto, fp32, bf16, not 'int4'"):
         InferenceConfig(precision="int4")
 
 

@@ -37,7 +37,7 @@ def server(tiny_model_dir, tmp_path_factory):
 def test_the_service_says_where_the_api_and_the_docs_are(server):
     log = server.log_text_once(lambda text: "StyleVAR ready" in text)
     [line] = [line for line in log.splitlines() if line.startswith("StyleVAR ready")]
-    assert line == f"StyleVAR ready (tiny-test): API {server.url}/stylize  docs {server.url}/docs"
+    assert line == f"StyleVAR ready (tiny-test, fp32): API {server.url}/stylize  docs {server.url}/docs"
 
 
 @pytest.mark.slow

@@ -80,7 +80,7 @@ def test_the_ready_line_says_where_everything_is(loaded):
     app, _, ready = loaded
     assert ready.wait(60)
     settings = app.state.service.settings
-    assert ready_line(app, settings) == ("StyleVAR ready (tiny-test): API http://127.0.0.1:8123/stylize  "
+    assert ready_line(app, settings) == ("StyleVAR ready (tiny-test, fp32): API http://127.0.0.1:8123/stylize  "
                                          "docs http://127.0.0.1:8123/docs")
     wide = settings.model_copy(update={"host": "0.0.0.0"})
     assert "API http://127.0.0.1:8123/stylize" in ready_line(app, wide)
