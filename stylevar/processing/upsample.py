@@ -57,18 +57,24 @@ def luminance(img_B3HW: torch.Tensor) -> torch.Tensor:
 
 
 def _box(x_BCHW: torch.Tensor, radius: int) -> torch.Tensor:
-    """Mean over (2r+1) x (2r+1) windows, edges replicated."""
-    k = 2 * radius + 1
-    return F.avg_pool2d(F.pad(x_BCHW, (radius,) * 4, mode="replicate"), k, stride=1)
+    """Mean over (2r+1) x (2r+1) windows, edges replicated: `avg_pool2d`'s sums, term by term in its order (so its
+    very values), a whole plane per term instead of a window per pixel."""
+    k, (H, W) = 2 * radius + 1, x_BCHW.shape[-2:]
+    padded = F.pad(x_BCHW, (radius,) * 4, mode="replicate")
+    total = torch.zeros_like(x_BCHW)
+    for dy in range(k):
+        for dx in range(k):
+            total += padded[..., dy:dy + H, dx:dx + W]
+    return total.div_(k * k)
 
 
 def detail_slopes(drawing_B3hw: torch.Tensor, guide_B1hw: torch.Tensor, radius: int, eps: float) -> torch.Tensor:
     """a_c of the module doc, (B, 3, h, w): each drawing channel's local slope on the guide's luminance."""
-    r = radius
-    mean_i, mean_p = _box(guide_B1hw, r), _box(drawing_B3hw, r)
-    cov = _box(guide_B1hw * drawing_B3hw, r) - mean_i * mean_p
-    var = _box(guide_B1hw * guide_B1hw, r) - mean_i * mean_i
-    return _box(cov / (var.clamp_min(0) + eps), r)
+    i, p = guide_B1hw, drawing_B3hw
+    mean_i, mean_p, mean_ip, mean_ii = _box(torch.cat([i, p, i * p, i * i], 1), radius).split([1, 3, 3, 1], 1)
+    cov = mean_ip - mean_i * mean_p
+    var = mean_ii - mean_i * mean_i
+    return _box(cov / (var.clamp_min(0) + eps), radius)
 
 
 def _axis_weights(n_out: int, n_in: int, device: torch.device
@@ -162,26 +168,24 @@ def upscale(drawing_3SS: torch.Tensor, seen_3SS: torch.Tensor, fit: Fit, content
 
 
 def _strips(low_h7W: torch.Tensor, guide: Image.Image, H: int, step: int) -> Iterator[tuple[int, torch.Tensor]]:
-    """(top row, the result's rows from there as whole levels (3, rows, W), float), `step` rows at a time. Each
-    strip lives in buffers the next one reuses: use it before asking for the next."""
+    """(top row, the result's rows from there as whole levels (rows, 3, W), float), `step` rows at a time. Each
+    strip lives in a buffer the next one reuses: use it before asking for the next."""
     h, C, W = low_h7W.shape
     rows = _Rows.of(H, h, low_h7W.device)
-    low_buf, rgb_buf = low_h7W.new_empty(step, C, W), low_h7W.new_empty(3, step, W)
+    buf_S7W = low_h7W.new_empty(step, C, W)
     for top in range(0, H, step):
-        r = min(H, top + step) - top
-        low_r7W, rgb_3rW = low_buf[:r], rgb_buf[:, :r]
+        low_r7W = buf_S7W[:min(H, top + step) - top]
         _rows_into(low_r7W, low_h7W, rows, top)
         detail_r1W = low_r7W[:, 3:4]
-        detail_r1W[:, 0].add_(_luma(guide.crop((0, top, W, top + r)), low_h7W.device))
-        torch.addcmul(low_r7W[:, 4:], low_r7W[:, :3], detail_r1W, out=rgb_3rW.transpose(0, 1))
-        yield top, rgb_3rW.clamp_(0, 255).round_()
+        detail_r1W[:, 0].add_(_luma(guide.crop((0, top, W, top + len(low_r7W))), low_h7W.device))
+        yield top, low_r7W[:, 4:].addcmul_(low_r7W[:, :3], detail_r1W).clamp_(0, 255).round_()
 
 
 def _pasted(strips: Iterator[tuple[int, torch.Tensor]], size: tuple[int, int]) -> Image.Image:
     """Host strips, each pasted into the result as it comes: beyond the result, one strip at a time."""
     out = Image.new("RGB", size, None)  # every pixel is pasted over
-    for top, strip_3rW in strips:
-        bands = [Image.fromarray(band_rW) for band_rW in strip_3rW.numpy().astype(np.uint8)]
+    for top, strip_r3W in strips:
+        bands = [Image.fromarray(band_rW) for band_rW in np.array(strip_r3W.numpy().transpose(1, 0, 2), np.uint8)]
         out.paste(Image.merge("RGB", bands), (0, top))
     return out
 
@@ -190,8 +194,8 @@ def _gathered(strips: Iterator[tuple[int, torch.Tensor]], size: tuple[int, int],
     """Device strips written into one uint8 result on the device, brought to the host once."""
     W, H = size
     out_HW3 = torch.empty((H, W, 3), dtype=torch.uint8, device=device)
-    for top, strip_3rW in strips:
-        out_HW3[top:top + strip_3rW.shape[1]] = strip_3rW.permute(1, 2, 0)
+    for top, strip_r3W in strips:
+        out_HW3[top:top + len(strip_r3W)] = strip_r3W.transpose(1, 2)
     return Image.fromarray(out_HW3.cpu().numpy(), "RGB")
 
 
