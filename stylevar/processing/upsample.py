@@ -100,37 +100,29 @@ def _widened(x_Chw: torch.Tensor, W: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class _Rows:
-    """The bilinear taps of the result's `H` rows on the `h` model rows, by runs of rows that share both taps."""
-    lo_H: np.ndarray  # lower model row, on the host
-    hi_H: np.ndarray  # upper model row, on the host
-    w_H: torch.Tensor  # upper weight, on the device
-    cuts: tuple[int, ...]  # 0, the first row of each further run, H
+    """The bilinear taps of the result's rows on the model's rows, by runs of rows that share both taps."""
+    starts: list[int]  # each run's first row
+    runs: list[tuple[int, int, int, int]]  # each run's rows [start, stop) and its (lower, upper) model row
+    w_H11: torch.Tensor  # each row's upper weight, on the device
 
     @classmethod
     def of(cls, H: int, h: int, device: torch.device) -> _Rows:
         lo, hi, w = _axis_weights(H, h, torch.device("cpu"))  # on the host: the runs are read without a sync
         lo_H, hi_H = lo.numpy(), hi.numpy()
-        starts = np.flatnonzero((np.diff(lo_H) != 0) | (np.diff(hi_H) != 0)) + 1
-        return cls(lo_H, hi_H, _to_device(w, device), (0, *map(int, starts), H))
-
-    def runs(self, top: int, bottom: int) -> Iterator[tuple[int, int]]:
-        """[start, stop) of each run, cut to the rows [top, bottom)."""
-        first = bisect.bisect_right(self.cuts, top) - 1
-        for start, stop in zip(self.cuts[first:], self.cuts[first + 1:]):
-            if start >= bottom:
-                return
-            yield max(start, top), min(stop, bottom)
+        cuts = [0, *(np.flatnonzero((np.diff(lo_H) != 0) | (np.diff(hi_H) != 0)) + 1).tolist(), H]
+        runs = [(a, b, int(lo_H[a]), int(hi_H[a])) for a, b in zip(cuts[:-1], cuts[1:])]
+        return cls(cuts[:-1], runs, _to_device(w, device).view(H, 1, 1))
 
 
 def _rows_into(out_r7W: torch.Tensor, low_h7W: torch.Tensor, rows: _Rows, top: int) -> None:
     """Rows [top, top + r) of the width-resized `low` resized bilinearly to `H` rows, written into `out`: each run
     one `lerp` of its two model rows, so exactly the values of the whole image."""
-    r, C, W = out_r7W.shape
-    for start, stop in rows.runs(top, top + r):
-        n = stop - start
-        lo, hi = int(rows.lo_H[start]), int(rows.hi_H[start])
-        torch.lerp(low_h7W[lo].expand(n, C, W), low_h7W[hi].expand(n, C, W), rows.w_H[start:stop].view(n, 1, 1),
-                   out=out_r7W[start - top:stop - top])
+    bottom = top + len(out_r7W)
+    for start, stop, lo, hi in rows.runs[bisect.bisect_right(rows.starts, top) - 1:]:
+        if start >= bottom:
+            return
+        start, stop = max(start, top), min(stop, bottom)
+        torch.lerp(low_h7W[lo], low_h7W[hi], rows.w_H11[start:stop], out=out_r7W[start - top:stop - top])
 
 
 def guide_image(content: Image.Image, fit: Fit, size: tuple[int, int]) -> Image.Image:
