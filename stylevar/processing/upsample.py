@@ -7,6 +7,7 @@ out_c = up(p)_c + strength * up(a_c) * (Y_full - up(Y_low)). Computed in strips,
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -110,7 +111,7 @@ class _Rows:
         lo, hi, w = _axis_weights(H, h, torch.device("cpu"))  # on the host: the runs are read without a sync
         lo_H, hi_H = lo.numpy(), hi.numpy()
         cuts = [0, *(np.flatnonzero((np.diff(lo_H) != 0) | (np.diff(hi_H) != 0)) + 1).tolist(), H]
-        runs = [(a, b, int(lo_H[a]), int(hi_H[a])) for a, b in zip(cuts[:-1], cuts[1:])]
+        runs = [(a, b, int(lo_H[a]), int(hi_H[a])) for a, b in itertools.pairwise(cuts)]
         return cls(cuts[:-1], runs, _to_device(w, device).view(H, 1, 1))
 
 

@@ -78,7 +78,8 @@ def test_strips_give_what_one_piece_gives(mode):
     assert whole.shape[:2] == ((187, 301) if mode != "crop" else (187, 187))
 
 
-def reference_guided(drawing: torch.Tensor, seen: torch.Tensor, fit, content: Image.Image, cfg: Upsampling) -> np.ndarray:
+def reference_guided(drawing: torch.Tensor, seen: torch.Tensor, fit, content: Image.Image,
+                     cfg: Upsampling) -> np.ndarray:
     """The module doc's formula the plain way, in float64: the seven low-resolution planes resized at once by
     `F.interpolate`, the whole content's luma, then clamped and rounded."""
     import torch.nn.functional as F
@@ -116,7 +117,7 @@ def test_the_strips_compute_the_plain_formula(mode, size, side):
 def test_the_row_runs_give_the_values_of_one_gather_and_lerp():
     """Each run of rows lerped from its two model rows, cut at any strip boundary, gives bit for bit what gathering
     every row's two model rows and one `lerp` over the whole image gives."""
-    from stylevar.processing.upsample import _axis_weights, _rows_into, _Rows
+    from stylevar.processing.upsample import _axis_weights, _Rows, _rows_into
 
     low_h7W = torch.randn(23, 7, 131, generator=torch.Generator().manual_seed(0)) * 100
     for H in (187, 23, 17):
