@@ -4,7 +4,8 @@ Per stage of one image (the tokenizer encodes, the image encoders, each sampling
 whole `generate` call: FLOPs (FlopCounterMode), median time per image (the models taking turns), and the fraction
 of the dtype's peak, measured in the same run at its start and end (best of a conv, a packed linear and a GEMM).
 The models are prepared copies (`stylevar.runtime.inference.prepare`) of one random-weight model; the row "bf16
-decoder switched" runs the tokenizer's decoder in the other dtype.
+decoder switched" runs the tokenizer's decoder in the other dtype; `--levers` adds the loop's other levers (`LEVERS`)
+and every row's token agreement with fp32, scale by scale.
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ STAGE_PARTS = {"encode_content": "tokenizer_encoder", "encode_style": "tokenizer
                "encoder_content": "image_encoders", "encoder_style": "image_encoders", "loop": "loop",
                "decode": "tokenizer_decoder"}
 ALT = "bf16 decoder switched"  # bf16 with the tokenizer's decoder in the other dtype than bf16_parts' choice
+# rows of --levers: the service's compiled blocks (Inductor), and int8 weights on bf16 activations in the loop
+LEVERS = {"fp32 compiled": frozenset(), "int8 weights": frozenset({"loop"})}
 
 
 def _median_s(fn, repeats: int, warmup: int) -> float:
@@ -160,16 +163,12 @@ def time_models(models: dict, content, style, repeats: int, warmup: int, skip: d
     return {name: {k: statistics.median(v) for k, v in per.items()} for name, per in samples.items()}
 
 
-def build_models(preset: str, precisions: list[str]) -> tuple[object, dict, dict]:
-    """The plain model, its prepared copies by row name, and each row's bf16 parts (with bf16, an `ALT` decoder row)."""
+def build_models(preset: str, precisions: list[str], levers: bool = False) -> tuple[object, dict, dict]:
+    """The plain model, its prepared copies by row name, and each row's bf16 parts (with bf16, an `ALT` decoder row;
+    with ``levers``, the `LEVERS` rows)."""
     from stylevar.config import presets
     from stylevar.pipelines.pipeline import StylePipeline
-    from stylevar.runtime.inference import (
-        InferenceConfig,
-        bf16_parts,
-        cpu_bf16_tiles,
-        prepare,
-    )
+    from stylevar.runtime.inference import InferenceConfig, bf16_parts, cpu_bf16_tiles, prepare
 
     plain = StylePipeline.random(presets(preset), seed=0).model.eval()
     rows = {}
@@ -179,7 +178,57 @@ def build_models(preset: str, precisions: list[str]) -> tuple[object, dict, dict
             rows[ALT] = rows["bf16"] ^ {"tokenizer_decoder"}
     models = {name: prepare(copy.deepcopy(plain), InferenceConfig(precision="fp32" if name == "fp32" else "bf16"),
                             parts=None if name == "fp32" else parts) for name, parts in rows.items()}
+    if levers:
+        models["fp32 compiled"] = prepare(copy.deepcopy(plain), InferenceConfig(precision="fp32", compile=True))
+        models["int8 weights"] = int8_weights(prepare(copy.deepcopy(plain), InferenceConfig(precision="fp32",
+                                                                                          pack_linears=False)))
+        rows.update(LEVERS)
     return plain, models, rows
+
+
+def int8_weights(model):
+    """``model`` (prepared, linears unpacked) with every loop linear holding per-output-channel int8 weights, run on
+    bfloat16 activations (torch's `_weight_int8pack_mm`, what weight-only int8 quantization calls on the CPU)."""
+    import torch
+    from torch import nn
+
+    from stylevar.runtime.inference import replace_linears
+
+    class Int8WeightLinear(nn.Module):
+        def __init__(self, linear: nn.Linear):
+            super().__init__()
+            w_OI = linear.weight.detach().float()
+            scale_O = w_OI.abs().amax(1).clamp_min(1e-12) / 127
+            self.w_OI, self.scale_O = (w_OI / scale_O[:, None]).round().to(torch.int8), scale_O.to(torch.bfloat16)
+            self.bias_O = None if linear.bias is None else linear.bias.detach().float()
+
+        def forward(self, x_BLI: torch.Tensor) -> torch.Tensor:  # float32 out
+            y = torch._weight_int8pack_mm(x_BLI.reshape(-1, x_BLI.shape[-1]).to(torch.bfloat16), self.w_OI,
+                                          self.scale_O).float().reshape(*x_BLI.shape[:-1], -1)
+            return y if self.bias_O is None else y + self.bias_O
+
+    replace_linears(model, Int8WeightLinear)
+    return model
+
+
+def token_agreement(models: dict, size: int, seeds: int) -> dict[str, list[float]]:
+    """Per row but fp32, the fraction of sampled tokens equal to the fp32 row's, scale by scale (same images, seeds)."""
+    import torch
+
+    equal: dict[str, list[int]] = {}
+    total: list[int] = []
+    with torch.inference_mode():
+        for s in range(seeds):
+            g = torch.Generator().manual_seed(1000 + s)
+            content, style = (torch.rand(1, 3, size, size, generator=g) * 2 - 1 for _ in range(2))
+            fp32 = models["fp32"].generate_with_indices(content, style, seed=s).indices
+            total = [t + i.numel() for t, i in zip(total or [0] * len(fp32), fp32)]
+            for name, m in models.items():
+                if name != "fp32":
+                    got = m.generate_with_indices(content, style, seed=s).indices
+                    counts = [int((a == b).sum()) for a, b in zip(fp32, got)]
+                    equal[name] = [e + c for e, c in zip(equal.get(name, [0] * len(fp32)), counts)]
+    return {name: [e / t for e, t in zip(counts, total)] for name, counts in equal.items()}
 
 
 def stage_dtype(stage: str, parts: frozenset[str]) -> str:
@@ -194,7 +243,7 @@ def measure(args) -> dict:
     torch.set_num_threads(args.threads)
     peaks = machine_peaks()
     best = {d: max(k.values()) for d, k in peaks.items()}
-    plain, models, rows = build_models(args.preset, args.precisions)
+    plain, models, rows = build_models(args.preset, args.precisions, args.levers)
     size = plain.tokenizer.cfg.image_size
     out = {"preset": args.preset, "image_size": size, "threads": args.threads, "repeats": args.repeats,
            "load_before": os.getloadavg(), "peak_gflops": peaks, "bf16_parts": {n: sorted(p) for n, p in rows.items()},
@@ -225,6 +274,8 @@ def measure(args) -> dict:
         out["batches"][str(batch)] = table
         if args.json:  # each batch size's figures as soon as they are measured
             args.json.write_text(json.dumps({**out, "load_after": os.getloadavg()}, indent=1))
+    if args.agreement_seeds and "fp32" in models:
+        out["token_agreement_per_scale"] = token_agreement(models, size, args.agreement_seeds)
     rescale_to_peaks(out, machine_peaks())
     out["load_after"] = os.getloadavg()
     return out
@@ -246,6 +297,10 @@ def markdown(out: dict) -> str:
             cells = " | ".join(f"{table[n][stage]['ms']:.1f} | {100 * table[n][stage]['fraction_of_peak']:.1f} "
                                f"({table[n][stage]['dtype']})" for n in names)
             lines.append(f"| {stage} | {first[stage]['gflop']:.3f} | {cells} |")
+    agreement = out.get("token_agreement_per_scale", {})
+    if agreement:
+        lines += ["", "token agreement with fp32, % per scale (coarse to fine)", ""]
+        lines += [f"- {name}: " + ", ".join(f"{100 * a:.1f}" for a in per) for name, per in agreement.items()]
     return "\n".join(lines)
 
 
@@ -258,6 +313,9 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2, help="torch's CPU threads")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds (their median is reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds before the timed ones")
+    p.add_argument("--levers", action="store_true", help="also time the loop's other levers (LEVERS)")
+    p.add_argument("--agreement-seeds", type=int, default=2,
+                   help="images whose sampled tokens each row compares with fp32's, per scale (0: none)")
     p.add_argument("--json", type=Path, help="also write every figure here")
     return p.parse_args(argv)
 

@@ -227,7 +227,7 @@ def precision_of(model) -> PrecisionChoice:
 LOOP_LINEARS = ("attn.q_guide", "attn.kv_target", "attn.proj", "ffn.fc1", "ffn.fc2")
 
 
-def _replace_linears(model, make) -> None:
+def replace_linears(model, make) -> None:
     """Every loop linear of every block, and the head, replaced by ``make(linear)``."""
     for owner, name in [(blk, n) for blk in model.blocks for n in LOOP_LINEARS] + [(model, "head")]:
         parent, _, attr = name.rpartition(".")
@@ -284,7 +284,7 @@ def prepare(model, cfg: InferenceConfig = InferenceConfig(), *, parts: frozenset
         run_bf16(model, parts)
     dtype = torch.bfloat16 if cfg.precision == "bf16" and "loop" in parts else torch.float32
     if on_cpu and cfg.pack_linears and not cfg.compile and packing_available(dtype):
-        _replace_linears(model, lambda lin: PackedLinear(lin, dtype))
+        replace_linears(model, lambda lin: PackedLinear(lin, dtype))
     elif dtype == torch.bfloat16:
         model.blocks.to(dtype)
         model.head.to(dtype)

@@ -35,3 +35,29 @@ def test_tiny_run_reports_every_stage_with_consistent_flops(tmp_path, capsys):
     rows = [line for line in table.splitlines() if line.startswith("| ")]
     assert rows[0].startswith("| peak GFLOP/s") and len(rows) == 3 + 1 + len(models["fp32"])
     assert all(line.count("|") == rows[3].count("|") for line in rows[3:])
+
+
+def test_the_int8_lever_quantizes_every_loop_linear_and_agreement_is_per_scale():
+    import copy
+
+    import torch
+
+    from stylevar.config import presets
+    from stylevar.pipelines.pipeline import StylePipeline
+    from stylevar.runtime.inference import InferenceConfig, prepare
+
+    plain = StylePipeline.random(presets("tiny"), seed=0).model.eval()
+    fp32 = prepare(copy.deepcopy(plain), InferenceConfig(precision="fp32"))
+    int8 = roofline.int8_weights(prepare(copy.deepcopy(plain), InferenceConfig(precision="fp32", pack_linears=False)))
+    fc1 = int8.blocks[0].ffn.fc1
+    assert fc1.w_OI.dtype == torch.int8 and int8.head.w_OI.dtype == torch.int8
+    x = torch.randn(2, 5, fc1.w_OI.shape[1])
+    want = plain.blocks[0].ffn.fc1(x)
+    with torch.no_grad():
+        assert (fc1(x) - want).abs().max() <= 0.02 * want.abs().max()  # int8 weights, bf16 activations
+    size, scales = plain.tokenizer.cfg.image_size, len(plain.cfg.patch_nums)
+    agreement = roofline.token_agreement({"fp32": fp32, "same": prepare(copy.deepcopy(plain), InferenceConfig(precision="fp32")),
+                                          "int8 weights": int8}, size, 1)
+    assert agreement["same"] == [1.0] * scales  # a copy samples what fp32 samples, scale by scale
+    assert len(agreement["int8 weights"]) == scales and all(0 <= a <= 1 for a in agreement["int8 weights"])
+    assert "fp32" not in agreement
