@@ -327,8 +327,7 @@ def measure(cfg: StepBenchConfig) -> dict:
     bundle, ours = build_models(cfg)
     out: dict = {"config": "reference-shaped d8, 160 px, 8 scales (255 tokens), V 4096" if cfg.preset == "reference"
                  else f"preset {cfg.preset}", "threads": cfg.threads, "repeats": cfg.repeats,
-                 "device": cfg.device, "loadavg_before": os.getloadavg(), "bf16_units": native_cpu_bf16(),
-                 "steps": {}}
+                 "device": cfg.device, "loadavg_before": os.getloadavg(), "bf16_units": native_cpu_bf16(), "steps": {}}
     if bundle is not None:
         out["agreement"] = agreement(bundle, ours, cfg)
     for precision in cfg.precisions:

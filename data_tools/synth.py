@@ -154,8 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=0 if args.seed is None else args.seed, val_fraction=args.val_fraction,
     )
     manifest = generate(cfg)
-    print(json.dumps({"manifest": str(manifest), "count": cfg.count,
-                      "seconds": round(time.perf_counter() - start, 2)}))
+    print(json.dumps({"manifest": str(manifest), "count": cfg.count, "seconds": round(time.perf_counter() - start, 2)}))
     return 0
 
 

@@ -159,8 +159,7 @@ class Teacher:
         cfg = self.cfg
         content, style, target, names = self.triplet(i, cfg.size)
         edge = float(edge_correlation(pil_to_tensor(target)[None], pil_to_tensor(content)[None])[0])
-        rec = {"index": i, "id": f"{i:06d}", "edge_corr": round(edge, 4),
-               "sources": names}
+        rec = {"index": i, "id": f"{i:06d}", "edge_corr": round(edge, 4), "sources": names}
         if edge < cfg.min_edge_corr:
             return {**rec, "kept": False}
         from stylevar.utils.atomic import atomic_write_path

@@ -326,8 +326,7 @@ class StyleVARUI:
                     if pairs:
                         with gr.Column(scale=2):
                             gr.Examples(pairs, inputs=[c["content"], c["style"]], label="Examples (content, style)",
-                                        examples_per_page=len(PAINTED_PAIRS), cache_examples=False,
-                                        elem_id="examples")
+                                        examples_per_page=len(PAINTED_PAIRS), cache_examples=False, elem_id="examples")
                 c["status"] = gr.Markdown("", label="Status", elem_id="status")  # the label names the API's output
                 self._outputs(c)
             # a short clip through POST /stylize/video; hidden where video is not installed (the route answers 501)

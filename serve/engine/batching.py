@@ -236,8 +236,7 @@ class Batcher:
             raise StoppedError("the service is shutting down")
         taken = len(self._pending) + self._reserved
         if taken >= self.config.queue_size:
-            raise QueueFullError(f"the queue is full ({self.config.queue_size} jobs waiting)",
-                                 self._retry_after(taken))
+            raise QueueFullError(f"the queue is full ({self.config.queue_size} jobs waiting)", self._retry_after(taken))
         bound = self.config.max_queue_wait_s
         wait = self.estimated_wait_s(taken)
         if bound is not None and wait > bound:
@@ -255,8 +254,7 @@ class Batcher:
                 self._release()
             raise ValueError("a job has at least one row")
         now = self._clock()
-        job = Job(key=key, rows=rows, payload=payload, deadline=now + timeout_s, enqueued_at=now,
-                  request_id=request_id)
+        job = Job(key=key, rows=rows, payload=payload, deadline=now + timeout_s, enqueued_at=now, request_id=request_id)
         with self._cond:
             if admitted:
                 self._reserved -= 1

@@ -187,8 +187,7 @@ def _add_middleware(app: FastAPI, state: ServiceState) -> None:
     app.add_middleware(BeforeBody, check=functools.partial(check_room, state), paths=stylize.PATHS,
                        discard_bytes=settings.max_upload_bytes, stall_s=settings.body_timeout_s)
     # outside the length limit: a keyless request is refused for its key, whatever it declares
-    app.add_middleware(BeforeBody, check=lambda scope: check_key(state, scope, bearer_token(scope)),
-                       paths=UPLOAD_PATHS)
+    app.add_middleware(BeforeBody, check=lambda scope: check_key(state, scope, bearer_token(scope)), paths=UPLOAD_PATHS)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -59,5 +59,4 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMAND = Command("pull", "download a published model from the Hugging Face Hub into a model directory",
-                  add_arguments)
+COMMAND = Command("pull", "download a published model from the Hugging Face Hub into a model directory", add_arguments)

@@ -32,8 +32,7 @@ MODEL_ROW, RAW_ROW, TEACHER_ROW = "model", "transformer alone", "teacher (magent
 
 def score_batch(images: list[Image.Image], size: int = SCORE_SIZE) -> torch.Tensor:
     """(B, 3, size, size) in [0, 1], bicubic."""
-    return torch.stack([pil_to_tensor(im.convert("RGB").resize((size, size), Image.BICUBIC))
-                        for im in images])
+    return torch.stack([pil_to_tensor(im.convert("RGB").resize((size, size), Image.BICUBIC)) for im in images])
 
 
 class Scorer:

@@ -268,8 +268,7 @@ def _time_naive(bench: _Bench) -> dict:
         cond = model.condition(content, style)
         fast = bench.timed(lambda: model.sample_tokens(cond, make_generators(0, 1, device), alpha_K))
         naive = bench.timed(lambda: naive_sample_tokens(model, cond, make_generators(0, 1, device), alpha_K))
-    return {"batch": 1, "naive_ms_per_image": 1000 * naive, "fast_ms_per_image": 1000 * fast,
-            "speedup": naive / fast}
+    return {"batch": 1, "naive_ms_per_image": 1000 * naive, "fast_ms_per_image": 1000 * fast, "speedup": naive / fast}
 
 
 def format_result(res: BenchResult) -> str:

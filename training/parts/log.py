@@ -101,8 +101,7 @@ def read_log(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
 class MetricWindow:
     """The metrics of the steps between two log lines as one record (``last``: newest value, ``summed``: sum)."""
 
-    def __init__(self, env: DistEnv, *, last: Sequence[str] = (), summed: Sequence[str] = (),
-                 over_ranks: bool = True):
+    def __init__(self, env: DistEnv, *, last: Sequence[str] = (), summed: Sequence[str] = (), over_ranks: bool = True):
         self.env, self.last, self.summed, self.over_ranks = env, tuple(last), tuple(summed), over_ranks
         self.rows: list[Mapping[str, float]] = []
         self.steps_per_s = math.nan  # of the last recorded window

@@ -190,8 +190,7 @@ class IterableBatchStream:
     """The :class:`BatchStream` interface over an IterableDataset: each rank starts its next epoch when its share
     runs out; a resume skips the batches consumed (exact when the order depends only on (seed, epoch))."""
 
-    def __init__(self, dataset: IterableDataset, cfg: BatchStreamConfig, env: DistEnv,
-                 num_samples: int | None = None):
+    def __init__(self, dataset: IterableDataset, cfg: BatchStreamConfig, env: DistEnv, num_samples: int | None = None):
         self.dataset, self.cfg, self.env = dataset, cfg, env
         self.micro_batch = micro_batch_size(cfg.global_batch, cfg.grad_accum, env.world_size)
         n = num_samples if num_samples is not None else getattr(dataset, "num_samples", None)
