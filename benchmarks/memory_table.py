@@ -21,7 +21,6 @@ def tokenizer(cfg):
     import torch
 
     from stylevar.models.tokenizer import MultiScaleVQVAE
-
     with torch.device("cpu"):
         return MultiScaleVQVAE(cfg)
 
@@ -33,7 +32,6 @@ def count(preset: str) -> dict[str, float]:
 
     from stylevar.config import presets
     from stylevar.models.transformer import StyleVAR
-
     vq, tr = presets(preset)
     with torch.device("meta"):  # the tokenizer is built for real: its quantizer computes on construction
         model = StyleVAR(tr, tokenizer(vq))
@@ -85,7 +83,6 @@ def table(gpus: int, micro_batch: int) -> str:
 def dtypes() -> tuple:
     """The dtypes the serving tables compare: fp32, bf16."""
     import torch
-
     return torch.float32, torch.bfloat16
 
 
@@ -93,7 +90,6 @@ def serving_table(preset: str = "d20", batches: tuple[int, ...] = SERVING_BATCHE
     """GiB generation's loop holds per batch size (no guidance), fp32 and bf16: KV cache, queries, step, total."""
     from stylevar.config import StyleVARConfig
     from stylevar.runtime.memory import generation_memory
-
     cfg = StyleVARConfig.preset(preset)
     rows = ["| batch | KV cache fp32 | queries fp32 | step fp32 | **total fp32** | KV cache bf16 | queries bf16 | "
             "step bf16 | **total bf16** |", "|---|---|---|---|---|---|---|---|---|"]
@@ -111,7 +107,6 @@ def fitting_table(preset: str = "d20", budgets_gib: tuple[int, ...] = SERVING_BU
     """The most samples whose loop fits in each budget (up to 256), fp32 and bf16, without and with guidance."""
     from stylevar.config import StyleVARConfig
     from stylevar.runtime.memory import max_batch
-
     cfg = StyleVARConfig.preset(preset)
     rows = ["| loop budget | fp32 | bf16 | fp32, guidance | bf16, guidance |", "|---|---|---|---|---|"]
     for budget in budgets_gib:

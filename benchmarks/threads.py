@@ -106,7 +106,6 @@ def _stylizer(method: str, threads: str, model: str | None):
     import torch
 
     from stylevar.pipelines.pipeline import StylePipeline
-
     pipe = StylePipeline.from_pretrained(model, device="cpu", threads=parse_threads(threads))
     if method == "served":
         from stylevar.runtime.inference import InferenceConfig, prepare
@@ -121,7 +120,6 @@ def worker(method: str, threads: str, model: str | None, warmup: int) -> int:
     from PIL import Image
 
     from stylevar.processing.images import scaled_size
-
     stylize, count, runtime = _stylizer(method, threads, model)
     examples = REPO / "stylevar" / "assets" / "examples"
     with Image.open(examples / CONTENT) as im:

@@ -53,7 +53,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from benchmarks import threads  # no torch in this process
     from stylevar.baselines.magenta import TeacherUnavailable, models_dir
-
     try:
         counts, sizes = _ints(args.threads), _ints(args.sizes)
     except ValueError:

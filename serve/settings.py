@@ -22,7 +22,6 @@ RENAMED_THREADS = "STYLEVAR_TORCH_THREADS"  # the setting's name before STYLEVAR
 def demo_model_dir() -> Path:
     """The embedded demo model, `stylevar.loaders.model_dir.DEMO_MODEL_DIR` (imported when first asked for: it loads torch)."""
     from stylevar.loaders.model_dir import DEMO_MODEL_DIR
-
     return DEMO_MODEL_DIR
 
 

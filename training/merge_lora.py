@@ -44,7 +44,6 @@ def merge_command(args: argparse.Namespace) -> int:
     from stylevar.models.state_dict import read_file
     from stylevar.models.tokenizer import MultiScaleVQVAE
     from training.parts.checkpoints import newest_checkpoint
-
     path = newest_checkpoint(args.checkpoint)
     state = read_file(path, what="checkpoint")
     if not isinstance(state, Mapping):

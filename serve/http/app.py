@@ -53,7 +53,6 @@ UiMounter = Callable[[FastAPI, ServeSettings], None]
 # ---- the web UI -----------------------------------------------------------------------------------
 def ui_config(settings: ServeSettings) -> MountConfig:
     from web import MountConfig
-
     return MountConfig(host=settings.host, port=settings.port, path=UI_PATH, api_keys=tuple(settings.api_keys),
                        request_timeout_s=settings.request_timeout_s, max_upload_bytes=settings.max_upload_bytes,
                        blocked=(settings.model_dir,))

@@ -99,7 +99,6 @@ def load_vgg_normalised(path: str | os.PathLike) -> nn.Sequential:
 def load_torchvision_vgg19(path: str | os.PathLike | None = None) -> nn.Sequential:
     """torchvision VGG-19 `features[:21]` (to relu4_1) from the torchvision file."""
     from stylevar.metrics.vgg import load_vgg19_features
-
     return load_vgg19_features(path, upto=RELU4_1_TORCHVISION - 1)
 
 

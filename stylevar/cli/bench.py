@@ -43,7 +43,6 @@ def run(args: argparse.Namespace) -> int:
     from stylevar.loaders import preflight
     from stylevar.utils.atomic import WriteFailedError
     from stylevar.utils.precision import set_matmul_precision
-
     set_matmul_precision()
 
     cfg = bench.BenchConfig(preset=args.preset, device=args.device,

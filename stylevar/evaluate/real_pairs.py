@@ -123,7 +123,6 @@ def evaluate(pipe: StylePipeline, spec: RealPairs, seed: int = 0, grid_path: Pat
     images[MODEL_ROW], seconds[MODEL_ROW] = run_model(pipe, pairs, seed)
     images[RAW_ROW], seconds[RAW_ROW] = run_model(raw_pipeline(pipe), pairs, seed)
     from stylevar.baselines.magenta import MagentaStylizer, TeacherUnavailable
-
     try:
         teacher = MagentaStylizer()
         t0 = time.perf_counter()

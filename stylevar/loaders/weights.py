@@ -151,7 +151,6 @@ def _matches(folder: Path, pattern: str) -> bool:
 def torch_hub_dir() -> Path:
     """torch's hub folder, by torch itself (`torch.hub.get_dir()`: `$TORCH_HOME/hub` unless set_dir was called)."""
     import torch.hub
-
     return Path(torch.hub.get_dir())
 
 
@@ -273,7 +272,6 @@ def _part_url(part: Part, mirror: str | None) -> str:
 def _download(url: str, dest: Path, part: Part, *, progress: bool) -> str:
     """`url` to `dest` (torch's downloader), its sha256 returned; a failed download leaves nothing behind."""
     import torch.hub
-
     dest.parent.mkdir(parents=True, exist_ok=True)
     expected = (part.sha256 or part.sha256_prefix or "").lower() or None
     try:

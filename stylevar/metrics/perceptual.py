@@ -37,7 +37,6 @@ class LPIPSMetric(nn.Module):
         """LPIPS with the ImageNet backbone read from the torchvision file (`vgg16` or `alexnet`)."""
         import lpips
         from torchvision import models
-
         if net not in LPIPS_WEIGHTS:
             raise ValueError(f"LPIPS backbone must be one of {tuple(LPIPS_WEIGHTS)}, not {net!r}")
         path = weights.resolve(LPIPS_WEIGHTS[net]) if backbone is None else Path(backbone)
@@ -84,7 +83,6 @@ def _isolated_torch_hub(hub_dir: Path) -> Iterator[None]:
 def _check_dreamsim_tree(folder: Path) -> None:
     """Check the DINO ViT-B/16 backbone and the DINO head against dreamsim's own ViT definition."""
     from dreamsim.feature_extraction.vision_transformer import DINOHead, vit_base
-
     vit = vit_base(patch_size=16, num_classes=0)  # ~0.3 s on CPU; its init cannot run on the meta device
     with warnings.catch_warnings():  # DINOHead uses the deprecated nn.utils.weight_norm
         warnings.simplefilter("ignore", FutureWarning)
@@ -107,7 +105,6 @@ class DreamSimMetric(nn.Module):
     @classmethod
     def from_weights(cls, folder: str | os.PathLike | None = None, device: str | torch.device = "cpu") -> "DreamSimMetric":
         from dreamsim import dreamsim
-
         folder = weights.resolve("dreamsim") if folder is None else Path(folder)
         _check_dreamsim_tree(folder)
         with _isolated_torch_hub(folder), contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
@@ -144,7 +141,6 @@ class CLIPMetric(nn.Module):
     @classmethod
     def from_weights(cls, path: str | os.PathLike | None = None) -> "CLIPMetric":
         import open_clip
-
         path = weights.resolve("clip") if path is None else Path(path)
         # built empty, checked, then filled: silence open_clip's "initialized randomly" warning meanwhile
         quiet = _DropLogMessage("No pretrained weights loaded")

@@ -119,7 +119,6 @@ class MetricSuite:
                      ) -> dict[str, torch.Tensor]:
         """The pretrained style measures and sharpness (`stylevar.metrics.pretrained_style`)."""
         from stylevar.metrics.pretrained_style import compare, sharpness
-
         out = {}
         if wanted & {"style_cosine", "style_gram"}:
             pretrained = compare(self._models["style"](gen), self._models["style"](style))

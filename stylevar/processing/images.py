@@ -430,7 +430,6 @@ def result_size(fit: Fit, max_side: int | None = None) -> tuple[int, int]:
 def pil_to_tensor(img: Image.Image) -> torch.Tensor:
     """RGB PIL -> (3, H, W) float32 in [0, 1]."""
     import torch
-
     arr = np.asarray(to_rgb(img), dtype=np.uint8).copy()
     return torch.from_numpy(arr).permute(2, 0, 1).float().div_(255.0)
 
@@ -443,5 +442,4 @@ def to_levels(x: torch.Tensor) -> torch.Tensor:
 def tensor_to_pil(x: torch.Tensor) -> Image.Image:
     """(3, H, W) float in [0, 1] -> RGB PIL."""
     import torch
-
     return Image.fromarray(to_levels(x).to(torch.uint8).permute(1, 2, 0).cpu().numpy(), "RGB")

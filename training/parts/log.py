@@ -30,7 +30,6 @@ class RunLogger:
         run.truncate_log(start_step)
         self._file = open(run.log_path, "a")
         from torch.utils.tensorboard import SummaryWriter
-
         self._tb = SummaryWriter(log_dir=str(run.tb), purge_step=start_step + 1 if start_step > 0 else None)
         if progress:
             from tqdm.auto import tqdm
@@ -55,7 +54,6 @@ class RunLogger:
         if not self.env.is_main:
             return
         from tqdm.auto import tqdm
-
         tqdm.write(f"[{self.run.root.name}] {message}", file=sys.stderr)
 
     def advance(self, step: int, postfix: Mapping[str, Any] | None = None) -> None:
