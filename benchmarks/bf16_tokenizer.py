@@ -65,7 +65,6 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path, help="also write every figure here")
     args = p.parse_args(argv)
     import torch
-
     from stylevar.pipelines.pipeline import StylePipeline
     torch.set_num_threads(args.threads)
     demo = args.model == "demo"

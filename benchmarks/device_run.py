@@ -156,7 +156,6 @@ def nvidia_smi(*query: str) -> list[str]:
 def environment(cfg: DeviceRunConfig) -> dict:
     """The machine: GPU, driver, torch and its CUDA, and why CUDA is unusable when a GPU is present but unused."""
     import torch
-
     from stylevar.utils.devices import cuda_unusable_reason, driver_version
     out = {"python": platform.python_version(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
            "torch": torch.__version__, "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
@@ -176,7 +175,6 @@ def environment(cfg: DeviceRunConfig) -> dict:
 def _golden_models():
     """The reference's small configuration with its seeded weights (tests/reference.py) and golden outputs."""
     import torch
-
     from stylevar.config import StyleVARConfig, VQVAEConfig
     from stylevar.loaders.convert import load_stylevar, load_vqvae
     from tests import reference
@@ -217,7 +215,6 @@ def golden(cfg: DeviceRunConfig) -> dict:
 def dynamo_counters() -> dict:
     """torch._dynamo's counters as plain dicts: graphs made, frames, graph breaks, recompile-limit hits."""
     from torch._dynamo.utils import counters
-
     from stylevar.runtime.compile import recompile_limit_hits
     raw = {group: {str(k): v for k, v in c.items()} for group, c in counters.items() if c}
     return {"graphs": raw.get("stats", {}).get("unique_graphs", 0), "recompile_limit_hits": recompile_limit_hits(),
@@ -227,7 +224,6 @@ def dynamo_counters() -> dict:
 def generation(cfg: DeviceRunConfig, compiled: bool) -> dict:
     """`stylevar bench` at each batch size; compiled, also torch._dynamo's graphs and recompile-limit hits."""
     from torch._dynamo.utils import counters
-
     from stylevar.runtime.bench import BenchConfig, run
     peak = peak_tflops(gpu_name(cfg.device) or "")
     bench = BenchConfig(preset=cfg.preset, device=cfg.device, batch_sizes=cfg.batch_sizes, repeats=cfg.repeats,

@@ -19,7 +19,6 @@ SERVING_BUDGETS_GIB = (16, 40, 64, 110)
 @functools.lru_cache
 def tokenizer(cfg):
     import torch
-
     from stylevar.models.tokenizer import MultiScaleVQVAE
     with torch.device("cpu"):
         return MultiScaleVQVAE(cfg)
@@ -29,7 +28,6 @@ def count(preset: str) -> dict[str, float]:
     """Exact parameter counts: P trainable (all but the tokenizer), P_t the frozen tokenizer, P_blk the largest block,
     P_root the trainable parameters outside the blocks (embeddings, image encoders, head)."""
     import torch
-
     from stylevar.config import presets
     from stylevar.models.transformer import StyleVAR
     vq, tr = presets(preset)

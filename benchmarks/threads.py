@@ -104,7 +104,6 @@ def _stylizer(method: str, threads: str, model: str | None):
         return (lambda content, style, seed: peer(content, style)), int(threads), \
             f"onnxruntime {onnxruntime.__version__}"
     import torch
-
     from stylevar.pipelines.pipeline import StylePipeline
     pipe = StylePipeline.from_pretrained(model, device="cpu", threads=parse_threads(threads))
     if method == "served":
@@ -118,7 +117,6 @@ def _stylizer(method: str, threads: str, model: str | None):
 def worker(method: str, threads: str, model: str | None, warmup: int) -> int:
     """The worker subprocess: "ready", then per "run N SIZE" line the seconds of N images; "quit" ends it."""
     from PIL import Image
-
     from stylevar.processing.images import scaled_size
     stylize, count, runtime = _stylizer(method, threads, model)
     examples = REPO / "stylevar" / "assets" / "examples"

@@ -198,7 +198,6 @@ def build_models(cfg: StepBenchConfig):
     """(reference bundle or None, our model): identical weights when the reference is built."""
     from benchmarks.reference import reference_shaped, reference_weights
     from stylevar.config import presets
-
     from stylevar.pipelines.pipeline import StylePipeline
     if not cfg.reference:
         shapes = reference_shaped() if cfg.preset == "reference" else presets(cfg.preset)

@@ -59,11 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("serve")
 
     import uvicorn
-
     from stylevar.loaders.hub import HubError, is_hub_id
     from stylevar.loaders.model_dir import ModelDirError
     from stylevar.loaders.pull import resolve_model
-
     from serve.http.app import create_app, load_runners
     from serve.http.connections import ConnectionPolicy, bounded_protocol
     from serve.http.drain import DrainingServer

@@ -34,7 +34,6 @@ COMMAND = Command("merge-lora", "bake the LoRA adapters of a GRPO checkpoint int
 
 def merge_command(args: argparse.Namespace) -> int:
     import torch  # here, not at the top: `stylevar --help` imports this module for COMMAND
-
     from stylevar.loaders.convert import load_stylevar, load_vqvae, read_state
     from stylevar.models.state_dict import CheckpointError
     from stylevar.models.lora import LoRAConfig

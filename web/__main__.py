@@ -30,7 +30,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     import uvicorn
-
     from web.mount import standalone_app
     from web.ui import UIConfig
     app = standalone_app(UIConfig(api_url=args.api, api_key=args.api_key, timeout_s=args.timeout))

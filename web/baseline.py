@@ -82,7 +82,6 @@ class AdaINBaseline:
 
     def stylize(self, content_path: str, style_path: str, alpha: float = 1.0) -> Image.Image:
         import torch
-
         from stylevar.processing.images import pil_to_tensor, tensor_to_pil
         cfg = self.config
         content, style = (_cap(decoded(path, cfg), cfg.max_side) for path in (content_path, style_path))

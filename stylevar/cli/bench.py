@@ -38,7 +38,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
-
     from stylevar.runtime import bench
     from stylevar.loaders import preflight
     from stylevar.utils.atomic import WriteFailedError

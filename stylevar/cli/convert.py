@@ -34,7 +34,6 @@ def run(args: argparse.Namespace) -> int:
     preflight.output_folder(args.out, "--out folder")
 
     import torch  # the checks are done: from here on the work
-
     from stylevar.loaders.convert import load_stylevar, load_vqvae
     from stylevar.config import StyleVARConfig, VQVAEConfig, presets
     from stylevar.pipelines.pipeline import StylePipeline

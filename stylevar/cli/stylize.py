@@ -144,7 +144,6 @@ class StylizeJob:
 def content_files(spec: str) -> tuple[list[Path], bool]:
     """CONTENT -> (files, many): an existing file, a folder's files (sorted, hidden ones left out) or a glob's."""
     import glob
-
     from stylevar.loaders import preflight
     p = Path(spec)
     if p.is_dir():
@@ -406,7 +405,6 @@ class VideoJob:
 def check_video(args: argparse.Namespace) -> VideoJob:
     """Every check of a video job (InputError, one line): the clip's header, the styles, the output .mp4."""
     import os
-
     from stylevar.loaders import preflight
     from stylevar.processing.video import VideoError, probe
     content = preflight.input_file(args.content, "content video")
@@ -431,7 +429,6 @@ def check_video(args: argparse.Namespace) -> VideoJob:
 
 def _stylize_video(args: argparse.Namespace) -> int:
     from tqdm import tqdm
-
     from stylevar.loaders import preflight
     from stylevar.utils.atomic import WriteFailedError
     from stylevar.processing.video import VideoError
