@@ -1,5 +1,4 @@
-"""The methods `stylevar evaluate` compares: StyleVAR model directories (or hub ids), AdaIN, Reinhard and
-Magenta."""
+"""The methods `stylevar evaluate` compares: StyleVAR model directories (or hub ids), AdaIN, Reinhard and Magenta."""
 from __future__ import annotations
 
 from dataclasses import dataclass

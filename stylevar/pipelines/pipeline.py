@@ -314,12 +314,11 @@ class StylePipeline:
                        style_masks: Sequence[Image.Image] | None = None, max_side: int | None = None,
                        request: StylizeRequest | None = None, **options: Any) -> Iterator[Image.Image]:
         """Re-draw a clip's frames (consumed ``batch_size`` at a time, in order) in the style of ``style``; each
-        result's ``info`` keeps its frame's ``time_s`` and ``index``. ``options``: `__call__`'s but
-        ``num_samples`` (or a `StylizeRequest` built already as ``request``). ``temporal``
-        (`stylevar.pipelines.coherence`): ``independent`` (frame i: seed + i), ``same-seed`` (every frame the seed),
-        ``coherent`` (the draws follow the content's motion, on a canvas that moves with it), ``coherent-reuse``
-        (and all but the finest scale's tokens kept where the content did not change), or a
-        `stylevar.pipelines.coherence.Coherence`."""
+        result's ``info`` keeps its frame's ``time_s`` and ``index``. ``options``: `__call__`'s but ``num_samples`` (or
+        a `StylizeRequest` built already as ``request``). ``temporal`` (`stylevar.pipelines.coherence`): ``independent``
+        (frame i: seed + i), ``same-seed`` (every frame the seed), ``coherent`` (the draws follow the content's motion,
+        on a canvas that moves with it), ``coherent-reuse`` (and all but the finest scale's tokens kept where the
+        content did not change), or a `stylevar.pipelines.coherence.Coherence`."""
         if request is None:
             request = self.request("stylize_frames", options, without=IMAGE_ONLY)
         elif options:
