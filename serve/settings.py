@@ -25,12 +25,6 @@ def demo_model_dir() -> Path:
     return DEMO_MODEL_DIR
 
 
-def _split_commas(value: object) -> object:
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    return value
-
-
 def env_name(field: str) -> str:
     """The environment variable of a setting: ``model_dir`` -> ``STYLEVAR_MODEL_DIR``."""
     return f"{ServeSettings.model_config['env_prefix']}{field.upper()}"
@@ -119,7 +113,7 @@ class ServeSettings(BaseSettings):
     @field_validator("device", "api_keys", "cors_origins", mode="before")
     @classmethod
     def _lists_from_commas(cls, value: object) -> object:
-        return _split_commas(value)
+        return [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value
 
     @field_validator("threads", mode="before")
     @classmethod
