@@ -4,10 +4,9 @@
     python -m benchmarks.device_run OUTDIR --device cpu --preset tiny --batch-sizes 1,2 --requests 4 \\
         --serve-seconds 2 --compile-backend eager                                  # the CPU dry run (the tests')
 
-Each stage of STAGES runs in a child process of its own with a share of `--budget-s` (past it, the stage and all it
-started are killed and recorded `timed_out`; a failing stage records its error; the run goes on), writing
-OUTDIR/<stage>.json and .log; OUTDIR/device_run.json gathers them. Exit status 0 when every stage is `ok`.
-"""
+Each stage of STAGES runs in its own child process with a share of `--budget-s` (past it, the stage and all it started
+are killed, `timed_out`; a failing stage records its error and the run goes on), writing OUTDIR/<stage>.json and .log,
+gathered in OUTDIR/device_run.json. Exit status 0 when every stage is `ok`."""
 from __future__ import annotations
 
 import argparse

@@ -1,12 +1,11 @@
-"""Torch's CPU threads on an idle and on a busy machine: seconds per image of the demo pipeline under each thread
-policy (`stylevar.utils.threads`), alone and beside another process's busy loop, in one run.
+"""Torch's CPU threads on an idle and a busy machine: seconds per image of the demo pipeline under each thread policy
+(`stylevar.utils.threads`), alone and beside another process's busy loop.
 
     python -m benchmarks.threads [--policies torch,available,available+passive,spare-one+passive,one]
         [--loads idle,busy] [--rounds 8] [--per-turn 3] [--warmup 2] [--size 512] [--out benchmarks/results/threads.json]
 
 Each candidate runs in a worker subprocess of its own (its thread environment set before it imports torch); the
-workers take turns, per load and size, in an order that rotates every round. `benchmarks.versus_peer` uses the same.
-"""
+workers take turns, per load and size, in an order that rotates every round. `benchmarks.versus_peer` uses the same."""
 from __future__ import annotations
 
 import argparse
