@@ -122,13 +122,8 @@ class AdaIN(nn.Module):
         return LABELS[self.encoder_kind]
 
     @classmethod
-    def from_files(
-        cls,
-        decoder: str | os.PathLike,
-        encoder: str | os.PathLike = "torchvision",
-        *,
-        torchvision_weights: str | os.PathLike | None = None,
-    ) -> "AdaIN":
+    def from_files(cls, decoder: str | os.PathLike, encoder: str | os.PathLike = "torchvision", *,
+                   torchvision_weights: str | os.PathLike | None = None) -> "AdaIN":
         """`encoder`: a path to `vgg_normalised.pth`, or "torchvision" (the paper's evaluation setting)."""
         if isinstance(encoder, str) and encoder == "torchvision":
             return cls(load_torchvision_vgg19(torchvision_weights), load_decoder(decoder), "torchvision")

@@ -37,12 +37,10 @@ class MissingWeightError(CodedError, FileNotFoundError):
         where = "\n".join(f"  - {p}" for p in searched)
         how = f"fetch it (needs internet) with:\n  {FETCH_COMMAND.format(name=weight.name)}"
         extra = f" ({detail})" if detail else ""
-        super().__init__(
-            f"missing weight {weight.name!r}: {weight.filename}{extra}\n"
-            f"looked for it at:\n{where}\n{how}\n"
-            f"(or place the file yourself at {weight.manual_path()}; "
-            f"STYLEVAR_HOME / TORCH_HOME / HF_HUB_CACHE move the caches)"
-        )
+        super().__init__(f"missing weight {weight.name!r}: {weight.filename}{extra}\n"
+                         f"looked for it at:\n{where}\n{how}\n"
+                         f"(or place the file yourself at {weight.manual_path()}; "
+                         f"STYLEVAR_HOME / TORCH_HOME / HF_HUB_CACHE move the caches)")
 
 
 class ChecksumError(ValueError):

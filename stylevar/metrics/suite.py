@@ -127,13 +127,8 @@ class MetricSuite:
             out["sharpness"] = sharpness(gen, content)
         return {k: v for k, v in out.items() if k in wanted}
 
-    def __call__(
-        self,
-        generated: torch.Tensor,
-        content: torch.Tensor,
-        style: torch.Tensor,
-        target: torch.Tensor | None = None,
-    ) -> dict[str, torch.Tensor]:
+    def __call__(self, generated: torch.Tensor, content: torch.Tensor, style: torch.Tensor,
+                 target: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """{metric: (B,) float32 CPU tensor} for the metrics in `self.metrics` (in that order)."""
         size = self.image_size
         gen = prepare(generated, "generated", size)

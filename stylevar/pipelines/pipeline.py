@@ -204,18 +204,11 @@ class StylePipeline:
         return [upscale(img, seen, fit, c, side, up)
                 for img, seen, fit, c, side in zip(drawn.images, drawn.seen, drawn.fits, contents, max_sides)]
 
-    def draw(
-        self,
-        contents: Sequence[Image.Image],
-        styles: Sequence[Image.Image | StyleMix],
-        *,
-        seeds: Sequence[int] | int | Callable | None = None,
-        resize: ResizeMode = "stretch",
-        on_scale: Callable[[int, torch.Tensor], None] | None = None,
-        condition: Callable[[torch.Tensor, torch.Tensor | StyleBlend, bool], Condition] | None = None,
-        generation: GenerationConfig | None = None,
-        **gen_kwargs,
-    ) -> Drawings:
+    def draw(self, contents: Sequence[Image.Image], styles: Sequence[Image.Image | StyleMix], *,
+             seeds: Sequence[int] | int | Callable | None = None, resize: ResizeMode = "stretch",
+             on_scale: Callable[[int, torch.Tensor], None] | None = None,
+             condition: Callable[[torch.Tensor, torch.Tensor | StyleBlend, bool], Condition] | None = None,
+             generation: GenerationConfig | None = None, **gen_kwargs) -> Drawings:
         """The model's drawings at its own resolution (one `generate` call, then palette and refinement).
 
         A row's style is one image or a `StyleMix`. ``generation``: the resolved settings, else ``gen_kwargs``

@@ -78,15 +78,9 @@ def load_image(source: str | os.PathLike | bytes | Image.Image, **limits) -> Ima
     return decode_image(source, **limits).image
 
 
-def decode_image(
-    source: str | os.PathLike | bytes | Image.Image,
-    *,
-    max_pixels: int | None = DEFAULT_MAX_PIXELS,
-    formats: tuple[str, ...] | None = None,
-    max_side: int | None = None,
-    max_whole_pixels: int | None = None,
-    timeout_s: float | None = None,
-) -> Decoded:
+def decode_image(source: str | os.PathLike | bytes | Image.Image, *, max_pixels: int | None = DEFAULT_MAX_PIXELS,
+                 formats: tuple[str, ...] | None = None, max_side: int | None = None,
+                 max_whole_pixels: int | None = None, timeout_s: float | None = None) -> Decoded:
     """Decode an image to 8-bit RGB, EXIF orientation applied (an MPO: its primary picture). Every failure is an
     `ImageError` naming the file (a missing one stays `FileNotFoundError`); sizes are checked from the header first;
     `formats` (e.g. `ACCEPTED_FORMATS`) limits which decoders see the bytes.

@@ -157,15 +157,8 @@ class _Entry:
 class TripletDataset(Dataset):
     """Map-style triplets from one or more manifests (use with DistributedSampler for exact resume)."""
 
-    def __init__(
-        self,
-        manifests: str | Path | Sequence[str | Path],
-        split: str | None = "train",
-        image_size: int = 256,
-        augment: AugmentConfig | None = None,
-        seed: int = 0,
-        max_skips: int = 100,
-    ) -> None:
+    def __init__(self, manifests: str | Path | Sequence[str | Path], split: str | None = "train", image_size: int = 256,
+                 augment: AugmentConfig | None = None, seed: int = 0, max_skips: int = 100) -> None:
         paths = [manifests] if isinstance(manifests, (str, Path)) else list(manifests)
         if not paths:
             raise ValueError("no manifest given")
@@ -224,10 +217,8 @@ class TripletDataset(Dataset):
             item: dict = self.transform(loaded, index, self.epoch)
             item.update(id=entry.id, index=index, skipped=passed)
             return item
-        raise RuntimeError(
-            f"{len(passed)} consecutive entries from index {index} have unusable images "
-            f"(first: {passed[0]}: {self.skipped.get(passed[0])}); check the data"
-        )
+        raise RuntimeError(f"{len(passed)} consecutive entries from index {index} have unusable images "
+                           f"(first: {passed[0]}: {self.skipped.get(passed[0])}); check the data")
 
 
 class ShardTripletDataset(IterableDataset):
