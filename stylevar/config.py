@@ -93,13 +93,9 @@ class VQVAEConfig(Serializable):
     @classmethod
     def from_reference(cls, d: dict[str, Any]) -> "VQVAEConfig":
         """From the fields of a reference config.json (patch_nums, V, Cvae, ch, share_quant_resi)."""
-        return cls(
-            vocab_size=int(d["V"]),
-            z_channels=int(d["Cvae"]),
-            ch=int(d["ch"]),
-            patch_nums=tuple(int(p) for p in d["patch_nums"]),
-            share_quant_resi=int(d.get("share_quant_resi", 4)),
-        )
+        return cls(vocab_size=int(d["V"]), z_channels=int(d["Cvae"]), ch=int(d["ch"]),
+                   patch_nums=tuple(int(p) for p in d["patch_nums"]),
+                   share_quant_resi=int(d.get("share_quant_resi", 4)))
 
 
 @dataclass(frozen=True)

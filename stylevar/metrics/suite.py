@@ -36,16 +36,9 @@ class MetricSuite:
     to `image_size` first; models load on first use. With `allow_missing=True`, metrics whose weights are absent
     are left out (`skipped`: name -> `MissingWeightError`); otherwise construction raises the first."""
 
-    def __init__(
-        self,
-        metrics: Sequence[str] = defs.PAPER_METRICS,
-        *,
-        device: str | torch.device | None = None,
-        lpips_net: str = "vgg",
-        batch_size: int = 16,
-        allow_missing: bool = False,
-        image_size: int = IMAGE_SIZE,
-    ):
+    def __init__(self, metrics: Sequence[str] = defs.PAPER_METRICS, *, device: str | torch.device | None = None,
+                 lpips_net: str = "vgg", batch_size: int = 16, allow_missing: bool = False,
+                 image_size: int = IMAGE_SIZE):
         self.requested = tuple(dict.fromkeys(defs.get(m).name for m in metrics))
         if not self.requested:
             raise ValueError("MetricSuite needs at least one metric")
@@ -148,16 +141,9 @@ class MetricSuite:
         return {m: torch.cat(chunks[m]) for m in self.metrics}
 
 
-def compute(
-    name: str,
-    generated: torch.Tensor,
-    content: torch.Tensor,
-    style: torch.Tensor,
-    target: torch.Tensor | None = None,
-    *,
-    device: str | torch.device | None = None,
-    lpips_net: str = "vgg",
-) -> torch.Tensor:
+def compute(name: str, generated: torch.Tensor, content: torch.Tensor, style: torch.Tensor,
+            target: torch.Tensor | None = None, *, device: str | torch.device | None = None,
+            lpips_net: str = "vgg") -> torch.Tensor:
     """One metric per image: (B,). With `target` the pairwise metrics compare to it, else to `content`."""
     suite = MetricSuite((name,), device=device, lpips_net=lpips_net)
     return suite(generated, content, style, target)[name]

@@ -181,15 +181,9 @@ class StylePipeline:
                 for m, c in zip(mixes, contents)]).to(self.device)
         return StyleBlend(styles, weights, masks)
 
-    def stylize_batch(
-        self,
-        contents: Sequence[Image.Image],
-        styles: Sequence[Image.Image | StyleMix],
-        *,
-        max_side: int | None = None,
-        upsample: UpsampleMode | None = None,
-        **draw_kwargs,
-    ) -> list[Image.Image]:
+    def stylize_batch(self, contents: Sequence[Image.Image], styles: Sequence[Image.Image | StyleMix], *,
+                      max_side: int | None = None, upsample: UpsampleMode | None = None,
+                      **draw_kwargs) -> list[Image.Image]:
         """One `generate` call for a batch (`draw`); each result has its content's aspect ratio (see `unfit`),
         its long side at most ``max_side``. ``upsample``: how the drawing reaches the result's size
         (`stylevar.processing.upsample`; None: the model's setting)."""

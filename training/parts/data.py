@@ -225,16 +225,9 @@ class ShardTripletDataset(IterableDataset):
     """Iterable triplets from `data_tools.shards` shards, split over ranks and workers, shuffled by (seed, epoch);
     resume is per epoch (`set_epoch`): `TripletDataset` resumes exactly."""
 
-    def __init__(
-        self,
-        urls: Sequence[str | Path],
-        split: str | None = "train",
-        image_size: int = 256,
-        augment: AugmentConfig | None = None,
-        seed: int = 0,
-        shuffle: bool = False,
-        shuffle_buffer: int = 1000,
-    ) -> None:
+    def __init__(self, urls: Sequence[str | Path], split: str | None = "train", image_size: int = 256,
+                 augment: AugmentConfig | None = None, seed: int = 0, shuffle: bool = False,
+                 shuffle_buffer: int = 1000) -> None:
         self.urls = [str(u) for u in urls]
         if not self.urls:
             raise ValueError("no shards given")
@@ -341,15 +334,9 @@ def _resolve(path: str, split: str | None) -> tuple[str, list[str]]:
     raise FileNotFoundError(f"manifest or shards not found: {path}")
 
 
-def open_triplets(
-    paths: Sequence[str | Path] | str | Path,
-    split: str | None = "train",
-    image_size: int = 256,
-    augment: AugmentConfig | None = None,
-    *,
-    seed: int = 0,
-    shuffle: bool = False,
-) -> TripletDataset | ShardTripletDataset:
+def open_triplets(paths: Sequence[str | Path] | str | Path, split: str | None = "train", image_size: int = 256,
+                  augment: AugmentConfig | None = None, *, seed: int = 0,
+                  shuffle: bool = False) -> TripletDataset | ShardTripletDataset:
     """One dataset from manifests (map-style) or from shards (iterable); mixing the two is an error."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
