@@ -45,9 +45,7 @@ class MetricSuite:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.device = torch.device(device) if device is not None else torch.device("cpu")
-        self.lpips_net = lpips_net
-        self.batch_size = batch_size
-        self.image_size = image_size
+        self.lpips_net, self.batch_size, self.image_size = lpips_net, batch_size, image_size
         self.skipped: dict[str, weights.MissingWeightError] = {}
         for name in self.requested:
             gone = weights.missing(defs.weights_for(name, lpips_net))

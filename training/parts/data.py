@@ -236,9 +236,7 @@ class ShardTripletDataset(IterableDataset):
                 raise FileNotFoundError(f"shard not found: {u}")
         self.split = split
         self.transform = TripletTransform(image_size, augment, seed)
-        self.seed = seed
-        self.shuffle = shuffle
-        self.shuffle_buffer = shuffle_buffer
+        self.seed, self.shuffle, self.shuffle_buffer = seed, shuffle, shuffle_buffer
         self.epoch = 0
         self.skipped: dict[str, str] = {}  # "<shard>:<member>" -> reason
         self.num_samples = _count_from_summary(self.urls, split)
