@@ -27,11 +27,15 @@ DREAMSIM_SIZE = 224
 CLIP_SIZE = 224
 
 
-class LPIPSMetric(nn.Module):
+class _NetworkMetric(nn.Module):
+    """A metric computed by one network, `model`."""
+
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
 
+
+class LPIPSMetric(_NetworkMetric):
     @classmethod
     def from_weights(cls, net: LpipsNet = "vgg", backbone: str | os.PathLike | None = None) -> "LPIPSMetric":
         """LPIPS with the ImageNet backbone read from the torchvision file (`vgg16` or `alexnet`)."""
@@ -97,11 +101,7 @@ def _check_dreamsim_tree(folder: Path) -> None:
         raise WeightMismatchError(source, ["module.head.last_layer.weight"], [], [])
 
 
-class DreamSimMetric(nn.Module):
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
+class DreamSimMetric(_NetworkMetric):
     @classmethod
     def from_weights(cls, folder: str | os.PathLike | None = None, device: str | torch.device = "cpu") -> "DreamSimMetric":
         from dreamsim import dreamsim
@@ -116,9 +116,8 @@ class DreamSimMetric(nn.Module):
 
     @torch.no_grad()
     def forward(self, a_B3HW: torch.Tensor, b_B3HW: torch.Tensor) -> torch.Tensor:
-        size = (DREAMSIM_SIZE, DREAMSIM_SIZE)
-        a = F.interpolate(a_B3HW, size=size, mode="bilinear", align_corners=False)
-        b = F.interpolate(b_B3HW, size=size, mode="bilinear", align_corners=False)
+        a, b = (F.interpolate(x, size=(DREAMSIM_SIZE,) * 2, mode="bilinear", align_corners=False)
+                for x in (a_B3HW, b_B3HW))
         return self.model(a, b).reshape(-1)
 
 
@@ -131,10 +130,9 @@ class _DropLogMessage(logging.Filter):
         return self.text not in record.getMessage()
 
 
-class CLIPMetric(nn.Module):
+class CLIPMetric(_NetworkMetric):
     def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
+        super().__init__(model)
         self.register_buffer("mean", torch.tensor(CLIP_MEAN).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(CLIP_STD).view(1, 3, 1, 1), persistent=False)
 
