@@ -1,11 +1,11 @@
 """Soak: ordinary traffic from a pool of clients while hostile requests run beside it (loopback only, bounded).
 
-    python -m benchmarks.soak [--seconds 600] [--clients 4] [--max-requests 20000] [--skip P,...] [--model DIR] [--json OUT]
+    python -m benchmarks.soak [--seconds 600] [--clients 4] [--max-requests 20000] [--skip PROBE,...] [--model DIR]
+                              [--json OUT]
 
 Starts `python -m serve` on the model (default: the demo model), sends `POST /stylize` from `--clients` clients while
 the probes of `benchmarks.hostile` run from other loopback addresses, and reports the success rate and p50/p99, the
-probes' statuses, every 5xx, peak RSS, file descriptors and temporary files before and after, tracebacks in the log.
-"""
+probes' statuses, every 5xx, peak RSS, file descriptors and temporary files before and after, tracebacks in the log."""
 from __future__ import annotations
 
 import argparse
