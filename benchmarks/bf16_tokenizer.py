@@ -19,7 +19,6 @@ def example_images(size: int):
     import numpy as np
     import torch
     from PIL import Image, ImageOps
-
     paths = sorted(p for p in EXAMPLES.iterdir() if p.name.startswith(("photo_", "painting_")))
     arrays = [np.asarray(ImageOps.fit(Image.open(p).convert("RGB"), (size, size))) for p in paths]
     return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).float().div(127.5).sub(1)
@@ -28,7 +27,6 @@ def example_images(size: int):
 def variants(model):
     """Prepared bf16 copies of ``model``, each with one tokenizer setting, by name."""
     from stylevar.runtime.inference import InferenceConfig, prepare
-
     settings = {"encoder": {"tokenizer_encoder"}, "decoder": {"tokenizer_decoder"}}
     out = {name: prepare(copy.deepcopy(model), InferenceConfig(precision="bf16"), parts=frozenset(parts))
            for name, parts in settings.items()}
@@ -67,9 +65,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path, help="also write every figure here")
     args = p.parse_args(argv)
     import torch
-
     from stylevar.pipelines.pipeline import StylePipeline
-
     torch.set_num_threads(args.threads)
     demo = args.model == "demo"
     pipe = StylePipeline.from_pretrained(threads="torch") if demo else StylePipeline.random(args.model, seed=0)

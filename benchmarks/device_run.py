@@ -4,10 +4,9 @@
     python -m benchmarks.device_run OUTDIR --device cpu --preset tiny --batch-sizes 1,2 --requests 4 \\
         --serve-seconds 2 --compile-backend eager                                  # the CPU dry run (the tests')
 
-Each stage of STAGES runs in a child process of its own with a share of `--budget-s` (past it, the stage and all it
-started are killed and recorded `timed_out`; a failing stage records its error; the run goes on), writing
-OUTDIR/<stage>.json and .log; OUTDIR/device_run.json gathers them. Exit status 0 when every stage is `ok`.
-"""
+Each stage of STAGES runs in its own child process with a share of `--budget-s` (past it, the stage and all it started
+are killed, `timed_out`; a failing stage records its error and the run goes on), writing OUTDIR/<stage>.json and .log,
+gathered in OUTDIR/device_run.json. Exit status 0 when every stage is `ok`."""
 from __future__ import annotations
 
 import argparse
@@ -141,7 +140,6 @@ def say(line: str) -> None:
 
 def gpu_name(device: str) -> str | None:
     import torch
-
     return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else None
 
 
@@ -157,9 +155,7 @@ def nvidia_smi(*query: str) -> list[str]:
 def environment(cfg: DeviceRunConfig) -> dict:
     """The machine: GPU, driver, torch and its CUDA, and why CUDA is unusable when a GPU is present but unused."""
     import torch
-
     from stylevar.utils.devices import cuda_unusable_reason, driver_version
-
     out = {"python": platform.python_version(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
            "torch": torch.__version__, "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
@@ -178,11 +174,9 @@ def environment(cfg: DeviceRunConfig) -> dict:
 def _golden_models():
     """The reference's small configuration with its seeded weights (tests/reference.py) and golden outputs."""
     import torch
-
     from stylevar.config import StyleVARConfig, VQVAEConfig
     from stylevar.loaders.convert import load_stylevar, load_vqvae
     from tests import reference
-
     root = reference.reference_dir()
     folder, ref_cfg = root / "golden_small", reference.read_config(root)
 
@@ -198,7 +192,6 @@ def _golden_models():
 def golden(cfg: DeviceRunConfig) -> dict:
     """The reference's golden tokens, logits and reconstruction recomputed on the device in strict fp32."""
     import torch
-
     device = torch.device(cfg.device)  # strict fp32: the stage's process set no TF32 (benchmarks.device_run)
     vq, model, data = _golden_models()
     vq, model = vq.to(device).eval(), model.to(device).eval()
@@ -221,9 +214,7 @@ def golden(cfg: DeviceRunConfig) -> dict:
 def dynamo_counters() -> dict:
     """torch._dynamo's counters as plain dicts: graphs made, frames, graph breaks, recompile-limit hits."""
     from torch._dynamo.utils import counters
-
     from stylevar.runtime.compile import recompile_limit_hits
-
     raw = {group: {str(k): v for k, v in c.items()} for group, c in counters.items() if c}
     return {"graphs": raw.get("stats", {}).get("unique_graphs", 0), "recompile_limit_hits": recompile_limit_hits(),
             "graph_breaks": sum(raw.get("graph_break", {}).values()), "counters": raw}
@@ -232,9 +223,7 @@ def dynamo_counters() -> dict:
 def generation(cfg: DeviceRunConfig, compiled: bool) -> dict:
     """`stylevar bench` at each batch size; compiled, also torch._dynamo's graphs and recompile-limit hits."""
     from torch._dynamo.utils import counters
-
     from stylevar.runtime.bench import BenchConfig, run
-
     peak = peak_tflops(gpu_name(cfg.device) or "")
     bench = BenchConfig(preset=cfg.preset, device=cfg.device, batch_sizes=cfg.batch_sizes, repeats=cfg.repeats,
                         warmup=cfg.warmup, compile=compiled, compile_backend=cfg.compile_backend, tf_batch=1,
@@ -248,7 +237,6 @@ def generation(cfg: DeviceRunConfig, compiled: bool) -> dict:
 def sft_step(cfg: DeviceRunConfig) -> dict:
     """One SFT optimizer step in bf16 autocast (benchmarks.train_step's measurement, this project's step alone)."""
     from benchmarks.train_step import StepBenchConfig, measure
-
     peak = peak_tflops(gpu_name(cfg.device) or "") or 0.0
     step = StepBenchConfig(batch_sizes=(cfg.train_batch,), precisions=("bf16",), repeats=cfg.repeats,
                            warmup=cfg.warmup, threads=os.cpu_count() or 1, reference=False, preset=cfg.preset,
@@ -274,7 +262,6 @@ def service(cfg: DeviceRunConfig, time_left: Callable[[], float]) -> dict:
     from benchmarks.load_test import LoadConfig, demo_image, run_load
     from serve.testing import ServerProcess
     from stylevar.pipelines.pipeline import StylePipeline
-
     model_dir = Path(tempfile.mkdtemp(prefix="device-run-model-"))  # not under OUTDIR: d20 is gigabytes
     try:
         StylePipeline.random(cfg.preset, name=f"{cfg.preset}-random").save_pretrained(model_dir)
@@ -297,7 +284,6 @@ def service(cfg: DeviceRunConfig, time_left: Callable[[], float]) -> dict:
 def run_one_stage(name: str, cfg, limit_s: float) -> dict:
     """The figures of stage ``name`` (this process is its child)."""
     from stylevar.utils.precision import set_matmul_precision
-
     start = time.monotonic()
     set_matmul_precision(tf32=name != "golden")  # the policy's TF32; the golden tokens compare in strict fp32
     if name == "environment":

@@ -66,7 +66,6 @@ def scan_bomb(side: int, scans: int) -> bytes:
 def clip_bytes(frames: int, size: tuple[int, int], fmt: str, fps: int = 30) -> bytes:
     """A clip of `frames` flat frames, H.264 in `fmt` (Matroska writes no frame count in its header)."""
     import av
-
     buf = io.BytesIO()
     with av.open(buf, "w", format=fmt) as c:
         v = c.add_stream("libx264", rate=fps, options={"preset": "ultrafast"})

@@ -120,12 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.concurrency < 1 or args.seconds <= 0:
         p.error("--concurrency must be >= 1 and --seconds > 0")
-    cfg = LoadConfig(
-        url=args.url.rstrip("/"), concurrency=args.concurrency, seconds=args.seconds,
-        content=args.content.read_bytes() if args.content else demo_image(256, 192, 0),
-        style=args.style.read_bytes() if args.style else demo_image(128, 128, 1),
-        fields=parse_fields(args.field), api_key=args.api_key,
-    )
+    cfg = LoadConfig(url=args.url.rstrip("/"), concurrency=args.concurrency, seconds=args.seconds,
+                     content=args.content.read_bytes() if args.content else demo_image(256, 192, 0),
+                     style=args.style.read_bytes() if args.style else demo_image(128, 128, 1),
+                     fields=parse_fields(args.field), api_key=args.api_key)
     s = asyncio.run(run_load(cfg)).summary()
     if args.json:
         print(json.dumps(s))

@@ -19,9 +19,7 @@ SERVING_BUDGETS_GIB = (16, 40, 64, 110)
 @functools.lru_cache
 def tokenizer(cfg):
     import torch
-
     from stylevar.models.tokenizer import MultiScaleVQVAE
-
     with torch.device("cpu"):
         return MultiScaleVQVAE(cfg)
 
@@ -30,10 +28,8 @@ def count(preset: str) -> dict[str, float]:
     """Exact parameter counts: P trainable (all but the tokenizer), P_t the frozen tokenizer, P_blk the largest block,
     P_root the trainable parameters outside the blocks (embeddings, image encoders, head)."""
     import torch
-
     from stylevar.config import presets
     from stylevar.models.transformer import StyleVAR
-
     vq, tr = presets(preset)
     with torch.device("meta"):  # the tokenizer is built for real: its quantizer computes on construction
         model = StyleVAR(tr, tokenizer(vq))
@@ -85,7 +81,6 @@ def table(gpus: int, micro_batch: int) -> str:
 def dtypes() -> tuple:
     """The dtypes the serving tables compare: fp32, bf16."""
     import torch
-
     return torch.float32, torch.bfloat16
 
 
@@ -93,7 +88,6 @@ def serving_table(preset: str = "d20", batches: tuple[int, ...] = SERVING_BATCHE
     """GiB generation's loop holds per batch size (no guidance), fp32 and bf16: KV cache, queries, step, total."""
     from stylevar.config import StyleVARConfig
     from stylevar.runtime.memory import generation_memory
-
     cfg = StyleVARConfig.preset(preset)
     rows = ["| batch | KV cache fp32 | queries fp32 | step fp32 | **total fp32** | KV cache bf16 | queries bf16 | "
             "step bf16 | **total bf16** |", "|---|---|---|---|---|---|---|---|---|"]
@@ -111,7 +105,6 @@ def fitting_table(preset: str = "d20", budgets_gib: tuple[int, ...] = SERVING_BU
     """The most samples whose loop fits in each budget (up to 256), fp32 and bf16, without and with guidance."""
     from stylevar.config import StyleVARConfig
     from stylevar.runtime.memory import max_batch
-
     cfg = StyleVARConfig.preset(preset)
     rows = ["| loop budget | fp32 | bf16 | fp32, guidance | bf16, guidance |", "|---|---|---|---|---|"]
     for budget in budgets_gib:

@@ -2,12 +2,10 @@
 
     python -m benchmarks.overload [--rate 40] [--seconds 120] [--runs 2] [--model DIR] [--json OUT]
 
-Starts `python -m serve` on the model (default: the demo model) with its default settings, then sends
-`POST /stylize` at a fixed rate for `--seconds`, `--runs` times one after the other, whatever the answers
-(open loop: a slow answer does not slow the arrivals). Per run: counts by status, connection errors,
-p50/p99 of the 200s and of the 503s, the spread of `Retry-After`, and the server's RSS at the start,
-its peak and at the end (from /proc, sampled every 0.25 s).
-"""
+Starts `python -m serve` on the model (default: the demo model) with its default settings, then sends `POST /stylize`
+at a fixed rate for `--seconds`, `--runs` times one after the other, whatever the answers (open loop). Per run: counts
+by status, connection errors, p50/p99 of the 200s and of the 503s, the spread of `Retry-After`, and the server's RSS
+at the start, its peak and at the end (from /proc, sampled every 0.25 s)."""
 from __future__ import annotations
 
 import argparse

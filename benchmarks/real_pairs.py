@@ -32,7 +32,6 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     from stylevar.evaluate.real_pairs import RealPairs, evaluate, markdown  # torch: once the options are parsed
     from stylevar.pipelines.pipeline import StylePipeline
-
     spec = RealPairs.from_folders(a.contents, a.styles, a.photos, a.art, a.max_side)
     pipe = StylePipeline.from_pretrained(a.model, device="cpu")
     if a.precision != "plain":

@@ -5,8 +5,7 @@
 
 Starts `python -m serve` on the model (default: the demo model), sends `POST /stylize` from `--clients` clients while
 the probes of `benchmarks.hostile` run from other loopback addresses, and reports the success rate and p50/p99, the
-probes' statuses, every 5xx, peak RSS, file descriptors and temporary files before and after, tracebacks in the log.
-"""
+probes' statuses, every 5xx, peak RSS, file descriptors and temporary files before and after, tracebacks in the log."""
 from __future__ import annotations
 
 import argparse

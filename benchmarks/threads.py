@@ -1,12 +1,11 @@
-"""Torch's CPU threads on an idle and on a busy machine: seconds per image of the demo pipeline under each thread
-policy (`stylevar.utils.threads`), alone and beside another process's busy loop, in one run.
+"""Torch's CPU threads on an idle and a busy machine: seconds per image of the demo pipeline under each thread policy
+(`stylevar.utils.threads`), alone and beside another process's busy loop.
 
     python -m benchmarks.threads [--policies torch,available,available+passive,spare-one+passive,one]
         [--loads idle,busy] [--rounds 8] [--per-turn 3] [--warmup 2] [--size 512] [--out benchmarks/results/threads.json]
 
 Each candidate runs in a worker subprocess of its own (its thread environment set before it imports torch); the
-workers take turns, per load and size, in an order that rotates every round. `benchmarks.versus_peer` uses the same.
-"""
+workers take turns, per load and size, in an order that rotates every round. `benchmarks.versus_peer` uses the same."""
 from __future__ import annotations
 
 import argparse
@@ -104,9 +103,7 @@ def _stylizer(method: str, threads: str, model: str | None):
         return (lambda content, style, seed: peer(content, style)), int(threads), \
             f"onnxruntime {onnxruntime.__version__}"
     import torch
-
     from stylevar.pipelines.pipeline import StylePipeline
-
     pipe = StylePipeline.from_pretrained(model, device="cpu", threads=parse_threads(threads))
     if method == "served":
         from stylevar.runtime.inference import InferenceConfig, prepare
@@ -119,9 +116,7 @@ def _stylizer(method: str, threads: str, model: str | None):
 def worker(method: str, threads: str, model: str | None, warmup: int) -> int:
     """The worker subprocess: "ready", then per "run N SIZE" line the seconds of N images; "quit" ends it."""
     from PIL import Image
-
     from stylevar.processing.images import scaled_size
-
     stylize, count, runtime = _stylizer(method, threads, model)
     examples = REPO / "stylevar" / "assets" / "examples"
     with Image.open(examples / CONTENT) as im:

@@ -78,7 +78,6 @@ REFERENCE_NO_DECAY = ("cls_token", "start_token", "task_token", "cfg_uncond", "p
 def import_reference_trainer():
     """The reference's `StyleVARTrainer` and `AmpOptimizer` (with stand-ins for what it imports)."""
     from benchmarks.reference import import_reference
-
     if "dist" not in sys.modules:
         import_reference()  # registers the `dist` stand-in when none is importable
     if "utils.misc" not in sys.modules:
@@ -87,7 +86,6 @@ def import_reference_trainer():
         sys.modules["utils.misc"] = misc
     from train.sft_trainer import StyleVARTrainer
     from utils.amp_sc import AmpOptimizer
-
     return StyleVARTrainer, AmpOptimizer
 
 
@@ -106,7 +104,6 @@ def reference_groups(model: torch.nn.Module) -> tuple[list[str], list[torch.nn.P
 def reference_step(bundle, batch: dict[str, torch.Tensor], precision: str) -> Callable[[], None]:
     """One call of the reference trainer's train_step on ``batch`` (its models in train mode)."""
     import torch
-
     StyleVARTrainer, AmpOptimizer = import_reference_trainer()
     model = bundle.model.train()
     names, paras, groups = reference_groups(model)
@@ -129,7 +126,6 @@ def reference_loss(bundle, batch: dict[str, torch.Tensor], seed: int) -> float:
     """The reference's training loss of ``batch`` (no step), its random draws from ``seed``."""
     import torch
     import torch.nn.functional as F
-
     vae, q, model = bundle.vae, bundle.vae.quantize, bundle.model
     with torch.no_grad():
         gt = vae.img_to_idxBl(batch["target"])
@@ -144,7 +140,6 @@ def our_batch(model, batch: dict[str, torch.Tensor], levers: Levers) -> dict[str
     """``batch`` as training.sft feeds it: with the token cache, the token maps it holds (made once, here)."""
     import torch
     from training.parts.token_inputs import encode_triplets
-
     out = dict(batch)
     if levers.token_cache:
         indices_3BL = encode_triplets(model.tokenizer, batch["target"], batch["style"], batch["content"])[1]
@@ -160,7 +155,6 @@ def our_step(model, batch: dict[str, torch.Tensor], levers: Levers, precision: s
     from training.sft.model import channels_last
     from training.sft.objective import SFTObjective
     from training.parts.step import clip_and_step
-
     model.train()
     device = batch["content"].device
     if levers.channels_last and device.type == "cpu":
@@ -187,7 +181,6 @@ def our_step(model, batch: dict[str, torch.Tensor], levers: Levers, precision: s
 def our_loss(model, batch: dict[str, torch.Tensor], seed: int) -> float:
     import torch
     from training.sft.objective import SFTObjective
-
     objective = SFTObjective(model, label_smoothing=LABEL_SMOOTHING, alpha_jitter=0.0, seed=0)
     with torch.no_grad():
         torch.manual_seed(seed)
@@ -196,7 +189,6 @@ def our_loss(model, batch: dict[str, torch.Tensor], seed: int) -> float:
 
 def triplets(batch: int, size: int, seed: int, device: str = "cpu") -> dict[str, torch.Tensor]:
     from benchmarks.reference import images
-
     content, style = images(batch, size, seed)
     target, _ = images(batch, size, seed + 10_000)
     return {"content": content.to(device), "style": style.to(device), "target": target.to(device)}
@@ -206,14 +198,11 @@ def build_models(cfg: StepBenchConfig):
     """(reference bundle or None, our model): identical weights when the reference is built."""
     from benchmarks.reference import reference_shaped, reference_weights
     from stylevar.config import presets
-
     from stylevar.pipelines.pipeline import StylePipeline
-
     if not cfg.reference:
         shapes = reference_shaped() if cfg.preset == "reference" else presets(cfg.preset)
         return None, StylePipeline.random(shapes, seed=cfg.seed).model
     from benchmarks.reference import build_reference
-
     bundle = build_reference(cfg.seed)
     return bundle, reference_weights(bundle.vae.state_dict(), bundle.model.state_dict())
 
@@ -234,7 +223,6 @@ def lever_agreement(ours, batch_size: int, cfg: StepBenchConfig,
     """Per lever (``names``; default all of LEVERS and VARIANTS), against today's step: the loss differences at
     steps 1 and 3 and the largest weight difference after 3 (fp32, same weights and batch)."""
     import torch
-
     batch = triplets(batch_size, ours.tokenizer.cfg.image_size, cfg.seed + 7, cfg.device)
     every = {**LEVERS, **VARIANTS}
     runs = {}
@@ -260,7 +248,6 @@ def lever_agreement(ours, batch_size: int, cfg: StepBenchConfig,
 def _synced(fn: Callable[[], object], device: str) -> Callable[[], object]:
     import torch
     from stylevar.runtime.bench import sync
-
     return lambda: (fn(), sync(torch.device(device)))
 
 
@@ -275,7 +262,6 @@ def time_variants(bundle, ours, variants: dict[str, Levers], batch_size: int, pr
     """ms per step and samples/s of the reference (when built) and each variant of ours, taking turns."""
     import torch
     from stylevar.runtime.bench import flops_of
-
     size = ours.tokenizer.cfg.image_size
     batch = triplets(batch_size, size, cfg.seed + batch_size, cfg.device)
     fns: dict[str, Callable] = {}
@@ -310,7 +296,6 @@ def cross_entropy_ms(batch: int, tokens: int, vocab: int, repeats: int) -> float
     """Median ms of the loss alone, forward and backward, on float32 logits of the step's shape (B * L, V)."""
     import torch
     import torch.nn.functional as F
-
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(batch * tokens, vocab, generator=g).requires_grad_()
     gt = torch.randint(0, vocab, (batch * tokens,), generator=g)
@@ -323,12 +308,10 @@ def cross_entropy_ms(batch: int, tokens: int, vocab: int, repeats: int) -> float
 
 def measure(cfg: StepBenchConfig) -> dict:
     from stylevar.runtime.inference import native_cpu_bf16
-
     bundle, ours = build_models(cfg)
     out: dict = {"config": "reference-shaped d8, 160 px, 8 scales (255 tokens), V 4096" if cfg.preset == "reference"
                  else f"preset {cfg.preset}", "threads": cfg.threads, "repeats": cfg.repeats,
-                 "device": cfg.device, "loadavg_before": os.getloadavg(), "bf16_units": native_cpu_bf16(),
-                 "steps": {}}
+                 "device": cfg.device, "loadavg_before": os.getloadavg(), "bf16_units": native_cpu_bf16(), "steps": {}}
     if bundle is not None:
         out["agreement"] = agreement(bundle, ours, cfg)
     for precision in cfg.precisions:
@@ -414,7 +397,6 @@ def main(argv: list[str] | None = None) -> int:
     # torch: once the options are parsed
     from benchmarks.reference import ReferenceMissing, missing_message
     from stylevar.utils.precision import set_matmul_precision
-
     apply_threads(cfg.threads)
     set_matmul_precision()  # TF32 on CUDA
     try:

@@ -5,8 +5,7 @@ threads, on an idle machine and with one core held by another process (`benchmar
         [--per-turn 3] [--warmup 2] [--model DIR] [--out benchmarks/results/versus_peer.json]
 
 "Ours" is the demo pipeline prepared as the command line and the service run it (OMP_WAIT_POLICY=PASSIVE where N > 1);
-"the peer" is `stylevar.baselines.magenta` on onnxruntime. Without the peer installed, ours runs alone.
-"""
+"the peer" is `stylevar.baselines.magenta` on onnxruntime. Without the peer installed, ours runs alone."""
 from __future__ import annotations
 
 import argparse
@@ -53,7 +52,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from benchmarks import threads  # no torch in this process
     from stylevar.baselines.magenta import TeacherUnavailable, models_dir
-
     try:
         counts, sizes = _ints(args.threads), _ints(args.sizes)
     except ValueError:

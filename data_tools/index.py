@@ -14,7 +14,7 @@ import random
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from stylevar.utils.helptext import HelpFormatter
@@ -297,10 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, default=None, help="pairs only: number of pairs (default: one per content)")
     args = p.parse_args(argv)
     try:
-        report = build_index(IndexConfig(
-            layout=args.layout, root=args.root, out=args.out, styles=args.styles, seed=args.seed,
-            val_fraction=args.val_fraction, workers=args.workers, count=args.count,
-        ))
+        report = build_index(IndexConfig(**{f.name: getattr(args, f.name) for f in fields(IndexConfig)}))
     except (FileNotFoundError, ValueError) as e:
         p.error(str(e))
     print(json.dumps({"manifest": report["manifest"], **report["counts"], "seconds": report["seconds"]}))

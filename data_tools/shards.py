@@ -78,7 +78,6 @@ def _build_sample(args: tuple[ManifestEntry, int, Path]) -> dict | str:
 def write_shards(cfg: ShardConfig) -> dict:
     """Write the shards and `DIR/shards.json`; returns that summary."""
     import webdataset as wds  # it imports torch: only here, so that --help stays fast
-
     start = time.perf_counter()
     manifest = Path(cfg.manifest)
     entries = read_manifest(manifest)

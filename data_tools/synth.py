@@ -107,10 +107,8 @@ def generate(cfg: SynthConfig) -> Path:
         for sub, arr in zip(("content", "style", "target"), arrays):
             save_png(Image.fromarray(arr, "RGB"), out / sub / name)
         entries.append(
-            ManifestEntry(
-                content=f"content/{name}", style=f"style/{name}", target=f"target/{name}",
-                split=splits[i], id=f"{i:06d}",
-            )
+            ManifestEntry(content=f"content/{name}", style=f"style/{name}", target=f"target/{name}",
+                          split=splits[i], id=f"{i:06d}")
         )
     manifest = out / "manifest.jsonl"
     write_manifest(entries, manifest)
@@ -149,13 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         paths = write_examples(args.examples, args.size or 256, 2024 if args.seed is None else args.seed)
         print(json.dumps({"examples": [str(x) for x in paths], "seconds": round(time.perf_counter() - start, 2)}))
         return 0
-    cfg = SynthConfig(
-        out=args.out, count=args.count, size=args.size or 128,
-        seed=0 if args.seed is None else args.seed, val_fraction=args.val_fraction,
-    )
+    cfg = SynthConfig(out=args.out, count=args.count, size=args.size or 128,
+                      seed=0 if args.seed is None else args.seed, val_fraction=args.val_fraction)
     manifest = generate(cfg)
-    print(json.dumps({"manifest": str(manifest), "count": cfg.count,
-                      "seconds": round(time.perf_counter() - start, 2)}))
+    print(json.dumps({"manifest": str(manifest), "count": cfg.count, "seconds": round(time.perf_counter() - start, 2)}))
     return 0
 
 

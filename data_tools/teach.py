@@ -82,7 +82,6 @@ def listed_pictures(folder: Path, role: str) -> list[tuple[str, Path, dict]]:
 def scan_pictures(folder: Path, role: str) -> list[Picture]:
     """Every decodable picture under `folder` (sorted), decoded; one stderr line per file that is not."""
     from stylevar.processing.images import load_image
-
     pictures = []
     for name, path, source in listed_pictures(folder, role):
         try:
@@ -130,7 +129,6 @@ class Teacher:
 
     def __init__(self, cfg: TeachConfig) -> None:
         from stylevar.baselines.magenta import MagentaConfig, MagentaStylizer
-
         self.cfg = cfg
         self.contents = scan_pictures(cfg.contents, "content")
         self.styles = scan_pictures(cfg.styles, "style")
@@ -155,16 +153,13 @@ class Teacher:
     def make(self, i: int) -> dict:
         from stylevar.processing.images import pil_to_tensor
         from stylevar.metrics.structure import edge_correlation
-
         cfg = self.cfg
         content, style, target, names = self.triplet(i, cfg.size)
         edge = float(edge_correlation(pil_to_tensor(target)[None], pil_to_tensor(content)[None])[0])
-        rec = {"index": i, "id": f"{i:06d}", "edge_corr": round(edge, 4),
-               "sources": names}
+        rec = {"index": i, "id": f"{i:06d}", "edge_corr": round(edge, 4), "sources": names}
         if edge < cfg.min_edge_corr:
             return {**rec, "kept": False}
         from stylevar.utils.atomic import atomic_write_path
-
         for role, img in (("content", content), ("style", style), ("target", target)):
             path = cfg.out / role / f"{rec['id']}.png"
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -187,7 +182,6 @@ def _append(path: Path, rec: dict) -> None:
 def merge(cfg: TeachConfig) -> Path:
     """Write OUT/manifest.jsonl and OUT/sources.json from every rank's log (kept items, in index order)."""
     from stylevar.utils.atomic import atomic_write_text
-
     records: dict[int, dict] = {}
     for log in sorted((cfg.out / "parts").glob("rank-*.jsonl")):
         records.update(_read_log(log))
@@ -211,7 +205,6 @@ def merge(cfg: TeachConfig) -> Path:
 def run(cfg: TeachConfig, progress: bool = True) -> Path | None:
     """Make this rank's items (skipping those its log holds); returns the manifest once every rank is done."""
     from tqdm import tqdm
-
     cfg.log_path.parent.mkdir(parents=True, exist_ok=True)
     done = _read_log(cfg.log_path)
     todo = [i for i in range(cfg.rank, cfg.count, cfg.world_size) if i not in done]

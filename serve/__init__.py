@@ -18,5 +18,4 @@ __all__ = ["ServeSettings", "create_app"]
 def create_app(settings: ServeSettings | None = None, **kwargs) -> "FastAPI":
     """Build the FastAPI app (see `serve.http.app.create_app`); imported lazily because it loads torch."""
     from serve.http.app import create_app as _create_app
-
     return _create_app(settings, **kwargs)

@@ -59,15 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("serve")
 
     import uvicorn
-
     from stylevar.loaders.hub import HubError, is_hub_id
     from stylevar.loaders.model_dir import ModelDirError
     from stylevar.loaders.pull import resolve_model
-
     from serve.http.app import create_app, load_runners
     from serve.http.connections import ConnectionPolicy, bounded_protocol
     from serve.http.drain import DrainingServer
-
     log.info("starting", extra={"host": settings.host, "port": settings.port, "model_dir": str(settings.model_dir),
                                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")})
     try:  # a hub id is pulled on first use, and the model loads before the server starts: what fails is one line
@@ -102,7 +99,6 @@ def ready_line(app, settings: ServeSettings) -> str:
     """The precision the model runs in and where the UI, the API and its documentation are, said once the model is
     ready (beside the logs; its "model loaded" record says why that precision)."""
     from serve.http.routes.index import ui_mounted
-
     host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(settings.host, settings.host)
     base = f"http://{f'[{host}]' if ':' in host and not host.startswith('[') else host}:{settings.port}"
     parts = [f"UI {base}/"] if ui_mounted(app) else []

@@ -22,14 +22,7 @@ RENAMED_THREADS = "STYLEVAR_TORCH_THREADS"  # the setting's name before STYLEVAR
 def demo_model_dir() -> Path:
     """The embedded demo model, `stylevar.loaders.model_dir.DEMO_MODEL_DIR` (imported when first asked for: it loads torch)."""
     from stylevar.loaders.model_dir import DEMO_MODEL_DIR
-
     return DEMO_MODEL_DIR
-
-
-def _split_commas(value: object) -> object:
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    return value
 
 
 def env_name(field: str) -> str:
@@ -120,7 +113,7 @@ class ServeSettings(BaseSettings):
     @field_validator("device", "api_keys", "cors_origins", mode="before")
     @classmethod
     def _lists_from_commas(cls, value: object) -> object:
-        return _split_commas(value)
+        return [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value
 
     @field_validator("threads", mode="before")
     @classmethod

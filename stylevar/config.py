@@ -93,13 +93,9 @@ class VQVAEConfig(Serializable):
     @classmethod
     def from_reference(cls, d: dict[str, Any]) -> "VQVAEConfig":
         """From the fields of a reference config.json (patch_nums, V, Cvae, ch, share_quant_resi)."""
-        return cls(
-            vocab_size=int(d["V"]),
-            z_channels=int(d["Cvae"]),
-            ch=int(d["ch"]),
-            patch_nums=tuple(int(p) for p in d["patch_nums"]),
-            share_quant_resi=int(d.get("share_quant_resi", 4)),
-        )
+        return cls(vocab_size=int(d["V"]), z_channels=int(d["Cvae"]), ch=int(d["ch"]),
+                   patch_nums=tuple(int(p) for p in d["patch_nums"]),
+                   share_quant_resi=int(d.get("share_quant_resi", 4)))
 
 
 @dataclass(frozen=True)
@@ -157,17 +153,8 @@ class StyleVARConfig(Serializable):
     @classmethod
     def preset(cls, name: str) -> "StyleVARConfig":
         if name == "tiny":
-            return cls(
-                depth=4,
-                embed_dim=256,
-                num_heads=4,
-                patch_nums=TINY_PATCH_NUMS,
-                vocab_size=512,
-                z_channels=16,
-                alpha_nums=_linspace(0.2, 0.7, len(TINY_PATCH_NUMS)),
-                image_encoder="cnn",
-                encoder_dim=256,
-            )
+            return cls(depth=4, embed_dim=256, num_heads=4, patch_nums=TINY_PATCH_NUMS, vocab_size=512, z_channels=16,
+                       alpha_nums=_linspace(0.2, 0.7, len(TINY_PATCH_NUMS)), image_encoder="cnn", encoder_dim=256)
         if name in ("d16", "d20", "d24", "d30"):
             depth = int(name[1:])
             return cls(depth=depth, drop_path_rate=reference_drop_path_rate(depth))
@@ -179,15 +166,10 @@ class StyleVARConfig(Serializable):
         patch_nums = tuple(int(p) for p in d["patch_nums"])
         alphas = d.get("alpha_nums")
         depth = int(d["depth"])
-        return cls(
-            depth=depth,
-            patch_nums=patch_nums,
-            vocab_size=int(d["V"]),
-            z_channels=int(d["Cvae"]),
-            attn_l2_norm=bool(d.get("attn_l2_norm", True)),
-            alpha_nums=tuple(float(a) for a in alphas) if alphas else _linspace(0.2, 0.8, len(patch_nums)),
-            drop_path_rate=float(d.get("drop_path_rate", reference_drop_path_rate(depth))),
-        )
+        return cls(depth=depth, patch_nums=patch_nums, vocab_size=int(d["V"]), z_channels=int(d["Cvae"]),
+                   attn_l2_norm=bool(d.get("attn_l2_norm", True)),
+                   alpha_nums=tuple(float(a) for a in alphas) if alphas else _linspace(0.2, 0.8, len(patch_nums)),
+                   drop_path_rate=float(d.get("drop_path_rate", reference_drop_path_rate(depth))))
 
 
 def presets(name: str) -> tuple[VQVAEConfig, StyleVARConfig]:

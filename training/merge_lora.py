@@ -34,7 +34,6 @@ COMMAND = Command("merge-lora", "bake the LoRA adapters of a GRPO checkpoint int
 
 def merge_command(args: argparse.Namespace) -> int:
     import torch  # here, not at the top: `stylevar --help` imports this module for COMMAND
-
     from stylevar.loaders.convert import load_stylevar, load_vqvae, read_state
     from stylevar.models.state_dict import CheckpointError
     from stylevar.models.lora import LoRAConfig
@@ -44,7 +43,6 @@ def merge_command(args: argparse.Namespace) -> int:
     from stylevar.models.state_dict import read_file
     from stylevar.models.tokenizer import MultiScaleVQVAE
     from training.parts.checkpoints import newest_checkpoint
-
     path = newest_checkpoint(args.checkpoint)
     state = read_file(path, what="checkpoint")
     if not isinstance(state, Mapping):

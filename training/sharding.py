@@ -19,7 +19,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="output model directory")
     args = p.parse_args(argv)
     from training.parts.fsdp import export_model_dir  # torch: once the options are parsed
-
     try:
         out = export_model_dir(args.checkpoint, args.out)
     except (FileNotFoundError, ValueError, KeyError) as e:

@@ -20,12 +20,10 @@ __all__ = ["MountConfig", "build_ui", "mount_ui"]
 def mount_ui(app: "FastAPI", config: MountConfig) -> None:
     """Mount the UI at `config.path` of the service's app (see `web.mount.mount_ui`)."""
     from web.mount import mount_ui as _mount_ui
-
     _mount_ui(app, config)
 
 
 def build_ui(config: "UIConfig", **kwargs: Any) -> "gr.Blocks":
     """The UI's `gr.Blocks` for the service at `config.api_url` (see `web.ui.build_ui`)."""
     from web.ui import build_ui as _build_ui
-
     return _build_ui(config, **kwargs)

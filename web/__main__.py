@@ -30,10 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     import uvicorn
-
     from web.mount import standalone_app
     from web.ui import UIConfig
-
     app = standalone_app(UIConfig(api_url=args.api, api_key=args.api_key, timeout_s=args.timeout))
     logging.getLogger("web").info("UI on http://%s:%d, service at %s", args.host, args.port, args.api)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

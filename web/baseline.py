@@ -61,7 +61,6 @@ class AdaINBaseline:
         except ImportError as e:
             return BaselineStatus(False, f"the AdaIN baseline is not installed (`stylevar.baselines.adain`: {e})")
         from stylevar.loaders import weights
-
         absent = weights.missing(WEIGHTS)
         if absent:
             files = ", ".join(f"`{weights.get(n).filename}`" for n in absent)
@@ -83,9 +82,7 @@ class AdaINBaseline:
 
     def stylize(self, content_path: str, style_path: str, alpha: float = 1.0) -> Image.Image:
         import torch
-
         from stylevar.processing.images import pil_to_tensor, tensor_to_pil
-
         cfg = self.config
         content, style = (_cap(decoded(path, cfg), cfg.max_side) for path in (content_path, style_path))
         model = self._load()
@@ -115,7 +112,6 @@ class MagentaBaseline:
 
     def status(self) -> BaselineStatus:
         from stylevar.baselines.magenta import ATTRIBUTION, TeacherUnavailable, models_dir
-
         try:
             models_dir()
         except TeacherUnavailable as e:  # the one line naming the extra
@@ -140,7 +136,6 @@ class MagentaBaseline:
 def decoded(path: str, cfg: DecodeLimits) -> Image.Image:
     """An input file as RGB, decoded downscaled to `cfg.max_side` within the config's pixel limits."""
     from stylevar.processing.images import ACCEPTED_FORMATS, load_image
-
     return load_image(path, max_pixels=cfg.max_pixels, formats=ACCEPTED_FORMATS, max_side=cfg.max_side,
                       max_whole_pixels=cfg.max_whole_pixels)
 

@@ -98,17 +98,18 @@ def painted_mask(value: Any) -> bytes | None:
         alpha = a if alpha is None else ImageChops.lighter(alpha, a.resize(alpha.size))
     if alpha is None or alpha.getextrema()[1] == 0:
         return None
+    return png_bytes(alpha.point(lambda v: 255 if v > 0 else 0))
+
+
+def png_bytes(im: Image.Image) -> bytes:
     buf = io.BytesIO()
-    alpha.point(lambda v: 255 if v > 0 else 0).save(buf, format="PNG")
+    im.save(buf, format="PNG")
     return buf.getvalue()
 
 
 def inverted(mask_png: bytes) -> bytes:
     with Image.open(io.BytesIO(mask_png)) as im:
-        out = ImageOps.invert(im.convert("L"))
-    buf = io.BytesIO()
-    out.save(buf, format="PNG")
-    return buf.getvalue()
+        return png_bytes(ImageOps.invert(im.convert("L")))
 
 
 def editor_background(content: FileInput) -> dict[str, Any] | None:
@@ -326,8 +327,7 @@ class StyleVARUI:
                     if pairs:
                         with gr.Column(scale=2):
                             gr.Examples(pairs, inputs=[c["content"], c["style"]], label="Examples (content, style)",
-                                        examples_per_page=len(PAINTED_PAIRS), cache_examples=False,
-                                        elem_id="examples")
+                                        examples_per_page=len(PAINTED_PAIRS), cache_examples=False, elem_id="examples")
                 c["status"] = gr.Markdown("", label="Status", elem_id="status")  # the label names the API's output
                 self._outputs(c)
             # a short clip through POST /stylize/video; hidden where video is not installed (the route answers 501)

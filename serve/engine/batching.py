@@ -111,18 +111,8 @@ class BatchObserver(Protocol):
     def oom_split(self) -> None: ...
 
 
-class NullObserver:
-    def queue_depth(self, depth: int) -> None:
-        pass
-
-    def batch_done(self, jobs: int, rows: int, seconds: float, ok: bool) -> None:
-        pass
-
-    def job_dropped(self, reason: str) -> None:
-        pass
-
-    def oom_split(self) -> None:
-        pass
+class NullObserver(BatchObserver):
+    """Reports nothing (the protocol's methods, each a no-op)."""
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -160,24 +150,13 @@ def run_or_overloaded(fn: Callable[[], R], message: str, *, is_oom: Callable[[Ba
 class Batcher:
     """One shared bounded queue, one worker thread per run function (one per device)."""
 
-    def __init__(
-        self,
-        runs: Sequence[RunFn],
-        config: BatchConfig,
-        *,
-        observer: BatchObserver | None = None,
-        is_oom: Callable[[BaseException], bool] = is_out_of_memory,
-        on_oom: Callable[[], None] = free_device_memory,
-        clock: Callable[[], float] = time.monotonic,
-    ):
+    def __init__(self, runs: Sequence[RunFn], config: BatchConfig, *, observer: BatchObserver | None = None,
+                 is_oom: Callable[[BaseException], bool] = is_out_of_memory,
+                 on_oom: Callable[[], None] = free_device_memory, clock: Callable[[], float] = time.monotonic):
         if not runs:
             raise ValueError("Batcher needs at least one run function")
-        self.config = config
-        self._runs = list(runs)
-        self._observer = observer or NullObserver()
-        self._is_oom = is_oom
-        self._on_oom = on_oom
-        self._clock = clock
+        self.config, self._runs, self._observer = config, list(runs), observer or NullObserver()
+        self._is_oom, self._on_oom, self._clock = is_oom, on_oom, clock
         self._pending: deque[Job] = deque()
         self._reserved = 0  # admitted requests still decoding their inputs: they count towards the queue size
         self._cond = threading.Condition(threading.RLock())
@@ -236,8 +215,7 @@ class Batcher:
             raise StoppedError("the service is shutting down")
         taken = len(self._pending) + self._reserved
         if taken >= self.config.queue_size:
-            raise QueueFullError(f"the queue is full ({self.config.queue_size} jobs waiting)",
-                                 self._retry_after(taken))
+            raise QueueFullError(f"the queue is full ({self.config.queue_size} jobs waiting)", self._retry_after(taken))
         bound = self.config.max_queue_wait_s
         wait = self.estimated_wait_s(taken)
         if bound is not None and wait > bound:
@@ -255,8 +233,7 @@ class Batcher:
                 self._release()
             raise ValueError("a job has at least one row")
         now = self._clock()
-        job = Job(key=key, rows=rows, payload=payload, deadline=now + timeout_s, enqueued_at=now,
-                  request_id=request_id)
+        job = Job(key=key, rows=rows, payload=payload, deadline=now + timeout_s, enqueued_at=now, request_id=request_id)
         with self._cond:
             if admitted:
                 self._reserved -= 1
@@ -278,7 +255,7 @@ class Batcher:
         with self._cond:
             job = next((j for j in self._pending if j.future is future), None)
             if job is None:
-                return  # a worker took it already: `_admit` drops it
+                return  # a worker took it already: `_running` drops it
             self._pending.remove(job)
             self._observer.queue_depth(len(self._pending))
         self._observer.job_dropped("cancelled")
@@ -306,7 +283,7 @@ class Batcher:
         jobs = self._collect()
         if jobs is None:
             return False
-        jobs = self._admit(jobs)
+        jobs = self._still_due(self._running(jobs), "the request waited past its deadline")
         if jobs:
             self._execute(run, jobs)
         return True
@@ -340,21 +317,16 @@ class Batcher:
                 self._observer.queue_depth(len(self._pending))
                 return taken
 
-    def _admit(self, jobs: list[Job]) -> list[Job]:
-        """Drop jobs whose client went away or whose deadline passed; mark the rest running."""
-        now = self._clock()
-        admitted = []
+    def _running(self, jobs: list[Job]) -> list[Job]:
+        """Drop jobs whose client went away; mark the rest running."""
+        running = []
         for job in jobs:
-            if not job.future.set_running_or_notify_cancel():
+            if job.future.set_running_or_notify_cancel():
+                running.append(job)
+            else:
                 self._observer.job_dropped("cancelled")
                 log.info("job dropped: client gone", extra={"request_id": job.request_id})
-                continue
-            if now > job.deadline:
-                self._observer.job_dropped("deadline")
-                job.future.set_exception(DeadlineExceededError("the request waited past its deadline"))
-                continue
-            admitted.append(job)
-        return admitted
+        return running
 
     def _execute(self, run: RunFn, jobs: list[Job]) -> None:
         """Run `jobs`; a part that runs out of memory is split in halves, run once `on_oom` has freed the cache."""
@@ -362,7 +334,7 @@ class Batcher:
         while parts:
             part = parts.pop()
             if part is not jobs:
-                part = self._still_due(part)
+                part = self._still_due(part, "the request passed its deadline during retries")
             if not part or self._run_part(run, part):
                 continue
             self._on_oom()
@@ -408,16 +380,14 @@ class Batcher:
             job.future.set_result(result)
         return True
 
-    def _still_due(self, jobs: list[Job]) -> list[Job]:
+    def _still_due(self, jobs: list[Job], message: str) -> list[Job]:
+        """The jobs whose deadline has not passed; each of the others fails with `DeadlineExceededError(message)`."""
         now = self._clock()
-        live = []
         for job in jobs:
             if now > job.deadline:
                 self._observer.job_dropped("deadline")
-                job.future.set_exception(DeadlineExceededError("the request passed its deadline during retries"))
-            else:
-                live.append(job)
-        return live
+                job.future.set_exception(DeadlineExceededError(message))
+        return [job for job in jobs if now <= job.deadline]
 
 
 class Admission:

@@ -53,7 +53,6 @@ UiMounter = Callable[[FastAPI, ServeSettings], None]
 # ---- the web UI -----------------------------------------------------------------------------------
 def ui_config(settings: ServeSettings) -> MountConfig:
     from web import MountConfig
-
     return MountConfig(host=settings.host, port=settings.port, path=UI_PATH, api_keys=tuple(settings.api_keys),
                        request_timeout_s=settings.request_timeout_s, max_upload_bytes=settings.max_upload_bytes,
                        blocked=(settings.model_dir,))
@@ -187,8 +186,7 @@ def _add_middleware(app: FastAPI, state: ServiceState) -> None:
     app.add_middleware(BeforeBody, check=functools.partial(check_room, state), paths=stylize.PATHS,
                        discard_bytes=settings.max_upload_bytes, stall_s=settings.body_timeout_s)
     # outside the length limit: a keyless request is refused for its key, whatever it declares
-    app.add_middleware(BeforeBody, check=lambda scope: check_key(state, scope, bearer_token(scope)),
-                       paths=UPLOAD_PATHS)
+    app.add_middleware(BeforeBody, check=lambda scope: check_key(state, scope, bearer_token(scope)), paths=UPLOAD_PATHS)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -114,8 +114,7 @@ class _Waiter:
 class MemoryBudget:
     """At most `limit` pixels held at once by all requests (0: no bound). Not thread-safe: event loop only."""
 
-    def __init__(self, limit: int, observer: PixelObserver | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(self, limit: int, observer: PixelObserver | None = None, clock: Callable[[], float] = time.monotonic):
         self.limit, self._observer, self._clock = limit, observer, clock
         self.held = 0
         self.passing = 0  # of `held`: the pixels of requests that passed the line
@@ -185,8 +184,7 @@ class MemoryBudget:
         sizes = [r.pixels for r in self._holders] + [w.pixels for w in self._line] + [pixels]
         if any(self.holds.predict(p) is None for p in sizes):
             return None
-        releases = sorted((max(now, r.acquired_at + self.hold_s(r.pixels)), r.pixels, r.passed)
-                          for r in self._holders)
+        releases = sorted((max(now, r.acquired_at + self.hold_s(r.pixels)), r.pixels, r.passed) for r in self._holders)
         return min(self._turn(pixels, now, releases), self._passing_at(pixels, now, releases))
 
     def _turn(self, pixels: int, now: float, releases: list[tuple[float, int, bool]]) -> float:
@@ -210,8 +208,7 @@ class MemoryBudget:
                 return at
         return math.inf
 
-    async def _wait(self, waiter: _Waiter, deadline: float,
-                    disconnected: Callable[[], Awaitable[bool]] | None) -> None:
+    async def _wait(self, waiter: _Waiter, deadline: float, disconnected: Callable[[], Awaitable[bool]] | None) -> None:
         while True:
             left = self._latest_start(waiter.pixels, deadline) - self._clock()
             if waiter.granted.done() or left <= 0:

@@ -100,8 +100,7 @@ def check_key(state: ServiceState, scope, key: str | None) -> None:
         raise ServiceError(401, "unauthorized", UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})
 
 
-def require_key(request: Request,
-                credentials: HTTPAuthorizationCredentials | None = Depends(bearer),  # noqa: B008
+def require_key(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer),  # noqa: B008
                 state: ServiceState = Depends(get_state)) -> None:  # noqa: B008
     """`check_key` on the request's Bearer token, for every route."""
     check_key(state, request.scope, credentials.credentials if credentials is not None else None)

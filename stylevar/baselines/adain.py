@@ -99,7 +99,6 @@ def load_vgg_normalised(path: str | os.PathLike) -> nn.Sequential:
 def load_torchvision_vgg19(path: str | os.PathLike | None = None) -> nn.Sequential:
     """torchvision VGG-19 `features[:21]` (to relu4_1) from the torchvision file."""
     from stylevar.metrics.vgg import load_vgg19_features
-
     return load_vgg19_features(path, upto=RELU4_1_TORCHVISION - 1)
 
 
@@ -123,13 +122,8 @@ class AdaIN(nn.Module):
         return LABELS[self.encoder_kind]
 
     @classmethod
-    def from_files(
-        cls,
-        decoder: str | os.PathLike,
-        encoder: str | os.PathLike = "torchvision",
-        *,
-        torchvision_weights: str | os.PathLike | None = None,
-    ) -> "AdaIN":
+    def from_files(cls, decoder: str | os.PathLike, encoder: str | os.PathLike = "torchvision", *,
+                   torchvision_weights: str | os.PathLike | None = None) -> "AdaIN":
         """`encoder`: a path to `vgg_normalised.pth`, or "torchvision" (the paper's evaluation setting)."""
         if isinstance(encoder, str) and encoder == "torchvision":
             return cls(load_torchvision_vgg19(torchvision_weights), load_decoder(decoder), "torchvision")

@@ -34,7 +34,6 @@ class MagentaStylizer:
     def __init__(self, config: MagentaConfig = MagentaConfig()) -> None:
         models = models_dir()  # first: a missing onnxruntime is TeacherUnavailable too, not ModuleNotFoundError
         import onnxruntime as ort
-
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = config.threads
         opts.inter_op_num_threads = 1

@@ -24,7 +24,6 @@ BUILTIN: tuple[Command, ...] = (convert.COMMAND, stylize.COMMAND, pull.COMMAND, 
 def commands() -> tuple[Command, ...]:
     """Every sub-command: the built-in ones, then those of the ``stylevar.commands`` entry points."""
     from importlib.metadata import entry_points
-
     added = []
     for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: p.name):
         cmd = point.load()
@@ -43,7 +42,6 @@ def _chosen(argv: Sequence[str]) -> str | None:
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser for ``argv``: every command listed, the chosen one (None: all) with its full arguments."""
     from stylevar import __version__
-
     chosen = _chosen(argv) if argv is not None else None
     parser = Parser(prog="stylevar", description="StyleVAR: reference-based image style transfer. "
                                                  "`stylevar COMMAND --help` describes a command.")

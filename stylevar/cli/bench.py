@@ -38,12 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
-
     from stylevar.runtime import bench
     from stylevar.loaders import preflight
     from stylevar.utils.atomic import WriteFailedError
     from stylevar.utils.precision import set_matmul_precision
-
     set_matmul_precision()
 
     cfg = bench.BenchConfig(preset=args.preset, device=args.device,

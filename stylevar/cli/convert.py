@@ -10,7 +10,6 @@ from stylevar.cli.command import Command
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from stylevar.config import PRESETS
-
     p.add_argument("--vae", required=True, help="VQ-VAE checkpoint (vae_ch160v4096z32.pth layout)")
     p.add_argument("--model", required=True, help="StyleVAR checkpoint (any published layout)")
     p.add_argument("--preset", default="d20", choices=PRESETS, help="model shape (ignored with --config)")
@@ -24,7 +23,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from stylevar.loaders import preflight
-
     preflight.input_file(args.vae, "--vae checkpoint")
     preflight.input_file(args.model, "--model checkpoint")
     ref = None
@@ -36,11 +34,9 @@ def run(args: argparse.Namespace) -> int:
     preflight.output_folder(args.out, "--out folder")
 
     import torch  # the checks are done: from here on the work
-
     from stylevar.loaders.convert import load_stylevar, load_vqvae
     from stylevar.config import StyleVARConfig, VQVAEConfig, presets
     from stylevar.pipelines.pipeline import StylePipeline
-
     if ref is not None:
         vq_cfg, tr_cfg = VQVAEConfig.from_reference(ref), StyleVARConfig.from_reference(ref)
     else:

@@ -26,7 +26,6 @@ def run(args: argparse.Namespace) -> int:
     from stylevar.evaluate import runner
     from stylevar.metrics.definitions import NAMES
     from stylevar.utils.precision import set_matmul_precision
-
     metrics = tuple(NAMES) if args.metrics == ["all"] else tuple(args.metrics)
     cfg = EvalConfig(
         methods=tuple(args.method), benchmarks=tuple(args.benchmark), out=args.out, n=args.n, seed=args.seed,
@@ -58,7 +57,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     import stylevar.evaluate
     from stylevar.evaluate.config import SPLITS
     from stylevar.metrics.definitions import NAMES, PAPER_METRICS
-
     p.description = stylevar.evaluate.__doc__.split("\n\n")[0]
     p.add_argument("--method", action="append", required=True,
                    metavar="MODEL_DIR|HUB_ID|adain|adain-paper|reinhard|magenta",

@@ -9,7 +9,6 @@ from stylevar.cli.command import Command
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from stylevar.loaders.hub import DEFAULT_PRESET, DEFAULT_REPO, DEFAULT_REVISION, SHAPE_FILE, VARIANTS  # no torch
-
     p.description = ("Download a published StyleVAR model from the Hugging Face Hub (through huggingface_hub: its "
                      "cache, HF_TOKEN, HF_HUB_OFFLINE, HF_ENDPOINT) and convert it into a model directory. "
                      "Re-running is a no-op once the folder is complete.")
@@ -35,7 +34,6 @@ def run(args: argparse.Namespace) -> int:
     from stylevar.config import PRESETS
     from stylevar.loaders.hub import DEFAULT_REVISION, PREFIX, HubModel, Shape
     from stylevar.loaders.pull import pull
-
     model = HubModel.parse(args.repo_id.removeprefix(PREFIX), prefix=False)  # a hub id is taken too
     model = HubModel(model.repo_id, args.variant or model.variant,
                      args.revision if args.revision != DEFAULT_REVISION else model.revision)
@@ -59,5 +57,4 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMAND = Command("pull", "download a published model from the Hugging Face Hub into a model directory",
-                  add_arguments)
+COMMAND = Command("pull", "download a published model from the Hugging Face Hub into a model directory", add_arguments)

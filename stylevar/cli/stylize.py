@@ -144,9 +144,7 @@ class StylizeJob:
 def content_files(spec: str) -> tuple[list[Path], bool]:
     """CONTENT -> (files, many): an existing file, a folder's files (sorted, hidden ones left out) or a glob's."""
     import glob
-
     from stylevar.loaders import preflight
-
     p = Path(spec)
     if p.is_dir():
         files = sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith("."))
@@ -165,7 +163,6 @@ def check_stylize(args: argparse.Namespace) -> StylizeJob:
     """Every check of `stylevar stylize`'s arguments and files (InputError, one line), before any model loads."""
     from stylevar.loaders import preflight
     from stylevar.processing.postprocess import MAX_SEED
-
     contents, many = content_files(args.content)
     first = None if many else read_image(contents[0], "content")
     styles, masks = check_styles(args)
@@ -190,7 +187,6 @@ def check_stylize(args: argparse.Namespace) -> StylizeJob:
 def stylize_request(args: argparse.Namespace, **values: Any) -> StylizeRequest:
     """The flags as one `StylizeRequest` (``values`` over them); what the declaration refuses is one line."""
     from stylevar.loaders import preflight
-
     flags = {opt.name: getattr(args, opt.name) for opt in offered(CLI) if opt.name != "format"}
     try:
         return StylizeRequest.of(**{**flags, **values})
@@ -202,7 +198,6 @@ def check_styles(args: argparse.Namespace) -> tuple[list, list | None]:
     """The style images and masks (PIL), their counts agreeing with each other and with --style-weights."""
     from stylevar.loaders import preflight
     from stylevar.pipelines.request import check_mix_counts
-
     style_paths = ([args.style] if args.style else []) + list(args.more_styles)
     if not style_paths:
         raise preflight.InputError("give a style image (STYLE, or --style IMAGE)")
@@ -222,7 +217,6 @@ def read_image(path: str | Path, role: str):
     """The image (PIL) at ``path``, decoded as the service decodes uploads; one over the pixel limit is shrunk while
     decoding, and a note says so (the line the service sends as X-Content-Shrunk)."""
     from stylevar.loaders import preflight
-
     decoded = preflight.read_image(path, role)
     note = decoded.shrink_note(role)
     if note:
@@ -249,14 +243,12 @@ def output_paths(job: StylizeJob, content: Path, taken: set[Path]) -> list[Path]
 
 def _stylize(args: argparse.Namespace) -> int:
     from stylevar.loaders import preflight
-
     if is_video(args):
         return _stylize_video(args)
     job = check_stylize(args)
     model_dir = check_machine(args)
 
     from PIL import Image
-
     pipe = load_pipeline(model_dir, args)
     written, skipped = stylize_all(pipe, job, args)
     if written:
@@ -283,14 +275,12 @@ def check_machine(args: argparse.Namespace) -> Path:
     offline and not cached: one error here)."""
     from stylevar.loaders.model_dir import check_model_files  # no torch
     from stylevar.utils.devices import check_device
-
     if args.model is not None and not hub.is_hub_id(args.model):
         check_model_files(args.model)
     check_device(args.device)
     args.precision = precision_setting(args.precision)
 
     from stylevar.loaders.pull import resolve_model
-
     return resolve_model(args.model)
 
 
@@ -299,7 +289,6 @@ def load_pipeline(model_dir: Path, args: argparse.Namespace):
     from stylevar.runtime.inference import InferenceConfig, precision_of, prepare_for_serving
     from stylevar.pipelines.pipeline import StylePipeline  # the checks are done: from here on the work
     from stylevar.utils.precision import set_matmul_precision
-
     set_matmul_precision()  # TF32 on CUDA
     pipe = StylePipeline.from_pretrained(model_dir, device=args.device, threads=args.threads)
     if pipe.config.demo:
@@ -315,7 +304,6 @@ def load_pipeline(model_dir: Path, args: argparse.Namespace):
 def stylize_all(pipe, job: StylizeJob, args: argparse.Namespace) -> tuple[list[Path], list[str]]:
     """Every content, ``--batch-size`` model rows a call: (the files written, the inputs skipped)."""
     from tqdm import tqdm
-
     per_call = max(1, args.batch_size // len(job.seeds))  # contents per model call
     skipped: list[str] = []
     written: list[Path] = []
@@ -337,7 +325,6 @@ def stylize_all(pipe, job: StylizeJob, args: argparse.Namespace) -> tuple[list[P
 def read_batch(job: StylizeJob, paths: list[Path], skipped: list[str], bar) -> list[tuple[Path, object]]:
     """The content images of one model call; an unreadable one is listed in ``skipped`` (and counted done)."""
     from stylevar.loaders import preflight
-
     if job.first is not None:
         return [(path, job.first) for path in paths]
     batch = []
@@ -354,7 +341,6 @@ def write_image(img, target: Path, fmt: str, written: list[Path], skipped: list[
     """Save one result (added to ``written``); a failed write ends the command with one line."""
     from stylevar.loaders import preflight
     from stylevar.utils.atomic import WriteFailedError
-
     try:
         save_image(img, target, fmt)
     except OSError as e:  # a WriteFailedError names the file and why
@@ -375,7 +361,6 @@ def report_skipped(skipped: list[str]) -> None:
 def save_image(img, target: Path, fmt: str) -> None:
     """Write `img` to `target` whole or not at all (stylevar.utils.atomic)."""
     from stylevar.utils.atomic import atomic_write_path
-
     target.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_path(target, lambda tmp: img.save(tmp, format=fmt.upper()), what="image")
 
@@ -384,7 +369,6 @@ def cap_note(job: StylizeJob, result_size: tuple[int, int], max_size: int | None
     """The line saying that --max-size capped the content's size (the service's X-Size-Capped); None when it did
     not (or CONTENT is several files)."""
     from stylevar.processing.postprocess import size_cap, size_cap_note
-
     cap = None if job.first is None else size_cap(job.first.size, result_size, max_size)
     return None if cap is None else size_cap_note(cap, max_size, "--max-size")
 
@@ -392,7 +376,6 @@ def cap_note(job: StylizeJob, result_size: tuple[int, int], max_size: int | None
 def upscale_note(result_size: tuple[int, int], model_side: int, upsample: str = "bicubic") -> str | None:
     """A line saying that the result is larger than what the model drew (None when it is not)."""
     from stylevar.processing.postprocess import upscale_factor
-
     factor = upscale_factor(result_size, model_side)
     if factor <= 1.0:
         return None
@@ -422,10 +405,8 @@ class VideoJob:
 def check_video(args: argparse.Namespace) -> VideoJob:
     """Every check of a video job (InputError, one line): the clip's header, the styles, the output .mp4."""
     import os
-
     from stylevar.loaders import preflight
     from stylevar.processing.video import VideoError, probe
-
     content = preflight.input_file(args.content, "content video")
     try:
         info = probe(content)
@@ -448,11 +429,9 @@ def check_video(args: argparse.Namespace) -> VideoJob:
 
 def _stylize_video(args: argparse.Namespace) -> int:
     from tqdm import tqdm
-
     from stylevar.loaders import preflight
     from stylevar.utils.atomic import WriteFailedError
     from stylevar.processing.video import VideoError
-
     job = check_video(args)
     pipe = load_pipeline(check_machine(args), args)
     bar = tqdm(total=job.info.frames, unit="frame", file=sys.stderr)

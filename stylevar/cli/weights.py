@@ -11,7 +11,6 @@ from stylevar.cli.command import Command
 def status_rows() -> list[dict[str, str]]:
     """One row per registered weight: name, present or missing, where, who uses it, where it comes from."""
     from stylevar.loaders.weights import REGISTRY
-
     rows = []
     for w in REGISTRY.values():
         found = w.find()
@@ -29,7 +28,6 @@ def status(args: argparse.Namespace) -> int:
     from stylevar.loaders import hub
     from stylevar.loaders.hub import home
     from stylevar.loaders.weights import torch_hub_dir
-
     rows = status_rows()
     print(f"STYLEVAR_HOME = {home()}\ntorch hub dir = {torch_hub_dir()}\nHF hub cache  = {hub.cache_dir()}\n")
     width = max(len(r["name"]) for r in rows)
@@ -42,7 +40,6 @@ def status(args: argparse.Namespace) -> int:
 
 def fetch(args: argparse.Namespace) -> int:
     from stylevar.loaders.weights import REGISTRY, fetch_weight
-
     names = list(REGISTRY) if args.names == ["all"] else args.names
     unknown = [n for n in names if n not in REGISTRY]
     if unknown:
@@ -66,7 +63,6 @@ def fetch(args: argparse.Namespace) -> int:
 
 def path(args: argparse.Namespace) -> int:
     from stylevar.loaders.weights import REGISTRY, MissingWeightError, resolve
-
     if args.name not in REGISTRY:
         print(f"error: unknown weight {args.name}; registered: {', '.join(REGISTRY)}", file=sys.stderr)
         return 2
@@ -80,7 +76,6 @@ def path(args: argparse.Namespace) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from stylevar.loaders.weights import REGISTRY  # no torch
-
     sub = parser.add_subparsers(dest="weights_command", required=True)
     p_status = sub.add_parser("status", help="list every registered weight and whether it is present")
     p_status.set_defaults(func=status)

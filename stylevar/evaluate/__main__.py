@@ -7,7 +7,6 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     from stylevar.cli import main as cli_main
-
     return cli_main(["evaluate", *(sys.argv[1:] if argv is None else argv)])
 
 

@@ -46,10 +46,8 @@ def draw_grid(grid: dict[str, list[torch.Tensor]], method_names: list[str], pair
 def save_bar_chart(path: Path, metric: str, rows: list[dict], bench_names: list[str], method_names: list[str]) -> Path:
     """Grouped bars (matplotlib): one group per benchmark, one bar per method, each value printed on its bar."""
     import matplotlib
-
     matplotlib.use("Agg")  # files only, never a window
     import matplotlib.pyplot as plt
-
     values = {(r["benchmark"], r["method"]): r[metric] for r in rows if not isinstance(r[metric], str)}
     width = 0.8 / max(len(method_names), 1)
     fig, ax = plt.subplots(figsize=(max(4.0, 1.2 + 0.5 * len(bench_names) * max(len(method_names), 1)), 3.6),

@@ -1,5 +1,4 @@
-"""The methods `stylevar evaluate` compares: StyleVAR model directories (or hub ids), AdaIN, Reinhard and
-Magenta."""
+"""The methods `stylevar evaluate` compares: StyleVAR model directories (or hub ids), AdaIN, Reinhard and Magenta."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,7 +46,6 @@ class AdaINMethod:
 
     def load(self, device: torch.device) -> None:
         from stylevar.baselines.adain import AdaIN
-
         if self.model is None:
             self.model = AdaIN.from_registry(self.encoder).to(device)  # type: ignore[arg-type]
 
@@ -67,7 +65,6 @@ class ReinhardMethod:
 
     def __call__(self, content_B3HW, style_B3HW, seeds):
         from stylevar.baselines.reinhard import reinhard_transfer
-
         return per_pair(reinhard_transfer, content_B3HW, style_B3HW)
 
 
@@ -81,12 +78,10 @@ class MagentaMethod:
 
     def __post_init__(self) -> None:
         from stylevar.baselines.magenta import models_dir
-
         models_dir()  # not installed: TeacherUnavailable, one line naming the extra, before any other work
 
     def load(self, device: torch.device) -> None:
         from stylevar.baselines.magenta import MagentaStylizer
-
         if self.stylizer is None:
             self.stylizer = MagentaStylizer()
 
@@ -112,14 +107,12 @@ class PipelineMethod:
 
     def __post_init__(self) -> None:
         from stylevar.pipelines.pipeline import check_model_dir
-
         config = check_model_dir(self.model_dir)  # an incomplete folder: one error naming what it lacks
         self.name = config.label
         self.description = f"StyleVAR model directory {self.model_dir}"
 
     def load(self, device: torch.device) -> None:
         from stylevar.pipelines.pipeline import StylePipeline
-
         if self.pipe is None:
             self.pipe = StylePipeline.from_pretrained(self.model_dir, device=device)
 

@@ -41,7 +41,6 @@ def start_shard(device: torch.device) -> tuple[Shard, torch.device]:
     if not launch.distributed:
         return Shard(), device
     import torch.distributed as dist
-
     named, device = device, rank_device(device, launch)
     if named.index not in (None, device.index) and launch.rank == 0:
         print(f"note: under torchrun each rank uses its local GPU (cuda:LOCAL_RANK), not {named}; "

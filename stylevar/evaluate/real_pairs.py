@@ -32,8 +32,7 @@ MODEL_ROW, RAW_ROW, TEACHER_ROW = "model", "transformer alone", "teacher (magent
 
 def score_batch(images: list[Image.Image], size: int = SCORE_SIZE) -> torch.Tensor:
     """(B, 3, size, size) in [0, 1], bicubic."""
-    return torch.stack([pil_to_tensor(im.convert("RGB").resize((size, size), Image.BICUBIC))
-                        for im in images])
+    return torch.stack([pil_to_tensor(im.convert("RGB").resize((size, size), Image.BICUBIC)) for im in images])
 
 
 class Scorer:
@@ -124,7 +123,6 @@ def evaluate(pipe: StylePipeline, spec: RealPairs, seed: int = 0, grid_path: Pat
     images[MODEL_ROW], seconds[MODEL_ROW] = run_model(pipe, pairs, seed)
     images[RAW_ROW], seconds[RAW_ROW] = run_model(raw_pipeline(pipe), pairs, seed)
     from stylevar.baselines.magenta import MagentaStylizer, TeacherUnavailable
-
     try:
         teacher = MagentaStylizer()
         t0 = time.perf_counter()

@@ -59,7 +59,6 @@ class HubFile:
     def url(self) -> str:
         """Where huggingface_hub downloads it from (its endpoint: `HF_ENDPOINT`)."""
         from huggingface_hub import hf_hub_url
-
         return hf_hub_url(self.repo_id, self.filename, revision=self.revision)
 
 
@@ -150,14 +149,12 @@ class Shape:
 def cache_dir() -> Path:  # asks huggingface_hub, which reads its variables once, when first imported
     """huggingface_hub's cache folder (HF_HUB_CACHE, else HF_HOME/hub, else its default)."""
     from huggingface_hub import constants
-
     return Path(constants.HF_HUB_CACHE)
 
 
 def offline() -> bool:
     """huggingface_hub's offline switch (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE)."""
     from huggingface_hub import is_offline_mode
-
     return is_offline_mode()
 
 
@@ -211,7 +208,6 @@ def local_only() -> str:
 def cached_path(f: HubFile) -> Path | None:
     """The file in the local cache, or None (never touches the network)."""
     from huggingface_hub import try_to_load_from_cache
-
     found = try_to_load_from_cache(f.repo_id, f.filename, cache_dir=cache_dir(), revision=f.revision)
     return Path(found) if isinstance(found, str) else None
 
@@ -219,7 +215,6 @@ def cached_path(f: HubFile) -> Path | None:
 def _cached_absent(f: HubFile) -> bool:
     """True when the cache knows that the file does not exist in the repository at that revision."""
     from huggingface_hub import try_to_load_from_cache
-
     found = try_to_load_from_cache(f.repo_id, f.filename, cache_dir=cache_dir(), revision=f.revision)
     return found is not None and not isinstance(found, str)  # the documented "cached as absent" marker
 
@@ -286,7 +281,6 @@ def download(f: HubFile, *, progress: bool = True, missing_ok: bool = False, loc
     repository (or, offline, the cache) has no such file; with `local_only`, from the cache alone."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub import errors as hf_errors
-
     is_offline = offline() or local_only
     code = HubError.code
     try:
@@ -334,7 +328,6 @@ def optional_file(f: HubFile, *, local_only: bool = False) -> Path | None:
 
 def sha256_of(path: Path, *, progress: bool = True) -> str:
     from tqdm.auto import tqdm
-
     digest = hashlib.sha256()
     with open(path, "rb") as fh, tqdm(total=path.stat().st_size, unit="B", unit_scale=True, file=sys.stderr,
                                       desc=f"sha256 {path.name}", disable=not progress, leave=False) as bar:

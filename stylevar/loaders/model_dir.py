@@ -76,7 +76,6 @@ def _steps() -> tuple[type[Refinement], type[Palette], type[Upsampling]]:
     from stylevar.processing.palette import Palette
     from stylevar.processing.refine import Refinement
     from stylevar.processing.upsample import Upsampling
-
     return Refinement, Palette, Upsampling
 
 
@@ -120,7 +119,6 @@ class PipelineConfig:
     def from_dir(cls, model_dir: str | os.PathLike) -> PipelineConfig:
         """The config.json of a model directory."""
         from stylevar.models.pretrained import read_config
-
         return cls.from_dict(read_config(model_dir))
 
 
@@ -136,7 +134,6 @@ def write_model_dir(model: StyleVAR, config: PipelineConfig, folder: str | os.Pa
     returns the folder. A model prepared for inference is refused before anything is written."""
     from stylevar.models.pretrained import write_config
     from stylevar.utils.atomic import atomic_write_text
-
     d = model.save_pretrained(folder, dtype)
     model.tokenizer.save_pretrained(d, dtype)
     write_config(d, config.to_dict())

@@ -46,7 +46,6 @@ def _is_pulled(folder: Path) -> bool:
 
 def _configs(shape: Shape, repo_shape: dict[str, Any] | None):
     from stylevar.config import StyleVARConfig, VQVAEConfig, presets
-
     ref = shape.reference if shape.reference is not None else (None if shape.preset else repo_shape)
     if ref is not None:
         try:
@@ -78,7 +77,6 @@ def pull(model: HubModel, *, shape: Shape = Shape(), out: str | os.PathLike | No
     local_only = check_cached(model, shape)  # offline or unreachable: fail before any download or model work
 
     from filelock import FileLock
-
     locks = home() / ".locks"
     locks.mkdir(parents=True, exist_ok=True)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -117,7 +115,6 @@ def _pull_into(model: HubModel, shape: Shape, dest: Path, progress: bool, local_
     vq_cfg, tr_cfg = _configs(shape, repo_shape)
 
     from tqdm.auto import tqdm
-
     with tqdm(total=len(paths) + 3, desc=f"convert {model.id}", unit="step", file=sys.stderr,
               disable=not progress) as steps:
         files: dict[str, dict[str, Any]] = {}

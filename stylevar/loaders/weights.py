@@ -37,12 +37,10 @@ class MissingWeightError(CodedError, FileNotFoundError):
         where = "\n".join(f"  - {p}" for p in searched)
         how = f"fetch it (needs internet) with:\n  {FETCH_COMMAND.format(name=weight.name)}"
         extra = f" ({detail})" if detail else ""
-        super().__init__(
-            f"missing weight {weight.name!r}: {weight.filename}{extra}\n"
-            f"looked for it at:\n{where}\n{how}\n"
-            f"(or place the file yourself at {weight.manual_path()}; "
-            f"STYLEVAR_HOME / TORCH_HOME / HF_HUB_CACHE move the caches)"
-        )
+        super().__init__(f"missing weight {weight.name!r}: {weight.filename}{extra}\n"
+                         f"looked for it at:\n{where}\n{how}\n"
+                         f"(or place the file yourself at {weight.manual_path()}; "
+                         f"STYLEVAR_HOME / TORCH_HOME / HF_HUB_CACHE move the caches)")
 
 
 class ChecksumError(ValueError):
@@ -151,7 +149,6 @@ def _matches(folder: Path, pattern: str) -> bool:
 def torch_hub_dir() -> Path:
     """torch's hub folder, by torch itself (`torch.hub.get_dir()`: `$TORCH_HOME/hub` unless set_dir was called)."""
     import torch.hub
-
     return Path(torch.hub.get_dir())
 
 
@@ -273,7 +270,6 @@ def _part_url(part: Part, mirror: str | None) -> str:
 def _download(url: str, dest: Path, part: Part, *, progress: bool) -> str:
     """`url` to `dest` (torch's downloader), its sha256 returned; a failed download leaves nothing behind."""
     import torch.hub
-
     dest.parent.mkdir(parents=True, exist_ok=True)
     expected = (part.sha256 or part.sha256_prefix or "").lower() or None
     try:

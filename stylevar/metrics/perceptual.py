@@ -27,17 +27,20 @@ DREAMSIM_SIZE = 224
 CLIP_SIZE = 224
 
 
-class LPIPSMetric(nn.Module):
+class _NetworkMetric(nn.Module):
+    """A metric computed by one network, `model`."""
+
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
 
+
+class LPIPSMetric(_NetworkMetric):
     @classmethod
     def from_weights(cls, net: LpipsNet = "vgg", backbone: str | os.PathLike | None = None) -> "LPIPSMetric":
         """LPIPS with the ImageNet backbone read from the torchvision file (`vgg16` or `alexnet`)."""
         import lpips
         from torchvision import models
-
         if net not in LPIPS_WEIGHTS:
             raise ValueError(f"LPIPS backbone must be one of {tuple(LPIPS_WEIGHTS)}, not {net!r}")
         path = weights.resolve(LPIPS_WEIGHTS[net]) if backbone is None else Path(backbone)
@@ -84,7 +87,6 @@ def _isolated_torch_hub(hub_dir: Path) -> Iterator[None]:
 def _check_dreamsim_tree(folder: Path) -> None:
     """Check the DINO ViT-B/16 backbone and the DINO head against dreamsim's own ViT definition."""
     from dreamsim.feature_extraction.vision_transformer import DINOHead, vit_base
-
     vit = vit_base(patch_size=16, num_classes=0)  # ~0.3 s on CPU; its init cannot run on the meta device
     with warnings.catch_warnings():  # DINOHead uses the deprecated nn.utils.weight_norm
         warnings.simplefilter("ignore", FutureWarning)
@@ -99,15 +101,10 @@ def _check_dreamsim_tree(folder: Path) -> None:
         raise WeightMismatchError(source, ["module.head.last_layer.weight"], [], [])
 
 
-class DreamSimMetric(nn.Module):
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
+class DreamSimMetric(_NetworkMetric):
     @classmethod
     def from_weights(cls, folder: str | os.PathLike | None = None, device: str | torch.device = "cpu") -> "DreamSimMetric":
         from dreamsim import dreamsim
-
         folder = weights.resolve("dreamsim") if folder is None else Path(folder)
         _check_dreamsim_tree(folder)
         with _isolated_torch_hub(folder), contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
@@ -119,9 +116,8 @@ class DreamSimMetric(nn.Module):
 
     @torch.no_grad()
     def forward(self, a_B3HW: torch.Tensor, b_B3HW: torch.Tensor) -> torch.Tensor:
-        size = (DREAMSIM_SIZE, DREAMSIM_SIZE)
-        a = F.interpolate(a_B3HW, size=size, mode="bilinear", align_corners=False)
-        b = F.interpolate(b_B3HW, size=size, mode="bilinear", align_corners=False)
+        a, b = (F.interpolate(x, size=(DREAMSIM_SIZE,) * 2, mode="bilinear", align_corners=False)
+                for x in (a_B3HW, b_B3HW))
         return self.model(a, b).reshape(-1)
 
 
@@ -134,17 +130,15 @@ class _DropLogMessage(logging.Filter):
         return self.text not in record.getMessage()
 
 
-class CLIPMetric(nn.Module):
+class CLIPMetric(_NetworkMetric):
     def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
+        super().__init__(model)
         self.register_buffer("mean", torch.tensor(CLIP_MEAN).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(CLIP_STD).view(1, 3, 1, 1), persistent=False)
 
     @classmethod
     def from_weights(cls, path: str | os.PathLike | None = None) -> "CLIPMetric":
         import open_clip
-
         path = weights.resolve("clip") if path is None else Path(path)
         # built empty, checked, then filled: silence open_clip's "initialized randomly" warning meanwhile
         quiet = _DropLogMessage("No pretrained weights loaded")

@@ -42,7 +42,6 @@ def ssim(x_B3HW: torch.Tensor, y_B3HW: torch.Tensor) -> torch.Tensor:
 def ssim_standard(x_B3HW: torch.Tensor, y_B3HW: torch.Tensor) -> torch.Tensor:
     """Valid-region SSIM from torchmetrics, per image: (B,). Inputs in [0, 1]."""
     from torchmetrics.functional.image import structural_similarity_index_measure
-
     out = structural_similarity_index_measure(
         x_B3HW, y_B3HW, gaussian_kernel=True, sigma=SIGMA, kernel_size=WINDOW, data_range=1.0,
         k1=0.01, k2=0.03, reduction="none",

@@ -36,25 +36,16 @@ class MetricSuite:
     to `image_size` first; models load on first use. With `allow_missing=True`, metrics whose weights are absent
     are left out (`skipped`: name -> `MissingWeightError`); otherwise construction raises the first."""
 
-    def __init__(
-        self,
-        metrics: Sequence[str] = defs.PAPER_METRICS,
-        *,
-        device: str | torch.device | None = None,
-        lpips_net: str = "vgg",
-        batch_size: int = 16,
-        allow_missing: bool = False,
-        image_size: int = IMAGE_SIZE,
-    ):
+    def __init__(self, metrics: Sequence[str] = defs.PAPER_METRICS, *, device: str | torch.device | None = None,
+                 lpips_net: str = "vgg", batch_size: int = 16, allow_missing: bool = False,
+                 image_size: int = IMAGE_SIZE):
         self.requested = tuple(dict.fromkeys(defs.get(m).name for m in metrics))
         if not self.requested:
             raise ValueError("MetricSuite needs at least one metric")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.device = torch.device(device) if device is not None else torch.device("cpu")
-        self.lpips_net = lpips_net
-        self.batch_size = batch_size
-        self.image_size = image_size
+        self.lpips_net, self.batch_size, self.image_size = lpips_net, batch_size, image_size
         self.skipped: dict[str, weights.MissingWeightError] = {}
         for name in self.requested:
             gone = weights.missing(defs.weights_for(name, lpips_net))
@@ -119,7 +110,6 @@ class MetricSuite:
                      ) -> dict[str, torch.Tensor]:
         """The pretrained style measures and sharpness (`stylevar.metrics.pretrained_style`)."""
         from stylevar.metrics.pretrained_style import compare, sharpness
-
         out = {}
         if wanted & {"style_cosine", "style_gram"}:
             pretrained = compare(self._models["style"](gen), self._models["style"](style))
@@ -128,13 +118,8 @@ class MetricSuite:
             out["sharpness"] = sharpness(gen, content)
         return {k: v for k, v in out.items() if k in wanted}
 
-    def __call__(
-        self,
-        generated: torch.Tensor,
-        content: torch.Tensor,
-        style: torch.Tensor,
-        target: torch.Tensor | None = None,
-    ) -> dict[str, torch.Tensor]:
+    def __call__(self, generated: torch.Tensor, content: torch.Tensor, style: torch.Tensor,
+                 target: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """{metric: (B,) float32 CPU tensor} for the metrics in `self.metrics` (in that order)."""
         size = self.image_size
         gen = prepare(generated, "generated", size)
@@ -154,16 +139,9 @@ class MetricSuite:
         return {m: torch.cat(chunks[m]) for m in self.metrics}
 
 
-def compute(
-    name: str,
-    generated: torch.Tensor,
-    content: torch.Tensor,
-    style: torch.Tensor,
-    target: torch.Tensor | None = None,
-    *,
-    device: str | torch.device | None = None,
-    lpips_net: str = "vgg",
-) -> torch.Tensor:
+def compute(name: str, generated: torch.Tensor, content: torch.Tensor, style: torch.Tensor,
+            target: torch.Tensor | None = None, *, device: str | torch.device | None = None,
+            lpips_net: str = "vgg") -> torch.Tensor:
     """One metric per image: (B,). With `target` the pairwise metrics compare to it, else to `content`."""
     suite = MetricSuite((name,), device=device, lpips_net=lpips_net)
     return suite(generated, content, style, target)[name]

@@ -36,7 +36,6 @@ def relative_gram_distance(grams_a: list[torch.Tensor], grams_b: list[torch.Tens
 def load_vgg19_features(path: str | os.PathLike | None = None, upto: int = max(STYLE_LAYERS)) -> nn.Sequential:
     """torchvision VGG-19 `features[:upto + 1]` from `weights.resolve("vgg19")`, the whole file checked first."""
     from torchvision.models import vgg19
-
     path = weights.resolve("vgg19") if path is None else path
     with torch.device("meta"):
         skeleton = vgg19()

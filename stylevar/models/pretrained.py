@@ -29,7 +29,6 @@ def save_safetensors(sd: Mapping[str, torch.Tensor], path: str | os.PathLike, dt
 def _save_file(sd: Mapping[str, torch.Tensor], tmp: Path, metadata: dict[str, str] | None) -> None:
     """safetensors' writer, its failures raised as OSError (a full disk told by the space left)."""
     from safetensors import SafetensorError
-
     open(tmp, "wb").close()
     try:
         save_file(sd, str(tmp), metadata=metadata)

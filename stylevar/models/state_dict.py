@@ -101,14 +101,9 @@ def read_state_dict(path: str | os.PathLike, *, key: str | None = None, what: st
     return dict(obj)  # type: ignore[arg-type]
 
 
-def check_state_dict(
-    state_dict: Mapping[str, torch.Tensor],
-    expected: Mapping[str, torch.Tensor | torch.Size | tuple[int, ...]],
-    *,
-    source: str,
-    allow_unexpected: bool = False,
-    error: type[WeightMismatchError] = WeightMismatchError,
-) -> None:
+def check_state_dict(state_dict: Mapping[str, torch.Tensor],
+                     expected: Mapping[str, torch.Tensor | torch.Size | tuple[int, ...]], *, source: str,
+                     allow_unexpected: bool = False, error: type[WeightMismatchError] = WeightMismatchError) -> None:
     """Raise `error` (a WeightMismatchError) listing every missing, unexpected and wrongly shaped key of
     `state_dict` against `expected` (a model's state dict, or the shapes). `source` names the file."""
 

@@ -81,8 +81,7 @@ def estimate_shift(a_HW: torch.Tensor, b_HW: torch.Tensor) -> torch.Tensor:
     return torch.tensor(d, dtype=torch.float32)
 
 
-def shift_grid(x_BCHW: torch.Tensor, d_B2: torch.Tensor, mode: str = "bilinear"
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def shift_grid(x_BCHW: torch.Tensor, d_B2: torch.Tensor, mode: str = "bilinear") -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` moved by d (dx, dy) pixels, out(p) = x(p - d), and the mask of where that source lies inside ``x``."""
     B, _, H, W = x_BCHW.shape
     d = d_B2.to(x_BCHW.device, torch.float32)

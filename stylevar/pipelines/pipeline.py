@@ -181,15 +181,9 @@ class StylePipeline:
                 for m, c in zip(mixes, contents)]).to(self.device)
         return StyleBlend(styles, weights, masks)
 
-    def stylize_batch(
-        self,
-        contents: Sequence[Image.Image],
-        styles: Sequence[Image.Image | StyleMix],
-        *,
-        max_side: int | None = None,
-        upsample: UpsampleMode | None = None,
-        **draw_kwargs,
-    ) -> list[Image.Image]:
+    def stylize_batch(self, contents: Sequence[Image.Image], styles: Sequence[Image.Image | StyleMix], *,
+                      max_side: int | None = None, upsample: UpsampleMode | None = None,
+                      **draw_kwargs) -> list[Image.Image]:
         """One `generate` call for a batch (`draw`); each result has its content's aspect ratio (see `unfit`),
         its long side at most ``max_side``. ``upsample``: how the drawing reaches the result's size
         (`stylevar.processing.upsample`; None: the model's setting)."""
@@ -204,18 +198,11 @@ class StylePipeline:
         return [upscale(img, seen, fit, c, side, up)
                 for img, seen, fit, c, side in zip(drawn.images, drawn.seen, drawn.fits, contents, max_sides)]
 
-    def draw(
-        self,
-        contents: Sequence[Image.Image],
-        styles: Sequence[Image.Image | StyleMix],
-        *,
-        seeds: Sequence[int] | int | Callable | None = None,
-        resize: ResizeMode = "stretch",
-        on_scale: Callable[[int, torch.Tensor], None] | None = None,
-        condition: Callable[[torch.Tensor, torch.Tensor | StyleBlend, bool], Condition] | None = None,
-        generation: GenerationConfig | None = None,
-        **gen_kwargs,
-    ) -> Drawings:
+    def draw(self, contents: Sequence[Image.Image], styles: Sequence[Image.Image | StyleMix], *,
+             seeds: Sequence[int] | int | Callable | None = None, resize: ResizeMode = "stretch",
+             on_scale: Callable[[int, torch.Tensor], None] | None = None,
+             condition: Callable[[torch.Tensor, torch.Tensor | StyleBlend, bool], Condition] | None = None,
+             generation: GenerationConfig | None = None, **gen_kwargs) -> Drawings:
         """The model's drawings at its own resolution (one `generate` call, then palette and refinement).
 
         A row's style is one image or a `StyleMix`. ``generation``: the resolved settings, else ``gen_kwargs``
@@ -314,12 +301,11 @@ class StylePipeline:
                        style_masks: Sequence[Image.Image] | None = None, max_side: int | None = None,
                        request: StylizeRequest | None = None, **options: Any) -> Iterator[Image.Image]:
         """Re-draw a clip's frames (consumed ``batch_size`` at a time, in order) in the style of ``style``; each
-        result's ``info`` keeps its frame's ``time_s`` and ``index``. ``options``: `__call__`'s but
-        ``num_samples`` (or a `StylizeRequest` built already as ``request``). ``temporal``
-        (`stylevar.pipelines.coherence`): ``independent`` (frame i: seed + i), ``same-seed`` (every frame the seed),
-        ``coherent`` (the draws follow the content's motion, on a canvas that moves with it), ``coherent-reuse``
-        (and all but the finest scale's tokens kept where the content did not change), or a
-        `stylevar.pipelines.coherence.Coherence`."""
+        result's ``info`` keeps its frame's ``time_s`` and ``index``. ``options``: `__call__`'s but ``num_samples`` (or
+        a `StylizeRequest` built already as ``request``). ``temporal`` (`stylevar.pipelines.coherence`): ``independent``
+        (frame i: seed + i), ``same-seed`` (every frame the seed), ``coherent`` (the draws follow the content's motion,
+        on a canvas that moves with it), ``coherent-reuse`` (and all but the finest scale's tokens kept where the
+        content did not change), or a `stylevar.pipelines.coherence.Coherence`."""
         if request is None:
             request = self.request("stylize_frames", options, without=IMAGE_ONLY)
         elif options:

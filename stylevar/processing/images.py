@@ -78,15 +78,9 @@ def load_image(source: str | os.PathLike | bytes | Image.Image, **limits) -> Ima
     return decode_image(source, **limits).image
 
 
-def decode_image(
-    source: str | os.PathLike | bytes | Image.Image,
-    *,
-    max_pixels: int | None = DEFAULT_MAX_PIXELS,
-    formats: tuple[str, ...] | None = None,
-    max_side: int | None = None,
-    max_whole_pixels: int | None = None,
-    timeout_s: float | None = None,
-) -> Decoded:
+def decode_image(source: str | os.PathLike | bytes | Image.Image, *, max_pixels: int | None = DEFAULT_MAX_PIXELS,
+                 formats: tuple[str, ...] | None = None, max_side: int | None = None,
+                 max_whole_pixels: int | None = None, timeout_s: float | None = None) -> Decoded:
     """Decode an image to 8-bit RGB, EXIF orientation applied (an MPO: its primary picture). Every failure is an
     `ImageError` naming the file (a missing one stays `FileNotFoundError`); sizes are checked from the header first;
     `formats` (e.g. `ACCEPTED_FORMATS`) limits which decoders see the bytes.
@@ -430,7 +424,6 @@ def result_size(fit: Fit, max_side: int | None = None) -> tuple[int, int]:
 def pil_to_tensor(img: Image.Image) -> torch.Tensor:
     """RGB PIL -> (3, H, W) float32 in [0, 1]."""
     import torch
-
     arr = np.asarray(to_rgb(img), dtype=np.uint8).copy()
     return torch.from_numpy(arr).permute(2, 0, 1).float().div_(255.0)
 
@@ -443,5 +436,4 @@ def to_levels(x: torch.Tensor) -> torch.Tensor:
 def tensor_to_pil(x: torch.Tensor) -> Image.Image:
     """(3, H, W) float in [0, 1] -> RGB PIL."""
     import torch
-
     return Image.fromarray(to_levels(x).to(torch.uint8).permute(1, 2, 0).cpu().numpy(), "RGB")

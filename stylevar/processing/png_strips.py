@@ -15,8 +15,7 @@ _BYTES_PER_PIXEL = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4, "P": 1}
 def streamable(img: Image.Image) -> bool:
     """8-bit, non-interlaced PNG: what `strips` decodes (anything else is decoded whole)."""
     return (img.format == "PNG" and len(img.tile) == 1 and img.tile[0].codec_name == "zip"
-            and img.tile[0].args == img.mode and img.mode in _BYTES_PER_PIXEL
-            and not img.info.get("interlace"))
+            and img.tile[0].args == img.mode and img.mode in _BYTES_PER_PIXEL and not img.info.get("interlace"))
 
 
 def strips(img: Image.Image) -> Callable[[int], Iterator[Image.Image]]:

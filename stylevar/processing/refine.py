@@ -43,7 +43,6 @@ def refine(output_B3HW: torch.Tensor, content_B3HW: torch.Tensor, cfg: Refinemen
     if output_B3HW.shape != content_B3HW.shape:
         raise ValueError(f"output {tuple(output_B3HW.shape)} and content {tuple(content_B3HW.shape)} differ")
     from kornia.filters import guided_blur
-
     side = min(output_B3HW.shape[-2:])
     radius = min(cfg.radius, (side - 1) // 2)  # reflect padding needs the window inside the image
     if radius < 1:

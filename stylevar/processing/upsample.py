@@ -78,8 +78,7 @@ def detail_slopes(drawing_B3hw: torch.Tensor, guide_B1hw: torch.Tensor, radius: 
     return _box(cov / (var.clamp_min(0) + eps), radius)
 
 
-def _axis_weights(n_out: int, n_in: int, device: torch.device
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _axis_weights(n_out: int, n_in: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Bilinear taps of the `n_out` output positions (`align_corners=False`): (lower, upper, upper weight)."""
     pos = (torch.arange(n_out, device=device, dtype=torch.float64) + 0.5) * (n_in / n_out) - 0.5
     pos = pos.clamp(0, n_in - 1)

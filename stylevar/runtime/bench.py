@@ -81,7 +81,6 @@ def _timed(fn, device, repeats: int, warmup: int) -> float:
 def flops_of(fn) -> int:
     """The FLOPs of one call of ``fn`` (torch's FlopCounterMode: matrix products, convolutions, attention)."""
     from torch.utils.flop_counter import FlopCounterMode
-
     with FlopCounterMode(display=False) as counter:
         fn()
     return int(counter.get_total_flops())
@@ -148,7 +147,6 @@ class _GraphStages:
 
     def __init__(self, model):
         from stylevar.runtime.compile import compiled, recompile_limit_hits
-
         self.count, self.stages, self.seen = compiled(model), {}, 0
         self.hits_before = recompile_limit_hits()
 
@@ -158,7 +156,6 @@ class _GraphStages:
 
     def result(self) -> dict | None:
         from stylevar.runtime.compile import recompile_limit_hits
-
         if self.count is None:
             return None
         return {"backend": self.count.backend, **self.stages, "total": self.count.graphs,
@@ -169,7 +166,6 @@ def _build(cfg: BenchConfig, say: Callable[[str], None]) -> _Bench:
     """The preset with random weights on the device (bf16 autocast on CUDA unless off, compiled when asked)."""
     from stylevar.utils.devices import resolve_device
     from stylevar.pipelines.pipeline import StylePipeline
-
     device = resolve_device(cfg.device)
     apply_threads(cfg.threads)  # None: the process's policy (stylevar.utils.threads), as a loaded model gets
     t_build = time.perf_counter()
@@ -259,7 +255,6 @@ def _time_naive(bench: _Bench) -> dict:
     """The transformer loop alone against the naive blend at batch 1, one condition shared by both."""
     from stylevar.models.sampling import make_generators
     from stylevar.models.transformer.naive import naive_sample_tokens
-
     model, device = bench.model, bench.device
     content, style = bench.images(1), bench.images(1)
     alpha_K = model.blend_alphas()
@@ -268,8 +263,7 @@ def _time_naive(bench: _Bench) -> dict:
         cond = model.condition(content, style)
         fast = bench.timed(lambda: model.sample_tokens(cond, make_generators(0, 1, device), alpha_K))
         naive = bench.timed(lambda: naive_sample_tokens(model, cond, make_generators(0, 1, device), alpha_K))
-    return {"batch": 1, "naive_ms_per_image": 1000 * naive, "fast_ms_per_image": 1000 * fast,
-            "speedup": naive / fast}
+    return {"batch": 1, "naive_ms_per_image": 1000 * naive, "fast_ms_per_image": 1000 * fast, "speedup": naive / fast}
 
 
 def format_result(res: BenchResult) -> str:

@@ -44,7 +44,6 @@ def compile_blocks(model, backend: str = "inductor") -> GraphCount:
     if earlier is not None:
         raise ValueError(f"the blocks are compiled already (backend {earlier.backend})")
     import torch._inductor.config as inductor_config
-
     import_compiler_quietly()  # no "No CUDA runtime is found" on a machine without a usable GPU
     count = GraphCount(backend)
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
@@ -58,5 +57,4 @@ def compile_blocks(model, backend: str = "inductor") -> GraphCount:
 def recompile_limit_hits() -> int:
     """How often dynamo hit a recompile limit in this process (the code it hit it on runs eagerly from then on)."""
     from torch._dynamo.utils import counters
-
     return sum(n for msg, n in counters["unimplemented"].items() if "recompile limit" in msg.lower())

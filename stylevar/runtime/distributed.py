@@ -48,7 +48,6 @@ def join_process_group(device: torch.device, *, timeout_s: float | None = None, 
     """Join torchrun's process group with the backend for ``device`` unless in one already; True when it was joined
     here (the caller then leaves it). ``bind_device`` binds it to a CUDA ``device``."""
     import torch.distributed as dist
-
     if dist.is_initialized():
         return False
     options: dict[str, Any] = {}
@@ -64,7 +63,6 @@ def leave_process_group() -> None:
     """Leave the process group once every rank has reached here (gloo aborts a rank whose peer left first),
     waiting at most `TEARDOWN_WAIT_S` for a failed rank. A no-op without a group."""
     import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()):
         return
     try:
@@ -83,7 +81,6 @@ def all_gather_object(obj: Any, world_size: int) -> list[Any]:
     if world_size <= 1:
         return [obj]
     import torch.distributed as dist
-
     out: list[Any] = [None] * world_size
     dist.all_gather_object(out, obj)
     return out

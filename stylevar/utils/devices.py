@@ -50,7 +50,6 @@ def driver_version() -> str:
 def cuda_unusable_reason() -> str | None:
     """Why torch cannot use the GPU this machine has, from torch's own error; None when it can or there is none."""
     import torch
-
     nodes = _gpu_nodes()
     if not nodes or torch.cuda.is_available():
         return None
@@ -68,7 +67,6 @@ def cuda_unusable_reason() -> str | None:
 def _auto_device() -> "torch.device":
     """CUDA if torch can use it, else the CPU, with a warning when a GPU is present but unusable."""
     import torch
-
     if torch.cuda.is_available():
         return torch.device("cuda")
     reason = cuda_unusable_reason()
@@ -91,7 +89,6 @@ def check_device(name: str | None) -> str | None:
 def resolve_device(name: str | None) -> "torch.device":
     """The torch.device for ``name`` (None: CUDA if available, else the CPU), checked to exist here."""
     import torch
-
     if name is None:
         return _auto_device()
     try:
@@ -118,7 +115,6 @@ def resolve_device(name: str | None) -> "torch.device":
 def resolve_devices(names: Sequence[str]) -> "list[torch.device]":
     """Several devices: ``["auto"]`` -> every visible CUDA device, else the CPU; otherwise each checked."""
     import torch
-
     if list(names) == ["auto"]:
         if _auto_device().type == "cuda":
             return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]

@@ -59,7 +59,6 @@ def precision_setting(value: str | None = None, environ: Mapping[str, str] | Non
 def parse_dtype(name: str) -> torch.dtype:
     """The torch dtype for a name in `DTYPE_NAMES` ("bf16" -> torch.bfloat16); ValueError for any other."""
     import torch
-
     if name not in DTYPE_NAMES:
         raise ValueError(f"unknown dtype {name!r}; one of {', '.join(DTYPE_NAMES)}")
     return getattr(torch, DTYPE_NAMES[name])
@@ -68,7 +67,6 @@ def parse_dtype(name: str) -> torch.dtype:
 def resolve_autocast_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype | None:
     """The autocast dtype for ``device`` (None: float32); "auto": bfloat16 on a CUDA device that supports it."""
     import torch
-
     if name is None or isinstance(name, torch.dtype):
         dtype = name
     elif name == "auto":
@@ -94,14 +92,12 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
     if precision == "fp32":
         return contextlib.nullcontext()
     import torch
-
     return torch.autocast(device_type=device.type, dtype=parse_dtype(precision))
 
 
 def make_grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
     """A GradScaler, enabled only for fp16."""
     import torch
-
     return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
 
 
@@ -118,7 +114,6 @@ def strict_addmm_(out_NV: torch.Tensor, a_NC: torch.Tensor, b_CV: torch.Tensor, 
     """``out += alpha * a @ b`` in place, never in TF32 nor under autocast (on CUDA in float64, rounded to
     float32), so that near-ties pick the same code everywhere."""
     import torch
-
     if out_NV.device.type != "cuda":
         return out_NV.addmm_(a_NC, b_CV, alpha=alpha, beta=1)
     return out_NV.add_(torch.mm(a_NC.double(), b_CV.double()).to(out_NV.dtype), alpha=alpha)
@@ -127,7 +122,6 @@ def strict_addmm_(out_NV: torch.Tensor, a_NC: torch.Tensor, b_CV: torch.Tensor, 
 def _float32(value):
     """A floating tensor as float32; anything else as it is."""
     import torch
-
     return value.float() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
 
 
@@ -137,7 +131,6 @@ def full_precision(method):
     @functools.wraps(method)
     def in_float32(*args, **kwargs):
         import torch
-
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         device_type = tensors[0].device.type if tensors else "cpu"
         args, kwargs = tuple(map(_float32, args)), {k: _float32(v) for k, v in kwargs.items()}
@@ -154,7 +147,6 @@ def _cuda_op_lists() -> tuple[frozenset, frozenset, frozenset]:
     """CUDA autocast's operator lists: those cast to the lower precision, to float32, and to the widest input type."""
     import torch
     import torch.nn.functional as F
-
     T = torch.Tensor
     lower = frozenset({
         F.linear, torch.matmul, T.matmul, T.__matmul__, T.__rmatmul__, torch.mm, T.mm, torch.bmm, T.bmm, torch.mv,
@@ -189,7 +181,6 @@ def _cuda_like_call(func, args, kwargs):
     """``func`` called as CUDA's autocast would in the current CPU autocast region's dtype (float64 never cast)."""
     import torch
     from torch.utils._pytree import tree_map
-
     if not torch.is_autocast_enabled("cpu"):  # a float32 region (or no autocast): nothing to emulate
         return func(*args, **kwargs)
     lower, float32, widest = _cuda_op_lists()
@@ -233,6 +224,5 @@ def cuda_like_casts() -> Iterator[None]:
 def cuda_like_autocast(dtype: torch.dtype | None = None) -> Iterator[None]:
     """CPU autocast to ``dtype`` (bfloat16 by default) that casts as CUDA's autocast does (`cuda_like_casts`)."""
     import torch
-
     with torch.autocast("cpu", dtype=dtype or torch.bfloat16), cuda_like_casts():
         yield

@@ -216,7 +216,6 @@ def apply_threads(threads: int | str | None = None, environ: Mapping[str, str] |
     if value is None and _decided is not None:
         return _decided
     import torch
-
     choice = choose_threads(value, environ)
     current = torch.get_num_threads()
     if choice.policy:

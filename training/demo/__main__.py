@@ -5,8 +5,7 @@
 
 Sampling settings, refinement and palette step are chosen on training triplets; the model is evaluated on
 held-out triplets and photographs beside copy-content and Reinhard, and saved (float16 where that changes the
-evaluation by less than 0.002 SSIM) with a model card (``training.demo.export``, ``training.demo.card``).
-"""
+evaluation by less than 0.002 SSIM) with a model card (``training.demo.export``, ``training.demo.card``)."""
 from __future__ import annotations
 
 import argparse

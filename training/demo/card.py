@@ -1,11 +1,10 @@
 """The demo model's card (its README.md), written by `training.demo.export` from what the run measured.
 
 Between `<!-- generated: NAME -->` and `<!-- end generated: NAME -->` (NAME one of `BLOCKS`) the card is the
-generator's: the export's choices, the training stages, the model's settings, the measured quality table and the
-export's full evaluation. Every other line (the title, hand-written prose, the History) is carried over verbatim
-from the card already at the destination. A block that card has no markers for is not written (its layout
-decides); with no card there, the default layout (`fresh_card`) is written, and a card without any markers is
-kept whole under "## History" after it.
+generator's: the export's choices, the training stages, the model's settings, the quality table and the full
+evaluation. Every other line (title, hand-written prose, History) is carried over verbatim from the card already at
+the destination. A block that card has no markers for is not written (its layout decides); with no card there, the
+default layout (`fresh_card`) is written, and a card without markers is kept whole under "## History" after it.
 """
 from __future__ import annotations
 

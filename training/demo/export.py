@@ -86,7 +86,6 @@ def image_batch(images, size: int) -> torch.Tensor:
 def ssim_to_target(images: torch.Tensor, triplets: list[Triplet]) -> float:
     """Mean SSIM (the paper's definition) of `images` (B, 3, S, S) to the triplets' targets, at S px."""
     from stylevar.metrics import compute
-
     target = image_batch([t.target for t in triplets], images.shape[-1])
     return float(compute("ssim", images, target, target, target).mean())
 
@@ -119,7 +118,6 @@ def choose_refinement(pipe: StylePipeline, triplets: list[Triplet], seed: int = 
                       ) -> tuple[Refinement, dict[str, dict]]:
     """The refinement with the best SSIM on training `triplets`, and every candidate's scores (refinement off)."""
     from stylevar.metrics import compute
-
     if pipe.config.refine.enabled:
         raise ValueError("choose_refinement needs the transformer's own outputs: turn the pipeline's refinement off")
     size = pipe.image_size
@@ -147,7 +145,6 @@ def choose_palette(pipe: StylePipeline, triplets: list[Triplet], refinement: Ref
                    ) -> tuple[Palette, dict]:
     """The palette step nearest the style's colours that keeps the content's edges as the targets do."""
     from stylevar.metrics import compute
-
     if pipe.config.palette.enabled or pipe.config.refine.enabled:
         raise ValueError("choose_palette needs the transformer's own outputs: turn the palette and refinement off")
     size = pipe.image_size
@@ -267,7 +264,6 @@ def sample_grid(pipe: StylePipeline, triplets: list[Triplet], path: Path, seed: 
 
 def make_suite():
     from stylevar.metrics import MetricSuite
-
     return MetricSuite(BASE_METRICS + OPTIONAL_METRICS, allow_missing=True)  # optional ones only with weights
 
 

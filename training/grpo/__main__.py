@@ -4,10 +4,8 @@
         --group-size G --batch-size B --max-steps N [--lora-rank 256 --lora-alpha 512 ...]
     torchrun --nproc_per_node P -m training.grpo ...        # the same run on P processes
 
-A step: G rollouts per triplet, rewards and group advantages, a clipped policy loss with a KL term under PANW token
-weights, and iterative merges of LoRA into the base weights (``training.grpo.trainer``). ``RUN/final/`` is a plain
-model directory with LoRA merged (any checkpoint: ``python -m training.merge_lora RUN``).
-"""
+A step: G rollouts per triplet, group advantages of their rewards, a clipped policy loss with KL under PANW weights,
+LoRA merged when due (``training.grpo.trainer``). ``RUN/final/``: LoRA merged (any checkpoint: training.merge_lora)."""
 from __future__ import annotations
 
 import argparse

@@ -41,7 +41,6 @@ class Reward:
 
     def __init__(self, cfg: RewardConfig, device: str | torch.device | None = None):
         import torch
-
         self.cfg = cfg
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.suite = None

@@ -35,7 +35,6 @@ def run_recipe(parser: argparse.ArgumentParser, module: str, argv: list[str] | N
     """Parse ``argv``, then (torch and the models imported only now) TF32 on CUDA and ``module.entry(args)``."""
     args = parser.parse_args(argv)
     from stylevar.utils.precision import set_matmul_precision
-
     set_matmul_precision()
     return getattr(importlib.import_module(module), entry)(args)
 
@@ -45,7 +44,6 @@ def resolve_hub_options(args: argparse.Namespace, *flags: str) -> None:
     directory, pulled on first use; an id that cannot be resolved exits with one line."""
     from stylevar.loaders import hub
     from stylevar.loaders.pull import resolve_model
-
     for flag in flags:
         value = getattr(args, flag)
         if hub.is_hub_id(value):
@@ -101,6 +99,5 @@ def add_loop_args(parser, *, lr: float, batch_size: int, max_grad_norm: float = 
 
 def loop_config(args, precision: str) -> LoopConfig:
     from training.parts.schedule import LoopConfig  # with torch: once the options are parsed
-
     options = {f.name: getattr(args, f.name) for f in fields(LoopConfig) if f.name not in ("precision", "progress")}
     return LoopConfig(**options, precision=precision, progress=not args.no_progress)

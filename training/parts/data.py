@@ -157,15 +157,8 @@ class _Entry:
 class TripletDataset(Dataset):
     """Map-style triplets from one or more manifests (use with DistributedSampler for exact resume)."""
 
-    def __init__(
-        self,
-        manifests: str | Path | Sequence[str | Path],
-        split: str | None = "train",
-        image_size: int = 256,
-        augment: AugmentConfig | None = None,
-        seed: int = 0,
-        max_skips: int = 100,
-    ) -> None:
+    def __init__(self, manifests: str | Path | Sequence[str | Path], split: str | None = "train", image_size: int = 256,
+                 augment: AugmentConfig | None = None, seed: int = 0, max_skips: int = 100) -> None:
         paths = [manifests] if isinstance(manifests, (str, Path)) else list(manifests)
         if not paths:
             raise ValueError("no manifest given")
@@ -224,26 +217,17 @@ class TripletDataset(Dataset):
             item: dict = self.transform(loaded, index, self.epoch)
             item.update(id=entry.id, index=index, skipped=passed)
             return item
-        raise RuntimeError(
-            f"{len(passed)} consecutive entries from index {index} have unusable images "
-            f"(first: {passed[0]}: {self.skipped.get(passed[0])}); check the data"
-        )
+        raise RuntimeError(f"{len(passed)} consecutive entries from index {index} have unusable images "
+                           f"(first: {passed[0]}: {self.skipped.get(passed[0])}); check the data")
 
 
 class ShardTripletDataset(IterableDataset):
     """Iterable triplets from `data_tools.shards` shards, split over ranks and workers, shuffled by (seed, epoch);
     resume is per epoch (`set_epoch`): `TripletDataset` resumes exactly."""
 
-    def __init__(
-        self,
-        urls: Sequence[str | Path],
-        split: str | None = "train",
-        image_size: int = 256,
-        augment: AugmentConfig | None = None,
-        seed: int = 0,
-        shuffle: bool = False,
-        shuffle_buffer: int = 1000,
-    ) -> None:
+    def __init__(self, urls: Sequence[str | Path], split: str | None = "train", image_size: int = 256,
+                 augment: AugmentConfig | None = None, seed: int = 0, shuffle: bool = False,
+                 shuffle_buffer: int = 1000) -> None:
         self.urls = [str(u) for u in urls]
         if not self.urls:
             raise ValueError("no shards given")
@@ -252,9 +236,7 @@ class ShardTripletDataset(IterableDataset):
                 raise FileNotFoundError(f"shard not found: {u}")
         self.split = split
         self.transform = TripletTransform(image_size, augment, seed)
-        self.seed = seed
-        self.shuffle = shuffle
-        self.shuffle_buffer = shuffle_buffer
+        self.seed, self.shuffle, self.shuffle_buffer = seed, shuffle, shuffle_buffer
         self.epoch = 0
         self.skipped: dict[str, str] = {}  # "<shard>:<member>" -> reason
         self.num_samples = _count_from_summary(self.urls, split)
@@ -350,15 +332,9 @@ def _resolve(path: str, split: str | None) -> tuple[str, list[str]]:
     raise FileNotFoundError(f"manifest or shards not found: {path}")
 
 
-def open_triplets(
-    paths: Sequence[str | Path] | str | Path,
-    split: str | None = "train",
-    image_size: int = 256,
-    augment: AugmentConfig | None = None,
-    *,
-    seed: int = 0,
-    shuffle: bool = False,
-) -> TripletDataset | ShardTripletDataset:
+def open_triplets(paths: Sequence[str | Path] | str | Path, split: str | None = "train", image_size: int = 256,
+                  augment: AugmentConfig | None = None, *, seed: int = 0,
+                  shuffle: bool = False) -> TripletDataset | ShardTripletDataset:
     """One dataset from manifests (map-style) or from shards (iterable); mixing the two is an error."""
     if isinstance(paths, (str, Path)):
         paths = [paths]

@@ -23,7 +23,6 @@ from training.parts.rundir import CONFIG_NAME
 def precision_policies(precision: str) -> dict[str, Any]:
     """The mixed-precision policy of ``"blocks"`` (bf16 gathers) and ``"root"`` (fp32); grads reduced in fp32."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
-
     block_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     return {kind: MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
             for kind, dtype in (("blocks", block_dtype), ("root", torch.float32))}
@@ -34,7 +33,6 @@ def shard_model(root: nn.Module, model: nn.Module, env, precision: str) -> nn.Mo
     if not env.distributed:
         return root
     from torch.distributed.fsdp import fully_shard
-
     policies = precision_policies(precision)
     for block in model.blocks:
         fully_shard(block.ada_lin, mp_policy=policies["blocks"])
@@ -45,7 +43,6 @@ def shard_model(root: nn.Module, model: nn.Module, env, precision: str) -> nn.Mo
 
 def is_sharded(module: nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
-
     return isinstance(module, FSDPModule)
 
 
@@ -64,7 +61,6 @@ def gathered(module: nn.Module) -> Iterator[None]:
 
 def _state_dicts(module: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
     out = {"model": get_model_state_dict(module)}
     if optimizer is not None:
         out["optimizer"] = get_optimizer_state_dict(module, optimizer)
@@ -75,7 +71,6 @@ def save_sharded(folder: Path, module: nn.Module, optimizer: torch.optim.Optimiz
     """Every rank writes its shards to ``folder`` (renamed by rank 0); a failure: `WriteFailedError` on every rank."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import CheckpointException
-
     tmp = temp_folder(folder)
     if env.is_main:
         remove_quietly(tmp)
@@ -98,7 +93,6 @@ def load_sharded(folder: str | os.PathLike, module: nn.Module, optimizer: torch.
     """Load a :func:`save_sharded` folder into ``module`` (at any world size) and ``optimizer`` (when given)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
-
     state = _state_dicts(module, optimizer)
     dcp.load(state, checkpoint_id=str(folder), no_dist=not (dist.is_available() and dist.is_initialized()))
     set_model_state_dict(module, state["model"])
@@ -109,7 +103,6 @@ def load_sharded(folder: str | os.PathLike, module: nn.Module, optimizer: torch.
 def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
     """The whole state dict on the CPU of rank 0 (every rank calls it; the others get an empty dict)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
     return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
@@ -123,7 +116,6 @@ def export_model_dir(checkpoint: str | os.PathLike, out: str | os.PathLike) -> P
     from stylevar.pipelines.pipeline import StylePipeline
     from stylevar.models.tokenizer import MultiScaleVQVAE
     from stylevar.models.transformer import StyleVAR
-
     pt = newest_checkpoint(checkpoint, sharded=True)
     run_root = pt.parent.parent
     config = json.loads((run_root / CONFIG_NAME).read_text())

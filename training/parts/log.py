@@ -30,7 +30,6 @@ class RunLogger:
         run.truncate_log(start_step)
         self._file = open(run.log_path, "a")
         from torch.utils.tensorboard import SummaryWriter
-
         self._tb = SummaryWriter(log_dir=str(run.tb), purge_step=start_step + 1 if start_step > 0 else None)
         if progress:
             from tqdm.auto import tqdm
@@ -55,7 +54,6 @@ class RunLogger:
         if not self.env.is_main:
             return
         from tqdm.auto import tqdm
-
         tqdm.write(f"[{self.run.root.name}] {message}", file=sys.stderr)
 
     def advance(self, step: int, postfix: Mapping[str, Any] | None = None) -> None:
@@ -101,8 +99,7 @@ def read_log(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
 class MetricWindow:
     """The metrics of the steps between two log lines as one record (``last``: newest value, ``summed``: sum)."""
 
-    def __init__(self, env: DistEnv, *, last: Sequence[str] = (), summed: Sequence[str] = (),
-                 over_ranks: bool = True):
+    def __init__(self, env: DistEnv, *, last: Sequence[str] = (), summed: Sequence[str] = (), over_ranks: bool = True):
         self.env, self.last, self.summed, self.over_ranks = env, tuple(last), tuple(summed), over_ranks
         self.rows: list[Mapping[str, float]] = []
         self.steps_per_s = math.nan  # of the last recorded window

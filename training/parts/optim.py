@@ -45,14 +45,8 @@ def param_groups(model: nn.Module, weight_decay: float, extra_no_decay: Iterable
     return [g for g in groups if g["params"]]
 
 
-def make_adamw(
-    model: nn.Module,
-    lr: float,
-    weight_decay: float,
-    betas: tuple[float, float] = (0.9, 0.95),
-    eps: float = 1e-8,
-    fused: bool | None = None,
-) -> torch.optim.AdamW:
+def make_adamw(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.95),
+               eps: float = 1e-8, fused: bool | None = None) -> torch.optim.AdamW:
     groups = param_groups(model, weight_decay)
     for g in groups:
         g.pop("names")

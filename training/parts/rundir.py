@@ -83,16 +83,8 @@ class RunDir:
         return self.root / "final"
 
     @classmethod
-    def prepare(
-        cls,
-        root: str | os.PathLike,
-        config: Mapping[str, Any],
-        env: DistEnv,
-        *,
-        free_keys: Sequence[str] = (),
-        absent_as: Mapping[str, Any] | None = None,
-        extension: RunExtension | None = None,
-    ) -> "RunDir":
+    def prepare(cls, root: str | os.PathLike, config: Mapping[str, Any], env: DistEnv, *, free_keys: Sequence[str] = (),
+                absent_as: Mapping[str, Any] | None = None, extension: RunExtension | None = None) -> "RunDir":
         """Create RUN/ and write its config, or check that an existing run has the same one (only ``free_keys``
         may differ; ``absent_as``: older runs' values of newer options; ``extension``: a run trained longer).
         Every rank checks, rank 0 writes; a failed write (disk full) exits with one line (SystemExit)."""

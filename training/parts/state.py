@@ -70,10 +70,8 @@ class TrainingState:
             restore_rng_state(state["rng"][self.env.rank], self.generators, self.env.device)
         else:
             seed_everything(seed + 7919 * int(state["step"]) + self.env.rank)
-            notes.append(
-                f"world size changed from {state['world_size']} to {self.env.world_size}: data position kept, "
-                "process RNG streams reseeded"
-            )
+            notes.append(f"world size changed from {state['world_size']} to {self.env.world_size}: data position kept, "
+                         "process RNG streams reseeded")
         return notes + list(getattr(self.stream, "notes", ()))  # e.g. shard streams restarting
 
     def _rate_of_this_schedule(self) -> None:

@@ -15,14 +15,8 @@ from training.parts.run import TrainingRun
 from training.parts.schedule import LoopConfig
 
 
-def clip_and_step(
-    params: Sequence[torch.nn.Parameter],
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler,
-    scheduler: Any,
-    max_grad_norm: float | None,
-    foreach: bool | None = True,
-) -> torch.Tensor:
+def clip_and_step(params: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                  scheduler: Any, max_grad_norm: float | None, foreach: bool | None = True) -> torch.Tensor:
     """Unscale, clip (when max_grad_norm > 0), step the optimizer and scheduler, zero the grads; the grad norm
     before clipping, a 0-d device tensor (nan when not computed). ``foreach``: one pass (None: torch's choice)."""
     scaler.unscale_(optimizer)

@@ -18,18 +18,8 @@ class EpochShardSampler(Sampler[int]):
     """The indices one rank reads in one epoch from a given position on: rank r takes every world_size-th index
     of the (seed, epoch) permutation from r, so a global batch is the same samples for any number of ranks."""
 
-    def __init__(
-        self,
-        num_samples: int,
-        *,
-        epoch: int,
-        seed: int,
-        rank: int = 0,
-        world_size: int = 1,
-        shuffle: bool = True,
-        drop_last: bool = True,
-        start: int = 0,
-    ):
+    def __init__(self, num_samples: int, *, epoch: int, seed: int, rank: int = 0, world_size: int = 1,
+                 shuffle: bool = True, drop_last: bool = True, start: int = 0):
         self.num_samples = num_samples
         self.epoch, self.seed, self.rank, self.world_size = epoch, seed, rank, world_size
         self.shuffle, self.drop_last, self.start = shuffle, drop_last, start
@@ -100,10 +90,8 @@ class BatchStreamConfig:
 def micro_batch_size(global_batch: int, grad_accum: int, world_size: int) -> int:
     per = global_batch // (grad_accum * world_size)
     if per * grad_accum * world_size != global_batch or per == 0:
-        raise ValueError(
-            f"--batch-size {global_batch} must be a positive multiple of grad_accum ({grad_accum}) x "
-            f"world size ({world_size})"
-        )
+        raise ValueError(f"--batch-size {global_batch} must be a positive multiple of grad_accum ({grad_accum}) x "
+                         f"world size ({world_size})")
     return per
 
 
@@ -146,10 +134,8 @@ class BatchStream:
         n = len(dataset)  # type: ignore[arg-type]
         self.batches_per_epoch = n // (self.micro_batch * env.world_size)
         if self.batches_per_epoch == 0:
-            raise ValueError(
-                f"dataset has {n} samples, fewer than one global micro-batch "
-                f"({self.micro_batch} x {env.world_size} ranks)"
-            )
+            raise ValueError(f"dataset has {n} samples, fewer than one global micro-batch "
+                             f"({self.micro_batch} x {env.world_size} ranks)")
         self.epoch = 0
         self.index = 0
         self._it: Iterator | None = None
@@ -190,8 +176,7 @@ class IterableBatchStream:
     """The :class:`BatchStream` interface over an IterableDataset: each rank starts its next epoch when its share
     runs out; a resume skips the batches consumed (exact when the order depends only on (seed, epoch))."""
 
-    def __init__(self, dataset: IterableDataset, cfg: BatchStreamConfig, env: DistEnv,
-                 num_samples: int | None = None):
+    def __init__(self, dataset: IterableDataset, cfg: BatchStreamConfig, env: DistEnv, num_samples: int | None = None):
         self.dataset, self.cfg, self.env = dataset, cfg, env
         self.micro_batch = micro_batch_size(cfg.global_batch, cfg.grad_accum, env.world_size)
         n = num_samples if num_samples is not None else getattr(dataset, "num_samples", None)

@@ -1,13 +1,11 @@
 """Supervised fine-tuning of StyleVAR on (content, style, target) triplets: ``python -m training.sft``.
 
-    python -m training.sft --data MANIFEST_OR_SHARDS [--data ...] --preset tiny|d16|d20 \
-        --tokenizer DIR_OR_PTH --out RUN --max-steps N --batch-size B [--grad-accum K] \
-        [--init-var VAR.pth | --init MODEL_DIR_OR_PTH]
+    python -m training.sft --data MANIFEST_OR_SHARDS [--data ...] --preset tiny|d16|d20 --tokenizer DIR_OR_PTH \
+        --out RUN --max-steps N --batch-size B [--grad-accum K] [--init-var VAR.pth | --init MODEL_DIR_OR_PTH]
     torchrun --nproc_per_node G -m training.sft ...          # the same run on G processes (--strategy fsdp: sharded)
 
 Teacher-forced cross-entropy over the target's tokens with label smoothing, AdamW and the paper's two-level lr
-after a warm-up. ``RUN/final/`` is a model directory (``StylePipeline.from_pretrained(RUN/final)``).
-"""
+after a warm-up. ``RUN/final/`` is a model directory (``StylePipeline.from_pretrained(RUN/final)``)."""
 from __future__ import annotations
 
 import argparse

@@ -5,8 +5,7 @@
     torchrun --nproc_per_node G -m training.vqvae ...      # the same run on G processes
 
 Reconstruction (L1, L2, LPIPS when its weights are present, stroke losses when weighted) plus the VQ loss, with
-dead-code restarts. ``RUN/final/`` is a tokenizer folder (``MultiScaleVQVAE.from_pretrained``, ``--tokenizer``).
-"""
+dead-code restarts. ``RUN/final/`` is a tokenizer folder (``MultiScaleVQVAE.from_pretrained``, ``--tokenizer``)."""
 from __future__ import annotations
 
 import argparse

@@ -37,7 +37,6 @@ def build_style_features(device: torch.device) -> nn.Module:
     """The teacher's style predictor (`stylevar.metrics.pretrained_style`), fixed; a clear exit without the extra."""
     from stylevar.loaders.teacher import TeacherUnavailable
     from stylevar.metrics.pretrained_style import StylePredictor
-
     try:
         return StylePredictor().eval().to(device)
     except TeacherUnavailable as e:

@@ -37,8 +37,7 @@ class ImageSet(Dataset):
     """Every distinct image (of the given roles) of the triplet datasets' entries, centre-cropped to S x S in
     [-1, 1]; unusable files are skipped as in ``training.parts.data``."""
 
-    def __init__(self, triplets: TripletDataset, image_size: int, max_skips: int = 100,
-                 roles: tuple[str, ...] = ROLES):
+    def __init__(self, triplets: TripletDataset, image_size: int, max_skips: int = 100, roles: tuple[str, ...] = ROLES):
         seen: dict[str, None] = {}
         for entry in triplets.entries:
             for role in roles:

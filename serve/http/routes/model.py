@@ -17,11 +17,9 @@ async def model_info(state: ServiceState = Depends(get_state)) -> ModelInfo:  # 
     """The loaded model: configuration, demo flag, devices, dtype, precision (and why) and library version."""
     runner = require_loaded(state).runner
     cfg, precision = runner.pipe.config, runner.precision
-    return ModelInfo(
-        name=cfg.name, demo=cfg.demo, version=stylevar.__version__,
-        devices=[str(r.device) for r in state.runners], dtype=runner.dtype_name,
-        precision=precision.precision, precision_reason=precision.reason,
-        image_size=runner.pipe.image_size, patch_nums=list(cfg.transformer.patch_nums),
-        default_alphas=list(cfg.transformer.alpha_nums), vocab_size=cfg.transformer.vocab_size,
-        config=cfg.to_dict(),
-    )
+    return ModelInfo(name=cfg.name, demo=cfg.demo, version=stylevar.__version__,
+                     devices=[str(r.device) for r in state.runners], dtype=runner.dtype_name,
+                     precision=precision.precision, precision_reason=precision.reason,
+                     image_size=runner.pipe.image_size, patch_nums=list(cfg.transformer.patch_nums),
+                     default_alphas=list(cfg.transformer.alpha_nums), vocab_size=cfg.transformer.vocab_size,
+                     config=cfg.to_dict())

@@ -179,8 +179,7 @@ async def submit(state: ServiceState, upload: StylizeUpload, request: Request,
                                                          "(its upload and decoding took all of it)")
         task = StylizeTask(stylization, on_preview, st.keys.scope_of(bearer_token(request.scope)))
         with counted_refusal(st):
-            job = admission.submit(stylization.key, task, rows=len(stylization.seeds), timeout_s=left_s,
-                                   request_id=rid)
+            job = admission.submit(stylization.key, task, rows=len(stylization.seeds), timeout_s=left_s, request_id=rid)
         job.future.add_done_callback(lambda f: reservation.model_done(not f.cancelled() and f.exception() is None))
     return job, decoded[0], small_image_headers(plan, decoded)
 

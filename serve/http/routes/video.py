@@ -217,8 +217,7 @@ async def _probe(src: Path, limits: VideoLimits) -> VideoInfo:
         raise video_error(e) from e
 
 
-async def _run(request: Request, st: ServiceState, clip: ClipWork, src: Path, styles: list, out: Path,
-               kwargs: dict):
+async def _run(request: Request, st: ServiceState, clip: ClipWork, src: Path, styles: list, out: Path, kwargs: dict):
     """`stylize_video` on the clip's thread; however the route ends, the thread is told to stop between frames."""
     stop, steps = threading.Event(), StepClock()
 
