@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from benchmarks.harness import time_turns, timing_arguments
 from stylevar.utils.helptext import HelpFormatter
+from stylevar.utils.heap import apply_heap_policy  # no torch
 from stylevar.utils.threads import apply_threads  # no torch
 
 if TYPE_CHECKING:
@@ -245,6 +246,7 @@ def parse_config(argv: list[str] | None) -> tuple[StageBenchConfig, bool]:
 def main(argv: list[str] | None = None) -> int:
     cfg, as_json = parse_config(argv)
     apply_threads(cfg.threads)
+    apply_heap_policy()  # the heap keeps freed memory, as the service's and the command line's processes do
     reference = None
     if cfg.reference:
         from benchmarks.reference import ReferenceMissing, build_reference, missing_message

@@ -240,7 +240,10 @@ def measure(args) -> dict:
     """Every figure of one run (module doc)."""
     import torch
 
+    from stylevar.utils.heap import apply_heap_policy
+
     torch.set_num_threads(args.threads)
+    apply_heap_policy()  # the heap keeps freed memory, as the service's and the command line's processes do
     peaks = machine_peaks()
     best = {d: max(k.values()) for d, k in peaks.items()}
     plain, models, rows = build_models(args.preset, args.precisions, args.levers)

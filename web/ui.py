@@ -133,6 +133,8 @@ def model_markdown(info: dict[str, Any]) -> str:
     lines.append(f"{info.get('image_size', '?')} px · {len(patch_nums)} scales ({scales}) · "
                  f"{', '.join(info.get('devices', []))} · {info.get('dtype', '?')} · "
                  f"stylevar {info.get('version', '?')}")
+    if info.get("precision"):  # the service settles it when the model loads (docs/cpu.md)
+        lines.append(f"Precision {info['precision']}: {info.get('precision_reason', '')}")
     return "\n\n".join(lines)
 
 

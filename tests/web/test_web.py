@@ -276,6 +276,14 @@ def test_model_markdown_names_a_trained_model():
     text = model_markdown({"name": "stylevar-d20", "demo": False, "image_size": 256, "patch_nums": [1, 2],
                            "devices": ["cuda:0"], "dtype": "bfloat16", "version": "0.1.0"})
     assert "stylevar-d20" in text and DEMO_LABEL not in text and "cuda:0" in text
+    assert "Precision" not in text  # a service that does not say
+
+
+def test_model_markdown_says_the_precision_and_why():
+    text = model_markdown({"name": "stylevar-demo", "demo": True, "image_size": 64, "patch_nums": [1, 2],
+                           "devices": ["cpu"], "dtype": "float32", "precision": "fp32",
+                           "precision_reason": "no native bfloat16 on this CPU"})
+    assert "Precision fp32: no native bfloat16 on this CPU" in text
 
 
 def test_adain_panel_says_why_it_is_off(tmp_path, monkeypatch):
