@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 MIN_SEED_SPREAD = 0.01  # mean |pixel difference| between two seeds' outputs, [0, 1] scale (the sampling rule)
 BLOCKS = ("training", "stages", "model", "quality", "details")
+PALETTE_MOVES = {"moments": "Lab mean and standard deviation", "distribution": "Lab colour distribution"}  # by method
 BLOCK_RE = re.compile(r"^<!-- generated: ([\w-]+) -->\n.*?^<!-- end generated: \1 -->$", re.M | re.S)
 
 
@@ -165,10 +166,9 @@ def palette_choice_text(pal: Palette) -> str:
     """What the palette step does, in words (the export's choice)."""
     if not pal.enabled:
         return "off"
-    what = "Lab colour distribution" if pal.method == "distribution" else "Lab mean and standard deviation"
     if pal.strength >= 1:
-        return f"the whole {what} moved to the style's"
-    return f"the {what} moved {pal.strength:.0%} of the way to the style's"
+        return f"the whole {PALETTE_MOVES[pal.method]} moved to the style's"
+    return f"the {PALETTE_MOVES[pal.method]} moved {pal.strength:.0%} of the way to the style's"
 
 
 def training_choices(pipe: StylePipeline, r: Report) -> str:
@@ -202,12 +202,9 @@ def model_table(pipe: StylePipeline, r: Report) -> str:
                  "inputs through a zero-initialised linear map; an opt-in variant, not the published architecture)"
                  if tr.content_injection else "published architecture")
     ref, pal = pipe.config.refine, pipe.config.palette
-    palette_row_text = ("none" if not pal.enabled else
-                        f"{palette_label(pal)} (`stylevar.processing.palette`): the output's Lab mean and standard deviation "
-                        f"moved {pal.strength:.0%} of the way to the style's" if pal.method == "moments" else
-                        f"{palette_label(pal)} (`stylevar.processing.palette`): the output's Lab colour distribution moved "
-                        f"{pal.strength:.0%} of the way to the style's ({pal.iterations} rounds of iterative "
-                        f"distribution transfer)")
+    rounds = f" ({pal.iterations} rounds of iterative distribution transfer)" if pal.method == "distribution" else ""
+    palette_row_text = (f"{palette_label(pal)} (`stylevar.processing.palette`): the output's {PALETTE_MOVES[pal.method]} "
+                        f"moved {pal.strength:.0%} of the way to the style's{rounds}" if pal.enabled else "none")
     refinement_row = (f"guided filter with the content as the guide (`stylevar.processing.refine`), radius {ref.radius} px, "
                       f"eps {ref.eps:g}: the content's edges put back into the output, colours unchanged"
                       if ref.enabled else "none")
