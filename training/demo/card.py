@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import textwrap
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 from stylevar.evaluate.real_pairs import MODEL_ROW, RAW_ROW, TEACHER_ROW, ceiling_markdown, measure_cells
 from stylevar.evaluate.real_pairs import markdown as real_markdown
@@ -37,14 +37,15 @@ ARROWS = {"edge_corr": "↑", "ssim": "↑", "ssim_standard": "↑", "l1": "↓"
           "lpips": "↓", "dreamsim": "↓", "clip": "↑", "seed_spread": "", "sec_per_image": "↓"}
 
 
+def markdown_table(header: list[str], rows: Iterable[list[str]]) -> str:
+    """A markdown table: the header's cells, then each row's."""
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in [header, ["---"] * len(header), *rows])
+
+
 def table_markdown(table: dict[str, dict]) -> str:
     cols = [c for c in ARROWS if any(c in row for row in table.values())]
-    lines = ["| method | " + " | ".join(f"{c} {ARROWS[c]}".strip() for c in cols) + " |",
-             "| --- |" + " --- |" * len(cols)]
-    for method, row in table.items():
-        cells = [f"{row[c]:.4f}" if c in row else "-" for c in cols]
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    rows = ([method, *(f"{row[c]:.4f}" if c in row else "-" for c in cols)] for method, row in table.items())
+    return markdown_table(["method", *(f"{c} {ARROWS[c]}".strip() for c in cols)], rows)
 
 
 @dataclass
@@ -234,13 +235,10 @@ def quality_table(real: dict | None) -> str:
         return "Not measured: the export was given no held-out real pairs (`--real-contents`)."
     rows = {k: real["rows"][k] for k in QUALITY_ROWS if k in real["rows"]}
     cols = [m for m in QUALITY_MEASURES if all(m in row for row in rows.values())]
-    lines = [f"| {real['n_pairs']} held-out pairs | " + " | ".join(QUALITY_MEASURES[m][0] for m in cols) + " |",
-             "| --- |" + " --- |" * len(cols)]
-    for key, row in rows.items():
-        bold = "**" if key == MODEL_ROW else ""
-        cells = (f"{bold}{row[m]:.{QUALITY_MEASURES[m][1]}f}{bold}" for m in cols)
-        lines.append(f"| {QUALITY_ROWS[key]} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    bold = {key: "**" if key == MODEL_ROW else "" for key in rows}
+    body = ([QUALITY_ROWS[k], *(f"{bold[k]}{row[m]:.{QUALITY_MEASURES[m][1]}f}{bold[k]}" for m in cols)]
+            for k, row in rows.items())
+    return markdown_table([f"{real['n_pairs']} held-out pairs", *(QUALITY_MEASURES[m][0] for m in cols)], body)
 
 
 def details(pipe: StylePipeline, r: Report) -> str:
@@ -296,13 +294,12 @@ content's size and scored at 256 px): what a model that drew the teacher's pictu
 {ceiling_markdown(r.ceiling["rows"])}
 """
     if r.variants:
-        lines = ["| model (held-out real pairs) | edge corr. ↑ | colour SWD ↓ | texture ↓ | transformer alone: colour SWD ↓ |",
-                 "| --- | --- | --- | --- | --- |"]
-        for name, res in r.variants.items():
-            m, raw = res["rows"]["model"], res["rows"].get(RAW_ROW, {})
-            lines.append(f"| {name} | {measure_cells(m, VARIANT_MEASURES)} | "
-                         f"{raw.get('colour_swd_to_style', float('nan')):.3f} |")
-        text += "\n**Variants side by side** (the same held-out pairs):\n\n" + "\n".join(lines) + "\n"
+        table = markdown_table(["model (held-out real pairs)", "edge corr. ↑", "colour SWD ↓", "texture ↓",
+                                "transformer alone: colour SWD ↓"],
+                               ([name, measure_cells(res["rows"]["model"], VARIANT_MEASURES),
+                                 f"{res['rows'].get(RAW_ROW, {}).get('colour_swd_to_style', float('nan')):.3f}"]
+                                for name, res in r.variants.items()))
+        text += "\n**Variants side by side** (the same held-out pairs):\n\n" + table + "\n"
     return text + "\n"
 
 
