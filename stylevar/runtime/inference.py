@@ -196,7 +196,7 @@ def choose_precision(model_or_width, device: torch.device | str | None = None,
     if torch.device(device or "cpu").type != "cpu":
         return PrecisionChoice("fp32", GPU_REASON)
     native = native_cpu_bf16()
-    if not (native and packing_available(torch.float32) and packing_available(torch.bfloat16)):
+    if not (native and packing_available(torch.bfloat16)):  # bf16's packing implies fp32's
         return decide(native, None, None, margin)
     seconds = time_products(in_features, out_features)
     return decide(True, seconds["fp32"], seconds["bf16"], margin)
@@ -242,7 +242,7 @@ BF16_PARTS = ("loop", "image_encoders", "tokenizer_decoder", "tokenizer_encoder"
 def bf16_parts(tiles: bool) -> frozenset[str]:
     """The parts (`BF16_PARTS`) that precision "bf16" runs in bfloat16; the tokenizer's decoder only with AMX
     ``tiles`` (`cpu_bf16_tiles`), its encoder never (an image's tokens must not depend on the path)."""
-    return frozenset(BF16_PARTS[:3]) if tiles else frozenset(BF16_PARTS[:2])
+    return frozenset(BF16_PARTS[:3 if tiles else 2])
 
 
 def run_bf16(model, parts: frozenset[str]) -> None:
