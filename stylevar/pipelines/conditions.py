@@ -135,6 +135,8 @@ class ConditionCache:
     def follow(self, model) -> None:
         """Empty the cache when ``model`` is not as at the last call (moved, cast, prepared, trained: its tensors'
         storage or in-place versions differ, or its autocast), so that no entry outlives the weights that made it."""
+        if not self.enabled:
+            return  # nothing kept: no walk over the model's tensors
         tensors = itertools.chain(model.parameters(), model.buffers())
         state = hash((model.autocast_dtype, *((id(t), t.data_ptr(), 0 if t.is_inference() else t._version)
                                                for t in tensors)))

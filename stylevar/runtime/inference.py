@@ -215,12 +215,8 @@ def settle_precision(model, cfg: InferenceConfig) -> InferenceConfig:
 
 
 def precision_of(model) -> PrecisionChoice:
-    """The precision a model runs in and why: its settled choice, else what it was prepared with, else fp32."""
-    choice = getattr(model, "precision_choice", None)
-    if choice is None:
-        cfg = prepared(model)
-        return PrecisionChoice(cfg.precision, ASKED_REASON) if cfg else PrecisionChoice("fp32", "the model as loaded")
-    return choice
+    """The precision a model runs in and why: its settled choice (`prepare` settles it), else fp32."""
+    return getattr(model, "precision_choice", None) or PrecisionChoice("fp32", "the model as loaded")
 
 
 # the linear layers of each block that run at every scale of the sampling loop (and the model's head)
@@ -266,7 +262,7 @@ def prepare(model, cfg: InferenceConfig = InferenceConfig(), *, parts: frozenset
     under precision "bf16", the parts that run in bfloat16 instead of `bf16_parts`' choice (for measurements)."""
     if prepared(model) is not None:
         raise ValueError(f"this model was already prepared ({prepared(model)})")
-    if cfg.precision == "auto":
+    if cfg.precision == "auto" or not hasattr(model, "precision_choice"):  # kept when settled already
         cfg = settle_precision(model, cfg)
     model.eval().requires_grad_(False)
     on_cpu = model.pos_1LC.device.type == "cpu"
