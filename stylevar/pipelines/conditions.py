@@ -185,12 +185,9 @@ class ConditionCache:
         image computed at most once, looked up first in its row's scope (`scopes`, one a row; None: one scope)."""
         digests = self._digests(images_B3HW)
         keys = [(scope, kind, options, d) for scope, d in zip(scopes or [""] * len(digests), digests)]
-        parts: dict[tuple, Part] = {}
-        for key in dict.fromkeys(keys):
-            part = self._get(key) if self.enabled else None
-            if part is not None:
-                parts[key] = part
-        missing = [key for key in dict.fromkeys(keys) if key not in parts]
+        unique = dict.fromkeys(keys)
+        parts: dict[tuple, Part] = {k: p for k in unique if self.enabled and (p := self._get(k)) is not None}
+        missing = [key for key in unique if key not in parts]
         if missing:
             to_compute = list(dict.fromkeys(key[3] for key in missing))  # an image sent in two scopes: once
             fresh = compute(images_B3HW[[digests.index(d) for d in to_compute]])
