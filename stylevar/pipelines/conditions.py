@@ -135,6 +135,8 @@ class ConditionCache:
     def follow(self, model) -> None:
         """Empty the cache when ``model`` is not as at the last call (moved, cast, prepared, trained: its tensors'
         storage or in-place versions differ, or its autocast), so that no entry outlives the weights that made it."""
+        if not self.enabled:
+            return  # nothing kept: no walk over the model's tensors
         tensors = itertools.chain(model.parameters(), model.buffers())
         state = hash((model.autocast_dtype, *((id(t), t.data_ptr(), 0 if t.is_inference() else t._version)
                                                for t in tensors)))
@@ -183,12 +185,9 @@ class ConditionCache:
         image computed at most once, looked up first in its row's scope (`scopes`, one a row; None: one scope)."""
         digests = self._digests(images_B3HW)
         keys = [(scope, kind, options, d) for scope, d in zip(scopes or [""] * len(digests), digests)]
-        parts: dict[tuple, Part] = {}
-        for key in dict.fromkeys(keys):
-            part = self._get(key) if self.enabled else None
-            if part is not None:
-                parts[key] = part
-        missing = [key for key in dict.fromkeys(keys) if key not in parts]
+        unique = dict.fromkeys(keys)
+        parts: dict[tuple, Part] = {k: p for k in unique if self.enabled and (p := self._get(k)) is not None}
+        missing = [key for key in unique if key not in parts]
         if missing:
             to_compute = list(dict.fromkeys(key[3] for key in missing))  # an image sent in two scopes: once
             fresh = compute(images_B3HW[[digests.index(d) for d in to_compute]])

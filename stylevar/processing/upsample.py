@@ -128,9 +128,9 @@ def _rows_into(out_r7W: torch.Tensor, low_h7W: torch.Tensor, rows: _Rows, top: i
 def guide_image(content: Image.Image, fit: Fit, size: tuple[int, int]) -> Image.Image:
     """The content on the result's frame at `size` (w, h): the centre square for `crop`, else all of it."""
     content = content.convert("RGB") if content.mode != "RGB" else content
-    if fit.mode == "crop":
-        return content if content.size == size else ImageOps.fit(content, size, Image.BICUBIC)
-    return content if content.size == size else content.resize(size, Image.BICUBIC)
+    if content.size == size:
+        return content
+    return ImageOps.fit(content, size, Image.BICUBIC) if fit.mode == "crop" else content.resize(size, Image.BICUBIC)
 
 
 def _crop_box(x_CSS: torch.Tensor, fit: Fit) -> torch.Tensor:

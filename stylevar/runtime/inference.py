@@ -196,7 +196,7 @@ def choose_precision(model_or_width, device: torch.device | str | None = None,
     if torch.device(device or "cpu").type != "cpu":
         return PrecisionChoice("fp32", GPU_REASON)
     native = native_cpu_bf16()
-    if not (native and packing_available(torch.float32) and packing_available(torch.bfloat16)):
+    if not (native and packing_available(torch.bfloat16)):  # bf16's packing implies fp32's
         return decide(native, None, None, margin)
     seconds = time_products(in_features, out_features)
     return decide(True, seconds["fp32"], seconds["bf16"], margin)
@@ -215,12 +215,8 @@ def settle_precision(model, cfg: InferenceConfig) -> InferenceConfig:
 
 
 def precision_of(model) -> PrecisionChoice:
-    """The precision a model runs in and why: its settled choice, else what it was prepared with, else fp32."""
-    choice = getattr(model, "precision_choice", None)
-    if choice is None:
-        cfg = prepared(model)
-        return PrecisionChoice(cfg.precision, ASKED_REASON) if cfg else PrecisionChoice("fp32", "the model as loaded")
-    return choice
+    """The precision a model runs in and why: its settled choice (`prepare` settles it), else fp32."""
+    return getattr(model, "precision_choice", None) or PrecisionChoice("fp32", "the model as loaded")
 
 
 # the linear layers of each block that run at every scale of the sampling loop (and the model's head)
@@ -242,7 +238,7 @@ BF16_PARTS = ("loop", "image_encoders", "tokenizer_decoder", "tokenizer_encoder"
 def bf16_parts(tiles: bool) -> frozenset[str]:
     """The parts (`BF16_PARTS`) that precision "bf16" runs in bfloat16; the tokenizer's decoder only with AMX
     ``tiles`` (`cpu_bf16_tiles`), its encoder never (an image's tokens must not depend on the path)."""
-    return frozenset(BF16_PARTS[:3]) if tiles else frozenset(BF16_PARTS[:2])
+    return frozenset(BF16_PARTS[:3 if tiles else 2])
 
 
 def run_bf16(model, parts: frozenset[str]) -> None:
@@ -266,7 +262,7 @@ def prepare(model, cfg: InferenceConfig = InferenceConfig(), *, parts: frozenset
     under precision "bf16", the parts that run in bfloat16 instead of `bf16_parts`' choice (for measurements)."""
     if prepared(model) is not None:
         raise ValueError(f"this model was already prepared ({prepared(model)})")
-    if cfg.precision == "auto":
+    if cfg.precision == "auto" or not hasattr(model, "precision_choice"):  # kept when settled already
         cfg = settle_precision(model, cfg)
     model.eval().requires_grad_(False)
     on_cpu = model.pos_1LC.device.type == "cpu"

@@ -51,8 +51,8 @@ def precision_setting(value: str | None = None, environ: Mapping[str, str] | Non
     if value is not None:
         return check_precision(value)
     text = (os.environ if environ is None else environ).get(PRECISION_ENV, "").strip()
-    if text and precision_error(text):
-        raise ValueError(f"{PRECISION_ENV}: {precision_error(text)}")
+    if text and (error := precision_error(text)):
+        raise ValueError(f"{PRECISION_ENV}: {error}")
     return text or "auto"
 
 

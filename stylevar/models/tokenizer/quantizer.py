@@ -9,8 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stylevar.utils.precision import strict_addmm_
-from stylevar.utils.precision import full_precision
+from stylevar.utils.precision import full_precision, strict_addmm_
 
 
 class Phi(nn.Conv2d):
