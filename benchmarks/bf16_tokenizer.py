@@ -27,13 +27,13 @@ def example_images(size: int):
 def variants(model):
     """Prepared bf16 copies of ``model``, each with one tokenizer setting, by name."""
     from stylevar.runtime.inference import InferenceConfig, prepare
-    settings = {"encoder": {"tokenizer_encoder"}, "decoder": {"tokenizer_decoder"}}
-    out = {name: prepare(copy.deepcopy(model), InferenceConfig(precision="bf16"), parts=frozenset(parts))
-           for name, parts in settings.items()}
-    # the encoder in bf16 with quant_conv left in fp32 (the latent straight into the quantizer)
-    enc = prepare(copy.deepcopy(model), InferenceConfig(precision="bf16"), parts=frozenset({"tokenizer_encoder"}))
-    enc.tokenizer.quant_conv = enc.tokenizer.quant_conv.module.float()
-    out["encoder, quant_conv fp32"] = enc
+    # the last: the encoder in bf16 with quant_conv left in fp32 (the latent straight into the quantizer)
+    settings = {"encoder": "tokenizer_encoder", "decoder": "tokenizer_decoder",
+                "encoder, quant_conv fp32": "tokenizer_encoder"}
+    out = {name: prepare(copy.deepcopy(model), InferenceConfig(precision="bf16"), parts=frozenset({part}))
+           for name, part in settings.items()}
+    tok = out["encoder, quant_conv fp32"].tokenizer
+    tok.quant_conv = tok.quant_conv.module.float()
     return out
 
 
@@ -64,9 +64,9 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2, help="torch's CPU threads")
     p.add_argument("--json", type=Path, help="also write every figure here")
     args = p.parse_args(argv)
-    import torch
+    from benchmarks.harness import serving_process
     from stylevar.pipelines.pipeline import StylePipeline
-    torch.set_num_threads(args.threads)
+    serving_process(args.threads)
     demo = args.model == "demo"
     pipe = StylePipeline.from_pretrained(threads="torch") if demo else StylePipeline.random(args.model, seed=0)
     model = pipe.model.eval()
