@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 from pathlib import Path
+
+from benchmarks.harness import emit, serving_process
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "stylevar" / "assets" / "examples"
 
@@ -64,7 +65,6 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2, help="torch's CPU threads")
     p.add_argument("--json", type=Path, help="also write every figure here")
     args = p.parse_args(argv)
-    from benchmarks.harness import serving_process
     from stylevar.pipelines.pipeline import StylePipeline
     serving_process(args.threads)
     demo = args.model == "demo"
@@ -76,10 +76,7 @@ def main(argv=None) -> int:
               f"{255 * largest:.2f}/255, on average {255 * mean:.2f}/255")]
     lines += [(f"  {name}: tokens equal to fp32's per scale " + " ".join(f"{100 * a:.1f}%" for a in agreement))
               for name, agreement in out["agreement_per_scale"].items()]
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=1))
-    print("\n".join(lines))
-    return 0
+    return emit(out, args.json, "\n".join(lines))
 
 
 if __name__ == "__main__":

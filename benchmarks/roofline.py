@@ -18,7 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.harness import serving_process, take_turns
+from benchmarks.harness import emit, serving_process, take_turns
 
 PEAK_KERNELS = ("conv", "packed_linear", "mm")
 # the part of the model (stylevar.runtime.inference.BF16_PARTS) that each stage's arithmetic runs in
@@ -302,10 +302,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     out = measure(args)
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=1))
-    print(markdown(out))
-    return 0
+    return emit(out, args.json, markdown(out))
 
 
 if __name__ == "__main__":
