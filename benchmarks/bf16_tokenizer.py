@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 from pathlib import Path
+
+from benchmarks.harness import emit, serving_process
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "stylevar" / "assets" / "examples"
 
@@ -27,13 +28,13 @@ def example_images(size: int):
 def variants(model):
     """Prepared bf16 copies of ``model``, each with one tokenizer setting, by name."""
     from stylevar.runtime.inference import InferenceConfig, prepare
-    settings = {"encoder": {"tokenizer_encoder"}, "decoder": {"tokenizer_decoder"}}
-    out = {name: prepare(copy.deepcopy(model), InferenceConfig(precision="bf16"), parts=frozenset(parts))
-           for name, parts in settings.items()}
-    # the encoder in bf16 with quant_conv left in fp32 (the latent straight into the quantizer)
-    enc = prepare(copy.deepcopy(model), InferenceConfig(precision="bf16"), parts=frozenset({"tokenizer_encoder"}))
-    enc.tokenizer.quant_conv = enc.tokenizer.quant_conv.module.float()
-    out["encoder, quant_conv fp32"] = enc
+    # the last: the encoder in bf16 with quant_conv left in fp32 (the latent straight into the quantizer)
+    settings = {"encoder": "tokenizer_encoder", "decoder": "tokenizer_decoder",
+                "encoder, quant_conv fp32": "tokenizer_encoder"}
+    out = {name: prepare(copy.deepcopy(model), InferenceConfig(precision="bf16"), parts=frozenset({part}))
+           for name, part in settings.items()}
+    tok = out["encoder, quant_conv fp32"].tokenizer
+    tok.quant_conv = tok.quant_conv.module.float()
     return out
 
 
@@ -64,9 +65,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2, help="torch's CPU threads")
     p.add_argument("--json", type=Path, help="also write every figure here")
     args = p.parse_args(argv)
-    import torch
     from stylevar.pipelines.pipeline import StylePipeline
-    torch.set_num_threads(args.threads)
+    serving_process(args.threads)
     demo = args.model == "demo"
     pipe = StylePipeline.from_pretrained(threads="torch") if demo else StylePipeline.random(args.model, seed=0)
     model = pipe.model.eval()
@@ -76,10 +76,7 @@ def main(argv=None) -> int:
               f"{255 * largest:.2f}/255, on average {255 * mean:.2f}/255")]
     lines += [(f"  {name}: tokens equal to fp32's per scale " + " ".join(f"{100 * a:.1f}%" for a in agreement))
               for name, agreement in out["agreement_per_scale"].items()]
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=1))
-    print("\n".join(lines))
-    return 0
+    return emit(out, args.json, "\n".join(lines))
 
 
 if __name__ == "__main__":

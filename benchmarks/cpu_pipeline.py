@@ -12,13 +12,12 @@ import dataclasses
 import json
 import os
 import sys
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from benchmarks.harness import time_turns, timing_arguments
+from benchmarks.harness import serving_process, time_turns, timing_arguments
 from stylevar.utils.helptext import HelpFormatter
-from stylevar.utils.heap import apply_heap_policy  # no torch
-from stylevar.utils.threads import apply_threads  # no torch
 
 if TYPE_CHECKING:
     import torch
@@ -123,22 +122,24 @@ def time_stages(models: dict, batch: int, cfg: StageBenchConfig, reference=None)
     return out
 
 
-def token_agreement(fp32_model, other_model, cfg: StageBenchConfig, fast: bool = False) -> float:
-    """Fraction of equal sampled tokens over `agreement_seeds` seeds (``fast``: the other model samples fast)."""
+def equal_tokens(base, others: dict, size: int, seeds: int, fast: Container[str] = ()) -> tuple[dict, list[int]]:
+    """Per scale, how many of each model's sampled tokens equal ``base``'s over ``seeds`` images (the same images and
+    seeds; the models named in ``fast`` sample fast), and how many tokens there are."""
     import torch
 
     from benchmarks.reference import images
 
-    equal = total = 0
-    size = fp32_model.tokenizer.cfg.image_size
-    for s in range(cfg.agreement_seeds):
-        content, style = images(1, size, 1000 + s)
-        _, a = fp32_model.generate_with_indices(content, style, seed=s)
-        _, b = other_model.generate_with_indices(content, style, seed=s, fast=fast)
-        a, b = torch.cat(a, 1), torch.cat(b, 1)
-        equal += int((a == b).sum())
-        total += a.numel()
-    return equal / total
+    equal: dict[str, list[list[int]]] = {name: [] for name in others}
+    totals: list[list[int]] = []
+    with torch.inference_mode():
+        for s in range(seeds):
+            content, style = images(1, size, 1000 + s)
+            want = base.generate_with_indices(content, style, seed=s).indices
+            totals.append([i.numel() for i in want])
+            for name, m in others.items():
+                got = m.generate_with_indices(content, style, seed=s, fast=name in fast).indices
+                equal[name].append([int((a == b).sum()) for a, b in zip(want, got)])
+    return {name: [sum(k) for k in zip(*e)] for name, e in equal.items()}, [sum(k) for k in zip(*totals)]
 
 
 def greedy_difference(reference, model) -> float:
@@ -171,10 +172,10 @@ def measure(cfg: StageBenchConfig, reference=None) -> dict:
             out["reference_greedy_max_pixel_difference"] = greedy_difference(reference, plain)
         for B in cfg.batch_sizes:
             out["stages_ms_per_image"][B] = time_stages(models, B, cfg, reference)
-        out["token_agreement_with_fp32"] = {x: token_agreement(plain, models[x], cfg)
-                                            for x in cfg.precisions if x != "fp32"}
+        others = {x: models[x] for x in cfg.precisions if x != "fp32"} | ({FAST: models[FAST]} if cfg.fast else {})
+        equal, total = equal_tokens(plain, others, plain.tokenizer.cfg.image_size, cfg.agreement_seeds, {FAST})
+        out["token_agreement_with_fp32"] = {x: sum(e) / sum(total) for x, e in equal.items()}
         if cfg.fast:
-            out["token_agreement_with_fp32"][FAST] = token_agreement(plain, models[FAST], cfg, fast=True)
             out["fast_plan"] = dataclasses.asdict(models[FAST].fast_sampling)
     out["load_after"] = os.getloadavg()[0]
     return out
@@ -245,8 +246,7 @@ def parse_config(argv: list[str] | None) -> tuple[StageBenchConfig, bool]:
 
 def main(argv: list[str] | None = None) -> int:
     cfg, as_json = parse_config(argv)
-    apply_threads(cfg.threads)
-    apply_heap_policy()  # the heap keeps freed memory, as the service's and the command line's processes do
+    serving_process(cfg.threads)
     reference = None
     if cfg.reference:
         from benchmarks.reference import ReferenceMissing, build_reference, missing_message

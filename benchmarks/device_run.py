@@ -138,9 +138,10 @@ def say(line: str) -> None:
     print(f"device_run: {line}", file=sys.stderr, flush=True)
 
 
-def gpu_name(device: str) -> str | None:
+def device_peak_tflops(device: str) -> float | None:
+    """The dense bf16 peak of ``device`` (`peak_tflops`); None for the CPU or an unknown GPU."""
     import torch
-    return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else None
+    return peak_tflops(torch.cuda.get_device_name(torch.device(device))) if device.startswith("cuda") else None
 
 
 def nvidia_smi(*query: str) -> list[str]:
@@ -224,10 +225,9 @@ def generation(cfg: DeviceRunConfig, compiled: bool) -> dict:
     """`stylevar bench` at each batch size; compiled, also torch._dynamo's graphs and recompile-limit hits."""
     from torch._dynamo.utils import counters
     from stylevar.runtime.bench import BenchConfig, run
-    peak = peak_tflops(gpu_name(cfg.device) or "")
     bench = BenchConfig(preset=cfg.preset, device=cfg.device, batch_sizes=cfg.batch_sizes, repeats=cfg.repeats,
                         warmup=cfg.warmup, compile=compiled, compile_backend=cfg.compile_backend, tf_batch=1,
-                        peak_tflops=peak)
+                        peak_tflops=device_peak_tflops(cfg.device))
     counters.clear()
     result = run(bench, progress=say)
     return {**dataclasses.asdict(result), "compile_backend": cfg.compile_backend if compiled else None,
@@ -237,10 +237,10 @@ def generation(cfg: DeviceRunConfig, compiled: bool) -> dict:
 def sft_step(cfg: DeviceRunConfig) -> dict:
     """One SFT optimizer step in bf16 autocast (benchmarks.train_step's measurement, this project's step alone)."""
     from benchmarks.train_step import StepBenchConfig, measure
-    peak = peak_tflops(gpu_name(cfg.device) or "") or 0.0
     step = StepBenchConfig(batch_sizes=(cfg.train_batch,), precisions=("bf16",), repeats=cfg.repeats,
                            warmup=cfg.warmup, threads=os.cpu_count() or 1, reference=False, preset=cfg.preset,
-                           device=cfg.device, peak_tflops=peak, variants=(cfg.train_variant,))
+                           device=cfg.device, peak_tflops=device_peak_tflops(cfg.device) or 0.0,
+                           variants=(cfg.train_variant,))
     return measure(step)
 
 
@@ -349,7 +349,7 @@ def environment_line(env: dict) -> str:
     """The machine in one line: GPU, driver, torch and its CUDA."""
     gpu = f"{env['gpu']} x{env['gpu_count']} ({env['gpu_memory_gib']} GiB), driver {env['driver']}" if "gpu" in env \
         else f"no GPU in use ({env.get('cuda_unusable') or 'device ' + env['device']})"
-    return (f"device_run: {gpu}; torch {env['torch']}, CUDA {env['torch_cuda']}, cuDNN {env['cudnn']}; "
+    return (f"{gpu}; torch {env['torch']}, CUDA {env['torch_cuda']}, cuDNN {env['cudnn']}; "
             f"Python {env['python']}")
 
 
@@ -365,12 +365,11 @@ def parent(cfg, stages: tuple[str, ...], child_argv: list[str]) -> int:
         if limit < MIN_STAGE_S:
             records[name] = {"status": "skipped", "error": f"{left:.0f} s of the budget left"}
             continue
-        print(f"device_run: {name} (at most {limit:.0f} s) ...", file=sys.stderr, flush=True)
+        say(f"{name} (at most {limit:.0f} s) ...")
         records[name] = run_stage(name, child_argv, cfg.out, limit)
-        print(f"device_run: {name}: {records[name]['status']} in {records[name].get('seconds', 0):.1f} s",
-              file=sys.stderr, flush=True)
+        say(f"{name}: {records[name]['status']} in {records[name].get('seconds', 0):.1f} s")
         if name == "environment" and records[name]["status"] == "ok":
-            print(environment_line(records[name]["figures"]), file=sys.stderr, flush=True)
+            say(environment_line(records[name]["figures"]))
     summary = {"config": {**asdict(cfg), "out": str(cfg.out)}, "seconds": round(time.monotonic() - start, 1),
                "stages": records}
     atomic_write_text(cfg.out / "device_run.json", json.dumps(summary, indent=1, default=str))

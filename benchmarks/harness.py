@@ -1,6 +1,6 @@
-"""What the benchmarks share: calls timed taking turns (so a shared machine's changing load weighs on each alike),
-the peak of a reading sampled beside a block (a process's resident memory, GPU memory), and the report (JSON where
-asked, a table on stdout). No torch here: a benchmark's --help stays fast."""
+"""What the benchmarks share: the process set up as the service's, calls timed taking turns (so a shared machine's
+changing load weighs on each alike), the peak of a reading sampled beside a block (a process's resident memory, GPU
+memory), and the report (JSON where asked, a table on stdout). No torch here: a benchmark's --help stays fast."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +11,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from stylevar.utils.heap import apply_heap_policy  # no torch
+from stylevar.utils.threads import apply_threads  # no torch
+
+
+def serving_process(threads: int) -> None:
+    """This process set up as the service's and the command line's: torch's ``threads``, the heap's policy (freed
+    memory kept)."""
+    apply_threads(threads)
+    apply_heap_policy()
 
 
 def take_turns(fns: dict[str, Callable[[], object]], repeats: int, warmup: int,

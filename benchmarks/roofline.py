@@ -18,6 +18,8 @@ import statistics
 import time
 from pathlib import Path
 
+from benchmarks.harness import emit, serving_process, take_turns
+
 PEAK_KERNELS = ("conv", "packed_linear", "mm")
 # the part of the model (stylevar.runtime.inference.BF16_PARTS) that each stage's arithmetic runs in
 STAGE_PARTS = {"encode_content": "tokenizer_encoder", "encode_style": "tokenizer_encoder",
@@ -26,17 +28,6 @@ STAGE_PARTS = {"encode_content": "tokenizer_encoder", "encode_style": "tokenizer
 ALT = "bf16 decoder switched"  # bf16 with the tokenizer's decoder in the other dtype than bf16_parts' choice
 # rows of --levers: the service's compiled blocks (Inductor), and int8 weights on bf16 activations in the loop
 LEVERS = {"fp32 compiled": frozenset(), "int8 weights": frozenset({"loop"})}
-
-
-def _median_s(fn, repeats: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def peak_kernels(dtype, repeats: int = 5) -> dict[str, float]:
@@ -56,7 +47,8 @@ def peak_kernels(dtype, repeats: int = 5) -> dict[str, float]:
                                  2 * 1024 * 1280 * 1280),
                "mm": (lambda: torch.mm(a, b), 2 * 2048 ** 3)}
     with torch.inference_mode():
-        return {name: flops / _median_s(fn, repeats, 3) / 1e9 for name, (fn, flops) in kernels.items()}
+        medians = take_turns({name: fn for name, (fn, _) in kernels.items()}, repeats, 3)
+    return {name: flops / medians[name][0] / 1e9 for name, (_, flops) in kernels.items()}
 
 
 def machine_peaks() -> dict[str, dict[str, float]]:
@@ -145,22 +137,21 @@ def time_models(models: dict, content, style, repeats: int, warmup: int, skip: d
     """Median seconds of each model's stages (and scales) but ``skip[name]``'s, the models taking turns."""
     import torch
 
+    scales: dict[str, list[list[float]]] = {name: [] for name in models}  # the loop's split of each call
+
+    def kept(name: str, stage: str, call):
+        return (lambda: scales[name].append(call())) if stage == "loop" else call
+
     with torch.inference_mode():
-        calls = {name: stage_calls(m, content, style, skip.get(name, ())) for name, m in models.items()}
-    samples: dict[str, dict[str, list[float]]] = {name: {} for name in models}
-    with torch.inference_mode():
-        for r in range(warmup + repeats):
-            for name, stages in calls.items():
-                for stage, call in stages.items():
-                    t0 = time.perf_counter()
-                    result = call()
-                    took = time.perf_counter() - t0
-                    if r < warmup:
-                        continue
-                    samples[name].setdefault(stage, []).append(took)
-                    for k, s in enumerate(result if stage == "loop" else []):
-                        samples[name].setdefault(f"loop {k}", []).append(s)
-    return {name: {k: statistics.median(v) for k, v in per.items()} for name, per in samples.items()}
+        calls = {(name, stage): kept(name, stage, call) for name, m in models.items()
+                 for stage, call in stage_calls(m, content, style, skip.get(name, ())).items()}
+        medians = take_turns(calls, repeats, warmup)
+    out: dict[str, dict[str, float]] = {name: {} for name in models}
+    for (name, stage), (seconds,) in medians.items():
+        out[name][stage] = seconds
+        for k, per_scale in enumerate(zip(*scales[name][warmup:]) if stage == "loop" else ()):
+            out[name][f"loop {k}"] = statistics.median(per_scale)
+    return out
 
 
 def build_models(preset: str, precisions: list[str], levers: bool = False) -> tuple[object, dict, dict]:
@@ -213,21 +204,9 @@ def int8_weights(model):
 
 def token_agreement(models: dict, size: int, seeds: int) -> dict[str, list[float]]:
     """Per row but fp32, the fraction of sampled tokens equal to the fp32 row's, scale by scale (same images, seeds)."""
-    import torch
+    from benchmarks.cpu_pipeline import equal_tokens
 
-    equal: dict[str, list[int]] = {}
-    total: list[int] = []
-    with torch.inference_mode():
-        for s in range(seeds):
-            g = torch.Generator().manual_seed(1000 + s)
-            content, style = (torch.rand(1, 3, size, size, generator=g) * 2 - 1 for _ in range(2))
-            fp32 = models["fp32"].generate_with_indices(content, style, seed=s).indices
-            total = [t + i.numel() for t, i in zip(total or [0] * len(fp32), fp32)]
-            for name, m in models.items():
-                if name != "fp32":
-                    got = m.generate_with_indices(content, style, seed=s).indices
-                    counts = [int((a == b).sum()) for a, b in zip(fp32, got)]
-                    equal[name] = [e + c for e, c in zip(equal.get(name, [0] * len(fp32)), counts)]
+    equal, total = equal_tokens(models["fp32"], {n: m for n, m in models.items() if n != "fp32"}, size, seeds)
     return {name: [e / t for e, t in zip(counts, total)] for name, counts in equal.items()}
 
 
@@ -240,10 +219,7 @@ def measure(args) -> dict:
     """Every figure of one run (module doc)."""
     import torch
 
-    from stylevar.utils.heap import apply_heap_policy
-
-    torch.set_num_threads(args.threads)
-    apply_heap_policy()  # the heap keeps freed memory, as the service's and the command line's processes do
+    serving_process(args.threads)
     peaks = machine_peaks()
     best = {d: max(k.values()) for d, k in peaks.items()}
     plain, models, rows = build_models(args.preset, args.precisions, args.levers)
@@ -326,10 +302,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     out = measure(args)
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=1))
-    print(markdown(out))
-    return 0
+    return emit(out, args.json, markdown(out))
 
 
 if __name__ == "__main__":

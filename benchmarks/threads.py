@@ -252,8 +252,9 @@ def measure(cands: Sequence[Candidate], loads: Sequence[str], settings: RunSetti
     finally:
         for w in workers:
             w.stop()
+    budget = cpu_budget()
     machine = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-               "cpu_count": os.cpu_count(), **asdict(cpu_budget()), "cpus": cpu_budget().cpus,
+               "cpu_count": os.cpu_count(), **asdict(budget), "cpus": budget.cpus,
                "loadavg_start": loadavg_start, "loadavg_end": os.getloadavg(),
                "runtimes": sorted({w.ready.get("runtime") for w in workers}), "python": platform.python_version()}
     policies = {w.candidate.name: {"method": w.candidate.method, "asked": w.candidate.threads,
@@ -320,20 +321,33 @@ def parse_loads(p: argparse.ArgumentParser, text: str) -> list[str]:
     return loads
 
 
+def turn_arguments(p: argparse.ArgumentParser, rounds: int) -> None:
+    """The options of the workers' turns (this benchmark's and `benchmarks.versus_peer`'s)."""
+    p.add_argument("--loads", default="idle,busy", help=f"comma-separated, of {', '.join(LOADS)}")
+    p.add_argument("--rounds", type=int, default=rounds,
+                   help="rounds; in each, every load, size and candidate takes a turn")
+    p.add_argument("--per-turn", type=int, default=3, help="images a candidate stylizes per turn")
+    p.add_argument("--warmup", type=int, default=2, help="untimed images before a worker's first turn at a size")
+    p.add_argument("--model", default=None, help="model directory (default: the demo model)")
+    p.add_argument("--settle", type=float, default=1.0,
+                   help="seconds between starting or stopping a load and the turns")
+    p.add_argument("--out", type=Path, default=None, help="also write the results here (JSON)")
+
+
+def run_settings(p: argparse.ArgumentParser, args: argparse.Namespace, sizes: tuple[int, ...]) -> RunSettings:
+    """`turn_arguments`' options at ``sizes`` as `RunSettings`, or the parser's error."""
+    if min(args.rounds, args.per_turn) < 1 or args.warmup < 0 or min(sizes) < 16:
+        p.error("--rounds and --per-turn must be at least 1, --warmup at least 0, each size at least 16")
+    return RunSettings(args.rounds, args.per_turn, args.warmup, sizes, args.model, args.settle)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.threads", description=__doc__,
                                 formatter_class=RawDescriptionHelpFormatter)
     p.add_argument("--policies", default=DEFAULT_POLICIES,
                    help="comma-separated: torch, available, spare-one, one or a count, each alone or with +passive")
-    p.add_argument("--loads", default="idle,busy", help=f"comma-separated, of {', '.join(LOADS)}")
-    p.add_argument("--rounds", type=int, default=8, help="rounds; in each, every load and every policy takes a turn")
-    p.add_argument("--per-turn", type=int, default=3, help="images a policy stylizes per turn")
-    p.add_argument("--warmup", type=int, default=2, help="untimed images per worker after it loads")
+    turn_arguments(p, rounds=8)
     p.add_argument("--size", type=int, default=512, help="long side of the content, and of the result, in pixels")
-    p.add_argument("--model", default=None, help="model directory (default: the demo model)")
-    p.add_argument("--settle", type=float, default=1.0,
-                   help="seconds between starting or stopping a load and the turns")
-    p.add_argument("--out", type=Path, default=None, help="also write the results here (JSON)")
     p.add_argument("--worker", default=None, metavar="THREADS",
                    help="(what the run starts in each subprocess) serve turns with this count or 'torch' on "
                         "stdin/stdout")
@@ -346,14 +360,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.worker is not None:
         return worker(args.method, args.worker, args.model, args.warmup)
-    loads = parse_loads(p, args.loads)
-    if min(args.rounds, args.per_turn) < 1 or args.warmup < 0 or args.size < 16:
-        p.error("--rounds and --per-turn must be at least 1, --warmup at least 0, --size at least 16")
+    loads, settings = parse_loads(p, args.loads), run_settings(p, args, (args.size,))
     try:
         chosen = candidates(args.policies.split(","))
     except ValueError as e:
         p.error(f"--policies: {e}")
-    settings = RunSettings(args.rounds, args.per_turn, args.warmup, (args.size,), args.model, args.settle)
     result = measure(chosen, loads, settings, reference={c.name: "one" for c in chosen})
     return emit(result, args.out, markdown(result))
 

@@ -50,6 +50,7 @@ LEVERS = {
     "channels-last encoders": dataclasses.replace(TODAY, channels_last=True),
     "compiled blocks": dataclasses.replace(TODAY, compile=True),
 }
+EVERY = {"today": TODAY, **LEVERS, **VARIANTS}  # today's step first, each lever alone, every variant
 
 
 @dataclass(frozen=True)
@@ -220,13 +221,12 @@ def agreement(bundle, ours, cfg: StepBenchConfig) -> dict[str, float]:
 
 def lever_agreement(ours, batch_size: int, cfg: StepBenchConfig,
                     names: tuple[str, ...] | None = None) -> dict[str, dict[str, float]]:
-    """Per lever (``names``; default all of LEVERS and VARIANTS), against today's step: the loss differences at
-    steps 1 and 3 and the largest weight difference after 3 (fp32, same weights and batch)."""
+    """Per lever (``names``; default all of EVERY), against today's step: the loss differences at steps 1 and 3 and
+    the largest weight difference after 3 (fp32, same weights and batch)."""
     import torch
     batch = triplets(batch_size, ours.tokenizer.cfg.image_size, cfg.seed + 7, cfg.device)
-    every = {**LEVERS, **VARIANTS}
     runs = {}
-    for name, levers in {"today": TODAY, **{n: every[n] for n in (names or every) if n != "today"}}.items():
+    for name, levers in {"today": TODAY, **{n: EVERY[n] for n in (names or EVERY)}}.items():
         if levers.compile:  # compiled afresh: graphs left by an earlier compile in this process do not carry over
             torch._dynamo.reset()
         model = copy.deepcopy(ours).to(cfg.device)
@@ -314,15 +314,14 @@ def measure(cfg: StepBenchConfig) -> dict:
                  "device": cfg.device, "loadavg_before": os.getloadavg(), "bf16_units": native_cpu_bf16(), "steps": {}}
     if bundle is not None:
         out["agreement"] = agreement(bundle, ours, cfg)
+    variants = {name: VARIANTS[name] for name in cfg.variants}
     for precision in cfg.precisions:
         for B in cfg.batch_sizes:
-            variants = {name: VARIANTS[name] for name in cfg.variants}
             out["steps"][f"{precision} batch {B}"] = time_variants(bundle, ours, variants, B, precision, cfg)
     if cfg.levers:
-        variants = {"today": TODAY, **LEVERS, **{k: v for k, v in VARIANTS.items() if k != "today"}}
         out["lever_agreement"] = lever_agreement(ours, 2, cfg)
         out["lever_batch"] = cfg.lever_batch
-        out["levers"] = time_variants(bundle, ours, variants, cfg.lever_batch, "fp32", cfg)
+        out["levers"] = time_variants(bundle, ours, EVERY, cfg.lever_batch, "fp32", cfg)
         out["cross_entropy_ms"] = cross_entropy_ms(cfg.lever_batch, ours.cfg.num_tokens, ours.cfg.vocab_size,
                                                    cfg.repeats)
     out["loadavg_after"] = os.getloadavg()

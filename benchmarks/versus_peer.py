@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from benchmarks.harness import emit
-from benchmarks.threads import LOADS, parse_loads
+from benchmarks.threads import candidates, markdown, measure, parse_loads, run_settings, turn_arguments
 from stylevar.utils.helptext import RawDescriptionHelpFormatter
 
 
@@ -22,13 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=RawDescriptionHelpFormatter)
     p.add_argument("--threads", default="1,2", help="comma-separated thread counts, each run by ours and the peer")
     p.add_argument("--sizes", default="512,1024", help="comma-separated long sides of the content and the result, px")
-    p.add_argument("--loads", default="idle,busy", help=f"comma-separated, of {', '.join(LOADS)}")
-    p.add_argument("--rounds", type=int, default=6, help="rounds; in each, every load, size and candidate takes a turn")
-    p.add_argument("--per-turn", type=int, default=3, help="images a candidate stylizes per turn")
-    p.add_argument("--warmup", type=int, default=2, help="untimed images before a worker's first turn at a size")
-    p.add_argument("--model", default=None, help="model directory (default: the demo model)")
-    p.add_argument("--settle", type=float, default=1.0, help="seconds between starting or stopping a load and the turns")
-    p.add_argument("--out", type=Path, default=None, help="also write the results here (JSON)")
+    turn_arguments(p, rounds=6)
     return p
 
 
@@ -50,15 +43,12 @@ def names(counts: list[int], peer: bool) -> tuple[list[str], dict[str, str]]:
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    from benchmarks import threads  # no torch in this process
     from stylevar.baselines.magenta import TeacherUnavailable, models_dir
     try:
         counts, sizes = _ints(args.threads), _ints(args.sizes)
     except ValueError:
         p.error("--threads and --sizes: distinct positive integers, comma-separated")
-    loads = parse_loads(p, args.loads)
-    if min(args.rounds, args.per_turn) < 1 or args.warmup < 0 or min(sizes) < 16:
-        p.error("--rounds and --per-turn must be at least 1, --warmup at least 0, each size at least 16")
+    loads, settings = parse_loads(p, args.loads), run_settings(p, args, tuple(sizes))
     try:
         models_dir()
         peer = True
@@ -66,9 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"the peer is not measured: {e}", file=sys.stderr)
         peer = False
     candidate_names, reference = names(counts, peer)
-    settings = threads.RunSettings(args.rounds, args.per_turn, args.warmup, tuple(sizes), args.model, args.settle)
-    result = threads.measure(threads.candidates(candidate_names), loads, settings, reference=reference)
-    return emit(result, args.out, threads.markdown(result))
+    result = measure(candidates(candidate_names), loads, settings, reference=reference)
+    return emit(result, args.out, markdown(result))
 
 
 if __name__ == "__main__":
