@@ -93,8 +93,7 @@ def check_key(state: ServiceState, scope, key: str | None) -> None:
     client = client_of(scope)
     wait = state.auth_failures.retry_after(client)
     if wait is not None:
-        body, headers = too_many_attempts(wait)
-        raise ServiceError(429, body["error"], body["detail"], headers)
+        raise too_many_attempts(wait)
     if not state.keys.matches(key):
         state.auth_failures.failed(client)
         raise ServiceError(401, "unauthorized", UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})
