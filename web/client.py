@@ -190,14 +190,18 @@ class ServiceClient:
         kind = "timed out" if isinstance(e, httpx.TimeoutException) else (str(e) or type(e).__name__)
         return ServiceError(None, "unreachable", f"{self.base_url}: {kind}")
 
-    def model_info(self) -> dict[str, Any]:
+    def _send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        """One request answered 200, else its `ServiceError` (refused, or the service unreachable)."""
         try:
-            response = self._http.get("/v1/model")
+            response = self._http.request(method, url, **kwargs)
         except httpx.HTTPError as e:
             raise self._unreachable(e) from e
         if response.status_code != 200:
             raise error_from_response(response)
-        return response.json()
+        return response
+
+    def model_info(self) -> dict[str, Any]:
+        return self._send("GET", "/v1/model").json()
 
     def stylize_stream(self, content: ImageSource, style: ImageSource | Sequence[ImageSource],
                        options: StylizeRequest = StylizeRequest(), masks: Sequence[ImageSource] | None = None,
@@ -234,13 +238,8 @@ class ServiceClient:
         data = {k: v for k, v in form_fields(options).items() if k not in IMAGE_ONLY}
         if temporal is not None:
             data["temporal"] = temporal
-        try:
-            response = self._http.post("/stylize/video", files=files, data=data,
-                                       timeout=httpx.Timeout(timeout_s, connect=10.0))
-        except httpx.HTTPError as e:
-            raise self._unreachable(e) from e
-        if response.status_code != 200:
-            raise error_from_response(response)
+        response = self._send("POST", "/stylize/video", files=files, data=data,
+                              timeout=httpx.Timeout(timeout_s, connect=10.0))
         h = response.headers
         return VideoResult(response.content, h.get("x-model", ""), int(h.get("x-seed", 0)),
                            int(h.get("x-frames", 0)), float(h.get("x-fps", 0)), float(h.get("x-inference-ms", 0)),

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import math
 import threading
 import time
@@ -14,6 +13,8 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from serve.http.errors import ServiceError, error_response
 
 
 class KeyRing:
@@ -97,10 +98,9 @@ def client_of(scope: Scope) -> str:
     return str(client[0]) if client else "unknown"
 
 
-def too_many_attempts(retry_after_s: int) -> tuple[dict[str, str], dict[str, str]]:
-    body = {"error": "too_many_attempts",
-            "detail": f"too many failed authentication attempts from this client: try again in {retry_after_s} s"}
-    return body, {"Retry-After": str(retry_after_s)}
+def too_many_attempts(retry_after_s: int) -> ServiceError:
+    return ServiceError(429, "too_many_attempts", "too many failed authentication attempts from this client: try "
+                        f"again in {retry_after_s} s", {"Retry-After": str(retry_after_s)})
 
 
 class LoginAttemptLimit:
@@ -118,12 +118,8 @@ class LoginAttemptLimit:
         client = client_of(scope)
         wait = self.limiter.retry_after(client)
         if wait is not None:
-            body, headers = too_many_attempts(wait)
-            data = json.dumps(body).encode()
-            await send({"type": "http.response.start", "status": 429, "headers": [
-                (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
-                *((k.lower().encode(), v.encode()) for k, v in headers.items())]})
-            await send({"type": "http.response.body", "body": data})
+            e = too_many_attempts(wait)
+            await error_response(e.status, e.code, e.detail, e.headers)(scope, receive, send)
             return
         status = 0
 

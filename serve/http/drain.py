@@ -87,7 +87,7 @@ class DrainMiddleware:
         if drain.draining and path not in self.always_open:
             drain.refused += 1
             await discard_body(receive, self.max_discard_bytes)
-            await self._refuse(scope, receive, send, "the service is shutting down; retry on another replica")
+            await shutting_down("the service is shutting down; retry on another replica")(scope, receive, send)
             return
         counted = path not in self.always_open and not path.startswith(self.untracked_prefixes)
         started = False
@@ -110,14 +110,10 @@ class DrainMiddleware:
             if started or not drain.draining:
                 raise
             drain.cut += counted  # the shutdown gave up on this request: answer it (the cancellation ends here)
-            await self._refuse(scope, receive, send, "the service stopped before this request finished")
+            await shutting_down("the service stopped before this request finished")(scope, receive, send)
         finally:
             if counted:
                 drain.in_flight -= 1
-
-    @staticmethod
-    async def _refuse(scope: Scope, receive: Receive, send: Send, detail: str) -> None:
-        await shutting_down(detail)(scope, receive, send)
 
 
 def shutting_down(detail: str) -> Response:

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve.engine.batching import OverloadedError, QueueFullError, StoppedError
+from serve.http.openapi import referenced
 from serve.http.schemas import ErrorBody, response_headers
 from stylevar.utils.errors import CodedError, unknown_name
 
@@ -96,19 +97,13 @@ async def http_error_handler(request: Request, exc: StarletteHTTPException) -> J
 
 
 def form_fields(request: Request) -> set[str]:
-    """The multipart fields the request's route declares, read from the app's own OpenAPI schema."""
+    """The multipart fields the request's route declares, read from the app's OpenAPI document (built once, each
+    form one plain object: `serve.http.openapi`)."""
     route = request.scope.get("route")
-    spec = request.app.openapi()  # built once by FastAPI, then cached on the app
+    spec = request.app.openapi()
     operation = spec.get("paths", {}).get(getattr(route, "path", None), {}).get(request.method.lower(), {})
-    schemas = spec.get("components", {}).get("schemas", {})
-
-    def properties(schema: dict[str, Any]) -> set[str]:  # its own and those of what it refers to or extends
-        if "$ref" in schema:
-            return properties(schemas.get(schema["$ref"].rsplit("/", 1)[1], {}))
-        return set(schema.get("properties", {})).union(*(properties(part) for part in schema.get("allOf", ())))
-
-    return properties(operation.get("requestBody", {}).get("content", {}).get("multipart/form-data", {})
-                      .get("schema", {}))
+    body = operation.get("requestBody", {}).get("content", {}).get("multipart/form-data", {}).get("schema", {})
+    return set(referenced(spec.get("components", {}).get("schemas", {}), body).get("properties", {}))
 
 
 def field_hints(request: Request, body: Any) -> list[str]:

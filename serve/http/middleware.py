@@ -5,7 +5,6 @@ Plain ASGI middleware (not `BaseHTTPMiddleware`): streamed responses and client 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -59,13 +58,8 @@ class RequestMiddleware:
             await self.app(scope, receive, send_with_id)
         except Exception:
             log.exception("unhandled error")
-            if status == 0:  # nothing sent yet: answer in the API's error shape
-                status = 500
-                body = json.dumps({"error": "internal", "detail": "internal server error"}).encode()
-                await send({"type": "http.response.start", "status": 500, "headers": [
-                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                    (REQUEST_ID_HEADER.lower().encode(), rid.encode())]})
-                await send({"type": "http.response.body", "body": body})
+            if status == 0:  # nothing sent yet: answer in the API's error shape (with the request id)
+                await error_response(500, "internal", "internal server error")(scope, receive, send_with_id)
             else:
                 raise
         finally:

@@ -31,12 +31,12 @@ class ServiceState:
     auth_failures: FailureLimiter
     decoder: imaging.UploadDecoder
     memory: MemoryBudget  # the pixels of full-size images in flight, all requests together
+    drain: Drain
     devices: list[torch.device] = field(default_factory=list)  # one runner each, loaded at startup
     runners: list[ModelRunner] = field(default_factory=list)
     batcher: Batcher | None = None
     ready: bool = False
     status: str = "starting"
-    drain: Drain = field(default_factory=lambda: Drain(ServeSettings.model_fields["drain_timeout_s"].default))
     on_ready: Callable[[], None] | None = None  # called once, when the model is warm (`python -m serve` says where)
 
     @property
@@ -93,8 +93,7 @@ def check_key(state: ServiceState, scope, key: str | None) -> None:
     client = client_of(scope)
     wait = state.auth_failures.retry_after(client)
     if wait is not None:
-        body, headers = too_many_attempts(wait)
-        raise ServiceError(429, body["error"], body["detail"], headers)
+        raise too_many_attempts(wait)
     if not state.keys.matches(key):
         state.auth_failures.failed(client)
         raise ServiceError(401, "unauthorized", UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})
