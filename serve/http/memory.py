@@ -8,8 +8,6 @@ predicted holds (`HoldTimes`) leave it too little time, and 413 when it needs mo
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import functools
 import heapq
 import itertools
@@ -26,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from serve.engine.batching import QueueFullError
 from serve.http.errors import ClientGone
 from stylevar.processing.images import ImageTooLargeError
+from stylevar.utils.heap import glibc_function
 
 MARGIN_S = 0.5  # a request must expect to be answered this long before its deadline to be admitted
 SAFETY = 1.2  # ... and its measured hold time counts this much more: holds vary with what runs beside them
@@ -272,7 +271,7 @@ class HeapTrimmer:
         self._wanted = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._trim = _malloc_trim()
+        self._trim = glibc_function("malloc_trim")
 
     def request(self) -> None:
         if self._trim is None:
@@ -288,13 +287,6 @@ class HeapTrimmer:
             self._wanted.wait()
             self._wanted.clear()
             self._trim(0)
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
 
 
 HEAP_TRIMMER = HeapTrimmer()

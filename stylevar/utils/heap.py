@@ -41,15 +41,16 @@ def keep_mb(environ: Mapping[str, str] | None = None) -> int:
     return int(raw)
 
 
-def glibc_mallopt() -> Callable[[int, int], int] | None:
-    """glibc's ``mallopt``, or None where the C library is another (musl, macOS, Windows)."""
+def glibc_function(name: str) -> Callable[..., int] | None:
+    """glibc's function ``name`` (``mallopt``, ``malloc_trim``), or None where the C library is another (musl,
+    macOS, Windows) or lacks it."""
     if platform.libc_ver()[0] != "glibc":
         return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     except OSError:
         return None
-    return getattr(libc, "mallopt", None)
+    return getattr(libc, name, None)
 
 
 def apply_heap_policy(environ: Mapping[str, str] | None = None, *, keep: int | None = None) -> HeapChoice:
@@ -64,7 +65,7 @@ def apply_heap_policy(environ: Mapping[str, str] | None = None, *, keep: int | N
         source = "setting"
     else:
         raise ValueError(f"keep {keep} MiB: from 0 to {MAX_KEEP_MB} (0 leaves the C library's own thresholds)")
-    mallopt = glibc_mallopt() if keep else None
+    mallopt = glibc_function("mallopt") if keep else None
     if not keep:
         choice = HeapChoice(None, f"{HEAP_ENV}=0")
     elif mallopt is None:
