@@ -26,8 +26,10 @@ STAGE_PARTS = {"encode_content": "tokenizer_encoder", "encode_style": "tokenizer
                "encoder_content": "image_encoders", "encoder_style": "image_encoders", "loop": "loop",
                "decode": "tokenizer_decoder"}
 ALT = "bf16 decoder switched"  # bf16 with the tokenizer's decoder in the other dtype than bf16_parts' choice
-# rows of --levers: the service's compiled blocks (Inductor), and int8 weights on bf16 activations in the loop
-LEVERS = {"fp32 compiled": frozenset(), "int8 weights": frozenset({"loop"})}
+# rows of --levers: the service's compiled blocks (Inductor); the blocks compiled with max-autotune's C++ GEMM templates
+# on frozen weights; int8 weights on bf16 activations in the loop
+LEVERS = {"fp32 compiled": frozenset(), "fp32 max-autotune": frozenset(), "int8 weights": frozenset({"loop"})}
+AUTOTUNE = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN", "freezing": True, "fallback_random": True}
 
 
 def peak_kernels(dtype, repeats: int = 5) -> dict[str, float]:
@@ -171,10 +173,25 @@ def build_models(preset: str, precisions: list[str], levers: bool = False) -> tu
                             parts=None if name == "fp32" else parts) for name, parts in rows.items()}
     if levers:
         models["fp32 compiled"] = prepare(copy.deepcopy(plain), InferenceConfig(precision="fp32", compile=True))
+        models["fp32 max-autotune"] = autotuned(prepare(copy.deepcopy(plain), InferenceConfig(precision="fp32",
+                                                                                             pack_linears=False)))
         models["int8 weights"] = int8_weights(prepare(copy.deepcopy(plain), InferenceConfig(precision="fp32",
                                                                                           pack_linears=False)))
         rows.update(LEVERS)
     return plain, models, rows
+
+
+def autotuned(model):
+    """``model`` (prepared, linears unpacked) with every block's `step` compiled by Inductor with `AUTOTUNE`'s
+    options: each product timed as a C++ GEMM template against oneDNN on frozen weights at its first call (minutes)."""
+    import torch
+
+    from stylevar.runtime.compile import RECOMPILE_LIMIT
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    for blk in model.blocks:
+        blk.step = torch.compile(blk.step, dynamic=None, options=AUTOTUNE)
+    return model
 
 
 def int8_weights(model):

@@ -61,3 +61,13 @@ def test_the_int8_lever_quantizes_every_loop_linear_and_agreement_is_per_scale()
     assert agreement["same"] == [1.0] * scales  # a copy samples what fp32 samples, scale by scale
     assert len(agreement["int8 weights"]) == scales and all(0 <= a <= 1 for a in agreement["int8 weights"])
     assert "fp32" not in agreement
+
+
+def test_levers_build_every_row_and_max_autotune_wraps_each_blocks_step():
+    _, models, rows = roofline.build_models("tiny", ["fp32"], levers=True)
+    assert set(models) == set(rows) == {"fp32", *roofline.LEVERS}
+    tuned = models["fp32 max-autotune"]
+    for block in tuned.blocks:  # compiled lazily: the autotuning happens at the first call, in the benchmark
+        original = block.step._torchdynamo_orig_callable
+        assert original.__self__ is block and original.__func__ is type(block).step
+    assert roofline.AUTOTUNE["max_autotune"] and roofline.AUTOTUNE["freezing"]
