@@ -29,7 +29,7 @@ ALT = "bf16 decoder switched"  # bf16 with the tokenizer's decoder in the other 
 # rows of --levers: the service's compiled blocks (Inductor); the blocks compiled with max-autotune's C++ GEMM templates
 # on frozen weights; int8 weights on bf16 activations in the loop
 LEVERS = {"fp32 compiled": frozenset(), "fp32 max-autotune": frozenset(), "int8 weights": frozenset({"loop"})}
-AUTOTUNE = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN", "freezing": True, "fallback_random": True}
+AUTOTUNE = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN", "freezing": True}  # Inductor's options
 
 
 def peak_kernels(dtype, repeats: int = 5) -> dict[str, float]:
@@ -161,6 +161,7 @@ def build_models(preset: str, precisions: list[str], levers: bool = False) -> tu
     with ``levers``, the `LEVERS` rows)."""
     from stylevar.config import presets
     from stylevar.pipelines.pipeline import StylePipeline
+    from stylevar.runtime.compile import compile_blocks
     from stylevar.runtime.inference import InferenceConfig, bf16_parts, cpu_bf16_tiles, prepare
 
     plain = StylePipeline.random(presets(preset), seed=0).model.eval()
@@ -172,26 +173,15 @@ def build_models(preset: str, precisions: list[str], levers: bool = False) -> tu
     models = {name: prepare(copy.deepcopy(plain), InferenceConfig(precision="fp32" if name == "fp32" else "bf16"),
                             parts=None if name == "fp32" else parts) for name, parts in rows.items()}
     if levers:
-        models["fp32 compiled"] = prepare(copy.deepcopy(plain), InferenceConfig(precision="fp32", compile=True))
-        models["fp32 max-autotune"] = autotuned(prepare(copy.deepcopy(plain), InferenceConfig(precision="fp32",
-                                                                                             pack_linears=False)))
-        models["int8 weights"] = int8_weights(prepare(copy.deepcopy(plain), InferenceConfig(precision="fp32",
-                                                                                          pack_linears=False)))
+        def fp32(**options):
+            return prepare(copy.deepcopy(plain), InferenceConfig(precision="fp32", **options))
+
+        models["fp32 compiled"] = fp32(compile=True)
+        models["fp32 max-autotune"] = fp32(pack_linears=False)
+        compile_blocks(models["fp32 max-autotune"], options=AUTOTUNE)  # autotuned at the first call (minutes)
+        models["int8 weights"] = int8_weights(fp32(pack_linears=False))
         rows.update(LEVERS)
     return plain, models, rows
-
-
-def autotuned(model):
-    """``model`` (prepared, linears unpacked) with every block's `step` compiled by Inductor with `AUTOTUNE`'s
-    options: each product timed as a C++ GEMM template against oneDNN on frozen weights at its first call (minutes)."""
-    import torch
-
-    from stylevar.runtime.compile import RECOMPILE_LIMIT
-
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    for blk in model.blocks:
-        blk.step = torch.compile(blk.step, dynamic=None, options=AUTOTUNE)
-    return model
 
 
 def int8_weights(model):

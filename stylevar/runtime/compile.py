@@ -5,6 +5,7 @@ batch size is not a recompile. `GraphCount` is the backend, counting the graphs 
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,20 +39,37 @@ def compiled(model) -> GraphCount | None:
     return getattr(model, "compile_count", None)
 
 
-def compile_blocks(model, backend: str = "inductor") -> GraphCount:
-    """Every block's `step` through torch.compile, in place; returns the graph count (ValueError if compiled)."""
+def compile_blocks(model, backend: str = "inductor", options: dict | None = None) -> GraphCount:
+    """Every block's `step` through torch.compile, in place; returns the graph count (ValueError if compiled).
+    ``options``: Inductor's config while these blocks are traced, compiled and run (``{"freezing": True}`` makes each
+    block's weights constants of graphs of its own)."""
     earlier = compiled(model)
     if earlier is not None:
         raise ValueError(f"the blocks are compiled already (backend {earlier.backend})")
+    if options and backend != "inductor":
+        raise ValueError(f"compile options are Inductor's; the {backend} backend takes none")
     import torch._inductor.config as inductor_config
     import_compiler_quietly()  # no "No CUDA runtime is found" on a machine without a usable GPU
     count = GraphCount(backend)
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     inductor_config.fallback_random = True
     for blk in model.blocks:
-        blk.step = torch.compile(blk.step, backend=count, dynamic=None)
+        step = torch.compile(blk.step, backend=count, dynamic=None)
+        blk.step = _configured(step, options) if options else step
     model.compile_count = count
     return count
+
+
+def _configured(step: Callable, options: dict) -> Callable:
+    """``step`` called under Inductor's ``options``: dynamo reads some of them (freezing) while it traces, before
+    any backend sees the graph, so torch.compile's own ``options`` would not reach them."""
+    import torch._inductor.config as inductor_config
+
+    @functools.wraps(step)
+    def run(*args, **kwargs):
+        with inductor_config.patch(options):
+            return step(*args, **kwargs)
+    return run
 
 
 def recompile_limit_hits() -> int:

@@ -10,7 +10,7 @@ import torch
 
 from stylevar.config import OFFICIAL_PATCH_NUMS, VQVAEConfig, presets
 from stylevar.pipelines.pipeline import StylePipeline
-from stylevar.runtime.compile import compile_blocks, recompile_limit_hits
+from stylevar.runtime.compile import _configured, compile_blocks, recompile_limit_hits
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]  # tens of seconds of tracing
 
@@ -74,6 +74,17 @@ def test_compile_twice_or_an_unknown_backend_is_refused():
     model = StylePipeline.random(d20_shaped(), seed=0).model
     with pytest.raises(ValueError, match="compile backend must be one of inductor, eager"):
         compile_blocks(model, "tvm")
+    with pytest.raises(ValueError, match="compile options are Inductor's"):
+        compile_blocks(model, "eager", options={"max_autotune": True})
     compile_blocks(model, "eager")
     with pytest.raises(ValueError, match="compiled already"):
         compile_blocks(model, "eager")
+
+
+def test_options_hold_while_a_step_runs_and_only_then():
+    import torch._inductor.config as inductor_config
+
+    before = inductor_config.freezing
+    step = _configured(lambda: inductor_config.freezing, {"freezing": not before})
+    assert step() is (not before)  # what dynamo reads while it traces the step
+    assert inductor_config.freezing is before
