@@ -19,6 +19,7 @@ from pathlib import Path
 from PIL import Image
 
 from data_tools.index import SPLITS, ManifestEntry, read_manifest
+from stylevar.utils.extras import extra_error
 from stylevar.utils.helptext import HelpFormatter
 from stylevar.processing.images import ImageError, load_image
 
@@ -127,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=0, help="decoding threads (default: CPU count)")
     p.add_argument("--overwrite", action="store_true", help="replace shards already in --out")
     args = p.parse_args(argv)
+    if error := extra_error("train", "writing shards"):
+        p.error(error)
     try:
         summary = write_shards(ShardConfig(args.manifest, args.out, args.shard_size, args.workers, args.overwrite))
     except (FileNotFoundError, FileExistsError, ValueError) as e:

@@ -21,6 +21,10 @@ def _parse_benchmark(text: str) -> tuple[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from stylevar.utils.extras import extra_error
+    if error := extra_error("metrics", "evaluation"):  # found now, not after the methods ran (charts need matplotlib)
+        print(f"stylevar evaluate: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
     from stylevar.baselines.magenta import TeacherUnavailable
     from stylevar.evaluate.config import MISSING, EvalConfig
     from stylevar.evaluate import runner

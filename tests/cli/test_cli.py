@@ -85,6 +85,8 @@ EARLY_ERRORS = {
     "torn image": (["stylize", "torn.png", "s.png", "-o", "o.png"], "content image torn.png: "),
     "output folder a file": ([*S, "-o", "c.png/o.png"], "output folder c.png exists and is not a folder"),
     "output is a folder": ([*S, "-o", "folder"], "output folder is a folder; give a file name"),
+    "folder into an image's name": (["stylize", "c*.png", "s.png", "-o", "o.png"],
+                                    "output folder o.png is named like an image: content c*.png is 1 file(s)"),
     "output extension": ([*S, "-o", "o.gif"], "output o.gif: .gif is not an output image format"),
     "output without extension": ([*S, "-o", "o"], "output o has no extension"),
     "no output": (S, "the following arguments are required: -o/--output"),

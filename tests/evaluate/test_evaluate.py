@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import sys
 
 import pytest
 from PIL import Image
@@ -148,6 +149,15 @@ def test_same_seed_same_numbers(data, micro_model_dir, cache, tmp_path):
         return [{k: v for k, v in json.loads(line).items() if k != "seconds_per_image"} for line in open(out / "per_sample.jsonl")]
 
     assert run(tmp_path / "a") == run(tmp_path / "b")
+
+
+def test_a_missing_metrics_extra_is_one_line_before_any_work(data, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `pip install -e '.[app]'` has no matplotlib
+    out = tmp_path / "o"
+    assert main(["evaluate", "--method", "reinhard", "--benchmark", f"p={data['paired']}", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == ("stylevar evaluate: error: evaluation needs the metrics extra (matplotlib "
+                                       "not installed): pip install 'stylevar[metrics]'\n")
+    assert not out.exists()
 
 
 def test_bad_arguments(data, micro_model_dir, cache, tmp_path, capsys):

@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_recipe(build_parser(), "training.demo.export", argv, entry="export")
+    return run_recipe(build_parser(), "training.demo.export", argv, entry="export", extra=None)  # reads, trains not
 
 
 if __name__ == "__main__":

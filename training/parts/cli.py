@@ -7,6 +7,7 @@ import importlib
 from dataclasses import fields
 from typing import TYPE_CHECKING
 
+from stylevar.utils.extras import extra_error
 from stylevar.utils.helptext import DEVICE_AUTO, HelpFormatter
 from stylevar.utils.precision import TRAINING_PRECISIONS as PRECISIONS
 
@@ -31,9 +32,13 @@ def recipe_parser(module: str, doc: str, *, data_help: str = DATA_HELP) -> argpa
     return p
 
 
-def run_recipe(parser: argparse.ArgumentParser, module: str, argv: list[str] | None, entry: str = "execute") -> int:
-    """Parse ``argv``, then (torch and the models imported only now) TF32 on CUDA and ``module.entry(args)``."""
+def run_recipe(parser: argparse.ArgumentParser, module: str, argv: list[str] | None, entry: str = "execute",
+               extra: str | None = "train") -> int:
+    """Parse ``argv``, then (torch and the models imported only now) TF32 on CUDA and ``module.entry(args)``; a
+    missing ``extra`` (`.[app]` installs the service alone) is one line with the install command."""
     args = parser.parse_args(argv)
+    if extra and (error := extra_error(extra, "this recipe")):
+        parser.error(error)
     from stylevar.utils.precision import set_matmul_precision
     set_matmul_precision()
     return getattr(importlib.import_module(module), entry)(args)
