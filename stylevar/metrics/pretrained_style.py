@@ -9,9 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stylevar.loaders.teacher import EXTRA, STYLE_SIZE, TeacherUnavailable, models_dir
+from stylevar.loaders.teacher import EXTRA, REINSTALL, STYLE_SIZE, TeacherUnavailable, models_dir
 from stylevar.metrics.vgg import gram_matrix, relative_gram_distance
 from stylevar.processing.upsample import luminance
+from stylevar.utils.extras import install_line
 
 PREDICTOR_FILE = "arbitrary_predict.onnx"
 GRAM_SIDES = (128, 64, 32, 16)  # feature-map sides (at a 256 px input) whose first Relu6 the Gram distance uses
@@ -34,11 +35,9 @@ class StylePredictor(nn.Module):
             import onnx
             from onnx import numpy_helper
         except ModuleNotFoundError as e:
-            raise TeacherUnavailable(f"the pretrained style measures need {e.name}: pip install 'stylevar[{EXTRA}]'") \
-                from None
+            raise TeacherUnavailable(f"the pretrained style measures need {e.name}: {install_line(EXTRA)}") from None
         if not path.is_file():
-            raise TeacherUnavailable(f"{PREDICTOR_FILE} not found in {path.parent}: pip install --force-reinstall "
-                                     f"'stylevar[{EXTRA}]'")
+            raise TeacherUnavailable(f"{PREDICTOR_FILE} not found in {path.parent}: reinstall the teacher ({REINSTALL})")
         graph = onnx.load(str(path)).graph
         unknown = sorted({n.op_type for n in graph.node} - set(self.OPS))
         if unknown:

@@ -92,6 +92,12 @@ def test_torch_is_pinned_to_the_cuda_build_the_image_states():
         assert torch.version.cuda == stated
 
 
+def test_the_install_line_names_this_checkout_and_the_service_names_no_path():
+    root = ROOT.resolve()
+    assert install_line("train") == f"pip install -e '{root}[train]'"  # stylevar installs from its source
+    assert install_line("video", paths=False) == "pip install '.[video]' in StyleVAR's source folder"
+
+
 def test_a_route_whose_extra_is_missing_answers_501_with_the_install_line(app, monkeypatch):
     monkeypatch.setitem(sys.modules, "av", None)  # PyAV not installed
     assert missing_modules(video.EXTRA) == ["av"]
@@ -99,7 +105,7 @@ def test_a_route_whose_extra_is_missing_answers_501_with_the_install_line(app, m
         r = client.post("/stylize/video", files={"video": ("c.mp4", b"\0" * 64, "video/mp4"),
                                                  "style": ("s.png", b"\0" * 64, "image/png")})
     assert r.status_code == 501, r.text
-    assert r.json()["error"] == "not_installed" and install_line("video") in r.json()["detail"]
+    assert r.json()["error"] == "not_installed" and install_line("video", paths=False) in r.json()["detail"]
     assert "501" in app.openapi()["paths"]["/stylize/video"]["post"]["responses"]
 
 

@@ -13,6 +13,7 @@ from stylevar.cli import main
 from tests.conftest import use_weight_cache
 from tests.baselines.test_adain import DECODER_CONVS, VGG_NORMALISED_CONVS, write_standin
 from tests.metrics.test_metrics import write_torchvision
+from stylevar.utils.extras import install_line
 
 SIZE = 64  # evaluation resolution in these tests (the paper's 256 makes VGG slow on CPU)
 
@@ -156,7 +157,7 @@ def test_a_missing_metrics_extra_is_one_line_before_any_work(data, tmp_path, mon
     out = tmp_path / "o"
     assert main(["evaluate", "--method", "reinhard", "--benchmark", f"p={data['paired']}", "--out", str(out)]) == 2
     assert capsys.readouterr().err == ("stylevar evaluate: error: evaluation needs the metrics extra (matplotlib "
-                                       "not installed): pip install 'stylevar[metrics]'\n")
+                                       f"not installed): {install_line('metrics')}\n")
     assert not out.exists()
 
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from stylevar.loaders.teacher import STYLE_DIM, STYLE_SIZE
 from stylevar.metrics.pretrained_style import (GRAM_SIDES, gram_distance, laplacian_energy, sharpness,
                                                style_cosine, style_gram_distance)
+from stylevar.utils.extras import install_line
 
 
 def _pictures(seed: int, size: int = 64, batch: int = 2) -> torch.Tensor:
@@ -131,7 +132,7 @@ def test_missing_onnx_is_one_line_naming_the_extra():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     message = eval(out.stdout.strip())  # the repr printed above: one string
-    assert "\n" not in message and "onnx" in message and "pip install 'stylevar[teacher]'" in message
+    assert "\n" not in message and "onnx" in message and install_line("teacher") in message
 
 
 def test_real_pairs_scorer_goes_on_without_the_extra(monkeypatch):
@@ -140,7 +141,7 @@ def test_real_pairs_scorer_goes_on_without_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "onnx", None)
     scorer = Scorer()
     assert scorer.predictor is None and scorer.measures == MEASURES
-    assert "stylevar[teacher]" in scorer.why_not and "\n" not in scorer.why_not
+    assert install_line("teacher") in scorer.why_not and "\n" not in scorer.why_not
     assert Scorer(pretrained=False).why_not == ""
 
 

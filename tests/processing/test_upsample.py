@@ -6,7 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
-from stylevar.processing.images import fit_of, fit_square, pil_to_tensor
+from stylevar.processing.images import fit_square, pil_to_tensor
 from stylevar.metrics.structure import edge_correlation
 from stylevar.processing.upsample import Upsampling, detail_slopes, luminance, upscale
 

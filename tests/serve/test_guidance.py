@@ -1,10 +1,12 @@
 """What the service tells someone new to it: a misspelt form field is refused with the nearest one (and the document
 says the forms are closed), a picture too small to carry much is answered with the command line's warning, and
-`python -m serve` says where the UI, the API and the docs are, or why it cannot start, in one plain line."""
+`python -m serve` says where the UI, the API and the docs are, or why it cannot start (a model it cannot load, a port
+in use), in one plain line."""
 from __future__ import annotations
 
 import io
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -89,9 +91,33 @@ def test_the_ready_line_says_where_everything_is(loaded):
 @pytest.mark.slow
 def test_a_hub_model_that_cannot_be_fetched_is_one_plain_error(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path)}  # a missing folder: test_units
-    done = subprocess.run([sys.executable, "-m", "serve", "--model", "hf:nobody/nothing", "--no-ui"], cwd=tmp_path,
+    done = subprocess.run([sys.executable, "-m", "serve", "--model", "hf:nobody/nothing", "--no-ui", "--port", "0"],
+                          cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and done.stdout == ""
     said = "\n".join(line for line in done.stderr.splitlines() if not line.startswith('{"ts"'))  # the info logs stay
     assert said.startswith("cannot start: hf:nobody/nothing") and "stylevar pull nobody/nothing" in said, said
     assert "Traceback" not in done.stderr and '"level": "ERROR"' not in done.stderr
+
+
+@pytest.mark.slow
+def test_a_port_in_use_is_one_plain_error_before_the_model_loads(tiny_model_dir, tmp_path):
+    with socket.socket() as taken:  # another service on the port (bound and listening)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "serve", "--model", str(tiny_model_dir), "--no-ui", "--port",
+                               str(port)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stdout == ""  # no "StyleVAR ready" line
+    assert done.stderr == (f"cannot start: 127.0.0.1:{port} is already in use (another `python -m serve`?): stop "
+                           "that process or pass --port with a free port (STYLEVAR_PORT too)\n")  # no log record
+
+
+def test_an_address_that_is_not_here_says_so():
+    from serve.__main__ import address_error, listening_socket
+
+    with pytest.raises(OSError) as e:
+        listening_socket("192.0.2.1", 0)  # TEST-NET-1: never this machine's
+    assert address_error("192.0.2.1", 0, e.value).startswith("--host 192.0.2.1 is not an address of this machine")
+    with listening_socket("127.0.0.1", 0) as sock:  # bound, port chosen by the system
+        assert sock.getsockname()[0] == "127.0.0.1" and sock.getsockname()[1] > 0

@@ -11,6 +11,7 @@ from data_tools import shards
 from training.grpo import __main__ as grpo
 from training.sft import __main__ as sft
 from training.vqvae import __main__ as vqvae
+from stylevar.utils.extras import install_line
 
 RECIPES = {
     "training.sft": (sft, ["--tokenizer", "tok", "--max-steps", "1"]),
@@ -29,7 +30,7 @@ def test_a_missing_train_extra_is_one_line_with_the_install_command(module, tmp_
     assert info.value.code == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last == (f"python -m {module}: error: this recipe needs the train extra (webdataset not "
-                    "installed): pip install 'stylevar[train]'")
+                    f"installed): {install_line('train')}")
     assert not out.exists()
 
 
@@ -41,4 +42,4 @@ def test_the_shard_writer_says_the_same(tmp_path, monkeypatch, capsys):
     assert info.value.code == 2 and not out.exists()
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "python -m data_tools.shards: error: writing shards needs the train extra (webdataset not installed): "
-        "pip install 'stylevar[train]'")
+        f"{install_line('train')}")

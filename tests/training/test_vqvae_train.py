@@ -15,7 +15,6 @@ from stylevar.models.tokenizer import MultiScaleVQVAE
 from tests.training.test_loop import CPU1
 from training.vqvae import __main__ as vqvae
 from training.vqvae import objective as vqvae_objective
-from training.vqvae import run as vqvae_run
 from training.parts.optim import make_adamw
 from training.parts.log import read_log
 

@@ -200,7 +200,7 @@ def require_extra() -> None:
     missing = missing_modules(EXTRA)
     if missing:
         raise ServiceError(501, "not_installed", f"this service cannot do video: {', '.join(missing)} is not "
-                                                 f"installed ({install_line(EXTRA)})")
+                                                 f"installed ({install_line(EXTRA, paths=False)})")
 
 
 def probe_and_count(src: Path, limits: VideoLimits) -> VideoInfo:
