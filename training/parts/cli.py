@@ -7,6 +7,7 @@ import importlib
 from dataclasses import fields
 from typing import TYPE_CHECKING
 
+from stylevar.utils.devices import DeviceError, check_device
 from stylevar.utils.extras import extra_error
 from stylevar.utils.helptext import DEVICE_AUTO, HelpFormatter
 from stylevar.utils.precision import TRAINING_PRECISIONS as PRECISIONS
@@ -35,10 +36,14 @@ def recipe_parser(module: str, doc: str, *, data_help: str = DATA_HELP) -> argpa
 def run_recipe(parser: argparse.ArgumentParser, module: str, argv: list[str] | None, entry: str = "execute",
                extra: str | None = "train") -> int:
     """Parse ``argv``, then (torch and the models imported only now) TF32 on CUDA and ``module.entry(args)``; a
-    missing ``extra`` (`.[app]` installs the service alone) is one line with the install command."""
+    missing ``extra`` (`.[app]` installs the service alone) or a --device this machine lacks is one line."""
     args = parser.parse_args(argv)
     if extra and (error := extra_error(extra, "this recipe")):
         parser.error(error)
+    try:  # a GPU asked for where there is none: one line, as `stylevar stylize` says it
+        check_device(getattr(args, "device", None))
+    except DeviceError as e:
+        parser.error(str(e))
     from stylevar.utils.precision import set_matmul_precision
     set_matmul_precision()
     return getattr(importlib.import_module(module), entry)(args)
