@@ -29,7 +29,8 @@ from stylevar.utils.threads import apply_threads
 from stylevar.pipelines.conditions import ConditionCache, cached_condition
 from stylevar.pipelines.options import PYTHON, offered
 from stylevar.pipelines.request import IMAGE_ONLY, StyleMix, Stylization, StylizeRequest
-from stylevar.processing.images import Fit, ResizeMode, fit_of, fit_square, pil_to_tensor, tensor_to_pil, to_rgb
+from stylevar.processing.images import (Fit, Picture, ResizeMode, as_image, fit_of, fit_square, pil_to_tensor,
+                                        tensor_to_pil, to_rgb)
 from stylevar.processing.postprocess import MAX_SEED, OutputOptions, UpsampleMode, finish, sample_seeds
 from stylevar.utils.errors import unknown_name
 from stylevar.loaders.model_dir import DEMO_MODEL_DIR, PipelineConfig, check_model_dir, write_model_dir
@@ -181,12 +182,14 @@ class StylePipeline:
                 for m, c in zip(mixes, contents)]).to(self.device)
         return StyleBlend(styles, weights, masks)
 
-    def stylize_batch(self, contents: Sequence[Image.Image], styles: Sequence[Image.Image | StyleMix], *,
+    def stylize_batch(self, contents: Sequence[Picture], styles: Sequence[Picture | StyleMix], *,
                       max_side: int | None = None, upsample: UpsampleMode | None = None,
                       **draw_kwargs) -> list[Image.Image]:
         """One `generate` call for a batch (`draw`); each result has its content's aspect ratio (see `unfit`),
         its long side at most ``max_side``. ``upsample``: how the drawing reaches the result's size
-        (`stylevar.processing.upsample`; None: the model's setting)."""
+        (`stylevar.processing.upsample`; None: the model's setting). Pictures may be paths (`as_image`)."""
+        contents = [as_image(c, f"content {i + 1}") for i, c in enumerate(contents)]
+        styles = [s if isinstance(s, StyleMix) else as_image(s, f"style {i + 1}") for i, s in enumerate(styles)]
         drawn = self.draw(contents, styles, **draw_kwargs)
         return self.upscaled(drawn, contents, [max_side] * len(contents), upsample)
 
@@ -279,8 +282,8 @@ class StylePipeline:
             start += len(item.seeds)
         return out
 
-    def __call__(self, content: Image.Image, style: Image.Image | Sequence[Image.Image] | StyleMix, *,
-                 style_masks: Sequence[Image.Image] | None = None, max_side: int | None = None,
+    def __call__(self, content: Picture, style: Picture | Sequence[Picture] | StyleMix, *,
+                 style_masks: Sequence[Picture] | None = None, max_side: int | None = None,
                  **options: Any) -> Image.Image | list[Image.Image]:
         """Re-draw ``content`` in the style of ``style``, as ``POST /stylize`` does.
 
@@ -289,9 +292,11 @@ class StylePipeline:
         ``upsample``, a random ``seed`` (torch's global generator), equal ``style_weights``. ``style``: one image, or
         a list blended by ``style_weights``, each confined to its ``style_masks`` image when given (grayscale, white
         = apply; see `StyleMix`). ``num_samples`` left out returns one image, ``n`` a list of n (seeds ``seed ..
-        seed+n-1``, one model call). ``max_side``: long side of the result (None: the content's size).
+        seed+n-1``, one model call). ``max_side``: long side of the result (None: the content's size). Every picture
+        may be a PIL image or the path of one (`stylevar.processing.images.as_image`).
         """
         request = self.request("StylePipeline", options, without=("format",))
+        content = as_image(content, "content")
         images = self.run([self.prepare(request, content, style, style_masks, max_side)])[0]
         return images if "num_samples" in request.model_fields_set else images[0]
 

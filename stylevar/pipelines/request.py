@@ -6,6 +6,7 @@ so its errors (`RequestError`) read the same everywhere. No torch: the command l
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -14,7 +15,7 @@ from PIL import Image
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from stylevar.config import DEFAULT_GENERATION, GenerationConfig
-from stylevar.processing.images import ResizeMode
+from stylevar.processing.images import Picture, ResizeMode, as_image
 from stylevar.processing.postprocess import (DEFAULT_UPSAMPLE, MAX_SEED, MAX_STYLES, OutputOptions, UpsampleMode,
                                              check_style_weights)
 from stylevar.utils.errors import unknown_name
@@ -187,16 +188,18 @@ class StyleMix:
             check_style_weights(self.weights)
 
     @classmethod
-    def of(cls, style: Image.Image | Sequence[Image.Image] | StyleMix, weights: Sequence[float] | None = None,
-           masks: Sequence[Image.Image] | None = None) -> StyleMix:
-        """A mix from one style image or a list (or a mix, when no weights or masks are given)."""
+    def of(cls, style: Picture | Sequence[Picture] | StyleMix, weights: Sequence[float] | None = None,
+           masks: Sequence[Picture] | None = None) -> StyleMix:
+        """A mix from one style image or a list (or a mix, when no weights or masks are given); an image may be
+        given by its path (`as_image`)."""
         if isinstance(style, StyleMix):
             if weights is not None or masks is not None:
                 raise ValueError("give weights and masks inside the StyleMix, not beside it")
             return style
-        images = (style,) if isinstance(style, Image.Image) else tuple(style)
+        styles = [style] if isinstance(style, (Image.Image, str, os.PathLike)) else list(style)
+        images = tuple(as_image(s, "style" if len(styles) == 1 else f"style {i + 1}") for i, s in enumerate(styles))
         return cls(images, None if weights is None else tuple(float(w) for w in weights),
-                   None if masks is None else tuple(masks))
+                   None if masks is None else tuple(as_image(m, f"style mask {i + 1}") for i, m in enumerate(masks)))
 
     @property
     def plain(self) -> bool:

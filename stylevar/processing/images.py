@@ -73,6 +73,20 @@ class Decoded:
                 f"shrunk {self.shrink}x while decoding, to {dw}x{dh}")
 
 
+Picture = Image.Image | str | os.PathLike  # what the Python API takes as a picture (`as_image`)
+
+
+def as_image(value: Picture, role: str) -> Image.Image:
+    """A picture handed to the Python API: a PIL image as it is, a path read by `load_image` (EXIF orientation,
+    the pixel limits); anything else a TypeError naming ``role``."""
+    if isinstance(value, Image.Image):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        return load_image(value)
+    hint = " (an array: PIL.Image.fromarray(array))" if hasattr(value, "__array__") else ""
+    raise TypeError(f"{role}: expected a PIL image or the path of one, not {type(value).__name__}{hint}")
+
+
 def load_image(source: str | os.PathLike | bytes | Image.Image, **limits) -> Image.Image:
     """The image of `decode_image` (same arguments), without its size."""
     return decode_image(source, **limits).image

@@ -94,6 +94,24 @@ def test_python_api_default_is_one_image_equal_to_the_service_image(http, pipe, 
     assert np.array_equal(np.asarray(mine), decode(r.content))
 
 
+def test_python_api_takes_paths_and_names_what_it_cannot_take(pipe, tmp_path, one_thread):
+    CONTENT.save(tmp_path / "c.png")
+    STYLE.save(tmp_path / "s.png")
+    from_files = pipe(str(tmp_path / "c.png"), tmp_path / "s.png", seed=0)  # a str and a Path
+    assert np.array_equal(np.asarray(from_files), np.asarray(pipe(CONTENT, STYLE, seed=0)))
+    two = pipe(tmp_path / "c.png", [tmp_path / "s.png", STYLE], style_weights=[1, 1], seed=0)
+    assert two.size == CONTENT.size
+    [batch] = pipe.stylize_batch([tmp_path / "c.png"], [str(tmp_path / "s.png")], seeds=[0])
+    assert batch.size == CONTENT.size
+    with pytest.raises(TypeError, match=r"^content: expected a PIL image or the path of one, not ndarray "
+                                        r"\(an array: PIL.Image.fromarray\(array\)\)$"):
+        pipe(np.asarray(CONTENT), STYLE)
+    with pytest.raises(TypeError, match=r"^style 2: expected a PIL image or the path of one, not int$"):
+        pipe(CONTENT, [STYLE, 3])
+    with pytest.raises(FileNotFoundError, match="nope.png"):
+        pipe(CONTENT, tmp_path / "nope.png")
+
+
 @pytest.mark.slow
 def test_python_api_output_size_limit(pipe):
     big = CONTENT.resize((900, 600))
