@@ -5,17 +5,18 @@ drains the service (`serve.http.drain`) and exits with 0.
 """
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import socket
 import sys
+import threading
 
 from pydantic import ValidationError
 
 from stylevar.cli.command import Parser
 from stylevar.loaders import hub
 from stylevar.utils import threads
+from stylevar.utils.listen import address_error, listening_socket
 
 from serve.http.logs import configure_logging
 from serve.settings import ServeSettings, env_name
@@ -57,22 +58,20 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as e:
         print(f"invalid settings:\n{e}", file=sys.stderr)
         return 2
-    try:  # the address first: a port in use is one line before the model loads, not a log record after it
+    try:  # the address first, held while the model loads: a port in use is one line now, not a log record later
         listener = listening_socket(settings.host, settings.port)
     except OSError as e:
-        print(f"cannot start: {address_error(settings.host, settings.port, e)}", file=sys.stderr)
+        why = address_error(settings.host, settings.port, e, port_option=f"--port or {env_name('port')}")
+        print(f"cannot start: {why}", file=sys.stderr)
         return 2
     settings = settings.model_copy(update={"port": listener.getsockname()[1]})  # --port 0: the one given
     configure_logging(settings.log_json, settings.log_level)
     log = logging.getLogger("serve")
 
-    import uvicorn
     from stylevar.loaders.hub import HubError, is_hub_id
     from stylevar.loaders.model_dir import ModelDirError
     from stylevar.loaders.pull import resolve_model
     from serve.http.app import create_app, load_runners
-    from serve.http.connections import ConnectionPolicy, bounded_protocol
-    from serve.http.drain import DrainingServer
     log.info("starting", extra={"host": settings.host, "port": settings.port, "model_dir": str(settings.model_dir),
                                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")})
     try:  # a hub id is pulled on first use, and the model loads before the server starts: what fails is one line
@@ -85,7 +84,25 @@ def main(argv: list[str] | None = None) -> int:
         listener.close()
         print(f"cannot start: {e}", file=sys.stderr)
         return 2
-    state.on_ready = lambda: say_ready(ready_line(app, settings))
+    return run_server(app, settings, listener)
+
+
+def run_server(app, settings: ServeSettings, listener: socket.socket) -> int:
+    """uvicorn over the loaded app, with the drain, on the address ``listener`` held; the ready line once the model
+    is warm and the port listens."""
+    import uvicorn
+    from serve.http.connections import ConnectionPolicy, bounded_protocol
+    from serve.http.drain import DrainingServer
+    state = app.state.service
+    said, lock = threading.Event(), threading.Lock()
+
+    def say_when_ready() -> None:  # once the model is warm and the port listens, whichever comes last
+        with lock:
+            if state.ready and server.started and not said.is_set():
+                said.set()
+                say_ready(ready_line(app, settings))
+
+    state.on_ready = say_when_ready
     # X-Forwarded-For only from STYLEVAR_FORWARDED_ALLOW_IPS (none by default; uvicorn's default trusts loopback)
     proxies = settings.forwarded_allow_ips
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
@@ -93,37 +110,14 @@ def main(argv: list[str] | None = None) -> int:
                             timeout_graceful_shutdown=settings.drain_timeout_s,  # type: ignore[arg-type]
                             http=bounded_protocol(ConnectionPolicy.from_settings(settings),
                                                   on_refused=state.metrics.connection_refused))
-    server = DrainingServer(config, state.drain, on_drain=state.begin_drain)
-    server.run(sockets=[listener])
-    return 0 if server.started else 3  # 3: uvicorn's startup failure
-
-
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host``:``port`` (not yet listening: uvicorn listens once the model is warm)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart need not wait out TIME_WAIT
-        sock.bind((host.strip("[]"), port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-def address_error(host: str, port: int, e: OSError) -> str:
-    """Why the service cannot listen on ``host``:``port``, with what to do."""
-    if e.errno == errno.EADDRINUSE:
-        return (f"{host}:{port} is already in use (another `python -m serve`?): stop that process or pass "
-                f"--port with a free port ({env_name('port')} too)")
-    if e.errno == errno.EACCES:
-        return f"{host}:{port}: permission denied (ports below 1024 need privileges): pass --port 1024 or above"
-    hint = "127.0.0.1: this machine alone, 0.0.0.0: every interface"
-    if isinstance(e, socket.gaierror):
-        return f"--host {host} does not resolve to an address ({hint})"
-    if e.errno == errno.EADDRNOTAVAIL:
-        return f"--host {host} is not an address of this machine ({hint})"
-    return f"cannot listen on {host}:{port}: {e.strerror or e}"
+    server = DrainingServer(config, state.drain, on_drain=state.begin_drain, on_started=say_when_ready)
+    listener.close()  # uvicorn binds the address itself, an instant later
+    server.run()
+    if not server.started:  # 3: uvicorn's startup failure (its record above says why)
+        print(f"cannot start: the service could not listen on {settings.host}:{settings.port} (see the error above)",
+              file=sys.stderr)
+        return 3
+    return 0
 
 
 def say_ready(line: str) -> None:

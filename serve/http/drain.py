@@ -121,13 +121,20 @@ def shutting_down(detail: str) -> Response:
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn's server with a drain between the first signal and its shutdown; `on_drain()` when it begins."""
+    """uvicorn's server with a drain between the first signal and its shutdown; `on_drain()` when it begins,
+    `on_started()` once its port listens."""
 
-    def __init__(self, config: uvicorn.Config, drain: Drain, on_drain: Callable[[], None] | None = None) -> None:
+    def __init__(self, config: uvicorn.Config, drain: Drain, on_drain: Callable[[], None] | None = None,
+                 on_started: Callable[[], None] | None = None) -> None:
         super().__init__(config)
         self.drain = drain
-        self._on_drain = on_drain
+        self._on_drain, self._on_started = on_drain, on_started
         self._signal: int | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self._on_started is not None:  # the port listens
+            self._on_started()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """Only sets flags (the tick acts on them); unlike uvicorn's, signals are not re-raised: exit code 0."""

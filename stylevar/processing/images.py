@@ -77,8 +77,7 @@ Picture = Image.Image | str | os.PathLike  # what the Python API takes as a pict
 
 
 def as_image(value: Picture, role: str) -> Image.Image:
-    """A picture handed to the Python API: a PIL image as it is, a path read by `load_image` (EXIF orientation,
-    the pixel limits); anything else a TypeError naming ``role``."""
+    """A picture handed to the Python API: a PIL image, or a path read by `load_image`; else a TypeError."""
     if isinstance(value, Image.Image):
         return value
     if isinstance(value, (str, os.PathLike)):

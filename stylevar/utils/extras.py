@@ -19,19 +19,11 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
 }
 
 
-def checkout_root() -> Path | None:
-    """The source checkout this stylevar is imported from (its pyproject.toml beside the package); None for a copy
-    installed into site-packages."""
-    root = Path(__file__).resolve().parents[2]
-    return root if (root / "pyproject.toml").is_file() and (root / "stylevar").is_dir() else None
-
-
 def install_line(extra: str, *, paths: bool = True) -> str:
-    """The command that adds ``extra`` to this installation (StyleVAR installs from its source, not from an index):
-    `pip install -e 'CHECKOUT[extra]'` where this is a checkout, else the command to run in the source folder (also
-    with ``paths`` False: what the service tells its clients names no folder of the server)."""
-    root = checkout_root() if paths else None
-    if root is not None:
+    """The command that adds ``extra`` (StyleVAR installs from its source): `pip install -e 'CHECKOUT[extra]'` in a
+    checkout, else what to run in the source folder (also with ``paths`` False: the service names no server path)."""
+    root = Path(__file__).resolve().parents[2]
+    if paths and (root / "pyproject.toml").is_file() and (root / "stylevar").is_dir():
         return f"pip install -e '{root}[{extra}]'"
     return f"pip install '.[{extra}]' in StyleVAR's source folder"
 

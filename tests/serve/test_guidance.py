@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import socket
 import subprocess
 import sys
 import threading
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
@@ -109,15 +111,30 @@ def test_a_port_in_use_is_one_plain_error_before_the_model_loads(tiny_model_dir,
         done = subprocess.run([sys.executable, "-m", "serve", "--model", str(tiny_model_dir), "--no-ui", "--port",
                                str(port)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and done.stdout == ""  # no "StyleVAR ready" line
-    assert done.stderr == (f"cannot start: 127.0.0.1:{port} is already in use (another `python -m serve`?): stop "
-                           "that process or pass --port with a free port (STYLEVAR_PORT too)\n")  # no log record
+    assert done.stderr == (f"cannot start: 127.0.0.1:{port} is already in use (another server, or an earlier run "
+                           "still going?): stop that process or choose a free port with --port or STYLEVAR_PORT\n")
 
 
 def test_an_address_that_is_not_here_says_so():
-    from serve.__main__ import address_error, listening_socket
+    from stylevar.utils.listen import address_error, listening_socket
 
     with pytest.raises(OSError) as e:
         listening_socket("192.0.2.1", 0)  # TEST-NET-1: never this machine's
     assert address_error("192.0.2.1", 0, e.value).startswith("--host 192.0.2.1 is not an address of this machine")
     with listening_socket("127.0.0.1", 0) as sock:  # bound, port chosen by the system
         assert sock.getsockname()[0] == "127.0.0.1" and sock.getsockname()[1] > 0
+
+
+@pytest.mark.slow
+def test_port_0_takes_a_free_port_names_it_and_mounts_the_ui_there(tiny_model_dir, tmp_path):
+    env = {**os.environ, "STYLEVAR_DEVICE": "cpu", "STYLEVAR_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "serve", "--model", str(tiny_model_dir), "--port", "0"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline()  # the ready line is the first thing on stdout
+        match = re.match(r"StyleVAR ready \(tiny-test, fp32\): UI (http://127\.0\.0\.1:(\d+))/  API ", line)
+        assert match and int(match.group(2)) > 0, line
+        assert httpx.get(match.group(1) + "/ui/", timeout=30).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

