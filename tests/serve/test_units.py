@@ -310,6 +310,20 @@ def test_the_address_sends_a_browser_to_the_ui_or_answers_the_api_index(model_di
     assert no_ui.get(r.json()["docs"]).status_code == 200  # the link leads somewhere
 
 
+def test_a_file_given_as_the_model_gets_its_folder_or_the_convert_command(tmp_path):
+    from stylevar.loaders.model_dir import check_model_dir
+    model = StylePipeline.random("tiny", name="t").save_pretrained(tmp_path / "model")
+    (tmp_path / "StyleVAR_SFT.pth").write_bytes(b"not read")
+    hints = {model / "transformer.safetensors": f"a file, not a folder. It is one file of a model directory; the "
+                                                f"model is {model} (--model {model}).",
+             tmp_path / "StyleVAR_SFT.pth": "a file, not a folder. A checkpoint file: `stylevar convert --vae VAE.pth "
+                                            "--model STYLEVAR.pth --preset d20 --out DIR`"}
+    for given, hint in hints.items():
+        with pytest.raises(ModelDirError) as e:
+            check_model_dir(given)
+        assert hint in str(e.value), str(e.value)
+
+
 @pytest.mark.slow  # six interpreters
 def test_a_wrong_model_gets_the_hint_that_fixes_it_on_the_command_line_and_the_service(tmp_path):
     """One rule (stylevar.loaders.model_dir.check_model_dir) for `stylevar stylize --model` and `python -m serve
