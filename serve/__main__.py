@@ -112,11 +112,12 @@ def run_server(app, settings: ServeSettings, listener: socket.socket) -> int:
                                                   on_refused=state.metrics.connection_refused))
     server = DrainingServer(config, state.drain, on_drain=state.begin_drain, on_started=say_when_ready)
     listener.close()  # uvicorn binds the address itself, an instant later
-    server.run()
-    if not server.started:  # 3: uvicorn's startup failure (its record above says why)
-        print(f"cannot start: the service could not listen on {settings.host}:{settings.port} (see the error above)",
+    try:
+        server.run()
+    except SystemExit as e:  # uvicorn's startup failure: its error record, then sys.exit(3)
+        print(f"cannot start: the service did not start on {settings.host}:{settings.port} (its error is above)",
               file=sys.stderr)
-        return 3
+        return e.code if isinstance(e.code, int) else 3
     return 0
 
 

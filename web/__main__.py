@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
     from web.client import ServiceClient, ServiceError
-    from web.mount import standalone_app
+    from web.mount import loopback_url, standalone_app
     from web.ui import UIConfig
     with ServiceClient(args.api, api_key=args.api_key, timeout_s=PROBE_TIMEOUT_S) as client:
         try:
@@ -50,9 +50,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"note: {e.message.rstrip('.')}; start it with `python -m serve` or check --api (the UI asks it "
                   "again for every picture)", file=sys.stderr)
     app = standalone_app(UIConfig(api_url=args.api, api_key=args.api_key, timeout_s=args.timeout))
-    host, port = listener.getsockname()[:2]
+    port = listener.getsockname()[1]
     listener.close()  # uvicorn binds the address itself, an instant later
-    line = f"StyleVAR UI ready: http://{f'[{host}]' if ':' in host else host}:{port}/  (service: {args.api})"
+    line = f"StyleVAR UI ready: {loopback_url(args.host, port)}/  (service: {args.api})"
 
     class Server(uvicorn.Server):  # says the line once the port listens
         async def startup(self, sockets=None) -> None:
@@ -60,9 +60,8 @@ def main(argv: list[str] | None = None) -> int:
             if self.started:
                 print(line, flush=True)
 
-    server = Server(uvicorn.Config(app, host=args.host, port=port, log_level="warning"))
-    server.run()
-    return 0 if server.started else 3
+    Server(uvicorn.Config(app, host=args.host, port=port, log_level="warning")).run()  # a failure: sys.exit(3)
+    return 0
 
 
 if __name__ == "__main__":

@@ -64,11 +64,12 @@ def model_dir_hint(given: str) -> str:
                 "another model directory (--model DIR; the service also reads STYLEVAR_MODEL_DIR).")
     if path.is_dir() and not missing_model_files(path / "final"):
         return f"It is a training run; its model is {path / 'final'} (--model {path / 'final'})."
-    if path.is_file() and not missing_model_files(path.parent):
-        return f"It is one file of a model directory; the model is {path.parent} (--model {path.parent})."
-    if path.is_file() and path.suffix in (".pth", ".pt", ".safetensors"):
-        return ("A checkpoint file: `stylevar convert --vae VAE.pth --model STYLEVAR.pth --preset d20 --out DIR` "
-                "makes a model directory of published checkpoints (then --model DIR).")
+    if path.is_file():
+        if not missing_model_files(path.parent):
+            return f"It is one file of a model directory; the model is {path.parent} (--model {path.parent})."
+        if path.suffix in (".pth", ".pt", ".safetensors"):
+            return ("A checkpoint file: `stylevar convert --vae VAE.pth --model STYLEVAR.pth --preset d20 --out "
+                    "DIR` makes a model directory of published checkpoints (then --model DIR).")
     if names_a_hub_repository(given):
         return (f"A published model on the Hugging Face Hub is written {PREFIX}OWNER/NAME: --model {PREFIX}{given} "
                 "(pulled on first use).")

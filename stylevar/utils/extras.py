@@ -23,7 +23,7 @@ def install_line(extra: str, *, paths: bool = True) -> str:
     """The command that adds ``extra`` (StyleVAR installs from its source): `pip install -e 'CHECKOUT[extra]'` in a
     checkout, else what to run in the source folder (also with ``paths`` False: the service names no server path)."""
     root = Path(__file__).resolve().parents[2]
-    if paths and (root / "pyproject.toml").is_file() and (root / "stylevar").is_dir():
+    if paths and (root / "pyproject.toml").is_file():  # this file's package sits in a checkout
         return f"pip install -e '{root}[{extra}]'"
     return f"pip install '.[{extra}]' in StyleVAR's source folder"
 

@@ -138,3 +138,30 @@ def test_port_0_takes_a_free_port_names_it_and_mounts_the_ui_there(tiny_model_di
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+RACE = """
+import socket, sys
+import serve.__main__ as m
+taken = socket.socket()
+taken.bind(("127.0.0.1", 0))
+taken.listen()  # another process takes the port while the model loads
+port = taken.getsockname()[1]
+
+class Held:  # the address as held until uvicorn binds it
+    def getsockname(self):
+        return ("127.0.0.1", port)
+    def close(self):
+        pass
+
+m.listening_socket = lambda host, port: Held()
+sys.exit(m.main(["--model", sys.argv[1], "--no-ui", "--port", str(port)]))
+"""
+
+
+@pytest.mark.slow
+def test_a_port_taken_while_the_model_loads_is_a_plain_line_and_no_ready_line(tiny_model_dir, tmp_path):
+    done = subprocess.run([sys.executable, "-c", RACE, str(tiny_model_dir)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 3 and "StyleVAR ready" not in done.stdout
+    assert done.stderr.strip().splitlines()[-1].startswith("cannot start: the service did not start on 127.0.0.1:")
