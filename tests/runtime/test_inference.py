@@ -112,13 +112,19 @@ def test_bf16_warns_on_a_cpu_without_bf16_units(monkeypatch):
 
 
 @pytest.mark.slow
-def test_prepared_fp32_packs_every_loop_linear():
-    fast = prepare(_resnet_micro().model, InferenceConfig())
+def test_prepared_fp32_packs_every_loop_linear_with_the_gelu_inside_the_first_ffn_product():
+    plain = _resnet_micro().model.eval()
+    fast = prepare(copy.deepcopy(plain), InferenceConfig())
     blk = fast.blocks[0]
     packed = (blk.attn.q_guide, blk.attn.kv_target, blk.attn.proj, blk.ffn.fc1, blk.ffn.fc2, fast.head)
     assert all(isinstance(m, PackedLinear) and m.dtype == torch.float32 for m in packed)
-    unpacked = prepare(_resnet_micro().model, InferenceConfig(pack_linears=False))
-    assert type(unpacked.blocks[0].ffn.fc1) is torch.nn.Linear
+    x = torch.randn(2, 7, blk.ffn.fc1.in_features)
+    for before, after in zip(plain.blocks, fast.blocks):
+        assert after.ffn.fc1.post_op == ("gelu", "tanh") and isinstance(after.ffn.act, torch.nn.Identity)
+        with torch.no_grad():
+            torch.testing.assert_close(after.ffn(x), before.ffn(x), rtol=1e-5, atol=1e-6)
+    unpacked = prepare(copy.deepcopy(plain), InferenceConfig(pack_linears=False))
+    assert type(unpacked.blocks[0].ffn.fc1) is torch.nn.Linear and isinstance(unpacked.blocks[0].ffn.act, torch.nn.GELU)
 
 
 def test_bf16_runs_the_loop_in_bf16_and_keeps_the_tokens_close():

@@ -16,10 +16,11 @@ class FFN(nn.Module):
     def __init__(self, dim: int, hidden: int):
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU(approximate="tanh")  # CPU inference runs it inside fc1's call (`runtime.inference`)
         self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+        return self.fc2(self.act(self.fc1(x)))
 
 
 class Modulation(NamedTuple):
