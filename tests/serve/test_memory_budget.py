@@ -389,7 +389,7 @@ def test_requests_that_cannot_have_the_pixels_in_time_get_503_with_retry_after(m
         return real(state, form, images)
 
     monkeypatch.setattr(stylize, "encode", encode)
-    with serve(micro_model_dir, max_pixels_in_flight=COST, request_timeout_s=1.0) as client:
+    with serve(micro_model_dir, max_pixels_in_flight=COST, request_timeout_s=3.0) as client:  # ample for the first
         budget = client.app.state.service.memory
         with ThreadPoolExecutor(n) as pool:
             futures = [pool.submit(post, client, seed) for seed in range(n)]
