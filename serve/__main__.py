@@ -94,12 +94,13 @@ def run_server(app, settings: ServeSettings, listener: socket.socket) -> int:
     from serve.http.connections import ConnectionPolicy, bounded_protocol
     from serve.http.drain import DrainingServer
     state = app.state.service
-    said, lock = threading.Event(), threading.Lock()
+    lock, said = threading.Lock(), False
 
     def say_when_ready() -> None:  # once the model is warm and the port listens, whichever comes last
+        nonlocal said
         with lock:
-            if state.ready and server.started and not said.is_set():
-                said.set()
+            if state.ready and server.started and not said:
+                said = True
                 say_ready(ready_line(app, settings))
 
     state.on_ready = say_when_ready
