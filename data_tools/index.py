@@ -6,7 +6,6 @@ triplet; `pairs`: unpaired evaluation pairs (no target). What does not decode is
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -17,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from stylevar.cli.command import Parser
 from stylevar.utils.helptext import HelpFormatter
 from stylevar.processing.images import ImageError, load_image
 from stylevar.loaders.manifest import SPLITS, ManifestEntry, read_manifest, write_manifest  # noqa: F401 (re-exported)
@@ -285,7 +285,7 @@ def build_index(cfg: IndexConfig) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_tools.index", description=__doc__.split("\n")[0],
+    p = Parser(prog="python -m data_tools.index", description=__doc__.split("\n")[0],
                                 formatter_class=HelpFormatter)
     p.add_argument("--layout", required=True, choices=LAYOUTS, help="how the dataset is laid out on disk (module doc)")
     p.add_argument("--root", required=True, help="dataset root (pairs: the content image folder)")

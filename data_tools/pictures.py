@@ -6,7 +6,6 @@ held-out pictures that judge the demo model (`heldout` below) never train or tun
 """
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import json
 import shutil
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from data_tools.qt_resources import RccError, read_rcc
+from stylevar.cli.command import Parser
 from stylevar.utils.helptext import HelpFormatter
 
 
@@ -246,7 +246,7 @@ def _add_skimage(out: Path, sources: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_tools.pictures", description=__doc__.split("\n\n")[0],
+    p = Parser(prog="python -m data_tools.pictures", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="writes OUT/contents and OUT/styles")
     p.add_argument("--cache", type=Path, default=None, help="where packages are downloaded (default: OUT/.cache)")

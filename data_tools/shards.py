@@ -6,7 +6,6 @@ bytes, or PNG) and `.json` (split, id, index, paths). Entries with an unusable i
 """
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
@@ -19,6 +18,7 @@ from pathlib import Path
 from PIL import Image
 
 from data_tools.index import SPLITS, ManifestEntry, read_manifest
+from stylevar.cli.command import Parser
 from stylevar.utils.extras import extra_error
 from stylevar.utils.helptext import HelpFormatter
 from stylevar.processing.images import ImageError, load_image
@@ -120,7 +120,7 @@ def write_shards(cfg: ShardConfig) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_tools.shards", description=__doc__.split("\n")[0],
+    p = Parser(prog="python -m data_tools.shards", description=__doc__.split("\n")[0],
                                 formatter_class=HelpFormatter)
     p.add_argument("--manifest", required=True, help="the manifest (JSON lines) whose samples go into the shards")
     p.add_argument("--out", required=True, help="output folder for {split}-NNNNNN.tar and shards.json")

@@ -6,7 +6,6 @@ luminance edge of the content stays an edge of the target. The same seed gives b
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from PIL import Image
 
 from data_tools.drawing import CONTENT_KINDS, STYLE_KINDS, Style, luma, make_content, make_style
 from data_tools.index import ManifestEntry, assign_splits, write_manifest
+from stylevar.cli.command import Parser
 from stylevar.utils.helptext import HelpFormatter
 
 PNG_COMPRESS_LEVEL = 6
@@ -132,7 +132,7 @@ def write_examples(out: str | Path, size: int = 256, seed: int = 2024) -> list[P
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_tools.synth", description=__doc__.split("\n")[0],
+    p = Parser(prog="python -m data_tools.synth", description=__doc__.split("\n")[0],
                                 formatter_class=HelpFormatter)
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--out", help="output folder for triplets and manifest.jsonl")

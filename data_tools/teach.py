@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from stylevar.cli.command import Parser
 from stylevar.utils.helptext import HelpFormatter
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
@@ -227,7 +228,7 @@ def _fraction_range(text: str) -> tuple[float, float]:
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[TeachConfig, argparse.Namespace]:
-    p = argparse.ArgumentParser(prog="python -m data_tools.teach", description=__doc__.split("\n\n")[0],
+    p = Parser(prog="python -m data_tools.teach", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)
     p.add_argument("--contents", type=Path, required=True, help="folder of content photographs")
     p.add_argument("--styles", type=Path, required=True, help="folder of style pictures")

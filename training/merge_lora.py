@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from stylevar.cli.command import Command
+from stylevar.cli.command import Command, Parser
 from stylevar.utils.helptext import HelpFormatter
 
 
@@ -78,7 +78,7 @@ def merge_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m training.merge_lora", description=__doc__.split("\n")[0],
+    p = Parser(prog="python -m training.merge_lora", description=__doc__.split("\n")[0],
                                 formatter_class=HelpFormatter)
     add_arguments(p)
     args = p.parse_args(argv)

@@ -4,15 +4,15 @@ The sharding itself (FSDP2, sharded checkpoints, the export) is `training.parts.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Sequence
 
+from stylevar.cli.command import Parser
 from stylevar.utils.helptext import HelpFormatter
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m training.sharding", formatter_class=HelpFormatter,
+    p = Parser(prog="python -m training.sharding", formatter_class=HelpFormatter,
                                 description="a model directory from a sharded (--strategy fsdp) training.sft "
                                             "checkpoint")
     p.add_argument("checkpoint", help="RUN directory (its newest sharded checkpoint) or RUN/checkpoints/step-*.pt")

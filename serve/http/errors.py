@@ -93,7 +93,20 @@ async def http_error_handler(request: Request, exc: StarletteHTTPException) -> J
     if exc.status_code == 413 and UPLOAD_LIMIT_KEY in request.scope:  # a streamed body over its route's limit
         return upload_too_large(*request.scope[UPLOAD_LIMIT_KEY])
     code = HTTP_ERROR_CODES.get(exc.status_code, f"http_{exc.status_code}")
-    return error_response(exc.status_code, code, str(exc.detail), getattr(exc, "headers", None))
+    return error_response(exc.status_code, code, route_hint(request, exc), getattr(exc, "headers", None))
+
+
+def route_hint(request: Request, exc: StarletteHTTPException) -> str:
+    """A wrong path names the nearest route and where the API is listed; a wrong method, the methods the path takes.
+    Errors that a route raised itself keep their own detail."""
+    path, allowed = request.url.path, (getattr(exc, "headers", None) or {}).get("Allow")
+    if exc.status_code == 404 and "route" not in request.scope:
+        app = request.app
+        routes = set(app.openapi().get("paths", {})) | {getattr(r, "path", "") for r in app.routes} - {""}
+        return f"{unknown_name('path', path, routes)} (the API's operations are listed at /docs)"
+    if exc.status_code == 405 and allowed:
+        return f"{request.method} is not allowed on {path}; use {allowed} (see /docs)"
+    return str(exc.detail)
 
 
 def form_fields(request: Request) -> set[str]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +33,10 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, formatter_class=formatter_class, **kwargs)
 
     def error(self, message: str) -> NoReturn:
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)  # a command, a --precision
+        if choice:  # argparse's list, with the nearest named
+            near = unknown_name("choice", choice[1], (c.strip(" '") for c in choice[2].split(",")))
+            message += near[near.index(";"):] if ";" in near else ""
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
     def parse_args(self, args=None, namespace=None):  # type: ignore[override]

@@ -76,7 +76,7 @@ def path(args: argparse.Namespace) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from stylevar.loaders.weights import REGISTRY  # no torch
-    sub = parser.add_subparsers(dest="weights_command", required=True)
+    sub = parser.add_subparsers(dest="weights_command", required=True, metavar="ACTION")
     p_status = sub.add_parser("status", help="list every registered weight and whether it is present")
     p_status.set_defaults(func=status)
     p_path = sub.add_parser("path", help="print where a present weight is (for scripts: --init-var \"$(...)\")")

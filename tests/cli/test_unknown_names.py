@@ -30,6 +30,31 @@ def test_an_unknown_option_is_named_with_the_nearest(argv, said, capsys):
     assert stop.value.code == EXIT_USAGE and capsys.readouterr().err.strip() == said
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["styleize", "c.png"], "stylevar: error: argument COMMAND: invalid choice: 'styleize' (choose from "
+     "'convert', 'stylize', 'pull', 'bench', 'weights', 'evaluate', 'merge-lora'); did you mean 'stylize'?"),
+    (["weights", "fech", "clip"], "stylevar weights: error: argument ACTION: invalid choice: 'fech' "
+     "(choose from 'status', 'path', 'fetch'); did you mean 'fetch'?"),
+    (["stylize", "c.png", "s.png", "--resize", "zzz"], "stylevar stylize: error: argument --resize: invalid "
+     "choice: 'zzz' (choose from 'crop', 'pad', 'stretch')"),  # nothing near: argparse's list alone
+])
+def test_a_wrong_choice_is_named_with_the_nearest(argv, said, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == EXIT_USAGE and capsys.readouterr().err.strip() == said
+
+
+@pytest.mark.parametrize("module", ["training.sft", "training.grpo", "training.vqvae", "training.demo",
+                                    "training.merge_lora", "training.sharding", "data_tools.synth",
+                                    "data_tools.teach", "data_tools.pictures", "data_tools.index", "data_tools.shards"])
+def test_every_recipe_and_data_tool_names_the_nearest_option(module):
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, "-m", module, "--hepl"], capture_output=True, text=True, timeout=120)
+    said = f"python -m {module}: error: unknown option '--hepl'; did you mean '--help'?"
+    assert run.returncode == 2 and run.stderr.strip().startswith(said), run.stderr
+
+
 def test_prefixes_and_what_follows_the_separator_stay_argparses(capsys):
     with pytest.raises(SystemExit):  # `--style-str` abbreviates --style-strength: argparse reads it, no hint
         main(["stylize", "c.png", "--style-str", "2", "-o", "o.png"])

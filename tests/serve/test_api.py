@@ -261,11 +261,16 @@ def test_upload_limit_applies_to_the_stream_route_too_and_names_its_setting(clie
                                   "(1.907 MiB), which the service's STYLEVAR_MAX_UPLOAD_BYTES sets")
 
 
-def test_unknown_route_and_method_answer_json(client):
+def test_unknown_route_and_method_answer_json_with_the_way_on(client):
+    listed = " (the API's operations are listed at /docs)"
     r = client.get("/nope")
-    assert r.status_code == 404 and r.json()["error"] == "not_found"
+    assert r.status_code == 404 and r.json() == {"error": "not_found", "detail": "unknown path '/nope'" + listed}
+    for typo, meant in (("/health", "/healthz"), ("/model", "/v1/model"), ("/stylise", "/stylize")):
+        r = client.get(typo)
+        assert r.status_code == 404 and r.json()["detail"] == f"unknown path {typo!r}; did you mean {meant!r}?" + listed
     r = client.get("/stylize")
-    assert r.status_code == 405 and r.json()["error"] == "method_not_allowed"
+    assert r.status_code == 405 and r.json() == {"error": "method_not_allowed",
+                                                 "detail": "GET is not allowed on /stylize; use POST (see /docs)"}
 
 
 # ---- access control, request ids, CORS ------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from stylevar.cli.command import Parser
 from stylevar.utils.helptext import HelpFormatter, plain
 from training.parts.cli import run_recipe
 
@@ -28,7 +29,7 @@ def palette_choice(text: str) -> tuple[str, float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m training.demo", description=plain(__doc__),
+    p = Parser(prog="python -m training.demo", description=plain(__doc__),
                                 formatter_class=HelpFormatter)
     p.add_argument("--model", required=True, type=Path, help="trained model directory (RUN/final)")
     p.add_argument("--data", required=True, type=Path, help="the training manifest (sampling is chosen on it)")

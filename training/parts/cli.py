@@ -7,6 +7,7 @@ import importlib
 from dataclasses import fields
 from typing import TYPE_CHECKING
 
+from stylevar.cli.command import Parser
 from stylevar.utils.devices import DeviceError, check_device
 from stylevar.utils.extras import extra_error
 from stylevar.utils.helptext import DEVICE_AUTO, HelpFormatter
@@ -27,7 +28,7 @@ DATA_HELP = "triplet manifest, folder (manifest.jsonl or shards), shard tar or p
 
 def recipe_parser(module: str, doc: str, *, data_help: str = DATA_HELP) -> argparse.ArgumentParser:
     """The parser of ``python -m MODULE`` with the repeatable --data (then :func:`add_loop_args`)."""
-    p = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n")[0],
+    p = Parser(prog=f"python -m {module}", description=doc.split("\n")[0],
                                 formatter_class=HelpFormatter)
     p.add_argument("--data", action="append", required=True, help=data_help)
     return p
