@@ -17,7 +17,6 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from stylevar.cli.command import Parser
-from stylevar.utils.helptext import HelpFormatter
 from stylevar.processing.images import ImageError, load_image
 from stylevar.loaders.manifest import SPLITS, ManifestEntry, read_manifest, write_manifest  # noqa: F401 (re-exported)
 
@@ -285,8 +284,7 @@ def build_index(cfg: IndexConfig) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = Parser(prog="python -m data_tools.index", description=__doc__.split("\n")[0],
-                                formatter_class=HelpFormatter)
+    p = Parser(prog="python -m data_tools.index", description=__doc__.split("\n")[0])
     p.add_argument("--layout", required=True, choices=LAYOUTS, help="how the dataset is laid out on disk (module doc)")
     p.add_argument("--root", required=True, help="dataset root (pairs: the content image folder)")
     p.add_argument("--styles", help="pairs only: the style image folder")

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from data_tools.qt_resources import RccError, read_rcc
 from stylevar.cli.command import Parser
-from stylevar.utils.helptext import HelpFormatter
 
 
 @dataclass(frozen=True)
@@ -246,8 +245,7 @@ def _add_skimage(out: Path, sources: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = Parser(prog="python -m data_tools.pictures", description=__doc__.split("\n\n")[0],
-                                formatter_class=HelpFormatter)
+    p = Parser(prog="python -m data_tools.pictures", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="writes OUT/contents and OUT/styles")
     p.add_argument("--cache", type=Path, default=None, help="where packages are downloaded (default: OUT/.cache)")
     p.add_argument("--held-out", action="store_true",

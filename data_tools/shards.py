@@ -20,7 +20,6 @@ from PIL import Image
 from data_tools.index import SPLITS, ManifestEntry, read_manifest
 from stylevar.cli.command import Parser
 from stylevar.utils.extras import extra_error
-from stylevar.utils.helptext import HelpFormatter
 from stylevar.processing.images import ImageError, load_image
 
 KEEP_FORMATS = {"PNG": "png", "JPEG": "jpg", "WEBP": "webp"}
@@ -120,8 +119,7 @@ def write_shards(cfg: ShardConfig) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = Parser(prog="python -m data_tools.shards", description=__doc__.split("\n")[0],
-                                formatter_class=HelpFormatter)
+    p = Parser(prog="python -m data_tools.shards", description=__doc__.split("\n")[0])
     p.add_argument("--manifest", required=True, help="the manifest (JSON lines) whose samples go into the shards")
     p.add_argument("--out", required=True, help="output folder for {split}-NNNNNN.tar and shards.json")
     p.add_argument("--shard-size", type=int, default=1000, help="samples per shard")

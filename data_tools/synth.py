@@ -17,7 +17,6 @@ from PIL import Image
 from data_tools.drawing import CONTENT_KINDS, STYLE_KINDS, Style, luma, make_content, make_style
 from data_tools.index import ManifestEntry, assign_splits, write_manifest
 from stylevar.cli.command import Parser
-from stylevar.utils.helptext import HelpFormatter
 
 PNG_COMPRESS_LEVEL = 6
 TEXTURE_STRENGTH = 0.15
@@ -132,8 +131,7 @@ def write_examples(out: str | Path, size: int = 256, seed: int = 2024) -> list[P
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = Parser(prog="python -m data_tools.synth", description=__doc__.split("\n")[0],
-                                formatter_class=HelpFormatter)
+    p = Parser(prog="python -m data_tools.synth", description=__doc__.split("\n")[0])
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--out", help="output folder for triplets and manifest.jsonl")
     where.add_argument("--examples", metavar="DIR", help="write the example gallery (content_*, style_*) here")

@@ -18,7 +18,6 @@ import numpy as np
 from PIL import Image
 
 from stylevar.cli.command import Parser
-from stylevar.utils.helptext import HelpFormatter
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 SOURCES_FILE = "SOURCES.json"
@@ -228,8 +227,7 @@ def _fraction_range(text: str) -> tuple[float, float]:
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[TeachConfig, argparse.Namespace]:
-    p = Parser(prog="python -m data_tools.teach", description=__doc__.split("\n\n")[0],
-                                formatter_class=HelpFormatter)
+    p = Parser(prog="python -m data_tools.teach", description=__doc__.split("\n\n")[0])
     p.add_argument("--contents", type=Path, required=True, help="folder of content photographs")
     p.add_argument("--styles", type=Path, required=True, help="folder of style pictures")
     p.add_argument("--out", type=Path, required=True, help="output folder")

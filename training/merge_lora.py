@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from stylevar.cli.command import Command, Parser
-from stylevar.utils.helptext import HelpFormatter
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -78,8 +77,7 @@ def merge_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = Parser(prog="python -m training.merge_lora", description=__doc__.split("\n")[0],
-                                formatter_class=HelpFormatter)
+    p = Parser(prog="python -m training.merge_lora", description=__doc__.split("\n")[0])
     add_arguments(p)
     args = p.parse_args(argv)
     try:

@@ -8,13 +8,11 @@ import sys
 from typing import Sequence
 
 from stylevar.cli.command import Parser
-from stylevar.utils.helptext import HelpFormatter
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = Parser(prog="python -m training.sharding", formatter_class=HelpFormatter,
-                                description="a model directory from a sharded (--strategy fsdp) training.sft "
-                                            "checkpoint")
+    p = Parser(prog="python -m training.sharding",
+               description="a model directory from a sharded (--strategy fsdp) training.sft checkpoint")
     p.add_argument("checkpoint", help="RUN directory (its newest sharded checkpoint) or RUN/checkpoints/step-*.pt")
     p.add_argument("--out", required=True, help="output model directory")
     args = p.parse_args(argv)

@@ -101,8 +101,7 @@ def route_hint(request: Request, exc: StarletteHTTPException) -> str:
     Errors that a route raised itself keep their own detail."""
     path, allowed = request.url.path, (getattr(exc, "headers", None) or {}).get("Allow")
     if exc.status_code == 404 and "route" not in request.scope:
-        app = request.app
-        routes = set(app.openapi().get("paths", {})) | {getattr(r, "path", "") for r in app.routes} - {""}
+        routes = {*request.app.openapi().get("paths", {}), *(getattr(r, "path", "") for r in request.app.routes)}
         return f"{unknown_name('path', path, routes)} (the API's operations are listed at /docs)"
     if exc.status_code == 405 and allowed:
         return f"{request.method} is not allowed on {path}; use {allowed} (see /docs)"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from stylevar.processing.images import ACCEPTED_FORMATS, Decoded, ImageError, decode_image
+from stylevar.processing.images import ACCEPTED_FORMATS, Decoded, ImageError, decode_image, url_error
 from stylevar.utils.errors import CodedError
 
 # output file extensions: the formats the service returns (and accepts)
@@ -26,6 +26,8 @@ class InputError(CodedError, ValueError):
 def read_image(path: str | os.PathLike, role: str) -> Decoded:
     """The ``role`` image at ``path`` as 8-bit RGB, decoded as the service decodes uploads."""
     p = Path(path)
+    if said := url_error(path, role):
+        raise InputError(said)
     if not p.exists():
         raise InputError(f"{role} image not found: {p}")
     if p.is_dir():
@@ -67,6 +69,8 @@ def output_image_path(path: str | os.PathLike) -> Path:
 def input_file(path: str | os.PathLike, role: str) -> Path:
     """``path`` if it is an existing file; else InputError naming the ``role`` ("--vae checkpoint", ...)."""
     p = Path(path)
+    if said := url_error(path, role):
+        raise InputError(said)
     if not p.exists():
         raise InputError(f"{role} not found: {p}")
     if not p.is_file():

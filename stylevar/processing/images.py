@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import re
 import struct
 import warnings
 import zlib
@@ -76,11 +77,21 @@ class Decoded:
 Picture = Image.Image | str | os.PathLike  # what the Python API takes as a picture (`as_image`)
 
 
+def url_error(path: str | os.PathLike, role: str) -> str | None:
+    """What to say when a picture's "path" is a web address (pictures are read from files, never fetched)."""
+    web = re.match(r"([A-Za-z][A-Za-z0-9+.-]+):/+(.*)", os.fspath(path))  # a Path has folded '//' into '/'
+    if web is None:
+        return None
+    return f"{role} image {web[1]}://{web[2]} is a web address; pictures are read from files: download it first"
+
+
 def as_image(value: Picture, role: str) -> Image.Image:
     """A picture handed to the Python API: a PIL image, or a path read by `load_image`; else a TypeError."""
     if isinstance(value, Image.Image):
         return value
     if isinstance(value, (str, os.PathLike)):
+        if said := url_error(value, role):
+            raise ValueError(said)
         return load_image(value)
     hint = " (an array: PIL.Image.fromarray(array))" if hasattr(value, "__array__") else ""
     raise TypeError(f"{role}: expected a PIL image or the path of one, not {type(value).__name__}{hint}")

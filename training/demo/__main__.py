@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 
 from stylevar.cli.command import Parser
-from stylevar.utils.helptext import HelpFormatter, plain
+from stylevar.utils.helptext import plain
 from training.parts.cli import run_recipe
 
 
@@ -29,8 +29,7 @@ def palette_choice(text: str) -> tuple[str, float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="python -m training.demo", description=plain(__doc__),
-                                formatter_class=HelpFormatter)
+    p = Parser(prog="python -m training.demo", description=plain(__doc__))
     p.add_argument("--model", required=True, type=Path, help="trained model directory (RUN/final)")
     p.add_argument("--data", required=True, type=Path, help="the training manifest (sampling is chosen on it)")
     p.add_argument("--out", required=True, type=Path,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from stylevar.cli.command import Parser
 from stylevar.utils.devices import DeviceError, check_device
 from stylevar.utils.extras import extra_error
-from stylevar.utils.helptext import DEVICE_AUTO, HelpFormatter
+from stylevar.utils.helptext import DEVICE_AUTO
 from stylevar.utils.precision import TRAINING_PRECISIONS as PRECISIONS
 
 if TYPE_CHECKING:
@@ -28,8 +28,7 @@ DATA_HELP = "triplet manifest, folder (manifest.jsonl or shards), shard tar or p
 
 def recipe_parser(module: str, doc: str, *, data_help: str = DATA_HELP) -> argparse.ArgumentParser:
     """The parser of ``python -m MODULE`` with the repeatable --data (then :func:`add_loop_args`)."""
-    p = Parser(prog=f"python -m {module}", description=doc.split("\n")[0],
-                                formatter_class=HelpFormatter)
+    p = Parser(prog=f"python -m {module}", description=doc.split("\n")[0])
     p.add_argument("--data", action="append", required=True, help=data_help)
     return p
 
