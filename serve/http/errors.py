@@ -29,6 +29,7 @@ HTTP_ERROR_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 4
                     415: "unsupported_media_type", 422: "validation_error", 429: "too_many_attempts",
                     503: "unavailable"}
 
+UNION_TAGS = {"int", "float", "str", "bool"}  # what pydantic appends to a field's name for each type it tried
 RETRY_STATUSES = (429, 503)  # the answers that may say when to try again
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": text,
@@ -128,7 +129,8 @@ def field_hints(request: Request, body: Any) -> list[str]:
 
 def error_message(err: dict[str, Any]) -> str:
     """One validation error as `field: message`, with a hint where the mistake is a common one."""
-    loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+    loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+    loc = ".".join(loc[:-1] if len(loc) > 1 and loc[-1] in UNION_TAGS else loc)  # `seed`, not `seed.int`
     msg = str(err.get("msg", "invalid"))
     if "Expected UploadFile" in msg:  # text where a file belongs: curl's -F name=path without the @
         field = loc.split(".")[0] or "content"
@@ -137,7 +139,12 @@ def error_message(err: dict[str, Any]) -> str:
 
 
 async def validation_error_handler(request: Request, exc: RequestValidationError) -> JSONResponse:
-    parts = field_hints(request, exc.body) + [error_message(err) for err in exc.errors()]
+    errors = [e for e in exc.errors() if e.get("type") != "none_required"]  # an optional field's other branch
+    parts = field_hints(request, exc.body) + [error_message(err) for err in errors or exc.errors()]
+    sent, fields = request.headers.get("content-type", "").split(";")[0], form_fields(request)
+    if sent != "multipart/form-data" and fields:  # JSON, a urlencoded form or nothing, where files are sent
+        first = "video=@clip.mp4" if "video" in fields else "content=@photo.jpg"
+        parts.insert(0, f"send multipart/form-data, not {sent or 'an empty body'} (curl -F {first} -F style=@art.jpg)")
     return error_response(422, "validation_error", "; ".join(parts) or "invalid request")
 
 

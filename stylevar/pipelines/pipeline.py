@@ -107,7 +107,7 @@ class StylePipeline:
         d = resolve_model(model_dir) if model_dir is not None else DEMO_MODEL_DIR
         config = check_model_dir(d)
         model = StyleVAR.from_pretrained(d)
-        device = torch.device(device) if device is not None else resolve_device(None)
+        device = resolve_device(None if device is None else str(device))  # one asked for and missing: DeviceError
         model.to(device)
         model.autocast_dtype = resolve_autocast_dtype(autocast_dtype, device)
         return cls(model, config)
@@ -138,7 +138,7 @@ class StylePipeline:
                 f"tokenizer {tok / 1e6:.2f} M)")
 
     def to(self, device: str | torch.device) -> "StylePipeline":
-        self.model.to(device)
+        self.model.to(resolve_device(str(device)))
         return self
 
     # ---- images -------------------------------------------------------------------------------

@@ -161,6 +161,16 @@ def test_device_names_are_checked():
         devices.resolve_devices(["cpu", "cuda:99"])
 
 
+def test_the_python_api_refuses_a_missing_device_in_the_same_words():
+    from stylevar import StylePipeline
+    with pytest.raises(devices.DeviceError, match="^device 'cuda:99' is not available"):
+        StylePipeline.from_pretrained(device="cuda:99")
+    pipe = StylePipeline.from_pretrained(device="cpu")
+    with pytest.raises(devices.DeviceError, match="^'gpu' is not a device name"):
+        pipe.to("gpu")
+    assert pipe.to("cpu").device.type == "cpu"
+
+
 @pytest.mark.parametrize("name", ["c.gif", "c.tif", "c.bmp", "garbage.png"])
 def test_the_command_line_and_the_service_refuse_the_same_files_with_the_same_words(files, name, capsys):
     from serve.http.imaging import decode_upload

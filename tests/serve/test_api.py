@@ -253,6 +253,22 @@ def test_common_mistakes_get_hints(client):
     assert r.json()["detail"].startswith("unknown field 'seeed'; did you mean 'seed'?; top_k"), r.text
 
 
+@pytest.mark.parametrize("route, request_kwargs, detail", [
+    ("/stylize", {"json": {"content": "a.jpg", "style": "b.jpg"}}, "send multipart/form-data, not application/json "
+     "(curl -F content=@photo.jpg -F style=@art.jpg); content: Field required; style: Field required"),
+    ("/stylize/video", {}, "send multipart/form-data, not an empty body (curl -F video=@clip.mp4 -F style=@art.jpg); "
+     "video: Field required; style: Field required"),
+    ("/stylize", {"files": files(), "data": {"seed": "abc"}},  # int | None: one message, under the field's name
+     "seed: Input should be a valid integer, unable to parse string as an integer"),
+    ("/stylize", {"files": files(), "data": {"top_p": "x"}}, "top_p: Input should be a valid number, unable to parse "
+     "string as a number"),
+])
+def test_a_body_that_is_not_a_form_and_an_optional_fields_bad_value_read_plainly(client, route, request_kwargs,
+                                                                                    detail):
+    r = client.post(route, **request_kwargs)
+    assert r.status_code == 422 and r.json() == {"error": "validation_error", "detail": detail}
+
+
 def test_upload_limit_applies_to_the_stream_route_too_and_names_its_setting(client):
     r = client.post("/stylize/stream", files=files(b"\x00" * (MAX_UPLOAD + 10)))
     assert r.status_code == 413 and r.json()["error"] == "payload_too_large"
