@@ -98,8 +98,7 @@ async def http_error_handler(request: Request, exc: StarletteHTTPException) -> J
 
 
 def route_hint(request: Request, exc: StarletteHTTPException) -> str:
-    """A wrong path names the nearest route and where the API is listed; a wrong method, the methods the path takes.
-    Errors that a route raised itself keep their own detail."""
+    """A wrong path names the nearest route, a wrong method the right ones; a route's own errors keep their detail."""
     path, allowed = request.url.path, (getattr(exc, "headers", None) or {}).get("Allow")
     if exc.status_code == 404 and "route" not in request.scope:
         routes = {*request.app.openapi().get("paths", {}), *(getattr(r, "path", "") for r in request.app.routes)}

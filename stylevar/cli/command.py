@@ -33,8 +33,7 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, formatter_class=formatter_class, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)  # a command, a --precision
-        if choice:  # argparse's list, with the nearest named
+        if choice := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message):  # a command, a value
             near = unknown_name("choice", choice[1], (c.strip(" '") for c in choice[2].split(",")))
             message += near[near.index(";"):] if ";" in near else ""
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")

@@ -80,9 +80,8 @@ Picture = Image.Image | str | os.PathLike  # what the Python API takes as a pict
 def url_error(path: str | os.PathLike, role: str) -> str | None:
     """What to say when a picture's "path" is a web address (pictures are read from files, never fetched)."""
     web = re.match(r"([A-Za-z][A-Za-z0-9+.-]+):/+(.*)", os.fspath(path))  # a Path has folded '//' into '/'
-    if web is None:
-        return None
-    return f"{role} image {web[1]}://{web[2]} is a web address; pictures are read from files: download it first"
+    return None if web is None else (f"{role} image {web[1]}://{web[2]} is a web address; pictures are read from "
+                                     "files: download it first")
 
 
 def as_image(value: Picture, role: str) -> Image.Image:

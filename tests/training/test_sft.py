@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 
 from data_tools.synth import SynthConfig, generate
 from stylevar import StylePipeline
@@ -189,6 +190,12 @@ def test_missing_inputs_fail_before_any_work(setup, tmp_path, capsys):
     out = tmp_path / "run"
     with pytest.raises(SystemExit, match="manifest or shards not found"):
         sft.main(_args({**setup, "manifest": tmp_path / "nope.jsonl"}, out, 2))
+    (tmp_path / "notes.md").write_text("# not a manifest\n")
+    (tmp_path / "pictures").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "pictures" / "a.png")
+    for wrong, said in (("notes.md", r"notes.md:1: not valid JSON"), ("pictures", "holds neither manifest.jsonl nor")):
+        with pytest.raises(SystemExit, match=rf"^error: --data .*{said}.* python -m data_tools.synth makes a set"):
+            sft.main(_args({**setup, "manifest": tmp_path / wrong}, out, 2))
     with pytest.raises(SystemExit, match="--tokenizer .*not found"):
         sft.main(_args({**setup, "tok": tmp_path / "no_tokenizer"}, out, 2))
     (tmp_path / "empty_tok").mkdir()

@@ -128,8 +128,11 @@ def test_lpips_uses_local_vgg_weights(weight_homes):
 
 def test_missing_manifest_and_bad_preset_fail_fast(data, tmp_path):
     out = tmp_path / "run"
-    with pytest.raises(SystemExit, match="manifest not found"):
+    with pytest.raises(SystemExit, match="manifest or shards not found"):
         vqvae.main(["--data", str(tmp_path / "none.jsonl"), "--out", str(out), "--max-steps", "2"])
+    (tmp_path / "bad.jsonl").write_text('{"content": "a.png"}\n')  # no style
+    with pytest.raises(SystemExit, match=r"bad.jsonl:1: missing or non-string field\(s\) \['style'\] \(--data takes"):
+        vqvae.main(["--data", str(tmp_path / "bad.jsonl"), "--out", str(out), "--max-steps", "2"])
     with pytest.raises(SystemExit, match="--image-size 20 is not available"):
         vqvae.main(["--data", str(data["manifest"]), "--preset", str(data["preset"]), "--image-size", "20",
                     "--out", str(out), "--max-steps", "2"])

@@ -381,8 +381,16 @@ def dataset_size(ds: Dataset | None) -> str:
     return str(n) if n is not None else "?"
 
 
+DATA_HINT = ("--data takes triplets: a manifest (JSON lines), a folder holding one or shards; python -m data_tools.synth "
+             "makes a set, python -m data_tools.teach one from your own photos and paintings")
+
+
 def check_data_args(data: Sequence[str]) -> None:
-    """Fail fast (SystemExit) on a --data value that is neither an existing path nor a shard pattern."""
+    """Fail fast (SystemExit, one line) on a --data value that is not triplets (a manifest is read whole here)."""
     for d in data:
-        if not (Path(d).exists() or any(ch in d for ch in "*?[{")):
-            raise SystemExit(f"error: --data {d}: manifest or shards not found")
+        try:
+            kind, files = _resolve(d, "train")
+            for manifest in files if kind == "manifest" else ():
+                read_manifest(manifest)
+        except (FileNotFoundError, ValueError) as e:
+            raise SystemExit(f"error: --data {d}: {e} ({DATA_HINT})") from None

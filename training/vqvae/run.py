@@ -14,7 +14,7 @@ from torch.utils.data import Dataset
 from stylevar.config import VQVAEConfig
 from stylevar.processing.images import fit_square
 from stylevar.models.tokenizer import MultiScaleVQVAE
-from training.parts.data import ROLES, TripletDataset, open_triplets, to_unit, try_load, warn_skip
+from training.parts.data import ROLES, TripletDataset, check_data_args, open_triplets, to_unit, try_load, warn_skip
 from training.parts.extension import RunExtension
 from training.parts.optim import ScheduleConfig, make_adamw, two_level_scheduler
 from training.parts.cli import FREE_KEYS, loop_config
@@ -101,10 +101,7 @@ def validate(vqvae: MultiScaleVQVAE, dataset: Dataset | None, env: DistEnv, batc
 
 def check_inputs(args: argparse.Namespace) -> VQVAEConfig:
     """Fail fast (before any work) on missing inputs and impossible settings."""
-    for d in args.data:
-        path = Path(d)
-        if not (path.is_file() or (path / "manifest.jsonl").is_file()):
-            raise SystemExit(f"error: --data {d}: manifest not found")
+    check_data_args(args.data)  # shards pass here; `open_images` refuses them
     try:
         vq_cfg, _ = load_preset(args.preset)
         return resize_tokenizer(vq_cfg, args.image_size)
