@@ -1,6 +1,7 @@
 """The methods `stylevar evaluate` compares: StyleVAR model directories (or hub ids), AdaIN, Reinhard and Magenta."""
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -11,8 +12,6 @@ from PIL import Image
 from stylevar.loaders import hub
 from stylevar.processing.images import pil_to_tensor, tensor_to_pil
 from stylevar.loaders.pull import resolve_model
-
-BUILTIN_METHODS = ("adain", "adain-paper", "reinhard", "magenta")
 
 
 class Method(Protocol):
@@ -124,24 +123,24 @@ class PipelineMethod:
         return torch.stack([pil_to_tensor(o.resize((size, size), Image.BICUBIC)) for o in outs]).to(content_B3HW.device)
 
 
+BUILTINS = {"adain": lambda: AdaINMethod("vgg_normalised"), "adain-paper": lambda: AdaINMethod("torchvision"),
+            "reinhard": ReinhardMethod, "magenta": MagentaMethod}  # the methods named by a word
+BUILTIN_METHODS = tuple(BUILTINS)
+
+
 def make_method(spec: str) -> Method:
     """The method a `--method` value names (a hub id is pulled here, before any other work)."""
-    if spec == "adain":
-        return AdaINMethod("vgg_normalised")
-    if spec == "adain-paper":
-        return AdaINMethod("torchvision")
-    if spec == "reinhard":
-        return ReinhardMethod()
-    if spec == "magenta":
-        return MagentaMethod()
+    if spec in BUILTINS:
+        return BUILTINS[spec]()
     if hub.is_hub_id(spec):  # pulled on first use; offline and not cached: one error, before any other work
         return PipelineMethod(resolve_model(spec))
     path = Path(spec)
     if path.is_dir() and (path / "config.json").is_file():
         return PipelineMethod(path)
+    near = difflib.get_close_matches(spec, BUILTIN_METHODS, n=1)
     raise ValueError(f"--method {spec!r} is neither one of {', '.join(BUILTIN_METHODS)} nor a model directory "
                      "(a folder with config.json, tokenizer.safetensors, transformer.safetensors) nor a hub id "
-                     f"({hub.ID_FORM})")
+                     f"({hub.ID_FORM})" + (f"; did you mean {near[0]!r}?" if near else ""))
 
 
 def unique_names(methods: list[Method]) -> None:

@@ -165,6 +165,8 @@ def test_bad_arguments(data, micro_model_dir, cache, tmp_path, capsys):
     assert main(["evaluate", "--method", str(tmp_path / "nope"), "--benchmark", f"p={data['paired']}",
                  "--out", str(tmp_path / "o")]) == 2
     assert "neither one of adain, adain-paper, reinhard, magenta nor a model directory" in capsys.readouterr().err
+    assert main(["evaluate", "--method", "magneta", "--benchmark", f"p={data['paired']}", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.rstrip().endswith("[:grpo|sft]); did you mean 'magenta'?")
     assert main(["evaluate", "--method", "reinhard", "--benchmark", f"p={tmp_path}", "--out", str(tmp_path / "o")]) == 2
     assert "has no manifest.jsonl" in capsys.readouterr().err
     mixed = tmp_path / "mixed"
