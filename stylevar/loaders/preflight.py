@@ -26,7 +26,7 @@ class InputError(CodedError, ValueError):
 def read_image(path: str | os.PathLike, role: str) -> Decoded:
     """The ``role`` image at ``path`` as 8-bit RGB, decoded as the service decodes uploads."""
     p = Path(path)
-    if said := url_error(path, role):
+    if said := url_error(path, f"{role} image"):
         raise InputError(said)
     if not p.exists():
         raise InputError(f"{role} image not found: {p}")

@@ -77,11 +77,11 @@ class Decoded:
 Picture = Image.Image | str | os.PathLike  # what the Python API takes as a picture (`as_image`)
 
 
-def url_error(path: str | os.PathLike, role: str) -> str | None:
-    """What to say when a picture's "path" is a web address (pictures are read from files, never fetched)."""
+def url_error(path: str | os.PathLike, what: str) -> str | None:
+    """What to say when the "path" of ``what`` (a picture, a checkpoint) is a web address; None when it is not."""
     web = re.match(r"([A-Za-z][A-Za-z0-9+.-]+):/+(.*)", os.fspath(path))  # a Path has folded '//' into '/'
-    return None if web is None else (f"{role} image {web[1]}://{web[2]} is a web address; pictures are read from "
-                                     "files: download it first")
+    return None if web is None else (f"{what} {web[1]}://{web[2]} is a web address: StyleVAR reads files only; "
+                                     "download it first")
 
 
 def as_image(value: Picture, role: str) -> Image.Image:
@@ -89,7 +89,7 @@ def as_image(value: Picture, role: str) -> Image.Image:
     if isinstance(value, Image.Image):
         return value
     if isinstance(value, (str, os.PathLike)):
-        if said := url_error(value, role):
+        if said := url_error(value, f"{role} image"):
             raise ValueError(said)
         return load_image(value)
     hint = " (an array: PIL.Image.fromarray(array))" if hasattr(value, "__array__") else ""

@@ -77,9 +77,11 @@ EARLY_ERRORS = {
     "missing content": (["stylize", "nope.png", "s.png", "-o", "o.png"], "content image not found: nope.png"),
     "missing style": (["stylize", "c.png", "nope.png", "-o", "o.png"], "style image not found: nope.png"),
     "style is a folder": (["stylize", "c.png", "folder", "-o", "o.png"], "style image folder is a folder"),
+    "checkpoint is a web address": (["convert", "--vae", "https://example.com/vae.pth", "--model", "m.pth", "--out",
+                                     "o"], "--vae checkpoint https://example.com/vae.pth is a web address"),
     "content is a web address": (["stylize", "https://example.com/cat.jpg", "s.png", "-o", "o.png"],
-                                 "content image https://example.com/cat.jpg is a web address; pictures are read "
-                                 "from files: download it first"),
+                                 "content image https://example.com/cat.jpg is a web address: StyleVAR reads "
+                                 "files only; download it first"),
     # the exact words are the service's (see test_the_command_line_and_the_service_refuse_...)
     "GIF": (["stylize", "c.gif", "s.png", "-o", "o.png"], "content image c.gif: GIF"),
     "TIFF": (["stylize", "c.png", "c.tif", "-o", "o.png"], "style image c.tif: TIFF"),

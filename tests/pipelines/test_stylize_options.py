@@ -110,8 +110,8 @@ def test_python_api_takes_paths_and_names_what_it_cannot_take(pipe, tmp_path, on
         pipe(CONTENT, [STYLE, 3])
     with pytest.raises(FileNotFoundError, match="nope.png"):
         pipe(CONTENT, tmp_path / "nope.png")
-    with pytest.raises(ValueError, match=r"^style image http://example.com/s.jpg is a web address; pictures are read "
-                                         r"from files: download it first$"):
+    with pytest.raises(ValueError, match=r"^style image http://example.com/s.jpg is a web address: StyleVAR reads "
+                                         r"files only; download it first$"):
         pipe(CONTENT, "http://example.com/s.jpg")
 
 
