@@ -109,6 +109,7 @@ class Result:
     seed: int
     inference_ms: float
     images: list[ResultImage]
+    warning: str = ""  # X-StyleVAR-Warning: an input too small to carry much
 
 
 def _decode_image(b64: str) -> tuple[bytes, Image.Image]:
@@ -218,7 +219,7 @@ class ServiceClient:
                         images = [_decode_image(b)[1] for b in data["images"]]
                         yield Preview(data["scale"], data["num_scales"], data["patch_num"], images)
                     elif event.event == "result":
-                        yield _result(event.json())
+                        yield _result(event.json(), source.response.headers.get("x-stylevar-warning", ""))
                         return
                     elif event.event == "error":
                         data = event.json()
@@ -246,9 +247,9 @@ class ServiceClient:
                            h.get("x-temporal", ""), h.get("x-audio") == "1")
 
 
-def _result(data: dict[str, Any]) -> Result:
+def _result(data: dict[str, Any], warning: str = "") -> Result:
     images = []
     for item in data["images"]:
         raw, img = _decode_image(item["data"])
         images.append(ResultImage(item["seed"], img, raw, item["media_type"]))
-    return Result(data["model"], data["seed"], data["inference_ms"], images)
+    return Result(data["model"], data["seed"], data["inference_ms"], images, warning)

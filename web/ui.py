@@ -256,7 +256,7 @@ class StyleVARUI:
         assert result is not None  # stylize_stream ends with a Result or raises
         gallery = [(r.image, f"seed {r.seed}") for r in result.images]
         status = (f"Done: {len(result.images)} image(s) from `{result.model}` in {result.inference_ms:.0f} ms "
-                  f"(seed {result.seed}).")
+                  f"(seed {result.seed}).") + (f" **Note:** {result.warning}." if result.warning else "")
         final = tile([r.image for r in result.images])
         if baseline is None:
             yield final, gallery, status, None

@@ -242,6 +242,15 @@ def test_handler_streams_previews_then_results(ui, images, patch_nums):
     assert status.startswith("Done") and "seed 11" in status
     assert len(gallery) == 1 and gallery[0][0].size == CONTENT_SIZE and gallery[0][1] == "seed 11"
     assert final_preview.size == CONTENT_SIZE
+    assert "Note" not in status
+
+
+def test_a_tiny_picture_is_said_in_the_status_as_the_command_line_says_it(ui, images, tmp_path):
+    Image.new("RGB", (1, 1), (200, 10, 10)).save(tmp_path / "one.png")
+    *_, (_, gallery, status, _) = ui.stylize(**stylize_args(images, content=str(tmp_path / "one.png")))
+    assert len(gallery) == 1 and status.startswith("Done") and status.endswith(
+        " **Note:** the content image is only 1x1 pixels; it is scaled up to the model's size and carries little "
+        "content (use an image of at least 16x16).")
 
 
 def test_handler_errors_are_readable(ui, images):
