@@ -118,11 +118,10 @@ def form_fields(request: Request) -> set[str]:
     return set(referenced(spec.get("components", {}).get("schemas", {}), body).get("properties", {}))
 
 
-def field_hints(request: Request, body: Any) -> list[str]:
-    """'unknown field NAME; did you mean ...?' for each form field the route does not declare."""
+def field_hints(known: set[str], body: Any) -> list[str]:
+    """'unknown field NAME; did you mean ...?' for each form field not among the route's ``known`` (`form_fields`)."""
     if not hasattr(body, "keys"):
         return []
-    known = form_fields(request)
     return [unknown_name("field", name, known) for name in sorted(set(body.keys()) - known)] if known else []
 
 
@@ -139,8 +138,8 @@ def error_message(err: dict[str, Any]) -> str:
 
 async def validation_error_handler(request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = [e for e in exc.errors() if e.get("type") != "none_required"]  # an optional field's other branch
-    parts = field_hints(request, exc.body) + [error_message(err) for err in errors or exc.errors()]
-    sent, fields = request.headers.get("content-type", "").split(";")[0], form_fields(request)
+    fields, sent = form_fields(request), request.headers.get("content-type", "").split(";")[0]
+    parts = field_hints(fields, exc.body) + [error_message(err) for err in errors or exc.errors()]
     if sent != "multipart/form-data" and fields:  # JSON, a urlencoded form or nothing, where files are sent
         first = "video=@clip.mp4" if "video" in fields else "content=@photo.jpg"
         parts.insert(0, f"send multipart/form-data, not {sent or 'an empty body'} (curl -F {first} -F style=@art.jpg)")

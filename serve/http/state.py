@@ -17,7 +17,7 @@ from serve.http.access import FailureLimiter, KeyRing, client_of, too_many_attem
 from serve.engine.batching import Batcher, BatchError
 from serve.http.drain import Drain
 from serve.engine.runner import ModelRunner
-from serve.http.errors import ServiceError, field_hints, from_coded_error
+from serve.http.errors import ServiceError, field_hints, form_fields, from_coded_error
 from serve.http.memory import MemoryBudget
 from serve.http.metrics import ServiceMetrics
 from serve.settings import ServeSettings
@@ -108,6 +108,6 @@ def require_key(request: Request, credentials: HTTPAuthorizationCredentials | No
 async def refuse_unknown_fields(request: Request, state: ServiceState) -> None:
     """422 naming each undeclared form field and its nearest declared one (unless `allow_unknown_fields`)."""
     if not state.settings.allow_unknown_fields:
-        hints = field_hints(request, await request.form())
+        hints = field_hints(form_fields(request), await request.form())
         if hints:
             raise ServiceError(422, "validation_error", "; ".join(hints))

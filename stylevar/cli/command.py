@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
-from stylevar.utils.errors import unknown_name
+from stylevar.utils.errors import did_you_mean, unknown_name
 from stylevar.utils.helptext import HelpFormatter
 
 EXIT_USAGE = 2  # a bad argument or input, found before the work
@@ -34,8 +34,7 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         if choice := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message):  # a command, a value
-            near = unknown_name("choice", choice[1], (c.strip(" '") for c in choice[2].split(",")))
-            message += near[near.index(";"):] if ";" in near else ""
+            message += did_you_mean(choice[1], (c.strip(" '") for c in choice[2].split(",")))
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
     def parse_args(self, args=None, namespace=None):  # type: ignore[override]

@@ -1,7 +1,6 @@
 """The methods `stylevar evaluate` compares: StyleVAR model directories (or hub ids), AdaIN, Reinhard and Magenta."""
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -12,6 +11,7 @@ from PIL import Image
 from stylevar.loaders import hub
 from stylevar.processing.images import pil_to_tensor, tensor_to_pil
 from stylevar.loaders.pull import resolve_model
+from stylevar.utils.errors import did_you_mean
 
 
 class Method(Protocol):
@@ -137,10 +137,9 @@ def make_method(spec: str) -> Method:
     path = Path(spec)
     if path.is_dir() and (path / "config.json").is_file():
         return PipelineMethod(path)
-    near = difflib.get_close_matches(spec, BUILTIN_METHODS, n=1)
     raise ValueError(f"--method {spec!r} is neither one of {', '.join(BUILTIN_METHODS)} nor a model directory "
                      "(a folder with config.json, tokenizer.safetensors, transformer.safetensors) nor a hub id "
-                     f"({hub.ID_FORM})" + (f"; did you mean {near[0]!r}?" if near else ""))
+                     f"({hub.ID_FORM}){did_you_mean(spec, BUILTIN_METHODS)}")
 
 
 def unique_names(methods: list[Method]) -> None:

@@ -25,13 +25,9 @@ class InputError(CodedError, ValueError):
 
 def read_image(path: str | os.PathLike, role: str) -> Decoded:
     """The ``role`` image at ``path`` as 8-bit RGB, decoded as the service decodes uploads."""
-    p = Path(path)
-    if said := url_error(path, f"{role} image"):
-        raise InputError(said)
-    if not p.exists():
-        raise InputError(f"{role} image not found: {p}")
-    if p.is_dir():
-        raise InputError(f"{role} image {p} is a folder, not an image file")
+    if Path(path).is_dir():
+        raise InputError(f"{role} image {Path(path)} is a folder, not an image file")
+    p = input_file(path, f"{role} image")  # a web address, a missing file
     try:
         return decode_image(p, formats=ACCEPTED_FORMATS)
     except ImageError as e:  # its message names the file

@@ -18,7 +18,12 @@ class CodedError(Exception):
             self.code = code
 
 
-def unknown_name(kind: str, name: str, known: Iterable[str]) -> str:
-    """"unknown KIND 'NAME'", with "; did you mean 'CLOSEST'?" where one of ``known`` is close (difflib)."""
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """"; did you mean 'CLOSEST'?" where one of ``known`` is close to ``name`` (difflib), else ""."""
     close = difflib.get_close_matches(name, sorted(known), n=1)
-    return f"unknown {kind} {name!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def unknown_name(kind: str, name: str, known: Iterable[str]) -> str:
+    """"unknown KIND 'NAME'", with `did_you_mean`'s hint."""
+    return f"unknown {kind} {name!r}" + did_you_mean(name, known)
