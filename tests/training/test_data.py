@@ -20,6 +20,7 @@ from training.parts.data import (
     collate_triplets,
     open_triplets,
 )
+from training.parts.streams import LoaderPolicy
 
 S = 32
 
@@ -96,7 +97,7 @@ def test_shards_refuse_to_overwrite(synth_manifest, shard_dir):
 
 def test_shard_reader_with_dataloader_workers(shard_dir):
     ds = open_triplets(str(shard_dir), "train", S)
-    loader = DataLoader(ds, batch_size=3, num_workers=2, collate_fn=collate_triplets)
+    loader = DataLoader(ds, batch_size=3, collate_fn=collate_triplets, **LoaderPolicy(2).options(persistent=False))
     ids = [i for batch in loader for i in batch["id"]]
     assert sorted(ids) == sorted(e.id for e in read_manifest(Path(json.loads(
         (shard_dir / "shards.json").read_text())["manifest"])) if e.split == "train")

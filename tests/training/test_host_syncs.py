@@ -94,7 +94,7 @@ def test_loaders_on_cuda_use_persistent_workers_and_pinned_memory(monkeypatch):
     cuda = loader_policy(None, torch.device("cuda"))
     assert cuda.num_workers >= 1 and cuda.pin_memory
     assert cuda.options(persistent=True) == {"num_workers": cuda.num_workers, "pin_memory": True,
-                                             "persistent_workers": True}
+                                             "persistent_workers": True, "multiprocessing_context": "forkserver"}
     cpu = loader_policy(None, torch.device("cpu"))
     assert cpu == LoaderPolicy(0, pin_memory=False)  # the CPU's cores are the step's
     assert loader_policy(3, torch.device("cpu")).num_workers == 3  # --num-workers wins
@@ -105,21 +105,24 @@ def test_loaders_on_cuda_use_persistent_workers_and_pinned_memory(monkeypatch):
         loader_policy(-1, torch.device("cuda"))
 
 
+class Epochs(torch.utils.data.Dataset):
+    """Items that say the epoch their dataset saw (module level: workers start from a server and unpickle it)."""
+
+    epoch = 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.tensor([self.epoch, i])
+
+
 def test_the_training_stream_keeps_its_workers_across_epochs_and_passes_the_epoch():
     """The stream's one loader has persistent workers on CUDA's policy; the workers see each epoch through the
     item keys (a dataset's set_epoch in the main process would not reach them)."""
-    class Epochs(torch.utils.data.Dataset):
-        epoch = 0
-
-        def set_epoch(self, epoch):
-            self.epoch = epoch
-
-        def __len__(self):
-            return 8
-
-        def __getitem__(self, i):
-            return torch.tensor([self.epoch, i])
-
     stream = BatchStream(Epochs(), BatchStreamConfig(global_batch=4, shuffle=False, loader=LoaderPolicy(2)), CPU1)
     assert stream._loader.persistent_workers and stream._loader.num_workers == 2
     epochs = [stream.next()[:, 0].tolist() for _ in range(6)]

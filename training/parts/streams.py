@@ -41,6 +41,9 @@ class EpochShardSampler(Sampler[int]):
 
 
 MAX_DEFAULT_WORKERS = 8  # --num-workers' default on CUDA is at most this many per rank
+# Workers start from a clean server process, never forked from the trainer: a fork copies whatever lock one of its
+# threads (TensorBoard's writer, the OpenMP pool) holds at that instant, and a worker that needs it waits forever.
+WORKER_START = "forkserver"
 
 
 @dataclass(frozen=True)
@@ -56,8 +59,9 @@ class LoaderPolicy:
 
     def options(self, *, persistent: bool) -> dict[str, Any]:
         """DataLoader's keyword arguments; ``persistent``: a loader iterated again and again (the stream's)."""
+        workers = self.num_workers > 0
         return {"num_workers": self.num_workers, "pin_memory": self.pin_memory,
-                "persistent_workers": persistent and self.num_workers > 0}
+                "persistent_workers": persistent and workers, "multiprocessing_context": WORKER_START if workers else None}
 
 
 def default_num_workers(device_type: str, cpus: int, local_processes: int) -> int:
@@ -248,7 +252,8 @@ def eval_loader(dataset: Dataset, batch_size: int, env: DistEnv, *, num_workers:
     sampler = EpochShardSampler(
         len(dataset), epoch=0, seed=0, rank=env.rank, world_size=env.world_size, shuffle=False, drop_last=False  # type: ignore[arg-type]
     )
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, collate_fn=collate_fn)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn,
+                      **LoaderPolicy(num_workers).options(persistent=False))
 
 
 def move_to(batch: Any, device: torch.device) -> Any:

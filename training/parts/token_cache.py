@@ -23,6 +23,7 @@ from stylevar.models.pretrained import save_safetensors
 from stylevar.models.tokenizer import MultiScaleVQVAE
 from training.parts.data import TripletDataset, collate_triplets
 from training.parts.distributed import DistEnv
+from training.parts.streams import LoaderPolicy
 from training.parts.token_inputs import encode_triplets
 
 CHUNK = 256  # items per file
@@ -105,8 +106,8 @@ def _encode_chunk(dataset: TripletDataset, tokenizer: MultiScaleVQVAE, chunk: in
                   num_workers: int, dtype: torch.dtype) -> torch.Tensor:
     device = next(tokenizer.parameters()).device
     items = range(chunk * CHUNK, min((chunk + 1) * CHUNK, len(dataset)))
-    loader = DataLoader(Subset(dataset, items), batch_size=batch_size, num_workers=num_workers,
-                        collate_fn=collate_triplets)
+    loader = DataLoader(Subset(dataset, items), batch_size=batch_size, collate_fn=collate_triplets,
+                        **LoaderPolicy(num_workers).options(persistent=False))
     parts = []
     for batch in loader:
         t, s, c = (batch[k].to(device) for k in ("target", "style", "content"))
