@@ -2,6 +2,7 @@
 they are (a checkpoint stores their position; a resume continues with the very next batch)."""
 from __future__ import annotations
 
+import multiprocessing
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
@@ -41,9 +42,15 @@ class EpochShardSampler(Sampler[int]):
 
 
 MAX_DEFAULT_WORKERS = 8  # --num-workers' default on CUDA is at most this many per rank
-# Workers start from a clean server process, never forked from the trainer: a fork copies whatever lock one of its
-# threads (TensorBoard's writer, the OpenMP pool) holds at that instant, and a worker that needs it waits forever.
-WORKER_START = "forkserver"
+
+
+def worker_start() -> multiprocessing.context.BaseContext:
+    """How loader workers start: forked from a server process that has imported the datasets' code once, never
+    from the trainer itself (a fork copies whatever lock one of its threads, TensorBoard's writer or the OpenMP
+    pool, holds at that instant, and a worker that needs it waits forever)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["training.parts.data"])  # read once, when the server starts
+    return context
 
 
 @dataclass(frozen=True)
@@ -61,7 +68,7 @@ class LoaderPolicy:
         """DataLoader's keyword arguments; ``persistent``: a loader iterated again and again (the stream's)."""
         workers = self.num_workers > 0
         return {"num_workers": self.num_workers, "pin_memory": self.pin_memory,
-                "persistent_workers": persistent and workers, "multiprocessing_context": WORKER_START if workers else None}
+                "persistent_workers": persistent and workers, "multiprocessing_context": worker_start() if workers else None}
 
 
 def default_num_workers(device_type: str, cpus: int, local_processes: int) -> int:
