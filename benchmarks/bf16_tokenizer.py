@@ -6,11 +6,10 @@ trained demo model; a preset name builds random weights of that shape.
 """
 from __future__ import annotations
 
-import argparse
 import copy
 from pathlib import Path
 
-from benchmarks.harness import emit, serving_process
+from benchmarks.harness import command_parser, emit, serving_process
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "stylevar" / "assets" / "examples"
 
@@ -59,7 +58,7 @@ def measure(model, images) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = command_parser("benchmarks.bf16_tokenizer", __doc__.splitlines()[0])
     p.add_argument("--model", default="demo", help="'demo' (the trained demo model) or a preset (random weights)")
     p.add_argument("--images", type=int, help="how many of the example images (default: all)")
     p.add_argument("--threads", type=int, default=2, help="torch's CPU threads")

@@ -6,7 +6,6 @@ add rows (see their help).
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import json
@@ -16,8 +15,7 @@ from collections.abc import Container
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from benchmarks.harness import serving_process, time_turns, timing_arguments
-from stylevar.utils.helptext import HelpFormatter
+from benchmarks.harness import command_parser, serving_process, time_turns, timing_arguments
 
 if TYPE_CHECKING:
     import torch
@@ -207,8 +205,7 @@ def print_report(out: dict, cfg: StageBenchConfig) -> None:
 
 def parse_config(argv: list[str] | None) -> tuple[StageBenchConfig, bool]:
     """The command line as a `StageBenchConfig`, and whether to print JSON."""
-    p = argparse.ArgumentParser(prog="python -m benchmarks.cpu_pipeline", description=__doc__.split("\n\n")[0],
-                                formatter_class=HelpFormatter)
+    p = command_parser("benchmarks.cpu_pipeline", __doc__.split("\n\n")[0])
     timing_arguments(p, repeats=7, warmup=2)
     p.add_argument("--precisions", default="fp32",
                    help="comma-separated prepared models to time beside the plain one: fp32, bf16")

@@ -28,9 +28,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks.harness import PeakSampler, proc_bytes
+from benchmarks.harness import PeakSampler, command_parser, proc_bytes
 from stylevar.utils.atomic import atomic_write_text
-from stylevar.utils.helptext import RawDescriptionHelpFormatter
 
 # (stage, share of the budget), in order; the last one takes whatever is left:
 #   environment        the GPU, driver, torch, CUDA, cuDNN, the bf16 peak (MFU), why CUDA is unusable
@@ -92,8 +91,7 @@ DEFAULTS = DeviceRunConfig(out=Path())  # the options' defaults (OUTDIR is the c
 
 
 def parse_args(argv: list[str] | None):
-    p = argparse.ArgumentParser(prog="python -m benchmarks.device_run", description=__doc__,
-                                formatter_class=RawDescriptionHelpFormatter)
+    p = command_parser("benchmarks.device_run", __doc__)
     p.add_argument("out", type=Path, help="folder the figures are written to (created)")
     d = DEFAULTS
     p.add_argument("--device", default=d.device, help="cuda, cuda:N or cpu (the dry run)")

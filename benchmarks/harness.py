@@ -12,7 +12,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from stylevar.cli.command import Parser  # no torch
 from stylevar.utils.heap import apply_heap_policy  # no torch
+from stylevar.utils.helptext import RawDescriptionHelpFormatter
 from stylevar.utils.threads import apply_threads  # no torch
 
 
@@ -46,6 +48,11 @@ def time_turns(fns: dict[str, dict[str, Callable[[], object]]], batch: int, repe
         for name, (seconds,) in medians.items():
             out[name][stage] = 1000 * seconds / batch
     return out
+
+
+def command_parser(module: str, description: str) -> Parser:
+    """``python -m module``'s options, the description's line breaks kept (an unknown option gets the nearest)."""
+    return Parser(prog=f"python -m {module}", description=description, formatter_class=RawDescriptionHelpFormatter)
 
 
 def timing_arguments(p: argparse.ArgumentParser, repeats: int, warmup: int) -> None:

@@ -7,7 +7,6 @@ percentiles and counts by status (`--json` prints the same as one JSON object).
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import io
 import json
@@ -21,7 +20,7 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from stylevar.utils.helptext import RawDescriptionHelpFormatter
+from benchmarks.harness import command_parser
 
 
 @dataclass(frozen=True)
@@ -107,8 +106,7 @@ def parse_fields(items: list[str]) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.load_test", description=__doc__,
-                                formatter_class=RawDescriptionHelpFormatter)
+    p = command_parser("benchmarks.load_test", __doc__)
     p.add_argument("--url", required=True, help="service base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--concurrency", type=int, default=8, help="clients sending back to back")
     p.add_argument("--seconds", type=float, default=30.0, help="test duration")

@@ -4,11 +4,10 @@ batch size and the batch each budget holds (`stylevar.runtime.memory`: the table
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 
-from stylevar.utils.helptext import HelpFormatter
+from benchmarks.harness import command_parser
 
 GiB = 2**30
 ACT_BYTES_PER_TOKEN_WIDTH = 34 * 1.5  # per block, bf16, fused attention, three streams
@@ -115,8 +114,7 @@ def fitting_table(preset: str = "d20", budgets_gib: tuple[int, ...] = SERVING_BU
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.memory_table", description=__doc__.split("\n\n")[0],
-                                formatter_class=HelpFormatter)
+    p = command_parser("benchmarks.memory_table", __doc__.split("\n\n")[0])
     p.add_argument("--gpus", type=int, default=8, help="GPUs the fsdp shards are spread over")
     p.add_argument("--micro-batch", type=int, default=8, help="samples per GPU per micro-step")
     p.add_argument("--serving", action="store_true", help="generation's memory per batch size instead (d20)")

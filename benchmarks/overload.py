@@ -8,7 +8,6 @@ by status, connection errors, p50/p99 of the 200s and of the 503s, the spread of
 at the start, its peak and at the end (from /proc, sampled every 0.25 s)."""
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
@@ -19,10 +18,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from benchmarks.harness import proc_mb, sample_rss_mb
+from benchmarks.harness import command_parser, proc_mb, sample_rss_mb
 from benchmarks.load_test import demo_image
 from serve.testing import ServerProcess
-from stylevar.utils.helptext import RawDescriptionHelpFormatter
 
 
 async def one_run(url: str, pid: int, rate: float, seconds: float, files: dict) -> dict:
@@ -98,8 +96,7 @@ def markdown(rows: list[dict], settings: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.overload", description=__doc__,
-                                formatter_class=RawDescriptionHelpFormatter)
+    p = command_parser("benchmarks.overload", __doc__)
     p.add_argument("--rate", type=float, default=40.0, help="requests per second sent, whatever the answers")
     p.add_argument("--seconds", type=float, default=120.0, help="length of each run")
     p.add_argument("--runs", type=int, default=2, help="runs one after the other against the same server")

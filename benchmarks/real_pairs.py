@@ -6,17 +6,15 @@ PREFIX.json (means per method, per-pair wins against the teacher), PREFIX.md (th
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
-from stylevar.utils.helptext import HelpFormatter
+from benchmarks.harness import command_parser
 from stylevar.utils.precision import PRECISIONS  # no torch
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.real_pairs", description=__doc__.split("\n\n")[0],
-                                formatter_class=HelpFormatter)
+    p = command_parser("benchmarks.real_pairs", __doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="model directory (default: the demo model)")
     p.add_argument("--contents", type=Path, required=True, help="folder of content photographs")
     p.add_argument("--styles", type=Path, required=True, help="folder of style pictures")

@@ -9,7 +9,6 @@ and every row's token agreement with fp32, scale by scale.
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import itertools
 import json
@@ -18,7 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.harness import emit, serving_process, take_turns
+from benchmarks.harness import command_parser, emit, serving_process, take_turns
 
 PEAK_KERNELS = ("conv", "packed_linear", "mm")
 # the part of the model (stylevar.runtime.inference.BF16_PARTS) that each stage's arithmetic runs in
@@ -291,7 +290,7 @@ def markdown(out: dict) -> str:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = command_parser("benchmarks.roofline", __doc__.splitlines()[0])
     p.add_argument("--preset", default="d20", help="stylevar.config preset (random weights)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4], help="images per call, each timed")
     p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"],

@@ -23,10 +23,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from benchmarks.harness import proc_mb, sample_rss_mb
+from benchmarks.harness import command_parser, proc_mb, sample_rss_mb
 from benchmarks.hostile import BACKGROUND, PROBES, Sizes, pair, small_png
 from serve.testing import ServerProcess
-from stylevar.utils.helptext import RawDescriptionHelpFormatter
 
 SETTLE_S = 10.0  # quiet after the run before the descriptors and temporary files are counted again
 
@@ -165,8 +164,7 @@ def report(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__,
-                                formatter_class=RawDescriptionHelpFormatter)
+    p = command_parser("benchmarks.soak", __doc__)
     p.add_argument("--seconds", type=float, default=600.0, help="how long the ordinary clients send")
     p.add_argument("--clients", type=int, default=4, help="ordinary clients, each one request at a time")
     p.add_argument("--max-requests", type=int, default=20_000, help="ordinary requests at most, in all")

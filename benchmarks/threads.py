@@ -24,8 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.harness import emit
-from stylevar.utils.helptext import RawDescriptionHelpFormatter
+from benchmarks.harness import command_parser, emit
 from stylevar.utils.threads import (KEEP, RULES, THREADS_ENV, TORCH_ENV, WAIT_ENV, CpuBudget, affinity_mask,
                                     cpu_budget, parse_threads)
 
@@ -342,8 +341,7 @@ def run_settings(p: argparse.ArgumentParser, args: argparse.Namespace, sizes: tu
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.threads", description=__doc__,
-                                formatter_class=RawDescriptionHelpFormatter)
+    p = command_parser("benchmarks.threads", __doc__)
     p.add_argument("--policies", default=DEFAULT_POLICIES,
                    help="comma-separated: torch, available, spare-one, one or a count, each alone or with +passive")
     turn_arguments(p, rounds=8)

@@ -3,7 +3,6 @@ turns at identical weights (wall-clock and process CPU time), after their losses
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import json
@@ -15,8 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from benchmarks.harness import take_turns, timing_arguments
-from stylevar.utils.helptext import HelpFormatter
+from benchmarks.harness import command_parser, take_turns, timing_arguments
 from stylevar.utils.threads import apply_threads  # no torch
 
 if TYPE_CHECKING:
@@ -364,8 +362,7 @@ def print_report(out: dict) -> None:
 
 
 def parse_config(argv: list[str] | None) -> tuple[StepBenchConfig, bool]:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.train_step", description=__doc__.split("\n\n")[0],
-                                formatter_class=HelpFormatter)
+    p = command_parser("benchmarks.train_step", __doc__.split("\n\n")[0])
     timing_arguments(p, repeats=5, warmup=2)
     p.set_defaults(batch_sizes="1,4,8")
     p.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16 (autocast)")

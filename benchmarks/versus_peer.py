@@ -11,14 +11,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from benchmarks.harness import emit
+from benchmarks.harness import command_parser, emit
 from benchmarks.threads import candidates, markdown, measure, parse_loads, run_settings, turn_arguments
-from stylevar.utils.helptext import RawDescriptionHelpFormatter
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.versus_peer", description=__doc__,
-                                formatter_class=RawDescriptionHelpFormatter)
+    p = command_parser("benchmarks.versus_peer", __doc__)
     p.add_argument("--threads", default="1,2", help="comma-separated thread counts, each run by ours and the peer")
     p.add_argument("--sizes", default="512,1024", help="comma-separated long sides of the content and the result, px")
     turn_arguments(p, rounds=6)

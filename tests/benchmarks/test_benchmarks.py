@@ -1,7 +1,9 @@
 """benchmarks/cpu_pipeline.py (stage by stage on the CPU) runs end to end on its reference-shaped configuration and
-says how to get the reference when no checkout of it is importable; benchmarks/overload.py reports every figure."""
+says how to get the reference when no checkout of it is importable; benchmarks/overload.py reports every figure;
+every benchmark answers a mistyped option with the nearest."""
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -72,3 +74,17 @@ def test_overload_benchmark_runs_and_reports_every_figure(tiny_model_dir, tmp_pa
         assert set(run["rss_mb"]) == {"start", "peak", "end"} and run["rss_mb"]["peak"] >= run["rss_mb"]["start"]
     table = capsys.readouterr().out
     assert "| run | sent | 200 | 503 |" in table and table.count("\n| 1 |") == 1
+
+
+@pytest.mark.parametrize("module, typo, meant", [("cpu_pipeline", "--repeates", "--repeats"),
+                                                  ("memory_table", "--micro-bach", "--micro-batch"),
+                                                  ("overload", "--raet", "--rate"), ("threads", "--roudns", "--rounds"),
+                                                  ("train_step", "--precisons", "--precisions")])
+def test_a_mistyped_option_is_answered_with_the_nearest(module, typo, meant, capsys):
+    """Every benchmark's command line is the project's Parser: one line, naming the option it meant."""
+    main = importlib.import_module(f"benchmarks.{module}").main
+    with pytest.raises(SystemExit) as e:
+        main([typo, "3"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (f"python -m benchmarks.{module}: error: unknown option '{typo}'; "
+                                       f"did you mean '{meant}'?\n")
