@@ -228,7 +228,7 @@ class ShardTripletDataset(IterableDataset):
     def __init__(self, urls: Sequence[str | Path], split: str | None = "train", image_size: int = 256,
                  augment: AugmentConfig | None = None, seed: int = 0, shuffle: bool = False,
                  shuffle_buffer: int = 1000) -> None:
-        self.urls = [str(u) for u in urls]
+        self.urls = [str(Path(u).resolve()) for u in urls]  # workers may start in another folder
         if not self.urls:
             raise ValueError("no shards given")
         for u in self.urls:
