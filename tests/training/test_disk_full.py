@@ -289,6 +289,9 @@ def _full_on_rank0_worker(rank: int, world: int, port: int, run_dir: str, out: s
         torch.save = real_save
         leave_process_group()
     Path(out, f"rank{rank}.txt").write_text(message)
+    # the rank's line is written: end here, before the interpreter's finalization, where gloo may still abort a
+    # rank on a busy machine ("terminate called without an active exception") after its group was left
+    os._exit(0)
 
 
 def _free_port() -> int:
