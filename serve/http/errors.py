@@ -101,7 +101,7 @@ def route_hint(request: Request, exc: StarletteHTTPException) -> str:
     """A wrong path names the nearest route, a wrong method the right ones; a route's own errors keep their detail."""
     path, allowed = request.url.path, (getattr(exc, "headers", None) or {}).get("Allow")
     if exc.status_code == 404 and "route" not in request.scope:
-        routes = {*request.app.openapi().get("paths", {}), *(getattr(r, "path", "") for r in request.app.routes)}
+        routes = {*request.app.openapi().get("paths", {}), *(getattr(r, "path", "") for r in request.app.routes)} - {""}
         return f"{unknown_name('path', path, routes)} (the API's operations are listed at /docs)"
     if exc.status_code == 405 and allowed:
         return f"{request.method} is not allowed on {path}; use {allowed} (see /docs)"
@@ -127,8 +127,8 @@ def field_hints(known: set[str], body: Any) -> list[str]:
 
 def error_message(err: dict[str, Any]) -> str:
     """One validation error as `field: message`, with a hint where the mistake is a common one."""
-    loc = [str(x) for x in err.get("loc", ()) if x != "body"]
-    loc = ".".join(loc[:-1] if len(loc) > 1 and loc[-1] in UNION_TAGS else loc)  # `seed`, not `seed.int`
+    names = [str(x) for x in err.get("loc", ()) if x != "body"]
+    loc = ".".join(names[:-1] if len(names) > 1 and names[-1] in UNION_TAGS else names)  # `seed`, not `seed.int`
     msg = str(err.get("msg", "invalid"))
     if "Expected UploadFile" in msg:  # text where a file belongs: curl's -F name=path without the @
         field = loc.split(".")[0] or "content"
@@ -137,9 +137,10 @@ def error_message(err: dict[str, Any]) -> str:
 
 
 async def validation_error_handler(request: Request, exc: RequestValidationError) -> JSONResponse:
-    errors = [e for e in exc.errors() if e.get("type") != "none_required"]  # an optional field's other branch
+    everything = exc.errors()
+    errors = [e for e in everything if e.get("type") != "none_required"] or everything  # not an optional's None
     fields, sent = form_fields(request), request.headers.get("content-type", "").split(";")[0]
-    parts = field_hints(fields, exc.body) + [error_message(err) for err in errors or exc.errors()]
+    parts = field_hints(fields, exc.body) + [error_message(err) for err in errors]
     if sent != "multipart/form-data" and fields:  # JSON, a urlencoded form or nothing, where files are sent
         first = "video=@clip.mp4" if "video" in fields else "content=@photo.jpg"
         parts.insert(0, f"send multipart/form-data, not {sent or 'an empty body'} (curl -F {first} -F style=@art.jpg)")

@@ -25,9 +25,7 @@ class InputError(CodedError, ValueError):
 
 def read_image(path: str | os.PathLike, role: str) -> Decoded:
     """The ``role`` image at ``path`` as 8-bit RGB, decoded as the service decodes uploads."""
-    if Path(path).is_dir():
-        raise InputError(f"{role} image {Path(path)} is a folder, not an image file")
-    p = input_file(path, f"{role} image")  # a web address, a missing file
+    p = input_file(path, f"{role} image")  # a web address, a missing file, a folder
     try:
         return decode_image(p, formats=ACCEPTED_FORMATS)
     except ImageError as e:  # its message names the file
@@ -70,7 +68,7 @@ def input_file(path: str | os.PathLike, role: str) -> Path:
     if not p.exists():
         raise InputError(f"{role} not found: {p}")
     if not p.is_file():
-        raise InputError(f"{role} {p} is not a file")
+        raise InputError(f"{role} {p} is {'a folder, ' if p.is_dir() else ''}not a file")
     return p
 
 

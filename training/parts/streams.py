@@ -68,7 +68,8 @@ class LoaderPolicy:
         """DataLoader's keyword arguments; ``persistent``: a loader iterated again and again (the stream's)."""
         workers = self.num_workers > 0
         return {"num_workers": self.num_workers, "pin_memory": self.pin_memory,
-                "persistent_workers": persistent and workers, "multiprocessing_context": worker_start() if workers else None}
+                "persistent_workers": persistent and workers,
+                "multiprocessing_context": worker_start() if workers else None}
 
 
 def default_num_workers(device_type: str, cpus: int, local_processes: int) -> int:
