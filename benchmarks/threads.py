@@ -2,7 +2,7 @@
 (`stylevar.utils.threads`), alone and beside another process's busy loop.
 
     python -m benchmarks.threads [--policies torch,available,available+passive,spare-one+passive,one]
-        [--loads idle,busy] [--rounds 8] [--per-turn 3] [--warmup 2] [--size 512] [--out benchmarks/results/threads.json]
+        [--loads idle,busy] [--rounds 8] [--per-turn 3] [--warmup 2] [--size 512] [--out benchmarks/results/threads_loads.json]
 
 Each candidate runs in a worker subprocess of its own (its thread environment set before it imports torch); the
 workers take turns, per load and size, in an order that rotates every round. `benchmarks.versus_peer` uses the same."""
