@@ -131,10 +131,10 @@ def say_ready(line: str) -> None:
 def ready_line(app, settings: ServeSettings) -> str:
     """The precision the model runs in and where the UI, the API and its documentation are, said once the model is
     ready (beside the logs; its "model loaded" record says why that precision)."""
-    from serve.http.routes.index import ui_mounted
+    from serve.http.routes.index import UI_PATH, ui_mounted
     host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(settings.host, settings.host)
     base = f"http://{f'[{host}]' if ':' in host and not host.startswith('[') else host}:{settings.port}"
-    parts = [f"UI {base}/"] if ui_mounted(app) else []
+    parts = [f"UI {base}{UI_PATH}"] if ui_mounted(app) else []
     parts += [f"API {base}/stylize"] + ([f"docs {base}{app.docs_url}"] if app.docs_url else [])
     runner = app.state.service.runner
     return f"StyleVAR ready ({runner.pipe.config.name}, {runner.precision.precision}): " + "  ".join(parts)

@@ -132,7 +132,7 @@ def test_port_0_takes_a_free_port_names_it_and_mounts_the_ui_there(tiny_model_di
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         line = proc.stdout.readline()  # the ready line is the first thing on stdout
-        match = re.match(r"StyleVAR ready \(tiny-test, fp32\): UI (http://127\.0\.0\.1:(\d+))/  API ", line)
+        match = re.match(r"StyleVAR ready \(tiny-test, fp32\): UI (http://127\.0\.0\.1:(\d+))/ui  API ", line)
         assert match and int(match.group(2)) > 0, line
         assert httpx.get(match.group(1) + "/ui/", timeout=30).status_code == 200
     finally:
