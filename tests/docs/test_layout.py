@@ -18,7 +18,7 @@ DATED_OR_BUILD_TALK = re.compile(r"\blent\b|device time|20[0-9]{2}-[01][0-9]-[0-
 TEXT_SUFFIXES = {".py", ".md", ".sh", ".toml", ".yaml", ".yml", ".txt", ".json", ".cfg", ".html", ".js", ".css"}
 
 
-def tracked_text_files() -> list[Path]:
+def product_text_files() -> list[Path]:
     files = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
     for root in PRODUCT:
         files += sorted(p for p in (REPO / root).rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES
@@ -38,7 +38,7 @@ def test_each_reference_page_is_one_a_reader_can_hold(page):
 
 
 def test_dates_and_build_machines_stay_out_of_the_product():
-    hits = [f"{p.relative_to(REPO)}:{n}: {line.strip()[:80]}" for p in tracked_text_files()
+    hits = [f"{p.relative_to(REPO)}:{n}: {line.strip()[:80]}" for p in product_text_files()
             for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if DATED_OR_BUILD_TALK.search(line)]
     assert not hits, ("dated figures belong in benchmarks/README.md, benchmarks/results/ or the demo model's card:\n"
                       + "\n".join(hits))

@@ -2,6 +2,7 @@
 they are (a checkpoint stores their position; a resume continues with the very next batch)."""
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 from dataclasses import dataclass, field
@@ -44,10 +45,11 @@ class EpochShardSampler(Sampler[int]):
 MAX_DEFAULT_WORKERS = 8  # --num-workers' default on CUDA is at most this many per rank
 
 
+@functools.cache
 def worker_start() -> multiprocessing.context.BaseContext:
     """How loader workers start: forked from a server process that has imported the datasets' code once, never
     from the trainer itself (a fork copies whatever lock one of its threads, TensorBoard's writer or the OpenMP
-    pool, holds at that instant, and a worker that needs it waits forever)."""
+    pool, holds at that instant, and a worker that needs it waits forever). Set up once per process."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["training.parts.data"])  # read once, when the server starts
     return context
