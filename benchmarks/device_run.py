@@ -46,20 +46,11 @@ SUMMARY_RESERVE_S = 2.0  # kept back for the summary
 
 # dense bf16 peaks (TFLOP/s, NVIDIA's data sheets) by a pattern on the GPU's name; the first match wins
 PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
-    (r"\bH100\b.*\bPCIe\b", 756.0),
-    (r"\bH100\b.*\bNVL\b", 835.0),
-    (r"\bH200\b.*\bNVL\b", 835.0),
-    (r"\bH100\b", 989.0),  # SXM ("NVIDIA H100 80GB HBM3")
-    (r"\bH200\b", 989.0),  # SXM
-    (r"\bGH200\b", 989.0),
-    (r"\bB200\b", 2250.0),
-    (r"\bA100\b", 312.0),
-    (r"\bA800\b", 312.0),
-    (r"\bL40S\b", 362.0),
-    (r"\bL40\b", 181.0),
-    (r"\bL4\b", 121.0),
-    (r"\bA10\b", 125.0),
-    (r"\bA6000\b", 155.0),  # RTX A6000
+    (r"\bH100\b.*\bPCIe\b", 756.0), (r"\bH100\b.*\bNVL\b", 835.0), (r"\bH200\b.*\bNVL\b", 835.0),
+    (r"\bH100\b", 989.0), (r"\bH200\b", 989.0), (r"\bGH200\b", 989.0),  # SXM ("NVIDIA H100 80GB HBM3")
+    (r"\bB200\b", 2250.0), (r"\bA100\b", 312.0), (r"\bA800\b", 312.0),
+    (r"\bL40S\b", 362.0), (r"\bL40\b", 181.0), (r"\bL4\b", 121.0),
+    (r"\bA10\b", 125.0), (r"\bA6000\b", 155.0),  # RTX A6000
 )
 
 

@@ -3,9 +3,9 @@
 Per stage of one image (the tokenizer encodes, the image encoders, each sampling scale, the decode) and for the
 whole `generate` call: FLOPs (FlopCounterMode), median time per image (the models taking turns), and the fraction
 of the dtype's peak, measured in the same run at its start and end (best of a conv, a packed linear and a GEMM).
-The models are prepared copies (`stylevar.runtime.inference.prepare`) of one random-weight model; the row "bf16
-decoder switched" runs the tokenizer's decoder in the other dtype; `--levers` adds the loop's other levers (`LEVERS`)
-and every row's token agreement with fp32, scale by scale.
+The models are prepared copies (`stylevar.runtime.inference.prepare`) of a preset's shapes with random weights or
+of a model directory (`--model`); the row "bf16 decoder switched" runs the tokenizer's decoder in the other dtype;
+`--levers` adds the loop's other levers (`LEVERS`) and every row's token agreement with fp32, scale by scale.
 """
 from __future__ import annotations
 
@@ -155,15 +155,17 @@ def time_models(models: dict, content, style, repeats: int, warmup: int, skip: d
     return out
 
 
-def build_models(preset: str, precisions: list[str], levers: bool = False) -> tuple[object, dict, dict]:
-    """The plain model, its prepared copies by row name, and each row's bf16 parts (with bf16, an `ALT` decoder row;
-    with ``levers``, the `LEVERS` rows)."""
+def build_models(preset: str, precisions: list[str], levers: bool = False,
+                 model_dir: Path | None = None) -> tuple[object, dict, dict]:
+    """The plain model (``model_dir``'s, else ``preset``'s shapes with random weights), its prepared copies by row
+    name, and each row's bf16 parts (with bf16, an `ALT` decoder row; with ``levers``, the `LEVERS` rows)."""
     from stylevar.config import presets
     from stylevar.pipelines.pipeline import StylePipeline
     from stylevar.runtime.compile import compile_blocks
     from stylevar.runtime.inference import InferenceConfig, bf16_parts, cpu_bf16_tiles, prepare
 
-    plain = StylePipeline.random(presets(preset), seed=0).model.eval()
+    plain = (StylePipeline.from_pretrained(model_dir, device="cpu") if model_dir else
+             StylePipeline.random(presets(preset), seed=0)).model.float().eval()
     rows = {}
     for precision in precisions:
         rows[precision] = frozenset() if precision == "fp32" else bf16_parts(cpu_bf16_tiles())
@@ -228,10 +230,10 @@ def measure(args) -> dict:
     serving_process(args.threads)
     peaks = machine_peaks()
     best = {d: max(k.values()) for d, k in peaks.items()}
-    plain, models, rows = build_models(args.preset, args.precisions, args.levers)
+    plain, models, rows = build_models(args.preset, args.precisions, args.levers, args.model)
     size = plain.tokenizer.cfg.image_size
-    out = {"preset": args.preset, "image_size": size, "threads": args.threads, "repeats": args.repeats,
-           "load_before": os.getloadavg(), "peak_gflops": peaks, "bf16_parts": {n: sorted(p) for n, p in rows.items()},
+    out = {"preset": None if args.model else args.preset, "model": args.model and str(args.model), "image_size": size,
+           "threads": args.threads, "repeats": args.repeats, "load_before": os.getloadavg(), "peak_gflops": peaks, "bf16_parts": {n: sorted(p) for n, p in rows.items()},
            "batches": {}}
     flops, same = {}, frozenset()
     if ALT in rows:
@@ -268,7 +270,8 @@ def measure(args) -> dict:
 
 def markdown(out: dict) -> str:
     """The peaks and, per batch size, one row per stage with each model's time and fraction of peak."""
-    lines = [(f"preset {out['preset']}, {out['image_size']} px, {out['threads']} threads, median of {out['repeats']}; "
+    source = f"model {out['model']}" if out.get("model") else f"preset {out['preset']}"
+    lines = [(f"{source}, {out['image_size']} px, {out['threads']} threads, median of {out['repeats']}; "
               f"load {out['load_before'][0]:.2f} -> {out['load_after'][0]:.2f}"), "",
              ("| peak GFLOP/s | " + " | ".join(PEAK_KERNELS) + " |"), "|---" * (len(PEAK_KERNELS) + 1) + "|"]
     lines += [f"| {d} | " + " | ".join(f"{k[n]:.1f}" for n in PEAK_KERNELS) + " |" for d, k in out["peak_gflops"].items()]
@@ -292,6 +295,8 @@ def markdown(out: dict) -> str:
 def parse_args(argv=None):
     p = command_parser("benchmarks.roofline", __doc__.splitlines()[0])
     p.add_argument("--preset", default="d20", help="stylevar.config preset (random weights)")
+    p.add_argument("--model", type=Path, default=None, metavar="DIR",
+                   help="a model directory, timed with its own weights, in place of --preset (e.g. stylevar/assets/demo)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4], help="images per call, each timed")
     p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"],
                    help="prepared models timed side by side")

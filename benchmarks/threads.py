@@ -2,7 +2,7 @@
 (`stylevar.utils.threads`), alone and beside another process's busy loop.
 
     python -m benchmarks.threads [--policies torch,available,available+passive,spare-one+passive,one]
-        [--loads idle,busy] [--rounds 8] [--per-turn 3] [--warmup 2] [--size 512] [--out benchmarks/results/threads_loads.json]
+        [--loads idle,busy] [--rounds 8] [--per-turn 3] [--warmup 2] [--size 512] [--pictures new] [--out FILE]
 
 Each candidate runs in a worker subprocess of its own (its thread environment set before it imports torch); the
 workers take turns, per load and size, in an order that rotates every round. `benchmarks.versus_peer` uses the same."""
@@ -34,6 +34,7 @@ CONTENT, STYLE = "content_mountains.png", "style_brush.png"  # stylevar/assets/e
 BUSY_LOOP = "while True: pass"
 # what a worker runs: the library's pipeline, the same prepared as the service runs it, or the peer (onnxruntime)
 METHODS = ("library", "served", "peer")
+PICTURES = ("new", "repeated")  # what an image may reuse from the ones before it: --pictures' help
 
 
 @dataclass(frozen=True)
@@ -89,10 +90,11 @@ class RunSettings:
     sizes: tuple[int, ...] = (512,)
     model: str | None = None
     settle: float = 1.0
+    pictures: str = "new"  # one of PICTURES
 
 
-def _stylizer(method: str, threads: str, model: str | None):
-    """(stylize(content, style, seed) -> image, its thread count, what it is) for a worker."""
+def _stylizer(method: str, threads: str, model: str | None, pictures: str):
+    """(stylize(content, style, seed=) -> image, its thread count, what it is) for a worker; ``pictures``: `PICTURES`."""
     if method == "peer":
         import onnxruntime
 
@@ -102,21 +104,23 @@ def _stylizer(method: str, threads: str, model: str | None):
         return (lambda content, style, seed: peer(content, style)), int(threads), \
             f"onnxruntime {onnxruntime.__version__}"
     import torch
+    from stylevar.pipelines.conditions import ConditionCache
     from stylevar.pipelines.pipeline import StylePipeline
     pipe = StylePipeline.from_pretrained(model, device="cpu", threads=parse_threads(threads))
+    if pictures == "new":  # every image's conditions computed, as the peer computes its style's every time
+        pipe.conditions = ConditionCache(0)
     if method == "served":
         from stylevar.runtime.inference import InferenceConfig, prepare
 
         prepare(pipe.model, InferenceConfig())
-    return (lambda content, style, seed: pipe(content, style, seed=seed)), torch.get_num_threads(), \
-        f"torch {torch.__version__}"
+    return pipe, torch.get_num_threads(), f"torch {torch.__version__}"
 
 
-def worker(method: str, threads: str, model: str | None, warmup: int) -> int:
+def worker(method: str, threads: str, model: str | None, warmup: int, pictures: str = "new") -> int:
     """The worker subprocess: "ready", then per "run N SIZE" line the seconds of N images; "quit" ends it."""
     from PIL import Image
     from stylevar.processing.images import scaled_size
-    stylize, count, runtime = _stylizer(method, threads, model)
+    stylize, count, runtime = _stylizer(method, threads, model, pictures)
     examples = REPO / "stylevar" / "assets" / "examples"
     with Image.open(examples / CONTENT) as im:
         photo = im.convert("RGB")
@@ -127,7 +131,7 @@ def worker(method: str, threads: str, model: str | None, warmup: int) -> int:
 
     def one(size: int) -> tuple[float, float, tuple[int, int]]:
         t0, c0 = time.perf_counter(), time.process_time()
-        out = stylize(contents[size], style, next(seeds))
+        out = stylize(contents[size], style, seed=next(seeds))
         return time.perf_counter() - t0, time.process_time() - c0, out.size
 
     _reply({"ready": True, "threads": count, "runtime": runtime, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")})
@@ -157,7 +161,8 @@ class Worker:
         self.candidate = cand
         self._err = tempfile.TemporaryFile()
         argv = [sys.executable, "-m", "benchmarks.threads", "--worker", str(cand.threads), "--method", cand.method,
-                "--warmup", str(settings.warmup)] + (["--model", settings.model] if settings.model else [])
+                "--warmup", str(settings.warmup), "--pictures", settings.pictures] + \
+            (["--model", settings.model] if settings.model else [])
         self.proc = subprocess.Popen(argv, cwd=REPO, env=cand.environment(dict(os.environ)), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._err, text=True)
         self.ready: dict = {}
@@ -295,7 +300,7 @@ def markdown(result: dict) -> str:
     head = (f"{result['date']}, {m['processor']}, {m['cpus']} CPUs usable (affinity {m['affinity']}, cgroup quota "
             f"{quota}), {', '.join(m['runtimes'])}; load average {m['loadavg_start'][0]:.2f} -> "
             f"{m['loadavg_end'][0]:.2f}; {s['rounds']} rounds x {s['per_turn']} images per candidate, load and size "
-            f"({sizes} px)")
+            f"({sizes} px); pictures: {s.get('pictures', 'repeated')}")
     shares = ", ".join(f"{ld} {np.mean(v):.2f}" for ld, v in result["busy_loop_cpu_share"].items() if v)
     lines = [head + (f"; the busy loop's CPU share: {shares}" if shares else ""), "",
              "| load | px | policy | threads | OMP_WAIT_POLICY | images | p50 s | p90 s | p90 / reference's "
@@ -330,6 +335,9 @@ def turn_arguments(p: argparse.ArgumentParser, rounds: int) -> None:
     p.add_argument("--model", default=None, help="model directory (default: the demo model)")
     p.add_argument("--settle", type=float, default=1.0,
                    help="seconds between starting or stopping a load and the turns")
+    p.add_argument("--pictures", default="new", choices=PICTURES,
+                   help="what an image may reuse from the ones before it: new (nothing: ours' condition cache off, as "
+                        "the peer keeps nothing) or repeated (ours finds both pictures' conditions in its cache)")
     p.add_argument("--out", type=Path, default=None, help="also write the results here (JSON)")
 
 
@@ -337,7 +345,7 @@ def run_settings(p: argparse.ArgumentParser, args: argparse.Namespace, sizes: tu
     """`turn_arguments`' options at ``sizes`` as `RunSettings`, or the parser's error."""
     if min(args.rounds, args.per_turn) < 1 or args.warmup < 0 or min(sizes) < 16:
         p.error("--rounds and --per-turn must be at least 1, --warmup at least 0, each size at least 16")
-    return RunSettings(args.rounds, args.per_turn, args.warmup, sizes, args.model, args.settle)
+    return RunSettings(args.rounds, args.per_turn, args.warmup, sizes, args.model, args.settle, args.pictures)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -357,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     if args.worker is not None:
-        return worker(args.method, args.worker, args.model, args.warmup)
+        return worker(args.method, args.worker, args.model, args.warmup, args.pictures)
     loads, settings = parse_loads(p, args.loads), run_settings(p, args, (args.size,))
     try:
         chosen = candidates(args.policies.split(","))

@@ -2,10 +2,11 @@
 threads, on an idle machine and with one core held by another process (`benchmarks.threads`' workers and turns).
 
     python -m benchmarks.versus_peer [--threads 1,2] [--sizes 512,1024] [--loads idle,busy] [--rounds 6]
-        [--per-turn 3] [--warmup 2] [--model DIR] [--out benchmarks/results/versus_peer_loads.json]
+        [--per-turn 3] [--warmup 2] [--pictures new] [--model DIR] [--out FILE]
 
 "Ours" is the demo pipeline prepared as the command line and the service run it (OMP_WAIT_POLICY=PASSIVE where N > 1);
-"the peer" is `stylevar.baselines.magenta` on onnxruntime. Without the peer installed, ours runs alone."""
+"the peer" is `stylevar.baselines.magenta` on onnxruntime. Without the peer installed, ours runs alone. `--pictures
+repeated` lets ours find both pictures' conditions in its cache (the peer has none); `new` does not."""
 from __future__ import annotations
 
 import argparse

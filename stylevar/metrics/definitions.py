@@ -17,10 +17,6 @@ class MetricInfo:
     weights: tuple[str, ...]  # registry names (LPIPS: the default VGG backbone; see `weights_for`)
     extra: str = ""  # the optional install it needs instead of weights ("teacher": the pretrained style network)
 
-    @property
-    def arrow(self) -> str:
-        return "↑" if self.higher_is_better else "↓"
-
 
 METRICS: dict[str, MetricInfo] = {
     m.name: m

@@ -71,3 +71,18 @@ def test_levers_build_every_row_and_max_autotune_wraps_each_blocks_step():
         original = block.step._torchdynamo_orig_callable
         assert original.__self__ is block and original.__func__ is type(block).step
     assert roofline.AUTOTUNE["max_autotune"] and roofline.AUTOTUNE["freezing"]
+
+
+def test_a_model_directory_is_timed_with_its_own_shapes_and_weights(micro_model_dir, tmp_path, capsys):
+    from stylevar.pipelines.pipeline import StylePipeline
+
+    out = tmp_path / "roofline.json"
+    assert roofline.main(["--model", str(micro_model_dir), "--batch-sizes", "1", "--precisions", "fp32", "--repeats",
+                          "1", "--warmup", "0", "--agreement-seeds", "0", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert (result["model"], result["preset"]) == (str(micro_model_dir), None)
+    assert capsys.readouterr().out.startswith(f"model {micro_model_dir}, {result['image_size']} px")
+    model = StylePipeline.from_pretrained(micro_model_dir, device="cpu").model
+    assert result["image_size"] == model.tokenizer.cfg.image_size
+    stages = result["batches"]["1"]["fp32"]
+    assert {s for s in stages if s.startswith("loop ")} == {f"loop {k}" for k in range(len(model.cfg.patch_nums))}
