@@ -233,8 +233,8 @@ def measure(args) -> dict:
     plain, models, rows = build_models(args.preset, args.precisions, args.levers, args.model)
     size = plain.tokenizer.cfg.image_size
     out = {"preset": None if args.model else args.preset, "model": args.model and str(args.model), "image_size": size,
-           "threads": args.threads, "repeats": args.repeats, "load_before": os.getloadavg(), "peak_gflops": peaks, "bf16_parts": {n: sorted(p) for n, p in rows.items()},
-           "batches": {}}
+           "threads": args.threads, "repeats": args.repeats, "load_before": os.getloadavg(), "peak_gflops": peaks,
+           "bf16_parts": {n: sorted(p) for n, p in rows.items()}, "batches": {}}
     flops, same = {}, frozenset()
     if ALT in rows:
         same = frozenset(s for s in STAGE_PARTS if stage_dtype(s, rows[ALT]) == stage_dtype(s, rows["bf16"]))
@@ -296,7 +296,7 @@ def parse_args(argv=None):
     p = command_parser("benchmarks.roofline", __doc__.splitlines()[0])
     p.add_argument("--preset", default="d20", help="stylevar.config preset (random weights)")
     p.add_argument("--model", type=Path, default=None, metavar="DIR",
-                   help="a model directory, timed with its own weights, in place of --preset (e.g. stylevar/assets/demo)")
+                   help="a model directory, timed with its own weights, in place of --preset (e.g. the demo)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4], help="images per call, each timed")
     p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"],
                    help="prepared models timed side by side")

@@ -94,7 +94,7 @@ class RunSettings:
 
 
 def _stylizer(method: str, threads: str, model: str | None, pictures: str):
-    """(stylize(content, style, seed=) -> image, its thread count, what it is) for a worker; ``pictures``: `PICTURES`."""
+    """(stylize(content, style, seed=) -> image, its thread count, what it is) of a worker; ``pictures``: `PICTURES`."""
     if method == "peer":
         import onnxruntime
 
