@@ -73,3 +73,19 @@ def test_demo_card_variants_table_with_earlier_and_new_results():
     assert [len(row) for row in table] == [5] * 4
     assert table[2] == ["v4", "0.778", "0.029", "0.061", "nan"]
     assert table[3] == ["this model", "0.778", "0.029", "0.061", "nan"]
+
+
+def test_the_model_is_timed_with_every_pair_computed_whole(micro_model_dir):
+    """The teacher recomputes its style for every pair: ours is timed without its condition cache (no photograph's or
+    style's conditions carried from one pair to the next), and the caller's pipeline is left as it was."""
+    from PIL import Image
+
+    from stylevar.evaluate.real_pairs import run_model
+    from stylevar.pipelines.pipeline import StylePipeline
+
+    pipe = StylePipeline.from_pretrained(micro_model_dir, device="cpu")
+    photo, style = Image.new("RGB", (48, 32), (90, 140, 200)), Image.new("RGB", (32, 32), (200, 60, 20))
+    images, seconds = run_model(pipe, [(photo, style)] * 3, seed=0)
+    assert len(images) == 3 and images[0].size == photo.size and seconds > 0
+    assert pipe.conditions.enabled and pipe.conditions.stats().entries == 0
+    assert images[0].tobytes() == pipe(photo, style, seed=0).tobytes()  # the same pictures as with the cache

@@ -241,7 +241,7 @@ Held-out pairs: {len(r.real["photos"])} photographs x {len(r.real["styles"])} st
 {r.real["max_side"]} px. Every method returns the content's size; results, content and style are brought to 256 x 256
 and scored (`stylevar.evaluate.real_pairs`, `benchmarks/real_pairs.py`): edge correlation with the content,
 colour SWD (Lab, `colour_swd`) and texture distance (`texture_distance`) to the style. Seconds per image:
-one image at a time on the CPU, the whole pipeline (upsampling to the content's size included).
+one image at a time on the CPU, each computed whole (upsampling to the content's size included).
 
 {real_markdown(r.real)}
 
