@@ -104,8 +104,7 @@ def _stylizer(method: str, threads: str, model: str | None, pictures: str):
         return (lambda content, style, seed: peer(content, style)), int(threads), \
             f"onnxruntime {onnxruntime.__version__}"
     import torch
-    from stylevar.pipelines.conditions import ConditionCache
-    from stylevar.pipelines.pipeline import StylePipeline
+    from stylevar.pipelines.pipeline import ConditionCache, StylePipeline
     pipe = StylePipeline.from_pretrained(model, device="cpu", threads=parse_threads(threads))
     if pictures == "new":  # every image's conditions computed, as the peer computes its style's every time
         pipe.conditions = ConditionCache(0)

@@ -180,3 +180,17 @@ def test_bad_arguments(data, micro_model_dir, cache, tmp_path, capsys):
     assert "all paired or all unpaired" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["evaluate", "--method", "reinhard", "--benchmark", "no-equals-sign", "--out", str(tmp_path / "o")])
+
+
+def test_a_model_is_timed_with_every_sample_computed_whole(micro_model_dir):
+    """The baselines keep nothing from one sample to the next: a StyleVAR method runs with its condition cache off,
+    so no content or style is encoded once for several samples (or by the warm-up call) and its seconds compare."""
+    import torch
+
+    from stylevar.evaluate.methods import make_method
+
+    method = make_method(str(micro_model_dir))
+    method.load(torch.device("cpu"))
+    content, style = torch.rand(2, 3, 32, 32), torch.rand(2, 3, 32, 32)
+    assert method(content, style, [0, 1]).shape == content.shape
+    assert not method.pipe.conditions.enabled and method.pipe.conditions.stats().entries == 0
