@@ -165,7 +165,7 @@ def build_models(preset: str, precisions: list[str], levers: bool = False,
     from stylevar.runtime.inference import InferenceConfig, bf16_parts, cpu_bf16_tiles, prepare
 
     plain = (StylePipeline.from_pretrained(model_dir, device="cpu") if model_dir else
-             StylePipeline.random(presets(preset), seed=0)).model.float().eval()
+             StylePipeline.random(presets(preset), seed=0)).model.eval()
     rows = {}
     for precision in precisions:
         rows[precision] = frozenset() if precision == "fp32" else bf16_parts(cpu_bf16_tiles())

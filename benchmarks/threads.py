@@ -104,10 +104,9 @@ def _stylizer(method: str, threads: str, model: str | None, pictures: str):
         return (lambda content, style, seed: peer(content, style)), int(threads), \
             f"onnxruntime {onnxruntime.__version__}"
     import torch
-    from stylevar.pipelines.pipeline import ConditionCache, StylePipeline
+    from stylevar.pipelines.pipeline import StylePipeline
     pipe = StylePipeline.from_pretrained(model, device="cpu", threads=parse_threads(threads))
-    if pictures == "new":  # every image's conditions computed, as the peer computes its style's every time
-        pipe.conditions = ConditionCache(0)
+    pipe = pipe.uncached() if pictures == "new" else pipe  # new: as the peer, which computes its style every time
     if method == "served":
         from stylevar.runtime.inference import InferenceConfig, prepare
 
@@ -115,7 +114,7 @@ def _stylizer(method: str, threads: str, model: str | None, pictures: str):
     return pipe, torch.get_num_threads(), f"torch {torch.__version__}"
 
 
-def worker(method: str, threads: str, model: str | None, warmup: int, pictures: str = "new") -> int:
+def worker(method: str, threads: str, model: str | None, warmup: int, pictures: str) -> int:
     """The worker subprocess: "ready", then per "run N SIZE" line the seconds of N images; "quit" ends it."""
     from PIL import Image
     from stylevar.processing.images import scaled_size
@@ -299,7 +298,7 @@ def markdown(result: dict) -> str:
     head = (f"{result['date']}, {m['processor']}, {m['cpus']} CPUs usable (affinity {m['affinity']}, cgroup quota "
             f"{quota}), {', '.join(m['runtimes'])}; load average {m['loadavg_start'][0]:.2f} -> "
             f"{m['loadavg_end'][0]:.2f}; {s['rounds']} rounds x {s['per_turn']} images per candidate, load and size "
-            f"({sizes} px); pictures: {s.get('pictures', 'repeated')}")
+            f"({sizes} px); pictures: {s['pictures']}")
     shares = ", ".join(f"{ld} {np.mean(v):.2f}" for ld, v in result["busy_loop_cpu_share"].items() if v)
     lines = [head + (f"; the busy loop's CPU share: {shares}" if shares else ""), "",
              "| load | px | policy | threads | OMP_WAIT_POLICY | images | p50 s | p90 s | p90 / reference's "

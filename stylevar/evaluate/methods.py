@@ -111,10 +111,9 @@ class PipelineMethod:
         self.description = f"StyleVAR model directory {self.model_dir}"
 
     def load(self, device: torch.device) -> None:
-        from stylevar.pipelines.pipeline import ConditionCache, StylePipeline
+        from stylevar.pipelines.pipeline import StylePipeline
         if self.pipe is None:  # every sample computed whole, as the baselines run: no condition kept between them
-            self.pipe = StylePipeline.from_pretrained(self.model_dir, device=device)
-            self.pipe.conditions = ConditionCache(0)
+            self.pipe = StylePipeline.from_pretrained(self.model_dir, device=device).uncached()
 
     def __call__(self, content_B3HW, style_B3HW, seeds):
         contents = [tensor_to_pil(c) for c in content_B3HW]

@@ -21,7 +21,6 @@ from stylevar.metrics.pretrained_style import StylePredictor, compare, sharpness
 from stylevar.metrics.structure import edge_correlation
 from stylevar.metrics.style_fidelity import colour_swd, texture_distance
 from stylevar.processing.palette import Palette
-from stylevar.pipelines.conditions import ConditionCache
 from stylevar.pipelines.pipeline import StylePipeline
 from stylevar.processing.refine import Refinement
 
@@ -92,7 +91,7 @@ def raw_pipeline(pipe: StylePipeline) -> StylePipeline:
 def run_model(pipe: StylePipeline, pairs: list[tuple[Image.Image, Image.Image]], seed: int) -> tuple[list, float]:
     """Each pair's picture and the seconds per pair, every pair computed whole, as the teacher computes its (the
     condition cache off: a photograph's or a style's conditions are not reused from one pair to the next)."""
-    pipe, t0 = StylePipeline(pipe.model, pipe.config, ConditionCache(0)), time.perf_counter()
+    pipe, t0 = pipe.uncached(), time.perf_counter()
     out = [pipe(c, s, seed=seed + i) for i, (c, s) in enumerate(pairs)]
     return out, (time.perf_counter() - t0) / len(pairs)
 

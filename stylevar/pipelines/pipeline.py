@@ -78,6 +78,10 @@ class StylePipeline:
         self.config = config
         self.conditions = conditions if conditions is not None else ConditionCache(CONDITION_CACHE_BYTES)
 
+    def uncached(self) -> "StylePipeline":
+        """This model and its settings without a condition cache: each call computes every picture's conditions."""
+        return type(self)(self.model, self.config, ConditionCache(0))
+
     # ---- construction ------------------------------------------------------------------------
     @classmethod
     def from_models(cls, model: StyleVAR, **config_kwargs) -> "StylePipeline":
